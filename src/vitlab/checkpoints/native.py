@@ -1,0 +1,79 @@
+"""vitlab's own format: a folder with ``model.safetensors`` and ``config.json``.
+
+safetensors holds tensors only, so loading a folder can never run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import CheckpointError
+from ..models.config import ViTConfig
+
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "is_native", "load_folder", "save"]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+FORMAT_TAG = "vitlab"
+
+
+def is_native(path: str | os.PathLike[str]) -> bool:
+    """A folder holding vitlab's ``config.json`` and ``model.safetensors``."""
+    p = Path(path)
+    if not (p.is_dir() and (p / WEIGHTS_NAME).is_file() and (p / CONFIG_NAME).is_file()):
+        return False
+    try:
+        return json.loads((p / CONFIG_NAME).read_text()).get("format") == FORMAT_TAG
+    except (OSError, ValueError):
+        return False
+
+
+def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` as ``path/model.safetensors`` + ``path/config.json``.
+
+    Files are written to temporary names and renamed into place, so a crash
+    never leaves a half-written model behind.
+    """
+    cfg: ViTConfig = getattr(model, "config", None)  # type: ignore[assignment]
+    if not isinstance(cfg, ViTConfig):
+        raise CheckpointError(f"cannot save a {type(model).__name__}: it has no vitlab ViTConfig")
+    if extra:
+        cfg = cfg.replace(extra={**cfg.extra, **extra})
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    meta = {"format": FORMAT_TAG, "architecture": type(model).__name__, **cfg.to_dict()}
+    from .. import __version__
+
+    meta["vitlab_version"] = __version__
+    tmp_w, tmp_c = out / (WEIGHTS_NAME + ".tmp"), out / (CONFIG_NAME + ".tmp")
+    save_file(state, str(tmp_w), metadata={"format": "pt"})
+    tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
+    for tmp in (tmp_w, tmp_c):
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp_w, out / WEIGHTS_NAME)
+    os.replace(tmp_c, out / CONFIG_NAME)
+    return out
+
+
+def load_folder(path: str | os.PathLike[str]) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a vitlab folder: ``(config, state_dict, raw config dict)``."""
+    p = Path(path)
+    try:
+        raw = json.loads((p / CONFIG_NAME).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{p / CONFIG_NAME}: not a readable vitlab config ({e})") from None
+    try:
+        state = load_file(str(p / WEIGHTS_NAME))
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(f"{p / WEIGHTS_NAME}: not a readable safetensors file ({e})") from None
+    fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
+    return ViTConfig.from_dict(fields), state, raw

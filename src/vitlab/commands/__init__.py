@@ -1,0 +1,1 @@
+"""One module per ``vitlab`` sub-command; each defines ``add_parser(subparsers, formatter)``."""

@@ -1,0 +1,32 @@
+"""User-facing errors. The CLI prints their message on one line and exits non-zero."""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "ConfigError", "InputError", "OfflineError", "UnknownModelError", "VitlabError"]
+
+
+class VitlabError(Exception):
+    """Base of every error whose message is meant for the user as-is."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(VitlabError, ValueError):
+    """An invalid option; the message names it."""
+
+
+class InputError(VitlabError, ValueError):
+    """Input tensors or images the model cannot take (channels, size)."""
+
+
+class UnknownModelError(VitlabError, KeyError):
+    """A model name that is not registered; the message suggests close names."""
+
+
+class CheckpointError(VitlabError, ValueError):
+    """A file that is not a checkpoint, or one that does not fit the model."""
+
+
+class OfflineError(VitlabError, OSError):
+    """A download was needed but the network (or the file) is unreachable."""

@@ -1,0 +1,30 @@
+"""Model definitions. Nothing here imports from the rest of vitlab except errors."""
+
+from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
+from .layers import Attention, Block, DropPath, Mlp, PatchEmbed
+from .posemb import resample_posemb, sincos_2d
+from .registry import VARIANTS, create_model, list_models, model_config, register, resolve_name
+from .vit import VisionTransformer, count_macs
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INCEPTION_MEAN",
+    "INCEPTION_STD",
+    "VARIANTS",
+    "Attention",
+    "Block",
+    "DropPath",
+    "Mlp",
+    "PatchEmbed",
+    "ViTConfig",
+    "VisionTransformer",
+    "count_macs",
+    "create_model",
+    "list_models",
+    "model_config",
+    "register",
+    "resample_posemb",
+    "resolve_name",
+    "sincos_2d",
+]

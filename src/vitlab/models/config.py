@@ -1,0 +1,184 @@
+"""The model configuration: one dataclass that fully describes a ViT and serialises to JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# Google's ViT and AugReg weights take inputs scaled to [-1, 1].
+INCEPTION_MEAN = (0.5, 0.5, 0.5)
+INCEPTION_STD = (0.5, 0.5, 0.5)
+
+_POOLS = ("cls", "gap")
+_POSEMBS = ("learn", "learn2d", "sincos2d", "none")
+_HEADS = ("linear", "mlp")
+_ACTS = ("gelu", "gelu_tanh")
+_RESAMPLE = ("jax", "bilinear", "bicubic")
+
+
+def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    t = tuple(int(v) for v in x)
+    if len(t) != 2:
+        raise ConfigError(f"img_size: expected an int or a (height, width) pair, got {x!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass
+class ViTConfig:
+    """Architecture and preprocessing of a Vision Transformer.
+
+    Defaults are ViT-B/16 at 224 px with a 1000-way zero-initialised linear
+    head, as fine-tuned in the paper. ``name`` is informational.
+    """
+
+    name: str = "vit_b16"
+    img_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    qkv_bias: bool = True
+    class_token: bool = True
+    pool: str = "cls"
+    """``cls``: the class token's final state (Eq. 4); ``gap``: mean of the patch tokens."""
+    fc_norm: bool = False
+    """With ``gap``: apply the final LayerNorm after pooling (timm's ``fc_norm``, MAE/DeiT style)
+    instead of to every token before pooling (official JAX / big_vision)."""
+    posemb: str = "learn"
+    """``learn`` (1-D, the paper's default), ``learn2d`` (Appendix D.4: row and column
+    embeddings of D/2 each, concatenated), ``sincos2d`` (fixed), ``none``."""
+    posemb_resample: str = "bicubic"
+    """How learned position embeddings are resampled to another grid: ``jax`` | ``bicubic`` | ``bilinear``."""
+    head: str = "linear"
+    """``linear``: one zero-initialised layer (fine-tuning); ``mlp``: a tanh pre-logits layer then
+    the classifier (pre-training, Sec. 3.1)."""
+    representation_size: int | None = None
+    """Width of the pre-logits layer of the ``mlp`` head (defaults to ``embed_dim``)."""
+    act: str = "gelu"
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    norm_eps: float = 1e-6
+    dynamic_img_pad: bool = False
+    """Zero-pad inputs whose size the patch size does not divide, instead of raising."""
+    mean: tuple[float, float, float] = INCEPTION_MEAN
+    std: tuple[float, float, float] = INCEPTION_STD
+    class_names: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Free-form metadata kept with the weights (source checkpoint, training run ...)."""
+
+    def __post_init__(self) -> None:
+        self.img_size = _pair(self.img_size)
+        self.mean = tuple(float(v) for v in self.mean)  # type: ignore[assignment]
+        self.std = tuple(float(v) for v in self.std)  # type: ignore[assignment]
+        self.validate()
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patch grid (rows, columns) at ``img_size``."""
+        p = self.patch_size
+        h, w = self.img_size
+        if self.dynamic_img_pad:
+            return (-(-h // p), -(-w // p))
+        return (h // p, w // p)
+
+    @property
+    def num_patches(self) -> int:
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def pre_logits_dim(self) -> int:
+        return (self.representation_size or self.embed_dim) if self.head == "mlp" else self.embed_dim
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the offending option."""
+
+        def bad(option: str, msg: str) -> None:
+            raise ConfigError(f"{option}: {msg}")
+
+        for opt, val, allowed in (
+            ("pool", self.pool, _POOLS),
+            ("posemb", self.posemb, _POSEMBS),
+            ("head", self.head, _HEADS),
+            ("act", self.act, _ACTS),
+            ("posemb_resample", self.posemb_resample, _RESAMPLE),
+        ):
+            if val not in allowed:
+                bad(opt, f"{val!r} is not one of {', '.join(allowed)}")
+        for opt in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim"):
+            if int(getattr(self, opt)) <= 0:
+                bad(opt, f"must be positive, got {getattr(self, opt)}")
+        if self.num_classes < 0:
+            bad("num_classes", f"must be >= 0 (0 means no head), got {self.num_classes}")
+        if min(self.img_size) <= 0:
+            bad("img_size", f"must be positive, got {self.img_size}")
+        if self.embed_dim % self.num_heads:
+            bad("num_heads", f"the width {self.embed_dim} is not divisible by {self.num_heads} heads")
+        h, w = self.img_size
+        p = self.patch_size
+        if not self.dynamic_img_pad and (h % p or w % p):
+            bad(
+                "img_size",
+                f"{h}x{w} is not divisible by the patch size {p}; use a multiple of {p} "
+                f"(e.g. {max(p, h // p * p)}) or dynamic_img_pad=True",
+            )
+        if self.pool == "cls" and not self.class_token:
+            bad("pool", "'cls' pooling needs class_token=True")
+        if self.fc_norm and self.pool != "gap":
+            bad("fc_norm", "only applies with pool='gap'")
+        if self.posemb == "learn2d" and self.embed_dim % 2:
+            bad("posemb", f"'learn2d' needs an even width, got {self.embed_dim}")
+        if self.posemb == "sincos2d" and self.embed_dim % 4:
+            bad("posemb", f"'sincos2d' needs a width divisible by 4, got {self.embed_dim}")
+        for opt in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+            if not 0.0 <= float(getattr(self, opt)) < 1.0:
+                bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
+        if self.class_names is not None and self.num_classes and len(self.class_names) != self.num_classes:
+            bad("class_names", f"{len(self.class_names)} names for {self.num_classes} classes")
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        """A copy with some fields changed (validated)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown ViTConfig option(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["img_size"] = list(self.img_size)
+        d["mean"] = list(self.mean)
+        d["std"] = list(self.std)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        extra = dict(kwargs.pop("extra", {}) or {})
+        extra.update({k: v for k, v in d.items() if k not in known})
+        return cls(**kwargs, extra=extra)
+
+    @classmethod
+    def from_json(cls, s: str) -> ViTConfig:
+        return cls.from_dict(json.loads(s))

@@ -1,0 +1,176 @@
+"""Building blocks of the Vision Transformer (Dosovitskiy et al., 2021, Sec. 3.1).
+
+Module and parameter names follow timm (``patch_embed.proj``, ``attn.qkv``,
+``mlp.fc1`` ...) because parameter names are API: they let the world's weights
+load without a rename table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, InputError
+
+__all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "make_act"]
+
+
+def make_act(name: str) -> nn.Module:
+    """GELU as in the paper: ``gelu`` is exact (timm, HF), ``gelu_tanh`` the
+    tanh approximation used by the official JAX code (``flax.linen.gelu``)."""
+    if name == "gelu":
+        return nn.GELU()
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if name == "relu":
+        return nn.ReLU()
+    raise ConfigError(f"unknown activation {name!r}; choose 'gelu' or 'gelu_tanh'")
+
+
+class PatchEmbed(nn.Module):
+    """Eq. 1's ``x_p E``: cut the image into P x P patches, flatten, project to D.
+
+    A convolution with kernel = stride = P is exactly the linear projection of
+    the flattened patches (weights laid out as ``(D, C, P, P)``), and is what
+    timm and the official code store.
+    """
+
+    def __init__(self, *, patch_size: int, in_chans: int, embed_dim: int, dynamic_pad: bool = False) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.in_chans = in_chans
+        self.dynamic_pad = dynamic_pad
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid (rows, columns) for an input of this size."""
+        p = self.patch_size
+        if self.dynamic_pad:
+            return math.ceil(height / p), math.ceil(width / p)
+        return height // p, width // p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` -> ``(B, N, D)`` with N = HW / P^2, patches in row-major order."""
+        if x.ndim != 4:
+            raise InputError(f"expected an image batch of shape (B, C, H, W), got shape {tuple(x.shape)}")
+        _, c, h, w = x.shape
+        if c != self.in_chans:
+            raise InputError(f"the model takes {self.in_chans}-channel images, got {c} channels (input shape {tuple(x.shape)})")
+        p = self.patch_size
+        if h % p or w % p:
+            if not self.dynamic_pad:
+                raise InputError(
+                    f"image size {h}x{w} is not divisible by the patch size {p}; resize to a multiple of {p} "
+                    f"(e.g. {max(p, h // p * p)}x{max(p, w // p * p)}) or build the model with dynamic_img_pad=True"
+                )
+            x = F.pad(x, (0, (-w) % p, 0, (-h) % p))
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (MSA, Eq. 2 and Appendix A).
+
+    The fast path calls ``F.scaled_dot_product_attention``. With
+    ``return_attn=True`` the softmax weights are computed explicitly (same
+    maths, no fused kernel) and returned, so analyses never get ``None``.
+    """
+
+    def __init__(self, *, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ConfigError(f"width {dim} is not divisible by the number of heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, n, d = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn: torch.Tensor | None = None
+        drop = self.attn_drop if self.training else 0.0
+        if return_attn:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            out = F.dropout(attn, p=drop, training=self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+        out = out.transpose(1, 2).reshape(b, n, d)
+        return self.proj_drop(self.proj(out)), attn
+
+
+class Mlp(nn.Module):
+    """The block's MLP: two layers with a GELU between (Sec. 3.1)."""
+
+    def __init__(self, *, dim: int, hidden_dim: int, act: str = "gelu", drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = make_act(act)
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al., 2016): drop a whole residual branch per sample."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm Transformer encoder layer, Eq. 2-3:
+
+    ``z' = MSA(LN(z)) + z`` and ``z = MLP(LN(z')) + z'``.
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        qkv_bias: bool = True,
+        act: str = "gelu",
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+        attn_layer: Callable[..., nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        attn_cls = attn_layer or Attention
+        self.attn = attn_cls(dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, attn = self.attn(self.norm1(x), return_attn=return_attn)
+        x = x + self.drop_path1(y)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x, attn

@@ -1,0 +1,118 @@
+"""Named model variants: the paper's Table 1 and the sizes that followed it.
+
+``create_model("vit_b16")`` and ``create_model("B/16")`` are the same model.
+Other families (hybrid, axial) register their own builders with :func:`register`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from ..errors import UnknownModelError
+from .config import ViTConfig
+from .vit import VisionTransformer
+
+__all__ = ["VARIANTS", "Variant", "create_model", "list_models", "model_config", "register", "resolve_name"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of Table 1 (plus the later Ti, S and g sizes)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    heads: int
+
+
+VARIANTS: dict[str, Variant] = {
+    "ti": Variant(192, 12, 768, 3),
+    "s": Variant(384, 12, 1536, 6),
+    "b": Variant(768, 12, 3072, 12),
+    "l": Variant(1024, 24, 4096, 16),
+    "h": Variant(1280, 32, 5120, 16),
+    "g": Variant(1408, 40, 6144, 16),
+}
+
+# Width x patch combinations for which weights or published results exist.
+_PATCHES: dict[str, tuple[int, ...]] = {
+    "ti": (8, 16, 32),
+    "s": (8, 14, 16, 32),
+    "b": (8, 14, 16, 32),
+    "l": (14, 16, 32),
+    "h": (14, 16),
+    "g": (14,),
+}
+
+Builder = Callable[..., nn.Module]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register(name: str, builder: Builder) -> None:
+    """Make ``create_model(name, ...)`` call ``builder(num_classes=..., img_size=..., **overrides)``."""
+    _BUILDERS[name] = builder
+
+
+def model_config(name: str, **overrides: Any) -> ViTConfig:
+    """The :class:`ViTConfig` of a plain ViT name such as ``vit_b16`` or ``B/16``."""
+    canon = resolve_name(name)
+    m = re.fullmatch(r"vit_([a-z]+)(\d+)", canon)
+    if not m or m.group(1) not in VARIANTS:
+        raise UnknownModelError(f"{name!r} is not a plain ViT name")
+    v = VARIANTS[m.group(1)]
+    cfg = ViTConfig(name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads)
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def _vit_builder(name: str) -> Builder:
+    def build(**overrides: Any) -> VisionTransformer:
+        return VisionTransformer(model_config(name, **overrides))
+
+    return build
+
+
+for _v, _ps in _PATCHES.items():
+    for _p in _ps:
+        register(f"vit_{_v}{_p}", _vit_builder(f"vit_{_v}{_p}"))
+
+
+def list_models() -> list[str]:
+    """All registered names."""
+    return sorted(_BUILDERS, key=lambda n: (n.split("_")[0], _order(n)))
+
+
+def _order(name: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(?:[a-z0-9]+_)*?([a-z]+)(\d+)", name.split("_", 1)[-1])
+    keys = list(VARIANTS)
+    if m and m.group(1) in keys:
+        return keys.index(m.group(1)), int(m.group(2))
+    return len(keys), 0
+
+
+def resolve_name(name: str) -> str:
+    """Canonical name: ``"B/16"``, ``"ViT-B/16"`` and ``"vit_b16"`` all give ``"vit_b16"``."""
+    n = name.strip()
+    m = re.fullmatch(r"(?i)(?:vit[-_])?(ti|s|b|l|h|g)/(\d+)", n)
+    if m:
+        return f"vit_{m.group(1).lower()}{m.group(2)}"
+    return n.lower()
+
+
+def create_model(name: str, *, num_classes: int = 1000, img_size: int | tuple[int, int] = 224, **overrides: Any) -> nn.Module:
+    """Build a registered model, randomly initialised (use :func:`vitlab.load` for weights).
+
+    >>> model = create_model("vit_s16", num_classes=10, img_size=384, drop_path_rate=0.1)
+    """
+    canon = resolve_name(name)
+    builder = _BUILDERS.get(canon)
+    if builder is None:
+        close = difflib.get_close_matches(canon, list(_BUILDERS), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; run `vitlab models` for the list"
+        raise UnknownModelError(f"unknown model {name!r}{hint}")
+    return builder(num_classes=num_classes, img_size=img_size, **overrides)
