@@ -1,0 +1,51 @@
+"""The command line: version, help, models table, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import vitlab
+from vitlab.cli import main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"vitlab {vitlab.__version__}"
+
+
+def test_models_table_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    b16 = rows["vit_b16"]
+    assert (b16["layers"], b16["width"], b16["mlp"], b16["heads"], b16["params"]) == (12, 768, 3072, 12, 86_567_656)
+    assert b16["gflops"] == pytest.approx(35.1, abs=0.1)
+
+
+def test_models_table_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "vit_h14" in out and "632,045,800" in out
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    from vitlab.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert {"models", "convert"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        assert "example" in (p.description or "") + (p.epilog or ""), f"`vitlab {name} --help` has no example"
+
+
+def test_bad_input_is_one_line_without_traceback() -> None:
+    r = subprocess.run([sys.executable, "-m", "vitlab", "convert", "/no/such/file.npz", "/tmp/out"], capture_output=True, text=True)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vitlab convert: error:")
+    assert "Traceback" not in r.stderr
