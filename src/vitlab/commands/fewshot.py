@@ -1,0 +1,88 @@
+"""``vitlab fewshot``: few-shot linear evaluation (Sec. 4.1) and a full linear probe of frozen features."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _shots(s: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in s.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,5,10,25, got {s!r}") from None
+    if not vals or min(vals) <= 0:
+        raise argparse.ArgumentTypeError(f"shots must be positive integers, got {s!r}")
+    return vals
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "fewshot",
+        help="few-shot linear evaluation (closed-form ridge, 1/5/10/25 shots) and a linear probe",
+        description=(
+            "Freeze the model, take its pre-logits features, and measure how linearly separable\n"
+            'the classes are (paper Sec. 4.1, "Metrics"):\n'
+            "  few-shot  regularised least squares onto {-1, 1}^K targets, solved in closed form, on\n"
+            "            N images per class of the training split, averaged over --seeds draws;\n"
+            "  probe     logistic regression on the features of the whole training split.\n"
+            "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
+            "examples:\n"
+            "  vitlab fewshot --model runs/digits --data digits\n"
+            "  vitlab fewshot --model runs/cifar/model --data cifar10 --shots 1,5,10,25 --max-train 10000\n"
+            "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument(
+        "--model", required=True, help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
+    )
+    p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)")
+    p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25), help="training images per class, comma-separated")
+    p.add_argument("--seeds", type=int, default=3, help="random draws averaged per shot count")
+    p.add_argument("--l2-reg", type=float, default=2.0**10, help="L2 strength of the ridge regression (features standardised)")
+    p.add_argument("--no-probe", action="store_true", help="skip the full linear probe")
+    p.add_argument("--probe-c", type=float, default=1.0, help="inverse L2 strength of the logistic-regression probe")
+    p.add_argument("--max-train", type=int, default=None, help="training images used by the probe (default: all)")
+    p.add_argument("--max-test", type=int, default=None, help="test images evaluated (default: all)")
+    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--out", default="fewshot.json", help="JSON file to write")
+    p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
+    from .inspect import resolve_model
+
+    cfg = FewShotConfig(
+        shots=args.shots,
+        seeds=args.seeds,
+        l2_reg=args.l2_reg,
+        probe=not args.no_probe,
+        probe_c=args.probe_c,
+        max_train=args.max_train,
+        max_test=args.max_test,
+        batch_size=args.batch_size,
+    )
+    model, _ = resolve_model(args.model, img_size=args.img_size)
+    result = evaluate_fewshot(model, args.data, cfg)
+    result["model"] = args.model
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"{args.model} on {args.data}: {result['num_classes']} classes, {result['feature_dim']}-d features, {result['test_size']} test images"
+    )
+    for shots, r in result["fewshot"].items():
+        print(f"  {shots:>3}-shot  {100 * r['mean']:6.2f}% +- {100 * r['std']:.2f}  ({args.seeds} seeds, {r['train_size']} train images)")
+    if "linear_probe" in result:
+        lp = result["linear_probe"]
+        print(f"  probe     {100 * lp['accuracy']:6.2f}%  (logistic regression on {lp['train_size']} train images)")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,116 @@
+"""``vitlab inspect``: the paper's Fig. 6 and Fig. 7 for a model, as PNGs and one report.html."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="figures 6 and 7 of the paper (filters, position embeddings, attention distance, rollout) + HTML report",
+        description=(
+            "Analyse a ViT as in Sec. 4.5 of the paper and write PNG figures, inspect.json and a\n"
+            "self-contained report.html (images embedded; open it in any browser, no server):\n"
+            "  Fig. 7 left    principal components of the patch-embedding filters\n"
+            "  Fig. 7 center  cosine similarity of the position embeddings\n"
+            "  Fig. 7 right   mean attention distance of every head at every layer\n"
+            "  Fig. 6         attention rollout from the output token, and the raw per-layer attention\n"
+            "plus the training curves and confusion matrix when --model is a `vitlab train --out` folder.\n"
+            "Without --image or --data, a few embedded scikit-learn digits are used (works offline).\n\n"
+            "examples:\n"
+            "  vitlab inspect --model runs/digits --out inspect/\n"
+            "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
+            "  vitlab inspect --model runs/cifar/model --data cifar10 --num-images 256 --out inspect/"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument(
+        "--model", required=True, help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
+    )
+    p.add_argument("--image", nargs="+", action="extend", default=[], metavar="IMG", help="image files or folders to analyse")
+    p.add_argument("--data", default=None, help="take the images from this data set's test split (digits, cifar10, an ImageFolder path)")
+    p.add_argument("--out", default="inspect", help="output folder")
+    p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
+    p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
+    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.set_defaults(func=run)
+
+
+def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path | None]:
+    """``(model in eval mode, folder it came from or None)`` for a ``--model`` value.
+
+    A folder holding ``model/`` (the output of ``vitlab train --out``) loads that
+    sub-folder; an existing path goes to :func:`vitlab.load`; otherwise a registered
+    name gives a randomly initialised model, and anything else goes to :func:`vitlab.load`.
+    """
+    from ..checkpoints import load
+    from ..checkpoints.native import is_native
+    from ..models import create_model, list_models
+    from ..models.registry import resolve_name
+
+    overrides = {"img_size": img_size} if img_size else {}
+    path = Path(spec)
+    if path.exists():
+        if path.is_dir() and not is_native(path) and is_native(path / "model"):
+            return load(path / "model", **overrides).eval(), path
+        return load(path, **overrides).eval(), path if path.is_dir() else None
+    if resolve_name(spec) in list_models():
+        return create_model(spec, **overrides).eval(), None
+    return load(spec, **overrides).eval(), None
+
+
+def _pick(n: int, labels, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.permutation(len(labels))[:n]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..inspect.images import digits_images, labelled_splits, read_images
+    from ..inspect.report import inspect_model
+
+    for opt in ("num_images", "show", "batch_size"):
+        if getattr(args, opt) <= 0:
+            raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
+    model, model_dir = resolve_model(args.model, img_size=args.img_size)
+    if args.image:
+        images, names = read_images(args.image)
+        distance_images = images[: args.num_images]
+    elif args.data:
+        _, test = labelled_splits(args.data)
+        idx = _pick(max(args.num_images, args.show), test.labels)
+        distance_images = test.get(idx)
+        cls = test.class_names
+        names = [cls[int(test.labels[i])] if cls else f"label {int(test.labels[i])}" for i in idx]
+        images = distance_images
+    else:
+        distance_images, names = digits_images(max(args.num_images, args.show))
+        images = distance_images
+    result = inspect_model(
+        model,
+        images[: args.show],
+        args.out,
+        names=names[: args.show],
+        distance_images=distance_images[: args.num_images],
+        model_dir=model_dir,
+        batch_size=args.batch_size,
+        max_display=args.show,
+    )
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        report = Path(args.out) / "report.html"
+        dist = result["mean_attention_distance"]["per_layer_head"]
+        print(
+            f"mean attention distance (px), layer 1: {min(dist[0]):.1f}-{max(dist[0]):.1f}, layer {len(dist)}: {min(dist[-1]):.1f}-{max(dist[-1]):.1f}"
+        )
+        print(f"wrote {len(result['files'])} files to {args.out}; open {report}")
+    return 0

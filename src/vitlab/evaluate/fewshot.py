@@ -1,0 +1,288 @@
+"""Few-shot linear evaluation (Sec. 4.1, "Metrics") and a full linear probe.
+
+The paper: few-shot accuracies are "obtained by solving a regularized least-squares
+regression problem that maps the (frozen) representation of a subset of training
+images to {-1, 1}^K target vectors. This formulation allows us to recover the exact
+solution in closed form." We follow big_vision's evaluator in its conventions, not
+its code: features are standardised with the statistics of the few-shot training
+set, a constant feature of 100 stands in for an (almost unregularised) bias, the L2
+strength defaults to 2^10, and 1, 5, 10 and 25 shots per class are averaged over 3
+seeds (nested: the 5-shot set of a seed contains its 1-shot set).
+
+The representation is the pre-logits vector,
+``model.forward_head(model.forward_features(x), pre_logits=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from ..errors import ConfigError
+
+__all__ = [
+    "BIAS_CONSTANT",
+    "FewShotConfig",
+    "RidgeClassifier",
+    "evaluate_fewshot",
+    "extract_features",
+    "fewshot_accuracy",
+    "fit_ridge",
+    "linear_probe",
+    "sample_shots",
+]
+
+BIAS_CONSTANT = 100.0
+"""Value of the appended constant feature: large, so the bias it carries is barely regularised."""
+
+
+@dataclass
+class FewShotConfig:
+    """Options of :func:`evaluate_fewshot` (serialised into the result JSON)."""
+
+    shots: tuple[int, ...] = (1, 5, 10, 25)
+    seeds: int = 3
+    l2_reg: float = 2.0**10
+    probe: bool = True
+    """Also fit a multinomial logistic regression on all (or ``max_train``) training features."""
+    probe_c: float = 1.0
+    """Inverse L2 strength of the probe (scikit-learn's ``C``) on standardised features."""
+    max_train: int | None = None
+    """Cap on the training images the probe uses (random, fixed seed); few-shot needs only its samples."""
+    max_test: int | None = None
+    batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        self.shots = tuple(int(s) for s in self.shots)
+        if not self.shots or min(self.shots) <= 0:
+            raise ConfigError(f"shots: expected positive integers, got {self.shots}")
+        if self.seeds <= 0:
+            raise ConfigError(f"seeds: must be positive, got {self.seeds}")
+        if self.l2_reg < 0:
+            raise ConfigError(f"l2_reg: must be >= 0, got {self.l2_reg}")
+        for opt in ("max_train", "max_test"):
+            v = getattr(self, opt)
+            if v is not None and v <= 0:
+                raise ConfigError(f"{opt}: must be positive, got {v}")
+        if self.batch_size <= 0:
+            raise ConfigError(f"batch_size: must be positive, got {self.batch_size}")
+
+
+@dataclass
+class RidgeClassifier:
+    """A least-squares classifier: standardise, append the bias feature, ``argmax(x W)``."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    weight: torch.Tensor
+    """``(D + 1, K)``, the last row multiplies the constant feature."""
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        return _augment(x.double(), self.mean, self.std) @ self.weight
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scores(x).argmax(dim=1)
+
+
+def _augment(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    x = (x - mean) / std
+    return torch.cat([x, torch.full((x.shape[0], 1), BIAS_CONSTANT, dtype=x.dtype)], dim=1)
+
+
+def fit_ridge(x: torch.Tensor, y: torch.Tensor, num_classes: int, *, l2_reg: float = 2.0**10) -> RidgeClassifier:
+    """Closed-form L2-regularised least squares onto {-1, 1}^K targets.
+
+    ``W = argmin ||X W - Y||^2 + l2 ||W||^2`` with ``X`` the standardised features
+    plus the constant column; solved as ``(X^T X + l2 I)^-1 X^T Y`` when there are at
+    least as many samples as features, else in the equivalent dual form
+    ``X^T (X X^T + l2 I)^-1 Y`` (few-shot sets are small: N << D).
+    """
+    x = x.detach().double().cpu()
+    y = torch.as_tensor(y).long().cpu()
+    mean = x.mean(dim=0, keepdim=True)
+    std = x.std(dim=0, unbiased=False, keepdim=True) + 1e-5
+    xa = _augment(x, mean, std)
+    targets = 2.0 * torch.nn.functional.one_hot(y, num_classes).double() - 1.0
+    n, d = xa.shape
+    if n >= d:
+        w = torch.linalg.solve(xa.T @ xa + l2_reg * torch.eye(d, dtype=xa.dtype), xa.T @ targets)
+    else:
+        w = xa.T @ torch.linalg.solve(xa @ xa.T + l2_reg * torch.eye(n, dtype=xa.dtype), targets)
+    return RidgeClassifier(mean=mean, std=std, weight=w)
+
+
+def sample_shots(labels: np.ndarray, shots: int, *, seed: int, num_classes: int | None = None) -> np.ndarray:
+    """Indices of ``shots`` examples per class (all of them for a class that has fewer).
+
+    One random permutation per class and seed; taking its first ``shots`` entries makes
+    the sets for different shot counts of one seed nested.
+    """
+    rng = np.random.default_rng(seed)
+    k = int(num_classes if num_classes is not None else labels.max() + 1)
+    return np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:shots] for c in range(k)]).astype(np.int64)
+
+
+def fewshot_accuracy(
+    train_x: torch.Tensor,
+    train_y: np.ndarray,
+    test_x: torch.Tensor,
+    test_y: np.ndarray,
+    *,
+    shots: Sequence[int] = (1, 5, 10, 25),
+    seeds: int = 3,
+    l2_reg: float = 2.0**10,
+    num_classes: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Few-shot accuracy per shot count: ``{"5": {"mean", "std", "per_seed", "train_size"}}``.
+
+    ``train_x`` holds the features of the candidate training images (``train_y`` their
+    labels); each seed draws ``shots`` per class from them, fits :func:`fit_ridge`
+    and scores every test image.
+    """
+    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    k = int(num_classes if num_classes is not None else max(train_y.max(), test_y.max()) + 1)
+    return _fewshot_runs(
+        lambda idx: train_x[torch.as_tensor(idx)], train_y, test_x, test_y, shots=shots, seeds=seeds, l2_reg=l2_reg, num_classes=k
+    )
+
+
+def _fewshot_runs(
+    features_of,
+    train_y: np.ndarray,
+    test_x: torch.Tensor,
+    test_y: np.ndarray,
+    *,
+    shots: Sequence[int],
+    seeds: int,
+    l2_reg: float,
+    num_classes: int,
+) -> dict[str, dict[str, Any]]:
+    """The loop of :func:`fewshot_accuracy`; ``features_of(train indices)`` gives their features."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in shots:
+        accs, size = [], 0
+        for seed in range(seeds):
+            idx = sample_shots(train_y, s, seed=seed, num_classes=num_classes)
+            clf = fit_ridge(features_of(idx), torch.as_tensor(train_y[idx]), num_classes, l2_reg=l2_reg)
+            accs.append(float((clf.predict(test_x).numpy() == test_y).mean()))
+            size = len(idx)
+        out[str(s)] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)), "per_seed": accs, "train_size": size}
+    return out
+
+
+def linear_probe(
+    train_x: torch.Tensor, train_y: np.ndarray, test_x: torch.Tensor, test_y: np.ndarray, *, c: float = 1.0, max_iter: int = 1000
+) -> dict[str, Any]:
+    """Multinomial logistic regression (L-BFGS, scikit-learn) on standardised frozen features."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=max_iter))
+    xtr, xte = train_x.double().numpy(), test_x.double().numpy()
+    clf.fit(xtr, np.asarray(train_y))
+    return {
+        "accuracy": float((clf.predict(xte) == np.asarray(test_y)).mean()),
+        "train_accuracy": float((clf.predict(xtr) == np.asarray(train_y)).mean()),
+        "train_size": len(train_y),
+        "C": c,
+    }
+
+
+@torch.no_grad()
+def extract_features(
+    model: nn.Module, images: Any, indices: np.ndarray, *, batch_size: int = 128, progress: bool = True, desc: str = "features"
+) -> torch.Tensor:
+    """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a :class:`vitlab.inspect.images.LabelledSplit`)."""
+    from ..inspect.images import preprocess
+
+    cfg = model.config
+    device = next(model.parameters()).device
+    model.eval()
+    feats = []
+    starts = range(0, len(indices), batch_size)
+    for i in tqdm(starts, desc=desc, unit="batch", disable=not progress):
+        batch = images.get(indices[i : i + batch_size])
+        x, _ = preprocess(batch, img_size=cfg.img_size, in_chans=cfg.in_chans, mean=cfg.mean, std=cfg.std)
+        f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
+        feats.append(f.float().cpu())
+    if not feats:
+        return torch.zeros(0, getattr(cfg, "pre_logits_dim", 0))
+    return torch.cat(feats)
+
+
+def _subset(n: int, cap: int | None, seed: int) -> np.ndarray:
+    if cap is None or cap >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:cap])
+
+
+@dataclass
+class _Plan:
+    fewshot: np.ndarray
+    probe: np.ndarray
+    union: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.union = np.union1d(self.fewshot, self.probe).astype(np.int64)
+
+
+def evaluate_fewshot(
+    model: nn.Module, data: str | tuple[Any, Any], config: FewShotConfig | None = None, *, progress: bool = True
+) -> dict[str, Any]:
+    """Few-shot ridge accuracies and the linear probe of ``model`` on ``data``.
+
+    ``data`` is a ``--data`` value (``digits``, ``cifar10``, an ImageFolder path) or a
+    ``(train, test)`` pair of :class:`~vitlab.inspect.images.LabelledSplit`. Only the
+    training images some seed samples (plus the probe's) go through the model.
+    """
+    from ..inspect.images import labelled_splits
+
+    cfg = config or FewShotConfig()
+    train, test = labelled_splits(data, progress=progress) if isinstance(data, str) else data
+    k = int(max(train.labels.max(), test.labels.max()) + 1)
+    if len(train.class_names) > k:
+        k = len(train.class_names)
+    shot_idx = np.unique(np.concatenate([sample_shots(train.labels, max(cfg.shots), seed=s, num_classes=k) for s in range(cfg.seeds)]))
+    probe_idx = _subset(len(train), cfg.max_train, seed=1234) if cfg.probe else np.zeros(0, dtype=np.int64)
+    plan = _Plan(shot_idx, probe_idx)
+    test_idx = _subset(len(test), cfg.max_test, seed=4321)
+
+    feats_tr = extract_features(model, train, plan.union, batch_size=cfg.batch_size, progress=progress, desc="train features")
+    feats_te = extract_features(model, test, test_idx, batch_size=cfg.batch_size, progress=progress, desc="test features")
+    # Few-shot sampling runs on the full label array; map the sampled rows onto the extracted subset.
+    row = np.full(len(train), -1, dtype=np.int64)
+    row[plan.union] = np.arange(len(plan.union))
+    labels_te = test.labels[test_idx]
+
+    fs = _fewshot_runs(
+        lambda idx: feats_tr[torch.as_tensor(row[idx])],
+        train.labels,
+        feats_te,
+        labels_te,
+        shots=cfg.shots,
+        seeds=cfg.seeds,
+        l2_reg=cfg.l2_reg,
+        num_classes=k,
+    )
+
+    result: dict[str, Any] = {
+        "model": getattr(model.config, "name", type(model).__name__),
+        "data": data if isinstance(data, str) else "custom",
+        "num_classes": k,
+        "feature_dim": int(feats_tr.shape[1]),
+        "test_size": len(test_idx),
+        "fewshot": fs,
+        "config": {**asdict(cfg), "shots": list(cfg.shots)},
+    }
+    if cfg.probe:
+        result["linear_probe"] = linear_probe(
+            feats_tr[torch.as_tensor(row[plan.probe])], train.labels[plan.probe], feats_te, labels_te, c=cfg.probe_c
+        )
+    return result

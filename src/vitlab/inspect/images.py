@@ -1,0 +1,131 @@
+"""Images for the analyses: files given by the user, a labelled data set, or the
+embedded scikit-learn digits, turned into model inputs.
+
+Everything flows as uint8 ``(N, H, W, C)`` arrays (the layout of :mod:`vitlab.data`);
+labelled data comes from ``vitlab.data.load_data``, so ``--data`` takes every value
+``vitlab train`` takes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+
+__all__ = ["IMAGE_SUFFIXES", "LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+@dataclass
+class LabelledSplit:
+    """One split: all labels up front, images on request (``get(indices)`` -> uint8 NHWC), so a
+    source that decodes lazily can be plugged in without touching the callers."""
+
+    labels: np.ndarray
+    get: Callable[[np.ndarray], np.ndarray]
+    class_names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+            if not found:
+                raise InputError(f"{p}: no image files ({', '.join(IMAGE_SUFFIXES[:4])} ...) in this folder")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise InputError(f"{p}: no such image file or folder")
+    return files
+
+
+def _decode(path: Path, mode: str = "RGB") -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert(mode))
+    except (UnidentifiedImageError, OSError) as e:
+        raise InputError(f"{path}: not a readable image ({e})") from None
+
+
+def read_images(paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
+    """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays; also returns the names."""
+    files = _expand(paths)[:limit]
+    return [_decode(f) for f in files], [f.name for f in files]
+
+
+def digits_images(n: int = 4) -> tuple[np.ndarray, list[str]]:
+    """The first ``n`` of scikit-learn's embedded 8x8 digits (one per class first), uint8 ``(n, 8, 8, 1)``."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    order = np.concatenate([np.flatnonzero(d.target == c)[:1] for c in range(10)] + [np.arange(len(d.target))])
+    _, first = np.unique(order, return_index=True)
+    order = order[np.sort(first)][:n]
+    imgs = np.clip(d.images[order] * (255.0 / 16.0), 0, 255).round().astype(np.uint8)[..., None]
+    return imgs, [f"digit {d.target[i]}" for i in order]
+
+
+def preprocess(
+    images: Sequence[np.ndarray] | np.ndarray, *, img_size: tuple[int, int], in_chans: int, mean, std
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 ``(H, W, C)`` images -> ``(model input (B, C, H, W) normalised, display images (B, H, W, C) in [0, 1])``.
+
+    Images are resized to ``img_size`` (bilinear, antialiased); grey images are
+    repeated to 3 channels for RGB models and RGB images averaged for 1-channel ones.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    batch = []
+    for img in images:
+        t = torch.as_tensor(np.ascontiguousarray(img))
+        if t.ndim == 2:
+            t = t[..., None]
+        t = t.permute(2, 0, 1)
+        if t.shape[0] == 4:
+            t = t[:3]
+        if t.shape[0] != in_chans:
+            if in_chans == 3 and t.shape[0] == 1:
+                t = t.expand(3, -1, -1)
+            elif in_chans == 1:
+                t = t.float().mean(dim=0, keepdim=True).round().to(torch.uint8)
+            else:
+                raise InputError(f"the model takes {in_chans}-channel images, got {t.shape[0]} channels")
+        batch.append(TF.resize(t, list(img_size), antialias=True))
+    x = torch.stack(batch).float() / 255.0
+    display = x.permute(0, 2, 3, 1).clone()
+    m = torch.tensor(mean[:in_chans] if len(mean) >= in_chans else mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std[:in_chans] if len(std) >= in_chans else std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (x - m) / s, display
+
+
+def labelled_splits(data: str, *, progress: bool = True) -> tuple[LabelledSplit, LabelledSplit]:
+    """``(train, test)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
+    (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes)."""
+    from ..data import load_data
+
+    splits = load_data(data, progress=progress)
+    names = list(splits.class_names)
+
+    def split(s) -> LabelledSplit:
+        images = s.images
+        return LabelledSplit(
+            labels=np.asarray(s.labels, dtype=np.int64),
+            get=lambda idx: np.asarray(images[np.asarray(idx, dtype=np.int64)]),
+            class_names=names,
+        )
+
+    return split(splits.train), split(splits.val)

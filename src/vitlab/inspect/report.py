@@ -1,0 +1,276 @@
+"""``vitlab inspect`` end to end: run every analysis on a model, write the PNG figures,
+``inspect.json`` with the numbers, and one self-contained ``report.html``.
+
+The HTML embeds every figure as a ``data:image/png;base64`` URI and references no
+external file, script or style sheet, so it opens in any browser, offline, and can
+be mailed as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from . import figures
+from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
+from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
+from .images import preprocess
+
+__all__ = ["Section", "inspect_model", "render_html", "training_artifacts"]
+
+
+@dataclass
+class Section:
+    """One block of the report: a heading, an explanation and (usually) one figure."""
+
+    title: str
+    text: str = ""
+    png: bytes | None = None
+    filename: str | None = None
+    table: dict[str, Any] | None = None
+
+
+def render_html(sections: Sequence[Section], *, title: str, subtitle: str = "") -> str:
+    """A standalone HTML page; figures are inlined as base64 PNGs."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+        "h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}img{max-width:100%;height:auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}"
+        ".note{color:#555}</style>",
+        "</head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    if subtitle:
+        parts.append(f'<p class="note">{html.escape(subtitle)}</p>')
+    for s in sections:
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        if s.text:
+            parts.append(f"<p>{html.escape(s.text)}</p>")
+        if s.table:
+            rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in s.table.items())
+            parts.append(f"<table>{rows}</table>")
+        if s.png is not None:
+            b64 = base64.b64encode(s.png).decode("ascii")
+            alt = html.escape(s.title, quote=True)
+            parts.append(f'<p><img alt="{alt}" src="data:image/png;base64,{b64}"></p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path | None, list[Section]]:
+    """Sections for the figures ``vitlab train --out DIR`` leaves next to ``DIR/model``.
+
+    ``model_dir`` may be the run folder itself or its ``model/`` sub-folder.
+    Returns ``(run folder or None, sections)``.
+    """
+    if model_dir is None:
+        return None, []
+    p = Path(model_dir)
+    if not p.is_dir():
+        return None, []
+    run = next((d for d in (p, p.parent) if (d / "summary.json").is_file() or (d / "curves.png").is_file()), None)
+    if run is None:
+        return None, []
+    sections: list[Section] = []
+    summary = run / "summary.json"
+    if summary.is_file():
+        try:
+            data = json.loads(summary.read_text())
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            flat = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
+            sections.append(Section(title="Training summary", text=f"From {summary}.", table=flat))
+    for name, title in (("curves.png", "Training curves"), ("confusion.png", "Confusion matrix")):
+        f = run / name
+        if f.is_file():
+            sections.append(Section(title=title, text=f"Written by vitlab train ({f}).", png=f.read_bytes(), filename=name))
+    return run, sections
+
+
+def _grid_and_pixels(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int, int], float]:
+    gh, gw = model.patch_embed.grid(*size)
+    return (gh, gw), size[0] / gh
+
+
+@torch.no_grad()
+def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progress: bool) -> torch.Tensor:
+    """Fig. 7 right over the whole batch ``x``, in chunks (exact attention is memory hungry)."""
+    size = tuple(x.shape[-2:])
+    grid, px = _grid_and_pixels(model, size)
+    total, n = None, 0
+    starts = range(0, len(x), batch_size)
+    for i in tqdm(starts, desc="attention distance", unit="batch", disable=not progress or len(starts) < 2):
+        xb = x[i : i + batch_size]
+        _, attns = model(xb, return_attention=True)
+        d = attention_distance(attns, grid=grid, patch_size=px, num_prefix_tokens=model.num_prefix_tokens) * len(xb)
+        total = d if total is None else total + d
+        n += len(xb)
+    assert total is not None
+    return total / n
+
+
+@dataclass
+class _Results:
+    numbers: dict[str, Any] = field(default_factory=dict)
+    sections: list[Section] = field(default_factory=list)
+
+
+def inspect_model(
+    model: nn.Module,
+    images: Sequence[np.ndarray] | np.ndarray,
+    out_dir: str | os.PathLike[str],
+    *,
+    names: Sequence[str] | None = None,
+    distance_images: Sequence[np.ndarray] | np.ndarray | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+    title: str | None = None,
+    max_display: int = 4,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run Fig. 6 and Fig. 7 on ``model`` and write ``out_dir/{*.png, inspect.json, report.html}``.
+
+    Args:
+        images: uint8 ``(H, W, C)`` images for the rollout figures (the first ``max_display``).
+        distance_images: the batch the mean attention distance is averaged over
+            (defaults to ``images``).
+        model_dir: where the model came from; training curves and the confusion
+            matrix found there (``vitlab train`` output) are added to the report.
+
+    Returns the numbers written to ``inspect.json`` plus ``"files"``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    cfg = model.config
+    res = _Results()
+    res.numbers["model"] = {
+        "name": cfg.name,
+        "img_size": list(cfg.img_size),
+        "patch_size": cfg.patch_size,
+        "depth": cfg.depth,
+        "heads": cfg.num_heads,
+    }
+    files: list[str] = []
+
+    def add(section: Section) -> None:
+        if section.png is not None and section.filename:
+            (out / section.filename).write_bytes(section.png)
+            files.append(str(out / section.filename))
+        res.sections.append(section)
+
+    # Fig. 7 left: patch-embedding filters.
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    weight = getattr(proj, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.ndim == 4 and weight.shape[1] == cfg.in_chans:
+        comps, explained = filter_pca(weight, 28)
+        res.numbers["filter_pca_explained_variance"] = [round(float(v), 6) for v in explained]
+        add(
+            Section(
+                title="Fig. 7 (left): principal components of the patch-embedding filters",
+                text=f"The first {len(comps)} principal components of the {weight.shape[0]} linear-embedding filters "
+                "(each a C x P x P patch), each tile scaled to [0, 1]; percentages are the variance each explains.",
+                png=figures.png_bytes(figures.plot_filter_pcs(comps, explained)),
+                filename="filters_pca.png",
+            )
+        )
+
+    # Fig. 7 centre: position-embedding similarity.
+    pe = patch_position_embeddings(model)
+    if pe is not None:
+        sim = posemb_similarity(pe, cfg.grid_size)
+        add(
+            Section(
+                title="Fig. 7 (center): position embedding similarity",
+                text=f"Cosine similarity between the position embedding ({cfg.posemb}) of the patch at each row and column "
+                "of the input grid and those of all other patches.",
+                png=figures.png_bytes(figures.plot_posemb_similarity(sim)),
+                filename="posemb_similarity.png",
+            )
+        )
+
+    # Fig. 7 right and Fig. 6 need images.
+    prep = {"img_size": cfg.img_size, "in_chans": cfg.in_chans, "mean": cfg.mean, "std": cfg.std}
+    x_show, display = preprocess(list(images)[:max_display], **prep)
+    x_dist = x_show if distance_images is None else preprocess(list(distance_images), **prep)[0]
+    size = tuple(x_show.shape[-2:])
+    grid, px = _grid_and_pixels(model, size)
+    dist = _mean_distance(model, x_dist, batch_size=batch_size, progress=progress)
+    uniform = float(patch_distance_matrix(grid, px).mean())
+    res.numbers["mean_attention_distance"] = {
+        "pixels_per_patch": px,
+        "num_images": len(x_dist),
+        "uniform_attention_distance": round(uniform, 4),
+        "per_layer_head": [[round(float(v), 4) for v in row] for row in dist],
+    }
+    add(
+        Section(
+            title="Fig. 7 (right): mean attention distance",
+            text=f"For every head of every layer: attention-weighted pixel distance between query and key patch centres, "
+            f"averaged over query patches and {len(x_dist)} image(s). The class token is left out and each query's "
+            f"weights over the patches renormalised; uniform attention would give {uniform:.1f} px on this grid.",
+            png=figures.png_bytes(figures.plot_attention_distance(dist, img_size=size)),
+            filename="attention_distance.png",
+        )
+    )
+
+    with torch.no_grad():
+        _, attns = model(x_show, return_attention=True)
+    maps = rollout_map(attns, grid=grid, num_prefix_tokens=model.num_prefix_tokens)
+    token = "class token" if model.num_prefix_tokens else "mean over tokens (no class token)"
+    add(
+        Section(
+            title="Fig. 6: attention rollout from the output token to the input",
+            text=f"Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, rows "
+            f"renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
+            "Middle column: the image multiplied by the normalised map, as in the paper.",
+            png=figures.png_bytes(figures.plot_rollout(display, maps, titles=list(names)[: len(display)] if names else None)),
+            filename="attention_rollout.png",
+        )
+    )
+    layer_maps = output_token_attention(attns, grid=grid, num_prefix_tokens=model.num_prefix_tokens)
+    add(
+        Section(
+            title="Raw attention of the output token, per layer",
+            text="Head-averaged attention weights of the output token to each patch at every layer (no rollout).",
+            png=figures.png_bytes(figures.plot_layer_attention(display, layer_maps)),
+            filename="layer_attention.png",
+        )
+    )
+
+    if names:
+        res.numbers["images"] = list(names)[: len(display)]
+    run_dir, train_sections = training_artifacts(model_dir)
+    for s in train_sections:
+        res.sections.append(s)
+    if run_dir is not None:
+        res.numbers["training_run"] = str(run_dir)
+
+    (out / "inspect.json").write_text(json.dumps(res.numbers, indent=2) + "\n")
+    files.append(str(out / "inspect.json"))
+    page = render_html(
+        res.sections,
+        title=title or f"vitlab inspect: {cfg.name}",
+        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size}, "
+        f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
+        "Figure numbers refer to Dosovitskiy et al., ICLR 2021.",
+    )
+    (out / "report.html").write_text(page, encoding="utf-8")
+    files.append(str(out / "report.html"))
+    res.numbers["files"] = files
+    return res.numbers
