@@ -72,6 +72,11 @@ class ViTConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     norm_eps: float = 1e-6
+    hybrid_layers: tuple[int, ...] | None = None
+    """Hybrid (Sec. 3.1): ResNet stages whose feature map is cut into patches. ``None`` = plain
+    ViT on pixels; ``()`` = the ResNet stem only; ``(3, 4, 9)`` = the paper's R50."""
+    attention: str = "global"
+    """``global`` self-attention, or ``axial`` (Appendix D.6: attention along rows, then columns)."""
     dynamic_img_pad: bool = False
     """Zero-pad inputs whose size the patch size does not divide, instead of raising."""
     mean: tuple[float, float, float] = INCEPTION_MEAN
@@ -82,15 +87,24 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         self.img_size = _pair(self.img_size)
+        if self.hybrid_layers is not None:
+            self.hybrid_layers = tuple(int(v) for v in self.hybrid_layers)
         self.mean = tuple(float(v) for v in self.mean)  # type: ignore[assignment]
         self.std = tuple(float(v) for v in self.std)  # type: ignore[assignment]
         self.validate()
 
     @property
+    def stem_stride(self) -> int:
+        """Pixels per feature-map cell before patching: 1 for a plain ViT, the ResNet's stride for a hybrid."""
+        if self.hybrid_layers is None:
+            return 1
+        return 4 * 2 ** max(len(self.hybrid_layers) - 1, 0)
+
+    @property
     def grid_size(self) -> tuple[int, int]:
         """Patch grid (rows, columns) at ``img_size``."""
-        p = self.patch_size
-        h, w = self.img_size
+        p, s = self.patch_size, self.stem_stride
+        h, w = (-(-self.img_size[0] // s), -(-self.img_size[1] // s))
         if self.dynamic_img_pad:
             return (-(-h // p), -(-w // p))
         return (h // p, w // p)
@@ -132,12 +146,14 @@ class ViTConfig:
             bad("img_size", f"must be positive, got {self.img_size}")
         if self.embed_dim % self.num_heads:
             bad("num_heads", f"the width {self.embed_dim} is not divisible by {self.num_heads} heads")
+        if self.attention not in ("global", "axial"):
+            bad("attention", f"{self.attention!r} is not one of global, axial")
         h, w = self.img_size
-        p = self.patch_size
+        p = self.patch_size * self.stem_stride
         if not self.dynamic_img_pad and (h % p or w % p):
             bad(
                 "img_size",
-                f"{h}x{w} is not divisible by the patch size {p}; use a multiple of {p} "
+                f"{h}x{w} is not divisible by the patch size {p}{' (ResNet stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
                 f"(e.g. {max(p, h // p * p)}) or dynamic_img_pad=True",
             )
         if self.pool == "cls" and not self.class_token:

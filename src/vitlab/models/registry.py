@@ -59,15 +59,28 @@ def register(name: str, builder: Builder) -> None:
     _BUILDERS[name] = builder
 
 
-def model_config(name: str, **overrides: Any) -> ViTConfig:
-    """The :class:`ViTConfig` of a plain ViT name such as ``vit_b16`` or ``B/16``."""
+# Hybrids (Sec. 3.1): name -> (transformer variant, ResNet stages, patch size on the feature map).
+# "R+Ti/16" is the ResNet stem (stride 4) with 8x8 patches; the others use 1x1 patches of the ResNet's output.
+HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
+    "vit_r_ti16": ("vit_ti16", (), 8),
+    "vit_r26_s32": ("vit_s32", (2, 2, 2, 2), 1),
+    "vit_r50_b16": ("vit_b16", (3, 4, 9), 1),
+    "vit_r50_l32": ("vit_l32", (3, 4, 6, 3), 1),
+}
+
+
+def model_config(name: str, /, **overrides: Any) -> ViTConfig:
+    """The :class:`ViTConfig` of a registered ViT or hybrid name such as ``vit_b16``, ``B/16`` or ``vit_r50_b16``."""
     canon = resolve_name(name)
+    if canon in HYBRIDS:
+        base, layers, patch = HYBRIDS[canon]
+        return model_config(base, **{"name": canon, "hybrid_layers": layers, "patch_size": patch, **overrides})
     m = re.fullmatch(r"vit_([a-z]+)(\d+)", canon)
     if not m or m.group(1) not in VARIANTS:
         raise UnknownModelError(f"{name!r} is not a plain ViT name")
     v = VARIANTS[m.group(1)]
-    cfg = ViTConfig(name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads)
-    return cfg.replace(**overrides) if overrides else cfg
+    base = dict(name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads)
+    return ViTConfig(**{**base, **overrides})
 
 
 def _vit_builder(name: str) -> Builder:
@@ -80,16 +93,27 @@ def _vit_builder(name: str) -> Builder:
 for _v, _ps in _PATCHES.items():
     for _p in _ps:
         register(f"vit_{_v}{_p}", _vit_builder(f"vit_{_v}{_p}"))
+for _name in HYBRIDS:
+    register(_name, _vit_builder(_name))
+for _p in (16, 32):  # Axial-ViT (Appendix D.6)
+    register(
+        f"axial_vit_b{_p}",
+        lambda _p=_p, **kw: VisionTransformer(model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw})),
+    )
 
 
 def list_models() -> list[str]:
     """All registered names."""
-    return sorted(_BUILDERS, key=lambda n: (n.split("_")[0], _order(n)))
+    return sorted(_BUILDERS, key=lambda n: (_order(n), n))
 
 
 def _order(name: str) -> tuple[int, int]:
     m = re.fullmatch(r"(?:[a-z0-9]+_)*?([a-z]+)(\d+)", name.split("_", 1)[-1])
     keys = list(VARIANTS)
+    if name.startswith("axial_"):
+        return len(keys) + 2, int(name[len("axial_vit_b") :])
+    if name in HYBRIDS:
+        return len(keys) + 1, keys.index(HYBRIDS[name][0].split("_")[1].rstrip("0123456789"))
     if m and m.group(1) in keys:
         return keys.index(m.group(1)), int(m.group(2))
     return len(keys), 0

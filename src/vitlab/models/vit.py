@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .axial import AxialBlock
 from .config import ViTConfig
+from .hybrid import HybridEmbed, backbone_macs
 from .layers import Block, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
@@ -75,10 +77,13 @@ class VisionTransformer(nn.Module):
 
     # -- construction hooks (the hybrid and axial models override these) --------
     def _make_stem(self, cfg: ViTConfig) -> nn.Module:
+        if cfg.hybrid_layers is not None:
+            return HybridEmbed(layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim)
         return PatchEmbed(patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad)
 
     def _make_block(self, cfg: ViTConfig, drop_path: float) -> nn.Module:
-        return Block(
+        block_cls = AxialBlock if cfg.attention == "axial" else Block
+        return block_cls(
             dim=cfg.embed_dim,
             num_heads=cfg.num_heads,
             mlp_dim=cfg.mlp_dim,
@@ -171,10 +176,11 @@ class VisionTransformer(nn.Module):
         weights ``(B, heads, T, T)``, computed exactly (no fused kernel).
         """
         want = return_attention or self._captured is not None
+        grid = self.patch_embed.grid(*x.shape[-2:])
         x = self.embed(x)
         attns: list[torch.Tensor] = []
         for blk in self.blocks:
-            x, a = blk(x, return_attn=want)
+            x, a = self._run_block(blk, x, grid, want)
             if want:
                 assert a is not None
                 attns.append(a)
@@ -182,6 +188,11 @@ class VisionTransformer(nn.Module):
         if self._captured is not None:
             self._captured.extend(attns)
         return (x, attns) if return_attention else x
+
+    def _run_block(self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.config.attention == "axial":
+            return blk(x, grid=grid, return_attn=want)
+        return blk(x, return_attn=want)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``."""
@@ -208,11 +219,12 @@ class VisionTransformer(nn.Module):
         ``attention`` (per layer), ``encoded`` (after the final norm),
         ``pre_logits`` and ``logits``."""
         out: dict[str, Any] = {"stem": self.patch_embed(x)}
+        grid = self.patch_embed.grid(*x.shape[-2:])
         z = self.embed(x)
         out["embedded"] = z
         blocks, attns = [], []
         for blk in self.blocks:
-            z, a = blk(z, return_attn=True)
+            z, a = self._run_block(blk, z, grid, True)
             blocks.append(z)
             attns.append(a)
         out["blocks"], out["attention"] = blocks, attns
@@ -277,10 +289,17 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) ->
     else:
         h, w = img_size
     p, d = cfg.patch_size, cfg.embed_dim
+    macs, chans = 0, cfg.in_chans
+    if cfg.hybrid_layers is not None:
+        macs, chans, (h, w) = backbone_macs(cfg.hybrid_layers, in_chans=cfg.in_chans, height=h, width=w)
     n = (-(-h // p)) * (-(-w // p))
     t = n + cfg.num_prefix_tokens
-    macs = n * p * p * cfg.in_chans * d  # patch projection
+    macs += n * p * p * chans * d  # patch projection
     per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * cfg.mlp_dim
+    if cfg.attention == "axial":  # two half-blocks; each token attends to its row (column) and the class token
+        gh, gw = (-(-h // p)), (-(-w // p))
+        pre = cfg.num_prefix_tokens
+        per_block = 2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim) + 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
     macs += cfg.depth * per_block
     if cfg.head == "mlp":
         macs += d * cfg.pre_logits_dim
