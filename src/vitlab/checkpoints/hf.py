@@ -1,0 +1,150 @@
+"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints.
+
+A ``save_pretrained`` folder holds ``config.json`` and ``model.safetensors`` (or
+``pytorch_model.bin``). Names map onto timm's as in the table of
+``docs``/DESIGN.md; the separate ``query``/``key``/``value`` projections are
+stacked into one ``qkv`` in that order. Both the on-disk names
+(``encoder.layer.N.attention.attention.query``) and those of newer in-memory
+models (``layers.N.attention.q_proj``, ``mlp.fc1``) are understood.
+
+``ViTModel``'s pooler (``pooler.dense`` then tanh on the class token) is the
+paper's pre-logits layer (Sec. 3.1 / Appendix B.1.1, the i21k releases'
+``pre_logits``), so it becomes ``head="mlp"`` with ``pre_logits.fc`` and no
+classifier (``num_classes=0``): the model then returns HF's ``pooler_output``.
+A ``ViTModel`` saved without pooler returns ``last_hidden_state[:, 0]``.
+
+The config is honoured: ``layer_norm_eps`` (1e-12 in converted Google models)
+becomes ``norm_eps``, ``hidden_act`` selects exact or tanh GELU, ``id2label``
+becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+
+__all__ = ["WEIGHT_FILES", "config_fields", "convert_state", "is_hf_folder", "is_hf_state", "read_folder"]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"}
+_PATCH = "embeddings.patch_embeddings.projection.weight"
+
+# (pattern on a name without the "vit." prefix, replacement); first match wins.
+_RENAMES: list[tuple[str, str]] = [
+    (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.position_embeddings$", "pos_embed"),
+    (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.o_proj\.", r"blocks.\1.attn.proj."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.intermediate\.dense\.", r"blocks.\1.mlp.fc1."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.output\.dense\.", r"blocks.\1.mlp.fc2."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.mlp\.(fc[12])\.", r"blocks.\1.mlp.\2."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
+    (r"^layernorm\.", "norm."),
+    (r"^pooler\.dense\.", "pre_logits.fc."),
+    (r"^classifier\.", "head."),
+]
+_QKV = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(weight|bias)$")
+_DROPPED = ("embeddings.mask_token",)  # ViTForMaskedImageModeling's [MASK] embedding: not part of the classifier
+
+
+def is_hf_folder(path: str | os.PathLike[str]) -> bool:
+    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``)."""
+    p = Path(path)
+    try:
+        raw = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("model_type") == "vit"
+
+
+def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
+    return any(k.endswith(_PATCH) for k in state)
+
+
+def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> timm/vitlab names (q, k, v stacked into ``qkv``)."""
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+    for key, t in state.items():
+        k = key[4:] if key.startswith("vit.") else key
+        if k in _DROPPED:
+            continue
+        m = _QKV.match(k)
+        if m:
+            part = (m.group(2) or m.group(3))[0]  # q | k | v
+            qkv.setdefault((m.group(1), m.group(4)), {})[part] = t
+            continue
+        for pat, rep in _RENAMES:
+            new, n = re.subn(pat, rep, k)
+            if n:
+                out[new] = t
+                break
+        else:
+            out[key] = t  # unknown: reported as unexpected by the loader
+    for (i, kind), parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"layer {i}: attention {kind} has only {', '.join(sorted(parts))} of query/key/value")
+        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out
+
+
+def config_fields(raw: dict[str, Any], *, has_pooler: bool) -> dict[str, Any]:
+    """ViTConfig fields from a Hugging Face ``config.json``."""
+    f: dict[str, Any] = {}
+    for ours, theirs in (
+        ("embed_dim", "hidden_size"),
+        ("depth", "num_hidden_layers"),
+        ("num_heads", "num_attention_heads"),
+        ("mlp_dim", "intermediate_size"),
+        ("patch_size", "patch_size"),
+        ("in_chans", "num_channels"),
+        ("qkv_bias", "qkv_bias"),
+        ("norm_eps", "layer_norm_eps"),
+    ):
+        if theirs in raw:
+            f[ours] = raw[theirs]
+    if "image_size" in raw:
+        f["img_size"] = raw["image_size"]
+    act = raw.get("hidden_act", "gelu")
+    if act not in _ACTS:
+        raise CheckpointError(f"hidden_act {act!r} is not supported (vitlab has exact and tanh GELU: {', '.join(_ACTS)})")
+    f["act"] = _ACTS[act]
+    if has_pooler and raw.get("pooler_act", "tanh") != "tanh":
+        raise CheckpointError(f"pooler_act {raw['pooler_act']!r} is not supported; vitlab's pre-logits layer uses tanh")
+    labels = raw.get("id2label")
+    if isinstance(labels, dict) and labels:
+        names = [str(labels[k]) for k in sorted(labels, key=lambda s: int(s))]
+        if not all(re.fullmatch(rf"LABEL_{i}", n) for i, n in enumerate(names)):  # HF's placeholder names
+            f["class_names"] = names
+    return f
+
+
+def read_folder(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state dict in vitlab names, config fields)`` of a ``save_pretrained`` folder."""
+    from .files import read_state_dict
+
+    p = Path(path)
+    raw = json.loads((p / "config.json").read_text())
+    weights = next((p / n for n in WEIGHT_FILES if (p / n).is_file()), None)
+    if weights is None:
+        if (p / "model.safetensors.index.json").is_file() or (p / "pytorch_model.bin.index.json").is_file():
+            raise CheckpointError(f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')")
+        raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
+    state = convert_state(read_state_dict(weights))
+    fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state)
+    try:
+        pre = json.loads((p / "preprocessor_config.json").read_text())
+        if "image_mean" in pre and "image_std" in pre:
+            fields["mean"], fields["std"] = tuple(pre["image_mean"]), tuple(pre["image_std"])
+    except (OSError, ValueError):
+        pass
+    return state, fields

@@ -1,0 +1,183 @@
+"""Names for the well-known public ViT checkpoints, fetched from the Hugging Face Hub.
+
+``vitlab.load("augreg_in21k_ft_in1k/vit_b16")`` reads ``<tag>/<vitlab model name>``:
+
+* tags ``augreg_in21k``, ``augreg_in21k_ft_in1k``, ``augreg2_in21k_ft_in1k``, ``augreg_in1k``
+  (Steiner et al., "How to train your ViT?", 2021) and ``orig_in21k``, ``orig_in21k_ft_in1k``
+  (the paper's own weights) come from timm's Hub repos (``timm/<arch>.<tag>``, ``model.safetensors``);
+* ``google/...`` and ``google_in21k/...`` are the paper's weights as converted by Hugging Face
+  (``google/vit-base-patch16-224`` ...), in ``save_pretrained`` format;
+* a model name ending in ``_384`` is the checkpoint fine-tuned at 384 px.
+
+Any ``timm/<arch>.<tag>`` repo id, and ``hf-hub:<owner>/<repo>`` for any other Hub repo,
+also work. Downloads go through ``huggingface_hub`` (an optional dependency) and its cache.
+Without it, or offline, files put in ``<cache>/hub/<owner>--<repo>/`` (``$VITLAB_CACHE``,
+default ``~/.cache/vitlab``) are used; otherwise an :class:`~vitlab.errors.OfflineError` says
+what to download and where to put it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError, OfflineError
+
+__all__ = ["KNOWN", "HubEntry", "cache_dir", "is_hub_name", "list_names", "resolve"]
+
+
+@dataclass(frozen=True)
+class HubEntry:
+    """Where a named checkpoint lives: a Hub repo in ``timm`` (one weights file) or ``hf`` (folder) format."""
+
+    repo_id: str
+    kind: str  # "timm" | "hf"
+
+
+_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h"}
+
+# timm's Hub repos of the original and AugReg weights (timm/<arch>.<tag>).
+_TIMM = [
+    "vit_tiny_patch16_224.augreg_in21k",
+    "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+    "vit_tiny_patch16_384.augreg_in21k_ft_in1k",
+    "vit_small_patch16_224.augreg_in21k",
+    "vit_small_patch16_224.augreg_in21k_ft_in1k",
+    "vit_small_patch16_384.augreg_in21k_ft_in1k",
+    "vit_small_patch32_224.augreg_in21k",
+    "vit_small_patch32_224.augreg_in21k_ft_in1k",
+    "vit_small_patch32_384.augreg_in21k_ft_in1k",
+    "vit_small_patch16_224.augreg_in1k",
+    "vit_small_patch16_384.augreg_in1k",
+    "vit_base_patch8_224.augreg_in21k",
+    "vit_base_patch8_224.augreg_in21k_ft_in1k",
+    "vit_base_patch8_224.augreg2_in21k_ft_in1k",
+    "vit_base_patch16_224.augreg_in21k",
+    "vit_base_patch16_224.augreg_in21k_ft_in1k",
+    "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+    "vit_base_patch16_384.augreg_in21k_ft_in1k",
+    "vit_base_patch16_224.augreg_in1k",
+    "vit_base_patch16_384.augreg_in1k",
+    "vit_base_patch32_224.augreg_in21k",
+    "vit_base_patch32_224.augreg_in21k_ft_in1k",
+    "vit_base_patch32_384.augreg_in21k_ft_in1k",
+    "vit_base_patch32_224.augreg_in1k",
+    "vit_base_patch32_384.augreg_in1k",
+    "vit_large_patch16_224.augreg_in21k",
+    "vit_large_patch16_224.augreg_in21k_ft_in1k",
+    "vit_large_patch16_384.augreg_in21k_ft_in1k",
+    "vit_base_patch16_224.orig_in21k",
+    "vit_base_patch32_224.orig_in21k",
+    "vit_large_patch16_224.orig_in21k",
+    "vit_large_patch32_224.orig_in21k",
+    "vit_huge_patch14_224.orig_in21k",
+    "vit_base_patch16_224.orig_in21k_ft_in1k",
+    "vit_base_patch16_384.orig_in21k_ft_in1k",
+    "vit_large_patch32_384.orig_in21k_ft_in1k",
+]
+
+# Hugging Face's conversions of the paper's weights (google/vit-<size>-patch<p>-<res>[-in21k]).
+_GOOGLE = [
+    "vit-base-patch16-224",
+    "vit-base-patch16-384",
+    "vit-base-patch32-384",
+    "vit-large-patch16-224",
+    "vit-large-patch16-384",
+    "vit-large-patch32-384",
+    "vit-base-patch16-224-in21k",
+    "vit-base-patch32-224-in21k",
+    "vit-large-patch16-224-in21k",
+    "vit-large-patch32-224-in21k",
+    "vit-huge-patch14-224-in21k",
+]
+
+
+def _vitlab_name(size: str, patch: str, res: str) -> str:
+    return f"vit_{_SIZES[size]}{patch}" + ("" if res == "224" else f"_{res}")
+
+
+def _build() -> dict[str, HubEntry]:
+    table: dict[str, HubEntry] = {}
+    for arch_tag in _TIMM:
+        arch, tag = arch_tag.split(".")
+        size, patch, res = re.fullmatch(r"vit_([a-z]+)_patch(\d+)_(\d+)", arch).groups()  # type: ignore[union-attr]
+        table[f"{tag}/{_vitlab_name(size, patch, res)}"] = HubEntry(f"timm/{arch_tag}", "timm")
+    for repo in _GOOGLE:
+        size, patch, res, i21k = re.fullmatch(r"vit-([a-z]+)-patch(\d+)-(\d+)(-in21k)?", repo).groups()  # type: ignore[union-attr]
+        table[f"google{'_in21k' if i21k else ''}/{_vitlab_name(size, patch, res)}"] = HubEntry(f"google/{repo}", "hf")
+    return table
+
+
+KNOWN: dict[str, HubEntry] = _build()
+
+
+def list_names() -> list[str]:
+    """All known checkpoint names."""
+    return sorted(KNOWN)
+
+
+def _entry(name: str) -> HubEntry | None:
+    if name in KNOWN:
+        return KNOWN[name]
+    if re.fullmatch(r"timm/[\w.-]+", name):
+        return HubEntry(name, "timm")
+    m = re.fullmatch(r"hf-hub:([\w.-]+/[\w.-]+)", name)
+    if m:
+        return HubEntry(m.group(1), "hf")
+    return None
+
+
+def is_hub_name(name: str) -> bool:
+    """``name`` is a known checkpoint name or a Hub repo reference (not checked online)."""
+    return _entry(name) is not None
+
+
+def cache_dir() -> Path:
+    """Where manually downloaded files are looked for: ``$VITLAB_CACHE/hub`` (default ``~/.cache/vitlab/hub``)."""
+    return Path(os.environ.get("VITLAB_CACHE") or Path.home() / ".cache" / "vitlab") / "hub"
+
+
+def _files(entry: HubEntry) -> list[tuple[str, ...]]:
+    """Alternatives, each a tuple of files that must all be fetched (the first is the weights)."""
+    if entry.kind == "timm":
+        return [("model.safetensors",), ("pytorch_model.bin",)]
+    return [("model.safetensors", "config.json"), ("pytorch_model.bin", "config.json")]
+
+
+def resolve(name: str) -> Path:
+    """A local path for a checkpoint name: a weights file (timm) or a folder (Hugging Face).
+
+    Looks in vitlab's manual-download folder first, then downloads (cached) with
+    ``huggingface_hub.hf_hub_download``.
+    """
+    entry = _entry(name)
+    if entry is None:
+        close = difflib.get_close_matches(name, list(KNOWN), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see vitlab.checkpoints.hub.list_names()"
+        raise CheckpointError(f"{name!r} is neither a file or folder nor a known checkpoint name{hint}")
+    local = cache_dir() / entry.repo_id.replace("/", "--")
+    for files in _files(entry):
+        if all((local / f).is_file() for f in files):
+            return local / files[0] if entry.kind == "timm" else local
+    url = f"https://huggingface.co/{entry.repo_id}/resolve/main"
+    wanted = " and ".join(f"{url}/{f}" for f in _files(entry)[0])
+    advice = f"download {wanted} into {local}/ (or pass the downloaded file or folder to vitlab.load)"
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise OfflineError(f"{name}: huggingface_hub is not installed (pip install 'vitlab[hub]'); or {advice}") from None
+    last: Exception | None = None
+    for files in _files(entry):
+        try:
+            paths = [Path(hf_hub_download(repo_id=entry.repo_id, filename=f)) for f in files]
+        except Exception as e:  # EntryNotFound -> try the next alternative; network errors -> below
+            last = e
+            if type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+                continue
+            break
+        return paths[0] if entry.kind == "timm" else paths[0].parent
+    reason = str(last).strip().splitlines()[0] if last and str(last).strip() else type(last).__name__
+    raise OfflineError(f"{name}: cannot download from the Hugging Face Hub ({entry.repo_id}: {reason}); {advice}")

@@ -1,0 +1,101 @@
+"""Infer a :class:`~vitlab.models.ViTConfig` from the shapes of a (timm-named) state dict.
+
+Checkpoints rarely store their architecture, but almost all of it is in the
+tensor shapes: width, in_chans and patch size from the patch projection, depth
+from the block indices, MLP width from ``fc1``, the image size from the position
+embedding grid times the patch size, the head from ``head``/``pre_logits``. The
+head count is not (``qkv`` is ``3D x D`` for any head count); it comes from the
+paper's Table 1 (width -> heads) unless the format stores it or the caller says.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..models.registry import VARIANTS
+
+__all__ = ["guess_num_heads", "infer_fields", "variant_name"]
+
+
+def guess_num_heads(width: int) -> int:
+    """Heads for a width, from the paper's table; otherwise 64-wide heads (all of Table 1's)."""
+    for v in VARIANTS.values():
+        if v.width == width:
+            return v.heads
+    heads = width // 64 if width % 64 == 0 else 1
+    warnings.warn(
+        f"width {width} is not in the paper's table; assuming {heads} attention head(s) of width {width // heads}; "
+        "pass num_heads=... if the checkpoint used another count",
+        stacklevel=3,
+    )
+    return heads
+
+
+def variant_name(width: int, depth: int, mlp_dim: int, patch: int) -> str:
+    """``vit_b16`` when the shapes are one of Table 1's rows, else ``vit_custom``."""
+    for key, v in VARIANTS.items():
+        if (v.width, v.depth, v.mlp_dim) == (width, depth, mlp_dim):
+            return f"vit_{key}{patch}"
+    return "vit_custom"
+
+
+def _grid_side(n: int, what: str) -> int:
+    side = math.isqrt(n)
+    if side * side != n:
+        raise CheckpointError(f"{what}: {n} position embeddings do not form a square grid; pass img_size=(height, width)")
+    return side
+
+
+def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """ViTConfig fields implied by a state dict in vitlab/timm naming."""
+    w = state.get("patch_embed.proj.weight")
+    if w is None or w.ndim != 4:
+        raise CheckpointError("not a ViT checkpoint: no 4-D 'patch_embed.proj.weight' (the patch projection)")
+    width, in_chans, ph, pw = w.shape
+    if ph != pw:
+        raise CheckpointError(f"non-square patches {ph}x{pw} are not supported")
+    block_ids = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
+    depth = max(block_ids) + 1 if block_ids else 0
+    if depth == 0:
+        raise CheckpointError("not a ViT checkpoint: no 'blocks.N.' transformer layers")
+    fc1 = state.get("blocks.0.mlp.fc1.weight")
+    mlp_dim = int(fc1.shape[0]) if fc1 is not None else 4 * width
+    f: dict[str, Any] = {
+        "embed_dim": int(width),
+        "in_chans": int(in_chans),
+        "patch_size": int(ph),
+        "depth": depth,
+        "mlp_dim": mlp_dim,
+        "qkv_bias": "blocks.0.attn.qkv.bias" in state,
+        "class_token": "cls_token" in state,
+        "name": variant_name(int(width), depth, mlp_dim, int(ph)),
+    }
+    prefix = 1 if f["class_token"] else 0
+    if "pos_embed" in state:
+        f["posemb"] = "learn"
+        side = _grid_side(state["pos_embed"].shape[-2] - prefix, "pos_embed")
+        f["img_size"] = (side * ph, side * ph)
+    elif "pos_embed_row" in state and "pos_embed_col" in state:
+        f["posemb"] = "learn2d"
+        f["img_size"] = (state["pos_embed_row"].shape[1] * ph, state["pos_embed_col"].shape[1] * ph)
+    else:
+        f["posemb"] = "none"
+    if "fc_norm.weight" in state:
+        f["pool"], f["fc_norm"] = "gap", True
+    else:
+        f["pool"], f["fc_norm"] = ("cls" if f["class_token"] else "gap"), False
+    if "pre_logits.fc.weight" in state:
+        f["head"] = "mlp"
+        rep = int(state["pre_logits.fc.weight"].shape[0])
+        f["representation_size"] = None if rep == width else rep
+    else:
+        f["head"] = "linear"
+    head = state.get("head.weight")
+    f["num_classes"] = int(head.shape[0]) if head is not None and head.ndim == 2 else 0
+    return f

@@ -1,0 +1,138 @@
+"""Google's ``.npz`` checkpoints: the official ``vit_jax`` layout and big_vision's.
+
+vit_jax (``google-research/vision_transformer``; optional ``opt/target/`` prefix)::
+
+    embedding/{kernel (P,P,C,D) HWIO, bias}   cls (1,1,D)   pre_logits/{kernel,bias}   head/{kernel,bias}
+    Transformer/posembed_input/pos_embedding (1, 1+N, D)  (class row included)
+    Transformer/encoderblock_i/{LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3/Dense_0|1}
+    Transformer/encoder_norm/{scale,bias}
+
+big_vision (``params/`` prefix): sub-modules numbered from 0 (``MultiHeadDotProductAttention_0``,
+``LayerNorm_1``, ``MlpBlock_0``); ``pos_embedding`` (1, N, D) sits at the top level and has no
+class row (the class token, present only for token pooling, gets no position embedding, i.e. a
+zero class row here); with ``scan=True`` all layers are one ``Transformer/encoderblock/...``
+whose arrays carry a leading depth axis.
+
+Flax stores dense kernels as (in, out) and attention kernels per head: q/k/v (D, H, Dh),
+out (H, Dh, D); they become timm's ``qkv`` (3D, D) and ``proj`` (D, D). The head count is
+read from these shapes. The official models use tanh-GELU and inputs in [-1, 1], and
+resample position embeddings with ``scipy.ndimage.zoom(order=1)``: the defaults set here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+from .files import read_npz
+
+__all__ = ["PREFIXES", "read_checkpoint"]
+
+PREFIXES = ("", "opt/target/", "params/")
+_POSEMB_VIT_JAX = "Transformer/posembed_input/pos_embedding"
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state dict in vitlab names, config fields)`` of a vit_jax or big_vision ``.npz``."""
+    w = read_npz(path)
+    prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in w), None)
+    if prefix is None:
+        sample = ", ".join(sorted(w)[:5]) or "none"
+        raise CheckpointError(
+            f"{path}: not a ViT .npz: no 'embedding/kernel' under any of the prefixes '', 'opt/target/', 'params/' (keys: {sample})"
+        )
+
+    def get(name: str, idx: int | None = None) -> np.ndarray:
+        key = prefix + name
+        if key not in w:
+            raise CheckpointError(f"{path}: missing array {key!r}")
+        a = w[key]
+        return a[idx] if idx is not None else a
+
+    state: dict[str, torch.Tensor] = {}
+    fields: dict[str, Any] = {"act": "gelu_tanh", "posemb_resample": "jax", "norm_eps": 1e-6, "mean": (0.5,) * 3, "std": (0.5,) * 3}
+
+    state["patch_embed.proj.weight"] = _t(get("embedding/kernel").transpose(3, 2, 0, 1))
+    state["patch_embed.proj.bias"] = _t(get("embedding/bias"))
+    has_cls = f"{prefix}cls" in w
+    if has_cls:
+        state["cls_token"] = _t(get("cls")).reshape(1, 1, -1)
+
+    if f"{prefix}{_POSEMB_VIT_JAX}" in w:
+        pe = get(_POSEMB_VIT_JAX)
+    elif f"{prefix}pos_embedding" in w:
+        pe = get("pos_embedding")
+    else:
+        pe = None
+        fields["posemb"] = "sincos2d"  # big_vision's fixed embedding stores no array
+    if pe is not None:
+        pe = _t(pe).reshape(1, -1, pe.shape[-1])
+        n = pe.shape[1]
+        if has_cls and math.isqrt(n) ** 2 == n and math.isqrt(n - 1) ** 2 != n - 1:
+            pe = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)  # big_vision: no class row
+        state["pos_embed"] = pe
+
+    state["norm.weight"] = _t(get("Transformer/encoder_norm/scale"))
+    state["norm.bias"] = _t(get("Transformer/encoder_norm/bias"))
+    if f"{prefix}pre_logits/kernel" in w:
+        state["pre_logits.fc.weight"] = _t(get("pre_logits/kernel").T)
+        state["pre_logits.fc.bias"] = _t(get("pre_logits/bias"))
+    if f"{prefix}head/kernel" in w:
+        state["head.weight"] = _t(get("head/kernel").T)
+        state["head.bias"] = _t(get("head/bias"))
+    if f"{prefix}MAPHead_0/probe" in w:
+        raise CheckpointError(f"{path}: attention-pooling (MAP head) models are not supported; vitlab has cls and gap pooling")
+
+    scanned = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
+    if scanned:
+        depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
+        block_of = [("Transformer/encoderblock/", i) for i in range(depth)]
+    else:
+        ids = sorted({int(m.group(1)) for k in w if (m := re.match(rf"{re.escape(prefix)}Transformer/encoderblock_(\d+)/", k))})
+        if ids != list(range(len(ids))) or not ids:
+            raise CheckpointError(f"{path}: transformer layers numbered {ids[:8]}..., expected encoderblock_0 .. encoderblock_N-1")
+        block_of = [(f"Transformer/encoderblock_{i}/", None) for i in ids]
+
+    first = prefix + block_of[0][0]
+    # vit_jax numbers the sub-modules of a block in creation order (LayerNorm_0, MHA_1, LayerNorm_2,
+    # MlpBlock_3); big_vision names each kind from 0. Detect which, rather than trusting the prefix.
+    mha = (
+        "MultiHeadDotProductAttention_1" if f"{first}MultiHeadDotProductAttention_1/query/kernel" in w else "MultiHeadDotProductAttention_0"
+    )
+    ln2 = "LayerNorm_2" if f"{first}LayerNorm_2/scale" in w else "LayerNorm_1"
+    mlp = "MlpBlock_3" if f"{first}MlpBlock_3/Dense_0/kernel" in w else "MlpBlock_0"
+
+    for i, (bp, idx) in enumerate(block_of):
+        o = f"blocks.{i}."
+        state[o + "norm1.weight"] = _t(get(bp + "LayerNorm_0/scale", idx))
+        state[o + "norm1.bias"] = _t(get(bp + "LayerNorm_0/bias", idx))
+        qkv_w, qkv_b = [], []
+        for part in ("query", "key", "value"):
+            k = get(f"{bp}{mha}/{part}/kernel", idx)  # (D, H, Dh)
+            if i == 0:
+                fields["num_heads"] = int(k.shape[1])
+            qkv_w.append(_t(k.reshape(k.shape[0], -1).T))
+            qkv_b.append(_t(get(f"{bp}{mha}/{part}/bias", idx).reshape(-1)))
+        state[o + "attn.qkv.weight"] = torch.cat(qkv_w, 0)
+        state[o + "attn.qkv.bias"] = torch.cat(qkv_b, 0)
+        out = get(f"{bp}{mha}/out/kernel", idx)  # (H, Dh, D)
+        state[o + "attn.proj.weight"] = _t(out.reshape(-1, out.shape[-1]).T)
+        state[o + "attn.proj.bias"] = _t(get(f"{bp}{mha}/out/bias", idx))
+        state[o + "norm2.weight"] = _t(get(f"{bp}{ln2}/scale", idx))
+        state[o + "norm2.bias"] = _t(get(f"{bp}{ln2}/bias", idx))
+        for j in (0, 1):
+            state[o + f"mlp.fc{j + 1}.weight"] = _t(get(f"{bp}{mlp}/Dense_{j}/kernel", idx).T)
+            state[o + f"mlp.fc{j + 1}.bias"] = _t(get(f"{bp}{mlp}/Dense_{j}/bias", idx))
+    layout = "big_vision" if (prefix == "params/" or mha.endswith("_0")) else "vit_jax"
+    fields["extra"] = {"source_format": f"npz ({layout}{', scanned' if scanned else ''})"}
+    return state, fields
