@@ -154,9 +154,12 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: patch embedding, class token, position embedding -> ``(B, T, D)``."""
-        h, w = x.shape[-2:]
-        tokens = self.patch_embed(x)
-        grid = self.patch_embed.grid(h, w)
+        return self.embed_tokens(self.patch_embed(x), self.patch_embed.grid(*x.shape[-2:]))
+
+    def embed_tokens(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """The rest of Eq. 1 for already projected patches ``(B, N, D)``: add position
+        embeddings, prepend the class token. Objectives that corrupt patch
+        embeddings (masked patch prediction, Sec. 4.6) enter here."""
         pe = self._posemb_for(grid, tokens)
         if pe is not None:
             tokens = tokens + pe
@@ -188,6 +191,12 @@ class VisionTransformer(nn.Module):
         if self._captured is not None:
             self._captured.extend(attns)
         return (x, attns) if return_attention else x
+
+    def encode(self, z: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Eq. 2-3 and the final LayerNorm on an embedded sequence ``z_0``."""
+        for blk in self.blocks:
+            z, _ = self._run_block(blk, z, grid, False)
+        return self.norm(z)
 
     def _run_block(self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.config.attention == "axial":
