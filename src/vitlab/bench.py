@@ -1,0 +1,386 @@
+"""Throughput of a ViT against the machine's matmul peak and against timm / Hugging Face.
+
+Why measure this way: on a shared machine absolute timings drift by 2x from
+minute to minute, so a lone number means little. :func:`benchmark` therefore
+times our model and the reference **interleaved in the same process** (one step
+of each, alternating which goes first) and reports medians and their ratio,
+and expresses achieved GFLOP/s as a fraction of a dense matmul timed in the same
+run (:func:`matmul_peak`).
+
+FLOPs are counted analytically (:func:`vitlab.models.count_macs`, matmuls only,
+2 FLOPs per multiply-accumulate); a training step counts 3x the forward
+(forward, and the two matmuls per layer of the backward), the usual convention.
+
+    from vitlab.bench import benchmark
+    r = benchmark("vit_s16", batch_size=32, vs="timm")
+    print(r.images_per_sec, r.ratio)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConfigError, VitlabError
+from .models import ViTConfig, count_macs, create_model
+
+__all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides"]
+
+MODES = ("infer", "train")
+REFERENCES = ("timm", "hf")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class MissingReferenceError(VitlabError, ImportError):
+    """``--vs timm`` / ``--vs hf`` without the package installed."""
+
+
+@dataclass
+class BenchResult:
+    """One benchmark run; ``to_dict`` is the ``--json`` output."""
+
+    model: str
+    mode: str
+    batch_size: int
+    img_size: int
+    dtype: str
+    device: str
+    threads: int
+    compile: str | None
+    params: int
+    gflops_per_image: float
+    """Forward GFLOPs of one image (x3 for a training step)."""
+    images_per_sec: float
+    step_ms: float
+    gflops_per_sec: float
+    peak_gflops_per_sec: float | None
+    fraction_of_peak: float | None
+    ref: str | None = None
+    ref_images_per_sec: float | None = None
+    ref_gflops_per_sec: float | None = None
+    ratio: float | None = None
+    """``images_per_sec / ref_images_per_sec`` (> 1: we are faster)."""
+    compile_seconds: float | None = None
+    ref_compile_seconds: float | None = None
+    steps: int = 0
+    warmup: int = 0
+    step_times_ms: list[float] = field(default_factory=list)
+    ref_step_times_ms: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        what = "inference" if self.mode == "infer" else "training step (fwd+bwd+AdamW)"
+        comp = f", torch.compile({self.compile})" if self.compile else ", eager"
+        lines = [
+            f"{self.model} {what}: batch {self.batch_size}, {self.img_size} px, {self.dtype}, {self.device}, {self.threads} threads{comp}",
+            f"  vitlab: {self.images_per_sec:8.2f} img/s  {self.step_ms:9.1f} ms/step  {self.gflops_per_sec:7.1f} GFLOP/s"
+            + (f"  ({100 * self.fraction_of_peak:.0f}% of peak)" if self.fraction_of_peak is not None else ""),
+        ]
+        if self.ref is not None and self.ref_images_per_sec is not None and self.ref_gflops_per_sec is not None:
+            frac = f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)" if self.peak_gflops_per_sec else ""
+            ref_ms = statistics.median(self.ref_step_times_ms)
+            lines.append(
+                f"  {self.ref:>6}: {self.ref_images_per_sec:8.2f} img/s  {ref_ms:9.1f} ms/step  {self.ref_gflops_per_sec:7.1f} GFLOP/s{frac}"
+            )
+            lines.append(f"  ratio vitlab / {self.ref}: {self.ratio:.3f}x (medians of {self.steps} interleaved steps)")
+        if self.peak_gflops_per_sec is not None:
+            lines.append(f"  matmul peak: {self.peak_gflops_per_sec:.1f} GFLOP/s ({self.dtype}, measured in this run)")
+        if self.compile_seconds is not None:
+            ref_c = f", {self.ref} {self.ref_compile_seconds:.1f} s" if self.ref_compile_seconds is not None else ""
+            lines.append(f"  compile time: vitlab {self.compile_seconds:.1f} s{ref_c}")
+        return "\n".join(lines)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(*, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
+    """The machine's dense-matmul throughput in GFLOP/s: the best of ``repeats``
+    timed ``n x n @ n x n`` products (a peak is a maximum, and the best run is
+    the one the other tenants of a shared machine disturbed least)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm the kernels and the allocator
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def model_overrides(
+    *,
+    img_size: int | None = None,
+    patch_size: int | None = None,
+    dim: int | None = None,
+    depth: int | None = None,
+    heads: int | None = None,
+    mlp_ratio: float | None = None,
+    base_dim: int | None = None,
+) -> dict[str, Any]:
+    """The architecture flags of ``vitlab train`` / ``vitlab bench`` as ``create_model`` overrides."""
+    ov: dict[str, Any] = {}
+    for key, val in (("img_size", img_size), ("patch_size", patch_size), ("embed_dim", dim), ("depth", depth), ("num_heads", heads)):
+        if val is not None:
+            ov[key] = val
+    if mlp_ratio is not None:
+        if mlp_ratio <= 0:
+            raise ConfigError(f"mlp_ratio: must be positive, got {mlp_ratio}")
+        width = dim or base_dim
+        if width is None:
+            raise ConfigError("mlp_ratio: the model width is unknown; pass dim as well")
+        ov["mlp_dim"] = round(width * mlp_ratio)
+    return ov
+
+
+def build_reference(kind: str, cfg: ViTConfig) -> nn.Module:
+    """The timm or Hugging Face model with the same architecture as ``cfg``.
+
+    Only plain ViTs (class token or GAP, learned 1-D posemb, linear head) have
+    an equivalent; anything else raises ``ConfigError``.
+    """
+    if cfg.posemb != "learn" or cfg.head != "linear" or cfg.dynamic_img_pad:
+        raise ConfigError(f"--vs {kind}: only plain ViTs (learned posemb, linear head) have a {kind} equivalent")
+    if kind == "timm":
+        try:
+            from timm.models.vision_transformer import VisionTransformer as TimmViT
+        except ImportError as e:
+            raise MissingReferenceError("--vs timm needs timm: pip install timm") from e
+        act = nn.GELU if cfg.act == "gelu" else (lambda: nn.GELU(approximate="tanh"))
+        return TimmViT(
+            img_size=cfg.img_size,
+            patch_size=cfg.patch_size,
+            in_chans=cfg.in_chans,
+            num_classes=cfg.num_classes,
+            global_pool="token" if cfg.pool == "cls" else "avg",
+            embed_dim=cfg.embed_dim,
+            depth=cfg.depth,
+            num_heads=cfg.num_heads,
+            mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
+            qkv_bias=cfg.qkv_bias,
+            class_token=cfg.class_token,
+            fc_norm=cfg.fc_norm if cfg.pool == "gap" else False,
+            act_layer=act,
+        )
+    if kind == "hf":
+        if cfg.pool != "cls" or cfg.img_size[0] != cfg.img_size[1]:
+            raise ConfigError("--vs hf: Hugging Face's ViT has class-token pooling and square images only")
+        try:
+            from transformers import ViTConfig as HFConfig
+            from transformers import ViTForImageClassification
+        except ImportError as e:
+            raise MissingReferenceError("--vs hf needs transformers: pip install transformers") from e
+        hf_cfg = HFConfig(
+            hidden_size=cfg.embed_dim,
+            num_hidden_layers=cfg.depth,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.mlp_dim,
+            hidden_act="gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
+            layer_norm_eps=cfg.norm_eps,
+            image_size=cfg.img_size[0],
+            patch_size=cfg.patch_size,
+            num_channels=cfg.in_chans,
+            num_labels=max(cfg.num_classes, 1),
+            qkv_bias=cfg.qkv_bias,
+        )
+        hf_cfg._attn_implementation = "sdpa"
+        hf = ViTForImageClassification(hf_cfg)
+        return _LogitsOnly(hf)
+    raise ConfigError(f"--vs: {kind!r} is not one of {', '.join(REFERENCES)}")
+
+
+class _LogitsOnly(nn.Module):
+    """Hugging Face models return an output object; the bench wants a tensor."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(pixel_values=x).logits
+
+
+def _make_step(
+    model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor, autocast: contextlib.AbstractContextManager[Any] | None
+) -> Callable[[], None]:
+    """One inference forward, or one full training step (forward, backward, AdamW)."""
+    amp: Callable[[], contextlib.AbstractContextManager[Any]] = (lambda: autocast) if autocast is not None else contextlib.nullcontext  # type: ignore[assignment,return-value]
+    if mode == "infer":
+        model.eval()
+
+        def infer() -> None:
+            with torch.inference_mode(), amp():
+                model(x)
+
+        return infer
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+    def train() -> None:
+        with amp():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return train
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any] | None:
+    """Mixed precision as a user would run it: fp32 weights, matmuls in ``dtype``."""
+    if dtype == torch.float32:
+        return None
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ConfigError("dtype: float16 autocast is for CUDA; use bfloat16 on CPU")
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None) -> Iterator[int]:
+    prev = torch.get_num_threads()
+    if n is not None:
+        if n <= 0:
+            raise ConfigError(f"threads: must be positive, got {n}")
+        torch.set_num_threads(n)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(prev)
+
+
+def benchmark(
+    model: str = "vit_s16",
+    *,
+    mode: str = "infer",
+    batch_size: int = 32,
+    num_classes: int = 1000,
+    dtype: str = "float32",
+    device: str = "cpu",
+    vs: str | None = None,
+    steps: int = 10,
+    warmup: int = 2,
+    compile: str | None = None,
+    threads: int | None = None,
+    measure_peak: bool = True,
+    progress: bool = False,
+    seed: int = 0,
+    **overrides: Any,
+) -> BenchResult:
+    """Time ``steps`` inference forwards or training steps of ``model`` (a registered
+    name) and, with ``vs="timm"`` or ``"hf"``, of the equivalent reference model,
+    interleaved. ``overrides`` are :class:`ViTConfig` fields (``img_size``,
+    ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_dim`` ...).
+
+    ``compile`` (a ``torch.compile`` mode) compiles both models, so the ratio
+    stays like-for-like; the first call's time is reported as compile time.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if vs is not None and vs not in REFERENCES:
+        raise ConfigError(f"vs: {vs!r} is not one of {', '.join(REFERENCES)}")
+    if compile is not None and compile not in COMPILE_MODES:
+        raise ConfigError(f"compile: {compile!r} is not one of {', '.join(COMPILE_MODES)}")
+    if batch_size <= 0 or steps <= 0 or warmup < 0:
+        raise ConfigError(f"batch_size and steps must be positive and warmup >= 0, got {batch_size}, {steps}, {warmup}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"device: {device!r} is not a torch device") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: CUDA was requested but torch sees no GPU")
+    tdtype = DTYPES[dtype]
+
+    with _threads(threads) as n_threads:
+        torch.manual_seed(seed)
+        ours = create_model(model, num_classes=num_classes, **overrides).to(dev)
+        cfg: ViTConfig = ours.config  # type: ignore[assignment]
+        ref = build_reference(vs, cfg).to(dev) if vs else None
+        x = torch.randn(batch_size, cfg.in_chans, *cfg.img_size, device=dev)
+        y = torch.randint(0, max(num_classes, 1), (batch_size,), device=dev)
+        amp = _autocast(dev, tdtype)
+        runners = {"ours": ours} | ({"ref": ref} if ref is not None else {})
+        steps_fn: dict[str, Callable[[], None]] = {}
+        compile_s: dict[str, float | None] = {}
+        for key, m in runners.items():
+            target = torch.compile(m, mode=compile) if compile else m
+            steps_fn[key] = _make_step(target, mode, x, y, amp)  # type: ignore[arg-type]
+            compile_s[key] = None
+            if compile:  # the first call compiles; time it on its own
+                t0 = time.perf_counter()
+                steps_fn[key]()
+                _sync(dev)
+                compile_s[key] = time.perf_counter() - t0
+
+        from tqdm.auto import tqdm
+
+        times: dict[str, list[float]] = {k: [] for k in steps_fn}
+        order = list(steps_fn)
+        for i in tqdm(range(warmup + steps), desc=f"bench {cfg.name} {mode}", disable=not progress, leave=False):
+            for key in order if i % 2 == 0 else order[::-1]:
+                _sync(dev)
+                t0 = time.perf_counter()
+                steps_fn[key]()
+                _sync(dev)
+                if i >= warmup:
+                    times[key].append(time.perf_counter() - t0)
+        peak = matmul_peak(device=dev, dtype=tdtype) if measure_peak else None
+
+    flops_img = 2 * count_macs(cfg) / 1e9
+    flops_step = flops_img * batch_size * (3 if mode == "train" else 1)
+
+    def rate(ts: list[float]) -> tuple[float, float]:
+        med = statistics.median(ts)
+        return batch_size / med, flops_step / med
+
+    ips, gfs = rate(times["ours"])
+    res = BenchResult(
+        model=cfg.name,
+        mode=mode,
+        batch_size=batch_size,
+        img_size=cfg.img_size[0],
+        dtype=dtype,
+        device=str(dev),
+        threads=n_threads,
+        compile=compile,
+        params=sum(p.numel() for p in ours.parameters()),
+        gflops_per_image=flops_img,
+        images_per_sec=ips,
+        step_ms=1e3 * statistics.median(times["ours"]),
+        gflops_per_sec=gfs,
+        peak_gflops_per_sec=peak,
+        fraction_of_peak=gfs / peak if peak else None,
+        compile_seconds=compile_s["ours"],
+        steps=steps,
+        warmup=warmup,
+        step_times_ms=[1e3 * t for t in times["ours"]],
+    )
+    if ref is not None:
+        r_ips, r_gfs = rate(times["ref"])
+        res.ref = vs
+        res.ref_images_per_sec = r_ips
+        res.ref_gflops_per_sec = r_gfs
+        res.ratio = ips / r_ips
+        res.ref_compile_seconds = compile_s["ref"]
+        res.ref_step_times_ms = [1e3 * t for t in times["ref"]]
+    return res

@@ -1,0 +1,90 @@
+"""``vitlab bench``: images/s, GFLOP/s and fraction of matmul peak, optionally against timm / HF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure inference / training throughput, vs timm or Hugging Face in the same run",
+        description=(
+            "Time inference (forward under torch.inference_mode) or a full training step (forward,\n"
+            "backward, AdamW) of a model, report images/s and achieved GFLOP/s as a fraction of the\n"
+            "machine's dense-matmul peak (measured in the same run). With --vs timm|hf the equivalent\n"
+            "reference model is timed interleaved with ours in the same process and the ratio of the\n"
+            "medians is reported (> 1: vitlab is faster). Benchmarks of a shared machine are noisy:\n"
+            "compare ratios, not absolute numbers across runs.\n\n"
+            "examples:\n"
+            "  vitlab bench --model vit_s16 --batch-size 32 --vs timm\n"
+            "  vitlab bench --model vit_b16 --batch-size 16 --vs timm --json\n"
+            "  vitlab bench --mode train --model vit_ti16 --img-size 32 --patch-size 4 --dim 192 --depth 9 \\\n"
+            "      --heads 3 --mlp-ratio 2 --num-classes 10 --batch-size 128 --vs timm"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument("--model", default="vit_s16", help="registered model name (see `vitlab models`)")
+    p.add_argument("--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's, 224)")
+    p.add_argument("--patch-size", type=int, default=None, help="override the patch size")
+    p.add_argument("--dim", type=int, default=None, help="override the width D")
+    p.add_argument("--depth", type=int, default=None, help="override the number of layers")
+    p.add_argument("--heads", type=int, default=None, help="override the number of heads")
+    p.add_argument("--mlp-ratio", type=float, default=None, help="MLP width as a multiple of D")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="bfloat16/float16 run under autocast")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--vs", choices=["timm", "hf"], default=None, help="time this reference interleaved with vitlab")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        help="torch.compile both models (this mode); compile time is reported",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
+    p.add_argument("--no-peak", action="store_true", help="skip the matmul-peak measurement")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import benchmark, model_overrides
+    from ..models import model_config
+
+    base_dim = None
+    if args.mlp_ratio is not None and args.dim is None:
+        base_dim = model_config(args.model).embed_dim
+    overrides = model_overrides(
+        img_size=args.img_size,
+        patch_size=args.patch_size,
+        dim=args.dim,
+        depth=args.depth,
+        heads=args.heads,
+        mlp_ratio=args.mlp_ratio,
+        base_dim=base_dim,
+    )
+    res = benchmark(
+        args.model,
+        mode=args.mode,
+        batch_size=args.batch_size,
+        num_classes=args.num_classes,
+        dtype=args.dtype,
+        device=args.device,
+        vs=args.vs,
+        steps=args.steps,
+        warmup=args.warmup,
+        compile=args.compile,
+        threads=args.threads,
+        measure_peak=not args.no_peak,
+        progress=not args.json,
+        **overrides,
+    )
+    print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary())
+    return 0

@@ -1,0 +1,132 @@
+"""`vitlab bench`: it runs, and its numbers are well-formed (never a wall-clock threshold)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from vitlab.bench import benchmark, build_reference, matmul_peak, model_overrides
+from vitlab.cli import main
+from vitlab.errors import ConfigError
+from vitlab.models import create_model
+
+TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+
+
+def _finite_positive(v: object) -> bool:
+    return isinstance(v, float) and math.isfinite(v) and v > 0
+
+
+def test_benchmark_infer_fields() -> None:
+    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=2, warmup=1, **TINY)
+    d = r.to_dict()
+    assert (d["model"], d["mode"], d["batch_size"], d["img_size"]) == ("vit_ti16", "infer", 2, 16)
+    for k in ("images_per_sec", "gflops_per_sec", "peak_gflops_per_sec", "fraction_of_peak", "step_ms"):
+        assert _finite_positive(d[k]), k
+    assert d["ref"] is None and d["ratio"] is None
+    assert len(d["step_times_ms"]) == 2
+    # images/s and GFLOP/s are the same median seen two ways
+    assert d["gflops_per_sec"] == pytest.approx(d["images_per_sec"] * d["gflops_per_image"], rel=1e-9)
+    assert d["images_per_sec"] == pytest.approx(2 / (d["step_ms"] / 1e3), rel=1e-9)
+    # 2 x MACs of the tiny model: 4 patches of 8x8x3 -> 32, one block over 5 tokens, a 5-way head
+    t, n, dim = 5, 4, 32
+    macs = n * 8 * 8 * 3 * dim + t * dim * 3 * dim + 2 * t * t * dim + t * dim * dim + 2 * t * dim * 64 + dim * 5
+    assert d["gflops_per_image"] == pytest.approx(2 * macs / 1e9)
+    assert d["params"] == sum(p.numel() for p in create_model("vit_ti16", num_classes=5, **TINY).parameters())
+
+
+def test_benchmark_train_vs_timm() -> None:
+    pytest.importorskip("timm")
+    r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=0, vs="timm", measure_peak=False, **TINY)
+    assert r.mode == "train" and r.ref == "timm"
+    assert r.peak_gflops_per_sec is None and r.fraction_of_peak is None
+    assert _finite_positive(r.ref_images_per_sec) and _finite_positive(r.ratio)
+    assert r.ratio == pytest.approx(r.images_per_sec / r.ref_images_per_sec)
+    # a training step counts 3x the forward FLOPs
+    assert r.gflops_per_sec == pytest.approx(3 * r.gflops_per_image * r.images_per_sec)
+    assert len(r.ref_step_times_ms) == 2
+
+
+@pytest.mark.parametrize("kind", ["timm", "hf"])
+def test_reference_is_the_same_architecture(kind: str) -> None:
+    """The reference has exactly our parameter count, so the FLOPs we credit it with are right."""
+    pytest.importorskip("timm" if kind == "timm" else "transformers")
+    ours = create_model("vit_ti16", num_classes=7, **TINY)
+    ref = build_reference(kind, ours.config)
+    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in ours.parameters())
+    out = ref(torch.randn(2, 3, 16, 16))
+    assert out.shape == (2, 7)
+
+
+def test_timm_reference_gap_and_mlp_ratio() -> None:
+    pytest.importorskip("timm")
+    ours = create_model("vit_ti16", num_classes=4, pool="gap", class_token=False, fc_norm=True, **TINY)
+    ref = build_reference("timm", ours.config)
+    assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in ours.parameters())
+
+
+def test_model_overrides() -> None:
+    assert model_overrides(img_size=32, patch_size=4, dim=192, depth=9, heads=3, mlp_ratio=2) == dict(
+        img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384
+    )
+    assert model_overrides(mlp_ratio=2.0, base_dim=384) == {"mlp_dim": 768}
+    with pytest.raises(ConfigError, match="mlp_ratio"):
+        model_overrides(mlp_ratio=-1, dim=8)
+
+
+def test_matmul_peak_is_positive() -> None:
+    assert _finite_positive(matmul_peak(n=64, repeats=2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(mode="predict"), "mode"),
+        (dict(vs="keras"), "vs"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(dtype="float16"), "float16"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(compile="fast"), "compile"),
+        (dict(threads=0), "threads"),
+    ],
+)
+def test_bad_options_raise_config_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        benchmark("vit_ti16", steps=1, warmup=0, measure_peak=False, **{**TINY, **kwargs})
+
+
+def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = "bench --model vit_ti16 --img-size 16 --patch-size 8 --dim 32 --depth 1 --heads 2 --mlp-ratio 2"
+    argv += " --batch-size 2 --num-classes 3 --steps 2 --warmup 0 --json"
+    assert main(argv.split()) == 0
+    d = json.loads(capsys.readouterr().out)
+    for k in (
+        "model",
+        "mode",
+        "batch_size",
+        "img_size",
+        "images_per_sec",
+        "gflops_per_sec",
+        "peak_gflops_per_sec",
+        "ref_images_per_sec",
+        "ratio",
+    ):
+        assert k in d
+    assert d["batch_size"] == 2 and d["img_size"] == 16 and d["mode"] == "infer"
+    assert _finite_positive(d["images_per_sec"]) and _finite_positive(d["peak_gflops_per_sec"])
+    assert d["fraction_of_peak"] > 0
+
+
+def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("timm")
+    argv = "bench --model vit_ti16 --img-size 16 --patch-size 8 --dim 32 --depth 1 --heads 2 --batch-size 2 --steps 1 --warmup 0 --vs timm --no-peak"
+    assert main(argv.split()) == 0
+    out = capsys.readouterr().out
+    assert "ratio vitlab / timm" in out and "img/s" in out
+    assert main(["bench", "--model", "vit_ti16", "--img-size", "15", "--steps", "1", "--no-peak"]) == 2
+    assert "img_size" in capsys.readouterr().err
+    assert main(["bench", "--model", "vit_nope"]) == 2
+    assert "unknown model" in capsys.readouterr().err
