@@ -89,8 +89,7 @@ def plot_posemb_similarity(sim: torch.Tensor) -> Figure:
             mosaic[y : y + gh, x : x + gw] = s[r, c]
     size = min(10.0, 1.0 + 0.45 * max(gh, gw))
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([c * (gw + pad) + (gw - 1) / 2 for c in range(gw)], [str(c + 1) for c in range(gw)], fontsize=7)
     ax.set_yticks([r * (gh + pad) + (gh - 1) / 2 for r in range(gh)], [str(r + 1) for r in range(gh)], fontsize=7)

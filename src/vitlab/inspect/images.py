@@ -87,11 +87,9 @@ def preprocess(
     Images are resized to ``img_size`` (bilinear, antialiased); grey images are
     repeated to 3 channels for RGB models and RGB images averaged for 1-channel ones.
     """
-    from torchvision.transforms.v2 import functional as TF
-
     batch = []
     for img in images:
-        t = torch.as_tensor(np.ascontiguousarray(img))
+        t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: decoded arrays may be read-only
         if t.ndim == 2:
             t = t[..., None]
         t = t.permute(2, 0, 1)
@@ -104,8 +102,12 @@ def preprocess(
                 t = t.float().mean(dim=0, keepdim=True).round().to(torch.uint8)
             else:
                 raise InputError(f"the model takes {in_chans}-channel images, got {t.shape[0]} channels")
-        batch.append(TF.resize(t, list(img_size), antialias=True))
-    x = torch.stack(batch).float() / 255.0
+        t = t.float()[None] / 255.0
+        if tuple(t.shape[-2:]) != tuple(img_size):
+            # torch's own antialiased bilinear resize (what torchvision's resize calls), without importing torchvision
+            t = torch.nn.functional.interpolate(t, size=tuple(img_size), mode="bilinear", align_corners=False, antialias=True).clamp(0, 1)
+        batch.append(t[0])
+    x = torch.stack(batch)
     display = x.permute(0, 2, 3, 1).clone()
     m = torch.tensor(mean[:in_chans] if len(mean) >= in_chans else mean, dtype=torch.float32).view(1, -1, 1, 1)
     s = torch.tensor(std[:in_chans] if len(std) >= in_chans else std, dtype=torch.float32).view(1, -1, 1, 1)
