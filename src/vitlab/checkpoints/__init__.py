@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -109,9 +110,16 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     return ViTConfig.from_dict({**base, **overrides})
 
 
-def _summary(keys: list[str], limit: int = 8) -> str:
-    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
-    return ", ".join(keys[:limit]) + more
+def _summary(keys: list[str], limit: int = 8, *, group: bool = True) -> str:
+    """Key names, a whole layer's keys collapsed to ``blocks.N.*``, at most ``limit`` items."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        m = re.match(r"(blocks\.\d+)\.", k) if group else None
+        groups.setdefault(f"{m.group(1)}.*" if m else k, []).append(k)
+    items = [g if len(v) > 1 else v[0] for g, v in groups.items()]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    count = f" ({len(keys)} tensors)" if len(keys) > len(items) else ""
+    return ", ".join(items[:limit]) + more + count
 
 
 def load_state(
@@ -147,7 +155,8 @@ def load_state(
         problems.append(f"unexpected {_summary(unexpected)}")
     if misshaped:
         problems.append(
-            "mis-shaped " + _summary([f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in misshaped], 4)
+            "mis-shaped "
+            + _summary([f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in misshaped], 4, group=False)
         )
     if problems:
         msg = f"{source} does not fit the model: " + "; ".join(problems)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -47,14 +49,17 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{p}: not a readable safetensors file ({_first_line(e)})") from None
     try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols it may not read; the error below says it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        if "weights only" in str(e).lower() or "weights_only" in str(e).lower():
+        m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if m:
             raise CheckpointError(
-                f"{p}: refused to unpickle: the file holds objects other than tensors, which could run code when loaded "
-                "(vitlab only loads tensors, with torch.load(weights_only=True)); re-save it as a plain state dict or .safetensors"
+                f"{p}: refused to unpickle: the file holds a {m.group(1)} object, not only tensors, and loading it could run code "
+                "(vitlab reads pickles with torch.load(weights_only=True)); if you trust it, re-save it as a plain state dict or .safetensors"
             ) from None
-        raise CheckpointError(f"{p}: not a PyTorch checkpoint ({_first_line(e)})") from None
+        raise CheckpointError(f"{p}: not a PyTorch checkpoint (pickle data that torch's safe loader cannot read)") from None
     except Exception as e:  # zip/pickle/EOF errors of random or truncated files
         raise CheckpointError(f"{p}: not a PyTorch checkpoint ({_first_line(e)})") from None
     return unwrap_state_dict(obj, source=str(p))

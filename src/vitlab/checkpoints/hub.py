@@ -157,7 +157,7 @@ def resolve(name: str) -> Path:
     if entry is None:
         close = difflib.get_close_matches(name, list(KNOWN), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see vitlab.checkpoints.hub.list_names()"
-        raise CheckpointError(f"{name!r} is neither a file or folder nor a known checkpoint name{hint}")
+        raise CheckpointError(f"{name}: no such file or folder, and not a known checkpoint name{hint}")
     local = cache_dir() / entry.repo_id.replace("/", "--")
     for files in _files(entry):
         if all((local / f).is_file() for f in files):

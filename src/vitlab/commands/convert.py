@@ -13,9 +13,14 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Read a checkpoint in any supported format (timm .pth/.bin/.safetensors, a Hugging Face\n"
             "save_pretrained folder, a Google .npz of vit_jax or big_vision, a vitlab folder, or a\n"
             "known public name) and write it as DST/model.safetensors + DST/config.json.\n\n"
+            "The architecture is inferred from the tensor shapes; the head count comes from the\n"
+            "paper's table (width -> heads) unless the format stores it or --num-heads says.\n"
+            "Known names (downloaded with huggingface_hub): <tag>/<model>, e.g.\n"
+            "augreg_in21k_ft_in1k/vit_b16, augreg_in21k/vit_l16, orig_in21k/vit_h14, google/vit_b16_384.\n\n"
             "examples:\n"
             "  vitlab convert ViT-B_16.npz out/vit_b16\n"
-            "  vitlab convert hf_vit_folder/ out/vit_hf --img-size 384"
+            "  vitlab convert hf_vit_folder/ out/vit_hf --img-size 384\n"
+            "  vitlab convert augreg_in21k_ft_in1k/vit_b16 out/b16 --num-classes 10   # new zero head for fine-tuning"
         ),
         formatter_class=formatter,
     )
@@ -24,15 +29,18 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--img-size", type=int, default=None, help="resample position embeddings to this resolution")
     p.add_argument("--act", choices=["gelu", "gelu_tanh"], default=None, help="override the activation")
     p.add_argument("--num-heads", type=int, default=None, help="override the head count (inferred from the paper's table)")
+    p.add_argument("--num-classes", type=int, default=None, help="replace the classifier by a fresh zero-initialised one")
+    p.add_argument("--no-strict", action="store_true", help="load what fits and warn about the rest, instead of failing")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoints import load, save
 
-    overrides = {k: v for k, v in (("img_size", args.img_size), ("act", args.act), ("num_heads", args.num_heads)) if v is not None}
-    model = load(args.src, **overrides)
-    out = save(model, args.dst)
+    pairs = (("img_size", args.img_size), ("act", args.act), ("num_heads", args.num_heads), ("num_classes", args.num_classes))
+    overrides = {k: v for k, v in pairs if v is not None}
+    model = load(args.src, strict=not args.no_strict, **overrides)
+    out = save(model, args.dst, extra={"converted_from": str(args.src)})
     cfg = model.config
     print(f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {sum(p.numel() for p in model.parameters()):,} params)")
     return 0
