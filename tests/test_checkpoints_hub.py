@@ -1,0 +1,125 @@
+"""Public checkpoint names: resolved to Hub repos, downloaded via a mocked hf_hub_download, never the network."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitlab
+from vitlab.checkpoints import hub
+from vitlab.cli import main
+
+huggingface_hub = pytest.importorskip("huggingface_hub")
+
+
+@pytest.fixture
+def timm_file(tmp_path):
+    model = vitlab.VisionTransformer(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, mlp_dim=384, num_classes=4)
+    with torch.no_grad():
+        model.head.weight.normal_()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    return tmp_path / "model.safetensors", model.eval()
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_table_has_the_public_checkpoints():
+    assert hub.KNOWN["augreg_in21k_ft_in1k/vit_b16"] == hub.HubEntry("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm")
+    assert hub.KNOWN["augreg2_in21k_ft_in1k/vit_b16"].repo_id == "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
+    assert hub.KNOWN["augreg_in21k_ft_in1k/vit_b16_384"].repo_id == "timm/vit_base_patch16_384.augreg_in21k_ft_in1k"
+    assert hub.KNOWN["orig_in21k/vit_h14"].repo_id == "timm/vit_huge_patch14_224.orig_in21k"
+    assert hub.KNOWN["google/vit_b16"] == hub.HubEntry("google/vit-base-patch16-224", "hf")
+    assert hub.KNOWN["google_in21k/vit_l16"].repo_id == "google/vit-large-patch16-224-in21k"
+    assert len(hub.list_names()) == 47
+
+
+def test_timm_name_downloads_and_loads(monkeypatch, timm_file):
+    path, ref = timm_file
+    calls = []
+
+    def fake_download(*, repo_id, filename, **kw):
+        calls.append((repo_id, filename))
+        return str(path)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    model = vitlab.load("augreg_in21k_ft_in1k/vit_b16")
+    assert calls == [("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "model.safetensors")]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+
+
+def test_hf_name_downloads_config_and_weights(monkeypatch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128
+    )
+    folder = tmp_path / "snapshot"
+    transformers.ViTModel(cfg).eval().save_pretrained(folder)
+    calls = []
+
+    def fake_download(*, repo_id, filename, **kw):
+        calls.append((repo_id, filename))
+        return str(folder / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    model = vitlab.load("google_in21k/vit_b16")
+    assert calls == [("google/vit-base-patch16-224-in21k", "model.safetensors"), ("google/vit-base-patch16-224-in21k", "config.json")]
+    assert (model.config.head, model.config.num_heads, model.config.norm_eps) == ("mlp", 4, 1e-12)
+
+
+def test_falls_back_to_pytorch_model_bin(monkeypatch, tmp_path, timm_file):
+    path, ref = timm_file
+    torch.save(ref.state_dict(), tmp_path / "pytorch_model.bin")
+
+    def fake_download(*, repo_id, filename, **kw):
+        if filename == "model.safetensors":
+            raise huggingface_hub.errors.EntryNotFoundError("404: model.safetensors")
+        return str(tmp_path / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    model = vitlab.load("timm/vit_base_patch16_224.augreg_in1k")
+    assert torch.equal(model.head.weight, ref.head.weight)
+
+
+def test_offline_error_says_what_to_download_and_where(monkeypatch, tmp_path, timm_file, capsys):
+    def offline(*, repo_id, filename, **kw):
+        raise huggingface_hub.errors.LocalEntryNotFoundError(
+            "Cannot find the requested files in the disk cache and outgoing traffic has been disabled."
+        )
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(vitlab.OfflineError) as e:
+        vitlab.load("augreg_in21k/vit_s16")
+    msg = str(e.value)
+    assert "https://huggingface.co/timm/vit_small_patch16_224.augreg_in21k/resolve/main/model.safetensors" in msg
+    local = tmp_path / "cache" / "hub" / "timm--vit_small_patch16_224.augreg_in21k"
+    assert str(local) in msg and "\n" not in msg
+
+    # the CLI prints it on one line and exits 2
+    assert main(["convert", "augreg_in21k/vit_s16", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+    # following the advice works without the network
+    local.mkdir(parents=True)
+    path, ref = timm_file
+    (local / "model.safetensors").write_bytes(path.read_bytes())
+    model = vitlab.load("augreg_in21k/vit_s16")
+    assert torch.equal(model.head.weight, ref.head.weight)
+
+
+def test_missing_huggingface_hub(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import raises ImportError
+    with pytest.raises(vitlab.OfflineError, match=r"huggingface_hub is not installed.*vit-base-patch16-384"):
+        vitlab.load("google/vit_b16_384")
+
+
+def test_unknown_name_suggests_close_ones():
+    with pytest.raises(vitlab.CheckpointError, match="did you mean augreg_in21k_ft_in1k/vit_b16"):
+        vitlab.load("augreg_in21k_ft_in1k/vit_b61")
