@@ -75,7 +75,7 @@ def test_hf_name_downloads_config_and_weights(monkeypatch, tmp_path):
 
 
 def test_falls_back_to_pytorch_model_bin(monkeypatch, tmp_path, timm_file):
-    path, ref = timm_file
+    _, ref = timm_file
     torch.save(ref.state_dict(), tmp_path / "pytorch_model.bin")
 
     def fake_download(*, repo_id, filename, **kw):
