@@ -40,11 +40,21 @@ def test_round_trip_is_exact(tmp_path):
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
 
 
-def test_round_trip_gap_mlp_head(tmp_path):
-    model = tiny(pool="gap", class_token=False, fc_norm=True, head="mlp", representation_size=32)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"pool": "gap", "class_token": False, "fc_norm": True, "head": "mlp", "representation_size": 32},
+        {"posemb": "learn2d", "attention": "axial"},
+        {"hybrid_layers": (1,), "patch_size": 1, "depth": 1},
+    ],
+)
+def test_round_trip_other_architectures(tmp_path, kw):
+    model = tiny(**kw)
     vitlab.save(model, tmp_path / "m")
+    back = vitlab.load(tmp_path / "m")
+    assert back.config == model.config
     with torch.no_grad():
-        assert torch.equal(vitlab.load(tmp_path / "m")(images()), model(images()))
+        assert torch.equal(back(images()), model(images()))
 
 
 def test_other_architecture_names_the_keys(tmp_path):
