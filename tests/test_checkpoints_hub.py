@@ -49,7 +49,8 @@ def test_timm_name_downloads_and_loads(monkeypatch, timm_file):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     model = vitlab.load("augreg_in21k_ft_in1k/vit_b16")
-    assert calls == [("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "model.safetensors")]
+    repo = "timm/vit_base_patch16_224.augreg_in21k_ft_in1k"
+    assert calls == [(repo, "model.safetensors"), (repo, "config.json")]
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), ref(x))

@@ -122,3 +122,24 @@ def test_new_num_classes_is_a_fresh_zero_head(tmp_path):
     torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, ref.blocks[1].mlp.fc2.weight, rtol=0, atol=0)
     feats = model.forward_head(model.forward_features(images()), pre_logits=True)
     torch.testing.assert_close(feats, ref.forward_head(ref.forward_features(images()), pre_logits=True), rtol=0, atol=1e-5)
+
+
+def test_timm_hub_config_beside_the_weights(tmp_path):
+    """timm's Hub config.json says the pooling (token pooling with avg is otherwise invisible), heads and labels."""
+    import json
+
+    ref = randomize(timm_vit.VisionTransformer(**{**TINY, "num_classes": 3}, global_pool="avg", fc_norm=False))
+    path = save_state(ref.state_dict(), tmp_path / "model.safetensors")
+    hub_cfg = {
+        "architecture": "vit_tiny_custom",
+        "global_pool": "avg",
+        "model_args": {"num_heads": 4},
+        "pretrained_cfg": {"mean": [0.4, 0.4, 0.4], "std": [0.2, 0.2, 0.2], "label_names": ["a", "b", "c"]},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(hub_cfg))
+    for source in (path, tmp_path):  # the folder works as well as the file
+        model = vitlab.load(source)
+        c = model.config
+        assert (c.pool, c.class_token, c.num_heads, c.mean, c.class_names) == ("gap", True, 4, (0.4,) * 3, ["a", "b", "c"])
+        with torch.no_grad():
+            assert (model(images()) - ref(images())).abs().max().item() < 1e-5

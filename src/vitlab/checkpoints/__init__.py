@@ -145,7 +145,7 @@ def load_state(
                 num_prefix_tokens=n_prefix,
                 mode=cfg.posemb_resample,  # type: ignore[arg-type]
             )
-    missing = [k for k in expected if k not in state and not k.startswith(fresh or ("\0",))]
+    missing = [k for k in expected if k not in state and not (fresh and k.startswith(fresh))]
     unexpected = [k for k in state if k not in expected]
     misshaped = [k for k in state if k in expected and state[k].shape != expected[k].shape]
     problems = []

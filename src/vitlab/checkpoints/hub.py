@@ -18,6 +18,7 @@ what to download and where to put it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -178,6 +179,10 @@ def resolve(name: str) -> Path:
             if type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
                 continue
             break
-        return paths[0] if entry.kind == "timm" else paths[0].parent
+        if entry.kind == "hf":
+            return paths[0].parent
+        with contextlib.suppress(Exception):  # optional: timm's config.json (pooling, labels) lands beside the weights
+            hf_hub_download(repo_id=entry.repo_id, filename="config.json")
+        return paths[0]
     reason = str(last).strip().splitlines()[0] if last and str(last).strip() else type(last).__name__
     raise OfflineError(f"{name}: cannot download from the Hugging Face Hub ({entry.repo_id}: {reason}); {advice}")

@@ -6,8 +6,9 @@ need a small adaptation:
 * ``no_embed_class`` models (DeiT-III and others) store the position embedding
   without a class row and add it before the class token is prepended; that is
   the same as a class row of zeros, which is what we insert.
-* timm Hub folders carry a ``config.json`` whose ``pretrained_cfg`` holds the
-  normalisation and label names; they are read when present next to the file.
+* timm Hub folders carry a ``config.json`` with ``global_pool``, sometimes ``model_args``
+  (``num_heads``), and a ``pretrained_cfg`` with the normalisation and label names; they are
+  read when present next to the file.
 
 timm's standard ViTs use exact GELU, LayerNorm eps 1e-6 and bicubic resampling
 of position embeddings, the defaults here.
@@ -41,7 +42,7 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
-    """Fields from a timm Hub ``config.json`` beside the weights (mean/std, label names), or {}."""
+    """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, label names), or {}."""
     cfg_path = Path(weights_path).parent / "config.json"
     try:
         raw = json.loads(cfg_path.read_text())
@@ -53,6 +54,12 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if "mean" in pre and "std" in pre:
         fields["mean"], fields["std"] = tuple(pre["mean"]), tuple(pre["std"])
+    pool = {"token": "cls", "avg": "gap"}.get(raw.get("global_pool", ""))
+    if pool:
+        fields["pool"] = pool
+    args = raw.get("model_args") or {}
+    if isinstance(args.get("num_heads"), int):
+        fields["num_heads"] = args["num_heads"]
     names = raw.get("label_names") or pre.get("label_names")
     if isinstance(names, list) and names:
         fields["class_names"] = [str(n) for n in names]
