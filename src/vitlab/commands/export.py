@@ -1,0 +1,55 @@
+"""``vitlab export``: a checkpoint -> ONNX or TorchScript with a dynamic batch size."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a model to ONNX (onnxruntime) or TorchScript, dynamic batch size",
+        description=(
+            "Load a model (a vitlab folder, any checkpoint `vitlab convert` reads, or a registered\n"
+            "name for a randomly initialised one) and write it as ONNX or TorchScript. Input\n"
+            "`pixel_values` (batch, C, H, W), normalised; output `logits`. The export is checked\n"
+            "against PyTorch on a batch of another size (max |diff| <= --tolerance).\n"
+            "ONNX needs the optional dependencies: pip install 'vitlab[onnx]'.\n\n"
+            "examples:\n"
+            "  vitlab export --model runs/cifar/best --format onnx --out vit.onnx\n"
+            "  vitlab export --model vit_s16 --format torchscript --out vit_s16.pt"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument("--model", required=True, help="checkpoint folder/file or registered model name")
+    p.add_argument("--format", choices=["onnx", "torchscript"], default="onnx")
+    p.add_argument("--out", default=None, help="output file (default: <model>.onnx / <model>.pt in the current folder)")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference")
+    p.add_argument("--no-check", action="store_true", help="skip the parity check")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..export import export_model
+
+    model = _load(args.model)
+    out = args.out or f"{Path(args.model.rstrip('/')).name or 'model'}{'.onnx' if args.format == 'onnx' else '.pt'}"
+    res = export_model(model, out, format=args.format, check=not args.no_check, tolerance=args.tolerance, opset=args.opset)
+    check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
+    print(f"wrote {res.path} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
+    return 0
+
+
+def _load(spec: str):  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from ..models import create_model, list_models, resolve_name
+
+    if not Path(spec).exists() and resolve_name(spec) in list_models():
+        return create_model(spec).eval()
+    from ..checkpoints import load
+
+    return load(spec).eval()

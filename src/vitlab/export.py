@@ -1,0 +1,132 @@
+"""Export a ViT for deployment: ONNX (run it with onnxruntime) or TorchScript, with a dynamic batch size.
+
+Both formats take ``pixel_values`` ``(batch, C, H, W)`` at the model's resolution,
+already normalised with the config's ``mean``/``std``, and return ``logits``
+``(batch, num_classes)``. :func:`export_model` checks the exported program
+against the PyTorch model on a batch size other than the one traced, so a
+batch dimension frozen by mistake is caught at export time, not in production.
+
+    from vitlab.export import export_model
+    export_model(model, "vit.onnx", format="onnx")
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import VitlabError
+
+__all__ = ["FORMATS", "ExportError", "ExportResult", "export_model", "load_exported", "run_exported"]
+
+FORMATS = ("onnx", "torchscript")
+_SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
+
+
+class ExportError(VitlabError, RuntimeError):
+    """An export that failed, a missing optional dependency, or a parity check that did not pass."""
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    format: str
+    max_abs_diff: float | None
+    """Largest |exported - PyTorch| logit difference on the check batch (None: not checked)."""
+    seconds: float
+
+
+class _Logits(nn.Module):
+    """``forward(pixel_values) -> logits`` only: exporters want a plain tensor-in, tensor-out module."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values)
+
+
+def _example(model: nn.Module, batch_size: int) -> torch.Tensor:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        raise ExportError("export: the model has no vitlab config (build it with vitlab.create_model or vitlab.load)")
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch_size, cfg.in_chans, *cfg.img_size, generator=g)
+
+
+def export_model(
+    model: nn.Module, path: str | Path, *, format: str = "onnx", check: bool = True, tolerance: float = 1e-4, opset: int = 18
+) -> ExportResult:
+    """Write ``model`` to ``path`` as ONNX (torch.export + onnxscript, opset ``opset``) or
+    TorchScript (``torch.jit.trace``), batch dimension dynamic. With ``check``, run the
+    exported model on a batch of 3 (traced with 2) and raise :class:`ExportError` if a
+    logit differs from PyTorch's by more than ``tolerance``."""
+    if format not in FORMATS:
+        raise ExportError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
+    path = Path(path)
+    if path.is_dir():
+        path = path / f"model{_SUFFIX[format]}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wrapped = _Logits(model).eval()
+    x = _example(model, 2)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if format == "onnx":
+            try:
+                import onnxscript  # noqa: F401  (the exporter needs it; fail with a clear message)
+            except ImportError as e:
+                raise ExportError("--format onnx needs onnx and onnxscript: pip install 'vitlab[onnx]'") from e
+            batch = torch.export.Dim("batch", min=1, max=65536)
+            torch.onnx.export(
+                wrapped,
+                (x,),
+                str(path),
+                dynamo=True,
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                dynamic_shapes={"pixel_values": {0: batch}},
+                opset_version=opset,
+                verbose=False,
+            )
+        else:
+            traced = torch.jit.trace(wrapped, (x,), check_trace=False)
+            traced.save(str(path))
+    seconds = time.perf_counter() - t0
+    diff = None
+    if check:
+        x3 = _example(model, 3)
+        with torch.inference_mode():
+            want = wrapped(x3).float().numpy()
+        got = run_exported(load_exported(path, format=format), x3.numpy())
+        diff = float(np.abs(got - want).max())
+        if not diff <= tolerance:
+            raise ExportError(f"export: the {format} model differs from PyTorch by {diff:.2e} (> {tolerance:.0e}) on a batch of 3")
+    return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds)
+
+
+def load_exported(path: str | Path, *, format: str | None = None) -> Any:
+    """An onnxruntime ``InferenceSession`` (CPU) for ``.onnx``, a ``torch.jit.ScriptModule`` otherwise."""
+    path = Path(path)
+    fmt = format or ("onnx" if path.suffix == ".onnx" else "torchscript")
+    if fmt == "onnx":
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            raise ExportError("running an .onnx model needs onnxruntime: pip install 'vitlab[onnx]'") from e
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.jit.load(str(path), map_location="cpu")
+
+
+def run_exported(session: Any, pixel_values: np.ndarray) -> np.ndarray:
+    """Logits of an exported model loaded with :func:`load_exported`."""
+    if isinstance(session, torch.jit.ScriptModule):
+        with torch.inference_mode():
+            return session(torch.from_numpy(pixel_values)).numpy()
+    return session.run(["logits"], {"pixel_values": pixel_values.astype(np.float32)})[0]
