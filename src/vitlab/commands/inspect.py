@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path 
     """
     from ..checkpoints import load
     from ..checkpoints.native import is_native
+    from ..errors import UnknownModelError, VitlabError
     from ..models import create_model, list_models
     from ..models.registry import resolve_name
 
@@ -62,7 +64,14 @@ def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path 
         return load(path, **overrides).eval(), path if path.is_dir() else None
     if resolve_name(spec) in list_models():
         return create_model(spec, **overrides).eval(), None
-    return load(spec, **overrides).eval(), None
+    try:
+        return load(spec, **overrides).eval(), None
+    except VitlabError as e:
+        close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise UnknownModelError(
+            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint; {hint}({e})"
+        ) from None
 
 
 def _pick(n: int, labels, seed: int = 0):

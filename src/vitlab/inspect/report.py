@@ -191,6 +191,15 @@ def inspect_model(
         )
 
     # Fig. 7 centre: position-embedding similarity.
+    else:
+        add(
+            Section(
+                title="Fig. 7 (left): principal components of the patch-embedding filters",
+                text="Skipped: this model's patch projection does not act on image pixels (a hybrid model embeds "
+                "CNN feature maps), so its filters cannot be shown as image patches.",
+            )
+        )
+
     pe = patch_position_embeddings(model)
     if pe is not None:
         sim = posemb_similarity(pe, cfg.grid_size)
