@@ -143,3 +143,21 @@ def test_timm_hub_config_beside_the_weights(tmp_path):
         assert (c.pool, c.class_token, c.num_heads, c.mean, c.class_names) == ("gap", True, 4, (0.4,) * 3, ["a", "b", "c"])
         with torch.no_grad():
             assert (model(images()) - ref(images())).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("name", "layers", "patch"), [("vit_tiny_r_s16_p8_224", (), 8), ("vit_small_r26_s32_224", (2, 2, 2, 2), 1)])
+def test_timm_hybrid_checkpoints(name, layers, patch):
+    """Hybrids (Sec. 3.1): the ResNet's stages are counted from the keys, the image size includes its stride."""
+    import timm
+
+    ref = timm.create_model(name, img_size=64, depth=1).eval()
+    with torch.no_grad():
+        ref.head.weight.normal_(std=0.05)
+    model = vitlab.load(dict(ref.state_dict()))
+    c = model.config
+    assert (c.hybrid_layers, c.patch_size, c.img_size, c.depth) == (layers, patch, (64, 64), 1)
+    x = images(size=64)
+    with torch.no_grad():
+        want = ref(x)
+        assert want.abs().max() > 0.1
+        assert (model(x) - want).abs().max().item() < 1e-5

@@ -3,7 +3,8 @@
 Checkpoints rarely store their architecture, but almost all of it is in the
 tensor shapes: width, in_chans and patch size from the patch projection, depth
 from the block indices, MLP width from ``fc1``, the image size from the position
-embedding grid times the patch size, the head from ``head``/``pre_logits``. The
+embedding grid times the patch size (times the ResNet's stride for hybrids, whose
+stages are counted from ``patch_embed.backbone``), the head from ``head``/``pre_logits``. The
 head count is not (``qkv`` is ``3D x D`` for any head count); it comes from the
 paper's Table 1 (width -> heads) unless the format stores it or the caller says.
 """
@@ -52,6 +53,18 @@ def _grid_side(n: int, what: str) -> int:
     return side
 
 
+def _hybrid_layers(state: dict[str, torch.Tensor]) -> tuple[int, ...] | None:
+    """ResNet units per stage of a hybrid's backbone; ``()`` for a stem-only backbone; None if not a hybrid."""
+    if not any(k.startswith("patch_embed.backbone.") for k in state):
+        return None
+    units: dict[int, set[int]] = {}
+    for k in state:
+        m = re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", k)
+        if m:
+            units.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return tuple(len(units[i]) for i in sorted(units))
+
+
 def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """ViTConfig fields implied by a state dict in vitlab/timm naming."""
     w = state.get("patch_embed.proj.weight")
@@ -60,6 +73,14 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     width, in_chans, ph, pw = w.shape
     if ph != pw:
         raise CheckpointError(f"non-square patches {ph}x{pw} are not supported")
+    hybrid = _hybrid_layers(state)
+    stride = 1
+    if hybrid is not None:  # Sec. 3.1's hybrid: patches of a ResNet feature map (timm's vit_*_r*_ names)
+        stem = state.get("patch_embed.backbone.stem.conv.weight", state.get("patch_embed.backbone.conv.weight"))
+        if stem is None:
+            raise CheckpointError("a hybrid checkpoint without the ResNet stem convolution 'patch_embed.backbone.stem.conv.weight'")
+        in_chans = stem.shape[1]
+        stride = 4 * 2 ** max(len(hybrid) - 1, 0)
     block_ids = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
     depth = max(block_ids) + 1 if block_ids else 0
     if depth == 0:
@@ -76,14 +97,17 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         "class_token": "cls_token" in state,
         "name": variant_name(int(width), depth, mlp_dim, int(ph)),
     }
+    if hybrid is not None:
+        f["hybrid_layers"] = hybrid
+        f["name"] = "vit_hybrid_custom"
     prefix = 1 if f["class_token"] else 0
     if "pos_embed" in state:
         f["posemb"] = "learn"
         side = _grid_side(state["pos_embed"].shape[-2] - prefix, "pos_embed")
-        f["img_size"] = (side * ph, side * ph)
+        f["img_size"] = (side * ph * stride,) * 2
     elif "pos_embed_row" in state and "pos_embed_col" in state:
         f["posemb"] = "learn2d"
-        f["img_size"] = (state["pos_embed_row"].shape[1] * ph, state["pos_embed_col"].shape[1] * ph)
+        f["img_size"] = (state["pos_embed_row"].shape[1] * ph * stride, state["pos_embed_col"].shape[1] * ph * stride)
     else:
         f["posemb"] = "none"
     if "fc_norm.weight" in state:
