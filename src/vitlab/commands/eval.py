@@ -1,0 +1,70 @@
+"""``vitlab eval``: top-1, top-5 and per-class accuracy of a model on a dataset, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="top-1 / top-5 / per-class accuracy of a model on a dataset",
+        description=(
+            "Evaluate a model on the evaluation split (val/ or test/, or the held-out --val-split) of a\n"
+            "dataset; print the result and write it as JSON (--output, default MODEL/eval.json).\n\n"
+            "examples:\n"
+            "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
+            "  vitlab eval --model runs/cifar/model --data ../shared/data/cifar10 --output cifar_eval.json"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument("--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads")
+    p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path")
+    p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
+    p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--strict-data", action="store_true")
+    p.add_argument("--output", default=None, help="JSON file to write (default MODEL/eval.json when MODEL is a folder)")
+    p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import vitlab
+
+    from ..evaluate import evaluate_model
+
+    model = vitlab.load(args.model)
+    res = evaluate_model(
+        model,
+        args.data,
+        split=args.split,
+        batch_size=args.batch_size,
+        device=args.device,
+        val_split=args.val_split,
+        cache_dir=args.cache_dir,
+        strict=args.strict_data,
+    )
+    res["model"] = str(args.model)
+    res["confusion"] = res["confusion"].tolist()
+    out = Path(args.output) if args.output else (Path(args.model) / "eval.json" if Path(args.model).is_dir() else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(
+        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
+    )
+    width = max(len(n) for n in res["per_class"])
+    for name, acc in res["per_class"].items():
+        print(f"  {name:<{width}}  {100 * acc:6.2f}%")
+    if out is not None:
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,32 @@
+"""``vitlab finetune``: fine-tune a model on new data, as in Sec. 3.2 of the paper."""
+
+from __future__ import annotations
+
+import argparse
+
+from .train import add_train_args
+from .train import run as run_train
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune a model on new data (new head, higher resolution)",
+        description=(
+            "Fine-tune a trained model as in Sec. 3.2 of the paper: the pre-trained head is replaced by a\n"
+            "zero-initialised linear layer when the classes differ (or the model has the pre-training MLP head),\n"
+            "and at a new --img-size the position embeddings are resampled by 2-D interpolation.\n"
+            "Default recipe: finetune (SGD momentum 0.9, no weight decay, clipping at 1, warmup + cosine).\n\n"
+            "examples:\n"
+            "  vitlab finetune --init runs/digits/model --data path/to/imagefolder --img-size 16 --epochs 5\n"
+            "  vitlab finetune --init runs/cifar/model --data ../shared/data/cifar10 --img-size 48 --time-budget 5m"
+        ),
+        formatter_class=formatter,
+    )
+    p.add_argument("--init", required=True, help="the model to start from: a vitlab folder (e.g. runs/X/model) or a name vitlab.load knows")
+    add_train_args(p, default_recipe="finetune")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_train(args, init=args.init)

@@ -1,0 +1,215 @@
+"""``vitlab train``: train a ViT (the main job: no arguments trains on the embedded digits)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+RECIPE_NAMES = ["digits", "small-data", "pretrain", "finetune"]  # mirrors vitlab.train.recipes (kept import-free)
+
+EXAMPLES = """examples:
+  vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
+  vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
+  vitlab train --data ../shared/data/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
+  vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
+  torchrun --nproc_per_node 2 -m vitlab train --data digits --out runs/ddp
+"""
+
+
+def parse_duration(text: str) -> float:
+    """``20m`` / ``90s`` / ``1.5h`` / ``1200`` (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 20m, 90s or 1h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _pair(text: str) -> tuple[float, float]:
+    parts = [float(v) for v in str(text).replace(",", " ").split()]
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected two numbers like 0.08,1")
+    return parts[0], parts[1]
+
+
+def _randaugment(text: str) -> tuple[int, int] | str:
+    if str(text).lower() in ("none", "off", "0"):
+        return "none"
+    parts = str(text).replace(",", " ").split()
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NUM_OPS,MAGNITUDE like 2,9 (or 'none')")
+    return int(parts[0]), int(parts[1])
+
+
+def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) -> None:
+    """Arguments shared by ``train`` and ``finetune``; ``None`` defaults mean "the recipe's value"."""
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="digits", help="digits (embedded), cifar10, cifar100 (torchvision, online) or an ImageFolder path")
+    g.add_argument("--val-split", type=float, default=None, help="fraction held out when the folder has no val/ or test/ (stratified)")
+    g.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
+    g.add_argument("--strict-data", action="store_true", help="stop on files that cannot be decoded instead of skipping them")
+    g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: augment in the training process)")
+
+    g = p.add_argument_group("model (defaults: the recipe's)")
+    g.add_argument("--model", default=None, help="registered name, e.g. vit_ti16 (see `vitlab models`)")
+    g.add_argument("--img-size", type=int, default=None, help="input resolution (default: the recipe's or the data's)")
+    g.add_argument("--patch-size", type=int, default=None)
+    g.add_argument("--dim", type=int, default=None, help="width D")
+    g.add_argument("--depth", type=int, default=None, help="number of blocks L")
+    g.add_argument("--heads", type=int, default=None)
+    g.add_argument("--mlp-ratio", type=float, default=None, help="MLP width / D")
+    g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
+    g.add_argument("--dropout", type=float, default=None)
+
+    g = p.add_argument_group("recipe (each flag overrides the recipe's value)")
+    g.add_argument(
+        "--recipe", choices=RECIPE_NAMES, default=default_recipe, help="preset (default: digits for --data digits, else small-data)"
+    )
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None, help="global batch (all processes, all accumulation steps)")
+    g.add_argument("--lr", type=float, default=None, help="peak LR at the recipe's base batch (scaled linearly with --batch-size)")
+    g.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default=None)
+    g.add_argument("--weight-decay", type=float, default=None)
+    g.add_argument("--warmup-epochs", type=float, default=None)
+    g.add_argument("--warmup-steps", type=int, default=None)
+    g.add_argument("--schedule", choices=["cosine", "linear", "constant"], default=None)
+    g.add_argument("--clip-grad", type=float, default=None, help="global-norm clipping (0: off)")
+    g.add_argument("--accum-steps", type=int, default=None, help="gradient accumulation steps")
+    g.add_argument("--ema", type=float, default=None, help="EMA decay of the weights, e.g. 0.999 (0: off)")
+    g.add_argument("--label-smoothing", type=float, default=None)
+    g.add_argument("--mixup", type=float, default=None, help="MixUp alpha (0: off)")
+    g.add_argument("--cutmix", type=float, default=None, help="CutMix alpha (0: off)")
+    g.add_argument("--randaugment", type=_randaugment, default=None, metavar="N,M", help="RandAugment ops,magnitude or none")
+    g.add_argument("--random-erasing", type=float, default=None)
+    g.add_argument("--hflip", type=float, default=None, help="horizontal flip probability")
+    g.add_argument("--crop-scale", type=_pair, default=None, metavar="MIN,MAX", help="random resized crop area range")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=None, help="output folder (default runs/<timestamp>)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
+    g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: 1 for tiny models, else torch's default)")
+    g.add_argument("--time-budget", type=parse_duration, default=None, metavar="DURATION", help="plan the schedule to end in e.g. 20m")
+    g.add_argument("--save-every", type=float, default=None, metavar="MIN", help="also checkpoint every MIN minutes mid-epoch")
+    g.add_argument("--stop-after", type=int, default=None, metavar="STEPS", help="save and stop after STEPS steps (resume later)")
+    g.add_argument("--keep", choices=["best", "last"], default="best", help="which weights model/ holds")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a ViT from scratch (no arguments: the embedded digits, < 60 s)",
+        description=(
+            "Train a Vision Transformer and write metrics.jsonl, summary.json, curves.png, confusion.png,\n"
+            "model/ (vitlab folder) and last.pt (exact resume) under --out. Ctrl-C saves and stops.\n"
+            "Recipes: digits (default job), small-data (from scratch on small datasets), pretrain (paper),\n"
+            "finetune (paper); every flag overrides its recipe.\n\n" + EXAMPLES
+        ),
+        formatter_class=formatter,
+    )
+    add_train_args(p, default_recipe=None)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace, *, init: str | None = None):
+    """The :class:`~vitlab.train.TrainConfig` the arguments describe."""
+    import time
+
+    from ..train import TrainConfig, get_recipe
+
+    recipe_name = args.recipe or ("finetune" if init else "digits" if args.data.strip().lower() == "digits" else "small-data")
+    zero_off = {"clip_grad": args.clip_grad, "ema": args.ema}
+    recipe = get_recipe(
+        recipe_name,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
+        warmup_epochs=args.warmup_epochs,
+        warmup_steps=args.warmup_steps,
+        schedule=args.schedule,
+        accum_steps=args.accum_steps,
+        label_smoothing=args.label_smoothing,
+        mixup=args.mixup,
+        cutmix=args.cutmix,
+        random_erasing=args.random_erasing,
+        hflip=args.hflip,
+        crop_scale=args.crop_scale,
+        drop_path=args.drop_path,
+        dropout=args.dropout,
+    )
+    for k, v in zero_off.items():
+        if v is not None:
+            recipe = recipe.replace(**{k: v}) if v > 0 else _with_none(recipe, k)
+    if args.randaugment is not None:
+        recipe = _with_none(recipe, "randaugment") if args.randaugment == "none" else recipe.replace(randaugment=args.randaugment)
+    arch = {
+        k: v
+        for k, v in (
+            ("patch_size", args.patch_size),
+            ("embed_dim", args.dim),
+            ("depth", args.depth),
+            ("num_heads", args.heads),
+            ("mlp_ratio", args.mlp_ratio),
+        )
+        if v is not None
+    }
+    out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if init else 'train'}"
+    return TrainConfig(
+        recipe=recipe,
+        data=args.data,
+        out=out,
+        model=args.model,
+        arch=arch,
+        img_size=args.img_size,
+        init=init,
+        seed=args.seed,
+        workers=args.workers,
+        device=args.device,
+        precision=args.precision,
+        compile=args.compile,
+        threads=args.threads,
+        val_split=args.val_split,
+        cache_dir=args.cache_dir,
+        strict_data=args.strict_data,
+        time_budget=args.time_budget,
+        save_every=args.save_every,
+        stop_after=args.stop_after,
+        keep=args.keep,
+        progress=not args.no_progress,
+    )
+
+
+def _with_none(recipe, field: str):
+    import dataclasses
+
+    return dataclasses.replace(recipe, **{field: None})
+
+
+def run(args: argparse.Namespace, *, init: str | None = None) -> int:
+    from ..errors import ConfigError
+    from ..train import fit
+
+    if args.resume and not args.out:
+        raise ConfigError("--resume needs --out DIR (the run to continue)")
+    cfg = config_from_args(args, init=init)
+    summary = fit(cfg, resume=args.resume)
+    if summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
+        print(
+            f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), top-5 {100 * summary['top5']:.2f}% "
+            f"after {summary['epochs']} epochs / {summary['steps']} steps; {summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
+        )
+        print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")
+    if summary.get("interrupted") and args.stop_after is None:
+        return 130
+    return 0
+
+
+def _is_main() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,22 @@
+"""Data for training and evaluation: sources decoded once into uint8 arrays, and
+torchvision.transforms.v2 pipelines on top of them.
+
+    from vitlab.data import load_data
+    splits = load_data("digits")                  # embedded, no download
+    splits = load_data("path/to/imagefolder", val_split=0.1)
+    splits.train.images    # (N, H, W, C) uint8, possibly memory-mapped
+"""
+
+from .sources import DataError, DataSplits, ImageArray, load_data
+from .transforms import ArrayDataset, eval_transform, mix_transform, train_transform
+
+__all__ = [
+    "ArrayDataset",
+    "DataError",
+    "DataSplits",
+    "ImageArray",
+    "eval_transform",
+    "load_data",
+    "mix_transform",
+    "train_transform",
+]

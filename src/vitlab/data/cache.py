@@ -1,0 +1,159 @@
+"""Decode image files once into a memory-mapped uint8 array.
+
+The cache key hashes every file's path, size and modification time (plus the
+target size), so editing, adding or removing a file makes a new cache, and a
+second run or a later epoch never decodes a JPEG again. Files that cannot be
+decoded are reported and skipped instead of failing mid-epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DecodedFiles", "decode_files", "default_cache_dir"]
+
+_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$VITLAB_CACHE`` or ``~/.cache/vitlab``."""
+    return Path(os.environ.get("VITLAB_CACHE", Path.home() / ".cache" / "vitlab"))
+
+
+@dataclass
+class DecodedFiles:
+    """``images[i]`` is the decoded ``kept[i]``; ``skipped`` lists ``(path, reason)``."""
+
+    images: np.ndarray
+    kept: list[int]
+    skipped: list[tuple[str, str]]
+
+
+def _decode(path: str, size: int | None, mode: str) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.draft(mode, (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
+        if im.mode in ("P", "LA", "RGBA", "PA") and mode == "RGB":
+            im = im.convert("RGBA")
+            bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
+            im = Image.alpha_composite(bg, im)
+        im = im.convert(mode)
+        if size is not None and im.size != (size, size):
+            # Shorter side to `size`, then the central square (what eval does anyway).
+            w, h = im.size
+            s = size / min(w, h)
+            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.Resampling.BICUBIC)
+            w, h = im.size
+            left, top = (w - size) // 2, (h - size) // 2
+            im = im.crop((left, top, left + size, top + size))
+        arr = np.asarray(im, dtype=np.uint8)
+    return arr[..., None] if arr.ndim == 2 else arr
+
+
+def _probe(path: str) -> tuple[int, int] | None:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:
+        return None
+
+
+def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
+    h = hashlib.sha256(f"v{_VERSION}|{size}|{mode}|".encode())
+    for p in paths:
+        try:
+            st = os.stat(p)
+            h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{os.path.abspath(p)}|missing\n".encode())
+    return h.hexdigest()[:20]
+
+
+def decode_files(
+    paths: Sequence[str],
+    *,
+    size: int | None = None,
+    mode: str = "RGB",
+    cache_dir: str | os.PathLike[str] | None = None,
+    name: str = "images",
+    workers: int = 2,
+    progress: bool = True,
+) -> DecodedFiles:
+    """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
+
+    ``size=None`` keeps the native size, which must then be the same for every
+    file (checked); otherwise each image is resized (shorter side) and center-cropped
+    to ``size`` x ``size``. ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
+    grayscale and RGBA files are converted to it.
+    """
+    from tqdm.auto import tqdm
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _key(paths, size, mode)
+    data_f, meta_f = cache / f"{name}-{key}.u8", cache / f"{name}-{key}.json"
+    if meta_f.is_file() and data_f.is_file():
+        meta = json.loads(meta_f.read_text())
+        images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=tuple(meta["shape"]))
+        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]])  # type: ignore[misc]
+
+    chans = 3 if mode == "RGB" else 1
+    skipped: list[tuple[str, str]] = []
+    if size is None:
+        sizes = {}
+        for p in paths:
+            wh = _probe(p)
+            if wh is not None:
+                sizes[wh] = sizes.get(wh, 0) + 1
+        if not sizes:
+            raise ValueError(f"none of the {len(paths)} image files under {name} can be read")
+        common = max(sizes, key=sizes.__getitem__)
+        if len(sizes) > 1:
+            size = max(common)  # mixed sizes: fall back to square crops of the most common size
+        height, width = common[1], common[0]
+    if size is not None:
+        height = width = size
+    tmp = data_f.with_suffix(f".tmp{os.getpid()}")
+    out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(max(len(paths), 1), height, width, chans))
+    kept: list[int] = []
+
+    def work(i: int) -> tuple[int, np.ndarray | None, str]:
+        try:
+            arr = _decode(paths[i], size, mode)
+            if arr.shape != (height, width, chans):
+                return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
+            return i, arr, ""
+        except Exception as e:  # any unreadable file is reported, never fatal here
+            return i, None, f"{type(e).__name__}: {e}"
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        it = pool.map(work, range(len(paths)), chunksize=64)
+        for i, arr, err in tqdm(it, total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False):
+            if arr is None:
+                skipped.append((paths[i], err))
+            else:
+                out[len(kept)] = arr
+                kept.append(i)
+    out.flush()
+    shape = (len(kept), height, width, chans)
+    del out
+    with open(tmp, "r+b") as f:
+        f.truncate(int(np.prod(shape)))
+        os.fsync(f.fileno())
+    os.replace(tmp, data_f)
+    tmp_meta = meta_f.with_suffix(f".tmp{os.getpid()}")
+    tmp_meta.write_text(json.dumps({"shape": list(shape), "kept": kept, "skipped": skipped, "count": len(paths)}))
+    os.replace(tmp_meta, meta_f)  # the metadata appears last: its presence marks a complete cache
+    images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if len(kept) else np.zeros(shape, np.uint8)
+    return DecodedFiles(images, kept, skipped)

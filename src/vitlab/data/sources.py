@@ -1,0 +1,217 @@
+"""Where images come from: the embedded digits, CIFAR through torchvision, or an ImageFolder.
+
+Every source becomes a :class:`DataSplits` of uint8 ``(N, H, W, C)`` arrays with
+integer labels and class names, so the training loop never touches files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OfflineError, VitlabError
+from .cache import decode_files
+
+__all__ = ["IMAGE_EXTENSIONS", "DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+
+
+class DataError(VitlabError, ValueError):
+    """A data source that cannot be used (missing folder, no images, unreadable files with --strict-data)."""
+
+
+@dataclass
+class ImageArray:
+    """One split: ``images`` ``(N, H, W, C)`` uint8 and ``labels`` ``(N,)`` int64."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, idx: np.ndarray) -> ImageArray:
+        return ImageArray(self.images[np.sort(idx)], self.labels[np.sort(idx)])
+
+
+@dataclass
+class DataSplits:
+    """Train and evaluation splits of one dataset."""
+
+    name: str
+    train: ImageArray
+    val: ImageArray
+    class_names: list[str]
+    val_name: str = "test"
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """Files that could not be decoded: ``(path, reason)``."""
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def in_chans(self) -> int:
+        return int(self.train.images.shape[-1])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.train.images.shape[1]), int(self.train.images.shape[2])
+
+    def describe(self) -> dict[str, object]:
+        h, w = self.image_size
+        return {
+            "name": self.name,
+            "train": len(self.train),
+            self.val_name: len(self.val),
+            "classes": self.num_classes,
+            "image_size": [h, w],
+            "channels": self.in_chans,
+            "skipped_files": len(self.skipped),
+        }
+
+
+def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified ``(train_idx, val_idx)``; ``fraction`` of each class goes to val."""
+    from sklearn.model_selection import train_test_split
+
+    if not 0.0 < fraction < 1.0:
+        raise DataError(f"--val-split must be in (0, 1), got {fraction}")
+    idx = np.arange(len(labels))
+    counts = np.bincount(labels)
+    stratify = labels if counts[counts > 0].min() >= 2 else None
+    tr, va = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
+    return np.sort(tr), np.sort(va)
+
+
+def _digits(val_split: float | None) -> DataSplits:
+    """The 1,797 8x8 handwritten digits shipped with scikit-learn (UCI optdigits test set);
+    values 0-16 scaled to 0-255; a fixed stratified 80/20 split."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    labels = d.target.astype(np.int64)
+    tr, va = stratified_split(labels, val_split or 0.2, seed=0)
+    return DataSplits("digits", ImageArray(images[tr], labels[tr]), ImageArray(images[va], labels[va]), [str(i) for i in range(10)])
+
+
+def _cifar(name: str, cache_dir: Path) -> DataSplits:
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    root = cache_dir / "torchvision"
+    try:
+        train = cls(str(root), train=True, download=True)
+        test = cls(str(root), train=False, download=True)
+    except Exception as e:  # no network: say what to do instead
+        raise OfflineError(
+            f"{name}: could not download through torchvision ({type(e).__name__}); pass a local ImageFolder "
+            f"instead, e.g. --data ../shared/data/{name}"
+        ) from None
+    return DataSplits(
+        name,
+        ImageArray(np.asarray(train.data), np.asarray(train.targets, dtype=np.int64)),
+        ImageArray(np.asarray(test.data), np.asarray(test.targets, dtype=np.int64)),
+        list(train.classes),
+    )
+
+
+def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
+    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order."""
+    if class_names is None:
+        class_names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_names:
+        raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>)")
+    paths, labels = [], []
+    for i, c in enumerate(class_names):
+        d = root / c
+        if not d.is_dir():
+            continue
+        for dirpath, dirnames, files in os.walk(d, followlinks=True):
+            dirnames.sort()
+            for f in sorted(files):
+                if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+                    paths.append(os.path.join(dirpath, f))
+                    labels.append(i)
+    if not paths:
+        raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in the class folders")
+    return paths, np.asarray(labels, dtype=np.int64), class_names
+
+
+def _decode_split(
+    root: Path, class_names: list[str] | None, *, size: int | None, mode: str, cache_dir: Path, strict: bool, workers: int, progress: bool
+) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
+    paths, labels, names = _scan(root, class_names)
+    dec = decode_files(
+        paths, size=size, mode=mode, cache_dir=cache_dir, name=f"{root.parent.name}-{root.name}", workers=workers, progress=progress
+    )
+    if dec.skipped and strict:
+        p, why = dec.skipped[0]
+        raise DataError(f"{len(dec.skipped)} file(s) cannot be decoded (--strict-data), first: {p}: {why}")
+    if not dec.kept:
+        raise DataError(f"{root}: none of the {len(paths)} image files could be decoded")
+    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, dec.skipped
+
+
+def _folder(
+    root: Path, *, val_split: float | None, size: int | None, mode: str, cache_dir: Path, strict: bool, workers: int, progress: bool
+) -> DataSplits:
+    kw = dict(size=size, mode=mode, cache_dir=cache_dir, strict=strict, workers=workers, progress=progress)
+    train_dir = root / "train"
+    val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
+    if train_dir.is_dir() and val_dir is not None and val_split is None:
+        train, names, skipped = _decode_split(train_dir, None, **kw)  # type: ignore[arg-type]
+        val, _, skipped2 = _decode_split(val_dir, names, **kw)  # type: ignore[arg-type]
+        return DataSplits(root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2)
+    tree = train_dir if train_dir.is_dir() else root
+    full, names, skipped = _decode_split(tree, None, **kw)  # type: ignore[arg-type]
+    tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
+    return DataSplits(root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped)
+
+
+def load_data(
+    spec: str,
+    *,
+    val_split: float | None = None,
+    size: int | None = None,
+    grayscale: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    workers: int = 2,
+    progress: bool = True,
+) -> DataSplits:
+    """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
+    or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
+    tree split with ``val_split`` (deterministic, stratified; default 0.1).
+
+    Folder images are decoded once into a cache (``cache_dir``, default ``~/.cache/vitlab``);
+    ``size`` resizes them (shorter side + center crop) when given, and is required in effect
+    when the files differ in size. Undecodable files are skipped and listed in
+    ``DataSplits.skipped``, or raise :class:`DataError` with ``strict``.
+    """
+    from .cache import default_cache_dir
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = spec.strip().lower()
+    if key == "digits":
+        return _digits(val_split)
+    root = Path(spec).expanduser()
+    if root.is_dir():
+        return _folder(
+            root,
+            val_split=val_split,
+            size=size,
+            mode="L" if grayscale else "RGB",
+            cache_dir=cache,
+            strict=strict,
+            workers=workers,
+            progress=progress,
+        )
+    if key in ("cifar10", "cifar100"):
+        return _cifar(key, cache)
+    raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100' or an existing folder")

@@ -1,0 +1,107 @@
+"""Augmentation and preprocessing with torchvision.transforms.v2, on uint8 tensors.
+
+Train: random resized crop, horizontal flip, RandAugment, normalise, random erasing
+(per image), then MixUp / CutMix (per batch). Eval: resize + center crop, normalise.
+Normalisation uses the model's ``mean``/``std`` (0.5/0.5 for Google weights, ImageNet
+statistics for timm/DeiT-style ones), stored in the model's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+__all__ = ["ArrayDataset", "eval_transform", "match_channels", "mix_transform", "train_transform"]
+
+
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """``(..., C, H, W)`` uint8 -> ``in_chans`` channels (gray -> RGB by repetition, RGB -> gray by luma)."""
+    c = x.shape[-3]
+    if c == in_chans:
+        return x
+    if c == 1:
+        return x.expand(*x.shape[:-3], in_chans, *x.shape[-2:])
+    if in_chans == 1 and c == 3:
+        return v2.functional.rgb_to_grayscale(x)
+    raise ValueError(f"images with {c} channels cannot feed a model with in_chans={in_chans}")
+
+
+def _normalize(mean: Sequence[float], std: Sequence[float], in_chans: int) -> list[v2.Transform]:
+    mean, std = list(mean)[:in_chans], list(std)[:in_chans]
+    if len(mean) < in_chans:  # e.g. a 3-value mean for a 4-channel model: repeat the last
+        mean += [mean[-1]] * (in_chans - len(mean))
+        std += [std[-1]] * (in_chans - len(std))
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+
+
+def train_transform(
+    *,
+    img_size: int | tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    in_chans: int = 3,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    hflip: float = 0.5,
+    randaugment: tuple[int, int] | None = None,
+    random_erasing: float = 0.0,
+) -> v2.Compose:
+    """Per-image training augmentation (Inception crop as in the paper's pre-training, plus the
+    DeiT-style RandAugment and random erasing used for training from scratch on small data)."""
+    t: list[v2.Transform] = [v2.RandomResizedCrop(img_size, scale=crop_scale, ratio=crop_ratio, antialias=True)]
+    if hflip > 0:
+        t.append(v2.RandomHorizontalFlip(hflip))
+    if randaugment is not None:
+        t.append(v2.RandAugment(num_ops=randaugment[0], magnitude=randaugment[1]))
+    t += _normalize(mean, std, in_chans)
+    if random_erasing > 0:
+        t.append(v2.RandomErasing(random_erasing, value=0))
+    return v2.Compose(t)
+
+
+def eval_transform(
+    *, img_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float], in_chans: int = 3, crop_pct: float = 1.0
+) -> v2.Compose:
+    """Resize (shorter side to ``img_size / crop_pct``) + center crop + normalise.
+
+    ``crop_pct=1`` (the default here) resizes straight to the model's resolution, which is
+    what fine-tuning at a higher resolution than the data needs."""
+    size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    resize = [round(s / crop_pct) for s in size] if crop_pct < 1 else list(size)
+    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(size), *_normalize(mean, std, in_chans)])
+
+
+def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0) -> Callable | None:
+    """MixUp (Zhang et al., 2018) and/or CutMix (Yun et al., 2019) on a batch, one of the two
+    picked at random per batch; ``None`` when both alphas are 0. Labels become soft targets."""
+    ts = []
+    if mixup > 0:
+        ts.append(v2.MixUp(alpha=mixup, num_classes=num_classes))
+    if cutmix > 0:
+        ts.append(v2.CutMix(alpha=cutmix, num_classes=num_classes))
+    if not ts:
+        return None
+    return ts[0] if len(ts) == 1 else v2.RandomChoice(ts)
+
+
+class ArrayDataset(Dataset):
+    """A map-style dataset over uint8 ``(N, H, W, C)`` images (a memmap is fine): item ``i`` is
+    ``(transform(CHW uint8 tensor), label)``."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, transform: Callable | None = None, in_chans: int | None = None) -> None:
+        self.images, self.labels, self.transform, self.in_chans = images, labels, transform, in_chans
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = torch.from_numpy(np.array(self.images[i], copy=True)).permute(2, 0, 1)
+        if self.in_chans is not None:
+            x = match_channels(x, self.in_chans)
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, int(self.labels[i])

@@ -1,0 +1,111 @@
+"""Top-1 / top-5 / per-class accuracy and the confusion matrix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["evaluate_batches", "evaluate_model", "preprocess_for"]
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: nn.Module, batches, *, num_classes: int, device: torch.device, amp_dtype: torch.dtype | None = None, dist=None
+) -> dict[str, Any]:
+    """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix (rows: true class)
+    over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed."""
+    import contextlib
+
+    model.eval()
+    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    top5 = torch.zeros((), dtype=torch.int64)
+    loss = torch.zeros((), dtype=torch.float64)
+    for x, y in batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+        with ctx:
+            logits = model(x)
+        logits = logits.float()
+        loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
+        top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
+        pred = logits.argmax(1).clamp(max=num_classes - 1)
+        conf += torch.bincount((y * num_classes + pred).cpu(), minlength=num_classes * num_classes).view(num_classes, num_classes)
+    if dist is not None and dist.enabled:
+        import torch.distributed as tdist
+
+        for t in (conf, top5, loss):
+            tdist.all_reduce(t)
+    n = int(conf.sum())
+    per_class = (conf.diag().double() / conf.sum(1).clamp(min=1).double()).tolist()
+    return {
+        "top1": float(conf.diag().sum()) / max(n, 1),
+        "top5": float(top5) / max(n, 1),
+        "loss": float(loss) / max(n, 1),
+        "count": n,
+        "per_class": per_class,
+        "confusion": conf.numpy(),
+    }
+
+
+def preprocess_for(model: nn.Module):
+    """The evaluation transform a vitlab model's config asks for (resize + center crop + its mean/std)."""
+    from ..data import eval_transform
+
+    cfg = model.config
+    return eval_transform(
+        img_size=cfg.img_size, mean=cfg.mean, std=cfg.std, in_chans=cfg.in_chans, crop_pct=float(cfg.extra.get("crop_pct", 1.0))
+    )
+
+
+def evaluate_model(
+    model: nn.Module,
+    data: str,
+    *,
+    split: str = "val",
+    batch_size: int = 256,
+    device: str = "cpu",
+    val_split: float | None = None,
+    cache_dir: str | None = None,
+    strict: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``.
+
+    The data's class folders are matched to ``model.config.class_names`` by name, so a folder
+    holding only some of the classes still evaluates correctly."""
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    from ..data import ArrayDataset, DataError, load_data
+
+    cfg = model.config
+    size = max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
+    splits = load_data(data, val_split=val_split, size=size, cache_dir=cache_dir, strict=strict, progress=progress)
+    arr = splits.train if split == "train" else splits.val
+    names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])
+    if names == splits.class_names:
+        labels = arr.labels
+    else:
+        missing = [c for c in splits.class_names if c not in names]
+        if missing:
+            raise DataError(
+                f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model (it knows {', '.join(names[:10])} ...)"
+            )
+        remap = np.asarray([names.index(c) for c in splits.class_names])
+        labels = remap[arr.labels]
+    ds = ArrayDataset(arr.images, labels, transform=preprocess_for(model), in_chans=cfg.in_chans)
+    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev)
+    batches = tqdm(DataLoader(ds, batch_size=batch_size), desc="eval", unit="batch", disable=not progress, leave=False)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev)
+    present = sorted(set(np.unique(labels).tolist()))
+    res["per_class"] = {names[i]: res["per_class"][i] for i in present}
+    res["class_names"] = names
+    res["data"] = data
+    res["split"] = splits.val_name if split != "train" else "train"
+    res["skipped_files"] = [p for p, _ in splits.skipped]
+    return res

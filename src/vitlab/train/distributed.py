@@ -1,0 +1,73 @@
+"""DistributedDataParallel setup from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``).
+
+``torchrun --nproc_per_node N -m vitlab train ...`` on one machine; on several, the same
+command on each node with ``--nnodes M --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``.
+gloo on CPU, NCCL on GPU. Rank 0 alone logs and writes files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Dist", "all_reduce_sum", "barrier", "broadcast_ints", "setup", "teardown"]
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device: str) -> tuple[Dist, torch.device]:
+    """Join the process group when launched by torchrun; pick this process's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device())
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return Dist(rank, world, local), dev
+
+
+def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_ints(values: list[int], d: Dist, device: torch.device) -> list[int]:
+    """Rank 0's integers on every rank (e.g. a plan made from rank 0's timing)."""
+    if not d.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return [int(v) for v in t.tolist()]
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,102 @@
+"""One training epoch and one evaluation pass. Everything else (data, checkpoints,
+reports) lives in :mod:`vitlab.train.trainer`."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..evaluate.accuracy import evaluate_batches as evaluate
+
+__all__ = ["EpochResult", "evaluate", "train_one_epoch"]
+
+
+@dataclass
+class EpochResult:
+    loss_sum: float = 0.0
+    micro_batches: int = 0
+    images: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    stopped: bool = False
+    """True when ``on_step`` asked to stop before the end of the epoch."""
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_one_epoch(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    device: torch.device,
+    label_smoothing: float = 0.0,
+    mix: Callable | None = None,
+    accum_steps: int = 1,
+    clip_grad: float | None = None,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ema: torch.optim.swa_utils.AveragedModel | None = None,
+    on_step: Callable[[EpochResult, float], bool] | None = None,
+) -> EpochResult:
+    """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
+    micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
+    the epoch there (time budget, ``--stop-after``, periodic checkpoints are the caller's business).
+    Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly."""
+    model.train()
+    res = EpochResult()
+    t0 = time.perf_counter()
+    running = 0.0
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if mix is not None:
+            x, y = mix(x, y)
+        last_micro = (i + 1) % accum_steps == 0
+        sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with _autocast(device, amp_dtype):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+            (scaler.scale(loss / accum_steps) if scaler else loss / accum_steps).backward()
+        lv = float(loss.detach())
+        if not np.isfinite(lv):
+            raise FloatingPointError(f"the training loss is {lv}; lower --lr or enable --clip-grad")
+        res.loss_sum += lv
+        running += lv
+        res.micro_batches += 1
+        res.images += x.shape[0]
+        if not last_micro:
+            continue
+        if scaler:
+            scaler.unscale_(optimizer)
+        if clip_grad:
+            nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if ema is not None:
+            ema.update_parameters(model)
+        res.steps += 1
+        res.seconds = time.perf_counter() - t0
+        if on_step is not None and on_step(res, running / accum_steps):
+            res.stopped = True
+            break
+        running = 0.0
+    res.seconds = time.perf_counter() - t0
+    return res

@@ -1,0 +1,236 @@
+"""Named training recipes: documented presets with their source and expected result.
+
+A recipe is a plain dataclass (JSON round-trip); every ``vitlab train`` flag overrides
+one of its fields. The learning rate is given for ``base_batch`` and scaled linearly
+with the actual (global) batch size, as in the paper's and big_vision's configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["RECIPES", "Recipe", "get_recipe", "list_recipes"]
+
+
+@dataclass
+class Recipe:
+    """Everything that defines how a model is trained, apart from the data and the run's paths."""
+
+    name: str
+    source: str = ""
+    """Where the numbers come from."""
+    expected: str = ""
+    """What result to expect, and at what cost."""
+    # -- model -------------------------------------------------------------------
+    model: str | None = None
+    """A registered name (``vit_ti16``); ``None``: the ``arch`` fields alone."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """:class:`~vitlab.ViTConfig` fields (``embed_dim``, ``depth``, ``patch_size`` ...)."""
+    img_size: int | None = None
+    """Training resolution; ``None``: the data's own size."""
+    head: str = "linear"
+    drop_path: float = 0.0
+    dropout: float = 0.0
+    # -- optimisation ------------------------------------------------------------
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    base_batch: int | None = None
+    """``lr`` is for this batch size (scaled linearly); ``None``: no scaling."""
+    batch_size: int = 128
+    weight_decay: float = 0.05
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    epochs: int = 100
+    warmup_epochs: float = 0.0
+    warmup_steps: int = 0
+    """Takes precedence over ``warmup_epochs`` when > 0 (capped at half the run)."""
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.0
+    clip_grad: float | None = 1.0
+    accum_steps: int = 1
+    ema: float | None = None
+    """EMA decay of the weights (evaluated and saved instead of the raw weights), or ``None``."""
+    # -- data and loss -----------------------------------------------------------
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    randaugment: tuple[int, int] | None = None
+    """``(num_ops, magnitude)`` of RandAugment, or ``None``."""
+    random_erasing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    label_smoothing: float = 0.0
+    crop_pct: float = 1.0
+    """Eval: resize to ``img_size / crop_pct`` then center crop."""
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]
+        self.crop_scale = tuple(self.crop_scale)  # type: ignore[assignment]
+        self.crop_ratio = tuple(self.crop_ratio)  # type: ignore[assignment]
+        if self.randaugment is not None:
+            self.randaugment = tuple(self.randaugment)  # type: ignore[assignment]
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(opt: str, msg: str) -> None:
+            raise ConfigError(f"recipe {self.name!r}: {opt}: {msg}")
+
+        if self.optimizer not in ("adamw", "adam", "sgd"):
+            bad("optimizer", f"{self.optimizer!r} is not adamw, adam or sgd")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            bad("schedule", f"{self.schedule!r} is not cosine, linear or constant")
+        if self.head not in ("linear", "mlp"):
+            bad("head", f"{self.head!r} is not linear or mlp")
+        for opt in ("lr", "batch_size", "epochs", "accum_steps"):
+            if not getattr(self, opt) > 0:
+                bad(opt, f"must be positive, got {getattr(self, opt)}")
+        for opt in ("weight_decay", "warmup_epochs", "warmup_steps", "mixup", "cutmix", "min_lr_ratio"):
+            if getattr(self, opt) < 0:
+                bad(opt, f"must be >= 0, got {getattr(self, opt)}")
+        for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout"):
+            if not 0 <= getattr(self, opt) < 1 + (opt == "hflip"):
+                bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
+        if self.ema is not None and not 0 < self.ema < 1:
+            bad("ema", f"decay must be in (0, 1), got {self.ema}")
+        if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
+            bad("crop_scale", f"expected 0 < min <= max <= 1, got {self.crop_scale}")
+        if not 0 < self.crop_pct <= 1:
+            bad("crop_pct", f"must be in (0, 1], got {self.crop_pct}")
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with some fields changed (``None`` values are ignored: "not given on the CLI")."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise ConfigError(f"unknown recipe option(s): {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        return cls(**d)
+
+    def scaled_lr(self, global_batch: int) -> float:
+        return self.lr * global_batch / self.base_batch if self.base_batch else self.lr
+
+
+# A tiny ViT for the 8x8 digits: patch 2 gives a 4x4 grid of tokens.
+_DIGITS_ARCH = {"patch_size": 2, "embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_dim": 128, "pool": "gap", "class_token": False}
+# The SPT/LSA paper's plain-ViT baseline for CIFAR: patch 4, width 192, depth 9, 12 heads, MLP ratio 2.
+_SMALL_ARCH = {"patch_size": 4, "embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            name="pretrain",
+            source=(
+                "Dosovitskiy et al. 2021, Sec. 4.1 and Appendix B.1 (Table 3): Adam b1=0.9 b2=0.999, batch 4096, "
+                "LR 1e-3 (ImageNet-21k ViT-B), weight decay 0.1, 10k linear warmup steps then linear decay, "
+                "global-norm clipping at 1, dropout 0.1, the tanh pre-logits (MLP) head, Inception crop + flip at 224 px."
+            ),
+            expected="ViT-B/16 on ImageNet-21k for 90 epochs, then fine-tuned: 84.0% ImageNet top-1 at 384 px (Table 2). Needs accelerators.",
+            model="vit_b16",
+            img_size=224,
+            head="mlp",
+            dropout=0.1,
+            optimizer="adamw",
+            lr=1e-3,
+            base_batch=4096,
+            batch_size=4096,
+            weight_decay=0.1,
+            epochs=90,
+            warmup_steps=10_000,
+            schedule="linear",
+            clip_grad=1.0,
+        ),
+        Recipe(
+            name="finetune",
+            source=(
+                "Dosovitskiy et al. 2021, Sec. 3.2, 4.1 and Appendix B.1.1 (Table 4), and google-research/vision_transformer "
+                "configs: SGD momentum 0.9, no weight decay, batch 512, LR from {0.001, 0.003, 0.01, 0.03} (0.03 for CIFAR), "
+                "500 warmup steps then cosine decay, clipping at global norm 1, a new zero-initialised linear head, "
+                "a higher resolution than pre-training with the position embeddings resampled (2-D interpolation)."
+            ),
+            expected="ViT-B/16 (ImageNet-21k) fine-tuned on CIFAR-10 at 384 px for 10k steps: 98.1-99.0% (Table 2/5).",
+            optimizer="sgd",
+            lr=0.03,
+            base_batch=512,
+            batch_size=512,
+            weight_decay=0.0,
+            momentum=0.9,
+            epochs=7,
+            warmup_steps=500,
+            schedule="cosine",
+            clip_grad=1.0,
+            crop_scale=(0.08, 1.0),
+        ),
+        Recipe(
+            name="small-data",
+            source=(
+                "Lee, Lee & Song 2021, 'Vision Transformer for Small-Size Datasets' (SPT/LSA), their plain-ViT CIFAR baseline, "
+                "which follows DeiT (Touvron et al. 2021): AdamW LR 1e-3, weight decay 0.05, batch 128, 100 epochs, "
+                "10 warmup epochs + cosine, mixup 0.8 + cutmix 1.0, label smoothing 0.1, stochastic depth 0.1, random erasing 0.25; "
+                "RandAugment(2, 9) stands in for their AutoAugment. Model: patch 4, width 192, depth 9, 12 heads, MLP ratio 2."
+            ),
+            expected="CIFAR-10 from scratch: ~93.6% after 100 epochs (reported); on 2 CPU cores see benchmarks/cifar10_small_data.sh.",
+            arch=_SMALL_ARCH,
+            drop_path=0.1,
+            optimizer="adamw",
+            lr=1e-3,
+            base_batch=128,
+            batch_size=128,
+            weight_decay=0.05,
+            epochs=100,
+            warmup_epochs=10,
+            schedule="cosine",
+            clip_grad=None,
+            crop_scale=(0.8, 1.0),
+            hflip=0.5,
+            randaugment=(2, 9),
+            random_erasing=0.25,
+            mixup=0.8,
+            cutmix=1.0,
+            label_smoothing=0.1,
+        ),
+        Recipe(
+            name="digits",
+            source=(
+                "vitlab's default job: the small-data recipe (AdamW, warmup + cosine, label smoothing 0.1) scaled down to a "
+                "4-layer, width-64 ViT on scikit-learn's 8x8 digits, patch 2, mean-pooled tokens; light crop, no flip."
+            ),
+            expected="~98% test top-1 on the fixed 360-image split in ~20 s on 2 CPU cores (`vitlab train`).",
+            arch=_DIGITS_ARCH,
+            optimizer="adamw",
+            lr=2e-3,
+            base_batch=64,
+            batch_size=64,
+            weight_decay=0.05,
+            epochs=30,
+            warmup_epochs=2,
+            schedule="cosine",
+            clip_grad=1.0,
+            crop_scale=(0.6, 1.0),
+            crop_ratio=(0.8, 1.25),
+            hflip=0.0,
+            label_smoothing=0.1,
+        ),
+    )
+}
+
+
+def list_recipes() -> list[str]:
+    return list(RECIPES)
+
+
+def get_recipe(name: str, **overrides: Any) -> Recipe:
+    """A named recipe with ``overrides`` applied (``None`` values ignored)."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of {', '.join(RECIPES)}")
+    return RECIPES[name].replace(**overrides)

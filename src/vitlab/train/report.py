@@ -1,0 +1,102 @@
+"""Run outputs: ``metrics.jsonl`` (one line per epoch), ``summary.json``, ``curves.png``, ``confusion.png``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["append_metrics", "plot_confusion", "plot_curves", "read_metrics", "truncate_metrics", "write_json"]
+
+
+def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Atomic JSON write."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, p)
+
+
+def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by a kill
+            break
+    return rows
+
+
+def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[dict[str, Any]]:
+    """Keep the rows of epochs ``<= last_epoch`` (those the resume checkpoint has seen)."""
+    rows = [r for r in read_metrics(path) if r.get("epoch", 0) <= last_epoch]
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, p)
+    return rows
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Training loss, test top-1/top-5 and learning rate against epochs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [r["epoch"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].plot(ep, [r["train_loss"] for r in rows], marker=".")
+    axes[0].set(title="train loss", xlabel="epoch")
+    axes[1].plot(ep, [100 * r["top1"] for r in rows], marker=".", label="top-1")
+    axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
+    axes[1].set(title="eval accuracy (%)", xlabel="epoch")
+    axes[1].legend()
+    axes[2].plot(ep, [r["lr"] for r in rows], marker=".")
+    axes[2].set(title="learning rate (end of epoch)", xlabel="epoch")
+    for a in axes:
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str]) -> None:
+    """Row-normalised confusion matrix (rows: true class, columns: predicted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = np.asarray(confusion, dtype=np.float64)
+    norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    n = len(class_names)
+    size = min(12, 2 + 0.45 * n)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    if n <= 30:
+        ax.set_xticks(range(n), class_names, rotation=90 if n > 10 else 45, ha="right" if n <= 10 else "center")
+        ax.set_yticks(range(n), class_names)
+        if n <= 15:
+            for i in range(n):
+                for j in range(n):
+                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=7, color="white" if norm[i, j] > 0.5 else "black")
+    ax.set(xlabel="predicted", ylabel="true", title=f"confusion (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

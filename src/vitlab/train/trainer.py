@@ -1,0 +1,613 @@
+"""``fit``: data -> model -> optimiser -> epochs -> reports, with exact resume and DDP.
+
+Outputs under ``out``: ``metrics.jsonl``, ``summary.json``, ``curves.png``, ``confusion.png``,
+``model/`` (vitlab folder: best or last weights, class names, preprocessing) and ``last.pt``
+(everything needed to resume: model, optimizer, scheduler, scaler, EMA, RNG states,
+epoch and step, the run's configuration).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from ..errors import ConfigError
+from .distributed import Dist, barrier, broadcast_ints, setup, teardown
+from .loop import EpochResult, evaluate, train_one_epoch
+from .recipes import Recipe, get_recipe
+from .report import append_metrics, plot_confusion, plot_curves, truncate_metrics, write_json
+from .state import atomic_torch_save, get_rng_state, load_state, set_rng_state
+
+__all__ = ["TrainConfig", "build_model", "fit"]
+
+
+@dataclass
+class TrainConfig:
+    """One run: data, model choices, recipe (with overrides already applied) and run options."""
+
+    recipe: Recipe = field(default_factory=lambda: get_recipe("digits"))
+    data: str = "digits"
+    out: str = "runs/default"
+    model: str | None = None
+    """Registered name; overrides ``recipe.model``/``recipe.arch``."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Architecture overrides: ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``."""
+    img_size: int | None = None
+    init: str | None = None
+    """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    seed: int = 0
+    workers: int = 0
+    device: str = "auto"
+    precision: str = "auto"
+    """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (with a GradScaler)."""
+    compile: bool = False
+    threads: int = 0
+    """CPU threads for torch; 0: one thread for models under a million parameters (their small
+    kernels lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
+    val_split: float | None = None
+    cache_dir: str | None = None
+    strict_data: bool = False
+    time_budget: float | None = None
+    """Seconds for the whole run; the number of steps is planned from a measured step time."""
+    save_every: float | None = None
+    """Minutes between mid-epoch checkpoints (the end of each epoch always saves)."""
+    stop_after: int | None = None
+    """Save and exit after this many optimizer steps in this process (pre-emption drills, tests)."""
+    keep: str = "best"
+    """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["recipe"] = self.recipe.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        d["recipe"] = Recipe.from_dict(d["recipe"])
+        return cls(**d)
+
+
+class _SkipSampler(Sampler[int]):
+    """Another sampler's indices ``start:stop``: resuming in the middle of an epoch, and no
+    trailing micro-batches that would not complete an accumulated step."""
+
+    def __init__(self, base: Sampler[int], start: int = 0, stop: int | None = None) -> None:
+        self.base, self.start, self.stop = base, start, stop
+
+    def __iter__(self):
+        for i, idx in enumerate(self.base):
+            if self.stop is not None and i >= self.stop:
+                break
+            if i >= self.start:
+                yield idx
+
+    def __len__(self) -> int:
+        n = len(self.base) if self.stop is None else min(self.stop, len(self.base))  # type: ignore[arg-type]
+        return max(0, n - self.start)
+
+
+def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]) -> nn.Module:
+    """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
+    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2) and, when the classes
+    differ or the pre-training MLP head is present, a new zero-initialised linear head."""
+    from ..models import VisionTransformer, ViTConfig, model_config
+
+    r = cfg.recipe
+    if cfg.init:
+        import vitlab
+
+        base: nn.Module = vitlab.load(cfg.init)
+        old = base.config
+        img = cfg.img_size or r.img_size or old.img_size
+        new_head = old.num_classes != num_classes or old.head != "linear"
+        new = old.replace(
+            img_size=img,
+            num_classes=num_classes,
+            head="linear",
+            representation_size=None,
+            class_names=list(class_names),
+            drop_path_rate=r.drop_path,
+            drop_rate=r.dropout,
+        )
+        model = type(base)(new) if isinstance(base, VisionTransformer) else VisionTransformer(new)
+        state = base.state_dict()
+        if new_head:
+            state = {k: v for k, v in state.items() if not k.startswith(("head.", "pre_logits."))}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        bad = [k for k in missing if not k.startswith("head.")] + list(unexpected)
+        if bad:
+            raise ConfigError(f"--init {cfg.init}: weights do not fit the model ({', '.join(bad[:4])} ...)")
+        return model
+
+    name = cfg.model or r.model
+    base_cfg = model_config(name) if name else ViTConfig(name="vit_custom", **r.arch)
+    if not name and r.arch:
+        base_cfg = base_cfg.replace(**r.arch)
+    arch = dict(cfg.arch)
+    ratio = arch.pop("mlp_ratio", None) or base_cfg.mlp_dim / base_cfg.embed_dim
+    changes = {k: v for k, v in arch.items() if v is not None}
+    if "embed_dim" in changes or cfg.arch.get("mlp_ratio"):
+        changes["mlp_dim"] = round(changes.get("embed_dim", base_cfg.embed_dim) * ratio)
+    img = cfg.img_size or r.img_size or image_size
+    custom = bool(changes) or not name
+    c = base_cfg.replace(
+        **changes,
+        img_size=img,
+        in_chans=in_chans,
+        num_classes=num_classes,
+        head=r.head,
+        drop_path_rate=r.drop_path,
+        drop_rate=r.dropout,
+        class_names=list(class_names),
+    )
+    if custom:
+        c = c.replace(name=f"vit_p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
+    return VisionTransformer(c)
+
+
+def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    if precision == "auto":
+        return (torch.bfloat16 if device.type == "cuda" else None), False
+    return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _Stop(Exception):
+    pass
+
+
+def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
+    """Train (or resume) one run; returns the summary (also written to ``out/summary.json``).
+
+    ``summary["interrupted"]`` is True when the run stopped early (Ctrl-C, ``stop_after``);
+    ``last.pt`` then holds the exact position to continue from.
+    """
+    out = Path(cfg.out)
+    ckpt_path = out / "last.pt"
+    state: dict[str, Any] | None = None
+    if resume:
+        state = load_state(ckpt_path)
+        saved = TrainConfig.from_dict(json.loads(state["config"]))
+        # Resume the saved run; only the run-control options may change.
+        cfg = dataclasses.replace(
+            saved, workers=cfg.workers, stop_after=cfg.stop_after, save_every=cfg.save_every, progress=cfg.progress, out=cfg.out
+        )
+    d, device = setup(cfg.device)
+    try:
+        return _fit(cfg, d, device, out, state)
+    finally:
+        teardown()
+
+
+def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict[str, Any] | None) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from ..data import ArrayDataset, eval_transform, load_data, mix_transform, train_transform
+    from ..data.sources import DataError
+
+    r = cfg.recipe
+    t_start = time.perf_counter()
+    log = print if d.is_main else (lambda *a, **k: None)
+    if d.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+
+    # -- data (rank 0 builds the decode cache first) -----------------------------------------
+    def get_data():
+        return load_data(
+            cfg.data,
+            val_split=cfg.val_split,
+            size=_cache_size(cfg),
+            cache_dir=cfg.cache_dir,
+            strict=cfg.strict_data,
+            progress=cfg.progress and d.is_main,
+        )
+
+    if d.is_main:
+        data = get_data()
+    barrier(d)
+    if not d.is_main:
+        data = get_data()
+    if data.skipped:
+        log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
+        if d.is_main:
+            (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+    if len(data.train) == 0 or len(data.val) == 0:
+        raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+
+    # -- model ----------------------------------------------------------------------------
+    _seed_all(cfg.seed)  # same initial weights on every rank
+    model = build_model(cfg, num_classes=data.num_classes, in_chans=data.in_chans, image_size=data.image_size, class_names=data.class_names)
+    mcfg = model.config
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    elif device.type == "cpu" and model.num_params() < 1_000_000:
+        torch.set_num_threads(1)
+    model.to(device)
+    _seed_all(cfg.seed + d.rank)  # different augmentation per rank
+    amp_dtype, use_scaler = _amp(cfg.precision, device)
+
+    micro = r.batch_size // (d.world_size * r.accum_steps)
+    if micro < 1 or micro * d.world_size * r.accum_steps != r.batch_size:
+        raise ConfigError(f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = {d.world_size * r.accum_steps}")
+    img = mcfg.img_size
+    tf_train = train_transform(
+        img_size=img,
+        mean=mcfg.mean,
+        std=mcfg.std,
+        in_chans=mcfg.in_chans,
+        crop_scale=r.crop_scale,
+        crop_ratio=r.crop_ratio,
+        hflip=r.hflip,
+        randaugment=r.randaugment,
+        random_erasing=r.random_erasing,
+    )
+    tf_eval = eval_transform(img_size=img, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
+    train_ds = ArrayDataset(data.train.images, data.train.labels, transform=tf_train, in_chans=mcfg.in_chans)
+    val_idx = np.arange(d.rank, len(data.val), d.world_size)  # an exact shard per rank
+    val_ds = ArrayDataset(data.val.images[val_idx], data.val.labels[val_idx], transform=tf_eval, in_chans=mcfg.in_chans)
+    sampler = DistributedSampler(train_ds, num_replicas=d.world_size, rank=d.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    micro_per_epoch = len(sampler) // micro
+    steps_per_epoch = micro_per_epoch // r.accum_steps
+    if steps_per_epoch < 1:
+        raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
+    mix = mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix)
+    loader_gen = torch.Generator().manual_seed(cfg.seed + 1000 * d.rank)  # keeps DataLoader seeding off the global RNG
+
+    def train_loader(epoch: int, start_micro: int) -> DataLoader:
+        sampler.set_epoch(epoch)
+        return DataLoader(
+            train_ds,
+            batch_size=micro,
+            sampler=_SkipSampler(sampler, start_micro * micro, steps_per_epoch * r.accum_steps * micro),
+            drop_last=True,
+            num_workers=cfg.workers,
+            generator=loader_gen,
+            persistent_workers=False,
+        )
+
+    eval_loader = DataLoader(val_ds, batch_size=max(micro, 256), shuffle=False, num_workers=cfg.workers, generator=loader_gen)
+    ddp_model: nn.Module = model
+    if d.enabled:
+        ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    run_model = torch.compile(ddp_model) if cfg.compile else ddp_model
+
+    lr = r.scaled_lr(r.batch_size)
+    from .optim import build_optimizer
+    from .schedule import build_scheduler
+
+    # -- plan: epochs and steps (a time budget measures a step first) ---------------------
+    if state is not None:
+        plan = dict(state["plan"])
+    else:
+        epochs, total_steps = r.epochs, r.epochs * steps_per_epoch
+        if cfg.time_budget:
+            total_steps, epochs = _plan_budget(
+                cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log
+            )
+        warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
+        if warm > total_steps // 2:
+            log(f"note: warmup {warm} steps capped at half the run ({total_steps // 2} steps)")
+            warm = total_steps // 2
+        epochs, total_steps, warm = broadcast_ints([epochs, total_steps, warm], d, device)  # rank 0's plan for all
+        plan = {"epochs": epochs, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "warmup_steps": warm, "lr": lr}
+    optimizer = build_optimizer(model, r, lr)
+    scheduler = build_scheduler(
+        optimizer, total_steps=plan["total_steps"], warmup_steps=plan["warmup_steps"], schedule=r.schedule, min_ratio=r.min_lr_ratio
+    )
+    scaler = torch.amp.GradScaler(device.type) if use_scaler else None
+    ema = None
+    if r.ema:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(r.ema), use_buffers=True)
+
+    epoch, step, start_micro, best, wall_before, img_before, train_s_before = 0, 0, 0, -1.0, 0.0, 0, 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        if ema is not None and state.get("ema"):
+            ema.load_state_dict(state["ema"])
+        epoch, step, start_micro = state["epoch"], state["step"], state["micro_in_epoch"]
+        best, wall_before = state["best_top1"], state["wall_s"]
+        img_before, train_s_before = state["train_images"], state["train_s"]
+        set_rng_state(state["rng"])
+        torch_states = state.get("torch_rng_ranks")
+        if torch_states is not None and d.rank < len(torch_states):
+            torch.set_rng_state(torch_states[d.rank])
+        loader_gen.set_state(state["loader_rng"])
+        if d.is_main:
+            truncate_metrics(out / "metrics.jsonl", last_epoch=epoch)
+        log(f"resuming {out} at epoch {epoch + 1}, step {step}/{plan['total_steps']}")
+    elif d.is_main:
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+
+    n_params = model.num_params()
+    log(
+        f"training {mcfg.name} ({n_params:,} params, {mcfg.img_size[0]}x{mcfg.img_size[1]} px, patch {mcfg.patch_size}) "
+        f"on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} images, {data.num_classes} classes; "
+        f"recipe {r.name}, {plan['epochs']} epochs = {plan['total_steps']} steps of {r.batch_size}, lr {lr:.2g}, "
+        f"{d.world_size} process(es) on {device.type}"
+    )
+
+    def save_checkpoint(ep: int, st: int, micro_done: int, rng: dict[str, Any], torch_ranks: list[torch.Tensor], lg: torch.Tensor) -> None:
+        blob = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "ema": ema.state_dict() if ema is not None else None,
+            "rng": rng,
+            "torch_rng_ranks": torch_ranks,
+            "loader_rng": lg,
+            "epoch": ep,
+            "step": st,
+            "micro_in_epoch": micro_done,
+            "best_top1": best,
+            "plan": plan,
+            "wall_s": wall_before + time.perf_counter() - t_start,
+            "train_images": img_total,
+            "train_s": train_s_total,
+            "config": json.dumps(cfg.to_dict()),
+            "vitlab_checkpoint": 1,
+        }
+        atomic_torch_save(blob, out / "last.pt")
+
+    def gather_torch_rng(s: torch.Tensor) -> list[torch.Tensor]:
+        if not d.enabled:
+            return [s]
+        import torch.distributed as tdist
+
+        got = [torch.empty_like(s) for _ in range(d.world_size)]
+        tdist.all_gather(got, s) if device.type == "cpu" else tdist.all_gather_object(got, s)
+        return got
+
+    bar = tqdm(
+        total=plan["total_steps"], initial=step, unit="step", desc="train", disable=not (cfg.progress and d.is_main), dynamic_ncols=True
+    )
+    img_total, train_s_total = img_before, train_s_before
+    last_save = time.perf_counter()
+    steps_this_run = 0
+    interrupted = False
+    last_eval: dict[str, Any] | None = None
+    prev_sigint = signal.getsignal(signal.SIGINT)
+    stop_flag = {"sigint": False}
+
+    def on_sigint(signum, frame):  # finish the current step, then save and stop
+        if stop_flag["sigint"]:
+            raise KeyboardInterrupt
+        stop_flag["sigint"] = True
+
+    if d.is_main and not d.enabled:
+        signal.signal(signal.SIGINT, on_sigint)
+    eval_model = ema.module if ema is not None else model
+    try:
+        cur: dict[str, Any] = {}  # the epoch in progress, read by on_step
+
+        def on_step(res: EpochResult, loss: float) -> bool:
+            nonlocal step, img_total, steps_this_run, last_save
+            step += 1
+            steps_this_run += 1
+            img_total = cur["start_img"] + res.images * d.world_size
+            ips = res.images * d.world_size / max(res.seconds, 1e-9)
+            bar.update(1)
+            bar.set_postfix(
+                epoch=f"{epoch + 1}/{plan['epochs']}", loss=f"{loss:.3f}", img_s=f"{ips:.0f}", lr=f"{scheduler.get_last_lr()[0]:.2e}"
+            )
+            cur["micro"] = cur["start_micro"] + res.micro_batches
+            stop = step >= plan["total_steps"]
+            stop |= cfg.stop_after is not None and steps_this_run >= cfg.stop_after
+            flag = torch.tensor([int(stop_flag["sigint"])])
+            if d.enabled:
+                import torch.distributed as tdist
+
+                tdist.all_reduce(flag)
+            stop |= bool(flag.item())
+            periodic = cfg.save_every is not None and time.perf_counter() - last_save >= 60 * cfg.save_every
+            if (stop or periodic) and cur["micro"] < steps_per_epoch * r.accum_steps:  # mid-epoch: save the exact position
+                ranks = gather_torch_rng(torch.get_rng_state())
+                if d.is_main:
+                    save_checkpoint(epoch, step, cur["micro"], get_rng_state(), ranks, loader_gen.get_state())
+                last_save = time.perf_counter()
+            return stop
+
+        while epoch < plan["epochs"] and step < plan["total_steps"]:
+            cur.update(start_img=img_total, start_micro=start_micro, micro=start_micro)
+            res = train_one_epoch(
+                run_model,
+                train_loader(epoch, start_micro),
+                optimizer=optimizer,
+                scheduler=scheduler,
+                device=device,
+                label_smoothing=r.label_smoothing,
+                mix=mix,
+                accum_steps=r.accum_steps,
+                clip_grad=r.clip_grad,
+                amp_dtype=amp_dtype,
+                scaler=scaler,
+                ema=ema,
+                on_step=on_step,
+            )
+            train_s_total += res.seconds
+            epoch_done = not res.stopped or cur["micro"] >= steps_per_epoch * r.accum_steps or step >= plan["total_steps"]
+            if not epoch_done:
+                interrupted = True
+                break
+            last_eval = evaluate(eval_model, eval_loader, num_classes=data.num_classes, device=device, amp_dtype=amp_dtype, dist=d)
+            row = {
+                "epoch": epoch + 1,
+                "step": step,
+                "train_loss": res.loss_sum / max(res.micro_batches, 1),
+                "lr": scheduler.get_last_lr()[0],
+                "top1": last_eval["top1"],
+                "top5": last_eval["top5"],
+                "eval_loss": last_eval["loss"],
+                "images_per_sec": res.images * d.world_size / max(res.seconds, 1e-9),
+                "wall_s": wall_before + time.perf_counter() - t_start,
+            }
+            improved = last_eval["top1"] > best
+            best = max(best, last_eval["top1"])
+            epoch += 1
+            start_micro = 0
+            bar.set_postfix(epoch=f"{epoch}/{plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}")
+            ranks = gather_torch_rng(torch.get_rng_state())
+            if d.is_main:
+                append_metrics(row, out / "metrics.jsonl")
+                if improved or cfg.keep == "last":
+                    _save_model(eval_model, out / "model", cfg, data, last_eval, epoch)
+                save_checkpoint(epoch, step, 0, get_rng_state(), ranks, loader_gen.get_state())
+                last_save = time.perf_counter()
+                _plots(out, data.class_names, last_eval)
+            if res.stopped and step < plan["total_steps"]:
+                interrupted = True
+                break
+    finally:
+        bar.close()
+        if d.is_main and not d.enabled:
+            signal.signal(signal.SIGINT, prev_sigint)
+
+    from .report import read_metrics
+
+    rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
+    wall = wall_before + time.perf_counter() - t_start
+    summary = {
+        "top1": rows[-1]["top1"] if rows else None,
+        "top5": rows[-1]["top5"] if rows else None,
+        "best_top1": best if best >= 0 else None,
+        "epochs": epoch,
+        "steps": step,
+        "images_per_sec": img_total / max(train_s_total, 1e-9),
+        "wall_s": wall,
+        "params": n_params,
+        "model": {
+            "name": mcfg.name,
+            "img_size": list(mcfg.img_size),
+            "patch_size": mcfg.patch_size,
+            "embed_dim": mcfg.embed_dim,
+            "depth": mcfg.depth,
+            "num_heads": mcfg.num_heads,
+            "mlp_dim": mcfg.mlp_dim,
+            "init": cfg.init,
+        },
+        "data": data.describe(),
+        "recipe": r.name,
+        "processes": d.world_size,
+        "device": device.type,
+        "out": str(out),
+        "interrupted": interrupted,
+        "planned_epochs": plan["epochs"],
+        "planned_steps": plan["total_steps"],
+    }
+    if d.is_main:
+        write_json(summary, out / "summary.json")
+        if interrupted:
+            log(f"stopped at epoch {epoch + 1}, step {step}; saved {out / 'last.pt'}. Continue with: vitlab train --out {out} --resume")
+    return summary
+
+
+def _cache_size(cfg: TrainConfig) -> int | None:
+    """Folder images of mixed sizes are cached as squares a little larger than the model input."""
+    s = cfg.img_size or cfg.recipe.img_size
+    return None if s is None else max(32, math.ceil(s / 0.875))
+
+
+def _save_model(model: nn.Module, path: Path, cfg: TrainConfig, data, ev: dict[str, Any], epoch: int) -> None:
+    from ..checkpoints import save
+
+    r = cfg.recipe
+    save(
+        model,
+        path,
+        extra={
+            "crop_pct": r.crop_pct,
+            "recipe": r.name,
+            "data": cfg.data,
+            "epoch": epoch,
+            "top1": ev["top1"],
+            "top5": ev["top5"],
+            "init": cfg.init,
+        },
+    )
+
+
+def _plots(out: Path, class_names: list[str], ev: dict[str, Any]) -> None:
+    from .report import read_metrics
+
+    try:
+        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
+        plot_confusion(ev["confusion"], class_names, out / "confusion.png")
+    except Exception as e:  # a figure must never kill a training run
+        print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _plan_budget(cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log) -> tuple[int, int]:
+    """Steps and epochs that fit ``cfg.time_budget``: time a few throw-away steps on a copy of
+    the model (so the real run's RNG and weights are untouched), then subtract evaluations."""
+    import torch.nn.functional as F
+
+    r = cfg.recipe
+    probe = copy.deepcopy(model)
+    opt = torch.optim.AdamW(probe.parameters(), lr=0.0)
+    n_warm, n_time = 2, 5
+    with torch.random.fork_rng(devices=[]):
+        xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
+        ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)
+        probe.train()
+        for i in range(n_warm + n_time):
+            if i == n_warm:
+                t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else torch.enable_grad():
+                loss = F.cross_entropy(probe(xs).float(), ys)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        step_s = (time.perf_counter() - t0) / n_time * r.accum_steps
+        # data loading + augmentation of one step, done in this process when workers=0
+        t0 = time.perf_counter()
+        for i in range(micro):
+            train_ds[i % len(train_ds)]
+        aug_s = (time.perf_counter() - t0) * r.accum_steps if cfg.workers == 0 else 0.0
+        probe.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            n_eval = min(len(val_ds), 256)
+            xe = torch.stack([val_ds[i][0] for i in range(n_eval)]).to(device)
+            probe(xe)
+        eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
+    del probe, opt
+    per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
+    left = cfg.time_budget - (time.perf_counter() - t_start) - 5.0  # final save and figures
+    total = int(left / per_step)
+    for _ in range(3):  # evaluations take time too: one per epoch
+        epochs = max(1, math.ceil(total / steps_per_epoch))
+        total = int((left - epochs * (eval_s + 0.5)) / per_step)
+    total = max(1, total)
+    epochs = max(1, math.ceil(total / steps_per_epoch))
+    log(
+        f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step "
+        f"({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s -> {total} steps, {epochs} epoch(s)"
+    )
+    return total, epochs
