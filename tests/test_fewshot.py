@@ -10,7 +10,16 @@ import torch
 
 import vitlab
 from vitlab.errors import ConfigError
-from vitlab.evaluate.fewshot import BIAS_CONSTANT, FewShotConfig, evaluate_fewshot, fewshot_accuracy, fit_ridge, linear_probe, sample_shots
+from vitlab.evaluate.fewshot import (
+    BIAS_CONSTANT,
+    L2_GRID,
+    FewShotConfig,
+    evaluate_fewshot,
+    fewshot_accuracy,
+    fit_ridge,
+    linear_probe,
+    sample_shots,
+)
 from vitlab.inspect.images import LabelledSplit
 
 
@@ -77,6 +86,18 @@ def test_fewshot_accuracy_separable_and_chance():
     assert 0.18 < res["25"]["mean"] < 0.32
 
 
+def test_automatic_l2_is_picked_on_held_out_data():
+    xtr, ytr = _blobs(30, 4, 4, sep=20.0, seed=0)
+    xte, yte = _blobs(20, 4, 4, sep=20.0, seed=1)
+    xva, yva = _blobs(10, 4, 4, sep=20.0, seed=2)
+    res = fewshot_accuracy(xtr, ytr, xte, yte, shots=(5,), seeds=2, l2_reg=None, val=(xva, yva))
+    # Every strength separates these blobs: the tie goes to the strongest regulariser.
+    assert res["5"]["l2_reg"] == max(L2_GRID) == 2.0**14
+    assert res["5"]["val_accuracy"] == 1.0 and res["5"]["mean"] == 1.0
+    with pytest.raises(ConfigError, match="held-out"):
+        fewshot_accuracy(xtr, ytr, xte, yte, shots=(5,), l2_reg=None)
+
+
 def test_linear_probe_separable():
     xtr, ytr = _blobs(30, 3, 8, sep=10.0, seed=0)
     xte, yte = _blobs(30, 3, 8, sep=10.0, seed=1)
@@ -138,5 +159,8 @@ def test_cli_fewshot_on_digits(tmp_path, capsys):
     assert 0.1 < res["fewshot"]["5"]["mean"] <= 1.0  # random features of digits beat chance
     with pytest.raises(SystemExit):
         main([*argv[:-4], "--shots", "a,b"])
+    assert main([*argv, "--l2-reg", "auto", "--no-probe", "--max-test", "50", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["fewshot"]["5"]["l2_reg"] in L2_GRID and "linear_probe" not in res
     assert main([*argv, "--seeds", "0", "--out", str(out)]) == 2
     assert "seeds" in capsys.readouterr().err

@@ -17,6 +17,18 @@ def _shots(s: str) -> tuple[int, ...]:
     return vals
 
 
+def _l2(s: str) -> float | None:
+    if s.strip().lower() == "auto":
+        return None
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {s!r}")
+    return v
+
+
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
         "fewshot",
@@ -41,7 +53,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)")
     p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25), help="training images per class, comma-separated")
     p.add_argument("--seeds", type=int, default=3, help="random draws averaged per shot count")
-    p.add_argument("--l2-reg", type=float, default=2.0**10, help="L2 strength of the ridge regression (features standardised)")
+    p.add_argument(
+        "--l2-reg",
+        type=_l2,
+        default=2.0**10,
+        help="L2 strength of the ridge regression on standardised features, or 'auto': pick it from 2^-6..2^14 "
+        "on held-out training images (never the test split)",
+    )
     p.add_argument("--no-probe", action="store_true", help="skip the full linear probe")
     p.add_argument("--probe-c", type=float, default=1.0, help="inverse L2 strength of the logistic-regression probe")
     p.add_argument("--max-train", type=int, default=None, help="training images used by the probe (default: all)")
@@ -80,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
         f"{args.model} on {args.data}: {result['num_classes']} classes, {result['feature_dim']}-d features, {result['test_size']} test images"
     )
     for shots, r in result["fewshot"].items():
-        print(f"  {shots:>3}-shot  {100 * r['mean']:6.2f}% +- {100 * r['std']:.2f}  ({args.seeds} seeds, {r['train_size']} train images)")
+        print(
+            f"  {shots:>3}-shot  {100 * r['mean']:6.2f}% +- {100 * r['std']:.2f}  "
+            f"({args.seeds} seeds, {r['train_size']} train images, l2 {r['l2_reg']:g})"
+        )
     if "linear_probe" in result:
         lp = result["linear_probe"]
         print(f"  probe     {100 * lp['accuracy']:6.2f}%  (logistic regression on {lp['train_size']} train images)")

@@ -28,6 +28,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "BIAS_CONSTANT",
+    "L2_GRID",
     "FewShotConfig",
     "RidgeClassifier",
     "evaluate_fewshot",
@@ -41,6 +42,9 @@ __all__ = [
 BIAS_CONSTANT = 100.0
 """Value of the appended constant feature: large, so the bias it carries is barely regularised."""
 
+L2_GRID: tuple[float, ...] = tuple(2.0**e for e in range(-6, 16, 2))
+"""Candidate L2 strengths for ``l2_reg=None`` (2^-6 ... 2^14)."""
+
 
 @dataclass
 class FewShotConfig:
@@ -48,7 +52,10 @@ class FewShotConfig:
 
     shots: tuple[int, ...] = (1, 5, 10, 25)
     seeds: int = 3
-    l2_reg: float = 2.0**10
+    l2_reg: float | None = 2.0**10
+    """Ridge L2 strength (big_vision's default); ``None``: pick it per shot count from :data:`L2_GRID` by
+    accuracy on ``val_per_class`` held-out training images per class (never the test split)."""
+    val_per_class: int = 20
     probe: bool = True
     """Also fit a multinomial logistic regression on all (or ``max_train``) training features."""
     probe_c: float = 1.0
@@ -64,12 +71,14 @@ class FewShotConfig:
             raise ConfigError(f"shots: expected positive integers, got {self.shots}")
         if self.seeds <= 0:
             raise ConfigError(f"seeds: must be positive, got {self.seeds}")
-        if self.l2_reg < 0:
+        if self.l2_reg is not None and self.l2_reg < 0:
             raise ConfigError(f"l2_reg: must be >= 0, got {self.l2_reg}")
         for opt in ("max_train", "max_test"):
             v = getattr(self, opt)
             if v is not None and v <= 0:
                 raise ConfigError(f"{opt}: must be positive, got {v}")
+        if self.val_per_class <= 0:
+            raise ConfigError(f"val_per_class: must be positive, got {self.val_per_class}")
         if self.batch_size <= 0:
             raise ConfigError(f"batch_size: must be positive, got {self.batch_size}")
 
@@ -136,19 +145,21 @@ def fewshot_accuracy(
     *,
     shots: Sequence[int] = (1, 5, 10, 25),
     seeds: int = 3,
-    l2_reg: float = 2.0**10,
+    l2_reg: float | None = 2.0**10,
     num_classes: int | None = None,
+    val: tuple[torch.Tensor, np.ndarray] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Few-shot accuracy per shot count: ``{"5": {"mean", "std", "per_seed", "train_size"}}``.
 
     ``train_x`` holds the features of the candidate training images (``train_y`` their
     labels); each seed draws ``shots`` per class from them, fits :func:`fit_ridge`
-    and scores every test image.
+    and scores every test image. ``l2_reg=None`` picks the strength per shot count from
+    :data:`L2_GRID` by accuracy on the held-out ``val = (features, labels)``.
     """
     train_y, test_y = np.asarray(train_y), np.asarray(test_y)
     k = int(num_classes if num_classes is not None else max(train_y.max(), test_y.max()) + 1)
     return _fewshot_runs(
-        lambda idx: train_x[torch.as_tensor(idx)], train_y, test_x, test_y, shots=shots, seeds=seeds, l2_reg=l2_reg, num_classes=k
+        lambda idx: train_x[torch.as_tensor(idx)], train_y, test_x, test_y, shots=shots, seeds=seeds, l2_reg=l2_reg, num_classes=k, val=val
     )
 
 
@@ -160,19 +171,43 @@ def _fewshot_runs(
     *,
     shots: Sequence[int],
     seeds: int,
-    l2_reg: float,
+    l2_reg: float | None,
     num_classes: int,
+    val: tuple[torch.Tensor, np.ndarray] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The loop of :func:`fewshot_accuracy`; ``features_of(train indices)`` gives their features."""
+    """The loop of :func:`fewshot_accuracy`; ``features_of(train indices)`` gives their features.
+
+    With ``l2_reg=None`` each shot count gets the strength from :data:`L2_GRID` with the best
+    mean accuracy over seeds on ``val`` (ties go to the stronger regulariser).
+    """
+    if l2_reg is None and val is None:
+        raise ConfigError("l2_reg=None (automatic) needs held-out validation features")
     out: dict[str, dict[str, Any]] = {}
     for s in shots:
-        accs, size = [], 0
+        fits = []
         for seed in range(seeds):
             idx = sample_shots(train_y, s, seed=seed, num_classes=num_classes)
-            clf = fit_ridge(features_of(idx), torch.as_tensor(train_y[idx]), num_classes, l2_reg=l2_reg)
-            accs.append(float((clf.predict(test_x).numpy() == test_y).mean()))
-            size = len(idx)
-        out[str(s)] = {"mean": float(np.mean(accs)), "std": float(np.std(accs)), "per_seed": accs, "train_size": size}
+            fits.append((features_of(idx), torch.as_tensor(train_y[idx])))
+        chosen, val_acc = l2_reg, None
+        if l2_reg is None:
+            assert val is not None
+            scores = {}
+            for lam in sorted(L2_GRID, reverse=True):
+                scores[lam] = float(
+                    np.mean([(fit_ridge(x, y, num_classes, l2_reg=lam).predict(val[0]).numpy() == val[1]).mean() for x, y in fits])
+                )
+            chosen = max(scores, key=lambda lam: (scores[lam], lam))
+            val_acc = scores[chosen]
+        accs = [float((fit_ridge(x, y, num_classes, l2_reg=chosen).predict(test_x).numpy() == test_y).mean()) for x, y in fits]
+        out[str(s)] = {
+            "mean": float(np.mean(accs)),
+            "std": float(np.std(accs)),
+            "per_seed": accs,
+            "train_size": len(fits[0][1]),
+            "l2_reg": chosen,
+        }
+        if val_acc is not None:
+            out[str(s)]["val_accuracy"] = val_acc
     return out
 
 
@@ -227,10 +262,21 @@ def _subset(n: int, cap: int | None, seed: int) -> np.ndarray:
 class _Plan:
     fewshot: np.ndarray
     probe: np.ndarray
+    val: np.ndarray
     union: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        self.union = np.union1d(self.fewshot, self.probe).astype(np.int64)
+        self.union = np.union1d(np.union1d(self.fewshot, self.probe), self.val).astype(np.int64)
+
+
+def _held_out(labels: np.ndarray, exclude: np.ndarray, per_class: int, num_classes: int, seed: int = 999) -> np.ndarray:
+    """Up to ``per_class`` training indices per class that no few-shot draw uses."""
+    free = np.ones(len(labels), dtype=bool)
+    free[exclude] = False
+    rng = np.random.default_rng(seed)
+    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(free & (labels == c)))[:per_class] for c in range(num_classes)])).astype(
+        np.int64
+    )
 
 
 def evaluate_fewshot(
@@ -251,7 +297,10 @@ def evaluate_fewshot(
         k = len(train.class_names)
     shot_idx = np.unique(np.concatenate([sample_shots(train.labels, max(cfg.shots), seed=s, num_classes=k) for s in range(cfg.seeds)]))
     probe_idx = _subset(len(train), cfg.max_train, seed=1234) if cfg.probe else np.zeros(0, dtype=np.int64)
-    plan = _Plan(shot_idx, probe_idx)
+    val_idx = _held_out(train.labels, shot_idx, cfg.val_per_class, k) if cfg.l2_reg is None else np.zeros(0, dtype=np.int64)
+    if cfg.l2_reg is None and len(val_idx) == 0:
+        raise ConfigError("automatic l2_reg needs training images beyond the few-shot samples; pass a fixed --l2-reg")
+    plan = _Plan(shot_idx, probe_idx, val_idx)
     test_idx = _subset(len(test), cfg.max_test, seed=4321)
 
     feats_tr = extract_features(model, train, plan.union, batch_size=cfg.batch_size, progress=progress, desc="train features")
@@ -270,6 +319,7 @@ def evaluate_fewshot(
         seeds=cfg.seeds,
         l2_reg=cfg.l2_reg,
         num_classes=k,
+        val=(feats_tr[torch.as_tensor(row[val_idx])], train.labels[val_idx]) if len(val_idx) else None,
     )
 
     result: dict[str, Any] = {
