@@ -6,6 +6,8 @@ against timm's own npz reader, so a mistake in it cannot hide one in vitlab's.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -67,6 +69,7 @@ def to_npz(model, path, *, layout: str, prefix: str = "", scan: bool = False, pr
             blk[f"{mlp}/Dense_{j}/kernel"] = sd[b + f"mlp.fc{j + 1}.weight"].T
             blk[f"{mlp}/Dense_{j}/bias"] = sd[b + f"mlp.fc{j + 1}.bias"]
         blocks.append(blk)
+    a.update(backbone_arrays(sd))
     if scan:
         for name in blocks[0]:
             a[f"Transformer/encoderblock/{name}"] = np.stack([blk[name] for blk in blocks])
@@ -75,6 +78,27 @@ def to_npz(model, path, *, layout: str, prefix: str = "", scan: bool = False, pr
             a.update({f"Transformer/encoderblock_{i}/{name}": arr for name, arr in blk.items()})
     np.savez(path, **{prefix + k: np.ascontiguousarray(v) for k, v in a.items()})
     return str(path)
+
+
+_PROJ = {"downsample.conv.weight": "conv_proj/kernel", "downsample.norm.weight": "gn_proj/scale", "downsample.norm.bias": "gn_proj/bias"}
+
+
+def backbone_arrays(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A hybrid's ResNet in vit_jax names: conv_root, gn_root, block<i>/unit<j>/{conv,gn}<r>, conv_proj, gn_proj."""
+    out = {}
+    for k, v in sd.items():
+        if not k.startswith("patch_embed.backbone."):
+            continue
+        rest = k.removeprefix("patch_embed.backbone.").removeprefix("stem.")
+        m = re.fullmatch(r"stages\.(\d+)\.blocks\.(\d+)\.(.+)", rest)
+        if m:
+            unit, rest = f"block{int(m[1]) + 1}/unit{int(m[2]) + 1}/", m[3]
+            name = _PROJ.get(rest) or re.sub(r"norm(\d)\.bias", r"gn\1/bias", re.sub(r"norm(\d)\.weight", r"gn\1/scale", rest))
+            name = re.sub(r"conv(\d)\.weight", r"conv\1/kernel", name)
+        else:
+            unit, name = "", {"conv.weight": "conv_root/kernel", "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}[rest]
+        out[unit + name] = v.transpose(2, 3, 1, 0) if v.ndim == 4 else v
+    return out
 
 
 def tiny(seed: int = 0, **kw):
@@ -184,3 +208,47 @@ def test_npz_that_is_not_a_vit(tmp_path):
     np.savez(tmp_path / "o.npz", obj=np.array([{"a": 1}], dtype=object))
     with pytest.raises(vitlab.CheckpointError, match="pickle"):
         vitlab.load(tmp_path / "o.npz")
+
+
+@pytest.mark.parametrize("layers", [(), (1, 1)])
+def test_hybrid_npz(tmp_path, layers):
+    """R50+ViT-B_16.npz-style files: the BiT ResNet under conv_root / block<i>/unit<j>, 1x1 patches."""
+    from timm.models import vision_transformer_hybrid as tvh
+
+    ref = tvh._create_vision_transformer_hybrid(
+        "vit_tiny_r_s16_p8_224",
+        backbone=tvh._resnetv2(layers),
+        img_size=32,
+        patch_size=8 if not layers else 1,
+        embed_dim=64,
+        depth=1,
+        num_heads=HEADS,
+        num_classes=5,
+        act_layer="gelu_tanh",
+    )
+    ref = randomize(ref)
+    path = to_npz(ref, tmp_path / "r.npz", layout="vit_jax")
+    other = randomize(
+        tvh._create_vision_transformer_hybrid(
+            "vit_tiny_r_s16_p8_224",
+            backbone=tvh._resnetv2(layers),
+            img_size=32,
+            patch_size=8 if not layers else 1,
+            embed_dim=64,
+            depth=1,
+            num_heads=HEADS,
+            num_classes=5,
+        ),
+        seed=7,
+    )
+    with torch.no_grad():
+        timm_vit._load_weights(other, path)  # the writer agrees with timm's reader
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(other.state_dict()[k], v, rtol=0, atol=1e-7, msg=k)
+    model = vitlab.load(path)
+    assert model.config.hybrid_layers == layers and model.config.img_size == (32, 32)
+    x = images()[:2]
+    with torch.no_grad():
+        want = ref(x)
+        assert want.abs().max() > 0.1
+        assert (model(x) - want).abs().max().item() < 1e-5

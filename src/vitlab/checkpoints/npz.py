@@ -15,8 +15,10 @@ whose arrays carry a leading depth axis.
 
 Flax stores dense kernels as (in, out) and attention kernels per head: q/k/v (D, H, Dh),
 out (H, Dh, D); they become timm's ``qkv`` (3D, D) and ``proj`` (D, D). The head count is
-read from these shapes. The official models use tanh-GELU and inputs in [-1, 1], and
-resample position embeddings with ``scipy.ndimage.zoom(order=1)``: the defaults set here.
+read from these shapes. Hybrid checkpoints (``R50+ViT-B_16.npz``) add the BiT ResNet
+(``conv_root``, ``gn_root``, ``block<i>/unit<j>/...``) that feeds the 1x1 patch embedding.
+The official models use tanh-GELU and inputs in [-1, 1], and resample position
+embeddings with ``scipy.ndimage.zoom(order=1)``: the defaults set here.
 """
 
 from __future__ import annotations
@@ -40,6 +42,40 @@ _POSEMB_VIT_JAX = "Transformer/posembed_input/pos_embedding"
 
 def _t(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+
+
+def _resnet(w: dict[str, np.ndarray], prefix: str, get) -> dict[str, torch.Tensor]:
+    """The hybrid's BiT ResNet (``conv_root``, ``gn_root``, ``block<i>/unit<j>/{conv,gn}<r>``,
+    ``conv_proj``/``gn_proj``) in vitlab's ``patch_embed.backbone`` names; kernels HWIO -> OIHW."""
+
+    def conv(name: str) -> torch.Tensor:
+        return _t(get(name).transpose(3, 2, 0, 1))
+
+    def gn(name: str) -> torch.Tensor:
+        return _t(get(name).reshape(-1))  # stored as (C,) or (1, 1, 1, C)
+
+    units: dict[int, set[int]] = {}
+    for k in w:
+        m = re.match(rf"{re.escape(prefix)}block(\d+)/unit(\d+)/", k)
+        if m:
+            units.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    layers = [len(units[i]) for i in sorted(units)]
+    stem = "patch_embed.backbone.stem." if layers else "patch_embed.backbone."  # stem-only backbones: no "stem." level
+    out = {
+        stem + "conv.weight": conv("conv_root/kernel"),
+        stem + "norm.weight": gn("gn_root/scale"),
+        stem + "norm.bias": gn("gn_root/bias"),
+    }
+    for i, n in enumerate(layers):
+        for j in range(n):
+            src, dst = f"block{i + 1}/unit{j + 1}/", f"patch_embed.backbone.stages.{i}.blocks.{j}."
+            for r in (1, 2, 3):
+                out[f"{dst}conv{r}.weight"] = conv(f"{src}conv{r}/kernel")
+                out[f"{dst}norm{r}.weight"], out[f"{dst}norm{r}.bias"] = gn(f"{src}gn{r}/scale"), gn(f"{src}gn{r}/bias")
+            if f"{prefix}{src}conv_proj/kernel" in w:
+                out[f"{dst}downsample.conv.weight"] = conv(f"{src}conv_proj/kernel")
+                out[f"{dst}downsample.norm.weight"], out[f"{dst}downsample.norm.bias"] = gn(f"{src}gn_proj/scale"), gn(f"{src}gn_proj/bias")
+    return out
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -92,6 +128,9 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
         state["head.bias"] = _t(get("head/bias"))
     if f"{prefix}MAPHead_0/probe" in w:
         raise CheckpointError(f"{path}: attention-pooling (MAP head) models are not supported; vitlab has cls and gap pooling")
+
+    if f"{prefix}conv_root/kernel" in w:
+        state.update(_resnet(w, prefix, get))
 
     scanned = f"{prefix}Transformer/encoderblock/LayerNorm_0/scale" in w
     if scanned:
