@@ -25,6 +25,10 @@ import torch
 
 __all__ = ["convert_state", "is_timm_state", "read_hub_config"]
 
+# timm architectures whose head count differs from the paper's table for their width
+# (heads are invisible in the weights); read from the Hub config.json's "architecture".
+_HEADS = {"vit_base_patch16_gap_224": 16}
+
 
 def is_timm_state(state: dict[str, torch.Tensor]) -> bool:
     return "patch_embed.proj.weight" in state
@@ -60,6 +64,8 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
     args = raw.get("model_args") or {}
     if isinstance(args.get("num_heads"), int):
         fields["num_heads"] = args["num_heads"]
+    elif raw["architecture"] in _HEADS:
+        fields["num_heads"] = _HEADS[raw["architecture"]]
     names = raw.get("label_names") or pre.get("label_names")
     if isinstance(names, list) and names:
         fields["class_names"] = [str(n) for n in names]
