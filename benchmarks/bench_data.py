@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--randaugment", type=int, nargs=2, default=[2, 10], metavar=("N", "M"))
+    ap.add_argument("--train-steps", type=int, default=4, help="also time this many training steps of the CIFAR model (0: skip)")
     args = ap.parse_args()
     print(f"# load average at start: {os.getloadavg()}")
     t0 = time.perf_counter()

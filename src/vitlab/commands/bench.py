@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         const="default",
         default=None,
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-        help="torch.compile both models (this mode); compile time is reported",
+        help="torch.compile both models (this mode; inference also freezes the weights); compile time is reported",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per model")
