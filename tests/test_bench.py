@@ -21,7 +21,7 @@ def _finite_positive(v: object) -> bool:
 
 
 def test_benchmark_infer_fields() -> None:
-    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=2, warmup=1, **TINY)
+    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=2, warmup=1, peak_size=256, **TINY)
     d = r.to_dict()
     assert (d["model"], d["mode"], d["batch_size"], d["img_size"]) == ("vit_ti16", "infer", 2, 16)
     for k in ("images_per_sec", "gflops_per_sec", "peak_gflops_per_sec", "fraction_of_peak", "step_ms"):
@@ -100,7 +100,7 @@ def test_bad_options_raise_config_errors(kwargs: dict, match: str) -> None:
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     argv = "bench --model vit_ti16 --img-size 16 --patch-size 8 --dim 32 --depth 1 --heads 2 --mlp-ratio 2"
-    argv += " --batch-size 2 --num-classes 3 --steps 2 --warmup 0 --json"
+    argv += " --batch-size 2 --num-classes 3 --steps 2 --warmup 0 --peak-size 256 --json"
     assert main(argv.split()) == 0
     d = json.loads(capsys.readouterr().out)
     for k in (

@@ -291,6 +291,7 @@ def benchmark(
     compile: str | None = None,
     threads: int | None = None,
     measure_peak: bool = True,
+    peak_size: int = 2048,
     progress: bool = False,
     seed: int = 0,
     **overrides: Any,
@@ -356,7 +357,7 @@ def benchmark(
                 _sync(dev)
                 if i >= warmup:
                     times[key].append(time.perf_counter() - t0)
-        peak = matmul_peak(device=dev, dtype=tdtype) if measure_peak else None
+        peak = matmul_peak(device=dev, dtype=tdtype, n=peak_size) if measure_peak else None
 
     flops_img = 2 * count_macs(cfg) / 1e9
     flops_step = flops_img * batch_size * (3 if mode == "train" else 1)

@@ -50,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--steps", type=int, default=10, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     p.add_argument("--no-peak", action="store_true", help="skip the matmul-peak measurement")
+    p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n matmul that measures the peak")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
         threads=args.threads,
         measure_peak=not args.no_peak,
+        peak_size=args.peak_size,
         progress=not args.json,
         **overrides,
     )
