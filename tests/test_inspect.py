@@ -312,3 +312,22 @@ def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
     assert "missing.jpg: no such image file or folder" in capsys.readouterr().err
     assert main(["inspect", "--model", "no_such_model", "--out", str(out)]) == 2
     assert "no_such_model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "size", "grid"), [("vit_r_ti16", 64, (2, 2)), ("axial_vit_b16", 32, (2, 2))])
+def test_inspect_model_on_hybrid_and_axial_models(tmp_path, name, size, grid):
+    from vitlab.inspect.images import digits_images
+    from vitlab.inspect.report import inspect_model
+
+    torch.manual_seed(0)
+    m = vitlab.create_model(name, img_size=size, num_classes=3, depth=2, embed_dim=64, num_heads=2, mlp_dim=64).eval()
+    assert m.patch_embed.grid(size, size) == grid
+    imgs, _ = digits_images(2)
+    res = inspect_model(m, imgs, tmp_path, progress=False)
+    assert np.array(res["mean_attention_distance"]["per_layer_head"]).shape == (2, 2)
+    assert res["mean_attention_distance"]["pixels_per_patch"] == size / grid[0]
+    html = (tmp_path / "report.html").read_text()
+    _check_html(html, 4)
+    # A hybrid's patch projection sees CNN features, not pixels: Fig. 7 left is skipped, with the reason.
+    assert ("Skipped" in html) == name.startswith("vit_r")
+    assert (tmp_path / "filters_pca.png").exists() != name.startswith("vit_r")
