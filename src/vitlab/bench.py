@@ -33,7 +33,7 @@ from torch import nn
 from .errors import ConfigError, VitlabError
 from .models import ViTConfig, count_macs, create_model
 
-__all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides"]
+__all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides", "plain_adamw", "vitlab_optimizer"]
 
 MODES = ("infer", "train")
 REFERENCES = ("timm", "hf")
@@ -70,6 +70,9 @@ class BenchResult:
     ref_gflops_per_sec: float | None = None
     ratio: float | None = None
     """``images_per_sec / ref_images_per_sec`` (> 1: we are faster)."""
+    optimizer: str | None = None
+    """Training step only: ours is what ``vitlab train`` builds, the reference's plain ``torch.optim.AdamW``."""
+    ref_optimizer: str | None = None
     compile_seconds: float | None = None
     ref_compile_seconds: float | None = None
     steps: int = 0
@@ -82,7 +85,9 @@ class BenchResult:
 
     def summary(self) -> str:
         """A few human-readable lines."""
-        what = "inference" if self.mode == "infer" else "training step (fwd+bwd+AdamW)"
+        what = (
+            "inference" if self.mode == "infer" else f"training step (fwd+bwd+{self.optimizer}; {self.ref or 'ref'}: {self.ref_optimizer})"
+        )
         comp = f", torch.compile({self.compile})" if self.compile else ", eager"
         lines = [
             f"{self.model} {what}: batch {self.batch_size}, {self.img_size} px, {self.dtype}, {self.device}, {self.threads} threads{comp}",
@@ -219,10 +224,34 @@ class _LogitsOnly(nn.Module):
         return self.inner(pixel_values=x).logits
 
 
+def vitlab_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """What ``vitlab train`` builds (the ``small-data`` recipe's AdamW: parameter groups, fused kernel)."""
+    from .train.optim import build_optimizer
+    from .train.recipes import get_recipe
+
+    return build_optimizer(model, get_recipe("small-data"), 1e-3)
+
+
+def plain_adamw(model: nn.Module) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` with PyTorch's defaults, as a timm / HF user writes it."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+
+def _describe(opt: torch.optim.Optimizer) -> str:
+    d = opt.defaults
+    impl = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "default"
+    return f"{type(opt).__name__}({impl})"
+
+
 def _make_step(
-    model: nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor, autocast: contextlib.AbstractContextManager[Any] | None
+    model: nn.Module,
+    mode: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: contextlib.AbstractContextManager[Any] | None,
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer] = plain_adamw,
 ) -> Callable[[], None]:
-    """One inference forward, or one full training step (forward, backward, AdamW)."""
+    """One inference forward, or one full training step (forward, backward, ``optimizer``)."""
     amp: Callable[[], contextlib.AbstractContextManager[Any]] = (lambda: autocast) if autocast is not None else contextlib.nullcontext  # type: ignore[assignment,return-value]
     if mode == "infer":
         model.eval()
@@ -233,7 +262,7 @@ def _make_step(
 
         return infer
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    opt = optimizer(model)
 
     def train() -> None:
         with amp():
@@ -334,9 +363,13 @@ def benchmark(
         runners = {"ours": ours} | ({"ref": ref} if ref is not None else {})
         steps_fn: dict[str, Callable[[], None]] = {}
         compile_s: dict[str, float | None] = {}
+        opt_names: dict[str, str | None] = {}
         for key, m in runners.items():
             target = torch.compile(m, mode=compile) if compile else m
-            steps_fn[key] = _make_step(target, mode, x, y, amp)  # type: ignore[arg-type]
+            make_opt = vitlab_optimizer if key == "ours" else plain_adamw
+            if mode == "train":
+                opt_names[key] = _describe(make_opt(m))
+            steps_fn[key] = _make_step(target, mode, x, y, amp, make_opt)  # type: ignore[arg-type]
             compile_s[key] = None
             if compile:  # the first call compiles; time it on its own
                 t0 = time.perf_counter()
@@ -384,6 +417,7 @@ def benchmark(
         peak_gflops_per_sec=peak,
         fraction_of_peak=gfs / peak if peak else None,
         compile_seconds=compile_s["ours"],
+        optimizer=opt_names.get("ours"),
         steps=steps,
         warmup=warmup,
         step_times_ms=[1e3 * t for t in times["ours"]],
@@ -395,5 +429,6 @@ def benchmark(
         res.ref_gflops_per_sec = r_gfs
         res.ratio = ips / r_ips
         res.ref_compile_seconds = compile_s["ref"]
+        res.ref_optimizer = opt_names.get("ref")
         res.ref_step_times_ms = [1e3 * t for t in times["ref"]]
     return res
