@@ -65,6 +65,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--max-train", type=int, default=None, help="training images used by the probe (default: all)")
     p.add_argument("--max-test", type=int, default=None, help="test images evaluated (default: all)")
     p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--out", default="fewshot.json", help="JSON file to write")
     p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")
@@ -73,7 +74,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
-    from .inspect import resolve_model
+    from .inspect import pick_device, resolve_model
 
     cfg = FewShotConfig(
         shots=args.shots,
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     model, _ = resolve_model(args.model, img_size=args.img_size)
+    model.to(pick_device(args.device))
     result = evaluate_fewshot(model, args.data, cfg)
     result["model"] = args.model
     out = Path(args.out)

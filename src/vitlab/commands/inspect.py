@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)
@@ -74,6 +75,23 @@ def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path 
         ) from None
 
 
+def pick_device(name: str):
+    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (checked)."""
+    import torch
+
+    from ..errors import ConfigError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r}: not a device name (auto, cpu, cuda, cuda:1 ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
+    return dev
+
+
 def _pick(n: int, labels, seed: int = 0):
     import numpy as np
 
@@ -90,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
+    model.to(pick_device(args.device))
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]

@@ -235,16 +235,18 @@ def extract_features(
     model: nn.Module, images: Any, indices: np.ndarray, *, batch_size: int = 128, progress: bool = True, desc: str = "features"
 ) -> torch.Tensor:
     """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a :class:`vitlab.inspect.images.LabelledSplit`)."""
-    from ..inspect.images import preprocess
+    from ..inspect.images import to_chw
+    from .accuracy import preprocess_for
 
     cfg = model.config
+    transform = preprocess_for(model)  # the evaluation transform of `vitlab eval`: same inputs as the accuracy numbers
     device = next(model.parameters()).device
     model.eval()
     feats = []
     starts = range(0, len(indices), batch_size)
     for i in tqdm(starts, desc=desc, unit="batch", disable=not progress):
         batch = images.get(indices[i : i + batch_size])
-        x, _ = preprocess(batch, img_size=cfg.img_size, in_chans=cfg.in_chans, mean=cfg.mean, std=cfg.std)
+        x = torch.stack([transform(to_chw(img, cfg.in_chans)) for img in batch])
         f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
         feats.append(f.float().cpu())
     if not feats:

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import InputError
 
-__all__ = ["IMAGE_SUFFIXES", "LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images"]
+__all__ = ["IMAGE_SUFFIXES", "LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -79,6 +79,25 @@ def digits_images(n: int = 4) -> tuple[np.ndarray, list[str]]:
     return imgs, [f"digit {d.target[i]}" for i in order]
 
 
+def to_chw(img: np.ndarray, in_chans: int) -> torch.Tensor:
+    """A uint8 ``(H, W[, C])`` image as a ``(in_chans, H, W)`` uint8 tensor: grey is repeated for RGB
+    models, RGB averaged for 1-channel ones, an alpha channel dropped."""
+    t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: decoded arrays may be read-only
+    if t.ndim == 2:
+        t = t[..., None]
+    t = t.permute(2, 0, 1)
+    if t.shape[0] == 4:
+        t = t[:3]
+    if t.shape[0] != in_chans:
+        if in_chans == 3 and t.shape[0] == 1:
+            t = t.expand(3, -1, -1).contiguous()
+        elif in_chans == 1:
+            t = t.float().mean(dim=0, keepdim=True).round().to(torch.uint8)
+        else:
+            raise InputError(f"the model takes {in_chans}-channel images, got {t.shape[0]} channels")
+    return t
+
+
 def preprocess(
     images: Sequence[np.ndarray] | np.ndarray, *, img_size: tuple[int, int], in_chans: int, mean, std
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,19 +108,7 @@ def preprocess(
     """
     batch = []
     for img in images:
-        t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: decoded arrays may be read-only
-        if t.ndim == 2:
-            t = t[..., None]
-        t = t.permute(2, 0, 1)
-        if t.shape[0] == 4:
-            t = t[:3]
-        if t.shape[0] != in_chans:
-            if in_chans == 3 and t.shape[0] == 1:
-                t = t.expand(3, -1, -1)
-            elif in_chans == 1:
-                t = t.float().mean(dim=0, keepdim=True).round().to(torch.uint8)
-            else:
-                raise InputError(f"the model takes {in_chans}-channel images, got {t.shape[0]} channels")
+        t = to_chw(img, in_chans)
         t = t.float()[None] / 255.0
         if tuple(t.shape[-2:]) != tuple(img_size):
             # torch's own antialiased bilinear resize (what torchvision's resize calls), without importing torchvision
