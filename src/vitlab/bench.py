@@ -85,9 +85,8 @@ class BenchResult:
 
     def summary(self) -> str:
         """A few human-readable lines."""
-        what = (
-            "inference" if self.mode == "infer" else f"training step (fwd+bwd+{self.optimizer}; {self.ref or 'ref'}: {self.ref_optimizer})"
-        )
+        ref_opt = f"; {self.ref}: {self.ref_optimizer}" if self.ref else ""
+        what = "inference" if self.mode == "infer" else f"training step (fwd+bwd+{self.optimizer}{ref_opt})"
         comp = f", torch.compile({self.compile})" if self.compile else ", eager"
         lines = [
             f"{self.model} {what}: batch {self.batch_size}, {self.img_size} px, {self.dtype}, {self.device}, {self.threads} threads{comp}",
