@@ -56,6 +56,7 @@ def plot_filter_pcs(components: torch.Tensor, explained: torch.Tensor | None = N
     """Fig. 7 left: each principal component ``(C, P, P)`` as a tile, RGB for C = 3,
     grey for C = 1 (other C: the mean over channels), each scaled to [0, 1] on its own."""
     k = components.shape[0]
+    ncols = max(1, min(ncols, k))
     nrows = max(1, -(-k // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(1.2 * ncols, 1.3 * nrows + 0.4), squeeze=False)
     for i, ax in enumerate(axes.flat):
@@ -69,7 +70,8 @@ def plot_filter_pcs(components: torch.Tensor, explained: torch.Tensor | None = N
             ax.imshow(_to_unit(c.mean(axis=0)), cmap="gray", interpolation="nearest")
         if explained is not None:
             ax.set_title(f"{100 * float(explained[i]):.1f}%", fontsize=7)
-    fig.suptitle("RGB embedding filters (first principal components)", fontsize=10)
+    kind = "RGB embedding filters" if components.shape[1] == 3 else "Embedding filters"
+    fig.suptitle(f"{kind} (first {k} principal components)", fontsize=10)
     return fig
 
 
