@@ -45,6 +45,9 @@ def test_benchmark_train_vs_timm() -> None:
     assert r.peak_gflops_per_sec is None and r.fraction_of_peak is None
     assert _finite_positive(r.ref_images_per_sec) and _finite_positive(r.ratio)
     assert r.ratio == pytest.approx(r.images_per_sec / r.ref_images_per_sec)
+    lo, mid, hi = r.pair_ratios
+    assert 0 < lo <= mid <= hi
+    assert sorted(t / o for o, t in zip(r.step_times_ms, r.ref_step_times_ms)) == pytest.approx([lo, hi])
     # a training step counts 3x the forward FLOPs
     assert r.gflops_per_sec == pytest.approx(3 * r.gflops_per_image * r.images_per_sec)
     assert len(r.ref_step_times_ms) == 2

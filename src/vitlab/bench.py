@@ -73,6 +73,9 @@ class BenchResult:
     optimizer: str | None = None
     """Training step only: ours is what ``vitlab train`` builds, the reference's plain ``torch.optim.AdamW``."""
     ref_optimizer: str | None = None
+    pair_ratios: tuple[float, float, float] | None = None
+    """(min, median, max) over steps of ref time / our time of each interleaved pair: the spread
+    shows how far the load of a shared machine moved the ratio."""
     compile_seconds: float | None = None
     ref_compile_seconds: float | None = None
     steps: int = 0
@@ -100,6 +103,9 @@ class BenchResult:
                 f"  {self.ref:>6}: {self.ref_images_per_sec:8.2f} img/s  {ref_ms:9.1f} ms/step  {self.ref_gflops_per_sec:7.1f} GFLOP/s{frac}"
             )
             lines.append(f"  ratio vitlab / {self.ref}: {self.ratio:.3f}x (medians of {self.steps} interleaved steps)")
+            if self.pair_ratios is not None:
+                lo, mid, hi = self.pair_ratios
+                lines.append(f"  per-pair ratios: median {mid:.3f}x, range {lo:.3f}x - {hi:.3f}x")
         if self.peak_gflops_per_sec is not None:
             lines.append(f"  matmul peak: {self.peak_gflops_per_sec:.1f} GFLOP/s ({self.dtype}, measured in this run)")
         if self.compile_seconds is not None:
@@ -430,4 +436,6 @@ def benchmark(
         res.ref_compile_seconds = compile_s["ref"]
         res.ref_optimizer = opt_names.get("ref")
         res.ref_step_times_ms = [1e3 * t for t in times["ref"]]
+        pairs = sorted(r / o for o, r in zip(times["ours"], times["ref"]))
+        res.pair_ratios = (pairs[0], statistics.median(pairs), pairs[-1])
     return res
