@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
             "examples:\n"
             "  vitlab fewshot --model runs/digits --data digits\n"
-            "  vitlab fewshot --model runs/cifar/model --data cifar10 --shots 1,5,10,25 --max-train 10000\n"
+            "  vitlab fewshot --model runs/cifar/model --data data/cifar10 --shots 1,5,10,25 --max-train 10000\n"
             "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
         ),
         formatter_class=formatter,
@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--model", required=True, help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
     )
     p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)")
-    p.add_argument("--shots", type=_shots, default=(1, 5, 10, 25), help="training images per class, comma-separated")
+    p.add_argument("--shots", type=_shots, default="1,5,10,25", help="training images per class, comma-separated")
     p.add_argument("--seeds", type=int, default=3, help="random draws averaged per shot count")
     p.add_argument(
         "--l2-reg",
@@ -62,9 +62,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     p.add_argument("--no-probe", action="store_true", help="skip the full linear probe")
     p.add_argument("--probe-c", type=float, default=1.0, help="inverse L2 strength of the logistic-regression probe")
-    p.add_argument("--max-train", type=int, default=None, help="training images used by the probe (default: all)")
-    p.add_argument("--max-test", type=int, default=None, help="test images evaluated (default: all)")
-    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--max-train", type=int, default=None, help="training images used by the probe; None = all")
+    p.add_argument("--max-test", type=int, default=None, help="test images evaluated; None = all")
+    p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--out", default="fewshot.json", help="JSON file to write")

@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab inspect --model runs/digits --out inspect/\n"
             "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
-            "  vitlab inspect --model runs/cifar/model --data cifar10 --num-images 256 --out inspect/"
+            "  vitlab inspect --model runs/cifar/model --data data/cifar10 --num-images 256 --out inspect/"
         ),
         formatter_class=formatter,
     )
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--out", default="inspect", help="output folder")
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
-    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's)")
+    p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
