@@ -66,6 +66,12 @@ def test_reference_is_the_same_architecture(kind: str) -> None:
     assert out.shape == (2, 7)
 
 
+def test_aa_control_reference() -> None:
+    ours = create_model("vit_ti16", num_classes=7, **TINY)
+    twin = build_reference("vitlab", ours.config)
+    assert type(twin) is type(ours) and twin.config == ours.config and twin is not ours
+
+
 def test_timm_reference_gap_and_mlp_ratio() -> None:
     pytest.importorskip("timm")
     ours = create_model("vit_ti16", num_classes=4, pool="gap", class_token=False, fc_norm=True, **TINY)

@@ -36,7 +36,7 @@ from .models import ViTConfig, count_macs, create_model
 __all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides", "plain_adamw", "vitlab_optimizer"]
 
 MODES = ("infer", "train")
-REFERENCES = ("timm", "hf")
+REFERENCES = ("timm", "hf", "vitlab")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -163,11 +163,17 @@ def model_overrides(
 
 
 def build_reference(kind: str, cfg: ViTConfig) -> nn.Module:
-    """The timm or Hugging Face model with the same architecture as ``cfg``.
+    """The timm or Hugging Face model with the same architecture as ``cfg``, or (``vitlab``)
+    a second copy of ours: an A/A control whose ratio should be 1, so its spread is the noise
+    floor of the measurement on this machine.
 
     Only plain ViTs (class token or GAP, learned 1-D posemb, linear head) have
-    an equivalent; anything else raises ``ConfigError``.
+    a timm / HF equivalent; anything else raises ``ConfigError``.
     """
+    if kind == "vitlab":
+        from .models import VisionTransformer
+
+        return VisionTransformer(cfg)
     if cfg.posemb != "learn" or cfg.head != "linear" or cfg.dynamic_img_pad:
         raise ConfigError(f"--vs {kind}: only plain ViTs (learned posemb, linear head) have a {kind} equivalent")
     if kind == "timm":

@@ -37,7 +37,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="bfloat16/float16 run under autocast")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
-    p.add_argument("--vs", choices=["timm", "hf"], default=None, help="time this reference interleaved with vitlab")
+    p.add_argument(
+        "--vs",
+        choices=["timm", "hf", "vitlab"],
+        default=None,
+        help="time this reference interleaved with vitlab (vitlab: an A/A noise check)",
+    )
     p.add_argument(
         "--compile",
         nargs="?",
