@@ -18,7 +18,9 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
+from vitlab.bench import benchmark
 from vitlab.data import ArrayDataset, load_data, mix_transform, train_transform
+from vitlab.train.recipes import get_recipe
 
 
 def main() -> None:
@@ -34,10 +36,19 @@ def main() -> None:
     splits = load_data(args.data, progress=True)
     print(f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s (includes decoding on a cold cache)")
     img_size = splits.train.images.shape[1]
+    r = get_recipe("small-data")  # the augmentation of `vitlab train --recipe small-data`
     tf = train_transform(
-        img_size=img_size, mean=(0.5,) * 3, std=(0.5,) * 3, crop_scale=(0.6, 1.0), randaugment=tuple(args.randaugment), random_erasing=0.25
+        img_size=img_size,
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        crop_scale=r.crop_scale,
+        crop_ratio=r.crop_ratio,
+        hflip=r.hflip,
+        randaugment=r.randaugment,
+        random_erasing=r.random_erasing,
     )
-    mix = mix_transform(num_classes=splits.num_classes, mixup=0.8, cutmix=1.0)
+    mix = mix_transform(num_classes=splits.num_classes, mixup=r.mixup, cutmix=r.cutmix)
+    rates = {}
     ds = ArrayDataset(splits.train.images, splits.train.labels, transform=tf)
     for workers in args.workers:
         torch.manual_seed(0)
@@ -54,9 +65,18 @@ def main() -> None:
                 x, y = mix(x, y)
             ts.append(time.perf_counter() - t)
         med = statistics.median(ts)
+        rates[workers] = args.batch_size / med
         print(
-            f"workers={workers}: {args.batch_size / med:8.0f} img/s (median of {args.batches} batches of {args.batch_size}; RandAugment{tuple(args.randaugment)}, erasing, mixup/cutmix)"
+            f"workers={workers}: {rates[workers]:8.0f} img/s (median of {args.batches} batches of {args.batch_size}, recipe small-data augmentation)"
         )
+    if args.train_steps:
+        kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384)
+        t = benchmark(
+            "vit_ti16", mode="train", batch_size=args.batch_size, num_classes=10, steps=args.train_steps, warmup=1, measure_peak=False, **kw
+        )
+        print(f"training step (same process, just after): {t.images_per_sec:.0f} img/s")
+        for w, v in rates.items():
+            print(f"data pipeline / training step, workers={w}: {v / t.images_per_sec:.1f}x")
     print(f"# load average at end: {os.getloadavg()}")
 
 
