@@ -202,24 +202,24 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="digits",
             source=(
-                "vitlab's default job: the small-data recipe (AdamW, warmup + cosine, label smoothing 0.1) scaled down to a "
-                "4-layer, width-64 ViT on scikit-learn's 8x8 digits, patch 2, mean-pooled tokens; light crop, no flip."
+                "vitlab's default job: the small-data recipe (AdamW, warmup + cosine) scaled down to a "
+                "4-layer, width-64 ViT on scikit-learn's 8x8 digits, patch 2, mean-pooled tokens; a light random crop, no flip (digits are not mirror-symmetric), no label smoothing (it slowed convergence in a 30-epoch run)."
             ),
             expected="~98% test top-1 on the fixed 360-image split in ~20 s on 2 CPU cores (`vitlab train`).",
             arch=_DIGITS_ARCH,
             optimizer="adamw",
-            lr=2e-3,
+            lr=3e-3,
             base_batch=64,
             batch_size=64,
             weight_decay=0.05,
             epochs=30,
-            warmup_epochs=2,
+            warmup_epochs=1,
             schedule="cosine",
             clip_grad=1.0,
-            crop_scale=(0.6, 1.0),
-            crop_ratio=(0.8, 1.25),
+            crop_scale=(0.85, 1.0),
+            crop_ratio=(0.9, 1.1),
             hflip=0.0,
-            label_smoothing=0.1,
+            label_smoothing=0.0,
         ),
     )
 }

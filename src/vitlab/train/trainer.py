@@ -323,6 +323,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(r.ema), use_buffers=True)
 
     epoch, step, start_micro, best, wall_before, img_before, train_s_before = 0, 0, 0, -1.0, 0.0, 0, 0.0
+    loss_before = 0.0  # the train-loss sum of a partly done epoch (resume)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -332,6 +333,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         if ema is not None and state.get("ema"):
             ema.load_state_dict(state["ema"])
         epoch, step, start_micro = state["epoch"], state["step"], state["micro_in_epoch"]
+        loss_before = state.get("epoch_loss_sum", 0.0)
         best, wall_before = state["best_top1"], state["wall_s"]
         img_before, train_s_before = state["train_images"], state["train_s"]
         set_rng_state(state["rng"])
@@ -366,6 +368,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             "epoch": ep,
             "step": st,
             "micro_in_epoch": micro_done,
+            "epoch_loss_sum": cur.get("loss_sum", 0.0) if micro_done else 0.0,
             "best_top1": best,
             "plan": plan,
             "wall_s": wall_before + time.perf_counter() - t_start,
@@ -389,7 +392,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         total=plan["total_steps"], initial=step, unit="step", desc="train", disable=not (cfg.progress and d.is_main), dynamic_ncols=True
     )
     img_total, train_s_total = img_before, train_s_before
-    last_save = time.perf_counter()
+    last_save = last_plot = time.perf_counter()
     steps_this_run = 0
     interrupted = False
     last_eval: dict[str, Any] | None = None
@@ -418,6 +421,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
                 epoch=f"{epoch + 1}/{plan['epochs']}", loss=f"{loss:.3f}", img_s=f"{ips:.0f}", lr=f"{scheduler.get_last_lr()[0]:.2e}"
             )
             cur["micro"] = cur["start_micro"] + res.micro_batches
+            cur["loss_sum"] = cur["start_loss"] + res.loss_sum
             stop = step >= plan["total_steps"]
             stop |= cfg.stop_after is not None and steps_this_run >= cfg.stop_after
             flag = torch.tensor([int(stop_flag["sigint"])])
@@ -435,7 +439,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             return stop
 
         while epoch < plan["epochs"] and step < plan["total_steps"]:
-            cur.update(start_img=img_total, start_micro=start_micro, micro=start_micro)
+            cur.update(start_img=img_total, start_micro=start_micro, micro=start_micro, start_loss=loss_before, loss_sum=loss_before)
             res = train_one_epoch(
                 run_model,
                 train_loader(epoch, start_micro),
@@ -460,7 +464,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             row = {
                 "epoch": epoch + 1,
                 "step": step,
-                "train_loss": res.loss_sum / max(res.micro_batches, 1),
+                "train_loss": cur["loss_sum"] / max(cur["micro"], 1),
                 "lr": scheduler.get_last_lr()[0],
                 "top1": last_eval["top1"],
                 "top5": last_eval["top5"],
@@ -471,7 +475,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             improved = last_eval["top1"] > best
             best = max(best, last_eval["top1"])
             epoch += 1
-            start_micro = 0
+            start_micro, loss_before = 0, 0.0
             bar.set_postfix(epoch=f"{epoch}/{plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}")
             ranks = gather_torch_rng(torch.get_rng_state())
             if d.is_main:
@@ -480,7 +484,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
                     _save_model(eval_model, out / "model", cfg, data, last_eval, epoch)
                 save_checkpoint(epoch, step, 0, get_rng_state(), ranks, loader_gen.get_state())
                 last_save = time.perf_counter()
-                _plots(out, data.class_names, last_eval)
+                if time.perf_counter() - last_plot > 30:  # figures cost ~1 s; the end of the run always draws them
+                    _plots(out, data.class_names, last_eval)
+                    last_plot = time.perf_counter()
             if res.stopped and step < plan["total_steps"]:
                 interrupted = True
                 break
@@ -523,6 +529,8 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     }
     if d.is_main:
         write_json(summary, out / "summary.json")
+        if last_eval is not None:
+            _plots(out, data.class_names, last_eval)
         if interrupted:
             log(f"stopped at epoch {epoch + 1}, step {step}; saved {out / 'last.pt'}. Continue with: vitlab train --out {out} --resume")
     return summary

@@ -1,0 +1,103 @@
+"""Recipes, optimiser groups, schedules and the checkpoint file format."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from vitlab import create_model
+from vitlab.errors import ConfigError
+from vitlab.train import RECIPES, Recipe, get_recipe
+from vitlab.train.optim import build_optimizer, param_groups
+from vitlab.train.schedule import build_scheduler, lr_factor
+from vitlab.train.state import atomic_torch_save, get_rng_state, load_state, set_rng_state
+
+
+def test_presets_follow_their_sources():
+    p = RECIPES["pretrain"]
+    assert (p.optimizer, p.betas, p.weight_decay, p.batch_size, p.base_batch) == ("adamw", (0.9, 0.999), 0.1, 4096, 4096)
+    assert (p.schedule, p.warmup_steps, p.clip_grad, p.head, p.lr) == ("linear", 10_000, 1.0, "mlp", 1e-3)
+    f = RECIPES["finetune"]
+    assert (f.optimizer, f.momentum, f.weight_decay, f.clip_grad, f.schedule, f.head) == ("sgd", 0.9, 0.0, 1.0, "cosine", "linear")
+    s = RECIPES["small-data"]
+    assert (s.optimizer, s.label_smoothing, s.drop_path, s.mixup, s.cutmix, s.randaugment) == ("adamw", 0.1, 0.1, 0.8, 1.0, (2, 9))
+    assert s.arch == {"patch_size": 4, "embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}
+    for r in RECIPES.values():
+        assert r.source and r.expected, r.name
+
+
+def test_recipe_json_round_trip_and_overrides():
+    r = get_recipe("small-data", lr=5e-4, epochs=None)
+    assert r.lr == 5e-4 and r.epochs == 100  # None means "not given"
+    back = Recipe.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    assert get_recipe("pretrain", batch_size=512).scaled_lr(512) == pytest.approx(1e-3 / 8)
+    with pytest.raises(ConfigError, match="unknown recipe"):
+        get_recipe("imagenet")
+    with pytest.raises(ConfigError, match="optimizer"):
+        get_recipe("digits", optimizer="lamb")
+    with pytest.raises(ConfigError, match="unknown recipe option"):
+        get_recipe("digits", learning_rate=1.0)
+
+
+def test_no_weight_decay_on_norms_biases_posemb_and_cls():
+    m = create_model("vit_ti16", num_classes=10, img_size=32, depth=2)
+    decay, no_decay = param_groups(m, 0.1)
+    names = {id(p): n for n, p in m.named_parameters()}
+    nd = {names[id(p)] for p in no_decay["params"]}
+    d = {names[id(p)] for p in decay["params"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"} <= nd
+    assert {"patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc2.weight", "head.weight"} <= d
+    assert len(nd) + len(d) == len(list(m.parameters()))
+    opt = build_optimizer(m, get_recipe("pretrain"), 1e-3)
+    assert isinstance(opt, torch.optim.AdamW) and [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    sgd = build_optimizer(m, get_recipe("finetune"), 0.01)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.9
+
+
+def test_warmup_then_cosine_or_linear():
+    assert lr_factor(0, total_steps=100, warmup_steps=10) == pytest.approx(0.1)
+    assert lr_factor(9, total_steps=100, warmup_steps=10) == pytest.approx(1.0)
+    assert lr_factor(55, total_steps=100, warmup_steps=10) == pytest.approx(0.5)  # cosine midpoint
+    assert lr_factor(55, total_steps=100, warmup_steps=10, schedule="linear") == pytest.approx(0.5)
+    assert lr_factor(32, total_steps=100, warmup_steps=10) == pytest.approx(0.5 * (1 + math.cos(math.pi * 22 / 90)))
+    assert lr_factor(100, total_steps=100, warmup_steps=10, min_ratio=0.1) == pytest.approx(0.1)
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=2.0)
+    sched = build_scheduler(opt, total_steps=20, warmup_steps=4, schedule="linear")
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.5, 1.0, 1.5, 2.0]) and lrs[4] == pytest.approx(2.0) and lrs[-1] == pytest.approx(2.0 / 16)
+    state = sched.state_dict()
+    sched2 = build_scheduler(torch.optim.SGD(m.parameters(), lr=2.0), total_steps=1, warmup_steps=0)
+    sched2.load_state_dict(state)
+    assert sched2.lr_lambdas[0].total_steps == 20  # the plan travels with the checkpoint
+
+
+def test_checkpoint_is_weights_only_and_atomic(tmp_path, monkeypatch):
+    torch.manual_seed(3)
+    rng = get_rng_state()
+    a = torch.rand(3)
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"rng": rng, "step": 7, "config": "{}"}, path)
+    blob = torch.load(path, weights_only=True)
+    set_rng_state(blob["rng"])
+    torch.testing.assert_close(torch.rand(3), a)
+    # a crash while writing the next checkpoint leaves the previous one intact
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **k):
+        f.write(b"partial garbage")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"step": 8}, path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert load_state(path)["step"] == 7
