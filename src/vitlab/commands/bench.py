@@ -61,12 +61,15 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from ..bench import benchmark, model_overrides
-    from ..models import model_config
+    from ..models import create_model
 
     base_dim = None
     if args.mlp_ratio is not None and args.dim is None:
-        base_dim = model_config(args.model).embed_dim
+        with torch.device("meta"):  # only to read the width; allocates nothing
+            base_dim = create_model(args.model).config.embed_dim
     overrides = model_overrides(
         img_size=args.img_size,
         patch_size=args.patch_size,
