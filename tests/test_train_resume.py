@@ -40,6 +40,7 @@ def config(data_dir, out, **kw):
         out=str(out),
         arch={"patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2},
         cache_dir=str(out.parent / "cache"),
+        workers=0,  # augmentation in this process: resume is then bitwise exact, even mid-epoch
         progress=False,
         **kw,
     )

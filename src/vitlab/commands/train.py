@@ -47,7 +47,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--val-split", type=float, default=None, help="fraction held out when the folder has no val/ or test/ (stratified)")
     g.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
     g.add_argument("--strict-data", action="store_true", help="stop on files that cannot be decoded instead of skipping them")
-    g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (0: augment in the training process)")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=-1,
+        help="DataLoader worker processes (0: augment in the training process; -1: 1 for tiny models or on GPU)",
+    )
 
     g = p.add_argument_group("model (defaults: the recipe's)")
     g.add_argument("--model", default=None, help="registered name, e.g. vit_ti16 (see `vitlab models`)")

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -50,7 +51,9 @@ class TrainConfig:
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
     seed: int = 0
-    workers: int = 0
+    workers: int = -1
+    """DataLoader worker processes; -1: one worker when the model runs single-threaded on a
+    machine with spare cores (augmentation then overlaps the step), else none."""
     device: str = "auto"
     precision: str = "auto"
     """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (with a GradScaler)."""
@@ -243,6 +246,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         torch.set_num_threads(cfg.threads)
     elif device.type == "cpu" and model.num_params() < 1_000_000:
         torch.set_num_threads(1)
+    workers = cfg.workers
+    if workers < 0:
+        workers = 1 if device.type == "cuda" or (torch.get_num_threads() == 1 and (os.cpu_count() or 1) >= 2) else 0
     model.to(device)
     _seed_all(cfg.seed + d.rank)  # different augmentation per rank
     amp_dtype, use_scaler = _amp(cfg.precision, device)
@@ -281,12 +287,14 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             batch_size=micro,
             sampler=_SkipSampler(sampler, start_micro * micro, steps_per_epoch * r.accum_steps * micro),
             drop_last=True,
-            num_workers=cfg.workers,
+            num_workers=workers,
             generator=loader_gen,
             persistent_workers=False,
         )
 
-    eval_loader = DataLoader(val_ds, batch_size=max(micro, 256), shuffle=False, num_workers=cfg.workers, generator=loader_gen)
+    eval_loader = DataLoader(
+        val_ds, batch_size=max(micro, 256), shuffle=False, num_workers=workers if device.type == "cuda" else 0, generator=loader_gen
+    )
     ddp_model: nn.Module = model
     if d.enabled:
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -303,7 +311,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         epochs, total_steps = r.epochs, r.epochs * steps_per_epoch
         if cfg.time_budget:
             total_steps, epochs = _plan_budget(
-                cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log
+                cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
             )
         warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
         if warm > total_steps // 2:
@@ -571,7 +579,9 @@ def _plots(out: Path, class_names: list[str], ev: dict[str, Any]) -> None:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def _plan_budget(cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log) -> tuple[int, int]:
+def _plan_budget(
+    cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
+) -> tuple[int, int]:
     """Steps and epochs that fit ``cfg.time_budget``: time a few throw-away steps on a copy of
     the model (so the real run's RNG and weights are untouched), then subtract evaluations."""
     import torch.nn.functional as F
@@ -597,7 +607,7 @@ def _plan_budget(cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch
         t0 = time.perf_counter()
         for i in range(micro):
             train_ds[i % len(train_ds)]
-        aug_s = (time.perf_counter() - t0) * r.accum_steps if cfg.workers == 0 else 0.0
+        aug_s = (time.perf_counter() - t0) * r.accum_steps if workers == 0 else 0.0
         probe.eval()
         t0 = time.perf_counter()
         with torch.no_grad():
