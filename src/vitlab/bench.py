@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -383,6 +384,12 @@ def benchmark(
             steps_fn[key] = _make_step(target, mode, x, y, amp, make_opt)  # type: ignore[arg-type]
             compile_s[key] = None
             if compile:  # the first call compiles; time it on its own
+                if progress:
+                    print(
+                        f"compiling {'vitlab' if key == 'ours' else vs} ({mode}) with torch.compile(mode={compile!r}) ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 t0 = time.perf_counter()
                 with _freezing(mode == "infer"):
                     steps_fn[key]()

@@ -12,14 +12,18 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="measure inference / training throughput, vs timm or Hugging Face in the same run",
         description=(
             "Time inference (forward under torch.inference_mode) or a full training step (forward,\n"
-            "backward, AdamW) of a model, report images/s and achieved GFLOP/s as a fraction of the\n"
-            "machine's dense-matmul peak (measured in the same run). With --vs timm|hf the equivalent\n"
-            "reference model is timed interleaved with ours in the same process and the ratio of the\n"
-            "medians is reported (> 1: vitlab is faster). Benchmarks of a shared machine are noisy:\n"
-            "compare ratios, not absolute numbers across runs.\n\n"
+            "backward, optimizer: vitlab's is the fused AdamW `vitlab train` builds, the reference's\n"
+            "plain torch.optim.AdamW) of a model, report images/s and achieved GFLOP/s as a fraction\n"
+            "of the machine's dense-matmul peak (measured in the same run). With --vs timm|hf the\n"
+            "equivalent reference model is timed interleaved with ours in the same process and the\n"
+            "ratio of the medians is reported (> 1: vitlab is faster), with the spread of per-pair\n"
+            "ratios. --vs vitlab times a second copy of our model: an A/A check of the noise floor.\n"
+            "Benchmarks of a shared machine are noisy: compare ratios, not absolute numbers across\n"
+            "runs. See docs/performance.md.\n\n"
             "examples:\n"
             "  vitlab bench --model vit_s16 --batch-size 32 --vs timm\n"
             "  vitlab bench --model vit_b16 --batch-size 16 --vs timm --json\n"
+            "  vitlab bench --model vit_s16 --compile --vs timm      # both compiled, compile time reported\n"
             "  vitlab bench --mode train --model vit_ti16 --img-size 32 --patch-size 4 --dim 192 --depth 9 \\\n"
             "      --heads 3 --mlp-ratio 2 --num-classes 10 --batch-size 128 --vs timm"
         ),
