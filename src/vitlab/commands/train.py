@@ -62,6 +62,7 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--depth", type=int, default=None, help="number of blocks L")
     g.add_argument("--heads", type=int, default=None)
     g.add_argument("--mlp-ratio", type=float, default=None, help="MLP width / D")
+    g.add_argument("--pool", choices=["cls", "gap"], default=None, help="class token (the paper) or global average pooling without one")
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--dropout", type=float, default=None)
 
@@ -94,7 +95,7 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: 1 for tiny models, else torch's default)")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)")
     g.add_argument("--time-budget", type=parse_duration, default=None, metavar="DURATION", help="plan the schedule to end in e.g. 20m")
     g.add_argument("--save-every", type=float, default=None, metavar="MIN", help="also checkpoint every MIN minutes mid-epoch")
     g.add_argument("--stop-after", type=int, default=None, metavar="STEPS", help="save and stop after STEPS steps (resume later)")
@@ -163,6 +164,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         )
         if v is not None
     }
+    if args.pool:
+        arch.update(pool=args.pool, class_token=args.pool == "cls")
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if init else 'train'}"
     return TrainConfig(
         recipe=recipe,

@@ -84,6 +84,7 @@ def decode_files(
     paths: Sequence[str],
     *,
     size: int | None = None,
+    fallback_size: int | None = None,
     mode: str = "RGB",
     cache_dir: str | os.PathLike[str] | None = None,
     name: str = "images",
@@ -92,16 +93,16 @@ def decode_files(
 ) -> DecodedFiles:
     """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
 
-    ``size=None`` keeps the native size, which must then be the same for every
-    file (checked); otherwise each image is resized (shorter side) and center-cropped
-    to ``size`` x ``size``. ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
+    ``size=None`` keeps the native size when every file shares it; when they differ
+    (or ``size`` is given) each image is resized (shorter side) and center-cropped to
+    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes). ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
     grayscale and RGBA files are converted to it.
     """
     from tqdm.auto import tqdm
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    key = _key(paths, size, mode)
+    key = _key(paths, size if size is not None else f"native-or-{fallback_size}", mode)
     data_f, meta_f = cache / f"{name}-{key}.u8", cache / f"{name}-{key}.json"
     if meta_f.is_file() and data_f.is_file():
         meta = json.loads(meta_f.read_text())
@@ -120,7 +121,7 @@ def decode_files(
             raise ValueError(f"none of the {len(paths)} image files under {name} can be read")
         common = max(sizes, key=sizes.__getitem__)
         if len(sizes) > 1:
-            size = max(common)  # mixed sizes: fall back to square crops of the most common size
+            size = fallback_size or max(common)  # mixed sizes: square crops
         height, width = common[1], common[0]
     if size is not None:
         height = width = size

@@ -148,7 +148,13 @@ def _decode_split(
 ) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
     paths, labels, names = _scan(root, class_names)
     dec = decode_files(
-        paths, size=size, mode=mode, cache_dir=cache_dir, name=f"{root.parent.name}-{root.name}", workers=workers, progress=progress
+        paths,
+        fallback_size=size,
+        mode=mode,
+        cache_dir=cache_dir,
+        name=f"{root.parent.name}-{root.name}",
+        workers=workers,
+        progress=progress,
     )
     if dec.skipped and strict:
         p, why = dec.skipped[0]
@@ -189,9 +195,9 @@ def load_data(
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
     tree split with ``val_split`` (deterministic, stratified; default 0.1).
 
-    Folder images are decoded once into a cache (``cache_dir``, default ``~/.cache/vitlab``);
-    ``size`` resizes them (shorter side + center crop) when given, and is required in effect
-    when the files differ in size. Undecodable files are skipped and listed in
+    Folder images are decoded once into a cache (``cache_dir``, default ``~/.cache/vitlab``)
+    at their own size when all files share it; otherwise they are resized (shorter side +
+    center crop) to ``size`` (default: the most common side). Undecodable files are skipped and listed in
     ``DataSplits.skipped``, or raise :class:`DataError` with ``strict``.
     """
     from .cache import default_cache_dir

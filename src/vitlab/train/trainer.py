@@ -59,7 +59,7 @@ class TrainConfig:
     """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (with a GradScaler)."""
     compile: bool = False
     threads: int = 0
-    """CPU threads for torch; 0: one thread for models under a million parameters (their small
+    """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small
     kernels lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
     val_split: float | None = None
     cache_dir: str | None = None
@@ -164,6 +164,10 @@ def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size
     return VisionTransformer(c)
 
 
+def micro_batch_estimate(cfg: TrainConfig, d: Dist) -> int:
+    return max(1, cfg.recipe.batch_size // (d.world_size * cfg.recipe.accum_steps))
+
+
 def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
     if precision == "auto":
         return (torch.bfloat16 if device.type == "cuda" else None), False
@@ -244,7 +248,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     mcfg = model.config
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    elif device.type == "cpu" and model.num_params() < 1_000_000:
+    elif device.type == "cpu" and model.macs() * micro_batch_estimate(cfg, d) * 3 < 2e9:
         torch.set_num_threads(1)
     workers = cfg.workers
     if workers < 0:
