@@ -355,7 +355,10 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         loader_gen.set_state(state["loader_rng"])
         if d.is_main:
             truncate_metrics(out / "metrics.jsonl", last_epoch=epoch)
-        log(f"resuming {out} at epoch {epoch + 1}, step {step}/{plan['total_steps']}")
+        if step >= plan["total_steps"] or epoch >= plan["epochs"]:
+            log(f"{out}: the run is already complete ({step} steps); nothing to resume")
+        else:
+            log(f"resuming {out} at epoch {epoch + 1}, step {step}/{plan['total_steps']}")
     elif d.is_main:
         (out / "metrics.jsonl").unlink(missing_ok=True)
 
@@ -621,12 +624,14 @@ def _plan_budget(
         eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
     del probe, opt
     per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
-    left = cfg.time_budget - (time.perf_counter() - t_start) - 5.0  # final save and figures
-    total = int(left / per_step)
-    for _ in range(3):  # evaluations take time too: one per epoch
-        epochs = max(1, math.ceil(total / steps_per_epoch))
-        total = int((left - epochs * (eval_s + 0.5)) / per_step)
-    total = max(1, total)
+    left = cfg.time_budget - (time.perf_counter() - t_start) - min(5.0, 0.1 * cfg.time_budget)  # final save and figures
+
+    def cost(steps: int) -> float:  # training plus one evaluation per (started) epoch
+        return steps * per_step + math.ceil(steps / steps_per_epoch) * (eval_s + 0.5)
+
+    total = max(1, int(left / per_step))
+    while total > 1 and cost(total) > left:
+        total -= 1
     epochs = max(1, math.ceil(total / steps_per_epoch))
     log(
         f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step "
