@@ -79,6 +79,11 @@ def test_timm_reference_gap_and_mlp_ratio() -> None:
     assert sum(p.numel() for p in ref.parameters()) == sum(p.numel() for p in ours.parameters())
 
 
+def test_vs_timm_refuses_non_plain_models() -> None:
+    with pytest.raises(ConfigError, match="only plain ViTs"):
+        benchmark("vit_r_ti16", img_size=32, depth=1, batch_size=1, steps=1, warmup=0, vs="timm", measure_peak=False)
+
+
 def test_model_overrides() -> None:
     assert model_overrides(img_size=32, patch_size=4, dim=192, depth=9, heads=3, mlp_ratio=2) == dict(
         img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384

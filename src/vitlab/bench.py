@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError, VitlabError
-from .models import ViTConfig, count_macs, create_model
+from .models import VisionTransformer, ViTConfig, count_macs, create_model
 
 __all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides", "plain_adamw", "vitlab_optimizer"]
 
@@ -176,8 +176,6 @@ def build_reference(kind: str, cfg: ViTConfig) -> nn.Module:
     a timm / HF equivalent; anything else raises ``ConfigError``.
     """
     if kind == "vitlab":
-        from .models import VisionTransformer
-
         return VisionTransformer(cfg)
     if cfg.posemb != "learn" or cfg.head != "linear" or cfg.dynamic_img_pad:
         raise ConfigError(f"--vs {kind}: only plain ViTs (learned posemb, linear head) have a {kind} equivalent")
@@ -251,6 +249,15 @@ def vitlab_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 def plain_adamw(model: nn.Module) -> torch.optim.Optimizer:
     """``torch.optim.AdamW`` with PyTorch's defaults, as a timm / HF user writes it."""
     return torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+
+def _is_plain(model: nn.Module) -> bool:
+    """A plain ViT: patch-conv stem and standard blocks (not the hybrid's ResNet stem or axial blocks)."""
+    from .models import Block, PatchEmbed
+
+    return (
+        type(model) is VisionTransformer and type(model.patch_embed) is PatchEmbed and all(type(b) is Block for b in model.blocks)  # type: ignore[union-attr]
+    )
 
 
 def _describe(opt: torch.optim.Optimizer) -> str:
@@ -372,6 +379,10 @@ def benchmark(
         torch.manual_seed(seed)
         ours = create_model(model, num_classes=num_classes, **overrides).to(dev)
         cfg: ViTConfig = ours.config  # type: ignore[assignment]
+        if vs in ("timm", "hf") and not _is_plain(ours):
+            raise ConfigError(
+                f"--vs {vs}: {cfg.name} is not a plain ViT (hybrid stem or axial blocks); only plain ViTs have a {vs} equivalent here"
+            )
         ref = build_reference(vs, cfg).to(dev) if vs else None
         x = torch.randn(batch_size, cfg.in_chans, *cfg.img_size, device=dev)
         y = torch.randint(0, max(num_classes, 1), (batch_size,), device=dev)
