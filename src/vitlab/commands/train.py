@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import re
 
-RECIPE_NAMES = ["digits", "small-data", "pretrain", "finetune"]  # mirrors vitlab.train.recipes (kept import-free)
+RECIPE_NAMES = ["digits", "small-data", "pretrain", "finetune", "mpp"]  # mirrors vitlab.train.recipes (kept import-free)
 
 EXAMPLES = """examples:
   vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
   vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
   vitlab train --data ../shared/data/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
   vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
+  vitlab train --data ../shared/data/cifar10 --objective mpp --out runs/mpp --time-budget 10m   # self-supervised, labels unused
+  vitlab finetune --init runs/mpp/model --data ../shared/data/cifar10 --recipe small-data --time-budget 10m
   torchrun --nproc_per_node 2 -m vitlab train --data digits --out runs/ddp
 """
 
@@ -63,12 +65,21 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--heads", type=int, default=None)
     g.add_argument("--mlp-ratio", type=float, default=None, help="MLP width / D")
     g.add_argument("--pool", choices=["cls", "gap"], default=None, help="class token (the paper) or global average pooling without one")
+    g.add_argument(
+        "--posemb",
+        choices=["learn", "learn2d", "sincos2d", "none"],
+        default=None,
+        help="position embedding: learned 1-D (the paper), learned 2-D, fixed 2-D sine-cosine, none (Appendix D.4)",
+    )
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--dropout", type=float, default=None)
 
     g = p.add_argument_group("recipe (each flag overrides the recipe's value)")
     g.add_argument(
-        "--recipe", choices=RECIPE_NAMES, default=default_recipe, help="preset (default: digits for --data digits, else small-data)"
+        "--recipe",
+        choices=RECIPE_NAMES,
+        default=default_recipe,
+        help="preset (default: mpp for --objective mpp, digits for --data digits, else small-data)",
     )
     g.add_argument("--epochs", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None, help="global batch (all processes, all accumulation steps)")
@@ -117,6 +128,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     add_train_args(p, default_recipe=None)
+    p.add_argument(
+        "--objective",
+        choices=["classify", "mpp"],
+        default="classify",
+        help="classify (labels, cross-entropy) or mpp: masked patch prediction (paper Sec. 4.6), labels unused; "
+        "model/ is then a headless ViT for `vitlab finetune --init`",
+    )
     p.set_defaults(func=run)
 
 
@@ -126,7 +144,10 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
 
     from ..train import TrainConfig, get_recipe
 
-    recipe_name = args.recipe or ("finetune" if init else "digits" if args.data.strip().lower() == "digits" else "small-data")
+    objective = getattr(args, "objective", "classify")
+    recipe_name = args.recipe or (
+        "finetune" if init else "mpp" if objective == "mpp" else "digits" if args.data.strip().lower() == "digits" else "small-data"
+    )
     zero_off = {"clip_grad": args.clip_grad, "ema": args.ema}
     recipe = get_recipe(
         recipe_name,
@@ -166,6 +187,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
     }
     if args.pool:
         arch.update(pool=args.pool, class_token=args.pool == "cls")
+    if getattr(args, "posemb", None):
+        arch["posemb"] = args.posemb
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if init else 'train'}"
     return TrainConfig(
         recipe=recipe,
@@ -175,6 +198,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         arch=arch,
         img_size=args.img_size,
         init=init,
+        objective=objective,
         seed=args.seed,
         workers=args.workers,
         device=args.device,
@@ -206,7 +230,14 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
     cfg = config_from_args(args, init=init)
     summary = fit(cfg, resume=args.resume)
-    if summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
+    if summary.get("objective") == "mpp" and summary.get("top1") is not None and _is_main():
+        print(
+            f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
+            f"top-5 {100 * summary['top5']:.2f}% after {summary['epochs']} epochs / {summary['steps']} steps; {summary['wall_s']:.1f} s"
+        )
+        print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
+        print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
+    elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
         print(
             f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), top-5 {100 * summary['top5']:.2f}% "
             f"after {summary['epochs']} epochs / {summary['steps']} steps; {summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"

@@ -75,6 +75,10 @@ class MaskedPatchPrediction(nn.Module):
         nn.init.normal_(self.mask_token, std=0.02)
         self.mpp_head = nn.Linear(d, 2 ** (3 * bits))
 
+    def no_weight_decay(self) -> set[str]:
+        """The ViT's own exclusions (under ``model.``) and the [mask] embedding, for optimiser groups."""
+        return {f"model.{n}" for n in self.model.no_weight_decay()} | {"mask_token"}
+
     def corrupt(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the 50% / (80, 10, 10) corruption to patch embeddings ``(B, N, D)``."""
         b, n, _ = tokens.shape

@@ -54,7 +54,8 @@ def train_one_epoch(
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
     micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
     the epoch there (time budget, ``--stop-after``, periodic checkpoints are the caller's business).
-    Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly."""
+    Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
+    an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss."""
     model.train()
     res = EpochResult()
     t0 = time.perf_counter()
@@ -67,8 +68,9 @@ def train_one_epoch(
         sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
             with _autocast(device, amp_dtype):
-                logits = model(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+                out = model(x)
+            # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
+            loss = F.cross_entropy(out.float(), y, label_smoothing=label_smoothing) if isinstance(out, torch.Tensor) else out.loss.float()
             (scaler.scale(loss / accum_steps) if scaler else loss / accum_steps).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):

@@ -221,6 +221,29 @@ RECIPES: dict[str, Recipe] = {
             hflip=0.0,
             label_smoothing=0.0,
         ),
+        Recipe(
+            name="mpp",
+            source=(
+                "Masked patch prediction (`vitlab train --objective mpp`), Dosovitskiy et al. 2021, Sec. 4.6 and Appendix B.1.2: "
+                "Adam, base LR 2e-4 at batch 4096, 10k warmup steps + cosine decay, ViT-B/16 on JFT for 1M steps; corrupt 50% of "
+                "the patch embeddings (80% [mask], 10% random patch, 10% kept), predict each one's 3-bit mean colour (512 classes). "
+                "Scaled down for small data: the small-data architecture (patch 4, width 192, depth 9), batch 128, LR 1e-3 "
+                "(2e-4 is for a million steps), 1 warmup epoch, weight decay 0.05, light crop + flip only: no label regularisers."
+            ),
+            expected="Not a classifier: fine-tune model/ with `vitlab finetune --init`; small-scale CIFAR-10 numbers in docs/analyses.md.",
+            arch=_SMALL_ARCH,
+            optimizer="adam",
+            lr=1e-3,
+            base_batch=128,
+            batch_size=128,
+            weight_decay=0.05,
+            epochs=10,
+            warmup_epochs=1,
+            schedule="cosine",
+            clip_grad=1.0,
+            crop_scale=(0.8, 1.0),
+            hflip=0.5,
+        ),
     )
 }
 

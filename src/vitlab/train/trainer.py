@@ -50,6 +50,9 @@ class TrainConfig:
     img_size: int | None = None
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    objective: str = "classify"
+    """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
+    a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy (:mod:`vitlab.train.mpp`)."""
     seed: int = 0
     workers: int = -1
     """DataLoader worker processes; -1: one worker when the model runs single-threaded on a
@@ -200,6 +203,10 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         cfg = dataclasses.replace(
             saved, workers=cfg.workers, stop_after=cfg.stop_after, save_every=cfg.save_every, progress=cfg.progress, out=cfg.out
         )
+    from .mpp import OBJECTIVES
+
+    if cfg.objective not in OBJECTIVES:
+        raise ConfigError(f"--objective {cfg.objective!r}: choose one of {', '.join(OBJECTIVES)}")
     d, device = setup(cfg.device)
     try:
         return _fit(cfg, d, device, out, state)
@@ -243,8 +250,13 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
 
     # -- model ----------------------------------------------------------------------------
+    from .mpp import evaluate_mpp, unwrap, wrap
+
+    mpp = cfg.objective == "mpp"
     _seed_all(cfg.seed)  # same initial weights on every rank
-    model = build_model(cfg, num_classes=data.num_classes, in_chans=data.in_chans, image_size=data.image_size, class_names=data.class_names)
+    n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
+    model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    net = wrap(model, cfg.objective)  # what the optimiser trains: the ViT, or the ViT plus the MPP [mask] and colour head
     mcfg = model.config
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -253,7 +265,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     workers = cfg.workers
     if workers < 0:
         workers = 1 if device.type == "cuda" or (torch.get_num_threads() == 1 and (os.cpu_count() or 1) >= 2) else 0
-    model.to(device)
+    net.to(device)
     _seed_all(cfg.seed + d.rank)  # different augmentation per rank
     amp_dtype, use_scaler = _amp(cfg.precision, device)
 
@@ -281,7 +293,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     steps_per_epoch = micro_per_epoch // r.accum_steps
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
-    mix = mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix)
+    mix = None if mpp else mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix)
     loader_gen = torch.Generator().manual_seed(cfg.seed + 1000 * d.rank)  # keeps DataLoader seeding off the global RNG
 
     def train_loader(epoch: int, start_micro: int) -> DataLoader:
@@ -299,9 +311,11 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     eval_loader = DataLoader(
         val_ds, batch_size=max(micro, 256), shuffle=False, num_workers=workers if device.type == "cuda" else 0, generator=loader_gen
     )
-    ddp_model: nn.Module = model
-    if d.enabled:
-        ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp_model: nn.Module = net
+    if d.enabled:  # MPP leaves the ViT's pooling/head path unused
+        ddp_model = nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=mpp
+        )
     run_model = torch.compile(ddp_model) if cfg.compile else ddp_model
 
     lr = r.scaled_lr(r.batch_size)
@@ -315,7 +329,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         epochs, total_steps = r.epochs, r.epochs * steps_per_epoch
         if cfg.time_budget:
             total_steps, epochs = _plan_budget(
-                cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
+                cfg, net, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
             )
         warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
         if warm > total_steps // 2:
@@ -323,7 +337,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             warm = total_steps // 2
         epochs, total_steps, warm = broadcast_ints([epochs, total_steps, warm], d, device)  # rank 0's plan for all
         plan = {"epochs": epochs, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "warmup_steps": warm, "lr": lr}
-    optimizer = build_optimizer(model, r, lr)
+    optimizer = build_optimizer(net, r, lr)
     scheduler = build_scheduler(
         optimizer, total_steps=plan["total_steps"], warmup_steps=plan["warmup_steps"], schedule=r.schedule, min_ratio=r.min_lr_ratio
     )
@@ -332,12 +346,12 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     if r.ema:
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(r.ema), use_buffers=True)
+        ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(r.ema), use_buffers=True)
 
     epoch, step, start_micro, best, wall_before, img_before, train_s_before = 0, 0, 0, -1.0, 0.0, 0, 0.0
     loss_before = 0.0  # the train-loss sum of a partly done epoch (resume)
     if state is not None:
-        model.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if scaler is not None and state.get("scaler"):
@@ -372,7 +386,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
 
     def save_checkpoint(ep: int, st: int, micro_done: int, rng: dict[str, Any], torch_ranks: list[torch.Tensor], lg: torch.Tensor) -> None:
         blob = {
-            "model": model.state_dict(),
+            "model": net.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
@@ -421,7 +435,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
 
     if d.is_main and not d.enabled:
         signal.signal(signal.SIGINT, on_sigint)
-    eval_model = ema.module if ema is not None else model
+    eval_model = ema.module if ema is not None else net
     try:
         cur: dict[str, Any] = {}  # the epoch in progress, read by on_step
 
@@ -475,7 +489,10 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             if not epoch_done:
                 interrupted = True
                 break
-            last_eval = evaluate(eval_model, eval_loader, num_classes=data.num_classes, device=device, amp_dtype=amp_dtype, dist=d)
+            if mpp:
+                last_eval = evaluate_mpp(eval_model, eval_loader, device=device, amp_dtype=amp_dtype, dist=d, seed=cfg.seed)
+            else:
+                last_eval = evaluate(eval_model, eval_loader, num_classes=data.num_classes, device=device, amp_dtype=amp_dtype, dist=d)
             row = {
                 "epoch": epoch + 1,
                 "step": step,
@@ -496,7 +513,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             if d.is_main:
                 append_metrics(row, out / "metrics.jsonl")
                 if improved or cfg.keep == "last":
-                    _save_model(eval_model, out / "model", cfg, data, last_eval, epoch)
+                    _save_model(unwrap(eval_model), out / "model", cfg, data, last_eval, epoch)
                 save_checkpoint(epoch, step, 0, get_rng_state(), ranks, loader_gen.get_state())
                 last_save = time.perf_counter()
                 if time.perf_counter() - last_plot > 30:  # figures cost ~1 s; the end of the run always draws them
@@ -535,6 +552,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         },
         "data": data.describe(),
         "recipe": r.name,
+        "objective": cfg.objective,
         "processes": d.world_size,
         "device": device.type,
         "out": str(out),
@@ -572,6 +590,7 @@ def _save_model(model: nn.Module, path: Path, cfg: TrainConfig, data, ev: dict[s
             "top1": ev["top1"],
             "top5": ev["top5"],
             "init": cfg.init,
+            "objective": cfg.objective,
         },
     )
 
@@ -581,7 +600,8 @@ def _plots(out: Path, class_names: list[str], ev: dict[str, Any]) -> None:
 
     try:
         plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
-        plot_confusion(ev["confusion"], class_names, out / "confusion.png")
+        if "confusion" in ev:  # not for MPP's 512 colours
+            plot_confusion(ev["confusion"], class_names, out / "confusion.png")
     except Exception as e:  # a figure must never kill a training run
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
 
@@ -605,7 +625,8 @@ def _plan_budget(
             if i == n_warm:
                 t0 = time.perf_counter()
             with torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else torch.enable_grad():
-                loss = F.cross_entropy(probe(xs).float(), ys)
+                res = probe(xs)
+                loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
             loss.backward()
             opt.step()
             opt.zero_grad()
