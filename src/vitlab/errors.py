@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "InputError", "OfflineError", "UnknownModelError", "VitlabError"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "InputError",
+    "NonFiniteLossError",
+    "OfflineError",
+    "UnknownModelError",
+    "VitlabError",
+]
 
 
 class VitlabError(Exception):
@@ -30,3 +38,7 @@ class CheckpointError(VitlabError, ValueError):
 
 class OfflineError(VitlabError, OSError):
     """A download was needed but the network (or the file) is unreachable."""
+
+
+class NonFiniteLossError(VitlabError, FloatingPointError):
+    """A NaN or Inf training loss (``--on-nan stop``): the run stops before the bad update."""

@@ -54,13 +54,18 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any
 
     meta["vitlab_version"] = __version__
     tmp_w, tmp_c = out / (WEIGHTS_NAME + ".tmp"), out / (CONFIG_NAME + ".tmp")
-    save_file(state, str(tmp_w), metadata={"format": "pt"})
-    tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
-    for tmp in (tmp_w, tmp_c):
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-    os.replace(tmp_w, out / WEIGHTS_NAME)
-    os.replace(tmp_c, out / CONFIG_NAME)
+    try:
+        save_file(state, str(tmp_w), metadata={"format": "pt"})
+        tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
+        for tmp in (tmp_w, tmp_c):
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp_w, out / WEIGHTS_NAME)
+        os.replace(tmp_c, out / CONFIG_NAME)
+    except OSError as e:  # full disk, quota: remove the partial files, keep the previous model
+        for tmp in (tmp_w, tmp_c):
+            tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{out}: cannot write the model ({e.strerror or e}); the previous files there are kept") from None
     return out
 
 

@@ -23,30 +23,31 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--max-image-pixels", type=int, default=None, metavar="N", help="refuse larger images (decompression-bomb guard, default 89478485)"
+    )
     p.set_defaults(func=run)
 
 
-def read_image(path: str, in_chans: int):
-    """An image file as a ``(C, H, W)`` uint8 tensor with the model's channel count."""
-    import numpy as np
-    import torch
-    from PIL import Image
+def read_image(path: str, in_chans: int, *, max_pixels: int | None = None):
+    """An image file as a ``(C, H, W)`` uint8 tensor with the model's channel count; a file that
+    cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and the reason."""
+    import os
 
+    import torch
+
+    from ..data.cache import decode_image
     from ..data.transforms import match_channels
     from ..errors import InputError
 
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
     try:
-        with Image.open(path) as im:
-            if im.mode in ("P", "PA", "LA", "RGBA"):
-                im = Image.alpha_composite(Image.new("RGBA", im.size, (255, 255, 255, 255)), im.convert("RGBA"))
-            im = im.convert("L" if in_chans == 1 else "RGB")
-            arr = np.asarray(im, dtype=np.uint8)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
+        arr = decode_image(path, mode="L" if in_chans == 1 else "RGB", max_pixels=max_pixels)
     except Exception as e:
-        raise InputError(f"{path}: not a readable image ({type(e).__name__})") from None
-    x = torch.from_numpy(arr.copy())
-    x = x[None] if x.ndim == 2 else x.permute(2, 0, 1)
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise InputError(f"{path}: not a readable image ({type(e).__name__}{': ' + why if why else ''})") from None
+    x = torch.from_numpy(arr.copy()).permute(2, 0, 1)
     return match_channels(x, in_chans)
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
     tf = preprocess_for(model)
-    x = torch.stack([tf(read_image(p, cfg.in_chans)) for p in args.images])
+    x = torch.stack([tf(read_image(p, cfg.in_chans, max_pixels=args.max_image_pixels)) for p in args.images])
     dev = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
     with torch.no_grad():

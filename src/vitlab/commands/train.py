@@ -50,6 +50,13 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
     g.add_argument("--strict-data", action="store_true", help="stop on files that cannot be decoded instead of skipping them")
     g.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb guard (default 89478485)",
+    )
+    g.add_argument(
         "--workers",
         type=int,
         default=-1,
@@ -111,6 +118,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--save-every", type=float, default=None, metavar="MIN", help="also checkpoint every MIN minutes mid-epoch")
     g.add_argument("--stop-after", type=int, default=None, metavar="STEPS", help="save and stop after STEPS steps (resume later)")
     g.add_argument("--keep", choices=["best", "last"], default="best", help="which weights model/ holds")
+    g.add_argument(
+        "--on-nan",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), or skip the step and count it in metrics.jsonl",
+    )
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -208,6 +221,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         val_split=args.val_split,
         cache_dir=args.cache_dir,
         strict_data=args.strict_data,
+        max_image_pixels=args.max_image_pixels,
+        on_nan=args.on_nan,
         time_budget=args.time_budget,
         save_every=args.save_every,
         stop_after=args.stop_after,
@@ -228,7 +243,11 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
-    cfg = config_from_args(args, init=init)
+    try:
+        cfg = config_from_args(args, init=init)
+    except ConfigError as e:  # "recipe 'digits': batch_size: must be positive" -> "--batch-size: must be positive"
+        m = re.match(r"recipe '[^']*': (\w+): (.*)", str(e))
+        raise (ConfigError(f"--{m.group(1).replace('_', '-')}: {m.group(2)}") if m else e) from None
     summary = fit(cfg, resume=args.resume)
     if summary.get("objective") == "mpp" and summary.get("top1") is not None and _is_main():
         print(

@@ -4,6 +4,10 @@ The cache key hashes every file's path, size and modification time (plus the
 target size), so editing, adding or removing a file makes a new cache, and a
 second run or a later epoch never decodes a JPEG again. Files that cannot be
 decoded are reported and skipped instead of failing mid-epoch.
+
+Memory: decoded images go straight into the memory-mapped file, at most
+``buffer_bytes`` of them in flight, so a dataset larger than RAM is cached and then
+read page by page; nothing holds the whole array in memory.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DecodedFiles", "decode_files", "default_cache_dir"]
+__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "DecodedFiles", "decode_files", "decode_image", "default_cache_dir"]
 
 _VERSION = 1
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+"""PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
 
 
 def default_cache_dir() -> Path:
@@ -37,11 +43,49 @@ class DecodedFiles:
     skipped: list[tuple[str, str]]
 
 
-def _decode(path: str, size: int | None, mode: str) -> np.ndarray:
+def _to_8bit(im):
+    """16-bit and 32-bit integer / float greyscale (PNG ``I;16``, TIFF ``I``/``F``) to ``L`` by
+    scaling, not clipping: PIL's own conversion saturates every value above 255 to white."""
     from PIL import Image
 
-    with Image.open(path) as im:
+    a = np.asarray(im).astype(np.float64)
+    if im.mode == "F":
+        top = 1.0 if a.size and a.max() <= 1.0 else 255.0
+    else:
+        top = 65535.0 if im.mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
+    return Image.fromarray(np.clip(np.round(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+
+
+def decode_image(path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None) -> np.ndarray:
+    """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
+
+    Palette and alpha images are composited on white, CMYK/YCbCr/greyscale converted, 16-bit
+    scaled to 8 bits. ``size`` resizes the shorter side and center-crops a square. Raises
+    ``ValueError`` with the reason for an empty file or an image over ``max_pixels`` (default
+    :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its header, before decoding);
+    PIL's errors for truncated or non-image files pass through."""
+    return _decode(str(path), size, mode, max_pixels)
+
+
+def _decode(path: str, size: int | None, mode: str, max_pixels: int | None = None) -> np.ndarray:
+    from PIL import Image
+
+    limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
+    if os.path.getsize(path) == 0:
+        raise ValueError("empty file (0 bytes)")
+    if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
+        Image.MAX_IMAGE_PIXELS = limit  # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
+    try:
+        im = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{e} (decompression-bomb guard; raise --max-image-pixels if you trust the file)") from None
+    with im:
+        w, h = im.size
+        if w * h > limit:
+            raise ValueError(f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} (decompression-bomb guard, --max-image-pixels)")
         im.draft(mode, (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
+        if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+            im = _to_8bit(im)
         if im.mode in ("P", "LA", "RGBA", "PA") and mode == "RGB":
             im = im.convert("RGBA")
             bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
@@ -69,6 +113,20 @@ def _probe(path: str) -> tuple[int, int] | None:
         return None
 
 
+def _remove_stale(folder: Path, prefix: str) -> None:
+    """Delete half-built caches (``<prefix><pid>``) of processes that were killed: each can be as big as the dataset."""
+    for tmp in folder.glob(f"{prefix}*"):
+        pid = tmp.name[len(prefix) :]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # alive under another user: not ours to delete
+            pass
+
+
 def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
     h = hashlib.sha256(f"v{_VERSION}|{size}|{mode}|".encode())
     for p in paths:
@@ -90,19 +148,23 @@ def decode_files(
     name: str = "images",
     workers: int = 2,
     progress: bool = True,
+    max_pixels: int | None = None,
+    buffer_bytes: int = 64 << 20,
 ) -> DecodedFiles:
     """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
     ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes). ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
-    grayscale and RGBA files are converted to it.
+    grayscale and RGBA files are converted to it. ``max_pixels`` is the decompression-bomb
+    guard of :func:`decode_image`. At most ``buffer_bytes`` of decoded images wait in memory
+    before they are written to the memmap (the memory budget of building a cache).
     """
     from tqdm.auto import tqdm
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    key = _key(paths, size if size is not None else f"native-or-{fallback_size}", mode)
+    key = _key(paths, size if size is not None else f"native-or-{fallback_size}", mode + (f"|{max_pixels}" if max_pixels else ""))
     data_f, meta_f = cache / f"{name}-{key}.u8", cache / f"{name}-{key}.json"
     if meta_f.is_file() and data_f.is_file():
         meta = json.loads(meta_f.read_text())
@@ -125,27 +187,34 @@ def decode_files(
         height, width = common[1], common[0]
     if size is not None:
         height = width = size
+    _remove_stale(cache, f"{name}-{key}.tmp")
     tmp = data_f.with_suffix(f".tmp{os.getpid()}")
     out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(max(len(paths), 1), height, width, chans))
     kept: list[int] = []
 
     def work(i: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            arr = _decode(paths[i], size, mode)
+            arr = _decode(paths[i], size, mode, max_pixels)
             if arr.shape != (height, width, chans):
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
             return i, arr, ""
         except Exception as e:  # any unreadable file is reported, never fatal here
             return i, None, f"{type(e).__name__}: {e}"
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        it = pool.map(work, range(len(paths)), chunksize=64)
-        for i, arr, err in tqdm(it, total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False):
-            if arr is None:
-                skipped.append((paths[i], err))
-            else:
-                out[len(kept)] = arr
-                kept.append(i)
+    # Executor.map would queue every file at once and could hold all decoded images; a bounded window cannot.
+    window = max(1, min(len(paths), buffer_bytes // max(1, height * width * chans)))
+    with (
+        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
+        tqdm(total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False) as bar,
+    ):
+        for start in range(0, len(paths), window):
+            for i, arr, err in pool.map(work, range(start, min(start + window, len(paths)))):
+                if arr is None:
+                    skipped.append((paths[i], err))
+                else:
+                    out[len(kept)] = arr
+                    kept.append(i)
+                bar.update(1)
     out.flush()
     shape = (len(kept), height, width, chans)
     del out

@@ -122,9 +122,18 @@ def _cifar(name: str, cache_dir: Path) -> DataSplits:
 
 
 def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
-    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order."""
+    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order.
+    Given ``class_names`` (the training classes), a class folder of ``root`` outside them is an error."""
+    own_classes = class_names is None
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if class_names is not None and set(found) - set(class_names):
+        extra = sorted(set(found) - set(class_names))
+        raise DataError(
+            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; the model cannot predict them "
+            "(move them to train/ as well, or remove them)"
+        )
     if class_names is None:
-        class_names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        class_names = found
     if not class_names:
         raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>)")
     paths, labels = [], []
@@ -140,11 +149,25 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
                     labels.append(i)
     if not paths:
         raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in the class folders")
+    if own_classes:
+        present = set(labels)
+        empty = [c for i, c in enumerate(class_names) if i not in present]
+        if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
+            raise DataError(f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; add images or remove the folder(s)")
     return paths, np.asarray(labels, dtype=np.int64), class_names
 
 
 def _decode_split(
-    root: Path, class_names: list[str] | None, *, size: int | None, mode: str, cache_dir: Path, strict: bool, workers: int, progress: bool
+    root: Path,
+    class_names: list[str] | None,
+    *,
+    size: int | None,
+    mode: str,
+    cache_dir: Path,
+    strict: bool,
+    workers: int,
+    progress: bool,
+    max_pixels: int | None = None,
 ) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
     paths, labels, names = _scan(root, class_names)
     dec = decode_files(
@@ -155,19 +178,30 @@ def _decode_split(
         name=f"{root.parent.name}-{root.name}",
         workers=workers,
         progress=progress,
+        max_pixels=max_pixels,
     )
     if dec.skipped and strict:
-        p, why = dec.skipped[0]
-        raise DataError(f"{len(dec.skipped)} file(s) cannot be decoded (--strict-data), first: {p}: {why}")
+        listed = "; ".join(f"{p}: {why}" for p, why in dec.skipped[:5])
+        more = f"; and {len(dec.skipped) - 5} more" if len(dec.skipped) > 5 else ""
+        raise DataError(f"{len(dec.skipped)} file(s) cannot be decoded (--strict-data): {listed}{more}")
     if not dec.kept:
         raise DataError(f"{root}: none of the {len(paths)} image files could be decoded")
     return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, dec.skipped
 
 
 def _folder(
-    root: Path, *, val_split: float | None, size: int | None, mode: str, cache_dir: Path, strict: bool, workers: int, progress: bool
+    root: Path,
+    *,
+    val_split: float | None,
+    size: int | None,
+    mode: str,
+    cache_dir: Path,
+    strict: bool,
+    workers: int,
+    progress: bool,
+    max_pixels: int | None = None,
 ) -> DataSplits:
-    kw = dict(size=size, mode=mode, cache_dir=cache_dir, strict=strict, workers=workers, progress=progress)
+    kw = dict(size=size, mode=mode, cache_dir=cache_dir, strict=strict, workers=workers, progress=progress, max_pixels=max_pixels)
     train_dir = root / "train"
     val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
     if train_dir.is_dir() and val_dir is not None and val_split is None:
@@ -190,6 +224,7 @@ def load_data(
     strict: bool = False,
     workers: int = 2,
     progress: bool = True,
+    max_image_pixels: int | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -198,7 +233,9 @@ def load_data(
     Folder images are decoded once into a cache (``cache_dir``, default ``~/.cache/vitlab``)
     at their own size when all files share it; otherwise they are resized (shorter side +
     center crop) to ``size`` (default: the most common side). Undecodable files are skipped and listed in
-    ``DataSplits.skipped``, or raise :class:`DataError` with ``strict``.
+    ``DataSplits.skipped``, or raise :class:`DataError` with ``strict`` (listing them); so are
+    images over ``max_image_pixels`` (decompression-bomb guard, default PIL's 89.5 M). A class
+    folder without images, or an evaluation class folder absent from ``train/``, is a :class:`DataError`.
     """
     from .cache import default_cache_dir
 
@@ -217,6 +254,7 @@ def load_data(
             strict=strict,
             workers=workers,
             progress=progress,
+            max_pixels=max_image_pixels,
         )
     if key in ("cifar10", "cifar100"):
         return _cifar(key, cache)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import NonFiniteLossError
 from ..evaluate.accuracy import evaluate_batches as evaluate
 
 __all__ = ["EpochResult", "evaluate", "train_one_epoch"]
@@ -27,6 +28,8 @@ class EpochResult:
     seconds: float = 0.0
     stopped: bool = False
     """True when ``on_step`` asked to stop before the end of the epoch."""
+    skipped: int = 0
+    """Optimizer steps skipped because the loss was NaN or Inf (``on_nan="skip"``)."""
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -50,14 +53,18 @@ def train_one_epoch(
     scaler: torch.amp.GradScaler | None = None,
     ema: torch.optim.swa_utils.AveragedModel | None = None,
     on_step: Callable[[EpochResult, float], bool] | None = None,
+    on_nan: str = "stop",
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
     micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
     the epoch there (time budget, ``--stop-after``, periodic checkpoints are the caller's business).
+    A NaN/Inf loss raises :class:`~vitlab.errors.NonFiniteLossError` before the update
+    (``on_nan="stop"``) or skips that optimizer step and counts it in ``skipped`` (``"skip"``).
     Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
     an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss."""
     model.train()
     res = EpochResult()
+    bad_step = False
     t0 = time.perf_counter()
     running = 0.0
     for i, (x, y) in enumerate(batches):
@@ -74,13 +81,21 @@ def train_one_epoch(
             (scaler.scale(loss / accum_steps) if scaler else loss / accum_steps).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):
-            raise FloatingPointError(f"the training loss is {lv}; lower --lr or enable --clip-grad")
-        res.loss_sum += lv
-        running += lv
+            if on_nan != "skip":  # before the optimizer step: the weights are still the last good ones
+                raise NonFiniteLossError(f"the training loss is {lv} (step {res.steps + 1} of this epoch)")
+            bad_step = True
+        else:
+            res.loss_sum += lv
+            running += lv
         res.micro_batches += 1
         res.images += x.shape[0]
         if not last_micro:
             continue
+        if bad_step:  # skip the update, keep the schedule and the step count (as GradScaler does with fp16 overflows)
+            if scaler is None:
+                optimizer.zero_grad(set_to_none=True)  # params without gradients are not updated
+            res.skipped += 1
+            bad_step = False
         if scaler:
             scaler.unscale_(optimizer)
         if clip_grad:

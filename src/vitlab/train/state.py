@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,24 @@ __all__ = ["atomic_torch_save", "get_rng_state", "load_state", "set_rng_state"]
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     """Write to a temporary file, fsync it, rename it over ``path`` and fsync the folder:
-    a kill at any moment leaves either the old file or the new one, never half of one."""
+    a kill at any moment leaves either the old file or the new one, never half of one.
+    A write failure (full disk, quota, permissions) removes the temporary file and raises a
+    one-line :class:`~vitlab.errors.CheckpointError`; the previous ``path`` stays readable."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _remove_stale_tmp(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)  # never leave half a file behind (a full disk stays full otherwise)
+        if isinstance(e, OSError):
+            kept = f"the previous {path.name} is kept" if path.is_file() else f"no {path.name} was written"
+            raise CheckpointError(f"{path}: cannot write the checkpoint ({e.strerror or e}); {kept}") from None
+        raise
     try:
         fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -38,6 +49,20 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
             os.close(fd)
     except OSError:  # some file systems cannot fsync a directory
         pass
+
+
+def _remove_stale_tmp(path: Path) -> None:
+    """Delete the temporary files of writers that were killed mid-write (their process is gone)."""
+    for tmp in path.parent.glob(f".{path.name}.tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # alive under another user, or no permission to ask: leave it
+            pass
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -75,4 +100,11 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"{p}: cannot read the resume checkpoint ({type(e).__name__}: {e})") from None
+        m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if m:
+            raise CheckpointError(
+                f"{p}: cannot read the resume checkpoint: refused to unpickle a {m.group(1)} object (weights_only=True; "
+                "vitlab writes only tensors and numbers there, so this file was not written by vitlab train)"
+            ) from None
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"{p}: cannot read the resume checkpoint ({type(e).__name__}: {why})") from None

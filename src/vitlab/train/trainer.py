@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteLossError
 from .distributed import Dist, barrier, broadcast_ints, setup, teardown
 from .loop import EpochResult, evaluate, train_one_epoch
 from .recipes import Recipe, get_recipe
@@ -67,6 +67,10 @@ class TrainConfig:
     val_split: float | None = None
     cache_dir: str | None = None
     strict_data: bool = False
+    max_image_pixels: int | None = None
+    """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
+    on_nan: str = "stop"
+    """A NaN/Inf loss: ``stop`` before the update (``last.pt`` keeps the last good state, exit 2) or ``skip`` the step and count it."""
     time_budget: float | None = None
     """Seconds for the whole run; the number of steps is planned from a measured step time."""
     save_every: float | None = None
@@ -167,6 +171,67 @@ def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size
     return VisionTransformer(c)
 
 
+_FLAGS = {"patch_size": "--patch-size", "embed_dim": "--dim", "depth": "--depth", "num_heads": "--heads", "img_size": "--img-size"}
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Reject impossible options before any data is decoded or any model built; each
+    :class:`~vitlab.errors.ConfigError` names the command-line option (recipe values were
+    checked when the :class:`Recipe` was made)."""
+    from ..models import ViTConfig, model_config
+
+    if cfg.on_nan not in ("stop", "skip"):
+        raise ConfigError(f"--on-nan {cfg.on_nan!r}: choose stop or skip")
+    for flag, v, ok in (
+        ("--save-every", cfg.save_every, lambda x: x > 0),
+        ("--stop-after", cfg.stop_after, lambda x: x >= 1),
+        ("--time-budget", cfg.time_budget, lambda x: x > 0),
+        ("--max-image-pixels", cfg.max_image_pixels, lambda x: x >= 1),
+        ("--img-size", cfg.img_size, lambda x: x >= 1),
+        ("--val-split", cfg.val_split, lambda x: 0 < x < 1),
+    ):
+        if v is not None and not ok(v):
+            raise ConfigError(f"{flag} {v}: out of range")
+    if cfg.workers < -1 or cfg.threads < 0:
+        raise ConfigError(f"--workers {cfg.workers} / --threads {cfg.threads}: must be >= -1 / >= 0")
+    r = cfg.recipe
+    if cfg.init:
+        _check_init_matches(cfg)
+        return
+    name = cfg.model or r.model
+    base = model_config(name) if name else ViTConfig(name="vit_custom", **r.arch)
+    changes = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    img = cfg.img_size or r.img_size
+    patch = changes.get("patch_size", base.patch_size) * base.stem_stride
+    changes["img_size"] = img or 4 * patch  # the data's own size is checked once it is known
+    try:
+        base.replace(**changes)
+    except ConfigError as e:
+        opt, _, msg = str(e).partition(": ")
+        raise ConfigError(f"{_FLAGS.get(opt, opt)}: {msg}") from None
+
+
+def _check_init_matches(cfg: TrainConfig) -> None:
+    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error."""
+    from ..models import model_config
+
+    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    if cfg.model:
+        m = model_config(cfg.model)
+        wanted = {"patch_size": m.patch_size, "embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.num_heads, **wanted}
+    if not wanted:
+        return
+    import vitlab
+
+    have = vitlab.load(cfg.init).config
+    for k, v in wanted.items():
+        if getattr(have, k) != v:
+            flag = "--model " + cfg.model if cfg.model and k not in cfg.arch else f"{_FLAGS[k]} {v}"
+            raise ConfigError(
+                f"{flag} does not match the --init checkpoint {cfg.init} ({k} = {getattr(have, k)}); drop the flag or pick another checkpoint"
+            )
+
+
 def micro_batch_estimate(cfg: TrainConfig, d: Dist) -> int:
     return max(1, cfg.recipe.batch_size // (d.world_size * cfg.recipe.accum_steps))
 
@@ -195,6 +260,7 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     """
     out = Path(cfg.out)
     ckpt_path = out / "last.pt"
+    on_nan = cfg.on_nan
     state: dict[str, Any] | None = None
     if resume:
         state = load_state(ckpt_path)
@@ -203,6 +269,9 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         cfg = dataclasses.replace(
             saved, workers=cfg.workers, stop_after=cfg.stop_after, save_every=cfg.save_every, progress=cfg.progress, out=cfg.out
         )
+        if on_nan != "stop":  # the one numerical-safety option a resumed run may relax
+            cfg.on_nan = on_nan
+    validate_config(cfg)
     from .mpp import OBJECTIVES
 
     if cfg.objective not in OBJECTIVES:
@@ -235,6 +304,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and d.is_main,
+            max_image_pixels=cfg.max_image_pixels,
         )
 
     if d.is_main:
@@ -407,6 +477,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             "vitlab_checkpoint": 1,
         }
         atomic_torch_save(blob, out / "last.pt")
+        last_saved["step"] = st
 
     def gather_torch_rng(s: torch.Tensor) -> list[torch.Tensor]:
         if not d.enabled:
@@ -423,6 +494,8 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     img_total, train_s_total = img_before, train_s_before
     last_save = last_plot = time.perf_counter()
     steps_this_run = 0
+    nan_skipped = 0  # optimizer steps skipped for a NaN/Inf loss in this process (--on-nan skip)
+    last_saved: dict[str, int | None] = {"step": state["step"] if state is not None else None}
     interrupted = False
     last_eval: dict[str, Any] | None = None
     prev_sigint = signal.getsignal(signal.SIGINT)
@@ -483,7 +556,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
                 scaler=scaler,
                 ema=ema,
                 on_step=on_step,
+                on_nan=cfg.on_nan,
             )
+            nan_skipped += res.skipped
             train_s_total += res.seconds
             epoch_done = not res.stopped or cur["micro"] >= steps_per_epoch * r.accum_steps or step >= plan["total_steps"]
             if not epoch_done:
@@ -504,6 +579,8 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
                 "images_per_sec": res.images * d.world_size / max(res.seconds, 1e-9),
                 "wall_s": wall_before + time.perf_counter() - t_start,
             }
+            if res.skipped:
+                row["nan_skipped"] = res.skipped
             improved = last_eval["top1"] > best
             best = max(best, last_eval["top1"])
             epoch += 1
@@ -522,6 +599,15 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             if res.stopped and step < plan["total_steps"]:
                 interrupted = True
                 break
+    except NonFiniteLossError as e:
+        kept = (
+            f"{out / 'last.pt'} (step {last_saved['step']}) holds the last good state"
+            if last_saved["step"] is not None
+            else "no checkpoint was saved yet"
+        )
+        raise NonFiniteLossError(
+            f"{e}, global step {step + 1}: stopped before that update; {kept}. Lower --lr, set --clip-grad, or pass --on-nan skip"
+        ) from None
     finally:
         bar.close()
         if d.is_main and not d.enabled:
@@ -557,6 +643,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         "device": device.type,
         "out": str(out),
         "interrupted": interrupted,
+        "nan_skipped": nan_skipped,
         "planned_epochs": plan["epochs"],
         "planned_steps": plan["total_steps"],
     }
