@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
-        "--max-image-pixels", type=int, default=None, metavar="N", help="refuse larger images (decompression-bomb guard, default 89478485)"
+        "--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images (decompression-bomb guard, PIL's limit)"
     )
     p.set_defaults(func=run)
 

@@ -52,9 +52,9 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument(
         "--max-image-pixels",
         type=int,
-        default=None,
+        default=89_478_485,
         metavar="N",
-        help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb guard (default 89478485)",
+        help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb guard (PIL's limit)",
     )
     g.add_argument(
         "--workers",

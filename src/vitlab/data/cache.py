@@ -164,7 +164,11 @@ def decode_files(
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    key = _key(paths, size if size is not None else f"native-or-{fallback_size}", mode + (f"|{max_pixels}" if max_pixels else ""))
+    key = _key(
+        paths,
+        size if size is not None else f"native-or-{fallback_size}",
+        mode + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else ""),
+    )
     data_f, meta_f = cache / f"{name}-{key}.u8", cache / f"{name}-{key}.json"
     if meta_f.is_file() and data_f.is_file():
         meta = json.loads(meta_f.read_text())
