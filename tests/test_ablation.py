@@ -6,9 +6,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+from imagefolder import tiny_folder
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "posemb_ablation.py"
 
@@ -23,17 +23,7 @@ def ablation():
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("abl") / "rgb"
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 8), ("test", 3)):
-        for c in range(3):
-            d = root / split / f"class{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                arr = rng.integers(0, 80, (8, 8, 3)).astype(np.uint8)
-                arr[..., c] += 150
-                Image.fromarray(arr).save(d / f"{i:02d}.png")
-    return root
+    return tiny_folder(tmp_path_factory.mktemp("abl") / "rgb", per_class=8, test_per_class=3)
 
 
 def test_two_variants_two_steps_write_a_table(ablation, data_dir, tmp_path):

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train import loop as loop_mod
 from vitlab.train.state import load_state
@@ -27,17 +28,7 @@ EPOCHS = 20  # 3 steps per epoch: 60 steps
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults") / "rgb"
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 16), ("test", 4)):
-        for c in range(3):
-            d = root / split / f"class{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                arr = rng.integers(0, 80, (8, 8, 3)).astype(np.uint8)
-                arr[..., c] += 150
-                Image.fromarray(arr).save(d / f"{i}.png")
-    return root
+    return tiny_folder(tmp_path_factory.mktemp("faults") / "rgb")
 
 
 def train_args(data_dir, out, *, epochs=EPOCHS, extra=()):

@@ -4,26 +4,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from imagefolder import tiny_folder
 from vitlab.train import TrainConfig, fit, get_recipe
 from vitlab.train.state import load_state
-
-
-def tiny_folder(root, per_class=16, size=8):
-    rng = np.random.default_rng(0)
-    for split, n in (("train", per_class), ("test", 4)):
-        for c in range(3):
-            d = root / split / f"class{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                arr = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
-                arr[..., c] += 150  # class = dominant colour
-                Image.fromarray(arr).save(d / f"{i}.png")
-    return root
 
 
 @pytest.fixture(scope="module")
