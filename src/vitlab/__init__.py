@@ -11,8 +11,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import CheckpointError, ConfigError, InputError, OfflineError, UnknownModelError, VitlabError
-from .models import VisionTransformer, ViTConfig, create_model, list_models, resample_posemb
+
+if TYPE_CHECKING:
+    from .checkpoints import load, save
+    from .models import VisionTransformer, ViTConfig, create_model, list_models, resample_posemb
 
 __all__ = [
     "CheckpointError",
@@ -32,9 +38,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # lazy: keep `import vitlab` light
-    if name in ("load", "save"):
-        from . import checkpoints
+# Lazy: `import vitlab` (and so `vitlab --help`) does not import torch until a model is needed.
+_LAZY = {
+    "load": "checkpoints",
+    "save": "checkpoints",
+    "VisionTransformer": "models",
+    "ViTConfig": "models",
+    "create_model": "models",
+    "list_models": "models",
+    "resample_posemb": "models",
+}
 
-        return getattr(checkpoints, name)
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'vitlab' has no attribute {name!r}")

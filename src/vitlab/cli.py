@@ -58,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vitlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `vitlab models | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (VitlabError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError) as e:
         if args.debug:
             raise
