@@ -9,7 +9,6 @@ overrides, and loads with a full report of missing, unexpected and mis-shaped ke
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -24,7 +23,6 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
-from ..models.posemb import grid_of, resample_posemb
 from ..models.vit import VisionTransformer
 from .native import is_native, load_folder, save
 
@@ -133,18 +131,9 @@ def load_state(
     """
     state = dict(state)
     expected = model.state_dict()
-    cfg: ViTConfig | None = getattr(model, "config", None)
-    pe = state.get("pos_embed")
-    if cfg is not None and pe is not None and "pos_embed" in expected and pe.ndim == 3 and pe.shape[1] != expected["pos_embed"].shape[1]:
-        n_prefix = cfg.num_prefix_tokens
-        with contextlib.suppress(ValueError):  # a non-square grid: reported as mis-shaped below
-            state["pos_embed"] = resample_posemb(
-                pe,
-                cfg.grid_size,
-                old_grid=grid_of(pe.shape[1] - n_prefix),
-                num_prefix_tokens=n_prefix,
-                mode=cfg.posemb_resample,  # type: ignore[arg-type]
-            )
+    adapt = getattr(model, "adapt_state_dict", None)
+    if adapt is not None:  # position embeddings of another grid: resampled, not reported as mis-shaped
+        state = adapt(state)
     missing = [k for k in expected if k not in state and not (fresh and k.startswith(fresh))]
     unexpected = [k for k in state if k not in expected]
     misshaped = [k for k in state if k in expected and state[k].shape != expected[k].shape]

@@ -260,14 +260,14 @@ class VisionTransformer(nn.Module):
             self._captured = prev
 
     # -- checkpoints at another resolution ---------------------------------------
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """Resample position embeddings stored for another grid (Sec. 3.2) before loading."""
+    def adapt_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """Resample, in place, position embeddings stored for another (square) grid to this
+        model's grid (Sec. 3.2); other tensors are left alone. Returns ``state_dict``."""
         cfg = self.config
         key = prefix + "pos_embed"
         if cfg.posemb == "learn" and key in state_dict:
             pe = state_dict[key]
-            want = self.pos_embed.shape[1]
-            if pe.ndim == 3 and pe.shape[1] != want and pe.shape[-1] == cfg.embed_dim:
+            if pe.ndim == 3 and pe.shape[1] != self.pos_embed.shape[1] and pe.shape[-1] == cfg.embed_dim:
                 n_prefix = self.num_prefix_tokens
                 old = pe.shape[1] - n_prefix
                 if old > 0 and math.isqrt(old) ** 2 == old:
@@ -278,6 +278,11 @@ class VisionTransformer(nn.Module):
             k = f"{prefix}pos_embed_{axis}"
             if cfg.posemb == "learn2d" and k in state_dict and state_dict[k].ndim == 3 and state_dict[k].shape[1] != n:
                 state_dict[k] = resample_1d(state_dict[k], n, mode=cfg.posemb_resample)  # type: ignore[arg-type]
+        return state_dict
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """``load_state_dict`` accepts checkpoints of another resolution: see :meth:`adapt_state_dict`."""
+        self.adapt_state_dict(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- accounting ---------------------------------------------------------------
