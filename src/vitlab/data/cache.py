@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._fs import remove_stale
+
 __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "DecodedFiles", "decode_files", "decode_image", "default_cache_dir"]
 
 _VERSION = 1
@@ -113,20 +115,6 @@ def _probe(path: str) -> tuple[int, int] | None:
         return None
 
 
-def _remove_stale(folder: Path, prefix: str) -> None:
-    """Delete half-built caches (``<prefix><pid>``) of processes that were killed: each can be as big as the dataset."""
-    for tmp in folder.glob(f"{prefix}*"):
-        pid = tmp.name[len(prefix) :]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # alive under another user: not ours to delete
-            pass
-
-
 def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
     h = hashlib.sha256(f"v{_VERSION}|{size}|{mode}|".encode())
     for p in paths:
@@ -191,7 +179,7 @@ def decode_files(
         height, width = common[1], common[0]
     if size is not None:
         height = width = size
-    _remove_stale(cache, f"{name}-{key}.tmp")
+    remove_stale(cache, f"{name}-{key}.tmp")
     tmp = data_f.with_suffix(f".tmp{os.getpid()}")
     out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(max(len(paths), 1), height, width, chans))
     kept: list[int] = []

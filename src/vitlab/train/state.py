@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._fs import remove_stale
 from ..errors import CheckpointError
 
 __all__ = ["atomic_torch_save", "get_rng_state", "load_state", "set_rng_state"]
@@ -28,7 +29,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     one-line :class:`~vitlab.errors.CheckpointError`; the previous ``path`` stays readable."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    _remove_stale_tmp(path)
+    remove_stale(path.parent, f".{path.name}.tmp")  # temp files of writers killed mid-write
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -49,20 +50,6 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
             os.close(fd)
     except OSError:  # some file systems cannot fsync a directory
         pass
-
-
-def _remove_stale_tmp(path: Path) -> None:
-    """Delete the temporary files of writers that were killed mid-write (their process is gone)."""
-    for tmp in path.parent.glob(f".{path.name}.tmp*"):
-        pid = tmp.name.rsplit(".tmp", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # alive under another user, or no permission to ask: leave it
-            pass
 
 
 def get_rng_state() -> dict[str, Any]:
