@@ -22,7 +22,7 @@ import torch
 
 from ..errors import CheckpointError
 
-__all__ = ["TORCH_SUFFIXES", "read_npz", "read_state_dict", "unwrap_state_dict"]
+__all__ = ["TORCH_SUFFIXES", "read_npz", "read_state_dict", "torch_load_safe", "unwrap_state_dict"]
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pth.tar")
 # Wrappers that training scripts put around the state dict, most specific first.
@@ -48,10 +48,17 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
             return load_file(str(p))
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{p}: not a readable safetensors file ({_first_line(e)})") from None
+    obj = torch_load_safe(p)
+    return unwrap_state_dict(obj, source=str(p))
+
+
+def torch_load_safe(p: Path, *, what: str = "PyTorch checkpoint") -> Any:
+    """``torch.load(weights_only=True)`` with one-line errors: a file whose pickle holds anything
+    but tensors and plain containers is refused by name (loading it could run code)."""
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it may not read; the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            obj = torch.load(p, map_location="cpu", weights_only=True)
+            return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if m:
@@ -59,10 +66,9 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
                 f"{p}: refused to unpickle: the file holds a {m.group(1)} object, not only tensors, and loading it could run code "
                 "(vitlab reads pickles with torch.load(weights_only=True)); if you trust it, re-save it as a plain state dict or .safetensors"
             ) from None
-        raise CheckpointError(f"{p}: not a PyTorch checkpoint (pickle data that torch's safe loader cannot read)") from None
+        raise CheckpointError(f"{p}: not a {what} (pickle data that torch's safe loader cannot read)") from None
     except Exception as e:  # zip/pickle/EOF errors of random or truncated files
-        raise CheckpointError(f"{p}: not a PyTorch checkpoint ({_first_line(e)})") from None
-    return unwrap_state_dict(obj, source=str(p))
+        raise CheckpointError(f"{p}: not a {what} ({_first_line(e)})") from None
 
 
 def unwrap_state_dict(obj: Any, *, source: str = "checkpoint") -> dict[str, torch.Tensor]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from .._fs import remove_stale
+from ..checkpoints.files import torch_load_safe
 from ..errors import CheckpointError
 
 __all__ = ["atomic_torch_save", "get_rng_state", "load_state", "set_rng_state"]
@@ -85,13 +85,6 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not p.is_file():
         raise CheckpointError(f"{p}: no checkpoint to resume from (train with --out {p.parent} first)")
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:
-        m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if m:
-            raise CheckpointError(
-                f"{p}: cannot read the resume checkpoint: refused to unpickle a {m.group(1)} object (weights_only=True; "
-                "vitlab writes only tensors and numbers there, so this file was not written by vitlab train)"
-            ) from None
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise CheckpointError(f"{p}: cannot read the resume checkpoint ({type(e).__name__}: {why})") from None
+        return torch_load_safe(p)
+    except CheckpointError as e:  # say which file of the run it was
+        raise CheckpointError(f"{p}: cannot read the resume checkpoint: {str(e).removeprefix(f'{p}: ')}") from None
