@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .train import MEMORY_BUDGET_HELP
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -26,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--device", default="auto")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--strict-data", action="store_true")
+    p.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
     p.add_argument("--output", default=None, help="JSON file to write (default MODEL/eval.json when MODEL is a folder)")
     p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     p.set_defaults(func=run)
@@ -37,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
 
     import vitlab
 
+    from .._units import size_option
     from ..evaluate import evaluate_model
 
+    budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
     model = vitlab.load(args.model)
     res = evaluate_model(
         model,
@@ -49,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         val_split=args.val_split,
         cache_dir=args.cache_dir,
         strict=args.strict_data,
+        buffer_bytes=budget,
     )
     res["model"] = str(args.model)
     res["confusion"] = res["confusion"].tolist()

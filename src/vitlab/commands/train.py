@@ -18,6 +18,12 @@ EXAMPLES = """examples:
 """
 
 
+MEMORY_BUDGET_HELP = (
+    "memory for building the decode cache (at most half of it holds decoded images), e.g. 512M, 2G, 64MiB or bytes "
+    "(K/M/G = KiB/MiB/GiB; kB/MB/GB are SI); images are then read through a memory map"
+)
+
+
 def parse_duration(text: str) -> float:
     """``20m`` / ``90s`` / ``1.5h`` / ``1200`` (seconds) -> seconds."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
@@ -56,6 +62,7 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         metavar="N",
         help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb guard (PIL's limit)",
     )
+    g.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
     g.add_argument(
         "--workers",
         type=int,
@@ -155,6 +162,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
     """The :class:`~vitlab.train.TrainConfig` the arguments describe."""
     import time
 
+    from .._units import size_option
     from ..train import TrainConfig, get_recipe
 
     objective = getattr(args, "objective", "classify")
@@ -222,6 +230,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         cache_dir=args.cache_dir,
         strict_data=args.strict_data,
         max_image_pixels=args.max_image_pixels,
+        memory_budget=size_option("--memory-budget", args.memory_budget),
         on_nan=args.on_nan,
         time_budget=args.time_budget,
         save_every=args.save_every,

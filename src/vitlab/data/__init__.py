@@ -5,8 +5,10 @@ torchvision.transforms.v2 pipelines on top of them.
     splits = load_data("digits")                  # embedded, no download
     splits = load_data("path/to/imagefolder", val_split=0.1)
     splits.train.images    # (N, H, W, C) uint8, possibly memory-mapped
+    splits.val.images      # with val_split: an ImageRows view of the same cache, not a copy
 """
 
+from .rows import ImageRows
 from .sources import DataError, DataSplits, ImageArray, load_data
 from .transforms import ArrayDataset, eval_transform, mix_transform, train_transform
 
@@ -15,6 +17,7 @@ __all__ = [
     "DataError",
     "DataSplits",
     "ImageArray",
+    "ImageRows",
     "eval_transform",
     "load_data",
     "mix_transform",

@@ -5,9 +5,10 @@ target size), so editing, adding or removing a file makes a new cache, and a
 second run or a later epoch never decodes a JPEG again. Files that cannot be
 decoded are reported and skipped instead of failing mid-epoch.
 
-Memory: decoded images go straight into the memory-mapped file, at most
-``buffer_bytes`` of them in flight, so a dataset larger than RAM is cached and then
-read page by page; nothing holds the whole array in memory.
+Memory: decoded images go straight into the memory-mapped file, at most half of
+``buffer_bytes`` of them in flight (the other half is headroom for the decoding itself),
+so a dataset larger than RAM is cached and then read page by page; nothing holds the
+whole array in memory.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import numpy as np
 
 from .._fs import remove_stale
 
-__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "DecodedFiles", "decode_files", "decode_image", "default_cache_dir"]
+__all__ = ["DEFAULT_BUFFER_BYTES", "DEFAULT_MAX_IMAGE_PIXELS", "DecodedFiles", "decode_files", "decode_image", "default_cache_dir"]
 
 _VERSION = 1
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 """PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
+DEFAULT_BUFFER_BYTES = 64 << 20
+"""The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
 
 
 def default_cache_dir() -> Path:
@@ -137,7 +140,7 @@ def decode_files(
     workers: int = 2,
     progress: bool = True,
     max_pixels: int | None = None,
-    buffer_bytes: int = 64 << 20,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
 ) -> DecodedFiles:
     """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
 
@@ -145,8 +148,10 @@ def decode_files(
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
     ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes). ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
     grayscale and RGBA files are converted to it. ``max_pixels`` is the decompression-bomb
-    guard of :func:`decode_image`. At most ``buffer_bytes`` of decoded images wait in memory
-    before they are written to the memmap (the memory budget of building a cache).
+    guard of :func:`decode_image`. ``buffer_bytes`` is the memory budget of building a cache
+    (``--memory-budget``): at most half of it holds decoded images waiting to be written to the
+    memmap (at least one image); the other half is headroom for the decoders' own temporaries.
+    Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
     """
     from tqdm.auto import tqdm
 
@@ -194,7 +199,8 @@ def decode_files(
             return i, None, f"{type(e).__name__}: {e}"
 
     # Executor.map would queue every file at once and could hold all decoded images; a bounded window cannot.
-    window = max(1, min(len(paths), buffer_bytes // max(1, height * width * chans)))
+    # Half the budget: results can fill the whole window while this thread is descheduled; the rest is headroom.
+    window = max(1, min(len(paths), buffer_bytes // 2 // max(1, height * width * chans)))
     with (
         ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
         tqdm(total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False) as bar,

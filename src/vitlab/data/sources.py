@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OfflineError, VitlabError
-from .cache import decode_files
+from .cache import DEFAULT_BUFFER_BYTES, decode_files
+from .rows import ImageRows
 
 __all__ = ["IMAGE_EXTENSIONS", "DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
 
@@ -26,16 +27,20 @@ class DataError(VitlabError, ValueError):
 
 @dataclass
 class ImageArray:
-    """One split: ``images`` ``(N, H, W, C)`` uint8 and ``labels`` ``(N,)`` int64."""
+    """One split: ``images`` ``(N, H, W, C)`` uint8 (an array, a memmap or an :class:`ImageRows`
+    view of one) and ``labels`` ``(N,)`` int64."""
 
-    images: np.ndarray
+    images: np.ndarray | ImageRows
     labels: np.ndarray
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, idx: np.ndarray) -> ImageArray:
-        return ImageArray(self.images[np.sort(idx)], self.labels[np.sort(idx)])
+        """Rows ``idx`` (in sorted order) as a view: the images are not copied, so a split of a
+        memory-mapped dataset larger than RAM stays on disk; the small labels are copied."""
+        idx = np.sort(np.asarray(idx, dtype=np.int64))
+        return ImageArray(ImageRows(self.images, idx), self.labels[idx])
 
 
 @dataclass
@@ -168,6 +173,7 @@ def _decode_split(
     workers: int,
     progress: bool,
     max_pixels: int | None = None,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
 ) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
     paths, labels, names = _scan(root, class_names)
     dec = decode_files(
@@ -179,6 +185,7 @@ def _decode_split(
         workers=workers,
         progress=progress,
         max_pixels=max_pixels,
+        buffer_bytes=buffer_bytes,
     )
     if dec.skipped and strict:
         listed = "; ".join(f"{p}: {why}" for p, why in dec.skipped[:5])
@@ -200,8 +207,18 @@ def _folder(
     workers: int,
     progress: bool,
     max_pixels: int | None = None,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
 ) -> DataSplits:
-    kw = dict(size=size, mode=mode, cache_dir=cache_dir, strict=strict, workers=workers, progress=progress, max_pixels=max_pixels)
+    kw = dict(
+        size=size,
+        mode=mode,
+        cache_dir=cache_dir,
+        strict=strict,
+        workers=workers,
+        progress=progress,
+        max_pixels=max_pixels,
+        buffer_bytes=buffer_bytes,
+    )
     train_dir = root / "train"
     val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
     if train_dir.is_dir() and val_dir is not None and val_split is None:
@@ -211,6 +228,7 @@ def _folder(
     tree = train_dir if train_dir.is_dir() else root
     full, names, skipped = _decode_split(tree, None, **kw)  # type: ignore[arg-type]
     tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
+    # views over the decode cache, not copies: the tree may be larger than RAM
     return DataSplits(root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped)
 
 
@@ -225,6 +243,7 @@ def load_data(
     workers: int = 2,
     progress: bool = True,
     max_image_pixels: int | None = None,
+    buffer_bytes: int | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -236,6 +255,11 @@ def load_data(
     ``DataSplits.skipped``, or raise :class:`DataError` with ``strict`` (listing them); so are
     images over ``max_image_pixels`` (decompression-bomb guard, default PIL's 89.5 M). A class
     folder without images, or an evaluation class folder absent from ``train/``, is a :class:`DataError`.
+
+    Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
+    held in memory while the cache is built; the splits are then read from the memory-mapped
+    cache (a ``val_split`` split as :class:`ImageRows` views, not copies), so a folder larger
+    than RAM loads within it.
     """
     from .cache import default_cache_dir
 
@@ -255,6 +279,7 @@ def load_data(
             workers=workers,
             progress=progress,
             max_pixels=max_image_pixels,
+            buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
         )
     if key in ("cifar10", "cifar100"):
         return _cifar(key, cache)

@@ -72,11 +72,13 @@ def evaluate_model(
     cache_dir: str | None = None,
     strict: bool = False,
     progress: bool = True,
+    buffer_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``.
 
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
-    holding only some of the classes still evaluates correctly."""
+    holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
+    images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``)."""
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
@@ -84,7 +86,9 @@ def evaluate_model(
 
     cfg = model.config
     size = max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
-    splits = load_data(data, val_split=val_split, size=size, cache_dir=cache_dir, strict=strict, progress=progress)
+    splits = load_data(
+        data, val_split=val_split, size=size, cache_dir=cache_dir, strict=strict, progress=progress, buffer_bytes=buffer_bytes
+    )
     arr = splits.train if split == "train" else splits.val
     names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])
     if names == splits.class_names:

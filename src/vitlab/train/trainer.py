@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from .loop import EpochResult, evaluate, train_one_epoch
 from .recipes import Recipe, get_recipe
 from .report import append_metrics, plot_confusion, plot_curves, truncate_metrics, write_json
 from .state import atomic_torch_save, get_rng_state, load_state, set_rng_state
+
+if TYPE_CHECKING:
+    from ..data.sources import ImageArray
 
 __all__ = ["TrainConfig", "build_model", "fit"]
 
@@ -69,6 +72,9 @@ class TrainConfig:
     strict_data: bool = False
     max_image_pixels: int | None = None
     """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
+    memory_budget: int | None = None
+    """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
+    images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
     on_nan: str = "stop"
     """A NaN/Inf loss: ``stop`` before the update (``last.pt`` keeps the last good state, exit 2) or ``skip`` the step and count it."""
     time_budget: float | None = None
@@ -187,6 +193,7 @@ def validate_config(cfg: TrainConfig) -> None:
         ("--stop-after", cfg.stop_after, lambda x: x >= 1),
         ("--time-budget", cfg.time_budget, lambda x: x > 0),
         ("--max-image-pixels", cfg.max_image_pixels, lambda x: x >= 1),
+        ("--memory-budget", cfg.memory_budget, lambda x: x >= 1),
         ("--img-size", cfg.img_size, lambda x: x >= 1),
         ("--val-split", cfg.val_split, lambda x: 0 < x < 1),
     ):
@@ -248,6 +255,12 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def eval_shard(val: ImageArray, rank: int, world_size: int) -> ImageArray:
+    """Process ``rank``'s exact share of the evaluation split: rows ``rank, rank + world_size, ...``
+    in order, as a view (the images are not copied out of a memory-mapped cache)."""
+    return val.subset(np.arange(rank, len(val), world_size))
+
+
 class _Stop(Exception):
     pass
 
@@ -267,7 +280,13 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         saved = TrainConfig.from_dict(json.loads(state["config"]))
         # Resume the saved run; only the run-control options may change.
         cfg = dataclasses.replace(
-            saved, workers=cfg.workers, stop_after=cfg.stop_after, save_every=cfg.save_every, progress=cfg.progress, out=cfg.out
+            saved,
+            workers=cfg.workers,
+            stop_after=cfg.stop_after,
+            save_every=cfg.save_every,
+            progress=cfg.progress,
+            out=cfg.out,
+            memory_budget=cfg.memory_budget,  # a property of the machine the run continues on, not of the run
         )
         if on_nan != "stop":  # the one numerical-safety option a resumed run may relax
             cfg.on_nan = on_nan
@@ -305,6 +324,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             strict=cfg.strict_data,
             progress=cfg.progress and d.is_main,
             max_image_pixels=cfg.max_image_pixels,
+            buffer_bytes=cfg.memory_budget,
         )
 
     if d.is_main:
@@ -356,8 +376,8 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     )
     tf_eval = eval_transform(img_size=img, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
     train_ds = ArrayDataset(data.train.images, data.train.labels, transform=tf_train, in_chans=mcfg.in_chans)
-    val_idx = np.arange(d.rank, len(data.val), d.world_size)  # an exact shard per rank
-    val_ds = ArrayDataset(data.val.images[val_idx], data.val.labels[val_idx], transform=tf_eval, in_chans=mcfg.in_chans)
+    shard = eval_shard(data.val, d.rank, d.world_size)
+    val_ds = ArrayDataset(shard.images, shard.labels, transform=tf_eval, in_chans=mcfg.in_chans)
     sampler = DistributedSampler(train_ds, num_replicas=d.world_size, rank=d.rank, shuffle=True, seed=cfg.seed, drop_last=True)
     micro_per_epoch = len(sampler) // micro
     steps_per_epoch = micro_per_epoch // r.accum_steps
@@ -697,12 +717,16 @@ def _plan_budget(
     cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
 ) -> tuple[int, int]:
     """Steps and epochs that fit ``cfg.time_budget``: time a few throw-away steps on a copy of
-    the model (so the real run's RNG and weights are untouched), then subtract evaluations."""
+    the model (so the real run's RNG and weights are untouched), then subtract evaluations.
+
+    With ``--compile`` the steps run through the real compiled model instead (its compilation is
+    then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
+    optimizer of its own: a step of AdamW at LR 0 leaves every weight bit-identical."""
     import torch.nn.functional as F
 
     r = cfg.recipe
-    probe = copy.deepcopy(model)
-    opt = torch.optim.AdamW(probe.parameters(), lr=0.0)
+    probe = run_model if cfg.compile else copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters() if cfg.compile else probe.parameters(), lr=0.0)
     n_warm, n_time = 2, 5
     with torch.random.fork_rng(devices=[]):
         xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
@@ -716,21 +740,22 @@ def _plan_budget(
                 loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
             loss.backward()
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True)
         step_s = (time.perf_counter() - t0) / n_time * r.accum_steps
         # data loading + augmentation of one step, done in this process when workers=0
         t0 = time.perf_counter()
         for i in range(micro):
             train_ds[i % len(train_ds)]
         aug_s = (time.perf_counter() - t0) * r.accum_steps if workers == 0 else 0.0
-        probe.eval()
+        evaluator = model if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+        evaluator.eval()
         t0 = time.perf_counter()
         with torch.no_grad():
             n_eval = min(len(val_ds), 256)
             xe = torch.stack([val_ds[i][0] for i in range(n_eval)]).to(device)
-            probe(xe)
+            evaluator(xe)
         eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
-    del probe, opt
+    del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
     left = cfg.time_budget - (time.perf_counter() - t_start) - min(5.0, 0.1 * cfg.time_budget)  # final save and figures
 

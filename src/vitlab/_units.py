@@ -1,0 +1,45 @@
+"""Parsing of human-written sizes for command-line options (``--memory-budget 2G``).
+
+One parser, so every command accepts the same spellings and rejects the same garbage.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["parse_size", "size_option"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    **{p + suffix: 1024**i for i, p in enumerate("kmgt", start=1) for suffix in ("", "ib")},
+    **{p + "b": 1000**i for i, p in enumerate("kmgt", start=1)},
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?(?:ib|b)?)\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``512M``, ``2G``, ``64MiB``, ``1.5g`` or a plain number of bytes (``1048576``).
+
+    ``K``/``M``/``G``/``T`` and ``KiB``/``MiB``/``GiB``/``TiB`` are powers of 1024 (as in Docker
+    and Java's ``-Xmx``); ``kB``/``MB``/``GB``/``TB`` are powers of 1000 (SI). Case is ignored.
+    Raises ``ValueError`` for anything else and for sizes under one byte."""
+    m = _SIZE.fullmatch(str(text))
+    scale = _UNITS.get(m.group(2).lower()) if m else None
+    value = round(float(m.group(1)) * scale) if m and scale else 0
+    if value < 1:
+        raise ValueError(f"{text!r} is not a size like 512M, 2G, 64MiB or a number of bytes")
+    return value
+
+
+def size_option(flag: str, text: str | None) -> int | None:
+    """:func:`parse_size` for the command-line option ``flag`` (``None`` stays ``None``): a bad
+    value is a :class:`~vitlab.errors.ConfigError` naming the option, which the CLI prints on one line (exit 2)."""
+    from .errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise ConfigError(f"{flag} {e}") from None
