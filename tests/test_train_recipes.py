@@ -101,3 +101,37 @@ def test_checkpoint_is_weights_only_and_atomic(tmp_path, monkeypatch):
         atomic_torch_save({"step": 8}, path)
     monkeypatch.setattr(torch, "save", real_save)
     assert load_state(path)["step"] == 7
+
+
+def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical():
+    """With --compile the budget planner times the real (compiled) model; its zero-LR steps must not move a weight."""
+    import numpy as np
+
+    from vitlab.data import ArrayDataset
+    from vitlab.train.trainer import TrainConfig, _plan_budget
+
+    torch.manual_seed(0)
+    model = create_model("vit_ti16", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    imgs = np.random.default_rng(0).integers(0, 255, (8, 8, 8, 3), dtype=np.uint8)
+    ds = ArrayDataset(imgs, np.arange(8) % 3, transform=lambda x: x.float() / 255)
+    cfg = TrainConfig(recipe=get_recipe("digits", weight_decay=0.5), compile=True, time_budget=60.0)
+    calls = []
+
+    class Compiled(torch.nn.Module):  # stands in for torch.compile's wrapper: the same parameters
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            calls.append(x.shape[0])
+            return self.m(x)
+
+    import time
+
+    steps, epochs = _plan_budget(cfg, model, Compiled(model), ds, ds, 4, 2, torch.device("cpu"), None, time.perf_counter(), None, print, 0)
+    assert steps >= 1 and epochs >= 1
+    assert calls == [4] * 7, "the training probe must run through the compiled model, evaluation must not"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in model.parameters())
