@@ -129,9 +129,55 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
 
     import time
 
-    steps, epochs = _plan_budget(cfg, model, Compiled(model), ds, ds, 4, 2, torch.device("cpu"), None, time.perf_counter(), None, print, 0)
+    steps, epochs, _ = _plan_budget(
+        cfg, model, Compiled(model), ds, ds, 4, 2, torch.device("cpu"), None, time.perf_counter(), None, print, 0
+    )
     assert steps >= 1 and epochs >= 1
     assert calls == [4] * 7, "the training probe must run through the compiled model, evaluation must not"
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_custom_architectures_are_named_after_what_they_are():
+    from vitlab.train.trainer import TrainConfig, build_model
+
+    def name(**kw):
+        cfg = TrainConfig(recipe=get_recipe("small-data"), **kw)
+        return build_model(cfg, num_classes=10, in_chans=3, image_size=(32, 32), class_names=list("abcdefghij")).config.name
+
+    assert name(arch={"embed_dim": 32, "depth": 2, "num_heads": 2}) == "vit_p4_d32_l2"
+    assert name(model="vit_r_ti16", arch={"patch_size": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}) == "vit_r_p1_d32_l2"
+    assert name(model="vit_ti16") == "vit_ti16"
+
+
+def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
+    """A planning probe that is far too optimistic (here: faked) must not make the run overrun its
+    budget: the run re-times its own steps early, shortens the schedule, and the cosine still ends at 0."""
+    from vitlab.train import trainer
+    from vitlab.train.report import read_metrics
+
+    monkeypatch.setattr(trainer, "_plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    budget = 6.0
+    cfg = trainer.TrainConfig(
+        recipe=get_recipe("digits", batch_size=32, warmup_steps=10),
+        arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
+        out=str(tmp_path / "run"),
+        time_budget=budget,
+        workers=0,
+        progress=False,
+    )
+    s = trainer.fit(cfg)
+    assert trainer._REPLAN_AT < s["steps"] < 100_000
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["step"] == s["steps"] and rows[-1]["lr"] < 0.02 * rows[0]["lr"]  # the re-fitted cosine reached its end
+    assert s["wall_s"] < 2 * budget  # generous: a functional check that the plan changed, not a speed test
+
+
+def test_steps_in_budget_counts_the_evaluations_still_to_come():
+    from vitlab.train.trainer import _steps_in_budget
+
+    assert _steps_in_budget(100.0, 1.0, 0.0, 10) == 95  # 95 steps + 10 evaluations of 0.5 s (saving) = 100 s
+    assert _steps_in_budget(100.0, 1.0, 9.5, 10) == 50  # 5 epochs of 10 steps + 5 evaluations of 10 s
+    # mid-epoch: 5 steps of epoch 1 done; its evaluation is still to come
+    assert _steps_in_budget(25.0, 1.0, 9.5, 10, done=5) == 5

@@ -172,8 +172,9 @@ def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size
         drop_rate=r.dropout,
         class_names=list(class_names),
     )
-    if custom:
-        c = c.replace(name=f"vit_p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
+    if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16
+        stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
+        c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
     return VisionTransformer(c)
 
 
@@ -413,14 +414,16 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     from .schedule import build_scheduler
 
     # -- plan: epochs and steps (a time budget measures a step first) ---------------------
+    replan: dict[str, Any] = {"at": None}  # a time-budgeted run re-measures its real step time once, early (see on_step)
     if state is not None:
         plan = dict(state["plan"])
     else:
         epochs, total_steps = r.epochs, r.epochs * steps_per_epoch
         if cfg.time_budget:
-            total_steps, epochs = _plan_budget(
+            total_steps, epochs, eval_s = _plan_budget(
                 cfg, net, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
             )
+            replan.update(eval_s=eval_s, start=_REPLAN_FROM, at=_REPLAN_AT if total_steps >= 2 * _REPLAN_AT else None)
         warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
         if warm > total_steps // 2:
             log(f"note: warmup {warm} steps capped at half the run ({total_steps // 2} steps)")
@@ -529,6 +532,24 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     if d.is_main and not d.enabled:
         signal.signal(signal.SIGINT, on_sigint)
     eval_model = ema.module if ema is not None else net
+
+    def _replan() -> None:
+        """The planning probe times bare steps on a fixed batch; the run's own steps add data loading,
+        clipping, the real optimizer and the machine's load of the moment. Re-fit the schedule to the
+        measured pace once, still inside the warmup of a long run, so the run ends on time."""
+        now = time.perf_counter()
+        per_step = (now - replan["t0"]) / (replan["at"] - replan["start"]) * 1.02
+        left = cfg.time_budget - (now - t_start) - _budget_reserve(cfg.time_budget)
+        total = step + _steps_in_budget(left, per_step, replan["eval_s"], steps_per_epoch, done=step)
+        (total,) = broadcast_ints([total], d, device)
+        replan["at"] = None
+        if abs(total - plan["total_steps"]) <= 0.02 * plan["total_steps"]:
+            return
+        log(f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps (was {plan['total_steps']})")
+        plan["total_steps"], plan["epochs"] = total, max(1, math.ceil(total / steps_per_epoch))
+        scheduler.lr_lambdas[0].total_steps = total  # the cosine now ends at the new last step
+        bar.total = total
+
     try:
         cur: dict[str, Any] = {}  # the epoch in progress, read by on_step
 
@@ -544,6 +565,10 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             )
             cur["micro"] = cur["start_micro"] + res.micro_batches
             cur["loss_sum"] = cur["start_loss"] + res.loss_sum
+            if replan["at"] is not None and steps_this_run == replan["start"]:
+                replan["t0"] = time.perf_counter()
+            elif replan["at"] is not None and steps_this_run == replan["at"]:
+                _replan()
             stop = step >= plan["total_steps"]
             stop |= cfg.stop_after is not None and steps_this_run >= cfg.stop_after
             flag = torch.tensor([int(stop_flag["sigint"])])
@@ -757,17 +782,33 @@ def _plan_budget(
         eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
     del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
-    left = cfg.time_budget - (time.perf_counter() - t_start) - min(5.0, 0.1 * cfg.time_budget)  # final save and figures
-
-    def cost(steps: int) -> float:  # training plus one evaluation per (started) epoch
-        return steps * per_step + math.ceil(steps / steps_per_epoch) * (eval_s + 0.5)
-
-    total = max(1, int(left / per_step))
-    while total > 1 and cost(total) > left:
-        total -= 1
+    left = cfg.time_budget - (time.perf_counter() - t_start) - _budget_reserve(cfg.time_budget)
+    total = _steps_in_budget(left, per_step, eval_s, steps_per_epoch)
     epochs = max(1, math.ceil(total / steps_per_epoch))
     log(
         f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step "
         f"({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s -> {total} steps, {epochs} epoch(s)"
     )
-    return total, epochs
+    return total, epochs, eval_s
+
+
+_REPLAN_FROM, _REPLAN_AT = 5, 45
+"""A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
+
+
+def _budget_reserve(budget: float) -> float:
+    """Seconds kept back from a time budget for the final save and figures."""
+    return min(5.0, 0.1 * budget)
+
+
+def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
+    """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
+    plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start."""
+
+    def cost(n: int) -> float:
+        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + 0.5)
+
+    n = max(1, int(left / per_step))
+    while n > 1 and cost(n) > left:
+        n -= 1
+    return n
