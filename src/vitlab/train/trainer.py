@@ -740,9 +740,9 @@ def _plots(out: Path, class_names: list[str], ev: dict[str, Any]) -> None:
 
 def _plan_budget(
     cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
-) -> tuple[int, int]:
-    """Steps and epochs that fit ``cfg.time_budget``: time a few throw-away steps on a copy of
-    the model (so the real run's RNG and weights are untouched), then subtract evaluations.
+) -> tuple[int, int, float]:
+    """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away
+    steps on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations.
 
     With ``--compile`` the steps run through the real compiled model instead (its compilation is
     then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
