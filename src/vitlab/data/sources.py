@@ -162,32 +162,35 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
     return paths, np.asarray(labels, dtype=np.int64), class_names
 
 
-def _decode_split(
-    root: Path,
-    class_names: list[str] | None,
-    *,
-    size: int | None,
-    mode: str,
-    cache_dir: Path,
-    strict: bool,
-    workers: int,
-    progress: bool,
-    max_pixels: int | None = None,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
+@dataclass(frozen=True)
+class _Decode:
+    """How a folder's files become the decode cache: the options of :func:`~vitlab.data.cache.decode_files`
+    plus ``strict``, built once by :func:`load_data` and handed down unchanged."""
+
+    size: int | None
+    mode: str
+    cache_dir: Path
+    strict: bool
+    workers: int
+    progress: bool
+    max_pixels: int | None
+    buffer_bytes: int
+
+
+def _decode_split(root: Path, class_names: list[str] | None, opt: _Decode) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
     paths, labels, names = _scan(root, class_names)
     dec = decode_files(
         paths,
-        fallback_size=size,
-        mode=mode,
-        cache_dir=cache_dir,
+        fallback_size=opt.size,
+        mode=opt.mode,
+        cache_dir=opt.cache_dir,
         name=f"{root.parent.name}-{root.name}",
-        workers=workers,
-        progress=progress,
-        max_pixels=max_pixels,
-        buffer_bytes=buffer_bytes,
+        workers=opt.workers,
+        progress=opt.progress,
+        max_pixels=opt.max_pixels,
+        buffer_bytes=opt.buffer_bytes,
     )
-    if dec.skipped and strict:
+    if dec.skipped and opt.strict:
         listed = "; ".join(f"{p}: {why}" for p, why in dec.skipped[:5])
         more = f"; and {len(dec.skipped) - 5} more" if len(dec.skipped) > 5 else ""
         raise DataError(f"{len(dec.skipped)} file(s) cannot be decoded (--strict-data): {listed}{more}")
@@ -196,37 +199,15 @@ def _decode_split(
     return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, dec.skipped
 
 
-def _folder(
-    root: Path,
-    *,
-    val_split: float | None,
-    size: int | None,
-    mode: str,
-    cache_dir: Path,
-    strict: bool,
-    workers: int,
-    progress: bool,
-    max_pixels: int | None = None,
-    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-) -> DataSplits:
-    kw = dict(
-        size=size,
-        mode=mode,
-        cache_dir=cache_dir,
-        strict=strict,
-        workers=workers,
-        progress=progress,
-        max_pixels=max_pixels,
-        buffer_bytes=buffer_bytes,
-    )
+def _folder(root: Path, *, val_split: float | None, opt: _Decode) -> DataSplits:
     train_dir = root / "train"
     val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
     if train_dir.is_dir() and val_dir is not None and val_split is None:
-        train, names, skipped = _decode_split(train_dir, None, **kw)  # type: ignore[arg-type]
-        val, _, skipped2 = _decode_split(val_dir, names, **kw)  # type: ignore[arg-type]
+        train, names, skipped = _decode_split(train_dir, None, opt)
+        val, _, skipped2 = _decode_split(val_dir, names, opt)
         return DataSplits(root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2)
     tree = train_dir if train_dir.is_dir() else root
-    full, names, skipped = _decode_split(tree, None, **kw)  # type: ignore[arg-type]
+    full, names, skipped = _decode_split(tree, None, opt)
     tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
     # views over the decode cache, not copies: the tree may be larger than RAM
     return DataSplits(root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped)
@@ -269,9 +250,7 @@ def load_data(
         return _digits(val_split)
     root = Path(spec).expanduser()
     if root.is_dir():
-        return _folder(
-            root,
-            val_split=val_split,
+        opt = _Decode(
             size=size,
             mode="L" if grayscale else "RGB",
             cache_dir=cache,
@@ -281,6 +260,7 @@ def load_data(
             max_pixels=max_image_pixels,
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
         )
+        return _folder(root, val_split=val_split, opt=opt)
     if key in ("cifar10", "cifar100"):
         return _cifar(key, cache)
     raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100' or an existing folder")
