@@ -414,7 +414,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     from .schedule import build_scheduler
 
     # -- plan: epochs and steps (a time budget measures a step first) ---------------------
-    replan: dict[str, Any] = {"at": None}  # a time-budgeted run re-measures its real step time once, early (see on_step)
+    replan: dict[str, Any] = {"due": False}  # a time-budgeted run re-measures its real step time once, early (see on_step)
     if state is not None:
         plan = dict(state["plan"])
     else:
@@ -423,7 +423,7 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             total_steps, epochs, eval_s = _plan_budget(
                 cfg, net, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
             )
-            replan.update(eval_s=eval_s, start=_REPLAN_FROM, at=_REPLAN_AT if total_steps >= 2 * _REPLAN_AT else None)
+            replan.update(eval_s=eval_s, due=total_steps >= 2 * _REPLAN_AT)
         warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
         if warm > total_steps // 2:
             log(f"note: warmup {warm} steps capped at half the run ({total_steps // 2} steps)")
@@ -538,11 +538,11 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         clipping, the real optimizer and the machine's load of the moment. Re-fit the schedule to the
         measured pace once, still inside the warmup of a long run, so the run ends on time."""
         now = time.perf_counter()
-        per_step = (now - replan["t0"]) / (replan["at"] - replan["start"]) * 1.02
+        per_step = (now - replan["t0"]) / (_REPLAN_AT - _REPLAN_FROM) * 1.02
         left = cfg.time_budget - (now - t_start) - _budget_reserve(cfg.time_budget)
         total = step + _steps_in_budget(left, per_step, replan["eval_s"], steps_per_epoch, done=step)
         (total,) = broadcast_ints([total], d, device)
-        replan["at"] = None
+        replan["due"] = False
         if abs(total - plan["total_steps"]) <= 0.02 * plan["total_steps"]:
             return
         log(f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps (was {plan['total_steps']})")
@@ -565,9 +565,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             )
             cur["micro"] = cur["start_micro"] + res.micro_batches
             cur["loss_sum"] = cur["start_loss"] + res.loss_sum
-            if replan["at"] is not None and steps_this_run == replan["start"]:
+            if replan["due"] and steps_this_run == _REPLAN_FROM:
                 replan["t0"] = time.perf_counter()
-            elif replan["at"] is not None and steps_this_run == replan["at"]:
+            elif replan["due"] and steps_this_run == _REPLAN_AT:
                 _replan()
             stop = step >= plan["total_steps"]
             stop |= cfg.stop_after is not None and steps_this_run >= cfg.stop_after
