@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError
+from . import onednn
 
 __all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "make_act"]
 
@@ -91,9 +92,15 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, *, return_attn: bool = False, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``residual`` (Block's CPU inference path, after :func:`onednn.applies`) is added to
+        the output inside the projection's GEMM, and qkv runs on oneDNN too."""
         b, n, d = x.shape
-        qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        fused = residual is not None
+        qkv = onednn.linear(self.qkv, x) if fused else self.qkv(x)
+        qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         attn: torch.Tensor | None = None
         drop = self.attn_drop if self.training else 0.0
@@ -104,6 +111,8 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
         out = out.transpose(1, 2).reshape(b, n, d)
+        if fused:
+            return onednn.linear(self.proj, out, residual=residual), attn
         return self.proj_drop(self.proj(out)), attn
 
 
@@ -118,7 +127,11 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual`` (Block's CPU inference path, after :func:`onednn.applies`) is added to
+        the output inside fc2's GEMM; the GELU rides in fc1's."""
+        if residual is not None:
+            return onednn.linear(self.fc2, onednn.linear(self.fc1, x, act=self.act), residual=residual)
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
@@ -170,6 +183,11 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not return_attn and isinstance(self.attn, Attention) and onednn.applies(self, x):
+            # Inference (eval: no dropout, no drop-path): biases, GELU and both residual
+            # adds ride in the GEMM epilogues, see models/onednn.py.
+            x, _ = self.attn(self.norm1(x), residual=x)
+            return self.mlp(self.norm2(x), residual=x), None
         y, attn = self.attn(self.norm1(x), return_attn=return_attn)
         x = x + self.drop_path1(y)
         x = x + self.drop_path2(self.mlp(self.norm2(x)))

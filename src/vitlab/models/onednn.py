@@ -1,0 +1,133 @@
+"""Fused linear layers for CPU inference, through oneDNN.
+
+Why: an eager ``nn.Linear`` on the CPU runs MKL's sgemm on the weight as stored, after
+copying the broadcast bias into the output, and every activation and residual add that
+follows is a separate pass over memory. oneDNN can run the same product on a weight
+re-laid out once for its kernels ("packed", what inductor's freezing does) and apply the
+bias, a GELU or a residual add in the GEMM's epilogue, while the tile is still in cache. On
+this project's 2-core AVX-512 CPU, at the shapes of ViT-S/16 and ViT-B/16 inference, that
+took 12-15% off qkv and fc2, and 28-35% off fc1 with its GELU (``docs/performance.md``,
+experiment 6). The results differ from ``F.linear`` by float32 rounding only (summation
+order: ~1e-5 on a layer's outputs).
+
+The path is taken only where it is exact in meaning: gradient-free, float32, CPU, eval mode
+(no dropout), not under autocast, tracing, export or ``torch.compile`` (which does its own
+fusion). The packed weight is cached per layer and rebuilt when the weight changes: a new
+tensor, an in-place write that bumps its version counter (``load_state_dict``, ``copy_``), or
+one that does not (PyTorch's fused AdamW writes in place without bumping it): a sample of
+256 weights is compared exactly on every call, and an optimizer step changes them all. An
+edit that bumps no version and misses the sample (a fused kernel writing a few weights)
+needs :func:`clear_cache`. The cache costs one extra copy of the linear weights while the
+model lives.
+
+    with vitlab.models.onednn.disabled():   # the plain aten path, e.g. to compare
+        logits = model(images)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["applies", "available", "clear_cache", "disabled", "linear", "pack", "packed_product"]
+
+_enabled = True
+_SAMPLE = 256
+_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int, torch.Size], torch.Tensor, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this torch build has oneDNN's fused linear ops (x86 and ARM CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) re-laid out once for oneDNN's GEMM kernels."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T + bias`` with a weight from :func:`pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the plain aten path inside the block (benchmarks, debugging)."""
+    global _enabled
+    prev, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = prev
+
+
+def applies(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``module`` (in eval mode) may compute on ``x`` with the fused oneDNN linears."""
+    return (
+        _enabled
+        and not module.training
+        and not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+        and not torch.onnx.is_in_onnx_export()
+        and available()
+    )
+
+
+def _epilogue(act: nn.Module | None) -> tuple[str, str] | None:
+    """oneDNN's name for ``act`` (attr, algorithm), or None when it has none."""
+    if act is None:
+        return ("none", "")
+    if type(act) is nn.GELU:
+        return ("gelu", act.approximate)  # "none" = exact erf GELU, "tanh" = the approximation
+    if type(act) is nn.ReLU:
+        return ("relu", "")
+    return None
+
+
+def clear_cache() -> None:
+    """Forget every packed weight (they are rebuilt on the next call)."""
+    _packed.clear()
+
+
+def _sample(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().reshape(-1)[:: max(1, w.numel() // _SAMPLE)]
+
+
+def _packed_weight(lin: nn.Linear) -> torch.Tensor:
+    w = lin.weight
+    key = (w.data_ptr(), w._version, w.shape)
+    hit = _packed.get(lin)
+    if hit is None or hit[0] != key or not torch.equal(hit[2], _sample(w)):
+        hit = (key, pack(w), _sample(w).clone())
+        _packed[lin] = hit
+    return hit[1]
+
+
+def linear(lin: nn.Linear, x: torch.Tensor, *, act: nn.Module | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(lin(x))``, or ``lin(x) + residual``, in one fused oneDNN call.
+
+    Callers check :func:`applies` first. An activation oneDNN does not know is applied
+    after the product; ``act`` and ``residual`` are not combined.
+    """
+    if act is not None and residual is not None:
+        raise ValueError("linear: fuse an activation or a residual, not both")
+    w = _packed_weight(lin)
+    if residual is not None:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, lin.bias, "add")
+    fused = _epilogue(act)
+    if fused is None:
+        assert act is not None
+        return act(packed_product(x, w, lin.bias))
+    attr, algorithm = fused
+    return torch.ops.mkldnn._linear_pointwise(x, w, lin.bias, attr, [], algorithm)
