@@ -2,6 +2,7 @@
 
     python benchmarks/bench_targets.py                 # all three, eager
     python benchmarks/bench_targets.py --compile       # torch.compile both sides
+    python benchmarks/bench_targets.py --only train --compile --ref-eager   # compiled vitlab vs eager timm
     python benchmarks/bench_targets.py --only train --steps 20
 
 Prints one JSON line per run (the `vitlab bench --json` fields) and a summary.
@@ -41,12 +42,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", nargs="?", const="default", default=None)
+    ap.add_argument("--ref-eager", action="store_true", help="with --compile: leave the reference eager")
     ap.add_argument("--vs", default="timm")
     args = ap.parse_args()
     print(f"# load average at start: {os.getloadavg()}")
     for key in args.only or list(RUNS):
         kw = dict(RUNS[key])
-        r = benchmark(kw.pop("model"), vs=args.vs, steps=args.steps, warmup=args.warmup, compile=args.compile, progress=True, **kw)
+        r = benchmark(
+            kw.pop("model"),
+            vs=args.vs,
+            steps=args.steps,
+            warmup=args.warmup,
+            compile=args.compile,
+            ref_eager=args.ref_eager,
+            progress=True,
+            **kw,
+        )
         print(json.dumps({k: v for k, v in r.to_dict().items() if "times" not in k}))
         print(r.summary(), flush=True)
     print(f"# load average at end: {os.getloadavg()}")

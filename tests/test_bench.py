@@ -97,6 +97,17 @@ def test_matmul_peak_is_positive() -> None:
     assert _finite_positive(matmul_peak(n=64, repeats=2))
 
 
+def test_matmul_peak_is_the_faster_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak takes oneDNN's packed GEMM into account (it ran ~15% above MKL's here): make
+    that product take no time and the peak must become very large."""
+    from vitlab.models import onednn
+
+    if not onednn.available():
+        pytest.skip("no oneDNN in this torch build")
+    monkeypatch.setattr(onednn, "packed_product", lambda x, packed, bias=None: None)
+    assert matmul_peak(n=256, repeats=2) > 50 * matmul_peak(n=256, repeats=2, dtype=torch.float64)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -107,6 +118,8 @@ def test_matmul_peak_is_positive() -> None:
         (dict(batch_size=0), "batch_size"),
         (dict(compile="fast"), "compile"),
         (dict(threads=0), "threads"),
+        (dict(ref_eager=True, vs="timm"), "ref_eager"),
+        (dict(ref_eager=True, compile="default"), "ref_eager"),
     ],
 )
 def test_bad_options_raise_config_errors(kwargs: dict, match: str) -> None:

@@ -312,12 +312,6 @@ def test_chunk_size_on_the_real_configs(name, img_size, batch, chunk):
         assert model.inference_chunk_size(x) == batch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inference_chunk_size balances ceil(b / ceil(b * per_image / limit)) images per chunk, "
-    "which can exceed the limit it documents (vit_l16 @ 224 batch 15 -> 8 images = 24.6 MiB; "
-    "@ 512 batch 4 -> 2 images = 32.03 MiB, past glibc's 32 MiB mmap ceiling)",
-)
 def test_chunks_stay_under_the_byte_limit():
     for name, side in (("vit_s16", 224), ("vit_b16", 224), ("vit_l16", 224), ("vit_s16", 384), ("vit_l16", 512)):
         model = _meta_model(name, side)

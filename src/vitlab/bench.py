@@ -58,6 +58,8 @@ class BenchResult:
     device: str
     threads: int
     compile: str | None
+    ref_compile: str | None
+    """The reference's ``torch.compile`` mode: ``compile`` unless ``ref_eager``."""
     params: int
     gflops_per_image: float
     """Forward GFLOPs of one image (x3 for a training step)."""
@@ -100,8 +102,9 @@ class BenchResult:
         if self.ref is not None and self.ref_images_per_sec is not None and self.ref_gflops_per_sec is not None:
             frac = f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)" if self.peak_gflops_per_sec else ""
             ref_ms = statistics.median(self.ref_step_times_ms)
+            ref_label = self.ref if self.ref_compile == self.compile else f"{self.ref} ({self.ref_compile or 'eager'})"
             lines.append(
-                f"  {self.ref:>6}: {self.ref_images_per_sec:8.2f} img/s  {ref_ms:9.1f} ms/step  {self.ref_gflops_per_sec:7.1f} GFLOP/s{frac}"
+                f"  {ref_label:>6}: {self.ref_images_per_sec:8.2f} img/s  {ref_ms:9.1f} ms/step  {self.ref_gflops_per_sec:7.1f} GFLOP/s{frac}"
             )
             lines.append(f"  ratio vitlab / {self.ref}: {self.ratio:.3f}x (medians of {self.steps} interleaved steps)")
             if self.pair_ratios is not None:
@@ -352,6 +355,7 @@ def benchmark(
     steps: int = 10,
     warmup: int = 2,
     compile: str | None = None,
+    ref_eager: bool = False,
     threads: int | None = None,
     measure_peak: bool = True,
     peak_size: int = 2048,
@@ -367,6 +371,8 @@ def benchmark(
     ``compile`` (a ``torch.compile`` mode) compiles both models, so the ratio
     stays like-for-like; the first call's time is reported as compile time.
     Inference compiles with inductor's ``freezing`` (weights as constants).
+    ``ref_eager`` compiles ours only: the ratio is then that of ``vitlab train --compile``
+    against the reference as its users run it by default.
     """
     if mode not in MODES:
         raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -376,6 +382,8 @@ def benchmark(
         raise ConfigError(f"vs: {vs!r} is not one of {', '.join(REFERENCES)}")
     if compile is not None and compile not in COMPILE_MODES:
         raise ConfigError(f"compile: {compile!r} is not one of {', '.join(COMPILE_MODES)}")
+    if ref_eager and not (compile and vs):
+        raise ConfigError("ref_eager (--ref-eager) needs compile and a reference (--compile --vs ...)")
     if batch_size <= 0 or steps <= 0 or warmup < 0:
         raise ConfigError(f"batch_size and steps must be positive and warmup >= 0, got {batch_size}, {steps}, {warmup}")
     try:
@@ -403,13 +411,14 @@ def benchmark(
         compile_s: dict[str, float | None] = {}
         opt_names: dict[str, str | None] = {}
         for key, m in runners.items():
-            target = torch.compile(m, mode=compile) if compile else m
+            comp = compile if key == "ours" or not ref_eager else None
+            target = torch.compile(m, mode=comp) if comp else m
             make_opt = vitlab_optimizer if key == "ours" else plain_adamw
             if mode == "train":
                 opt_names[key] = _describe(make_opt(m))
             steps_fn[key] = _make_step(target, mode, x, y, amp, make_opt)  # type: ignore[arg-type]
             compile_s[key] = None
-            if compile:  # the first call compiles; time it on its own
+            if comp:  # the first call compiles; time it on its own
                 if progress:
                     print(
                         f"compiling {'vitlab' if key == 'ours' else vs} ({mode}) with torch.compile(mode={compile!r}) ...",
@@ -457,6 +466,7 @@ def benchmark(
         device=str(dev),
         threads=n_threads,
         compile=compile,
+        ref_compile=None if ref_eager else compile,
         params=sum(p.numel() for p in ours.parameters()),
         gflops_per_image=flops_img,
         images_per_sec=ips,

@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  vitlab bench --model vit_s16 --batch-size 32 --vs timm\n"
             "  vitlab bench --model vit_b16 --batch-size 16 --vs timm --json\n"
             "  vitlab bench --model vit_s16 --compile --vs timm      # both compiled, compile time reported\n"
+            "  vitlab bench --model vit_s16 --compile --ref-eager --vs timm   # compiled vitlab vs eager timm\n"
             "  vitlab bench --mode train --model vit_ti16 --img-size 32 --patch-size 4 --dim 192 --depth 9 \\\n"
             "      --heads 3 --mlp-ratio 2 --num-classes 10 --batch-size 128 --vs timm"
         ),
@@ -54,6 +55,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         default=None,
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
         help="torch.compile both models (this mode; inference also freezes the weights); compile time is reported",
+    )
+    p.add_argument(
+        "--ref-eager",
+        action="store_true",
+        help="with --compile: compile vitlab only and time the reference eager, as its users run it",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per model")
@@ -94,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup=args.warmup,
         compile=args.compile,
+        ref_eager=args.ref_eager,
         threads=args.threads,
         measure_peak=not args.no_peak,
         peak_size=args.peak_size,

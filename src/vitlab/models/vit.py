@@ -257,8 +257,8 @@ class VisionTransformer(nn.Module):
         gh, gw = self.patch_embed.grid(*x.shape[-2:])
         tokens = self.num_prefix_tokens + gh * gw
         per_image = tokens * max(cfg.mlp_dim, 3 * cfg.embed_dim) * x.element_size()
-        chunks = -(-b * per_image // limit)
-        return -(-b // chunks) if chunks > 1 else b
+        chunks = -(-b // max(1, limit // per_image))  # as few as fit under the limit, then balanced
+        return -(-b // chunks)
 
     def forward_intermediates(self, x: torch.Tensor) -> dict[str, Any]:
         """Everything an analysis may want, in the spirit of big_vision's ``out`` dict:
