@@ -373,3 +373,17 @@ def test_trace_does_not_bake_in_the_chunks():
         assert "mkldnn" not in graph  # tracing takes the plain aten path too
         for x in (x3, x4, images(5, seed=3)):
             torch.testing.assert_close(traced(x), model(x), rtol=0.0, atol=1e-5)
+
+
+def test_entering_training_mode_drops_the_packed_weights():
+    if not onednn.available():
+        pytest.skip("no oneDNN in this torch build")
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10).eval()
+    fc1 = model.blocks[0].mlp.fc1
+    with torch.inference_mode():
+        model(torch.randn(2, 3, 32, 32))
+    assert fc1 in onednn._packed
+    model.eval()  # eval keeps them
+    assert fc1 in onednn._packed
+    model.train()
+    assert not any(m in onednn._packed for m in model.modules())

@@ -29,7 +29,7 @@ def make_act(name: str) -> nn.Module:
         return nn.GELU(approximate="tanh")
     if name == "relu":
         return nn.ReLU()
-    raise ConfigError(f"unknown activation {name!r}; choose 'gelu' or 'gelu_tanh'")
+    raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh' or 'relu'")
 
 
 class PatchEmbed(nn.Module):
@@ -181,6 +181,11 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
         self.drop_path2 = DropPath(drop_path)
+
+    def train(self, mode: bool = True) -> Block:
+        if mode:  # inference-only packed weights (models/onednn.py) would go stale and hold memory
+            onednn.forget(self)
+        return super().train(mode)
 
     def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not return_attn and isinstance(self.attn, Attention) and onednn.applies(self, x):

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["applies", "available", "clear_cache", "disabled", "linear", "pack", "packed_product"]
+__all__ = ["applies", "available", "clear_cache", "disabled", "forget", "linear", "pack", "packed_product"]
 
 _enabled = True
 _SAMPLE = 256
@@ -98,6 +98,14 @@ def _epilogue(act: nn.Module | None) -> tuple[str, str] | None:
 def clear_cache() -> None:
     """Forget every packed weight (they are rebuilt on the next call)."""
     _packed.clear()
+
+
+def forget(module: nn.Module) -> None:
+    """Drop the packed weights of ``module``'s linear layers (a block entering training: the
+    first optimizer step makes them stale, and they would only hold memory meanwhile)."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            _packed.pop(m, None)
 
 
 def _sample(w: torch.Tensor) -> torch.Tensor:
