@@ -387,3 +387,23 @@ def test_entering_training_mode_drops_the_packed_weights():
     assert fc1 in onednn._packed
     model.train()
     assert not any(m in onednn._packed for m in model.modules())
+
+
+def test_a_model_built_under_inference_mode_runs_the_fused_path():
+    """Its parameters are inference tensors, which have no version counter to key the cache on."""
+    with torch.inference_mode():
+        model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10).eval()
+        assert model.blocks[0].mlp.fc1.weight.is_inference()
+        x = torch.randn(3, 3, 32, 32)
+        got = model.forward_features(x)
+        with onednn.disabled():
+            want = model.forward_features(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        before = got
+        with torch.no_grad():
+            model.blocks[0].mlp.fc1.weight.mul_(3.0)  # in place, inside inference mode
+        got = model.forward_features(x)
+        with onednn.disabled():
+            want = model.forward_features(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        assert not torch.allclose(got, before)

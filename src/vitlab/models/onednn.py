@@ -114,7 +114,8 @@ def _sample(w: torch.Tensor) -> torch.Tensor:
 
 def _packed_weight(lin: nn.Linear) -> torch.Tensor:
     w = lin.weight
-    key = (w.data_ptr(), w._version, w.shape)
+    # Inference tensors (a model built under inference_mode) keep no version counter.
+    key = (w.data_ptr(), -1 if w.is_inference() else w._version, w.shape)
     hit = _packed.get(lin)
     if hit is None or hit[0] != key or not torch.equal(hit[2], _sample(w)):
         hit = (key, pack(w), _sample(w).clone())
