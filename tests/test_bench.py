@@ -38,6 +38,21 @@ def test_benchmark_infer_fields() -> None:
     assert d["params"] == sum(p.numel() for p in create_model("vit_ti16", num_classes=5, **TINY).parameters())
 
 
+def test_benchmark_reports_the_inference_path() -> None:
+    from vitlab.models import onednn
+
+    big = dict(img_size=224, patch_size=16, embed_dim=64, depth=1, num_heads=2, mlp_dim=40_000)  # 197 x 40k x 4 B = 31.5 MB / image
+    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **big)
+    fused = "oneDNN fused linears" if onednn.available() else "aten"
+    assert r.inference_path == f"{fused}, 2 chunks of <= 1"
+    assert f"({fused}" in r.summary()
+    with onednn.disabled():
+        r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **TINY)
+    assert r.inference_path == "aten"
+    r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **TINY)
+    assert r.inference_path is None
+
+
 def test_benchmark_train_vs_timm() -> None:
     pytest.importorskip("timm")
     r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=0, vs="timm", measure_peak=False, **TINY)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError, VitlabError
-from .models import VisionTransformer, ViTConfig, count_macs, create_model, onednn
+from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, onednn
 
 __all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides", "plain_adamw", "vitlab_optimizer"]
 
@@ -85,6 +85,9 @@ class BenchResult:
     warmup: int = 0
     step_times_ms: list[float] = field(default_factory=list)
     ref_step_times_ms: list[float] = field(default_factory=list)
+    inference_path: str | None = None
+    """Eager inference only: what vitlab's forward ran, e.g. ``oneDNN fused linears, 2 chunks of 16``
+    (see :mod:`vitlab.models.onednn` and ``VisionTransformer.inference_chunk_size``) or ``aten``."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,6 +102,8 @@ class BenchResult:
             f"  vitlab: {self.images_per_sec:8.2f} img/s  {self.step_ms:9.1f} ms/step  {self.gflops_per_sec:7.1f} GFLOP/s"
             + (f"  ({100 * self.fraction_of_peak:.0f}% of peak)" if self.fraction_of_peak is not None else ""),
         ]
+        if self.inference_path is not None:
+            lines.append(f"          ({self.inference_path})")
         if self.ref is not None and self.ref_images_per_sec is not None and self.ref_gflops_per_sec is not None:
             frac = f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)" if self.peak_gflops_per_sec else ""
             ref_ms = statistics.median(self.ref_step_times_ms)
@@ -311,6 +316,17 @@ def _make_step(
     return train
 
 
+def _inference_path(model: nn.Module, x: torch.Tensor) -> str:
+    """Which of vitlab's CPU inference paths an eval-mode forward of ``x`` takes."""
+    with torch.inference_mode():
+        fused = any(isinstance(b, Block) for b in model.modules()) and onednn.applies(model.eval(), x)
+        size = model.inference_chunk_size(x) if isinstance(model, VisionTransformer) else x.shape[0]
+    parts = ["oneDNN fused linears" if fused else "aten"]
+    if size < x.shape[0]:
+        parts.append(f"{-(-x.shape[0] // size)} chunks of <= {size}")
+    return ", ".join(parts)
+
+
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any] | None:
     """Mixed precision as a user would run it: fp32 weights, matmuls in ``dtype``."""
     if dtype == torch.float32:
@@ -478,6 +494,7 @@ def benchmark(
         optimizer=opt_names.get("ours"),
         steps=steps,
         warmup=warmup,
+        inference_path=_inference_path(ours, x) if mode == "infer" and not compile and amp is None else None,
         step_times_ms=[1e3 * t for t in times["ours"]],
     )
     if ref is not None:
