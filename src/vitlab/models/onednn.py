@@ -6,7 +6,7 @@ follows is a separate pass over memory. oneDNN can run the same product on a wei
 re-laid out once for its kernels ("packed", what inductor's freezing does) and apply the
 bias, a GELU or a residual add in the GEMM's epilogue, while the tile is still in cache. On
 this project's 2-core AVX-512 CPU, at the shapes of ViT-S/16 and ViT-B/16 inference, that
-took 12-15% off qkv and fc2, and 28-35% off fc1 with its GELU (``docs/performance.md``,
+took 11-15% off qkv and fc2, and 28-35% off fc1 with its GELU (``docs/performance.md``,
 experiment 6). The results differ from ``F.linear`` by float32 rounding only (summation
 order: ~1e-5 on a layer's outputs).
 
