@@ -59,7 +59,8 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
-    """Run the plain aten path inside the block (benchmarks, debugging)."""
+    """Run the plain aten path inside the block (benchmarks, debugging). The switch is
+    process-wide: other threads running a model meanwhile take the plain path too."""
     global _enabled
     prev, _enabled = _enabled, False
     try:
