@@ -86,7 +86,7 @@ class BenchResult:
     step_times_ms: list[float] = field(default_factory=list)
     ref_step_times_ms: list[float] = field(default_factory=list)
     inference_path: str | None = None
-    """Eager inference only: what vitlab's forward ran, e.g. ``oneDNN fused linears, 2 chunks of 16``
+    """Eager inference only: what vitlab's forward ran, e.g. ``oneDNN fused linears, 2 chunks of <= 16``
     (see :mod:`vitlab.models.onednn` and ``VisionTransformer.inference_chunk_size``) or ``aten``."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-__all__ = ["applies", "available", "clear_cache", "disabled", "forget", "linear", "pack", "packed_product"]
+__all__ = ["applies", "available", "clear_cache", "disabled", "eager_cpu_inference", "forget", "linear", "pack", "packed_product"]
 
 _enabled = True
 _SAMPLE = 256
@@ -69,18 +69,28 @@ def disabled() -> Iterator[None]:
         _enabled = prev
 
 
+def eager_cpu_inference(x: torch.Tensor) -> bool:
+    """A gradient-free forward of ``x`` on the CPU, run eagerly: not traced, exported or compiled,
+    which record one graph for every batch size and fuse on their own. The condition both CPU
+    inference measures share: these fused linears and the batch chunks of
+    ``VisionTransformer.inference_chunk_size``."""
+    return (
+        not torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+        and not torch.onnx.is_in_onnx_export()
+    )
+
+
 def applies(module: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``module`` (in eval mode) may compute on ``x`` with the fused oneDNN linears."""
     return (
         _enabled
         and not module.training
-        and not torch.is_grad_enabled()
-        and x.device.type == "cpu"
         and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
-        and not torch.onnx.is_in_onnx_export()
+        and eager_cpu_inference(x)
         and available()
     )
 

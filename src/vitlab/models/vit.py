@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import onednn
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
@@ -231,7 +232,7 @@ class VisionTransformer(nn.Module):
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
         if self._captured is None and (n := self.inference_chunk_size(x)) < x.shape[0]:
-            return torch.cat([self.forward(c) for c in x.split(n)])  # type: ignore[misc]
+            return torch.cat([self.forward_head(self.forward_features(c)) for c in x.split(n)])  # type: ignore[arg-type]
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
     def inference_chunk_size(self, x: torch.Tensor) -> int:
@@ -240,8 +241,8 @@ class VisionTransformer(nn.Module):
         Why: eager PyTorch allocates a fresh tensor for every op's output, and on Linux glibc
         serves requests above 32 MiB with fresh ``mmap`` pages that the kernel zero-fills on
         first touch and takes back on free. ViT-S/16's MLP activations at batch 32 are 39 MB,
-        so each of the 12 blocks page-faulted ~20k pages per forward (~300k per forward in all,
-        a fifth of its time on a 2-core CPU). Chunks whose widest activation
+        so each of the 12 blocks page-faulted ~20k pages per forward (220k-300k per forward in
+        all, 11-24% of its time on a 2-core CPU). Chunks whose widest activation
         (tokens x max(MLP width, 3 x width) x element size) stays under
         :attr:`inference_chunk_bytes` recycle heap memory instead, and are as exact: every
         image is computed on its own. Training (autograd on), attention capture, tracing,
@@ -249,9 +250,7 @@ class VisionTransformer(nn.Module):
         """
         b = x.shape[0]
         limit = self.inference_chunk_bytes
-        if limit is None or b <= 1 or torch.is_grad_enabled() or x.device.type != "cpu":
-            return b
-        if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export():
+        if limit is None or b <= 1 or not onednn.eager_cpu_inference(x):
             return b
         cfg = self.config
         gh, gw = self.patch_embed.grid(*x.shape[-2:])
