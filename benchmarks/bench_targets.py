@@ -1,6 +1,7 @@
-"""The performance targets of docs/performance.md, each timed against timm in the same process.
+"""The performance targets of docs/performance.md, each timed against timm, interleaved step by step.
 
     python benchmarks/bench_targets.py                 # all three, eager
+    python benchmarks/bench_targets.py --only train --isolate   # each model in its own worker process
     python benchmarks/bench_targets.py --compile       # torch.compile both sides
     python benchmarks/bench_targets.py --only train --compile --ref-eager   # compiled vitlab vs eager timm
     python benchmarks/bench_targets.py --only train --steps 20
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--compile", nargs="?", const="default", default=None)
     ap.add_argument("--ref-eager", action="store_true", help="with --compile: leave the reference eager")
     ap.add_argument("--vs", default="timm")
+    ap.add_argument("--isolate", action="store_true", help="each model in a worker process of its own (vitlab bench --isolate)")
     args = ap.parse_args()
     print(f"# load average at start: {os.getloadavg()}")
     for key in args.only or list(RUNS):
@@ -55,6 +57,7 @@ def main() -> None:
             warmup=args.warmup,
             compile=args.compile,
             ref_eager=args.ref_eager,
+            isolate=args.isolate,
             progress=True,
             **kw,
         )

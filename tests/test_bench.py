@@ -31,9 +31,10 @@ def test_benchmark_infer_fields() -> None:
     # images/s and GFLOP/s are the same median seen two ways
     assert d["gflops_per_sec"] == pytest.approx(d["images_per_sec"] * d["gflops_per_image"], rel=1e-9)
     assert d["images_per_sec"] == pytest.approx(2 / (d["step_ms"] / 1e3), rel=1e-9)
-    # 2 x MACs of the tiny model: 4 patches of 8x8x3 -> 32, one block over 5 tokens, a 5-way head
+    # 2 x MACs vitlab runs for the tiny model: 4 patches of 8x8x3 -> 32, a 5-way head, and one block,
+    # which is also the last: keys and values of the 5 tokens, the rest for the class token alone
     t, n, dim = 5, 4, 32
-    macs = n * 8 * 8 * 3 * dim + t * dim * 3 * dim + 2 * t * t * dim + t * dim * dim + 2 * t * dim * 64 + dim * 5
+    macs = n * 8 * 8 * 3 * dim + t * dim * 2 * dim + dim * dim + 2 * t * dim + dim * dim + 2 * dim * 64 + dim * 5
     assert d["gflops_per_image"] == pytest.approx(2 * macs / 1e9)
     assert d["params"] == sum(p.numel() for p in create_model("vit_ti16", num_classes=5, **TINY).parameters())
 
@@ -174,3 +175,32 @@ def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "img_size" in capsys.readouterr().err
     assert main(["bench", "--model", "vit_nope"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_isolated_workers_time_the_same_comparison() -> None:
+    """--isolate: each model is built and timed in a worker process of its own; the result has
+    the same shape as an in-process run, and says where it ran."""
+    pytest.importorskip("timm")
+    r = benchmark(
+        "vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=1, vs="timm", measure_peak=False, isolate=True, **TINY
+    )
+    assert r.isolate and r.ref == "timm" and len(r.step_times_ms) == len(r.ref_step_times_ms) == 2
+    assert _finite_positive(r.ratio) and r.ratio == pytest.approx(r.images_per_sec / r.ref_images_per_sec)
+    assert r.optimizer == "AdamW(fused)" and r.ref_optimizer == "AdamW(default)"
+    assert r.params == sum(p.numel() for p in create_model("vit_ti16", num_classes=3, **TINY).parameters())
+    assert "each model in its own process" in r.summary()
+
+
+def test_isolated_worker_errors_reach_the_caller() -> None:
+    with pytest.raises(ConfigError, match="only plain ViTs"):
+        benchmark("vit_r_ti16", img_size=32, depth=1, batch_size=1, steps=1, warmup=0, vs="timm", measure_peak=False, isolate=True)
+    with pytest.raises(ConfigError, match="isolate"):
+        benchmark("vit_ti16", steps=1, warmup=0, measure_peak=False, isolate=True, **TINY)
+
+
+def test_page_faults_are_reported_per_side() -> None:
+    pytest.importorskip("resource")
+    r = benchmark("vit_ti16", batch_size=2, num_classes=3, steps=2, warmup=0, vs="vitlab", measure_peak=False, **TINY)
+    assert r.faults_per_step is not None and r.faults_per_step >= 0
+    assert r.ref_faults_per_step is not None and r.ref_faults_per_step >= 0
+    assert "page faults per step" in r.summary()

@@ -88,6 +88,12 @@ class BenchResult:
     inference_path: str | None = None
     """Eager inference only: what vitlab's forward ran, e.g. ``oneDNN fused linears, 2 chunks of <= 16``
     (see :mod:`vitlab.models.onednn` and ``VisionTransformer.inference_chunk_size``) or ``aten``."""
+    isolate: bool = False
+    """Each model ran in a worker process of its own (see :func:`benchmark`)."""
+    faults_per_step: float | None = None
+    """Minor page faults per timed step of vitlab's model (pages the kernel had to map in); None
+    where the platform cannot count them."""
+    ref_faults_per_step: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,12 +121,23 @@ class BenchResult:
             if self.pair_ratios is not None:
                 lo, mid, hi = self.pair_ratios
                 lines.append(f"  per-pair ratios: median {mid:.3f}x, range {lo:.3f}x - {hi:.3f}x")
+        if self.faults_per_step is not None:
+            ref_f = f", {self.ref} {self.ref_faults_per_step:,.0f}" if self.ref_faults_per_step is not None else ""
+            where = "each model in its own process" if self.isolate else "one process"
+            lines.append(f"  page faults per step: vitlab {self.faults_per_step:,.0f}{ref_f} ({where})")
+            if not self.isolate and self.ref_faults_per_step is not None and _faults_differ(self.faults_per_step, self.ref_faults_per_step):
+                lines.append("  (in one process the models share the C heap, so these depend on each other; --isolate separates them)")
         if self.peak_gflops_per_sec is not None:
             lines.append(f"  matmul peak: {self.peak_gflops_per_sec:.1f} GFLOP/s ({self.dtype}, measured in this run)")
         if self.compile_seconds is not None:
             ref_c = f", {self.ref} {self.ref_compile_seconds:.1f} s" if self.ref_compile_seconds is not None else ""
             lines.append(f"  compile time: vitlab {self.compile_seconds:.1f} s{ref_c}")
         return "\n".join(lines)
+
+
+def _faults_differ(a: float, b: float) -> bool:
+    """Page-fault counts far enough apart to move a timing (~1 us each on a CPU)."""
+    return abs(a - b) > max(10_000, 0.5 * max(a, b))
 
 
 def _sync(device: torch.device) -> None:
@@ -359,6 +376,164 @@ def _threads(n: int | None) -> Iterator[int]:
         torch.set_num_threads(prev)
 
 
+@dataclass(frozen=True)
+class _Side:
+    """One side of a comparison, everything needed to build and time it (picklable: an
+    ``isolate`` run sends it to a worker process)."""
+
+    key: str  # "ours" or "ref"
+    model: str
+    overrides: dict[str, Any]
+    mode: str
+    batch_size: int
+    num_classes: int
+    dtype: str
+    device: str
+    vs: str | None
+    compile: str | None
+    threads: int | None
+    seed: int
+
+
+@dataclass
+class _Built:
+    step: Callable[[], None]
+    params: int
+    gflops_per_image: float
+    """Forward GFLOPs per image the model executes (2 x multiply-accumulates)."""
+    config: ViTConfig
+    compile_seconds: float | None
+    optimizer: str | None
+    inference_path: str | None
+
+
+def _build(side: _Side, *, progress: bool = False) -> _Built:
+    """The model of ``side``, its inputs and its step (compiled and run once if asked)."""
+    dev = torch.device(side.device)
+    tdtype = DTYPES[side.dtype]
+    torch.manual_seed(side.seed)
+    ours = create_model(side.model, num_classes=side.num_classes, **side.overrides).to(dev)
+    cfg: ViTConfig = ours.config  # type: ignore[assignment]
+    if side.vs in ("timm", "hf") and not _is_plain(ours):
+        raise ConfigError(
+            f"--vs {side.vs}: {cfg.name} is not a plain ViT (hybrid stem or axial blocks); only plain ViTs have a {side.vs} equivalent here"
+        )
+    model = ours if side.key == "ours" else build_reference(side.vs or "vitlab", cfg).to(dev)
+    g = torch.Generator().manual_seed(side.seed + 1)  # the same images on both sides, in any process
+    x = torch.randn(side.batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(dev)
+    y = torch.randint(0, max(side.num_classes, 1), (side.batch_size,), generator=g).to(dev)
+    amp = _autocast(dev, tdtype)
+    make_opt = vitlab_optimizer if side.key == "ours" else plain_adamw
+    target = torch.compile(model, mode=side.compile) if side.compile else model
+    step = _make_step(target, side.mode, x, y, amp, make_opt)  # type: ignore[arg-type]
+    compile_s = None
+    if side.compile:  # the first call compiles; time it on its own
+        if progress:
+            who = "vitlab" if side.key == "ours" else side.vs
+            print(f"compiling {who} ({side.mode}) with torch.compile(mode={side.compile!r}) ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        with _freezing(side.mode == "infer"):
+            step()
+        _sync(dev)
+        compile_s = time.perf_counter() - t0
+    # what each model runs: ours count a hybrid's ResNet stem, and less for a class-token-only last block
+    macs = model.macs(executed=True) if isinstance(model, VisionTransformer) else count_macs(cfg)
+    return _Built(
+        step=step,
+        params=sum(p.numel() for p in model.parameters()),
+        gflops_per_image=2 * macs / 1e9,
+        config=cfg,
+        compile_seconds=compile_s,
+        optimizer=_describe(make_opt(model)) if side.mode == "train" else None,
+        inference_path=_inference_path(model, x)
+        if side.key == "ours" and side.mode == "infer" and not side.compile and amp is None
+        else None,
+    )
+
+
+def _minor_faults() -> int | None:
+    """Minor page faults of this process so far (None where ``resource`` is missing, e.g. Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _timed(step: Callable[[], None], dev: torch.device) -> tuple[float, int | None]:
+    _sync(dev)
+    f0 = _minor_faults()
+    t0 = time.perf_counter()
+    step()
+    _sync(dev)
+    dt = time.perf_counter() - t0
+    f1 = _minor_faults()
+    return dt, None if f0 is None or f1 is None else f1 - f0
+
+
+class _Local:
+    """A side built and timed in this process."""
+
+    def __init__(self, side: _Side, progress: bool) -> None:
+        self.built = _build(side, progress=progress)
+        self._dev = torch.device(side.device)
+
+    def step(self) -> tuple[float, int | None]:
+        return _timed(self.built.step, self._dev)
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(conn: Any, side: _Side) -> None:
+    """Worker process of an ``isolate`` run: build ``side``, then time one step per request."""
+    try:
+        with _threads(side.threads):
+            built = _build(side)
+            info = dataclasses.replace(built, step=None)  # type: ignore[arg-type]
+            conn.send(("ready", info))
+            dev = torch.device(side.device)
+            while conn.recv() == "step":
+                conn.send(_timed(built.step, dev))
+    except Exception as e:  # report it to the parent, which raises it there
+        conn.send(("error", e))
+    finally:
+        conn.close()
+
+
+class _Remote:
+    """A side built and timed in a worker process of its own (``isolate``): its own heap, so
+    the other model's allocations cannot change its page faults."""
+
+    def __init__(self, side: _Side) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # no fork of a process that has OpenMP threads running
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, side), daemon=True)
+        self._proc.start()
+        child.close()
+        kind, payload = self._conn.recv()
+        if kind == "error":
+            self.close()
+            raise payload
+        self.built: _Built = payload
+
+    def step(self) -> tuple[float, int | None]:
+        self._conn.send("step")
+        reply = self._conn.recv()
+        if isinstance(reply, tuple) and reply and reply[0] == "error":
+            raise reply[1]
+        return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send("stop")
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
 def benchmark(
     model: str = "vit_s16",
     *,
@@ -377,6 +552,7 @@ def benchmark(
     peak_size: int = 2048,
     progress: bool = False,
     seed: int = 0,
+    isolate: bool = False,
     **overrides: Any,
 ) -> BenchResult:
     """Time ``steps`` inference forwards or training steps of ``model`` (a registered
@@ -389,6 +565,12 @@ def benchmark(
     Inference compiles with inductor's ``freezing`` (weights as constants).
     ``ref_eager`` compiles ours only: the ratio is then that of ``vitlab train --compile``
     against the reference as its users run it by default.
+
+    ``isolate`` builds and runs each model in a worker process of its own, still one step of
+    each in turn. Why: in one process the two models share the C heap, and which one freed
+    memory last decides how many pages the other must fault in again (on the CIFAR training
+    step a reference model paid ~130k faults per step beside vitlab against ~60-100k alone;
+    ``faults_per_step`` reports them). Isolated, each runs as it would in its user's program.
     """
     if mode not in MODES:
         raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -402,6 +584,10 @@ def benchmark(
         raise ConfigError("ref_eager (--ref-eager) needs compile and a reference (--compile --vs ...)")
     if batch_size <= 0 or steps <= 0 or warmup < 0:
         raise ConfigError(f"batch_size and steps must be positive and warmup >= 0, got {batch_size}, {steps}, {warmup}")
+    if threads is not None and threads <= 0:
+        raise ConfigError(f"threads: must be positive, got {threads}")
+    if isolate and vs is None:
+        raise ConfigError("isolate (--isolate) needs a reference to compare with (--vs ...)")
     try:
         dev = torch.device(device)
     except RuntimeError as e:
@@ -410,102 +596,84 @@ def benchmark(
         raise ConfigError("device: CUDA was requested but torch sees no GPU")
     tdtype = DTYPES[dtype]
 
+    def side(key: str) -> _Side:
+        comp = compile if key == "ours" or not ref_eager else None
+        return _Side(key, model, dict(overrides), mode, batch_size, num_classes, dtype, str(dev), vs, comp, threads, seed)
+
+    keys = ["ours"] + (["ref"] if vs else [])
+    runners: dict[str, _Local | _Remote] = {}
     with _threads(threads) as n_threads:
-        torch.manual_seed(seed)
-        ours = create_model(model, num_classes=num_classes, **overrides).to(dev)
-        cfg: ViTConfig = ours.config  # type: ignore[assignment]
-        if vs in ("timm", "hf") and not _is_plain(ours):
-            raise ConfigError(
-                f"--vs {vs}: {cfg.name} is not a plain ViT (hybrid stem or axial blocks); only plain ViTs have a {vs} equivalent here"
-            )
-        ref = build_reference(vs, cfg).to(dev) if vs else None
-        x = torch.randn(batch_size, cfg.in_chans, *cfg.img_size, device=dev)
-        y = torch.randint(0, max(num_classes, 1), (batch_size,), device=dev)
-        amp = _autocast(dev, tdtype)
-        runners = {"ours": ours} | ({"ref": ref} if ref is not None else {})
-        steps_fn: dict[str, Callable[[], None]] = {}
-        compile_s: dict[str, float | None] = {}
-        opt_names: dict[str, str | None] = {}
-        for key, m in runners.items():
-            comp = compile if key == "ours" or not ref_eager else None
-            target = torch.compile(m, mode=comp) if comp else m
-            make_opt = vitlab_optimizer if key == "ours" else plain_adamw
-            if mode == "train":
-                opt_names[key] = _describe(make_opt(m))
-            steps_fn[key] = _make_step(target, mode, x, y, amp, make_opt)  # type: ignore[arg-type]
-            compile_s[key] = None
-            if comp:  # the first call compiles; time it on its own
-                if progress:
-                    print(
-                        f"compiling {'vitlab' if key == 'ours' else vs} ({mode}) with torch.compile(mode={compile!r}) ...",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                t0 = time.perf_counter()
-                with _freezing(mode == "infer"):
-                    steps_fn[key]()
-                _sync(dev)
-                compile_s[key] = time.perf_counter() - t0
+        try:
+            for key in keys:
+                runners[key] = _Remote(side(key)) if isolate else _Local(side(key), progress)
 
-        from tqdm.auto import tqdm
+            from tqdm.auto import tqdm
 
-        times: dict[str, list[float]] = {k: [] for k in steps_fn}
-        order = list(steps_fn)
-        peaks: list[float] = []
-        for i in tqdm(range(warmup + steps), desc=f"bench {cfg.name} {mode}", disable=not progress, leave=False):
-            for key in order if i % 2 == 0 else order[::-1]:
-                _sync(dev)
-                t0 = time.perf_counter()
-                steps_fn[key]()
-                _sync(dev)
-                if i >= warmup:
-                    times[key].append(time.perf_counter() - t0)
-            if measure_peak and i >= warmup:  # sample the peak under the same load as the steps
-                peaks.append(matmul_peak(device=dev, dtype=tdtype, n=peak_size, repeats=1))
-        peak = max([*peaks, matmul_peak(device=dev, dtype=tdtype, n=peak_size)]) if measure_peak else None
+            times: dict[str, list[float]] = {k: [] for k in keys}
+            faults: dict[str, list[int | None]] = {k: [] for k in keys}
+            peaks: list[float] = []
+            name = runners["ours"].built.config.name
+            for i in tqdm(range(warmup + steps), desc=f"bench {name} {mode}", disable=not progress, leave=False):
+                for key in keys if i % 2 == 0 else keys[::-1]:
+                    dt, nf = runners[key].step()
+                    if i >= warmup:
+                        times[key].append(dt)
+                        faults[key].append(nf)
+                if measure_peak and i >= warmup:  # sample the peak under the same load as the steps
+                    peaks.append(matmul_peak(device=dev, dtype=tdtype, n=peak_size, repeats=1))
+            peak = max([*peaks, matmul_peak(device=dev, dtype=tdtype, n=peak_size)]) if measure_peak else None
+        finally:
+            for r in runners.values():
+                r.close()
 
-    macs = ours.macs() if callable(getattr(ours, "macs", None)) else count_macs(cfg)  # hybrids count their ResNet stem
-    flops_img = 2 * macs / 1e9
-    flops_step = flops_img * batch_size * (3 if mode == "train" else 1)
+    ours = runners["ours"].built
+    per_step = 3 if mode == "train" else 1
 
-    def rate(ts: list[float]) -> tuple[float, float]:
+    def rate(ts: list[float], gflops_img: float) -> tuple[float, float]:
         med = statistics.median(ts)
-        return batch_size / med, flops_step / med
+        return batch_size / med, gflops_img * batch_size * per_step / med
 
-    ips, gfs = rate(times["ours"])
+    def mean_faults(fs: list[int | None]) -> float | None:
+        return None if any(f is None for f in fs) else sum(fs) / len(fs)  # type: ignore[misc]
+
+    ips, gfs = rate(times["ours"], ours.gflops_per_image)
     res = BenchResult(
-        model=cfg.name,
+        model=ours.config.name,
         mode=mode,
         batch_size=batch_size,
-        img_size=cfg.img_size[0],
+        img_size=ours.config.img_size[0],
         dtype=dtype,
         device=str(dev),
         threads=n_threads,
         compile=compile,
         ref_compile=None if ref_eager else compile,
-        params=sum(p.numel() for p in ours.parameters()),
-        gflops_per_image=flops_img,
+        params=ours.params,
+        gflops_per_image=ours.gflops_per_image,
         images_per_sec=ips,
         step_ms=1e3 * statistics.median(times["ours"]),
         gflops_per_sec=gfs,
         peak_gflops_per_sec=peak,
         fraction_of_peak=gfs / peak if peak else None,
-        compile_seconds=compile_s["ours"],
-        optimizer=opt_names.get("ours"),
+        compile_seconds=ours.compile_seconds,
+        optimizer=ours.optimizer,
         steps=steps,
         warmup=warmup,
-        inference_path=_inference_path(ours, x) if mode == "infer" and not compile and amp is None else None,
+        inference_path=ours.inference_path,
         step_times_ms=[1e3 * t for t in times["ours"]],
+        isolate=isolate,
+        faults_per_step=mean_faults(faults["ours"]),
     )
-    if ref is not None:
-        r_ips, r_gfs = rate(times["ref"])
+    if vs is not None:
+        ref = runners["ref"].built
+        r_ips, r_gfs = rate(times["ref"], ref.gflops_per_image)
         res.ref = vs
         res.ref_images_per_sec = r_ips
         res.ref_gflops_per_sec = r_gfs
         res.ratio = ips / r_ips
-        res.ref_compile_seconds = compile_s["ref"]
-        res.ref_optimizer = opt_names.get("ref")
+        res.ref_compile_seconds = ref.compile_seconds
+        res.ref_optimizer = ref.optimizer
         res.ref_step_times_ms = [1e3 * t for t in times["ref"]]
+        res.ref_faults_per_step = mean_faults(faults["ref"])
         pairs = sorted(r / o for o, r in zip(times["ours"], times["ref"]))
         res.pair_ratios = (pairs[0], statistics.median(pairs), pairs[-1])
     return res

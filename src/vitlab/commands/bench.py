@@ -18,6 +18,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "equivalent reference model is timed interleaved with ours in the same process and the\n"
             "ratio of the medians is reported (> 1: vitlab is faster), with the spread of per-pair\n"
             "ratios. --vs vitlab times a second copy of our model: an A/A check of the noise floor.\n"
+            "--isolate runs each model in its own worker process instead (same interleaving), so\n"
+            "neither pays page faults for the other's memory: use it for training steps.\n"
             "Benchmarks of a shared machine are noisy: compare ratios, not absolute numbers across\n"
             "runs. See docs/performance.md.\n\n"
             "examples:\n"
@@ -26,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  vitlab bench --model vit_s16 --compile --vs timm      # both compiled, compile time reported\n"
             "  vitlab bench --model vit_s16 --compile --ref-eager --vs timm   # compiled vitlab vs eager timm\n"
             "  vitlab bench --mode train --model vit_ti16 --img-size 32 --patch-size 4 --dim 192 --depth 9 \\\n"
-            "      --heads 3 --mlp-ratio 2 --num-classes 10 --batch-size 128 --vs timm"
+            "      --heads 3 --mlp-ratio 2 --num-classes 10 --batch-size 128 --vs timm --isolate"
         ),
         formatter_class=formatter,
     )
@@ -60,6 +62,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--ref-eager",
         action="store_true",
         help="with --compile: compile vitlab only and time the reference eager, as its users run it",
+    )
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run each model in a worker process of its own (still one step of each in turn), so the two do not "
+        "share a C heap and its page faults; how each library runs in its own user's program",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per model")
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         measure_peak=not args.no_peak,
         peak_size=args.peak_size,
         progress=not args.json,
+        isolate=args.isolate,
         **overrides,
     )
     print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary())

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError
-from . import onednn
+from . import fused_block, onednn
 
 __all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "make_act"]
 
@@ -181,10 +181,14 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
         self.drop_path2 = DropPath(drop_path)
+        self.workspace = fused_block.Workspace()
+        """Activation buffers the fused CPU training path reuses between steps (models/fused_block.py)."""
 
     def train(self, mode: bool = True) -> Block:
         if mode:  # inference-only packed weights (models/onednn.py) would go stale and hold memory
             onednn.forget(self)
+        else:  # nor are the training path's activation buffers needed in eval
+            self.workspace.clear()
         return super().train(mode)
 
     def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -193,7 +197,32 @@ class Block(nn.Module):
             # adds ride in the GEMM epilogues, see models/onednn.py.
             x, _ = self.attn(self.norm1(x), residual=x)
             return self.mlp(self.norm2(x), residual=x), None
+        if not return_attn and fused_block.applies(self, x):
+            # CPU training: the whole block as one autograd node, see models/fused_block.py.
+            return fused_block.block_forward(self, x), None
         y, attn = self.attn(self.norm1(x), return_attn=return_attn)
         x = x + self.drop_path1(y)
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x, attn
+
+    def forward_cls(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output for the first (class) token only: ``(B, T, D)`` -> ``(B, 1, D)``.
+
+        Eq. 2-3 mix tokens only inside attention, so the class token's output needs the keys and
+        values of every token but the query, the projection and the MLP of the class token
+        alone. As the last block under class-token pooling this computes what ``self(x)[0][:, :1]``
+        does with about a quarter of the work (the K and V projections); see
+        ``VisionTransformer.forward``. Same maths, float32 rounding aside."""
+        attn = self.attn
+        if type(attn) is not Attention:
+            raise ConfigError(f"forward_cls needs the plain Attention layer, not {type(attn).__name__}")
+        b, t, d = x.shape
+        xn = self.norm1(x)
+        w, bias = attn.qkv.weight, attn.qkv.bias
+        q = F.linear(xn[:, :1], w[:d], None if bias is None else bias[:d]).view(b, 1, attn.num_heads, attn.head_dim)
+        kv = F.linear(xn, w[d:], None if bias is None else bias[d:]).view(b, t, 2, attn.num_heads, attn.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        drop = attn.attn_drop if self.training else 0.0
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, dropout_p=drop).transpose(1, 2).reshape(b, 1, d)
+        x = x[:, :1] + self.drop_path1(attn.proj_drop(attn.proj(o)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))

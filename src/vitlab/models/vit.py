@@ -24,7 +24,7 @@ from . import onednn
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
-from .layers import Block, PatchEmbed
+from .layers import Attention, Block, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
 __all__ = ["INFERENCE_CHUNK_BYTES", "VisionTransformer"]
@@ -81,6 +81,11 @@ class VisionTransformer(nn.Module):
         self.inference_chunk_bytes: int | None = INFERENCE_CHUNK_BYTES
         """Split gradient-free forwards into chunks of the batch whose widest activation stays
         under this many bytes; ``None`` turns it off. See :meth:`inference_chunk_size`."""
+        self.cls_only_last_block = True
+        """With class-token pooling, ``forward`` runs the last block for the class token only
+        (:meth:`Block.forward_cls`): the logits need nothing else of it, and it skips about 3/4 of
+        that block's work, in training and inference alike. ``forward_features`` still returns
+        every token. Turn it off to make forward hooks on the last block or ``norm`` see all tokens."""
         self._sincos_cache: dict[tuple[int, int], torch.Tensor] = {}
         self.init_weights()
 
@@ -232,8 +237,30 @@ class VisionTransformer(nn.Module):
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
         if self._captured is None and (n := self.inference_chunk_size(x)) < x.shape[0]:
-            return torch.cat([self.forward_head(self.forward_features(c)) for c in x.split(n)])  # type: ignore[arg-type]
-        return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
+            return torch.cat([self._logits(c) for c in x.split(n)])
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._cls_only_applies():
+            return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
+        grid = self.patch_embed.grid(*x.shape[-2:])
+        z = self.embed(x)
+        for blk in self.blocks[:-1]:
+            z, _ = self._run_block(blk, z, grid, False)
+        return self.forward_head(self.norm(self.blocks[-1].forward_cls(z)))
+
+    def _cls_only_applies(self) -> bool:
+        """Whether ``forward`` may run the last block for the class token alone (see
+        :attr:`cls_only_last_block`)."""
+        last = self.blocks[-1] if len(self.blocks) else None
+        return (
+            self.cls_only_last_block
+            and self._captured is None
+            and self.config.pool == "cls"
+            and self.cls_token is not None
+            and type(last) is Block
+            and type(last.attn) is Attention
+        )
 
     def inference_chunk_size(self, x: torch.Tensor) -> int:
         """Images per chunk for a forward of the batch ``x`` without autograd.
@@ -326,13 +353,17 @@ class VisionTransformer(nn.Module):
     def num_params(self, *, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
 
-    def macs(self, img_size: tuple[int, int] | int | None = None) -> int:
-        """Multiply-accumulates of one forward pass (matmuls only, as fvcore/timm count)."""
-        return count_macs(self.config, img_size)
+    def macs(self, img_size: tuple[int, int] | int | None = None, *, executed: bool = False) -> int:
+        """Multiply-accumulates of one forward pass (matmuls only, as fvcore/timm count). With
+        ``executed``, those ``forward`` actually runs: fewer when the last block computes the
+        class token alone (:attr:`cls_only_last_block`)."""
+        return count_macs(self.config, img_size, cls_only_last_block=executed and self._cls_only_applies())
 
 
-def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) -> int:
-    """Analytic multiply-accumulate count of a ViT forward pass at ``img_size``."""
+def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None, *, cls_only_last_block: bool = False) -> int:
+    """Analytic multiply-accumulate count of a ViT forward pass at ``img_size``; with
+    ``cls_only_last_block`` the last block computes keys and values for every token but the query,
+    attention, projection and MLP for the class token alone (``Block.forward_cls``)."""
     if img_size is None:
         h, w = cfg.img_size
     elif isinstance(img_size, int):
@@ -352,6 +383,8 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) ->
         pre = cfg.num_prefix_tokens
         per_block = 2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim) + 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
     macs += cfg.depth * per_block
+    if cls_only_last_block and cfg.depth and cfg.attention != "axial":
+        macs -= per_block - (t * d * 2 * d + d * d + 2 * t * d + d * d + 2 * d * cfg.mlp_dim)
     if cfg.head == "mlp":
         macs += d * cfg.pre_logits_dim
     macs += cfg.pre_logits_dim * cfg.num_classes

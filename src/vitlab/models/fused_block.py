@@ -1,0 +1,341 @@
+"""One autograd node per Transformer block for CPU training.
+
+Why: autograd records a ViT block (Eq. 2-3) as ~15 nodes, and three of them cost more than
+their arithmetic on a CPU. The backward of ``qkv.unbind`` stacks the three attention gradients
+into a new tensor and the backward of the head-split ``permute`` copies that again into the
+``(tokens, 3D)`` layout the qkv GEMMs want: two passes over the widest activation of the block.
+Each residual add and each ``addmm`` bias broadcast is a further pass. This module computes the
+same block forward and backward by hand, in the order autograd would, but
+
+- feeds the three attention gradients (which the CPU flash kernel returns in token-major
+  layout) to the qkv weight and input gradients as three GEMMs each, so nothing is stacked
+  or permuted;
+- adds the residual and the bias once (``(x + b).addmm_(...)``) instead of in two passes;
+- keeps only what the backward needs (as autograd does), under one node, and writes those
+  activations into buffers the block keeps from one step to the next (:class:`Workspace`).
+  Eager PyTorch allocates them afresh every step, and glibc hands most of that memory back to
+  the kernel when the backward frees it, so every step page-faults its activations in again
+  (~90k faults, ~10% of a CIFAR step measured standalone).
+
+Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
+kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
+(GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step
+(32 px, patch 4, width 192, depth 9, batch 128) runs ~5-10% faster with it
+(``docs/performance.md``, experiment 11).
+
+The workspace is leased to one forward at a time: a second forward before the first one's
+backward (two micro-batches, one backward) gets fresh memory, and a backward through a graph
+whose buffers a later forward has overwritten (``retain_graph=True``, then another forward)
+fails with autograd's in-place modification error instead of returning wrong gradients. The
+block's own output is never a workspace buffer, so nothing a caller holds is overwritten.
+:meth:`Block.train` with ``False`` (``model.eval()``) frees it.
+
+It applies where it is exact in meaning: training with autograd on, float32, CPU, no autocast,
+no dropout inside the block (stochastic depth is supported), a plain :class:`Attention` with qkv
+bias and a GELU MLP; not while tracing, exporting or under ``torch.compile`` (which fuses on
+its own). Everything else takes the plain path.
+
+    with vitlab.models.fused_block.disabled():   # the plain autograd path, e.g. to compare
+        loss = criterion(model(images), labels)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+if TYPE_CHECKING:
+    from .layers import Block
+
+__all__ = ["Workspace", "applies", "block_forward", "disabled", "eager_cpu_training"]
+
+_enabled = True
+_aten = torch.ops.aten
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Train through the plain autograd path (benchmarks, debugging). Process-wide."""
+    global _enabled
+    prev, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = prev
+
+
+def eager_cpu_training(x: torch.Tensor) -> bool:
+    """A float32 CPU forward that autograd records, run eagerly: not under autocast, and not
+    traced, exported or compiled (those record their own graph and fuse on their own)."""
+    return (
+        torch.is_grad_enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+        and not torch.onnx.is_in_onnx_export()
+    )
+
+
+def applies(block: Block, x: torch.Tensor) -> bool:
+    """Whether ``block``'s training forward on ``x`` may run as one fused autograd node."""
+    from .layers import Attention
+
+    if not (_enabled and block.training and x.ndim == 3 and eager_cpu_training(x)):
+        return False
+    attn, mlp = block.attn, block.mlp
+    return (
+        type(attn) is Attention
+        and attn.qkv.bias is not None
+        and attn.attn_drop == 0.0
+        and attn.proj_drop.p == 0.0
+        and mlp.drop1.p == 0.0
+        and mlp.drop2.p == 0.0
+        and type(mlp.act) is nn.GELU
+        and _has_grad(block, x)
+    )
+
+
+def _has_grad(block: nn.Module, x: torch.Tensor) -> bool:
+    return x.requires_grad or any(p.requires_grad for p in block.parameters())
+
+
+@dataclass(frozen=True)
+class _Spec:
+    heads: int
+    eps1: float
+    eps2: float
+    approximate: str  # GELU: "none" (exact erf) or "tanh"
+
+
+_Alloc = Callable[[str, tuple[int, ...], torch.Tensor], torch.Tensor]
+"""``buf(name, shape, like)``: a tensor to write an activation into."""
+
+
+def _fresh(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(shape)
+
+
+class Workspace:
+    """Activation buffers a :class:`Block` reuses from one training step to the next.
+
+    :meth:`lease` hands the buffers to one forward (its autograd node ``ctx``) until that
+    node's backward has run (:meth:`release`) or the node is gone (its graph was dropped);
+    meanwhile other forwards get fresh memory. Buffers are re-made when a shape changes
+    (another batch size). Copies and pickles of a model start with an empty workspace."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._holder: weakref.ref[Any] | None = None
+
+    def lease(self, ctx: Any) -> _Alloc:
+        """The allocator for ``ctx``'s forward: the workspace's if it is free, else fresh memory."""
+        if self._holder is not None and self._holder() is not None:
+            return _fresh
+        self._holder = weakref.ref(ctx)
+        ctx.workspace = self
+        return self._buffer
+
+    def release(self, ctx: Any) -> None:
+        if self._holder is not None and self._holder() is ctx:
+            self._holder = None
+
+    def _buffer(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        t = self._buffers.get(name)
+        if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
+            t = self._buffers[name] = like.new_empty(shape)
+        return t
+
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(t.numel() * t.element_size() for t in self._buffers.values())
+
+    def clear(self) -> None:
+        self._buffers.clear()
+        self._holder = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Workspace:
+        return Workspace()
+
+    def __reduce__(self) -> tuple[type[Workspace], tuple[()]]:
+        return (Workspace, ())
+
+
+def _keep_scale(p: float, x: torch.Tensor) -> torch.Tensor | None:
+    """Stochastic depth's per-sample factor (0 or 1/keep), drawn exactly as :class:`DropPath` draws it."""
+    if p == 0.0:
+        return None
+    keep = 1.0 - p
+    return x.new_empty((x.shape[0], 1, 1)).bernoulli_(keep).div_(keep)
+
+
+def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """``block(x)`` in training, as one autograd node (callers check :func:`applies`)."""
+    # Both stochastic-depth masks are drawn before any compute, in the order the plain path draws them.
+    keep1 = _keep_scale(block.drop_path1.p, x)
+    keep2 = _keep_scale(block.drop_path2.p, x)
+    attn, mlp = block.attn, block.mlp
+    spec = _Spec(heads=attn.num_heads, eps1=block.norm1.eps, eps2=block.norm2.eps, approximate=mlp.act.approximate)
+    out: torch.Tensor = _BlockFunction.apply(
+        x,
+        keep1,
+        keep2,
+        spec,
+        block.workspace,
+        block.norm1.weight,
+        block.norm1.bias,
+        attn.qkv.weight,
+        attn.qkv.bias,
+        attn.proj.weight,
+        attn.proj.bias,
+        block.norm2.weight,
+        block.norm2.bias,
+        mlp.fc1.weight,
+        mlp.fc1.bias,
+        mlp.fc2.weight,
+        mlp.fc2.bias,
+    )
+    return out
+
+
+def _heads(qkv: torch.Tensor, b: int, t: int, heads: int) -> tuple[torch.Tensor, ...]:
+    """``(B*T, 3D)`` -> q, k, v as ``(B, heads, T, head_dim)`` views (no copy)."""
+    return qkv.view(b, t, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _residual(
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    keep: torch.Tensor | None,
+    b: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x + keep * (a @ w.T + bias)`` on ``(B*T, D)`` rows (into ``out`` if given); without stochastic
+    depth the bias and the residual go in one pass and the GEMM accumulates onto them."""
+    if keep is None:
+        return torch.add(x, bias, out=out).addmm_(a, w.t())
+    rows = (b, -1, x.shape[1])
+    y = torch.addmm(bias, a, w.t()).view(rows)
+    return torch.addcmul(x.view(rows), y, keep, out=None if out is None else out.view(rows)).view_as(x)
+
+
+def _layer_norm(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, eps: float, buf: _Alloc, tag: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, d = x.shape
+    return _aten.native_layer_norm.out(
+        x, [d], w, bias, eps, out0=buf("xn" + tag, (m, d), x), out1=buf("mean" + tag, (m, 1), x), out2=buf("rstd" + tag, (m, 1), x)
+    )
+
+
+def _scaled(g: torch.Tensor, keep: torch.Tensor | None, b: int) -> torch.Tensor:
+    return g if keep is None else (g.view(b, -1, g.shape[1]) * keep).view_as(g)
+
+
+class _BlockFunction(torch.autograd.Function):
+    """Eq. 2-3 forward and backward; see the module docstring."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        keep1: torch.Tensor | None,
+        keep2: torch.Tensor | None,
+        spec: _Spec,
+        workspace: Workspace | None,
+        n1_w: torch.Tensor,
+        n1_b: torch.Tensor,
+        qkv_w: torch.Tensor,
+        qkv_b: torch.Tensor,
+        proj_w: torch.Tensor,
+        proj_b: torch.Tensor,
+        n2_w: torch.Tensor,
+        n2_b: torch.Tensor,
+        fc1_w: torch.Tensor,
+        fc1_b: torch.Tensor,
+        fc2_w: torch.Tensor,
+        fc2_b: torch.Tensor,
+    ) -> torch.Tensor:
+        b, t, d = x.shape
+        m, hidden = b * t, fc1_w.shape[0]
+        buf = workspace.lease(ctx) if workspace is not None else _fresh
+        x0 = x.reshape(m, d)
+        xn1, mean1, rstd1 = _layer_norm(x0, n1_w, n1_b, spec.eps1, buf, "1")
+        qkv = torch.addmm(qkv_b, xn1, qkv_w.t(), out=buf("qkv", (m, 3 * d), x))
+        q, k, v = _heads(qkv, b, t, spec.heads)
+        o, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+        o2 = o.transpose(1, 2).reshape(m, d)  # the kernel writes token-major: a view
+        x1 = _residual(x0, proj_b, o2, proj_w, keep1, b, out=buf("x1", (m, d), x))
+        xn2, mean2, rstd2 = _layer_norm(x1, n2_w, n2_b, spec.eps2, buf, "2")
+        h = torch.addmm(fc1_b, xn2, fc1_w.t(), out=buf("h", (m, hidden), x))
+        g = _aten.gelu.out(h, approximate=spec.approximate, out=buf("g", (m, hidden), x))
+        out = _residual(x1, fc2_b, g, fc2_w, keep2, b)  # returned to the caller: never a workspace buffer
+        ctx.spec = spec
+        ctx.shape = (b, t, d)
+        ctx.save_for_backward(
+            x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
+            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc2_w,
+        )  # fmt: skip
+        return out.view(b, t, d)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
+         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc2_w) = ctx.saved_tensors  # fmt: skip
+        spec: _Spec = ctx.spec
+        b, t, d = ctx.shape
+        need = ctx.needs_input_grad
+        dy = grad.reshape(b * t, d)
+
+        # MLP branch, Eq. 3: out = x1 + keep2 * fc2(gelu(fc1(LN2(x1))))
+        dm = _scaled(dy, keep2, b)
+        d_fc2_w = dm.t().mm(g) if need[15] else None
+        d_fc2_b = dm.sum(0) if need[16] else None
+        dh = _aten.gelu_backward(dm.mm(fc2_w), h, approximate=spec.approximate)
+        d_fc1_w = dh.t().mm(xn2) if need[13] else None
+        d_fc1_b = dh.sum(0) if need[14] else None
+        dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(dh.mm(fc1_w), x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[11], need[12]])
+        dx1.add_(dy)
+
+        # Attention branch, Eq. 2: x1 = x + keep1 * proj(MSA(q, k, v)), [q; k; v] = qkv(LN1(x))
+        da = _scaled(dx1, keep1, b)
+        o2 = o.transpose(1, 2).reshape(b * t, d)
+        d_proj_w = da.t().mm(o2) if need[9] else None
+        d_proj_b = da.sum(0) if need[10] else None
+        do = da.mm(proj_w).view(b, t, spec.heads, -1).transpose(1, 2)
+        q, k, v = _heads(qkv, b, t, spec.heads)
+        dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False)
+        # The kernel returns token-major gradients: each is a (B*T, D) matrix as it lies, so the three
+        # thirds of the qkv layer take them separately instead of stacking them into (B*T, 3D).
+        parts = [z.transpose(1, 2).reshape(b * t, d) for z in (dq, dk, dv)]
+        d_qkv_w = d_qkv_b = None
+        if need[7]:
+            d_qkv_w = qkv_w.new_empty(qkv_w.shape)
+            for i, z in enumerate(parts):
+                torch.mm(z.t(), xn1, out=d_qkv_w[i * d : (i + 1) * d])
+        if need[8]:
+            d_qkv_b = torch.cat([z.sum(0) for z in parts])
+        dxn1 = parts[0].mm(qkv_w[:d])
+        for i in (1, 2):
+            dxn1.addmm_(parts[i], qkv_w[i * d : (i + 1) * d])
+        dx, d_n1_w, d_n1_b = _aten.native_layer_norm_backward(dxn1, x0, [d], mean1, rstd1, n1_w, n1_b, [need[0], need[5], need[6]])
+        if dx is not None:
+            dx.add_(dx1)
+            dx = dx.view(b, t, d)
+        if (workspace := getattr(ctx, "workspace", None)) is not None:
+            workspace.release(ctx)  # the next forward may overwrite the buffers now
+        return (
+            dx, None, None, None, None, d_n1_w, d_n1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b,
+            d_n2_w, d_n2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b,
+        )  # fmt: skip
