@@ -41,9 +41,8 @@ its own). Everything else takes the plain path.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,24 +50,19 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ._switch import Switch, running_eagerly
+
 if TYPE_CHECKING:
     from .layers import Block
 
 __all__ = ["Workspace", "applies", "block_forward", "disabled", "eager_cpu_training"]
 
-_enabled = True
 _aten = torch.ops.aten
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Train through the plain autograd path (benchmarks, debugging). Process-wide."""
-    global _enabled
-    prev, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = prev
+_switch = Switch()
+disabled = _switch.disabled
+"""Train through the plain autograd path (benchmarks, debugging); process-wide."""
 
 
 def eager_cpu_training(x: torch.Tensor) -> bool:
@@ -79,9 +73,7 @@ def eager_cpu_training(x: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
-        and not torch.onnx.is_in_onnx_export()
+        and running_eagerly()
     )
 
 
@@ -89,7 +81,7 @@ def applies(block: Block, x: torch.Tensor) -> bool:
     """Whether ``block``'s training forward on ``x`` may run as one fused autograd node."""
     from .layers import Attention
 
-    if not (_enabled and block.training and x.ndim == 3 and eager_cpu_training(x)):
+    if not (_switch.on and block.training and x.ndim == 3 and eager_cpu_training(x)):
         return False
     attn, mlp = block.attn, block.mlp
     return (

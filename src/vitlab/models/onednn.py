@@ -26,17 +26,16 @@ model lives.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+from ._switch import Switch, running_eagerly
+
 __all__ = ["applies", "available", "clear_cache", "disabled", "eager_cpu_inference", "forget", "linear", "pack", "packed_product"]
 
-_enabled = True
 _SAMPLE = 256
 _packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int, torch.Size], torch.Tensor, torch.Tensor]] = weakref.WeakKeyDictionary()
 
@@ -57,16 +56,9 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run the plain aten path inside the block (benchmarks, debugging). The switch is
-    process-wide: other threads running a model meanwhile take the plain path too."""
-    global _enabled
-    prev, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = prev
+_switch = Switch()
+disabled = _switch.disabled
+"""Run the plain aten path inside the block (benchmarks, debugging); process-wide."""
 
 
 def eager_cpu_inference(x: torch.Tensor) -> bool:
@@ -74,19 +66,13 @@ def eager_cpu_inference(x: torch.Tensor) -> bool:
     which record one graph for every batch size and fuse on their own. The condition both CPU
     inference measures share: these fused linears and the batch chunks of
     ``VisionTransformer.inference_chunk_size``."""
-    return (
-        not torch.is_grad_enabled()
-        and x.device.type == "cpu"
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
-        and not torch.onnx.is_in_onnx_export()
-    )
+    return not torch.is_grad_enabled() and x.device.type == "cpu" and running_eagerly()
 
 
 def applies(module: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``module`` (in eval mode) may compute on ``x`` with the fused oneDNN linears."""
     return (
-        _enabled
+        _switch.on
         and not module.training
         and x.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")

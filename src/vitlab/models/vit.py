@@ -272,7 +272,8 @@ class VisionTransformer(nn.Module):
         all, 11-24% of its time on a 2-core CPU). Chunks whose widest activation
         (tokens x max(MLP width, 3 x width) x element size) stays under
         :attr:`inference_chunk_bytes` recycle heap memory instead, and are as exact: every
-        image is computed on its own. Training (autograd on), attention capture, tracing,
+        image is computed on its own (the class-token-only last block's GEMMs over a few rows
+        may round differently with the number of rows, ~1e-6). Training (autograd on), attention capture, tracing,
         export and ``torch.compile`` run the whole batch.
         """
         b = x.shape[0]
