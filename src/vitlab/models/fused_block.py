@@ -20,8 +20,9 @@ same block forward and backward by hand, in the order autograd would, but
 Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
 kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
 (GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step
-(32 px, patch 4, width 192, depth 9, batch 128) runs ~5-10% faster with it
-(``docs/performance.md``, experiment 11).
+(32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs ~10%
+faster in a process of its own, where the workspace also saves the page faults
+(``docs/performance.md``, experiments 11 and 13).
 
 The workspace is leased to one forward at a time: a second forward before the first one's
 backward (two micro-batches, one backward) gets fresh memory, and a backward through a graph
