@@ -308,9 +308,9 @@ def _make_step(
     x: torch.Tensor,
     y: torch.Tensor,
     autocast: contextlib.AbstractContextManager[Any] | None,
-    optimizer: Callable[[nn.Module], torch.optim.Optimizer] = plain_adamw,
+    opt: torch.optim.Optimizer | None = None,
 ) -> Callable[[], None]:
-    """One inference forward, or one full training step (forward, backward, ``optimizer``)."""
+    """One inference forward, or one full training step (forward, backward, ``opt``)."""
     amp: Callable[[], contextlib.AbstractContextManager[Any]] = (lambda: autocast) if autocast is not None else contextlib.nullcontext  # type: ignore[assignment,return-value]
     if mode == "infer":
         model.eval()
@@ -320,8 +320,9 @@ def _make_step(
                 model(x)
 
         return infer
+    if opt is None:
+        raise ValueError("a training step needs an optimizer")
     model.train()
-    opt = optimizer(model)
 
     def train() -> None:
         with amp():
@@ -411,21 +412,26 @@ def _build(side: _Side, *, progress: bool = False) -> _Built:
     """The model of ``side``, its inputs and its step (compiled and run once if asked)."""
     dev = torch.device(side.device)
     tdtype = DTYPES[side.dtype]
-    torch.manual_seed(side.seed)
-    ours = create_model(side.model, num_classes=side.num_classes, **side.overrides).to(dev)
-    cfg: ViTConfig = ours.config  # type: ignore[assignment]
-    if side.vs in ("timm", "hf") and not _is_plain(ours):
+    with torch.device("meta"):  # the architecture only: no weights, no init
+        probe = create_model(side.model, num_classes=side.num_classes, **side.overrides)
+    cfg: ViTConfig = probe.config  # type: ignore[assignment]
+    if side.vs in ("timm", "hf") and not _is_plain(probe):
         raise ConfigError(
             f"--vs {side.vs}: {cfg.name} is not a plain ViT (hybrid stem or axial blocks); only plain ViTs have a {side.vs} equivalent here"
         )
-    model = ours if side.key == "ours" else build_reference(side.vs or "vitlab", cfg).to(dev)
+    torch.manual_seed(side.seed)
+    model = (
+        create_model(side.model, num_classes=side.num_classes, **side.overrides)
+        if side.key == "ours"
+        else build_reference(side.vs or "vitlab", cfg)
+    ).to(dev)
     g = torch.Generator().manual_seed(side.seed + 1)  # the same images on both sides, in any process
     x = torch.randn(side.batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(dev)
     y = torch.randint(0, max(side.num_classes, 1), (side.batch_size,), generator=g).to(dev)
     amp = _autocast(dev, tdtype)
-    make_opt = vitlab_optimizer if side.key == "ours" else plain_adamw
+    opt = (vitlab_optimizer if side.key == "ours" else plain_adamw)(model) if side.mode == "train" else None
     target = torch.compile(model, mode=side.compile) if side.compile else model
-    step = _make_step(target, side.mode, x, y, amp, make_opt)  # type: ignore[arg-type]
+    step = _make_step(target, side.mode, x, y, amp, opt)  # type: ignore[arg-type]
     compile_s = None
     if side.compile:  # the first call compiles; time it on its own
         if progress:
@@ -444,7 +450,7 @@ def _build(side: _Side, *, progress: bool = False) -> _Built:
         gflops_per_image=2 * macs / 1e9,
         config=cfg,
         compile_seconds=compile_s,
-        optimizer=_describe(make_opt(model)) if side.mode == "train" else None,
+        optimizer=_describe(opt) if opt is not None else None,
         inference_path=_inference_path(model, x)
         if side.key == "ours" and side.mode == "infer" and not side.compile and amp is None
         else None,

@@ -15,13 +15,13 @@ same block forward and backward by hand, in the order autograd would, but
   activations into buffers the block keeps from one step to the next (:class:`Workspace`).
   Eager PyTorch allocates them afresh every step, and glibc hands most of that memory back to
   the kernel when the backward frees it, so every step page-faults its activations in again
-  (~90k faults, ~10% of a CIFAR step measured standalone).
+  (79-117k faults per CIFAR step, measured standalone).
 
 Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
 kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
 (GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step
-(32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs ~10%
-faster in a process of its own, where the workspace also saves the page faults
+(32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27%
+faster in a process of its own (three pairs of processes), where the workspace also saves the page faults
 (``docs/performance.md``, experiments 11 and 13).
 
 The workspace is leased to one forward at a time: a second forward before the first one's
@@ -162,19 +162,11 @@ class Workspace:
         return (Workspace, ())
 
 
-def _keep_scale(p: float, x: torch.Tensor) -> torch.Tensor | None:
-    """Stochastic depth's per-sample factor (0 or 1/keep), drawn exactly as :class:`DropPath` draws it."""
-    if p == 0.0:
-        return None
-    keep = 1.0 - p
-    return x.new_empty((x.shape[0], 1, 1)).bernoulli_(keep).div_(keep)
-
-
 def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
     """``block(x)`` in training, as one autograd node (callers check :func:`applies`)."""
     # Both stochastic-depth masks are drawn before any compute, in the order the plain path draws them.
-    keep1 = _keep_scale(block.drop_path1.p, x)
-    keep2 = _keep_scale(block.drop_path2.p, x)
+    keep1 = block.drop_path1.scale(x)
+    keep2 = block.drop_path2.scale(x)
     attn, mlp = block.attn, block.mlp
     spec = _Spec(heads=attn.num_heads, eps1=block.norm1.eps, eps2=block.norm2.eps, approximate=mlp.act.approximate)
     out: torch.Tensor = _BlockFunction.apply(

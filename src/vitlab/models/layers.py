@@ -142,12 +142,18 @@ class DropPath(nn.Module):
         super().__init__()
         self.p = p
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def scale(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The per-sample factor for a batch like ``x`` (0 or 1/keep, shaped to broadcast), drawn
+        from the global RNG; None when nothing is dropped (p = 0 or eval). The fused training
+        block (models/fused_block.py) draws its masks here too."""
         if self.p == 0.0 or not self.training:
-            return x
+            return None
         keep = 1.0 - self.p
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
-        return x * mask / keep
+        return x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep).div_(keep)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.scale(x)
+        return x if s is None else x * s
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -211,7 +217,7 @@ class Block(nn.Module):
         Eq. 2-3 mix tokens only inside attention, so the class token's output needs the keys and
         values of every token but the query, the projection and the MLP of the class token
         alone. As the last block under class-token pooling this computes what ``self(x)[0][:, :1]``
-        does with about a quarter of the work (the K and V projections); see
+        does with a quarter of the work or less (the K and V projections); see
         ``VisionTransformer.forward``. Same maths, float32 rounding aside."""
         attn = self.attn
         if type(attn) is not Attention:
