@@ -105,8 +105,10 @@ def test_fused_block_matches_plain_autograd(batch, grid, heads, mlp, act, drop_p
     assert_grads_close(got[2], want[2])
 
 
-def test_fused_block_gradcheck_in_float64():
-    """The hand-written backward is the derivative of the forward (finite differences, float64)."""
+@pytest.mark.parametrize("scratch", [False, True])
+def test_fused_block_gradcheck_in_float64(scratch):
+    """The hand-written backward is the derivative of the forward (finite differences, float64),
+    with its temporaries in fresh memory or in a reused :class:`Scratch`."""
     torch.manual_seed(0)
     blk = Block(dim=8, num_heads=2, mlp_dim=16).double()
     params = [p.detach().clone().requires_grad_(True) for p in blk.parameters()]
@@ -118,7 +120,9 @@ def test_fused_block_gradcheck_in_float64():
     order += ["norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"]
 
     def fn(x, *ps):
-        return fused_block._BlockFunction.apply(x, None, None, spec, None, *ps)
+        return fused_block._BlockFunction.apply(x, None, None, spec, None, buffers, *ps)
+
+    buffers = fused_block.Scratch() if scratch else None
 
     assert torch.autograd.gradcheck(fn, (x, *[by_name[n] for n in order]), eps=1e-6, atol=1e-5)
 
@@ -288,6 +292,68 @@ def test_model_copies_and_pickles_start_with_an_empty_workspace():
         assert clone.blocks[0].workspace.nbytes() == 0
         loss_and_grads(clone, images(2), fused=True)
     assert model.blocks[0].workspace.nbytes() > 0
+
+
+def test_blocks_share_one_scratch_reused_between_steps_and_freed_by_eval():
+    """The backward temporaries live in one Scratch per model (backwards run one block at a time)."""
+    model = tiny_model()
+    scratch = model.blocks[0].scratch
+    assert all(blk.scratch is scratch for blk in model.blocks)
+    loss_and_grads(model, images(2), fused=True)
+    held = {k: t.data_ptr() for k, t in scratch._buffers.items()}
+    assert set(held) == {"dg", "dxn2", "do", "dxn1"}
+    loss_and_grads(model, images(2), fused=True)
+    assert {k: t.data_ptr() for k, t in scratch._buffers.items()} == held
+    model.eval()
+    assert scratch.nbytes() == 0
+
+
+def test_gradients_never_alias_the_scratch():
+    """A step's gradients survive the next step, which rewrites the scratch buffers."""
+    model = tiny_model()
+    x = images(2)
+    first = loss_and_grads(model, x, fused=True)[2]
+    kept = {n: p.grad for n, p in model.named_parameters()}  # the tensors themselves, not copies
+    model.zero_grad(set_to_none=True)
+    loss_and_grads(model, images(2, seed=7), fused=True)
+    assert_grads_close({n: g.clone() for n, g in kept.items()}, first)
+
+
+def test_input_gradient_never_aliases_the_scratch():
+    """A leaf input's .grad (autograd keeps the returned tensor itself) survives the next backward."""
+    torch.manual_seed(0)
+    blk = Block(dim=16, num_heads=2, mlp_dim=32).train()
+    grads = []
+    for seed in (1, 2):
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        out, _ = blk(x)
+        out.square().sum().backward()
+        grads.append((x.grad, x.grad.clone()))
+    assert blk.scratch.nbytes() > 0  # the fused path ran
+    for kept, copied in grads:
+        torch.testing.assert_close(kept, copied, rtol=0, atol=0)
+
+
+def test_a_borrowed_scratch_gives_fresh_memory():
+    """A backward that finds the scratch busy (another thread's backward) allocates its own."""
+    model = tiny_model()
+    x = images(2)
+    want = loss_and_grads(model, x, fused=False)
+    scratch = model.blocks[0].scratch
+    with scratch.borrow() as mine:
+        assert mine != fused_block._fresh
+        got = loss_and_grads(model, x, fused=True)
+        assert scratch.nbytes() == 0  # the backward did not touch it
+    assert_grads_close(got[2], want[2])
+
+
+def test_model_copies_share_a_scratch_of_their_own():
+    model = tiny_model()
+    loss_and_grads(model, images(2), fused=True)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        scratch = clone.blocks[0].scratch
+        assert scratch is not model.blocks[0].scratch and scratch.nbytes() == 0
+        assert all(blk.scratch is scratch for blk in clone.blocks)
 
 
 # -- the class-token-only last block ------------------------------------------------------

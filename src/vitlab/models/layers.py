@@ -189,12 +189,15 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
         self.workspace = fused_block.Workspace()
         """Activation buffers the fused CPU training path reuses between steps (models/fused_block.py)."""
+        self.scratch = fused_block.Scratch()
+        """Its backward's temporaries; a model's blocks share one (``fused_block.share_scratch``)."""
 
     def train(self, mode: bool = True) -> Block:
         if mode:  # inference-only packed weights (models/onednn.py) would go stale and hold memory
             onednn.forget(self)
-        else:  # nor are the training path's activation buffers needed in eval
+        else:  # nor are the training path's buffers needed in eval
             self.workspace.clear()
+            self.scratch.clear()
         return super().train(mode)
 
     def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

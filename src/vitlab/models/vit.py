@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import onednn
+from . import fused_block, onednn
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
@@ -66,6 +66,7 @@ class VisionTransformer(nn.Module):
 
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(self._make_block(cfg, dpr[i]) for i in range(cfg.depth))
+        fused_block.share_scratch(self.blocks)  # their backwards run one at a time
         use_fc_norm = cfg.pool == "gap" and cfg.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
