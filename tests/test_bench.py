@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from vitlab.bench import benchmark, build_reference, matmul_peak, model_overrides
+from vitlab.bench import benchmark, build_reference, matmul_peak, median_interval, model_overrides
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
@@ -63,6 +65,9 @@ def test_benchmark_train_vs_timm() -> None:
     assert r.ratio == pytest.approx(r.images_per_sec / r.ref_images_per_sec)
     lo, mid, hi = r.pair_ratios
     assert 0 < lo <= mid <= hi
+    ci_lo, ci_hi = r.pair_ratio_interval
+    assert lo <= ci_lo <= mid <= ci_hi <= hi
+    assert "95% interval" in r.summary()
     assert sorted(t / o for o, t in zip(r.step_times_ms, r.ref_step_times_ms)) == pytest.approx([lo, hi])
     # a training step counts 3x the forward FLOPs
     assert r.gflops_per_sec == pytest.approx(3 * r.gflops_per_image * r.images_per_sec)
@@ -204,3 +209,32 @@ def test_page_faults_are_reported_per_side() -> None:
     assert r.faults_per_step is not None and r.faults_per_step >= 0
     assert r.ref_faults_per_step is not None and r.ref_faults_per_step >= 0
     assert "page faults per step" in r.summary()
+
+
+# -- the interval of the per-pair median ---------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(min_value=0.1, max_value=10.0), min_size=1, max_size=40))
+def test_median_interval_brackets_the_median(values: list[float]) -> None:
+    lo, hi = median_interval(values, resamples=400)
+    med = sorted(values)[len(values) // 2] if len(values) % 2 else None
+    assert min(values) <= lo <= hi <= max(values)
+    if med is not None:  # odd length: the sample median is one of the values
+        assert lo <= med <= hi
+    assert median_interval(values, resamples=400) == (lo, hi)  # deterministic
+
+
+def test_median_interval_narrows_with_more_steps_and_is_a_point_for_constant_ratios() -> None:
+    assert median_interval([1.3] * 7) == (1.3, 1.3)
+    g = torch.Generator().manual_seed(1)
+    few = (1.3 + 0.2 * torch.randn(8, generator=g)).tolist()
+    many = few + (1.3 + 0.2 * torch.randn(120, generator=g)).tolist()
+
+    def width(values: list[float]) -> float:
+        lo, hi = median_interval(values)
+        return hi - lo
+
+    assert width(many) < width(few) / 2
+    with pytest.raises(ValueError, match="at least one"):
+        median_interval([])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 import statistics
 import sys
 import time
@@ -34,7 +35,16 @@ from torch import nn
 from .errors import ConfigError, VitlabError
 from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, onednn
 
-__all__ = ["BenchResult", "benchmark", "build_reference", "matmul_peak", "model_overrides", "plain_adamw", "vitlab_optimizer"]
+__all__ = [
+    "BenchResult",
+    "benchmark",
+    "build_reference",
+    "matmul_peak",
+    "median_interval",
+    "model_overrides",
+    "plain_adamw",
+    "vitlab_optimizer",
+]
 
 MODES = ("infer", "train")
 REFERENCES = ("timm", "hf", "vitlab")
@@ -79,6 +89,9 @@ class BenchResult:
     pair_ratios: tuple[float, float, float] | None = None
     """(min, median, max) over steps of ref time / our time of each interleaved pair: the spread
     shows how far the load of a shared machine moved the ratio."""
+    pair_ratio_interval: tuple[float, float] | None = None
+    """95% bootstrap interval of the per-pair median (:func:`median_interval`): a target inside
+    it is not shown either way by this run; more ``steps`` narrow it."""
     compile_seconds: float | None = None
     ref_compile_seconds: float | None = None
     steps: int = 0
@@ -120,7 +133,10 @@ class BenchResult:
             lines.append(f"  ratio vitlab / {self.ref}: {self.ratio:.3f}x (medians of {self.steps} interleaved steps)")
             if self.pair_ratios is not None:
                 lo, mid, hi = self.pair_ratios
-                lines.append(f"  per-pair ratios: median {mid:.3f}x, range {lo:.3f}x - {hi:.3f}x")
+                ci = ""
+                if self.pair_ratio_interval is not None:
+                    ci = f" (95% interval {self.pair_ratio_interval[0]:.3f}x - {self.pair_ratio_interval[1]:.3f}x)"
+                lines.append(f"  per-pair ratios: median {mid:.3f}x{ci}, range {lo:.3f}x - {hi:.3f}x")
         if self.faults_per_step is not None:
             ref_f = f", {self.ref} {self.ref_faults_per_step:,.0f}" if self.ref_faults_per_step is not None else ""
             where = "each model in its own process" if self.isolate else "one process"
@@ -133,6 +149,20 @@ class BenchResult:
             ref_c = f", {self.ref} {self.ref_compile_seconds:.1f} s" if self.ref_compile_seconds is not None else ""
             lines.append(f"  compile time: vitlab {self.compile_seconds:.1f} s{ref_c}")
         return "\n".join(lines)
+
+
+def median_interval(values: list[float], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of ``values`` (deterministic for a ``seed``).
+
+    Why: on a shared machine a few steps can move the median ratio by 10%; the interval says
+    whether a run separates a result from a target (e.g. 1.3x) or needs more steps."""
+    if not values:
+        raise ValueError("median_interval needs at least one value")
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return meds[int(tail * (resamples - 1))], meds[round((1.0 - tail) * (resamples - 1))]
 
 
 def _faults_differ(a: float, b: float) -> bool:
@@ -682,4 +712,5 @@ def benchmark(
         res.ref_faults_per_step = mean_faults(faults["ref"])
         pairs = sorted(r / o for o, r in zip(times["ours"], times["ref"]))
         res.pair_ratios = (pairs[0], statistics.median(pairs), pairs[-1])
+        res.pair_ratio_interval = median_interval(pairs)
     return res
