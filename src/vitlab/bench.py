@@ -91,7 +91,10 @@ class BenchResult:
     shows how far the load of a shared machine moved the ratio."""
     pair_ratio_interval: tuple[float, float] | None = None
     """95% bootstrap interval of the per-pair median (:func:`median_interval`): a target inside
-    it is not shown either way by this run; more ``steps`` narrow it."""
+    it is not shown either way by this run; more ``steps`` narrow it. It covers the noise from
+    step to step only, not what stays fixed for a whole run (which process got which memory, a
+    neighbour's load): A/A runs here read 0.95-1.02x with intervals that sometimes excluded 1.0,
+    so repeat runs too."""
     compile_seconds: float | None = None
     ref_compile_seconds: float | None = None
     steps: int = 0
