@@ -211,6 +211,12 @@ def test_page_faults_are_reported_per_side() -> None:
     assert "page faults per step" in r.summary()
 
 
+def test_a_vs_a_training_run_trains_both_copies_alike() -> None:
+    """--vs vitlab is an A/A control: the second copy gets vitlab's optimizer too, not timm users' AdamW."""
+    r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=1, warmup=0, vs="vitlab", measure_peak=False, **TINY)
+    assert r.optimizer == r.ref_optimizer == "AdamW(fused)"
+
+
 # -- the interval of the per-pair median ---------------------------------------------------
 
 

@@ -91,10 +91,9 @@ class BenchResult:
     shows how far the load of a shared machine moved the ratio."""
     pair_ratio_interval: tuple[float, float] | None = None
     """95% bootstrap interval of the per-pair median (:func:`median_interval`): a target inside
-    it is not shown either way by this run; more ``steps`` narrow it. It covers the noise from
-    step to step only, not what stays fixed for a whole run (which process got which memory, a
-    neighbour's load): A/A runs here read 0.95-1.02x with intervals that sometimes excluded 1.0,
-    so repeat runs too."""
+    it is not shown either way by this run; more ``steps`` narrow it. It treats the steps as
+    independent, so it cannot see what stays fixed for a whole run (which process got which
+    memory, a neighbour's load): repeat runs too."""
     compile_seconds: float | None = None
     ref_compile_seconds: float | None = None
     steps: int = 0
@@ -165,7 +164,7 @@ def median_interval(values: list[float], *, level: float = 0.95, resamples: int 
     n = len(values)
     meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
     tail = (1.0 - level) / 2
-    return meds[int(tail * (resamples - 1))], meds[round((1.0 - tail) * (resamples - 1))]
+    return meds[round(tail * (resamples - 1))], meds[round((1.0 - tail) * (resamples - 1))]
 
 
 def _faults_differ(a: float, b: float) -> bool:
@@ -462,7 +461,9 @@ def _build(side: _Side, *, progress: bool = False) -> _Built:
     x = torch.randn(side.batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(dev)
     y = torch.randint(0, max(side.num_classes, 1), (side.batch_size,), generator=g).to(dev)
     amp = _autocast(dev, tdtype)
-    opt = (vitlab_optimizer if side.key == "ours" else plain_adamw)(model) if side.mode == "train" else None
+    # an A/A run (--vs vitlab) trains both copies alike; timm and HF get AdamW as their users write it
+    make_opt = vitlab_optimizer if side.key == "ours" or side.vs == "vitlab" else plain_adamw
+    opt = make_opt(model) if side.mode == "train" else None
     target = torch.compile(model, mode=side.compile) if side.compile else model
     step = _make_step(target, side.mode, x, y, amp, opt)  # type: ignore[arg-type]
     compile_s = None
