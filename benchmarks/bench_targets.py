@@ -96,7 +96,7 @@ def main() -> None:
             print(json.dumps(row))
             print(r.summary(), flush=True)
             print(f"# load average: {os.getloadavg()}", flush=True)
-    if args.runs > 1 and args.vs == "timm":
+    if args.runs > 1 and args.vs == "timm" and args.compile is None:  # the targets are for the eager default path
         print(f"# over {args.runs} runs of {args.steps} steps{' (isolated)' if args.isolate else ''}:")
         for key, runs in done.items():
             print(verdict(key, runs))
