@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitlab.models import VisionTransformer, fused_block
+from vitlab.models import VisionTransformer, fused_block, onednn
 from vitlab.models.layers import Block
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 4, "mlp_dim": 128, "num_classes": 10}
@@ -411,11 +411,8 @@ def test_executed_macs_are_what_forward_runs(cls_only):
 
     model = tiny_model(depth=3).eval()
     model.cls_only_last_block = cls_only
-    with FlopCounterMode(display=False) as counter, torch.no_grad(), fused_block.disabled():
-        from vitlab.models import onednn
-
-        with onednn.disabled():
-            model(images(1))
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), fused_block.disabled(), onednn.disabled():
+        model(images(1))
     # the counter sees the GEMMs and the convolution but not the CPU flash-attention kernel:
     # add 2 x (QK^T + AV) = 4 T^2 D per full block and 4 T D for a class-token-only one
     t, d = 17, 64

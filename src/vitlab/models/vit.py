@@ -209,10 +209,14 @@ class VisionTransformer(nn.Module):
             self._captured.extend(attns)
         return (x, attns) if return_attention else x
 
-    def encode(self, z: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Eq. 2-3 and the final LayerNorm on an embedded sequence ``z_0``."""
-        for blk in self.blocks:
+    def encode(self, z: torch.Tensor, grid: tuple[int, int], *, cls_only: bool = False) -> torch.Tensor:
+        """Eq. 2-3 and the final LayerNorm on an embedded sequence ``z_0``. With ``cls_only`` the
+        last block computes the class token alone (:meth:`Block.forward_cls`, callers check
+        :meth:`_cls_only_applies`) and the result is ``(B, 1, D)``."""
+        for blk in self.blocks[:-1] if cls_only else self.blocks:
             z, _ = self._run_block(blk, z, grid, False)
+        if cls_only:
+            z = self.blocks[-1].forward_cls(z)
         return self.norm(z)
 
     def _run_block(self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -245,10 +249,7 @@ class VisionTransformer(nn.Module):
         if not self._cls_only_applies():
             return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
         grid = self.patch_embed.grid(*x.shape[-2:])
-        z = self.embed(x)
-        for blk in self.blocks[:-1]:
-            z, _ = self._run_block(blk, z, grid, False)
-        return self.forward_head(self.norm(self.blocks[-1].forward_cls(z)))
+        return self.forward_head(self.encode(self.embed(x), grid, cls_only=True))
 
     def _cls_only_applies(self) -> bool:
         """Whether ``forward`` may run the last block for the class token alone (see
