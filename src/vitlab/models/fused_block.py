@@ -23,7 +23,10 @@ same block forward and backward by hand, in the order autograd would, but
 
 Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
 kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
-(GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step
+(GEMMs summed in another order). Where a C compiler is at hand, the LayerNorms, the GELU and
+the bias sums instead run as fused C kernels that also do the residual and bias adds around
+them (models/native.py; exact GELU, no stochastic depth), and the block's output and input
+gradient reuse last step's memory when nothing else holds it (:meth:`Workspace.returned`). On this project's 2-core CPU the CIFAR training step
 (32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27%
 faster in a process of its own (three pairs of processes), where the workspace also saves the page faults
 (``docs/performance.md``, experiments 11 and 13).
@@ -58,6 +61,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from . import native
 from ._switch import Switch, running_eagerly
 
 if TYPE_CHECKING:
@@ -114,6 +118,7 @@ class _Spec:
     eps1: float
     eps2: float
     approximate: str  # GELU: "none" (exact erf) or "tanh"
+    native: bool  # the fused C kernels of models/native.py for LayerNorm, GELU and the bias sums
 
 
 _Alloc = Callable[[str, tuple[int, ...], torch.Tensor], torch.Tensor]
@@ -151,16 +156,43 @@ class _Buffers:
         return (type(self), ())
 
 
+_storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _uses(t: torch.Tensor) -> int:
+    assert _storage_use_count is not None
+    return _storage_use_count(t.untyped_storage()._cdata)
+
+
 class Workspace(_Buffers):
     """Activation buffers a :class:`Block` reuses from one training step to the next.
 
     :meth:`lease` hands the buffers to one forward (its autograd node ``ctx``) until that
     node's backward has run (:meth:`release`) or the node is gone (its graph was dropped);
-    meanwhile other forwards get fresh memory."""
+    meanwhile other forwards get fresh memory. :meth:`returned` keeps the tensors the block
+    hands out (its output, its input gradient)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._holder: weakref.ref[Any] | None = None
+        self._returned: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def returned(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A tensor to hand to the caller: last step's, when nothing but this workspace refers
+        to its memory any more (PyTorch's count of the tensors and views on its storage is
+        what it was when made), else fresh memory. So a caller, a hook or a graph that kept
+        the previous one (``retain_graph=True``) never sees it overwritten, and a training loop
+        gets the same memory every step: no page faults, which cost ~1-10 us per 4 KiB here
+        (``docs/performance.md``, experiment 25)."""
+        kept = self._returned.get(name)
+        if kept is not None:
+            t, base = kept
+            if t.shape == shape and t.dtype == like.dtype and t.device == like.device and _uses(t) == base:
+                return t
+        t = like.new_empty(shape)
+        if _storage_use_count is not None:
+            self._returned[name] = (t, _uses(t))
+        return t
 
     def lease(self, ctx: Any) -> _Alloc:
         """The allocator for ``ctx``'s forward: the workspace's if it is free, else fresh memory."""
@@ -174,8 +206,12 @@ class Workspace(_Buffers):
         if self._holder is not None and self._holder() is ctx:
             self._holder = None
 
+    def nbytes(self) -> int:
+        return super().nbytes() + sum(t.numel() * t.element_size() for t, _ in self._returned.values())
+
     def clear(self) -> None:
         super().clear()
+        self._returned.clear()
         self._holder = None
 
 
@@ -217,7 +253,14 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
     keep1 = block.drop_path1.scale(x)
     keep2 = block.drop_path2.scale(x)
     attn, mlp = block.attn, block.mlp
-    spec = _Spec(heads=attn.num_heads, eps1=block.norm1.eps, eps2=block.norm2.eps, approximate=mlp.act.approximate)
+    spec = _Spec(
+        heads=attn.num_heads,
+        eps1=block.norm1.eps,
+        eps2=block.norm2.eps,
+        approximate=mlp.act.approximate,
+        # The C kernels implement the exact GELU and no stochastic-depth scaling.
+        native=keep1 is None and keep2 is None and mlp.act.approximate == "none" and native.available(),
+    )
     out: torch.Tensor = _BlockFunction.apply(
         x,
         keep1,
@@ -312,23 +355,41 @@ class _BlockFunction(torch.autograd.Function):
         b, t, d = x.shape
         m, hidden = b * t, fc1_w.shape[0]
         buf = workspace.lease(ctx) if workspace is not None else _fresh
+        # The output goes to the caller: never a leased buffer, at most one nobody holds any more.
+        out_buf = workspace.returned("out", (m, d), x) if workspace is not None else x.new_empty((m, d))
         x0 = x.reshape(m, d)
-        xn1, mean1, rstd1 = _layer_norm(x0, n1_w, n1_b, spec.eps1, buf, "1")
+        if spec.native:
+            x0 = x0.contiguous()
+            # LayerNorm 1 also writes x + proj_b, which the projection's GEMM accumulates onto.
+            xn1, mean1, rstd1, x1 = buf("xn1", (m, d), x), buf("mean1", (m, 1), x), buf("rstd1", (m, 1), x), buf("x1", (m, d), x)
+            native.layer_norm(x0, n1_w, n1_b, spec.eps1, out=xn1, mean=mean1, rstd=rstd1, residual_bias=proj_b, residual_out=x1)
+        else:
+            xn1, mean1, rstd1 = _layer_norm(x0, n1_w, n1_b, spec.eps1, buf, "1")
         qkv = _linear(xn1, qkv_w, qkv_b, buf("qkv", (m, 3 * d), x))
         q, k, v = _heads(qkv, b, t, spec.heads)
         o, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
         o2 = o.transpose(1, 2).reshape(m, d)  # the kernel writes token-major: a view
-        x1 = _residual(x0, proj_b, o2, proj_w, keep1, b, out=buf("x1", (m, d), x))
-        xn2, mean2, rstd2 = _layer_norm(x1, n2_w, n2_b, spec.eps2, buf, "2")
-        h = _linear(xn2, fc1_w, fc1_b, buf("h", (m, hidden), x))
-        g = _aten.gelu.out(h, approximate=spec.approximate, out=buf("g", (m, hidden), x))
-        out = _residual(x1, fc2_b, g, fc2_w, keep2, b)  # returned to the caller: never a workspace buffer
+        if spec.native:
+            x1.addmm_(o2, proj_w.t())
+            xn2, mean2, rstd2 = buf("xn2", (m, d), x), buf("mean2", (m, 1), x), buf("rstd2", (m, 1), x)
+            native.layer_norm(x1, n2_w, n2_b, spec.eps2, out=xn2, mean=mean2, rstd=rstd2, residual_bias=fc2_b, residual_out=out_buf)
+            h = torch.mm(xn2, fc1_w.t(), out=buf("h", (m, hidden), x))  # kept without fc1's bias
+            g = buf("g", (m, hidden), x)
+            native.bias_gelu(h, fc1_b, out=g)
+            out = out_buf.addmm_(g, fc2_w.t())
+        else:
+            x1 = _residual(x0, proj_b, o2, proj_w, keep1, b, out=buf("x1", (m, d), x))
+            xn2, mean2, rstd2 = _layer_norm(x1, n2_w, n2_b, spec.eps2, buf, "2")
+            h = _linear(xn2, fc1_w, fc1_b, buf("h", (m, hidden), x))
+            g = _aten.gelu.out(h, approximate=spec.approximate, out=buf("g", (m, hidden), x))
+            out = _residual(x1, fc2_b, g, fc2_w, keep2, b, out=out_buf)
         ctx.spec = spec
         ctx.shape = (b, t, d)
         ctx.scratch = scratch
+        ctx.returned = workspace
         ctx.save_for_backward(
             x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc2_w,
+            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w,
         )  # fmt: skip
         return out.view(b, t, d)
 
@@ -336,31 +397,46 @@ class _BlockFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc2_w) = ctx.saved_tensors  # fmt: skip
+         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w) = ctx.saved_tensors  # fmt: skip
         spec: _Spec = ctx.spec
         b, t, d = ctx.shape
         m, hidden = b * t, h.shape[1]
         need = ctx.needs_input_grad
         dy = grad.reshape(m, d)
+        if spec.native:
+            dy = dy.contiguous()  # the C kernels read rows
         scratch: Scratch | None = ctx.scratch
         with scratch.borrow() if scratch is not None else contextlib.nullcontext(_fresh) as tmp:
             # MLP branch, Eq. 3: out = x1 + keep2 * fc2(gelu(fc1(LN2(x1))))
             dm = _scaled(dy, keep2, b)
             d_fc2_w = dm.t().mm(g) if need[16] else None
-            d_fc2_b = dm.sum(0) if need[17] else None
             dg = torch.mm(dm, fc2_w, out=tmp("dg", (m, hidden), dy))
-            dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
+            if spec.native:
+                # One pass each: the GELU backward with fc1's bias sum; LayerNorm 2's backward with the
+                # residual gradient added and the bias sums of fc2 (dy) and of the projection (dx1).
+                dh, d_fc1_b = dg, dy.new_empty(hidden)
+                native.gelu_backward(dg, h, fc1_b, out=dh, bias_grad=d_fc1_b)
+                dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
+                dx1, d_n2_w, d_n2_b, d_fc2_b, d_proj_b = tmp("dx1", (m, d), dy), *(dy.new_empty(d) for _ in range(4))
+                native.layer_norm_backward(
+                    dxn2, x1, mean2, rstd2, n2_w, out=dx1, weight_grad=d_n2_w, bias_grad=d_n2_b,
+                    residual=dy, residual_sum=d_fc2_b, out_sum=d_proj_b,
+                )  # fmt: skip
+            else:
+                d_fc2_b = dm.sum(0) if need[17] else None
+                dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
+                d_fc1_b = dh.sum(0) if need[15] else None
+                dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
+                dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(dxn2, x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[12], need[13]])
+                dx1.add_(dy)
             d_fc1_w = dh.t().mm(xn2) if need[14] else None
-            d_fc1_b = dh.sum(0) if need[15] else None
-            dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
-            dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(dxn2, x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[12], need[13]])
-            dx1.add_(dy)
 
             # Attention branch, Eq. 2: x1 = x + keep1 * proj(MSA(q, k, v)), [q; k; v] = qkv(LN1(x))
             da = _scaled(dx1, keep1, b)
             o2 = o.transpose(1, 2).reshape(m, d)
             d_proj_w = da.t().mm(o2) if need[10] else None
-            d_proj_b = da.sum(0) if need[11] else None
+            if not spec.native:
+                d_proj_b = da.sum(0) if need[11] else None
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
             q, k, v = _heads(qkv, b, t, spec.heads)
             dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False)
@@ -377,13 +453,21 @@ class _BlockFunction(torch.autograd.Function):
             dxn1 = torch.mm(parts[0], qkv_w[:d], out=tmp("dxn1", (m, d), dy))
             for i in (1, 2):
                 dxn1.addmm_(parts[i], qkv_w[i * d : (i + 1) * d])
-            dx, d_n1_w, d_n1_b = _aten.native_layer_norm_backward(dxn1, x0, [d], mean1, rstd1, n1_w, n1_b, [need[0], need[6], need[7]])
-        # Everything returned is fresh memory: the scratch buffers held only temporaries.
+            if spec.native:
+                # The input gradient goes to the caller: fresh, or last step's if nobody holds that.
+                workspace: Workspace | None = ctx.returned
+                dx = workspace.returned("dx", (m, d), dy) if workspace is not None else dy.new_empty((m, d))
+                d_n1_w, d_n1_b = dy.new_empty(d), dy.new_empty(d)
+                native.layer_norm_backward(dxn1, x0, mean1, rstd1, n1_w, out=dx, weight_grad=d_n1_w, bias_grad=d_n1_b, residual=dx1)
+            else:
+                dx, d_n1_w, d_n1_b = _aten.native_layer_norm_backward(dxn1, x0, [d], mean1, rstd1, n1_w, n1_b, [need[0], need[6], need[7]])
+                if dx is not None:
+                    dx.add_(dx1)
+        # Nothing returned is a scratch buffer: those held only temporaries.
         if dx is not None:
-            dx.add_(dx1)
             dx = dx.view(b, t, d)
-        if (workspace := getattr(ctx, "workspace", None)) is not None:
-            workspace.release(ctx)  # the next forward may overwrite the buffers now
+        if (leased := getattr(ctx, "workspace", None)) is not None:
+            leased.release(ctx)  # the next forward may overwrite the buffers now
         return (
             dx, None, None, None, None, None, d_n1_w, d_n1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b,
             d_n2_w, d_n2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b,
