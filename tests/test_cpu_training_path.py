@@ -98,7 +98,7 @@ def count_fused_nodes(loss: torch.Tensor) -> int:
 def test_fused_block_matches_plain_autograd(batch, grid, heads, mlp, act, drop_path, pool, c_kernels):
     """Loss, logits and all gradients equal the plain path's (float32 rounding aside), for any
     shape, both GELUs, with stochastic depth (same masks) and both poolings, with the C kernels
-    of models/native.py (where they apply: exact GELU, no stochastic depth) or ATen's."""
+    of models/native.py (where they apply: the exact GELU) or ATen's."""
     model = tiny_model(img_size=8 * grid, mlp_dim=mlp, num_heads=heads, act=act, drop_path_rate=drop_path, pool=pool)
     x = images(batch, size=8 * grid)
     want = loss_and_grads(model, x, fused=False)
@@ -106,6 +106,34 @@ def test_fused_block_matches_plain_autograd(batch, grid, heads, mlp, act, drop_p
         got = loss_and_grads(model, x, fused=True)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert_grads_close(got[2], want[2])
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler: the ATen kernels run instead")
+@pytest.mark.parametrize("drop_path", [0.0, 0.5])
+def test_c_kernels_run_with_and_without_stochastic_depth(drop_path):
+    """The C kernels take every block of an exact-GELU model, stochastic depth included (its
+    per-sample scaling and the bias sums it changes then go through ATen), and match autograd."""
+    model = tiny_model(drop_path_rate=drop_path, depth=3)
+    x = images(4)
+    want = loss_and_grads(model, x, fused=False, seed=3)
+    calls = {"fwd": 0, "bwd": 0}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    with (
+        mock.patch.object(native, "layer_norm", counting("fwd", native.layer_norm)),
+        mock.patch.object(native, "layer_norm_backward", counting("bwd", native.layer_norm_backward)),
+    ):
+        got = loss_and_grads(model, x, fused=True, seed=3)
+    # two LayerNorms per block, forward and backward; the class-token-only last block is not fused
+    assert calls == {"fwd": 2 * 2, "bwd": 2 * 2}
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
     assert_grads_close(got[2], want[2])
 
 

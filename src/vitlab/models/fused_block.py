@@ -25,7 +25,7 @@ Every product and kernel is the one autograd would call (MKL GEMMs, the flash at
 kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
 (GEMMs summed in another order). Where a C compiler is at hand, the LayerNorms, the GELU and
 the bias sums instead run as fused C kernels that also do the residual and bias adds around
-them (models/native.py; exact GELU, no stochastic depth), and the block's output and input
+them (models/native.py; exact GELU), and the block's output and input
 gradient reuse last step's memory when nothing else holds it (:meth:`Workspace.returned`). On this project's 2-core CPU the CIFAR training step
 (32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27%
 faster in a process of its own (three pairs of processes), where the workspace also saves the page faults
@@ -258,8 +258,7 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
         eps1=block.norm1.eps,
         eps2=block.norm2.eps,
         approximate=mlp.act.approximate,
-        # The C kernels implement the exact GELU and no stochastic-depth scaling.
-        native=keep1 is None and keep2 is None and mlp.act.approximate == "none" and native.available(),
+        native=mlp.act.approximate == "none" and native.available(),  # the C kernels implement the exact GELU
     )
     out: torch.Tensor = _BlockFunction.apply(
         x,
@@ -360,9 +359,11 @@ class _BlockFunction(torch.autograd.Function):
         x0 = x.reshape(m, d)
         if spec.native:
             x0 = x0.contiguous()
-            # LayerNorm 1 also writes x + proj_b, which the projection's GEMM accumulates onto.
+            # LayerNorm 1 also writes x + proj_b, which the projection's GEMM accumulates onto
+            # (with stochastic depth, the branch is scaled per sample first: ATen's addcmul).
             xn1, mean1, rstd1, x1 = buf("xn1", (m, d), x), buf("mean1", (m, 1), x), buf("rstd1", (m, 1), x), buf("x1", (m, d), x)
-            native.layer_norm(x0, n1_w, n1_b, spec.eps1, out=xn1, mean=mean1, rstd=rstd1, residual_bias=proj_b, residual_out=x1)
+            pre = {} if keep1 is not None else {"residual_bias": proj_b, "residual_out": x1}
+            native.layer_norm(x0, n1_w, n1_b, spec.eps1, out=xn1, mean=mean1, rstd=rstd1, **pre)
         else:
             xn1, mean1, rstd1 = _layer_norm(x0, n1_w, n1_b, spec.eps1, buf, "1")
         qkv = _linear(xn1, qkv_w, qkv_b, buf("qkv", (m, 3 * d), x))
@@ -370,13 +371,14 @@ class _BlockFunction(torch.autograd.Function):
         o, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
         o2 = o.transpose(1, 2).reshape(m, d)  # the kernel writes token-major: a view
         if spec.native:
-            x1.addmm_(o2, proj_w.t())
+            x1 = x1.addmm_(o2, proj_w.t()) if keep1 is None else _residual(x0, proj_b, o2, proj_w, keep1, b, out=x1)
             xn2, mean2, rstd2 = buf("xn2", (m, d), x), buf("mean2", (m, 1), x), buf("rstd2", (m, 1), x)
-            native.layer_norm(x1, n2_w, n2_b, spec.eps2, out=xn2, mean=mean2, rstd=rstd2, residual_bias=fc2_b, residual_out=out_buf)
+            pre = {} if keep2 is not None else {"residual_bias": fc2_b, "residual_out": out_buf}
+            native.layer_norm(x1, n2_w, n2_b, spec.eps2, out=xn2, mean=mean2, rstd=rstd2, **pre)
             h = torch.mm(xn2, fc1_w.t(), out=buf("h", (m, hidden), x))  # kept without fc1's bias
             g = buf("g", (m, hidden), x)
             native.bias_gelu(h, fc1_b, out=g)
-            out = out_buf.addmm_(g, fc2_w.t())
+            out = out_buf.addmm_(g, fc2_w.t()) if keep2 is None else _residual(x1, fc2_b, g, fc2_w, keep2, b, out=out_buf)
         else:
             x1 = _residual(x0, proj_b, o2, proj_w, keep1, b, out=buf("x1", (m, d), x))
             xn2, mean2, rstd2 = _layer_norm(x1, n2_w, n2_b, spec.eps2, buf, "2")
@@ -413,15 +415,18 @@ class _BlockFunction(torch.autograd.Function):
             dg = torch.mm(dm, fc2_w, out=tmp("dg", (m, hidden), dy))
             if spec.native:
                 # One pass each: the GELU backward with fc1's bias sum; LayerNorm 2's backward with the
-                # residual gradient added and the bias sums of fc2 (dy) and of the projection (dx1).
+                # residual gradient added and the bias sums of fc2 (dy) and of the projection (dx1),
+                # which stochastic depth scales per sample (then ATen sums the scaled gradients).
                 dh, d_fc1_b = dg, dy.new_empty(hidden)
                 native.gelu_backward(dg, h, fc1_b, out=dh, bias_grad=d_fc1_b)
                 dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
                 dx1, d_n2_w, d_n2_b, d_fc2_b, d_proj_b = tmp("dx1", (m, d), dy), *(dy.new_empty(d) for _ in range(4))
                 native.layer_norm_backward(
-                    dxn2, x1, mean2, rstd2, n2_w, out=dx1, weight_grad=d_n2_w, bias_grad=d_n2_b,
-                    residual=dy, residual_sum=d_fc2_b, out_sum=d_proj_b,
+                    dxn2, x1, mean2, rstd2, n2_w, out=dx1, weight_grad=d_n2_w, bias_grad=d_n2_b, residual=dy,
+                    residual_sum=d_fc2_b if keep2 is None else None, out_sum=d_proj_b if keep1 is None else None,
                 )  # fmt: skip
+                if keep2 is not None:
+                    d_fc2_b = dm.sum(0)
             else:
                 d_fc2_b = dm.sum(0) if need[17] else None
                 dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
@@ -435,7 +440,7 @@ class _BlockFunction(torch.autograd.Function):
             da = _scaled(dx1, keep1, b)
             o2 = o.transpose(1, 2).reshape(m, d)
             d_proj_w = da.t().mm(o2) if need[10] else None
-            if not spec.native:
+            if not spec.native or keep1 is not None:
                 d_proj_b = da.sum(0) if need[11] else None
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
             q, k, v = _heads(qkv, b, t, spec.heads)
