@@ -27,6 +27,36 @@ static inline __attribute__((always_inline)) float erf_given_exp(float z, float 
   return copysignf(1.f - p * e, z);
 }
 
+/* Column sums per thread: `width` doubles each (zeroed, so the slots of threads that do not run
+   add nothing) and `width` floats for the current RB rows. */
+typedef struct {
+  double *acc;
+  float *fs;
+  int nt;
+} partials;
+
+static void partials_free(partials *p) {
+  free(p->acc);
+  free(p->fs);
+}
+
+static int partials_new(partials *p, i64 width) { /* 0, or 1 when out of memory */
+  p->nt = omp_get_max_threads();                  /* no parallel region below runs more threads */
+  p->acc = calloc((size_t)p->nt * width, sizeof(double));
+  p->fs = malloc(sizeof(float) * (size_t)p->nt * width);
+  if (!p->acc || !p->fs) {
+    partials_free(p);
+    return 1;
+  }
+  return 0;
+}
+
+static float partials_sum(const partials *p, i64 width, i64 j) {
+  double s = 0.0;
+  for (int t = 0; t < p->nt; ++t) s += p->acc[(i64)t * width + j];
+  return (float)s;
+}
+
 static void rows_of(i64 m, i64 *lo, i64 *hi) {
   int t = omp_get_thread_num(), nt = omp_get_num_threads();
   *lo = m * t / nt;
@@ -83,24 +113,15 @@ void vl_bias_gelu(const float *restrict h, const float *restrict bias, i64 m, i6
    when out of memory (nothing written). */
 int vl_gelu_backward(const float *dg, const float *restrict h, const float *restrict bias, i64 m, i64 n, float *dh,
                      float *restrict dbias) {
-  const int nt_max = omp_get_max_threads();
-  double *part = calloc((size_t)nt_max * n, sizeof(double));
-  float *fsum = malloc(sizeof(float) * (size_t)nt_max * n);
-  if (!part || !fsum) {
-    free(part);
-    free(fsum);
-    return 1;
-  }
-  int nt_used = 1;
+  partials P;
+  if (partials_new(&P, n)) return 1;
 #pragma omp parallel
   {
     i64 lo, hi;
     rows_of(m, &lo, &hi);
     const int t = omp_get_thread_num();
-#pragma omp single
-    nt_used = omp_get_num_threads();
-    double *restrict acc = part + (i64)t * n;
-    float *restrict fs = fsum + (i64)t * n;
+    double *restrict acc = P.acc + (i64)t * n;
+    float *restrict fs = P.fs + (i64)t * n;
     for (i64 i0 = lo; i0 < hi; i0 += RB) {
       const i64 i1 = i0 + RB < hi ? i0 + RB : hi;
       for (i64 j = 0; j < n; ++j) fs[j] = 0.f;
@@ -122,13 +143,8 @@ int vl_gelu_backward(const float *dg, const float *restrict h, const float *rest
       for (i64 j = 0; j < n; ++j) acc[j] += fs[j];
     }
   }
-  for (i64 j = 0; j < n; ++j) {
-    double s = 0.0;
-    for (int t = 0; t < nt_used; ++t) s += part[(i64)t * n + j];
-    dbias[j] = (float)s;
-  }
-  free(part);
-  free(fsum);
+  for (i64 j = 0; j < n; ++j) dbias[j] = partials_sum(&P, n, j);
+  partials_free(&P);
   return 0;
 }
 
@@ -139,24 +155,15 @@ int vl_gelu_backward(const float *dg, const float *restrict h, const float *rest
 int vl_layer_norm_backward(const float *restrict dxn, const float *restrict x, const float *restrict mean,
                            const float *restrict rstd, const float *restrict w, i64 m, i64 d, const float *restrict resid,
                            float *restrict dx, float *dw, float *db, float *rsum, float *dxsum) {
-  const int nt_max = omp_get_max_threads();
-  double *part = calloc((size_t)nt_max * 4 * d, sizeof(double));
-  float *fsum = malloc(sizeof(float) * (size_t)nt_max * 4 * d);
-  if (!part || !fsum) {
-    free(part);
-    free(fsum);
-    return 1;
-  }
-  int nt_used = 1;
+  partials P;
+  if (partials_new(&P, 4 * d)) return 1;
 #pragma omp parallel
   {
     i64 lo, hi;
     rows_of(m, &lo, &hi);
     const int t = omp_get_thread_num();
-#pragma omp single
-    nt_used = omp_get_num_threads();
-    double *restrict acc = part + (i64)t * 4 * d;
-    float *restrict fs = fsum + (i64)t * 4 * d;
+    double *restrict acc = P.acc + (i64)t * 4 * d;
+    float *restrict fs = P.fs + (i64)t * 4 * d;
     float *restrict fw = fs, *restrict fb = fs + d, *restrict fr = fs + 2 * d, *restrict fx = fs + 3 * d;
     for (i64 i0 = lo; i0 < hi; i0 += RB) {
       const i64 i1 = i0 + RB < hi ? i0 + RB : hi;
@@ -200,20 +207,11 @@ int vl_layer_norm_backward(const float *restrict dxn, const float *restrict x, c
     }
   }
   for (i64 j = 0; j < d; ++j) {
-    double sw = 0.0, sb = 0.0, sr = 0.0, sx = 0.0;
-    for (int t = 0; t < nt_used; ++t) {
-      const double *p = part + (i64)t * 4 * d;
-      sw += p[j];
-      sb += p[d + j];
-      sr += p[2 * d + j];
-      sx += p[3 * d + j];
-    }
-    if (dw) dw[j] = (float)sw;
-    if (db) db[j] = (float)sb;
-    if (rsum) rsum[j] = (float)sr;
-    if (dxsum) dxsum[j] = (float)sx;
+    if (dw) dw[j] = partials_sum(&P, 4 * d, j);
+    if (db) db[j] = partials_sum(&P, 4 * d, d + j);
+    if (rsum) rsum[j] = partials_sum(&P, 4 * d, 2 * d + j);
+    if (dxsum) dxsum[j] = partials_sum(&P, 4 * d, 3 * d + j);
   }
-  free(part);
-  free(fsum);
+  partials_free(&P);
   return 0;
 }
