@@ -23,20 +23,21 @@ same block forward and backward by hand, in the order autograd would, but
 
 Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
 kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
-(GEMMs summed in another order). Where a C compiler is at hand, the LayerNorms, the GELU and
-the bias sums instead run as fused C kernels that also do the residual and bias adds around
-them (models/native.py; exact GELU), and the block's output and input
-gradient reuse last step's memory when nothing else holds it (:meth:`Workspace.returned`). On this project's 2-core CPU the CIFAR training step
-(32 px, patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27%
-faster in a process of its own (three pairs of processes), where the workspace also saves the page faults
-(``docs/performance.md``, experiments 11 and 13).
+(GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step (32 px,
+patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27% faster in a
+process of its own (three pairs of processes), where the workspace also saves the page faults
+(``docs/performance.md``, experiments 11 and 13). Where a C compiler is at hand, the LayerNorms,
+the exact GELU and the bias sums run instead as fused C kernels that also do the residual and
+bias adds around them (models/native.py), another ~4% (experiment 25).
 
 The workspace is leased to one forward at a time: a second forward before the first one's
 backward (two micro-batches, one backward) gets fresh memory, and a backward through a graph
 whose buffers a later forward has overwritten (``retain_graph=True``, then another forward)
-fails with autograd's in-place modification error instead of returning wrong gradients. The
-block's own output is never a workspace buffer, so nothing a caller holds is overwritten, and
-every gradient a backward returns is fresh memory (the scratch holds only what dies inside it).
+fails with autograd's in-place modification error instead of returning wrong gradients. What
+the block hands out (its output, and its input gradient on the C-kernel path) is never a leased
+buffer: it is last step's memory only when nothing else refers to it any more
+(:meth:`Workspace.returned`), else fresh, so nothing a caller holds is overwritten; every other
+gradient a backward returns is fresh memory (the scratch holds only what dies inside it).
 :meth:`Block.train` with ``False`` (``model.eval()``) frees both.
 
 It applies where it is exact in meaning: training with autograd on, float32, CPU, no autocast,
