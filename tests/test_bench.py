@@ -56,6 +56,26 @@ def test_benchmark_reports_the_inference_path() -> None:
     assert r.inference_path is None
 
 
+def test_benchmark_reports_the_training_path() -> None:
+    from vitlab.models import fused_block, native
+
+    def path(**overrides) -> str | None:
+        r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **{**TINY, **overrides})
+        assert r.training_path is not None and f"({r.training_path})" in r.summary()
+        return r.training_path
+
+    kernels = "C kernels" if native.available() else "ATen kernels"
+    assert path() == f"fused blocks, {kernels}"
+    with native.disabled():
+        assert path() == "fused blocks, ATen kernels"
+    assert path(act="gelu_tanh") == "fused blocks, ATen kernels"  # the C kernels implement the exact GELU
+    assert path(attn_drop_rate=0.1) == "autograd"  # dropout inside the block: the plain path
+    with fused_block.disabled():
+        assert path() == "autograd"
+    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **TINY)
+    assert r.training_path is None  # inference
+
+
 def test_benchmark_train_vs_timm() -> None:
     pytest.importorskip("timm")
     r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=0, vs="timm", measure_peak=False, **TINY)

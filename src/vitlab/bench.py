@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError, VitlabError
-from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, onednn
+from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, fused_block, native, onednn
 
 __all__ = [
     "BenchResult",
@@ -103,6 +103,10 @@ class BenchResult:
     inference_path: str | None = None
     """Eager inference only: what vitlab's forward ran, e.g. ``oneDNN fused linears, 2 chunks of <= 16``
     (see :mod:`vitlab.models.onednn` and ``VisionTransformer.inference_chunk_size``) or ``aten``."""
+    training_path: str | None = None
+    """Eager training only: what vitlab's blocks ran, ``fused blocks, C kernels`` (one autograd node
+    per block with the kernels of :mod:`vitlab.models.native`), ``fused blocks, ATen kernels`` (no C
+    compiler, ``VITLAB_NATIVE=0`` or a tanh GELU) or ``autograd`` (see :mod:`vitlab.models.fused_block`)."""
     isolate: bool = False
     """Each model ran in a worker process of its own (see :func:`benchmark`)."""
     faults_per_step: float | None = None
@@ -123,8 +127,8 @@ class BenchResult:
             f"  vitlab: {self.images_per_sec:8.2f} img/s  {self.step_ms:9.1f} ms/step  {self.gflops_per_sec:7.1f} GFLOP/s"
             + (f"  ({100 * self.fraction_of_peak:.0f}% of peak)" if self.fraction_of_peak is not None else ""),
         ]
-        if self.inference_path is not None:
-            lines.append(f"          ({self.inference_path})")
+        if (path := self.inference_path or self.training_path) is not None:
+            lines.append(f"          ({path})")
         if self.ref is not None and self.ref_images_per_sec is not None and self.ref_gflops_per_sec is not None:
             frac = f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)" if self.peak_gflops_per_sec else ""
             ref_ms = statistics.median(self.ref_step_times_ms)
@@ -377,6 +381,17 @@ def _inference_path(model: nn.Module, x: torch.Tensor) -> str:
     return ", ".join(parts)
 
 
+def _training_path(model: nn.Module) -> str:
+    """Which of vitlab's CPU training paths a training forward of ``model`` takes (fp32, eager)."""
+    blocks = [b for b in model.modules() if isinstance(b, Block)]
+    with torch.enable_grad():
+        fused = bool(blocks) and all(fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])) for b in blocks)
+    if not fused:
+        return "autograd"
+    exact = all(b.mlp.act.approximate == "none" for b in blocks)
+    return "fused blocks, " + ("C kernels" if exact and native.available() else "ATen kernels")
+
+
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any] | None:
     """Mixed precision as a user would run it: fp32 weights, matmuls in ``dtype``."""
     if dtype == torch.float32:
@@ -438,6 +453,7 @@ class _Built:
     compile_seconds: float | None
     optimizer: str | None
     inference_path: str | None
+    training_path: str | None
 
 
 def _build(side: _Side, *, progress: bool = False) -> _Built:
@@ -487,6 +503,9 @@ def _build(side: _Side, *, progress: bool = False) -> _Built:
         optimizer=_describe(opt) if opt is not None else None,
         inference_path=_inference_path(model, x)
         if side.key == "ours" and side.mode == "infer" and not side.compile and amp is None
+        else None,
+        training_path=_training_path(model)
+        if side.key == "ours" and side.mode == "train" and not side.compile and amp is None and dev.type == "cpu"
         else None,
     )
 
@@ -699,6 +718,7 @@ def benchmark(
         steps=steps,
         warmup=warmup,
         inference_path=ours.inference_path,
+        training_path=ours.training_path,
         step_times_ms=[1e3 * t for t in times["ours"]],
         isolate=isolate,
         faults_per_step=mean_faults(faults["ours"]),
