@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError, VitlabError
-from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, fused_block, native, onednn
+from .models import Block, VisionTransformer, ViTConfig, count_macs, create_model, fused_block, onednn
 
 __all__ = [
     "BenchResult",
@@ -388,8 +388,7 @@ def _training_path(model: nn.Module) -> str:
         fused = bool(blocks) and all(fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])) for b in blocks)
     if not fused:
         return "autograd"
-    exact = all(b.mlp.act.approximate == "none" for b in blocks)
-    return "fused blocks, " + ("C kernels" if exact and native.available() else "ATen kernels")
+    return "fused blocks, " + ("C kernels" if all(fused_block.uses_c_kernels(b) for b in blocks) else "ATen kernels")
 
 
 def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any] | None:

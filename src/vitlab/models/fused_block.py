@@ -68,7 +68,7 @@ from ._switch import Switch, running_eagerly
 if TYPE_CHECKING:
     from .layers import Block
 
-__all__ = ["Scratch", "Workspace", "applies", "block_forward", "disabled", "eager_cpu_training", "share_scratch"]
+__all__ = ["Scratch", "Workspace", "applies", "block_forward", "disabled", "eager_cpu_training", "share_scratch", "uses_c_kernels"]
 
 _aten = torch.ops.aten
 
@@ -176,7 +176,7 @@ class Workspace(_Buffers):
     def __init__(self) -> None:
         super().__init__()
         self._holder: weakref.ref[Any] | None = None
-        self._returned: dict[str, tuple[torch.Tensor, int]] = {}
+        self._uses_when_made: dict[str, int] = {}
 
     def returned(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """A tensor to hand to the caller: last step's, when nothing but this workspace refers
@@ -185,14 +185,14 @@ class Workspace(_Buffers):
         the previous one (``retain_graph=True``) never sees it overwritten, and a training loop
         gets the same memory every step: no page faults, which cost ~1-10 us per 4 KiB here
         (``docs/performance.md``, experiment 25)."""
-        kept = self._returned.get(name)
-        if kept is not None:
-            t, base = kept
-            if t.shape == shape and t.dtype == like.dtype and t.device == like.device and _uses(t) == base:
-                return t
-        t = like.new_empty(shape)
-        if _storage_use_count is not None:
-            self._returned[name] = (t, _uses(t))
+        if _storage_use_count is None:  # a torch without the count: always fresh
+            return like.new_empty(shape)
+        key = "returned:" + name
+        kept = self._buffers.get(key)
+        if kept is not None and _uses(kept) != self._uses_when_made[key]:
+            del self._buffers[key]  # someone holds it: hand out (and keep) a new one
+        t = self._buffer(key, shape, like)
+        self._uses_when_made[key] = _uses(t)
         return t
 
     def lease(self, ctx: Any) -> _Alloc:
@@ -207,12 +207,9 @@ class Workspace(_Buffers):
         if self._holder is not None and self._holder() is ctx:
             self._holder = None
 
-    def nbytes(self) -> int:
-        return super().nbytes() + sum(t.numel() * t.element_size() for t, _ in self._returned.values())
-
     def clear(self) -> None:
         super().clear()
-        self._returned.clear()
+        self._uses_when_made.clear()
         self._holder = None
 
 
@@ -248,6 +245,12 @@ def share_scratch(blocks: Iterable[nn.Module]) -> None:
                 mod.scratch = shared
 
 
+def uses_c_kernels(block: Block) -> bool:
+    """Whether :func:`block_forward` runs ``block`` with the C kernels of models/native.py
+    (available, and the exact GELU, the only one they implement) rather than ATen's."""
+    return block.mlp.act.approximate == "none" and native.available()
+
+
 def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
     """``block(x)`` in training, as one autograd node (callers check :func:`applies`)."""
     # Both stochastic-depth masks are drawn before any compute, in the order the plain path draws them.
@@ -259,7 +262,7 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
         eps1=block.norm1.eps,
         eps2=block.norm2.eps,
         approximate=mlp.act.approximate,
-        native=mlp.act.approximate == "none" and native.available(),  # the C kernels implement the exact GELU
+        native=uses_c_kernels(block),
     )
     out: torch.Tensor = _BlockFunction.apply(
         x,
@@ -421,14 +424,15 @@ class _BlockFunction(torch.autograd.Function):
                 dh, d_fc1_b = dg, dy.new_empty(hidden)
                 native.gelu_backward(dg, h, fc1_b, out=dh, bias_grad=d_fc1_b)
                 dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
-                dx1, d_n2_w, d_n2_b, d_fc2_b, d_proj_b = tmp("dx1", (m, d), dy), *(dy.new_empty(d) for _ in range(4))
+                dx1, d_n2_w, d_n2_b = tmp("dx1", (m, d), dy), dy.new_empty(d), dy.new_empty(d)
+                d_fc2_b = dy.new_empty(d) if keep2 is None else dm.sum(0)
+                d_proj_b = dy.new_empty(d) if keep1 is None else None  # else summed from da below
                 native.layer_norm_backward(
                     dxn2, x1, mean2, rstd2, n2_w, out=dx1, weight_grad=d_n2_w, bias_grad=d_n2_b, residual=dy,
-                    residual_sum=d_fc2_b if keep2 is None else None, out_sum=d_proj_b if keep1 is None else None,
+                    residual_sum=d_fc2_b if keep2 is None else None, out_sum=d_proj_b,
                 )  # fmt: skip
-                if keep2 is not None:
-                    d_fc2_b = dm.sum(0)
             else:
+                d_proj_b = None
                 d_fc2_b = dm.sum(0) if need[17] else None
                 dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
                 d_fc1_b = dh.sum(0) if need[15] else None
@@ -441,8 +445,8 @@ class _BlockFunction(torch.autograd.Function):
             da = _scaled(dx1, keep1, b)
             o2 = o.transpose(1, 2).reshape(m, d)
             d_proj_w = da.t().mm(o2) if need[10] else None
-            if not spec.native or keep1 is not None:
-                d_proj_b = da.sum(0) if need[11] else None
+            if d_proj_b is None and need[11]:
+                d_proj_b = da.sum(0)
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
             q, k, v = _heads(qkv, b, t, spec.heads)
             dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False)
