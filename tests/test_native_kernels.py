@@ -153,6 +153,20 @@ def test_build_is_cached_by_source_and_flags(fresh_loader, monkeypatch):
     assert sorted(fresh_loader.rglob("*.so")) == built
 
 
+def test_cache_key_tells_apart_cpus_of_one_model_name_with_other_instruction_sets(monkeypatch):
+    """``-march=native`` code from a CPU with AMX must not be loaded on one without it, even where
+    both report the same model name (these VMs say "Intel(R) Xeon(R) Processor")."""
+    if shutil.which("cc") is None:
+        pytest.skip("no cc")
+    cc, source = native._compiler(), native._SOURCE.read_bytes()
+    cpuinfo = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx512f {}\n"
+    keys = []
+    for extra in ("", "amx_tile amx_bf16"):
+        monkeypatch.setattr(native.Path, "read_text", lambda self, e=extra: cpuinfo.format(e))
+        keys.append(native._key(cc, source))
+    assert keys[0] != keys[1]
+
+
 def _no_compile(run):
     def guarded(cmd, *args, **kwargs):
         assert "--version" in cmd, f"compiled again: {cmd}"

@@ -15,9 +15,9 @@ takes ATen two or three (experiment 25):
 
 The library is compiled with the system's C compiler (``$CC``, else ``cc``) the first time a
 model trains, into ``$VITLAB_CACHE/native`` (default ``~/.cache/vitlab/native``), keyed by the
-source, the compiler and the flags (``-march=native``: a cache shared between different CPUs
-gets one file per CPU model). It needs glibc's libmvec (Linux) and OpenMP; it uses the libgomp
-PyTorch has already loaded, so the kernels share ATen's threads. Without a compiler, or with
+source, the compiler, its flags and the CPU's model and instruction sets (``-march=native``: a
+cache shared between different CPUs gets one file per kind of CPU). It needs glibc's libmvec
+(Linux) and OpenMP; it uses the libgomp PyTorch has already loaded, so the kernels share ATen's threads. Without a compiler, or with
 ``VITLAB_NATIVE=0``, :func:`kernels` returns ``None`` and the block runs ATen's kernels: same
 results to float32 rounding, a few percent slower.
 """
@@ -69,19 +69,22 @@ def _compiler() -> str | None:
 def _key(cc: str, source: bytes) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     h = hashlib.sha256(source)
-    for part in (cc, version, " ".join(_FLAGS), platform.machine(), _cpu_model()):
+    for part in (cc, version, " ".join(_FLAGS), platform.machine(), _cpu_id()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
-def _cpu_model() -> str:
+def _cpu_id() -> str:
+    """The CPU's model name and feature flags: what ``-march=native`` compiles for. Both, since VMs
+    of one model name can expose different instruction sets (AMX on some, not on others), and a
+    library built for one would die of an illegal instruction on the other."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    model = next((ln for ln in lines if ln.startswith("model name")), "")
+    flags = next((ln for ln in lines if ln.startswith(("flags", "Features"))), "")
+    return f"{model}\n{flags}"
 
 
 def _build() -> ctypes.CDLL:
