@@ -19,15 +19,19 @@ import argparse
 import os
 import statistics
 
+from bench_targets import RUNS  # this folder is on the path when the script runs
+
 from vitlab.bench import _Remote, _Side
 from vitlab.models import native
 
 
 def side(drop_path: float) -> _Side:
-    arch = dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384, drop_path_rate=drop_path)
+    """The training target's run of ``bench_targets.py``, with stochastic depth ``drop_path``."""
+    run = dict(RUNS["train"])
+    fixed = {k: run.pop(k) for k in ("model", "mode", "batch_size", "num_classes")}
     return _Side(
-        key="ours", model="vit_ti16", overrides=arch, mode="train", batch_size=128, num_classes=10,
-        dtype="float32", device="cpu", vs=None, compile=None, threads=2, seed=0,
+        key="ours", overrides={**run, "drop_path_rate": drop_path}, dtype="float32", device="cpu",
+        vs=None, compile=None, threads=2, seed=0, **fixed,
     )  # fmt: skip
 
 
