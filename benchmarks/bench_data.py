@@ -29,12 +29,16 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--train-steps", type=int, default=4, help="also time this many training steps of the CIFAR model (0: skip)")
+    ap.add_argument(
+        "--train-steps", type=int, default=4, help="also time this many training steps of the CIFAR model (0: skip)"
+    )
     args = ap.parse_args()
     print(f"# load average at start: {os.getloadavg()}")
     t0 = time.perf_counter()
     splits = load_data(args.data, progress=True)
-    print(f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s (includes decoding on a cold cache)")
+    print(
+        f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s (includes decoding on a cold cache)"
+    )
     img_size = splits.train.images.shape[1]
     r = get_recipe("small-data")  # the augmentation of `vitlab train --recipe small-data`
     tf = train_transform(
@@ -53,7 +57,12 @@ def main() -> None:
     for workers in args.workers:
         torch.manual_seed(0)
         loader = DataLoader(
-            ds, batch_size=args.batch_size, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=workers > 0
+            ds,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            drop_last=True,
+            persistent_workers=workers > 0,
         )
         it = iter(loader)
         next(it)  # start the workers
@@ -72,7 +81,14 @@ def main() -> None:
     if args.train_steps:
         kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384)
         t = benchmark(
-            "vit_ti16", mode="train", batch_size=args.batch_size, num_classes=10, steps=args.train_steps, warmup=1, measure_peak=False, **kw
+            "vit_ti16",
+            mode="train",
+            batch_size=args.batch_size,
+            num_classes=10,
+            steps=args.train_steps,
+            warmup=1,
+            measure_peak=False,
+            **kw,
         )
         print(f"training step (same process, just after): {t.images_per_sec:.0f} img/s")
         for w, v in rates.items():

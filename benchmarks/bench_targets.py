@@ -72,7 +72,9 @@ def main() -> None:
     ap.add_argument("--compile", nargs="?", const="default", default=None)
     ap.add_argument("--ref-eager", action="store_true", help="with --compile: leave the reference eager")
     ap.add_argument("--vs", default="timm")
-    ap.add_argument("--isolate", action="store_true", help="each model in a worker process of its own (vitlab bench --isolate)")
+    ap.add_argument(
+        "--isolate", action="store_true", help="each model in a worker process of its own (vitlab bench --isolate)"
+    )
     ap.add_argument("--runs", type=int, default=1, help="repeat each target this many times, then print a verdict")
     args = ap.parse_args()
     print(f"# load average at start: {os.getloadavg()}")

@@ -87,11 +87,16 @@ def main(argv: list[str]) -> dict:
             step, seen = step + 1, seen + len(idx)
             losses.append(loss.item())
             if step % 200 == 0:
-                print(f"  {name} step {step} {time.perf_counter() - t0:.0f}s loss {np.mean(losses[-200:]):.3f}", flush=True)
+                print(
+                    f"  {name} step {step} {time.perf_counter() - t0:.0f}s loss {np.mean(losses[-200:]):.3f}",
+                    flush=True,
+                )
     wall = time.perf_counter() - t0
     m.eval()
     with torch.inference_mode():
-        correct = sum(int((m(norm(xte[k : k + 500])).argmax(1) == yte[k : k + 500]).sum()) for k in range(0, len(xte), 500))
+        correct = sum(
+            int((m(norm(xte[k : k + 500])).argmax(1) == yte[k : k + 500]).sum()) for k in range(0, len(xte), 500)
+        )
     r = dict(name=name, top1=correct / len(xte), done_steps=step, epochs=seen / len(xtr), img_s=seen / wall, wall_s=wall,
              train_loss=float(np.mean(losses[-100:])), params=sum(p.numel() for p in m.parameters()), **a)  # fmt: skip
     print(json.dumps(r), flush=True)

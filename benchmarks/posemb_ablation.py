@@ -45,14 +45,20 @@ DESCRIPTIONS = {
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--data", default="../shared/data/cifar10", help="ImageFolder (train/ + test/ or val/) or digits")
-    p.add_argument("--out", default="docs/posemb_ablation.md", help="markdown table to write (the JSON goes next to it)")
+    p.add_argument(
+        "--out", default="docs/posemb_ablation.md", help="markdown table to write (the JSON goes next to it)"
+    )
     p.add_argument("--runs", default="runs/posemb_ablation", help="folder for the runs and the data subset")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {', '.join(VARIANTS)}")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per variant (rounded to whole epochs)")
-    p.add_argument("--budget", default=None, metavar="DURATION", help="instead of --steps: wall-clock per variant, e.g. 60s")
+    p.add_argument(
+        "--budget", default=None, metavar="DURATION", help="instead of --steps: wall-clock per variant, e.g. 60s"
+    )
     p.add_argument("--train-per-class", type=int, default=2000, help="first N training images per class (0: all)")
     p.add_argument("--test-per-class", type=int, default=300, help="first N test images per class (0: all)")
     p.add_argument("--batch-size", type=int, default=128)
@@ -63,7 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--mlp-ratio", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (1 leaves a core to the data worker)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads per run (1 leaves a core to the data worker)"
+    )
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -147,9 +155,15 @@ def train_variant(name: str, data: str, n_train: int, args: argparse.Namespace) 
     }
 
 
-def markdown(rows: list[dict], args: argparse.Namespace, load_before: tuple[float, float, float], n_train: int, n_test: int) -> str:
+def markdown(
+    rows: list[dict], args: argparse.Namespace, load_before: tuple[float, float, float], n_train: int, n_test: int
+) -> str:
     r0 = rows[0]
-    mode = f"a {args.budget} wall-clock budget per variant" if args.budget else f"{r0['steps']} optimizer steps per variant (fixed)"
+    mode = (
+        f"a {args.budget} wall-clock budget per variant"
+        if args.budget
+        else f"{r0['steps']} optimizer steps per variant (fixed)"
+    )
     lines = [
         f"Position-embedding ablation (paper Appendix D.4, Table 8) on `{args.data}`: {n_train:,} training / "
         f"{n_test:,} evaluation images, ViT patch {args.patch_size}, width {args.dim}, depth {args.depth}, {args.heads} heads, "
@@ -172,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    data = subset_folder(args.data, runs / "data", train_per_class=args.train_per_class, test_per_class=args.test_per_class)
+    data = subset_folder(
+        args.data, runs / "data", train_per_class=args.train_per_class, test_per_class=args.test_per_class
+    )
     from vitlab.data import load_data
 
     splits = load_data(data, cache_dir=args.cache_dir, progress=not args.no_progress)  # decodes into the cache once
@@ -187,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)
-    out.with_suffix(".json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps({"args": {k: v for k, v in vars(args).items()}, "rows": rows}, indent=2) + "\n"
+    )
     print(table)
     return 0
 

@@ -28,8 +28,32 @@ def data_dir(tmp_path_factory):
 
 def test_two_variants_two_steps_write_a_table(ablation, data_dir, tmp_path):
     out = tmp_path / "docs" / "table.md"
-    args = ["--data", str(data_dir), "--out", str(out), "--runs", str(tmp_path / "runs"), "--variants", "learn,none", "--steps", "2"]
-    args += ["--train-per-class", "0", "--test-per-class", "0", "--batch-size", "12", "--dim", "16", "--depth", "1", "--heads", "2"]
+    args = [
+        "--data",
+        str(data_dir),
+        "--out",
+        str(out),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--variants",
+        "learn,none",
+        "--steps",
+        "2",
+    ]
+    args += [
+        "--train-per-class",
+        "0",
+        "--test-per-class",
+        "0",
+        "--batch-size",
+        "12",
+        "--dim",
+        "16",
+        "--depth",
+        "1",
+        "--heads",
+        "2",
+    ]
     assert ablation.main([*args, "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
 
     lines = out.read_text().splitlines()

@@ -44,7 +44,9 @@ def test_benchmark_infer_fields() -> None:
 def test_benchmark_reports_the_inference_path() -> None:
     from vitlab.models import onednn
 
-    big = dict(img_size=224, patch_size=16, embed_dim=64, depth=1, num_heads=2, mlp_dim=40_000)  # 197 x 40k x 4 B = 31.5 MB / image
+    big = dict(
+        img_size=224, patch_size=16, embed_dim=64, depth=1, num_heads=2, mlp_dim=40_000
+    )  # 197 x 40k x 4 B = 31.5 MB / image
     r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **big)
     fused = "oneDNN fused linears" if onednn.available() else "aten"
     assert r.inference_path == f"{fused}, 2 chunks of <= 1"
@@ -60,7 +62,16 @@ def test_benchmark_reports_the_training_path() -> None:
     from vitlab.models import fused_block, native
 
     def path(**overrides) -> str | None:
-        r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **{**TINY, **overrides})
+        r = benchmark(
+            "vit_ti16",
+            mode="train",
+            batch_size=2,
+            num_classes=5,
+            steps=1,
+            warmup=0,
+            measure_peak=False,
+            **{**TINY, **overrides},
+        )
         assert r.training_path is not None and f"({r.training_path})" in r.summary()
         return r.training_path
 
@@ -78,7 +89,9 @@ def test_benchmark_reports_the_training_path() -> None:
 
 def test_benchmark_train_vs_timm() -> None:
     pytest.importorskip("timm")
-    r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=0, vs="timm", measure_peak=False, **TINY)
+    r = benchmark(
+        "vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=0, vs="timm", measure_peak=False, **TINY
+    )
     assert r.mode == "train" and r.ref == "timm"
     assert r.peak_gflops_per_sec is None and r.fraction_of_peak is None
     assert _finite_positive(r.ref_images_per_sec) and _finite_positive(r.ratio)
@@ -207,7 +220,16 @@ def test_isolated_workers_time_the_same_comparison() -> None:
     the same shape as an in-process run, and says where it ran."""
     pytest.importorskip("timm")
     r = benchmark(
-        "vit_ti16", mode="train", batch_size=2, num_classes=3, steps=2, warmup=1, vs="timm", measure_peak=False, isolate=True, **TINY
+        "vit_ti16",
+        mode="train",
+        batch_size=2,
+        num_classes=3,
+        steps=2,
+        warmup=1,
+        vs="timm",
+        measure_peak=False,
+        isolate=True,
+        **TINY,
     )
     assert r.isolate and r.ref == "timm" and len(r.step_times_ms) == len(r.ref_step_times_ms) == 2
     assert _finite_positive(r.ratio) and r.ratio == pytest.approx(r.images_per_sec / r.ref_images_per_sec)
@@ -218,7 +240,17 @@ def test_isolated_workers_time_the_same_comparison() -> None:
 
 def test_isolated_worker_errors_reach_the_caller() -> None:
     with pytest.raises(ConfigError, match="only plain ViTs"):
-        benchmark("vit_r_ti16", img_size=32, depth=1, batch_size=1, steps=1, warmup=0, vs="timm", measure_peak=False, isolate=True)
+        benchmark(
+            "vit_r_ti16",
+            img_size=32,
+            depth=1,
+            batch_size=1,
+            steps=1,
+            warmup=0,
+            vs="timm",
+            measure_peak=False,
+            isolate=True,
+        )
     with pytest.raises(ConfigError, match="isolate"):
         benchmark("vit_ti16", steps=1, warmup=0, measure_peak=False, isolate=True, **TINY)
 
@@ -233,7 +265,17 @@ def test_page_faults_are_reported_per_side() -> None:
 
 def test_a_vs_a_training_run_trains_both_copies_alike() -> None:
     """--vs vitlab is an A/A control: the second copy gets vitlab's optimizer too, not timm users' AdamW."""
-    r = benchmark("vit_ti16", mode="train", batch_size=2, num_classes=3, steps=1, warmup=0, vs="vitlab", measure_peak=False, **TINY)
+    r = benchmark(
+        "vit_ti16",
+        mode="train",
+        batch_size=2,
+        num_classes=3,
+        steps=1,
+        warmup=0,
+        vs="vitlab",
+        measure_peak=False,
+        **TINY,
+    )
     assert r.optimizer == r.ref_optimizer == "AdamW(fused)"
 
 

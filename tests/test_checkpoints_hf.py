@@ -15,7 +15,9 @@ LABELS = ["airplane", "automobile", "bird", "cat", "deer"]
 
 
 def hf_config(**kw):
-    base = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    base = dict(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
     return transformers.ViTConfig(**{**base, **kw})
 
 
@@ -34,7 +36,9 @@ def pixels(n: int = 3, size: int = 32) -> torch.Tensor:
 
 @pytest.mark.parametrize(("act", "ours"), [("gelu", "gelu"), ("gelu_pytorch_tanh", "gelu_tanh")])
 def test_image_classification_parity(tmp_path, act, ours):
-    cfg = hf_config(num_labels=5, id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)}, hidden_act=act)
+    cfg = hf_config(
+        num_labels=5, id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)}, hidden_act=act
+    )
     ref = randomize(transformers.ViTForImageClassification(cfg))
     ref.save_pretrained(tmp_path)
     model = vitlab.load(tmp_path)
@@ -65,7 +69,9 @@ def test_vitmodel_pooler_is_the_mlp_head(tmp_path):
 def test_vitmodel_without_pooler_and_preprocessor_config(tmp_path):
     ref = randomize(transformers.ViTModel(hf_config(), add_pooling_layer=False))
     ref.save_pretrained(tmp_path)
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]}))
+    (tmp_path / "preprocessor_config.json").write_text(
+        json.dumps({"image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]})
+    )
     model = vitlab.load(tmp_path)
     assert (model.config.head, model.config.num_classes) == ("linear", 0)
     assert model.config.mean == (0.1, 0.2, 0.3) and model.config.std == (0.4, 0.5, 0.6)

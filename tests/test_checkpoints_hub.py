@@ -17,7 +17,9 @@ huggingface_hub = pytest.importorskip("huggingface_hub")
 
 @pytest.fixture
 def timm_file(tmp_path):
-    model = vitlab.VisionTransformer(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, mlp_dim=384, num_classes=4)
+    model = vitlab.VisionTransformer(
+        img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, mlp_dim=384, num_classes=4
+    )
     with torch.no_grad():
         model.head.weight.normal_()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
@@ -30,7 +32,9 @@ def empty_cache(tmp_path, monkeypatch):
 
 
 def test_table_has_the_public_checkpoints():
-    assert hub.KNOWN["augreg_in21k_ft_in1k/vit_b16"] == hub.HubEntry("timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm")
+    assert hub.KNOWN["augreg_in21k_ft_in1k/vit_b16"] == hub.HubEntry(
+        "timm/vit_base_patch16_224.augreg_in21k_ft_in1k", "timm"
+    )
     assert hub.KNOWN["augreg2_in21k_ft_in1k/vit_b16"].repo_id == "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"
     assert hub.KNOWN["augreg_in21k_ft_in1k/vit_b16_384"].repo_id == "timm/vit_base_patch16_384.augreg_in21k_ft_in1k"
     assert hub.KNOWN["orig_in21k/vit_h14"].repo_id == "timm/vit_huge_patch14_224.orig_in21k"
@@ -71,7 +75,10 @@ def test_hf_name_downloads_config_and_weights(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     model = vitlab.load("google_in21k/vit_b16")
-    assert calls == [("google/vit-base-patch16-224-in21k", "model.safetensors"), ("google/vit-base-patch16-224-in21k", "config.json")]
+    assert calls == [
+        ("google/vit-base-patch16-224-in21k", "model.safetensors"),
+        ("google/vit-base-patch16-224-in21k", "config.json"),
+    ]
     assert (model.config.head, model.config.num_heads, model.config.norm_eps) == ("mlp", 4, 1e-12)
 
 

@@ -30,7 +30,9 @@ def images(size: int = 32) -> torch.Tensor:
 
 
 def test_round_trip_is_exact(tmp_path):
-    model = tiny(class_names=NAMES, mean=(0.1, 0.2, 0.3), std=(0.3, 0.2, 0.1), act="gelu_tanh", norm_eps=1e-5, extra={"run": "x"})
+    model = tiny(
+        class_names=NAMES, mean=(0.1, 0.2, 0.3), std=(0.3, 0.2, 0.1), act="gelu_tanh", norm_eps=1e-5, extra={"run": "x"}
+    )
     vitlab.save(model, tmp_path / "m")
     back = vitlab.load(tmp_path / "m")
     assert back.config == model.config
@@ -61,7 +63,9 @@ def test_other_architecture_names_the_keys(tmp_path):
     vitlab.save(tiny(), tmp_path / "m")
     with pytest.raises(vitlab.CheckpointError, match=r"unexpected blocks\.2\.\*, blocks\.3\.\* \(24 tensors\)"):
         vitlab.load(tmp_path / "m", depth=2)
-    with pytest.raises(vitlab.CheckpointError, match=r"mis-shaped .*blocks\.0\.mlp\.fc1\.weight \(128, 64\) vs model \(256, 64\)"):
+    with pytest.raises(
+        vitlab.CheckpointError, match=r"mis-shaped .*blocks\.0\.mlp\.fc1\.weight \(128, 64\) vs model \(256, 64\)"
+    ):
         vitlab.load(tmp_path / "m", mlp_dim=256)
     with pytest.raises(vitlab.CheckpointError, match=r"missing blocks\.4\."):
         vitlab.load(tmp_path / "m", depth=6)
@@ -109,7 +113,11 @@ def test_files_that_are_not_checkpoints(tmp_path, name, content, match):
 
 
 def test_state_dict_of_another_network(tmp_path):
-    resnet = {"conv1.weight": torch.zeros(64, 3, 7, 7), "bn1.weight": torch.ones(64), "fc.weight": torch.zeros(1000, 512)}
+    resnet = {
+        "conv1.weight": torch.zeros(64, 3, 7, 7),
+        "bn1.weight": torch.ones(64),
+        "fc.weight": torch.zeros(1000, 512),
+    }
     torch.save(resnet, tmp_path / "resnet.pth")
     with pytest.raises(vitlab.CheckpointError, match=r"not a ViT checkpoint.*conv1\.weight"):
         vitlab.load(tmp_path / "resnet.pth")
@@ -145,7 +153,9 @@ def test_malicious_pickle_is_never_run(tmp_path):
 
 def test_convert_cli(tmp_path, capsys):
     timm_vit = pytest.importorskip("timm.models.vision_transformer")
-    ref = timm_vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, num_classes=4).eval()
+    ref = timm_vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, num_classes=4
+    ).eval()
     with torch.no_grad():
         ref.head.weight.normal_()
     save_file(ref.state_dict(), str(tmp_path / "timm.safetensors"))
@@ -156,7 +166,20 @@ def test_convert_cli(tmp_path, capsys):
     with torch.no_grad():
         assert (model(images()) - ref(images())).abs().max().item() < 1e-5
 
-    assert main(["convert", str(tmp_path / "timm.safetensors"), str(tmp_path / "ft"), "--num-classes", "10", "--img-size", "64"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(tmp_path / "timm.safetensors"),
+                str(tmp_path / "ft"),
+                "--num-classes",
+                "10",
+                "--img-size",
+                "64",
+            ]
+        )
+        == 0
+    )
     ft = vitlab.load(tmp_path / "ft")
     assert (ft.config.num_classes, ft.config.img_size, ft.pos_embed.shape[1]) == (10, (64, 64), 65)
 

@@ -80,7 +80,11 @@ def to_npz(model, path, *, layout: str, prefix: str = "", scan: bool = False, pr
     return str(path)
 
 
-_PROJ = {"downsample.conv.weight": "conv_proj/kernel", "downsample.norm.weight": "gn_proj/scale", "downsample.norm.bias": "gn_proj/bias"}
+_PROJ = {
+    "downsample.conv.weight": "conv_proj/kernel",
+    "downsample.norm.weight": "gn_proj/scale",
+    "downsample.norm.bias": "gn_proj/bias",
+}
 
 
 def backbone_arrays(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -93,10 +97,15 @@ def backbone_arrays(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         m = re.fullmatch(r"stages\.(\d+)\.blocks\.(\d+)\.(.+)", rest)
         if m:
             unit, rest = f"block{int(m[1]) + 1}/unit{int(m[2]) + 1}/", m[3]
-            name = _PROJ.get(rest) or re.sub(r"norm(\d)\.bias", r"gn\1/bias", re.sub(r"norm(\d)\.weight", r"gn\1/scale", rest))
+            name = _PROJ.get(rest) or re.sub(
+                r"norm(\d)\.bias", r"gn\1/bias", re.sub(r"norm(\d)\.weight", r"gn\1/scale", rest)
+            )
             name = re.sub(r"conv(\d)\.weight", r"conv\1/kernel", name)
         else:
-            unit, name = "", {"conv.weight": "conv_root/kernel", "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}[rest]
+            unit, name = (
+                "",
+                {"conv.weight": "conv_root/kernel", "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}[rest],
+            )
         out[unit + name] = v.transpose(2, 3, 1, 0) if v.ndim == 4 else v
     return out
 

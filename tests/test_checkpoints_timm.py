@@ -40,9 +40,19 @@ def images(n: int = 3, size: int = 32, seed: int = 1) -> torch.Tensor:
     ("kwargs", "pool", "fc_norm", "class_token"),
     [
         ({}, "cls", False, True),
-        ({"global_pool": "avg", "class_token": False, "fc_norm": False}, "gap", False, False),  # vit_base_patch16_gap_224-style
+        (
+            {"global_pool": "avg", "class_token": False, "fc_norm": False},
+            "gap",
+            False,
+            False,
+        ),  # vit_base_patch16_gap_224-style
         ({"global_pool": "avg", "class_token": False, "fc_norm": True}, "gap", True, False),
-        ({"global_pool": "avg", "fc_norm": True}, "gap", True, True),  # MAE/BEiT-style: class token kept, mean of patches
+        (
+            {"global_pool": "avg", "fc_norm": True},
+            "gap",
+            True,
+            True,
+        ),  # MAE/BEiT-style: class token kept, mean of patches
     ],
 )
 def test_timm_parity(tmp_path, kwargs, pool, fc_norm, class_token):
@@ -51,7 +61,14 @@ def test_timm_parity(tmp_path, kwargs, pool, fc_norm, class_token):
     model = vitlab.load(path, num_heads=4)
     cfg = model.config
     assert (cfg.pool, cfg.fc_norm, cfg.class_token) == (pool, fc_norm, class_token)
-    assert (cfg.embed_dim, cfg.depth, cfg.mlp_dim, cfg.patch_size, cfg.img_size, cfg.num_classes) == (64, 2, 128, 8, (32, 32), 7)
+    assert (cfg.embed_dim, cfg.depth, cfg.mlp_dim, cfg.patch_size, cfg.img_size, cfg.num_classes) == (
+        64,
+        2,
+        128,
+        8,
+        (32, 32),
+        7,
+    )
     x = images()
     with torch.no_grad():
         want, got = ref(x), model(x)
@@ -69,7 +86,9 @@ def test_pickled_state_dicts(tmp_path, suffix):
 
 def test_heads_from_the_paper_table(tmp_path):
     """Width 192 is ViT-Ti: 3 heads, without being told."""
-    ref = randomize(timm_vit.VisionTransformer(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, num_classes=5))
+    ref = randomize(
+        timm_vit.VisionTransformer(img_size=32, patch_size=16, embed_dim=192, depth=1, num_heads=3, num_classes=5)
+    )
     model = vitlab.load(save_state(ref.state_dict(), tmp_path / "ti.pth"))
     assert model.config.num_heads == 3
     x = images()
@@ -108,7 +127,9 @@ def test_load_at_another_img_size_matches_timm_bicubic(tmp_path):
 
     ref = randomize(timm_vit.VisionTransformer(**TINY))
     model = vitlab.load(save_state(ref.state_dict(), tmp_path / "t.pth"), num_heads=4, img_size=48)
-    want = resample_abs_pos_embed(ref.pos_embed.detach(), (6, 6), num_prefix_tokens=1, interpolation="bicubic", antialias=True)
+    want = resample_abs_pos_embed(
+        ref.pos_embed.detach(), (6, 6), num_prefix_tokens=1, interpolation="bicubic", antialias=True
+    )
     assert model.pos_embed.shape == (1, 37, 64)
     assert (model.pos_embed.detach() - want).abs().max().item() < 1e-6
     assert model(images(size=48)).shape == (3, 7)
@@ -121,7 +142,9 @@ def test_new_num_classes_is_a_fresh_zero_head(tmp_path):
     assert torch.all(model.head.weight == 0) and torch.all(model.head.bias == 0)
     torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, ref.blocks[1].mlp.fc2.weight, rtol=0, atol=0)
     feats = model.forward_head(model.forward_features(images()), pre_logits=True)
-    torch.testing.assert_close(feats, ref.forward_head(ref.forward_features(images()), pre_logits=True), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        feats, ref.forward_head(ref.forward_features(images()), pre_logits=True), rtol=0, atol=1e-5
+    )
 
 
 def test_timm_hub_config_beside_the_weights(tmp_path):
@@ -140,7 +163,13 @@ def test_timm_hub_config_beside_the_weights(tmp_path):
     for source in (path, tmp_path):  # the folder works as well as the file
         model = vitlab.load(source)
         c = model.config
-        assert (c.pool, c.class_token, c.num_heads, c.mean, c.class_names) == ("gap", True, 4, (0.4,) * 3, ["a", "b", "c"])
+        assert (c.pool, c.class_token, c.num_heads, c.mean, c.class_names) == (
+            "gap",
+            True,
+            4,
+            (0.4,) * 3,
+            ["a", "b", "c"],
+        )
         with torch.no_grad():
             assert (model(images()) - ref(images())).abs().max().item() < 1e-5
 
@@ -153,7 +182,14 @@ def test_timm_hybrid_checkpoints(layers, patch):
 
     backbone = tvh._resnetv2(layers)
     ref = tvh._create_vision_transformer_hybrid(
-        "vit_tiny_r_s16_p8_224", backbone=backbone, img_size=32, patch_size=patch, embed_dim=192, depth=1, num_heads=3, num_classes=5
+        "vit_tiny_r_s16_p8_224",
+        backbone=backbone,
+        img_size=32,
+        patch_size=patch,
+        embed_dim=192,
+        depth=1,
+        num_heads=3,
+        num_classes=5,
     )
     ref = randomize(ref)
     model = vitlab.load(dict(ref.state_dict()))

@@ -44,7 +44,9 @@ def test_every_command_has_help_with_an_example() -> None:
 
 
 def test_bad_input_is_one_line_without_traceback() -> None:
-    r = subprocess.run([sys.executable, "-m", "vitlab", "convert", "/no/such/file.npz", "/tmp/out"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "vitlab", "convert", "/no/such/file.npz", "/tmp/out"], capture_output=True, text=True
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vitlab convert: error:")

@@ -35,7 +35,17 @@ def make_data(root):
 def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
     data = make_data(tmp_path / "pets")
     out = tmp_path / "run"
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--recipe", "digits", "--batch-size", "8", *TINY]
+    common = [
+        "--data",
+        str(data),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--recipe",
+        "digits",
+        "--batch-size",
+        "8",
+        *TINY,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "vitlab", "train", *common, "--epochs", "400", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -54,7 +64,9 @@ def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
     assert steps_before >= 3
     capsys.readouterr()
 
-    assert main(["eval", "--model", str(out / "model"), "--data", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(["eval", "--model", str(out / "model"), "--data", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    )
     ev = json.loads((out / "model" / "eval.json").read_text())
     assert ev["count"] == 18 and set(ev["per_class"]) == {"cat", "dog", "owl"} and 0 <= ev["top1"] <= ev["top5"] == 1.0
     assert "top-1" in capsys.readouterr().out
@@ -69,7 +81,19 @@ def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
 
     ft = tmp_path / "ft"
     two = make_two_class(tmp_path / "two")
-    args = ["finetune", "--init", str(out / "model"), "--data", str(two), "--img-size", "16", "--epochs", "1", "--batch-size", "8"]
+    args = [
+        "finetune",
+        "--init",
+        str(out / "model"),
+        "--data",
+        str(two),
+        "--img-size",
+        "16",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+    ]
     assert main([*args, "--out", str(ft), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
     cfg = json.loads((ft / "model" / "config.json").read_text())
     assert cfg["img_size"] == [16, 16] and cfg["num_classes"] == 2 and cfg["class_names"] == ["a", "b"]

@@ -179,7 +179,9 @@ def test_training_forward_stays_on_the_plain_path_and_gradients_flow():
 @needs_onednn
 def test_eval_inference_forward_calls_onednn_linear():
     model, x = tiny_model(), images(2)
-    model.cls_only_last_block = False  # every block on every token (the shortcut is tested in test_cpu_training_path.py)
+    model.cls_only_last_block = (
+        False  # every block on every token (the shortcut is tested in test_cpu_training_path.py)
+    )
     with mock.patch.object(onednn, "linear", wraps=onednn.linear) as spy, torch.inference_mode():
         model(x)
     assert spy.call_count == TINY["depth"] * LINEARS_PER_BLOCK
@@ -385,7 +387,9 @@ def test_trace_does_not_bake_in_the_chunks():
 def test_entering_training_mode_drops_the_packed_weights():
     if not onednn.available():
         pytest.skip("no oneDNN in this torch build")
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10).eval()
+    model = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10
+    ).eval()
     fc1 = model.blocks[0].mlp.fc1
     with torch.inference_mode():
         model(torch.randn(2, 3, 32, 32))
@@ -399,7 +403,9 @@ def test_entering_training_mode_drops_the_packed_weights():
 def test_a_model_built_under_inference_mode_runs_the_fused_path():
     """Its parameters are inference tensors, which have no version counter to key the cache on."""
     with torch.inference_mode():
-        model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10).eval()
+        model = VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=10
+        ).eval()
         assert model.blocks[0].mlp.fc1.weight.is_inference()
         x = torch.randn(3, 3, 32, 32)
         got = model.forward_features(x)

@@ -59,14 +59,20 @@ def loss_and_grads(model: VisionTransformer, x: torch.Tensor, *, fused: bool, cl
             logits = model(x)
     loss = F.cross_entropy(logits, y)
     loss.backward()
-    return loss.detach(), logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return (
+        loss.detach(),
+        logits.detach(),
+        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+    )
 
 
 def assert_grads_close(got: dict, want: dict, rtol: float = 2e-4) -> None:
     assert got.keys() == want.keys()
     for name in want:
         scale = max(want[name].abs().max().item(), 1e-6)
-        torch.testing.assert_close(got[name], want[name], rtol=0.0, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name], want[name], rtol=0.0, atol=rtol * scale, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def count_fused_nodes(loss: torch.Tensor) -> int:
@@ -146,7 +152,9 @@ def test_fused_block_gradcheck_in_float64(scratch):
     params = [p.detach().clone().requires_grad_(True) for p in blk.parameters()]
     names = [n for n, _ in blk.named_parameters()]
     x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
-    spec = fused_block._Spec(heads=2, eps1=1e-6, eps2=1e-6, approximate="none", native=False)  # the C kernels are float32
+    spec = fused_block._Spec(
+        heads=2, eps1=1e-6, eps2=1e-6, approximate="none", native=False
+    )  # the C kernels are float32
     by_name = dict(zip(names, params, strict=True))
     order = ["norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias"]
     order += ["norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"]
@@ -392,7 +400,12 @@ def test_model_copies_share_a_scratch_of_their_own():
 
 
 @settings(max_examples=10, deadline=None)
-@given(batch=st.integers(1, 3), depth=st.integers(1, 3), drop_path=st.sampled_from([0.0, 0.5]), head=st.sampled_from(["linear", "mlp"]))
+@given(
+    batch=st.integers(1, 3),
+    depth=st.integers(1, 3),
+    drop_path=st.sampled_from([0.0, 0.5]),
+    head=st.sampled_from(["linear", "mlp"]),
+)
 def test_cls_only_last_block_matches_full_last_block(batch, depth, drop_path, head):
     """Logits and gradients are those of running the last block on every token, in training
     (with stochastic depth: same masks) and inference."""

@@ -24,7 +24,9 @@ def make_folder(root, *, per_class=6, size=12, split=True, extras=True):
             d = root / sub / name
             d.mkdir(parents=True, exist_ok=True)
             for i in range(per_class):
-                arr = np.clip(np.array(rgb)[None, None] + rng.integers(-20, 20, (size, size, 3)), 0, 255).astype(np.uint8)
+                arr = np.clip(np.array(rgb)[None, None] + rng.integers(-20, 20, (size, size, 3)), 0, 255).astype(
+                    np.uint8
+                )
                 Image.fromarray(arr).save(d / f"{i}.{'png' if i % 2 else 'jpg'}")
     if extras:
         d = root / ("train" if split else "") / "red"
@@ -114,7 +116,9 @@ def test_bad_specs_raise_data_errors(tmp_path):
 
 def test_transforms_shapes_and_normalisation():
     x = torch.full((1, 8, 8), 255, dtype=torch.uint8)
-    t = train_transform(img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, in_chans=1, hflip=0.5, randaugment=(2, 9), random_erasing=0.0)
+    t = train_transform(
+        img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, in_chans=1, hflip=0.5, randaugment=(2, 9), random_erasing=0.0
+    )
     y = t(x)
     assert y.shape == (1, 16, 16) and y.dtype == torch.float32
     e = eval_transform(img_size=16, mean=(0.5,) * 3, std=(0.5,) * 3, in_chans=1)

@@ -8,7 +8,12 @@ import torch
 from vitlab.models import VisionTransformer, create_model
 from vitlab.models.hybrid import same_pad_amount
 
-HYBRID_PARAMS = {"vit_r_ti16": 6_337_704, "vit_r26_s32": 36_431_912, "vit_r50_b16": 98_659_112, "vit_r50_l32": 328_994_856}
+HYBRID_PARAMS = {
+    "vit_r_ti16": 6_337_704,
+    "vit_r26_s32": 36_431_912,
+    "vit_r50_b16": 98_659_112,
+    "vit_r50_l32": 328_994_856,
+}
 
 
 @pytest.mark.parametrize("name", list(HYBRID_PARAMS))
@@ -87,7 +92,10 @@ def test_axial_attention_is_row_stochastic_and_local(class_token: bool) -> None:
 
 
 def test_training_step_runs_for_hybrid_and_axial() -> None:
-    for model in (create_model("vit_r_ti16", img_size=32, depth=1, num_classes=3), VisionTransformer(**AXIAL, attention="axial")):
+    for model in (
+        create_model("vit_r_ti16", img_size=32, depth=1, num_classes=3),
+        VisionTransformer(**AXIAL, attention="axial"),
+    ):
         loss = model(torch.randn(2, 3, 32, 32)).logsumexp(-1).mean()
         loss.backward()
         assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -167,7 +167,9 @@ def test_filter_pca_recovers_a_constructed_filter_bank():
     u = u * torch.sign(u[u.abs().argmax()])  # sign convention: largest entry positive
     v = v * torch.sign(v[v.abs().argmax()])
     # Zero-mean orthogonal coefficient vectors with variances 9 and 1.
-    h, _ = torch.linalg.qr(torch.cat([torch.ones(d, 1, dtype=torch.float64), torch.randn(d, 2, generator=g, dtype=torch.float64)], 1))
+    h, _ = torch.linalg.qr(
+        torch.cat([torch.ones(d, 1, dtype=torch.float64), torch.randn(d, 2, generator=g, dtype=torch.float64)], 1)
+    )
     a, b = 3 * h[:, 1], h[:, 2]
     offset = torch.randn(dim, generator=g, dtype=torch.float64)  # the mean filter is removed first
     bank = (a[:, None] * u + b[:, None] * v + offset).reshape(d, c, p, p)
@@ -240,7 +242,13 @@ def test_inspect_model_writes_figures_json_and_self_contained_html(tmp_path):
     m = _tiny()
     imgs, names = digits_images(6)
     res = inspect_model(m, imgs[:2], tmp_path, names=names[:2], distance_images=imgs, progress=False)
-    for f in ("filters_pca.png", "posemb_similarity.png", "attention_distance.png", "attention_rollout.png", "layer_attention.png"):
+    for f in (
+        "filters_pca.png",
+        "posemb_similarity.png",
+        "attention_distance.png",
+        "attention_rollout.png",
+        "layer_attention.png",
+    ):
         assert (tmp_path / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     _check_html((tmp_path / "report.html").read_text(), 5)
     saved = json.loads((tmp_path / "inspect.json").read_text())
@@ -308,7 +316,10 @@ def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["images"] == ["a.png", "b.png"]
     assert res["mean_attention_distance"]["num_images"] == 2
-    assert main(["inspect", "--model", str(tmp_path / "gap"), "--image", str(tmp_path / "missing.jpg"), "--out", str(out)]) == 2
+    assert (
+        main(["inspect", "--model", str(tmp_path / "gap"), "--image", str(tmp_path / "missing.jpg"), "--out", str(out)])
+        == 2
+    )
     assert "missing.jpg: no such image file or folder" in capsys.readouterr().err
     assert main(["inspect", "--model", "no_such_model", "--out", str(out)]) == 2
     assert "no_such_model" in capsys.readouterr().err

@@ -122,7 +122,9 @@ def test_forward_intermediates() -> None:
 @pytest.mark.parametrize("posemb", ["learn", "learn2d", "sincos2d", "none"])
 @pytest.mark.parametrize("pool", ["cls", "gap"])
 def test_options_build_train_and_run_at_other_sizes(posemb: str, pool: str) -> None:
-    model = VisionTransformer(**TINY, posemb=posemb, pool=pool, head="mlp", representation_size=32, act="gelu_tanh", drop_path_rate=0.1)
+    model = VisionTransformer(
+        **TINY, posemb=posemb, pool=pool, head="mlp", representation_size=32, act="gelu_tanh", drop_path_rate=0.1
+    )
     out = model(torch.randn(2, 3, 32, 32))
     out.sum().backward()
     assert out.shape == (2, 5)
@@ -169,7 +171,11 @@ def test_patch_embedding_equals_flattened_patch_projection() -> None:
 
 def test_no_weight_decay_names() -> None:
     assert VisionTransformer(**TINY).no_weight_decay() == {"pos_embed", "cls_token"}
-    assert VisionTransformer(**TINY, posemb="learn2d").no_weight_decay() == {"pos_embed_row", "pos_embed_col", "cls_token"}
+    assert VisionTransformer(**TINY, posemb="learn2d").no_weight_decay() == {
+        "pos_embed_row",
+        "pos_embed_col",
+        "cls_token",
+    }
 
 
 def test_config_json_round_trip() -> None:

@@ -43,7 +43,16 @@ def run_cli(capsys, *argv: str) -> str:
     ],
 )
 def test_bad_options_fail_before_any_work(tmp_path, capsys, flags, expect):
-    err = run_cli(capsys, "train", "--data", str(tmp_path / "no-such-data"), "--out", str(tmp_path / "run"), "--no-progress", *flags)
+    err = run_cli(
+        capsys,
+        "train",
+        "--data",
+        str(tmp_path / "no-such-data"),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        *flags,
+    )
     assert expect in err, err
     assert not (tmp_path / "run").exists()  # nothing was started
 
@@ -59,9 +68,20 @@ def test_unknown_recipe_and_choices(capsys):
 
 
 def test_init_with_a_different_architecture_is_named(tmp_path, capsys):
-    model = VisionTransformer(ViTConfig(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3))
+    model = VisionTransformer(
+        ViTConfig(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3)
+    )
     init = str(vitlab.save(model, tmp_path / "init"))
-    common = ["finetune", "--init", init, "--data", str(tmp_path / "no-such-data"), "--out", str(tmp_path / "ft"), "--no-progress"]
+    common = [
+        "finetune",
+        "--init",
+        init,
+        "--data",
+        str(tmp_path / "no-such-data"),
+        "--out",
+        str(tmp_path / "ft"),
+        "--no-progress",
+    ]
     err = run_cli(capsys, *common, "--patch-size", "8")
     assert "--patch-size 8 does not match the --init checkpoint" in err and "patch_size = 4" in err
     err = run_cli(capsys, *common, "--depth", "3")

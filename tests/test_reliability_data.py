@@ -86,18 +86,31 @@ def make_tree(root, *, bad=True, modes=True, big=False):
 
 def test_bad_files_are_skipped_and_named(tmp_path):
     bad = make_tree(tmp_path / "data", big=True)
-    s = load_data(str(tmp_path / "data"), cache_dir=tmp_path / "cache", progress=False, max_image_pixels=10_000, size=16)
+    s = load_data(
+        str(tmp_path / "data"), cache_dir=tmp_path / "cache", progress=False, max_image_pixels=10_000, size=16
+    )
     reasons = {p.rsplit("/", 1)[-1]: why for p, why in s.skipped}
     assert sorted(reasons) == bad
     assert reasons["zero_bytes.jpg"].endswith("empty file (0 bytes)")
-    assert "30,000 pixels exceeds the limit of 10,000" in reasons["big.png"] and "decompression-bomb" in reasons["big.png"]
+    assert (
+        "30,000 pixels exceeds the limit of 10,000" in reasons["big.png"] and "decompression-bomb" in reasons["big.png"]
+    )
     assert all(reasons.values())
     assert len(s.train) == 8 + 7  # the 8 plain images and the 7 odd-mode ones
     with pytest.raises(DataError) as e:
-        load_data(str(tmp_path / "data"), cache_dir=tmp_path / "cache", progress=False, max_image_pixels=10_000, size=16, strict=True)
+        load_data(
+            str(tmp_path / "data"),
+            cache_dir=tmp_path / "cache",
+            progress=False,
+            max_image_pixels=10_000,
+            size=16,
+            strict=True,
+        )
     msg = str(e.value)
     assert msg.startswith("6 file(s) cannot be decoded (--strict-data)") and "\n" not in msg
-    assert all(name in msg for name in bad if name != "big.png") and "and 1 more" in msg  # five listed, the sixth counted
+    assert (
+        all(name in msg for name in bad if name != "big.png") and "and 1 more" in msg
+    )  # five listed, the sixth counted
 
 
 def test_a_real_decompression_bomb_is_refused_from_its_header(tmp_path):
@@ -131,7 +144,9 @@ def test_empty_class_folder_and_unknown_val_class_are_named(tmp_path):
 
 @pytest.fixture
 def model_dir(tmp_path):
-    m = VisionTransformer(ViTConfig(img_size=16, patch_size=8, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=2))
+    m = VisionTransformer(
+        ViTConfig(img_size=16, patch_size=8, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=2)
+    )
     return str(vitlab.save(m, tmp_path / "model"))
 
 

@@ -67,7 +67,9 @@ def train_args(data_dir, out, *, epochs=EPOCHS, extra=()):
 
 def _spawn(argv):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "vitlab", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "vitlab", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
 
 
 def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
@@ -147,10 +149,15 @@ def test_disk_full_while_saving_the_model_folder(tmp_path, monkeypatch):
     from vitlab.checkpoints import native
     from vitlab.models import VisionTransformer, ViTConfig
 
-    model = VisionTransformer(ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3))
+    model = VisionTransformer(
+        ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3)
+    )
     vitlab.save(model, tmp_path / "m")
     monkeypatch.setattr(native, "save_file", _enospc)
-    with pytest.raises(vitlab.CheckpointError, match="cannot write the model .No space left on device.; the previous files there are kept"):
+    with pytest.raises(
+        vitlab.CheckpointError,
+        match="cannot write the model .No space left on device.; the previous files there are kept",
+    ):
         vitlab.save(model, tmp_path / "m")
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
@@ -176,7 +183,9 @@ def test_nan_loss_stops_by_default_and_keeps_the_last_good_checkpoint(data_dir, 
     assert main(train_args(data_dir, out, epochs=3)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert "training loss is nan" in err and "global step 5" in err and "last.pt (step 3) holds the last good state" in err, err
+    assert (
+        "training loss is nan" in err and "global step 5" in err and "last.pt (step 3) holds the last good state" in err
+    ), err
     state = load_state(out / "last.pt")
     assert state["step"] == 3 and all(torch.isfinite(v).all() for v in state["model"].values())
 

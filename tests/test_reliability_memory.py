@@ -59,7 +59,9 @@ def test_cache_larger_than_the_budget_is_built_and_read_in_bounded_memory(tmp_pa
     paths = _files(tmp_path / "data")
     assert DATASET_BYTES > 2.5 * BUDGET
     dec, peak_build = _peak(
-        lambda: decode_files(paths, cache_dir=tmp_path / "cache", name="big", workers=2, progress=False, buffer_bytes=BUDGET // 4)
+        lambda: decode_files(
+            paths, cache_dir=tmp_path / "cache", name="big", workers=2, progress=False, buffer_bytes=BUDGET // 4
+        )
     )
     assert isinstance(dec.images, np.memmap) and dec.images.shape == (N, SIDE, SIDE, 3)
     assert peak_build < BUDGET, f"building the cache peaked at {peak_build:,} bytes of Python/NumPy memory"
@@ -98,7 +100,9 @@ def test_val_split_of_a_tree_larger_than_the_budget_is_two_views_read_in_bounded
     import sklearn.model_selection  # noqa: F401  (imported before tracing: module objects are not the data)
 
     def load_and_read_all():
-        s = load_data(str(tmp_path / "data"), val_split=0.25, cache_dir=tmp_path / "cache", progress=False, buffer_bytes=BUDGET)
+        s = load_data(
+            str(tmp_path / "data"), val_split=0.25, cache_dir=tmp_path / "cache", progress=False, buffer_bytes=BUDGET
+        )
         seen = {}
         for name, split in (("train", s.train), ("val", s.val)):
             ds = ArrayDataset(split.images, split.labels)  # what training and evaluation read through
@@ -158,7 +162,9 @@ def test_image_rows_index_like_numpy(data):
     n = len(_BASE)
     idx = np.asarray(data.draw(st.lists(st.integers(-n, n - 1), max_size=10)), dtype=np.int64)
     view, ref = ImageRows(_BASE, idx), _BASE[idx]
-    inner = np.asarray(data.draw(st.lists(st.integers(-len(idx), len(idx) - 1), max_size=6)) if len(idx) else [], dtype=np.int64)
+    inner = np.asarray(
+        data.draw(st.lists(st.integers(-len(idx), len(idx) - 1), max_size=6)) if len(idx) else [], dtype=np.int64
+    )
     nested, nested_ref = ImageRows(view, inner), ref[inner]
     assert nested.base is _BASE  # composed, not chained
     for v, r in ((view, ref), (nested, nested_ref)):
@@ -190,7 +196,15 @@ def test_image_rows_rejects_what_it_cannot_do_without_copying():
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("512M", 512 << 20), ("2G", 2 << 30), ("64MiB", 64 << 20), ("1048576", 1 << 20), ("1.5g", 3 << 29), ("10kB", 10_000), ("1MB", 10**6)],
+    [
+        ("512M", 512 << 20),
+        ("2G", 2 << 30),
+        ("64MiB", 64 << 20),
+        ("1048576", 1 << 20),
+        ("1.5g", 3 << 29),
+        ("10kB", 10_000),
+        ("1MB", 10**6),
+    ],
 )
 def test_memory_budget_spellings(text, size):
     assert parse_size(text) == size
@@ -199,7 +213,13 @@ def test_memory_budget_spellings(text, size):
 @pytest.mark.parametrize("bad", ["lots", "0", "-1M", "1e6", "12 parsecs", "M"])
 @pytest.mark.parametrize("command", ["train", "finetune", "eval"])
 def test_a_bad_memory_budget_is_one_line_naming_the_option(tmp_path, capsys, command, bad):
-    where = ["--init", str(tmp_path / "m")] if command == "finetune" else ["--model", str(tmp_path / "m")] if command == "eval" else []
+    where = (
+        ["--init", str(tmp_path / "m")]
+        if command == "finetune"
+        else ["--model", str(tmp_path / "m")]
+        if command == "eval"
+        else []
+    )
     argv = [
         command,
         *where,
@@ -209,7 +229,9 @@ def test_a_bad_memory_budget_is_one_line_naming_the_option(tmp_path, capsys, com
     ]  # "=": argparse would take -1M for an option
     assert main([*argv, "--out", str(tmp_path / "run"), "--no-progress"] if command != "eval" else argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"vitlab {command}: error: --memory-budget {bad!r} is not a size"), err
+    assert err.count("\n") == 1 and err.startswith(f"vitlab {command}: error: --memory-budget {bad!r} is not a size"), (
+        err
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -224,7 +246,20 @@ def test_memory_budget_reaches_the_decode_cache(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(vitlab.data.sources, "decode_files", spy)
     out = tmp_path / "run"
-    tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4", "--recipe", "digits", "--batch-size", "4"]
+    tiny = [
+        "--dim",
+        "16",
+        "--depth",
+        "1",
+        "--heads",
+        "2",
+        "--patch-size",
+        "4",
+        "--recipe",
+        "digits",
+        "--batch-size",
+        "4",
+    ]
     common = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--workers", "0", "--no-progress", *tiny]
     assert main(["train", *common, "--memory-budget", "1M", "--stop-after", "1", "--out", str(out)]) == 0
     assert seen == [1 << 20, 1 << 20]  # train/ and test/

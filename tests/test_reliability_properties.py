@@ -37,7 +37,11 @@ def test_patch_embedding_is_the_flattened_patches_times_e(batch, chans, patch, g
         pe.proj.bias.copy_(torch.randn(dim, generator=g))
     x = torch.randn(batch, chans, gh * patch, gw * patch, generator=g, dtype=torch.float64)
     # (B, C, gh, P, gw, P) -> (B, gh, gw, C, P, P) -> (B, N, C*P*P): flattened patches, channel-major like the conv weight
-    xp = x.reshape(batch, chans, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5).reshape(batch, gh * gw, chans * patch * patch)
+    xp = (
+        x.reshape(batch, chans, gh, patch, gw, patch)
+        .permute(0, 2, 4, 1, 3, 5)
+        .reshape(batch, gh * gw, chans * patch * patch)
+    )
     e = pe.proj.weight.double().reshape(dim, chans * patch * patch).T
     want = xp @ e + pe.proj.bias.double()
     got = pe.double()(x)
@@ -81,7 +85,9 @@ def _random_vit(a) -> VisionTransformer:
 
 
 def _outputs(model, a, seed=0):
-    x = torch.randn(2, 3, a["grid"] * a["patch_size"], a["grid"] * a["patch_size"], generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(
+        2, 3, a["grid"] * a["patch_size"], a["grid"] * a["patch_size"], generator=torch.Generator().manual_seed(seed)
+    )
     with torch.no_grad():
         return model(x)
 
@@ -153,7 +159,9 @@ def test_hugging_face_round_trip_of_a_random_architecture(tmp_path_factory, a):
             p.add_(0.2 * torch.randn_like(p))
     ref.save_pretrained(tmp)
     model = vitlab.load(tmp)
-    x = torch.randn(2, 3, a["grid"] * a["patch_size"], a["grid"] * a["patch_size"], generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        2, 3, a["grid"] * a["patch_size"], a["grid"] * a["patch_size"], generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         want = ref(pixel_values=x).logits
         got = model(x)

@@ -72,7 +72,13 @@ def test_pickle_payload_in_folders(tmp_path):
 def test_object_arrays_in_npz_are_refused(tmp_path):
     target = tmp_path / "pwned"
     path = tmp_path / "evil.npz"
-    np.savez(path, **{"embedding/kernel": np.zeros((4, 4, 3, 8), np.float32), "cls": np.array([_Payload(str(target))], dtype=object)})
+    np.savez(
+        path,
+        **{
+            "embedding/kernel": np.zeros((4, 4, 3, 8), np.float32),
+            "cls": np.array([_Payload(str(target))], dtype=object),
+        },
+    )
     with pytest.raises(CheckpointError, match="refused to load pickled objects"):
         vitlab.load(path)
     single = tmp_path / "evil.npy.npz"  # a lone object .npy saved under an .npz name

@@ -23,9 +23,42 @@ def test_torchrun_two_cpu_processes(tmp_path):
                 Image.fromarray(arr).save(d / f"{i}.png")
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitlab", "train"]
-    cmd += ["--data", str(tmp_path / "data"), "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"]
-    cmd += ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4", "--epochs", "2", "--batch-size", "8", "--recipe", "digits"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "vitlab",
+        "train",
+    ]
+    cmd += [
+        "--data",
+        str(tmp_path / "data"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    cmd += [
+        "--dim",
+        "16",
+        "--depth",
+        "1",
+        "--heads",
+        "2",
+        "--patch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--recipe",
+        "digits",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -116,14 +116,30 @@ def test_mpp_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     for k, v in a["model"].items():
         torch.testing.assert_close(b["model"][k], v, rtol=0, atol=0, msg=k)
     rows = [(tmp_path / d / "metrics.jsonl").read_text() for d in ("full", "part")]
-    strip = [[{k: r[k] for k in ("step", "train_loss", "top1", "eval_loss")} for r in map(json.loads, t.splitlines())] for t in rows]
+    strip = [
+        [{k: r[k] for k in ("step", "train_loss", "top1", "eval_loss")} for r in map(json.loads, t.splitlines())]
+        for t in rows
+    ]
     assert strip[0] == strip[1]
 
 
 def test_cli_mpp_then_finetune(data_dir, tmp_path, capsys):
     common = ["--data", str(data_dir), "--cache-dir", str(tmp_path / "cache"), *TINY_FLAGS]
     out = tmp_path / "cli_mpp"
-    args = ["train", "--objective", "mpp", *common, "--epochs", "1", "--batch-size", "8", "--warmup-steps", "1", "--posemb", "sincos2d"]
+    args = [
+        "train",
+        "--objective",
+        "mpp",
+        *common,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--warmup-steps",
+        "1",
+        "--posemb",
+        "sincos2d",
+    ]
     args += ["--out", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
@@ -132,7 +148,12 @@ def test_cli_mpp_then_finetune(data_dir, tmp_path, capsys):
     assert s["objective"] == "mpp" and s["recipe"] == "mpp" and s["steps"] == 2
 
     ft = tmp_path / "ft"
-    assert main(["finetune", "--init", str(out / "model"), *common, "--epochs", "1", "--batch-size", "8", "--out", str(ft)]) == 0
+    assert (
+        main(
+            ["finetune", "--init", str(out / "model"), *common, "--epochs", "1", "--batch-size", "8", "--out", str(ft)]
+        )
+        == 0
+    )
     assert "top-1" in capsys.readouterr().out
     model = vitlab.load(ft / "model")
     cfg = model.config

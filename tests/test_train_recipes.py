@@ -18,12 +18,32 @@ from vitlab.train.state import atomic_torch_save, get_rng_state, load_state, set
 
 def test_presets_follow_their_sources():
     p = RECIPES["pretrain"]
-    assert (p.optimizer, p.betas, p.weight_decay, p.batch_size, p.base_batch) == ("adamw", (0.9, 0.999), 0.1, 4096, 4096)
+    assert (p.optimizer, p.betas, p.weight_decay, p.batch_size, p.base_batch) == (
+        "adamw",
+        (0.9, 0.999),
+        0.1,
+        4096,
+        4096,
+    )
     assert (p.schedule, p.warmup_steps, p.clip_grad, p.head, p.lr) == ("linear", 10_000, 1.0, "mlp", 1e-3)
     f = RECIPES["finetune"]
-    assert (f.optimizer, f.momentum, f.weight_decay, f.clip_grad, f.schedule, f.head) == ("sgd", 0.9, 0.0, 1.0, "cosine", "linear")
+    assert (f.optimizer, f.momentum, f.weight_decay, f.clip_grad, f.schedule, f.head) == (
+        "sgd",
+        0.9,
+        0.0,
+        1.0,
+        "cosine",
+        "linear",
+    )
     s = RECIPES["small-data"]
-    assert (s.optimizer, s.label_smoothing, s.drop_path, s.mixup, s.cutmix, s.randaugment) == ("adamw", 0.1, 0.1, 0.8, 1.0, (2, 9))
+    assert (s.optimizer, s.label_smoothing, s.drop_path, s.mixup, s.cutmix, s.randaugment) == (
+        "adamw",
+        0.1,
+        0.1,
+        0.8,
+        1.0,
+        (2, 9),
+    )
     assert s.arch == {"patch_size": 4, "embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}
     for r in RECIPES.values():
         assert r.source and r.expected, r.name
@@ -49,7 +69,15 @@ def test_no_weight_decay_on_norms_biases_posemb_and_cls():
     names = {id(p): n for n, p in m.named_parameters()}
     nd = {names[id(p)] for p in no_decay["params"]}
     d = {names[id(p)] for p in decay["params"]}
-    assert {"pos_embed", "cls_token", "norm.weight", "norm.bias", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "head.bias"} <= nd
+    assert {
+        "pos_embed",
+        "cls_token",
+        "norm.weight",
+        "norm.bias",
+        "blocks.0.norm1.weight",
+        "blocks.0.attn.qkv.bias",
+        "head.bias",
+    } <= nd
     assert {"patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc2.weight", "head.weight"} <= d
     assert len(nd) + len(d) == len(list(m.parameters()))
     opt = build_optimizer(m, get_recipe("pretrain"), 1e-3)
@@ -73,7 +101,11 @@ def test_warmup_then_cosine_or_linear():
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
-    assert lrs[:4] == pytest.approx([0.5, 1.0, 1.5, 2.0]) and lrs[4] == pytest.approx(2.0) and lrs[-1] == pytest.approx(2.0 / 16)
+    assert (
+        lrs[:4] == pytest.approx([0.5, 1.0, 1.5, 2.0])
+        and lrs[4] == pytest.approx(2.0)
+        and lrs[-1] == pytest.approx(2.0 / 16)
+    )
     state = sched.state_dict()
     sched2 = build_scheduler(torch.optim.SGD(m.parameters(), lr=2.0), total_steps=1, warmup_steps=0)
     sched2.load_state_dict(state)
@@ -144,10 +176,15 @@ def test_custom_architectures_are_named_after_what_they_are():
 
     def name(**kw):
         cfg = TrainConfig(recipe=get_recipe("small-data"), **kw)
-        return build_model(cfg, num_classes=10, in_chans=3, image_size=(32, 32), class_names=list("abcdefghij")).config.name
+        return build_model(
+            cfg, num_classes=10, in_chans=3, image_size=(32, 32), class_names=list("abcdefghij")
+        ).config.name
 
     assert name(arch={"embed_dim": 32, "depth": 2, "num_heads": 2}) == "vit_p4_d32_l2"
-    assert name(model="vit_r_ti16", arch={"patch_size": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}) == "vit_r_p1_d32_l2"
+    assert (
+        name(model="vit_r_ti16", arch={"patch_size": 1, "embed_dim": 32, "depth": 2, "num_heads": 2})
+        == "vit_r_p1_d32_l2"
+    )
     assert name(model="vit_ti16") == "vit_ti16"
 
 
@@ -170,7 +207,9 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
     s = trainer.fit(cfg)
     assert trainer._REPLAN_AT < s["steps"] < 100_000
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert rows[-1]["step"] == s["steps"] and rows[-1]["lr"] < 0.02 * rows[0]["lr"]  # the re-fitted cosine reached its end
+    assert (
+        rows[-1]["step"] == s["steps"] and rows[-1]["lr"] < 0.02 * rows[0]["lr"]
+    )  # the re-fitted cosine reached its end
     assert s["wall_s"] < 2 * budget  # generous: a functional check that the plan changed, not a speed test
 
 

@@ -71,12 +71,31 @@ def test_resume_matches_an_uninterrupted_run(data_dir, full_run, tmp_path, stop_
 def test_outputs_of_a_run(data_dir, tmp_path):
     s = fit(config(data_dir, tmp_path / "run", keep="last"))
     out = tmp_path / "run"
-    for f in ("metrics.jsonl", "summary.json", "curves.png", "confusion.png", "model/model.safetensors", "model/config.json", "last.pt"):
+    for f in (
+        "metrics.jsonl",
+        "summary.json",
+        "curves.png",
+        "confusion.png",
+        "model/model.safetensors",
+        "model/config.json",
+        "last.pt",
+    ):
         assert (out / f).is_file(), f
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert set(row) >= {"epoch", "step", "train_loss", "lr", "top1", "top5", "images_per_sec", "wall_s"}
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) >= {"top1", "top5", "best_top1", "epochs", "steps", "images_per_sec", "wall_s", "params", "model", "data"}
+    assert set(summary) >= {
+        "top1",
+        "top5",
+        "best_top1",
+        "epochs",
+        "steps",
+        "images_per_sec",
+        "wall_s",
+        "params",
+        "model",
+        "data",
+    }
     assert summary["params"] == s["params"] > 0 and summary["data"]["classes"] == 3
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert cfg["class_names"] == ["class0", "class1", "class2"] and cfg["mean"] == [0.5, 0.5, 0.5]

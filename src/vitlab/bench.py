@@ -130,7 +130,11 @@ class BenchResult:
         if (path := self.inference_path or self.training_path) is not None:
             lines.append(f"          ({path})")
         if self.ref is not None and self.ref_images_per_sec is not None and self.ref_gflops_per_sec is not None:
-            frac = f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)" if self.peak_gflops_per_sec else ""
+            frac = (
+                f"  ({100 * self.ref_gflops_per_sec / self.peak_gflops_per_sec:.0f}% of peak)"
+                if self.peak_gflops_per_sec
+                else ""
+            )
             ref_ms = statistics.median(self.ref_step_times_ms)
             ref_label = self.ref if self.ref_compile == self.compile else f"{self.ref} ({self.ref_compile or 'eager'})"
             lines.append(
@@ -147,8 +151,14 @@ class BenchResult:
             ref_f = f", {self.ref} {self.ref_faults_per_step:,.0f}" if self.ref_faults_per_step is not None else ""
             where = "each model in its own process" if self.isolate else "one process"
             lines.append(f"  page faults per step: vitlab {self.faults_per_step:,.0f}{ref_f} ({where})")
-            if not self.isolate and self.ref_faults_per_step is not None and _faults_differ(self.faults_per_step, self.ref_faults_per_step):
-                lines.append("  (in one process the models share the C heap, so these depend on each other; --isolate separates them)")
+            if (
+                not self.isolate
+                and self.ref_faults_per_step is not None
+                and _faults_differ(self.faults_per_step, self.ref_faults_per_step)
+            ):
+                lines.append(
+                    "  (in one process the models share the C heap, so these depend on each other; --isolate separates them)"
+                )
         if self.peak_gflops_per_sec is not None:
             lines.append(f"  matmul peak: {self.peak_gflops_per_sec:.1f} GFLOP/s ({self.dtype}, measured in this run)")
         if self.compile_seconds is not None:
@@ -157,7 +167,9 @@ class BenchResult:
         return "\n".join(lines)
 
 
-def median_interval(values: list[float], *, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def median_interval(
+    values: list[float], *, level: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap interval of the median of ``values`` (deterministic for a ``seed``).
 
     Why: on a shared machine a few steps can move the median ratio by 10%; the interval says
@@ -181,7 +193,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak(*, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5) -> float:
+def matmul_peak(
+    *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048, repeats: int = 5
+) -> float:
     """The machine's dense-matmul throughput in GFLOP/s: the best of ``repeats``
     timed ``n x n @ n x n`` products (a peak is a maximum, and the best run is
     the one the other tenants of a shared machine disturbed least).
@@ -226,7 +240,13 @@ def model_overrides(
 ) -> dict[str, Any]:
     """The architecture flags of ``vitlab train`` / ``vitlab bench`` as ``create_model`` overrides."""
     ov: dict[str, Any] = {}
-    for key, val in (("img_size", img_size), ("patch_size", patch_size), ("embed_dim", dim), ("depth", depth), ("num_heads", heads)):
+    for key, val in (
+        ("img_size", img_size),
+        ("patch_size", patch_size),
+        ("embed_dim", dim),
+        ("depth", depth),
+        ("num_heads", heads),
+    ):
         if val is not None:
             ov[key] = val
     if mlp_ratio is not None:
@@ -328,7 +348,9 @@ def _is_plain(model: nn.Module) -> bool:
     from .models import Block, PatchEmbed
 
     return (
-        type(model) is VisionTransformer and type(model.patch_embed) is PatchEmbed and all(type(b) is Block for b in model.blocks)  # type: ignore[union-attr]
+        type(model) is VisionTransformer
+        and type(model.patch_embed) is PatchEmbed
+        and all(type(b) is Block for b in model.blocks)  # type: ignore[union-attr]
     )
 
 
@@ -347,7 +369,9 @@ def _make_step(
     opt: torch.optim.Optimizer | None = None,
 ) -> Callable[[], None]:
     """One inference forward, or one full training step (forward, backward, ``opt``)."""
-    amp: Callable[[], contextlib.AbstractContextManager[Any]] = (lambda: autocast) if autocast is not None else contextlib.nullcontext  # type: ignore[assignment,return-value]
+    amp: Callable[[], contextlib.AbstractContextManager[Any]] = (
+        (lambda: autocast) if autocast is not None else contextlib.nullcontext
+    )  # type: ignore[assignment,return-value]
     if mode == "infer":
         model.eval()
 
@@ -385,7 +409,9 @@ def _training_path(model: nn.Module) -> str:
     """Which of vitlab's CPU training paths a training forward of ``model`` takes (fp32, eager)."""
     blocks = [b for b in model.modules() if isinstance(b, Block)]
     with torch.enable_grad():
-        fused = bool(blocks) and all(fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])) for b in blocks)
+        fused = bool(blocks) and all(
+            fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])) for b in blocks
+        )
     if not fused:
         return "autograd"
     return "fused blocks, " + ("C kernels" if all(fused_block.uses_c_kernels(b) for b in blocks) else "ATen kernels")
@@ -485,7 +511,11 @@ def _build(side: _Side, *, progress: bool = False) -> _Built:
     if side.compile:  # the first call compiles; time it on its own
         if progress:
             who = "vitlab" if side.key == "ours" else side.vs
-            print(f"compiling {who} ({side.mode}) with torch.compile(mode={side.compile!r}) ...", file=sys.stderr, flush=True)
+            print(
+                f"compiling {who} ({side.mode}) with torch.compile(mode={side.compile!r}) ...",
+                file=sys.stderr,
+                flush=True,
+            )
         t0 = time.perf_counter()
         with _freezing(side.mode == "infer"):
             step()
@@ -656,7 +686,9 @@ def benchmark(
 
     def side(key: str) -> _Side:
         comp = compile if key == "ours" or not ref_eager else None
-        return _Side(key, model, dict(overrides), mode, batch_size, num_classes, dtype, str(dev), vs, comp, threads, seed)
+        return _Side(
+            key, model, dict(overrides), mode, batch_size, num_classes, dtype, str(dev), vs, comp, threads, seed
+        )
 
     keys = ["ours"] + (["ref"] if vs else [])
     runners: dict[str, _Local | _Remote] = {}

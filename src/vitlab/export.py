@@ -62,7 +62,13 @@ def _example(model: nn.Module, batch_size: int) -> torch.Tensor:
 
 
 def export_model(
-    model: nn.Module, path: str | Path, *, format: str = "onnx", check: bool = True, tolerance: float = 1e-4, opset: int = 18
+    model: nn.Module,
+    path: str | Path,
+    *,
+    format: str = "onnx",
+    check: bool = True,
+    tolerance: float = 1e-4,
+    opset: int = 18,
 ) -> ExportResult:
     """Write ``model`` to ``path`` as ONNX (torch.export + onnxscript, opset ``opset``) or
     TorchScript (``torch.jit.trace``), batch dimension dynamic. With ``check``, run the
@@ -107,7 +113,9 @@ def export_model(
         got = run_exported(load_exported(path, format=format), x3.numpy())
         diff = float(np.abs(got - want).max())
         if not diff <= tolerance:
-            raise ExportError(f"export: the {format} model differs from PyTorch by {diff:.2e} (> {tolerance:.0e}) on a batch of 3")
+            raise ExportError(
+                f"export: the {format} model differs from PyTorch by {diff:.2e} (> {tolerance:.0e}) on a batch of 3"
+            )
     return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds)
 
 

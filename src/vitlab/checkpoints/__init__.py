@@ -100,7 +100,9 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
             base["num_heads"] = guess_num_heads(int(base["embed_dim"]))
         base["extra"] = {"source_format": ckpt.format, **base.get("extra", {})}
     names = base.get("class_names")
-    if names is not None and (len(names) != overrides.get("num_classes", base.get("num_classes")) or "class_names" in overrides):
+    if names is not None and (
+        len(names) != overrides.get("num_classes", base.get("num_classes")) or "class_names" in overrides
+    ):
         base["class_names"] = None  # a new head (or new names): the old names no longer apply
     unknown = set(overrides) - {f.name for f in dataclasses.fields(ViTConfig)}
     if unknown:
@@ -121,7 +123,12 @@ def _summary(keys: list[str], limit: int = 8, *, group: bool = True) -> str:
 
 
 def load_state(
-    model: nn.Module, state: dict[str, torch.Tensor], *, strict: bool = True, source: str = "checkpoint", fresh: tuple[str, ...] = ()
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    *,
+    strict: bool = True,
+    source: str = "checkpoint",
+    fresh: tuple[str, ...] = (),
 ) -> None:
     """Load ``state`` into ``model``, resampling learned position embeddings to the model's grid.
 
@@ -145,7 +152,9 @@ def load_state(
     if misshaped:
         problems.append(
             "mis-shaped "
-            + _summary([f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in misshaped], 4, group=False)
+            + _summary(
+                [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in misshaped], 4, group=False
+            )
         )
     if problems:
         msg = f"{source} does not fit the model: " + "; ".join(problems)
@@ -157,7 +166,9 @@ def load_state(
     model.load_state_dict(state, strict=False)
 
 
-def load(source: str | os.PathLike[str] | Mapping[str, torch.Tensor], *, strict: bool = True, **overrides: Any) -> VisionTransformer:
+def load(
+    source: str | os.PathLike[str] | Mapping[str, torch.Tensor], *, strict: bool = True, **overrides: Any
+) -> VisionTransformer:
     """Load a ViT from any supported checkpoint, ready for inference (``eval()`` mode).
 
     ``source`` is a vitlab folder, a Hugging Face ``save_pretrained`` folder, a timm

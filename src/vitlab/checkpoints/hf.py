@@ -52,7 +52,9 @@ _RENAMES: list[tuple[str, str]] = [
     (r"^pooler\.dense\.", "pre_logits.fc."),
     (r"^classifier\.", "head."),
 ]
-_QKV = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(weight|bias)$")
+_QKV = re.compile(
+    r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(weight|bias)$"
+)
 _DROPPED = ("embeddings.mask_token",)  # ViTForMaskedImageModeling's [MASK] embedding: not part of the classifier
 
 
@@ -116,7 +118,9 @@ def config_fields(raw: dict[str, Any], *, has_pooler: bool) -> dict[str, Any]:
         f["img_size"] = raw["image_size"]
     act = raw.get("hidden_act", "gelu")
     if act not in _ACTS:
-        raise CheckpointError(f"hidden_act {act!r} is not supported (vitlab has exact and tanh GELU: {', '.join(_ACTS)})")
+        raise CheckpointError(
+            f"hidden_act {act!r} is not supported (vitlab has exact and tanh GELU: {', '.join(_ACTS)})"
+        )
     f["act"] = _ACTS[act]
     if has_pooler and raw.get("pooler_act", "tanh") != "tanh":
         raise CheckpointError(f"pooler_act {raw['pooler_act']!r} is not supported; vitlab's pre-logits layer uses tanh")
@@ -137,7 +141,9 @@ def read_folder(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], 
     weights = next((p / n for n in WEIGHT_FILES if (p / n).is_file()), None)
     if weights is None:
         if (p / "model.safetensors.index.json").is_file() or (p / "pytorch_model.bin.index.json").is_file():
-            raise CheckpointError(f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')")
+            raise CheckpointError(
+                f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')"
+            )
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
     state = convert_state(read_state_dict(weights))
     fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state)

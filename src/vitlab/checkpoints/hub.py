@@ -169,7 +169,9 @@ def resolve(name: str) -> Path:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise OfflineError(f"{name}: huggingface_hub is not installed (pip install 'vitlab[hub]'); or {advice}") from None
+        raise OfflineError(
+            f"{name}: huggingface_hub is not installed (pip install 'vitlab[hub]'); or {advice}"
+        ) from None
     last: Exception | None = None
     for files in _files(entry):
         try:

@@ -49,7 +49,9 @@ def variant_name(width: int, depth: int, mlp_dim: int, patch: int) -> str:
 def _grid_side(n: int, what: str) -> int:
     side = math.isqrt(n)
     if side * side != n:
-        raise CheckpointError(f"{what}: {n} position embeddings do not form a square grid; pass img_size=(height, width)")
+        raise CheckpointError(
+            f"{what}: {n} position embeddings do not form a square grid; pass img_size=(height, width)"
+        )
     return side
 
 
@@ -78,7 +80,9 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     if hybrid is not None:  # Sec. 3.1's hybrid: patches of a ResNet feature map (timm's vit_*_r*_ names)
         stem = state.get("patch_embed.backbone.stem.conv.weight", state.get("patch_embed.backbone.conv.weight"))
         if stem is None:
-            raise CheckpointError("a hybrid checkpoint without the ResNet stem convolution 'patch_embed.backbone.stem.conv.weight'")
+            raise CheckpointError(
+                "a hybrid checkpoint without the ResNet stem convolution 'patch_embed.backbone.stem.conv.weight'"
+            )
         in_chans = stem.shape[1]
         stride = 4 * 2 ** max(len(hybrid) - 1, 0)
     block_ids = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}

@@ -65,7 +65,9 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any
     except OSError as e:  # full disk, quota: remove the partial files, keep the previous model
         for tmp in (tmp_w, tmp_c):
             tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"{out}: cannot write the model ({e.strerror or e}); the previous files there are kept") from None
+        raise CheckpointError(
+            f"{out}: cannot write the model ({e.strerror or e}); the previous files there are kept"
+        ) from None
     return out
 
 

@@ -74,7 +74,10 @@ def _resnet(w: dict[str, np.ndarray], prefix: str, get) -> dict[str, torch.Tenso
                 out[f"{dst}norm{r}.weight"], out[f"{dst}norm{r}.bias"] = gn(f"{src}gn{r}/scale"), gn(f"{src}gn{r}/bias")
             if f"{prefix}{src}conv_proj/kernel" in w:
                 out[f"{dst}downsample.conv.weight"] = conv(f"{src}conv_proj/kernel")
-                out[f"{dst}downsample.norm.weight"], out[f"{dst}downsample.norm.bias"] = gn(f"{src}gn_proj/scale"), gn(f"{src}gn_proj/bias")
+                out[f"{dst}downsample.norm.weight"], out[f"{dst}downsample.norm.bias"] = (
+                    gn(f"{src}gn_proj/scale"),
+                    gn(f"{src}gn_proj/bias"),
+                )
     return out
 
 
@@ -96,7 +99,13 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
         return a[idx] if idx is not None else a
 
     state: dict[str, torch.Tensor] = {}
-    fields: dict[str, Any] = {"act": "gelu_tanh", "posemb_resample": "jax", "norm_eps": 1e-6, "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    fields: dict[str, Any] = {
+        "act": "gelu_tanh",
+        "posemb_resample": "jax",
+        "norm_eps": 1e-6,
+        "mean": (0.5,) * 3,
+        "std": (0.5,) * 3,
+    }
 
     state["patch_embed.proj.weight"] = _t(get("embedding/kernel").transpose(3, 2, 0, 1))
     state["patch_embed.proj.bias"] = _t(get("embedding/bias"))
@@ -127,7 +136,9 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
         state["head.weight"] = _t(get("head/kernel").T)
         state["head.bias"] = _t(get("head/bias"))
     if f"{prefix}MAPHead_0/probe" in w:
-        raise CheckpointError(f"{path}: attention-pooling (MAP head) models are not supported; vitlab has cls and gap pooling")
+        raise CheckpointError(
+            f"{path}: attention-pooling (MAP head) models are not supported; vitlab has cls and gap pooling"
+        )
 
     if f"{prefix}conv_root/kernel" in w:
         state.update(_resnet(w, prefix, get))
@@ -137,16 +148,22 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
         depth = w[f"{prefix}Transformer/encoderblock/LayerNorm_0/scale"].shape[0]
         block_of = [("Transformer/encoderblock/", i) for i in range(depth)]
     else:
-        ids = sorted({int(m.group(1)) for k in w if (m := re.match(rf"{re.escape(prefix)}Transformer/encoderblock_(\d+)/", k))})
+        ids = sorted(
+            {int(m.group(1)) for k in w if (m := re.match(rf"{re.escape(prefix)}Transformer/encoderblock_(\d+)/", k))}
+        )
         if ids != list(range(len(ids))) or not ids:
-            raise CheckpointError(f"{path}: transformer layers numbered {ids[:8]}..., expected encoderblock_0 .. encoderblock_N-1")
+            raise CheckpointError(
+                f"{path}: transformer layers numbered {ids[:8]}..., expected encoderblock_0 .. encoderblock_N-1"
+            )
         block_of = [(f"Transformer/encoderblock_{i}/", None) for i in ids]
 
     first = prefix + block_of[0][0]
     # vit_jax numbers the sub-modules of a block in creation order (LayerNorm_0, MHA_1, LayerNorm_2,
     # MlpBlock_3); big_vision names each kind from 0. Detect which, rather than trusting the prefix.
     mha = (
-        "MultiHeadDotProductAttention_1" if f"{first}MultiHeadDotProductAttention_1/query/kernel" in w else "MultiHeadDotProductAttention_0"
+        "MultiHeadDotProductAttention_1"
+        if f"{first}MultiHeadDotProductAttention_1/query/kernel" in w
+        else "MultiHeadDotProductAttention_0"
     )
     ln2 = "LayerNorm_2" if f"{first}LayerNorm_2/scale" in w else "LayerNorm_1"
     mlp = "MlpBlock_3" if f"{first}MlpBlock_3/Dense_0/kernel" in w else "MlpBlock_0"

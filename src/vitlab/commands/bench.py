@@ -34,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     p.add_argument("--model", default="vit_s16", help="registered model name (see `vitlab models`)")
-    p.add_argument("--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step")
+    p.add_argument(
+        "--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step"
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's, 224)")
     p.add_argument("--patch-size", type=int, default=None, help="override the patch size")
@@ -43,7 +45,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--heads", type=int, default=None, help="override the number of heads")
     p.add_argument("--mlp-ratio", type=float, default=None, help="MLP width as a multiple of D")
     p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="bfloat16/float16 run under autocast")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="bfloat16/float16 run under autocast",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument(
         "--vs",

@@ -28,19 +28,32 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("dst", help="output folder")
     p.add_argument("--img-size", type=int, default=None, help="resample position embeddings to this resolution")
     p.add_argument("--act", choices=["gelu", "gelu_tanh"], default=None, help="override the activation")
-    p.add_argument("--num-heads", type=int, default=None, help="override the head count (inferred from the paper's table)")
-    p.add_argument("--num-classes", type=int, default=None, help="replace the classifier by a fresh zero-initialised one")
-    p.add_argument("--no-strict", action="store_true", help="load what fits and warn about the rest, instead of failing")
+    p.add_argument(
+        "--num-heads", type=int, default=None, help="override the head count (inferred from the paper's table)"
+    )
+    p.add_argument(
+        "--num-classes", type=int, default=None, help="replace the classifier by a fresh zero-initialised one"
+    )
+    p.add_argument(
+        "--no-strict", action="store_true", help="load what fits and warn about the rest, instead of failing"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoints import load, save
 
-    pairs = (("img_size", args.img_size), ("act", args.act), ("num_heads", args.num_heads), ("num_classes", args.num_classes))
+    pairs = (
+        ("img_size", args.img_size),
+        ("act", args.act),
+        ("num_heads", args.num_heads),
+        ("num_classes", args.num_classes),
+    )
     overrides = {k: v for k, v in pairs if v is not None}
     model = load(args.src, strict=not args.no_strict, **overrides)
     out = save(model, args.dst, extra={"converted_from": str(args.src)})
     cfg = model.config
-    print(f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {sum(p.numel() for p in model.parameters()):,} params)")
+    print(
+        f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {sum(p.numel() for p in model.parameters()):,} params)"
+    )
     return 0

@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument("--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads")
+    p.add_argument(
+        "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
+    )
     p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path")
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")

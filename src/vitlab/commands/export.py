@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
     model = _load(args.model)
     out = args.out or f"{Path(args.model.rstrip('/')).name or 'model'}{'.onnx' if args.format == 'onnx' else '.pt'}"
-    res = export_model(model, out, format=args.format, check=not args.no_check, tolerance=args.tolerance, opset=args.opset)
+    res = export_model(
+        model, out, format=args.format, check=not args.no_check, tolerance=args.tolerance, opset=args.opset
+    )
     check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
     print(f"wrote {res.path} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
     return 0

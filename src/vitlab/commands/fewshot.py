@@ -48,9 +48,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     p.add_argument(
-        "--model", required=True, help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
+        "--model",
+        required=True,
+        help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)",
     )
-    p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)")
+    p.add_argument(
+        "--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)"
+    )
     p.add_argument("--shots", type=_shots, default="1,5,10,25", help="training images per class, comma-separated")
     p.add_argument("--seeds", type=int, default=3, help="random draws averaged per shot count")
     p.add_argument(

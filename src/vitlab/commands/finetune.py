@@ -23,7 +23,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument("--init", required=True, help="the model to start from: a vitlab folder (e.g. runs/X/model) or a name vitlab.load knows")
+    p.add_argument(
+        "--init",
+        required=True,
+        help="the model to start from: a vitlab folder (e.g. runs/X/model) or a name vitlab.load knows",
+    )
     add_train_args(p, default_recipe="finetune")
     p.set_defaults(func=run)
 

@@ -30,10 +30,18 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     p.add_argument(
-        "--model", required=True, help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
+        "--model",
+        required=True,
+        help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)",
     )
-    p.add_argument("--image", nargs="+", action="extend", default=[], metavar="IMG", help="image files or folders to analyse")
-    p.add_argument("--data", default=None, help="take the images from this data set's test split (digits, cifar10, an ImageFolder path)")
+    p.add_argument(
+        "--image", nargs="+", action="extend", default=[], metavar="IMG", help="image files or folders to analyse"
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="take the images from this data set's test split (digits, cifar10, an ImageFolder path)",
+    )
     p.add_argument("--out", default="inspect", help="output folder")
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")

@@ -19,12 +19,18 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    p.add_argument("--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads")
+    p.add_argument(
+        "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
+    )
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
-        "--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images (decompression-bomb guard, PIL's limit)"
+        "--max-image-pixels",
+        type=int,
+        default=89_478_485,
+        metavar="N",
+        help="refuse larger images (decompression-bomb guard, PIL's limit)",
     )
     p.set_defaults(func=run)
 
@@ -74,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
     k = min(args.top, probs.shape[1])
     top = probs.topk(k, dim=1)
     results = [
-        {"image": path, "top": [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)]}
+        {
+            "image": path,
+            "top": [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)],
+        }
         for path, ps, ix in zip(args.images, top.values, top.indices)
     ]
     if args.json:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import re
 
-RECIPE_NAMES = ["digits", "small-data", "pretrain", "finetune", "mpp"]  # mirrors vitlab.train.recipes (kept import-free)
+RECIPE_NAMES = [
+    "digits",
+    "small-data",
+    "pretrain",
+    "finetune",
+    "mpp",
+]  # mirrors vitlab.train.recipes (kept import-free)
 
 EXAMPLES = """examples:
   vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
@@ -51,10 +57,21 @@ def _randaugment(text: str) -> tuple[int, int] | str:
 def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) -> None:
     """Arguments shared by ``train`` and ``finetune``; ``None`` defaults mean "the recipe's value"."""
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="digits", help="digits (embedded), cifar10, cifar100 (torchvision, online) or an ImageFolder path")
-    g.add_argument("--val-split", type=float, default=None, help="fraction held out when the folder has no val/ or test/ (stratified)")
+    g.add_argument(
+        "--data",
+        default="digits",
+        help="digits (embedded), cifar10, cifar100 (torchvision, online) or an ImageFolder path",
+    )
+    g.add_argument(
+        "--val-split",
+        type=float,
+        default=None,
+        help="fraction held out when the folder has no val/ or test/ (stratified)",
+    )
     g.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
-    g.add_argument("--strict-data", action="store_true", help="stop on files that cannot be decoded instead of skipping them")
+    g.add_argument(
+        "--strict-data", action="store_true", help="stop on files that cannot be decoded instead of skipping them"
+    )
     g.add_argument(
         "--max-image-pixels",
         type=int,
@@ -78,7 +95,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--depth", type=int, default=None, help="number of blocks L")
     g.add_argument("--heads", type=int, default=None)
     g.add_argument("--mlp-ratio", type=float, default=None, help="MLP width / D")
-    g.add_argument("--pool", choices=["cls", "gap"], default=None, help="class token (the paper) or global average pooling without one")
+    g.add_argument(
+        "--pool",
+        choices=["cls", "gap"],
+        default=None,
+        help="class token (the paper) or global average pooling without one",
+    )
     g.add_argument(
         "--posemb",
         choices=["learn", "learn2d", "sincos2d", "none"],
@@ -97,7 +119,9 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--epochs", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None, help="global batch (all processes, all accumulation steps)")
-    g.add_argument("--lr", type=float, default=None, help="peak LR at the recipe's base batch (scaled linearly with --batch-size)")
+    g.add_argument(
+        "--lr", type=float, default=None, help="peak LR at the recipe's base batch (scaled linearly with --batch-size)"
+    )
     g.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default=None)
     g.add_argument("--weight-decay", type=float, default=None)
     g.add_argument("--warmup-epochs", type=float, default=None)
@@ -109,7 +133,9 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--label-smoothing", type=float, default=None)
     g.add_argument("--mixup", type=float, default=None, help="MixUp alpha (0: off)")
     g.add_argument("--cutmix", type=float, default=None, help="CutMix alpha (0: off)")
-    g.add_argument("--randaugment", type=_randaugment, default=None, metavar="N,M", help="RandAugment ops,magnitude or none")
+    g.add_argument(
+        "--randaugment", type=_randaugment, default=None, metavar="N,M", help="RandAugment ops,magnitude or none"
+    )
     g.add_argument("--random-erasing", type=float, default=None)
     g.add_argument("--hflip", type=float, default=None, help="horizontal flip probability")
     g.add_argument("--crop-scale", type=_pair, default=None, metavar="MIN,MAX", help="random resized crop area range")
@@ -118,12 +144,29 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--out", default=None, help="output folder (default runs/<timestamp>)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
-    g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto", help="auto: bf16 autocast on GPU, fp32 on CPU")
+    g.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        default="auto",
+        help="auto: bf16 autocast on GPU, fp32 on CPU",
+    )
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)")
-    g.add_argument("--time-budget", type=parse_duration, default=None, metavar="DURATION", help="plan the schedule to end in e.g. 20m")
-    g.add_argument("--save-every", type=float, default=None, metavar="MIN", help="also checkpoint every MIN minutes mid-epoch")
-    g.add_argument("--stop-after", type=int, default=None, metavar="STEPS", help="save and stop after STEPS steps (resume later)")
+    g.add_argument(
+        "--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)"
+    )
+    g.add_argument(
+        "--time-budget",
+        type=parse_duration,
+        default=None,
+        metavar="DURATION",
+        help="plan the schedule to end in e.g. 20m",
+    )
+    g.add_argument(
+        "--save-every", type=float, default=None, metavar="MIN", help="also checkpoint every MIN minutes mid-epoch"
+    )
+    g.add_argument(
+        "--stop-after", type=int, default=None, metavar="STEPS", help="save and stop after STEPS steps (resume later)"
+    )
     g.add_argument("--keep", choices=["best", "last"], default="best", help="which weights model/ holds")
     g.add_argument(
         "--on-nan",
@@ -167,7 +210,13 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
 
     objective = getattr(args, "objective", "classify")
     recipe_name = args.recipe or (
-        "finetune" if init else "mpp" if objective == "mpp" else "digits" if args.data.strip().lower() == "digits" else "small-data"
+        "finetune"
+        if init
+        else "mpp"
+        if objective == "mpp"
+        else "digits"
+        if args.data.strip().lower() == "digits"
+        else "small-data"
     )
     zero_off = {"clip_grad": args.clip_grad, "ema": args.ema}
     recipe = get_recipe(
@@ -194,7 +243,11 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         if v is not None:
             recipe = recipe.replace(**{k: v}) if v > 0 else _with_none(recipe, k)
     if args.randaugment is not None:
-        recipe = _with_none(recipe, "randaugment") if args.randaugment == "none" else recipe.replace(randaugment=args.randaugment)
+        recipe = (
+            _with_none(recipe, "randaugment")
+            if args.randaugment == "none"
+            else recipe.replace(randaugment=args.randaugment)
+        )
     arch = {
         k: v
         for k, v in (

@@ -25,7 +25,14 @@ import numpy as np
 
 from .._fs import remove_stale
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "DEFAULT_MAX_IMAGE_PIXELS", "DecodedFiles", "decode_files", "decode_image", "default_cache_dir"]
+__all__ = [
+    "DEFAULT_BUFFER_BYTES",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "DecodedFiles",
+    "decode_files",
+    "decode_image",
+    "default_cache_dir",
+]
 
 _VERSION = 1
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
@@ -61,7 +68,9 @@ def _to_8bit(im):
     return Image.fromarray(np.clip(np.round(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
 
 
-def decode_image(path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None) -> np.ndarray:
+def decode_image(
+    path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None
+) -> np.ndarray:
     """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
 
     Palette and alpha images are composited on white, CMYK/YCbCr/greyscale converted, 16-bit
@@ -79,7 +88,9 @@ def _decode(path: str, size: int | None, mode: str, max_pixels: int | None = Non
     if os.path.getsize(path) == 0:
         raise ValueError("empty file (0 bytes)")
     if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
-        Image.MAX_IMAGE_PIXELS = limit  # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
+        Image.MAX_IMAGE_PIXELS = (
+            limit  # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
+        )
     try:
         im = Image.open(path)
     except Image.DecompressionBombError as e:
@@ -87,7 +98,9 @@ def _decode(path: str, size: int | None, mode: str, max_pixels: int | None = Non
     with im:
         w, h = im.size
         if w * h > limit:
-            raise ValueError(f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} (decompression-bomb guard, --max-image-pixels)")
+            raise ValueError(
+                f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} (decompression-bomb guard, --max-image-pixels)"
+            )
         im.draft(mode, (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
         if im.mode in ("I", "F") or im.mode.startswith("I;16"):
             im = _to_8bit(im)

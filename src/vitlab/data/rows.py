@@ -34,10 +34,14 @@ class ImageRows:
         idx = np.asarray(index)
         if idx.dtype == bool:
             if idx.shape != (len(base),):
-                raise IndexError(f"ImageRows: a boolean index needs one value per row ({len(base)}), got shape {idx.shape}")
+                raise IndexError(
+                    f"ImageRows: a boolean index needs one value per row ({len(base)}), got shape {idx.shape}"
+                )
             idx = np.flatnonzero(idx)
         if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
-            raise TypeError(f"ImageRows: index must be a 1-D integer or boolean array, got {idx.dtype} of shape {idx.shape}")
+            raise TypeError(
+                f"ImageRows: index must be a 1-D integer or boolean array, got {idx.dtype} of shape {idx.shape}"
+            )
         idx = idx.astype(np.int64, copy=False)
         if isinstance(base, ImageRows):  # compose instead of chaining views
             self.base, self.index = base.base, base.index[idx]

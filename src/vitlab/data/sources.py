@@ -102,7 +102,9 @@ def _digits(val_split: float | None) -> DataSplits:
     images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
     labels = d.target.astype(np.int64)
     tr, va = stratified_split(labels, val_split or 0.2, seed=0)
-    return DataSplits("digits", ImageArray(images[tr], labels[tr]), ImageArray(images[va], labels[va]), [str(i) for i in range(10)])
+    return DataSplits(
+        "digits", ImageArray(images[tr], labels[tr]), ImageArray(images[va], labels[va]), [str(i) for i in range(10)]
+    )
 
 
 def _cifar(name: str, cache_dir: Path) -> DataSplits:
@@ -158,7 +160,9 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
         present = set(labels)
         empty = [c for i, c in enumerate(class_names) if i not in present]
         if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
-            raise DataError(f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; add images or remove the folder(s)")
+            raise DataError(
+                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; add images or remove the folder(s)"
+            )
     return paths, np.asarray(labels, dtype=np.int64), class_names
 
 
@@ -177,7 +181,9 @@ class _Decode:
     buffer_bytes: int
 
 
-def _decode_split(root: Path, class_names: list[str] | None, opt: _Decode) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
+def _decode_split(
+    root: Path, class_names: list[str] | None, opt: _Decode
+) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
     paths, labels, names = _scan(root, class_names)
     dec = decode_files(
         paths,

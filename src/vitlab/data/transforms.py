@@ -64,7 +64,12 @@ def train_transform(
 
 
 def eval_transform(
-    *, img_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float], in_chans: int = 3, crop_pct: float = 1.0
+    *,
+    img_size: int | tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    in_chans: int = 3,
+    crop_pct: float = 1.0,
 ) -> v2.Compose:
     """Resize (shorter side to ``img_size / crop_pct``) + center crop + normalise.
 
@@ -92,7 +97,9 @@ class ArrayDataset(Dataset):
     """A map-style dataset over uint8 ``(N, H, W, C)`` images (a memmap is fine): item ``i`` is
     ``(transform(CHW uint8 tensor), label)``."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, *, transform: Callable | None = None, in_chans: int | None = None) -> None:
+    def __init__(
+        self, images: np.ndarray, labels: np.ndarray, *, transform: Callable | None = None, in_chans: int | None = None
+    ) -> None:
         self.images, self.labels, self.transform, self.in_chans = images, labels, transform, in_chans
 
     def __len__(self) -> int:

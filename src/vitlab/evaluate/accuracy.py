@@ -14,7 +14,13 @@ __all__ = ["evaluate_batches", "evaluate_model", "preprocess_for"]
 
 @torch.no_grad()
 def evaluate_batches(
-    model: nn.Module, batches, *, num_classes: int, device: torch.device, amp_dtype: torch.dtype | None = None, dist=None
+    model: nn.Module,
+    batches,
+    *,
+    num_classes: int,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    dist=None,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix (rows: true class)
     over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed."""
@@ -33,7 +39,9 @@ def evaluate_batches(
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=num_classes - 1)
-        conf += torch.bincount((y * num_classes + pred).cpu(), minlength=num_classes * num_classes).view(num_classes, num_classes)
+        conf += torch.bincount((y * num_classes + pred).cpu(), minlength=num_classes * num_classes).view(
+            num_classes, num_classes
+        )
     if dist is not None and dist.enabled:
         import torch.distributed as tdist
 
@@ -57,7 +65,11 @@ def preprocess_for(model: nn.Module):
 
     cfg = model.config
     return eval_transform(
-        img_size=cfg.img_size, mean=cfg.mean, std=cfg.std, in_chans=cfg.in_chans, crop_pct=float(cfg.extra.get("crop_pct", 1.0))
+        img_size=cfg.img_size,
+        mean=cfg.mean,
+        std=cfg.std,
+        in_chans=cfg.in_chans,
+        crop_pct=float(cfg.extra.get("crop_pct", 1.0)),
     )
 
 
@@ -87,7 +99,13 @@ def evaluate_model(
     cfg = model.config
     size = max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
     splits = load_data(
-        data, val_split=val_split, size=size, cache_dir=cache_dir, strict=strict, progress=progress, buffer_bytes=buffer_bytes
+        data,
+        val_split=val_split,
+        size=size,
+        cache_dir=cache_dir,
+        strict=strict,
+        progress=progress,
+        buffer_bytes=buffer_bytes,
     )
     arr = splits.train if split == "train" else splits.val
     names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])

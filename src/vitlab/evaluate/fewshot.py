@@ -159,7 +159,15 @@ def fewshot_accuracy(
     train_y, test_y = np.asarray(train_y), np.asarray(test_y)
     k = int(num_classes if num_classes is not None else max(train_y.max(), test_y.max()) + 1)
     return _fewshot_runs(
-        lambda idx: train_x[torch.as_tensor(idx)], train_y, test_x, test_y, shots=shots, seeds=seeds, l2_reg=l2_reg, num_classes=k, val=val
+        lambda idx: train_x[torch.as_tensor(idx)],
+        train_y,
+        test_x,
+        test_y,
+        shots=shots,
+        seeds=seeds,
+        l2_reg=l2_reg,
+        num_classes=k,
+        val=val,
     )
 
 
@@ -194,11 +202,19 @@ def _fewshot_runs(
             scores = {}
             for lam in sorted(L2_GRID, reverse=True):
                 scores[lam] = float(
-                    np.mean([(fit_ridge(x, y, num_classes, l2_reg=lam).predict(val[0]).numpy() == val[1]).mean() for x, y in fits])
+                    np.mean(
+                        [
+                            (fit_ridge(x, y, num_classes, l2_reg=lam).predict(val[0]).numpy() == val[1]).mean()
+                            for x, y in fits
+                        ]
+                    )
                 )
             chosen = max(scores, key=lambda lam: (scores[lam], lam))
             val_acc = scores[chosen]
-        accs = [float((fit_ridge(x, y, num_classes, l2_reg=chosen).predict(test_x).numpy() == test_y).mean()) for x, y in fits]
+        accs = [
+            float((fit_ridge(x, y, num_classes, l2_reg=chosen).predict(test_x).numpy() == test_y).mean())
+            for x, y in fits
+        ]
         out[str(s)] = {
             "mean": float(np.mean(accs)),
             "std": float(np.std(accs)),
@@ -212,7 +228,13 @@ def _fewshot_runs(
 
 
 def linear_probe(
-    train_x: torch.Tensor, train_y: np.ndarray, test_x: torch.Tensor, test_y: np.ndarray, *, c: float = 1.0, max_iter: int = 1000
+    train_x: torch.Tensor,
+    train_y: np.ndarray,
+    test_x: torch.Tensor,
+    test_y: np.ndarray,
+    *,
+    c: float = 1.0,
+    max_iter: int = 1000,
 ) -> dict[str, Any]:
     """Multinomial logistic regression (L-BFGS, scikit-learn) on standardised frozen features."""
     from sklearn.linear_model import LogisticRegression
@@ -232,7 +254,13 @@ def linear_probe(
 
 @torch.no_grad()
 def extract_features(
-    model: nn.Module, images: Any, indices: np.ndarray, *, batch_size: int = 128, progress: bool = True, desc: str = "features"
+    model: nn.Module,
+    images: Any,
+    indices: np.ndarray,
+    *,
+    batch_size: int = 128,
+    progress: bool = True,
+    desc: str = "features",
 ) -> torch.Tensor:
     """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a :class:`vitlab.inspect.images.LabelledSplit`)."""
     from ..inspect.images import to_chw
@@ -276,9 +304,9 @@ def _held_out(labels: np.ndarray, exclude: np.ndarray, per_class: int, num_class
     free = np.ones(len(labels), dtype=bool)
     free[exclude] = False
     rng = np.random.default_rng(seed)
-    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(free & (labels == c)))[:per_class] for c in range(num_classes)])).astype(
-        np.int64
-    )
+    return np.sort(
+        np.concatenate([rng.permutation(np.flatnonzero(free & (labels == c)))[:per_class] for c in range(num_classes)])
+    ).astype(np.int64)
 
 
 def evaluate_fewshot(
@@ -297,16 +325,24 @@ def evaluate_fewshot(
     k = int(max(train.labels.max(), test.labels.max()) + 1)
     if len(train.class_names) > k:
         k = len(train.class_names)
-    shot_idx = np.unique(np.concatenate([sample_shots(train.labels, max(cfg.shots), seed=s, num_classes=k) for s in range(cfg.seeds)]))
+    shot_idx = np.unique(
+        np.concatenate([sample_shots(train.labels, max(cfg.shots), seed=s, num_classes=k) for s in range(cfg.seeds)])
+    )
     probe_idx = _subset(len(train), cfg.max_train, seed=1234) if cfg.probe else np.zeros(0, dtype=np.int64)
-    val_idx = _held_out(train.labels, shot_idx, cfg.val_per_class, k) if cfg.l2_reg is None else np.zeros(0, dtype=np.int64)
+    val_idx = (
+        _held_out(train.labels, shot_idx, cfg.val_per_class, k) if cfg.l2_reg is None else np.zeros(0, dtype=np.int64)
+    )
     if cfg.l2_reg is None and len(val_idx) == 0:
         raise ConfigError("automatic l2_reg needs training images beyond the few-shot samples; pass a fixed --l2-reg")
     plan = _Plan(shot_idx, probe_idx, val_idx)
     test_idx = _subset(len(test), cfg.max_test, seed=4321)
 
-    feats_tr = extract_features(model, train, plan.union, batch_size=cfg.batch_size, progress=progress, desc="train features")
-    feats_te = extract_features(model, test, test_idx, batch_size=cfg.batch_size, progress=progress, desc="test features")
+    feats_tr = extract_features(
+        model, train, plan.union, batch_size=cfg.batch_size, progress=progress, desc="train features"
+    )
+    feats_te = extract_features(
+        model, test, test_idx, batch_size=cfg.batch_size, progress=progress, desc="test features"
+    )
     # Few-shot sampling runs on the full label array; map the sampled rows onto the extracted subset.
     row = np.full(len(train), -1, dtype=np.int64)
     row[plan.union] = np.arange(len(plan.union))

@@ -11,7 +11,14 @@ figures and a self-contained ``report.html``; it is what ``vitlab inspect`` call
 
 from __future__ import annotations
 
-from .attention import attention_distance, attention_rollout, output_token_attention, patch_centers, patch_distance_matrix, rollout_map
+from .attention import (
+    attention_distance,
+    attention_rollout,
+    output_token_attention,
+    patch_centers,
+    patch_distance_matrix,
+    rollout_map,
+)
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
 
 __all__ = [

@@ -76,7 +76,9 @@ def attention_distance(
     return torch.stack(out).float().cpu()
 
 
-def attention_rollout(attns: Sequence[torch.Tensor], *, residual: bool = True, head_fusion: str = "mean") -> torch.Tensor:
+def attention_rollout(
+    attns: Sequence[torch.Tensor], *, residual: bool = True, head_fusion: str = "mean"
+) -> torch.Tensor:
     """Joint attention from the last layer back to the input tokens, ``(B, T, T)``.
 
     Abnar & Zuidema (2020), as in Appendix D.8 of the paper: average the
@@ -115,7 +117,12 @@ def _output_rows(m: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
 
 
 def rollout_map(
-    attns: Sequence[torch.Tensor], *, grid: tuple[int, int], num_prefix_tokens: int = 1, residual: bool = True, normalize: bool = True
+    attns: Sequence[torch.Tensor],
+    *,
+    grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    residual: bool = True,
+    normalize: bool = True,
 ) -> torch.Tensor:
     """Fig. 6: how much each input patch reaches the output token, ``(B, gh, gw)``.
 
@@ -134,7 +141,9 @@ def rollout_map(
     return m
 
 
-def output_token_attention(attns: Sequence[torch.Tensor], *, grid: tuple[int, int], num_prefix_tokens: int = 1) -> torch.Tensor:
+def output_token_attention(
+    attns: Sequence[torch.Tensor], *, grid: tuple[int, int], num_prefix_tokens: int = 1
+) -> torch.Tensor:
     """Raw head-averaged attention of the output token to each patch, per layer: ``(layers, B, gh, gw)``.
 
     Without a class token the output token is the mean over the queries.

@@ -127,7 +127,11 @@ def plot_attention_distance(dist: torch.Tensor, *, img_size: tuple[int, int] | N
 
 def _upsample(maps: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
     """``(B, gh, gw)`` -> ``(B, H, W)`` bilinear."""
-    return F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0].clamp(0, None).numpy()
+    return (
+        F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0]
+        .clamp(0, None)
+        .numpy()
+    )
 
 
 def _show(ax, img: np.ndarray) -> None:

@@ -61,7 +61,9 @@ def _decode(path: Path, mode: str = "RGB") -> np.ndarray:
         raise InputError(f"{path}: not a readable image ({e})") from None
 
 
-def read_images(paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
+def read_images(
+    paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None
+) -> tuple[list[np.ndarray], list[str]]:
     """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays; also returns the names."""
     files = _expand(paths)[:limit]
     return [_decode(f) for f in files], [f.name for f in files]
@@ -112,7 +114,9 @@ def preprocess(
         t = t.float()[None] / 255.0
         if tuple(t.shape[-2:]) != tuple(img_size):
             # torch's own antialiased bilinear resize (what torchvision's resize calls), without importing torchvision
-            t = torch.nn.functional.interpolate(t, size=tuple(img_size), mode="bilinear", align_corners=False, antialias=True).clamp(0, 1)
+            t = torch.nn.functional.interpolate(
+                t, size=tuple(img_size), mode="bilinear", align_corners=False, antialias=True
+            ).clamp(0, 1)
         batch.append(t[0])
     x = torch.stack(batch)
     display = x.permute(0, 2, 3, 1).clone()

@@ -61,7 +61,9 @@ def render_html(sections: Sequence[Section], *, title: str, subtitle: str = "") 
         if s.text:
             parts.append(f"<p>{html.escape(s.text)}</p>")
         if s.table:
-            rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in s.table.items())
+            rows = "".join(
+                f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in s.table.items()
+            )
             parts.append(f"<table>{rows}</table>")
         if s.png is not None:
             b64 = base64.b64encode(s.png).decode("ascii")
@@ -98,7 +100,9 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
     for name, title in (("curves.png", "Training curves"), ("confusion.png", "Confusion matrix")):
         f = run / name
         if f.is_file():
-            sections.append(Section(title=title, text=f"Written by vitlab train ({f}).", png=f.read_bytes(), filename=name))
+            sections.append(
+                Section(title=title, text=f"Written by vitlab train ({f}).", png=f.read_bytes(), filename=name)
+            )
     return run, sections
 
 
@@ -254,7 +258,9 @@ def inspect_model(
             text=f"Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, rows "
             f"renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
             "Middle column: the image multiplied by the normalised map, as in the paper.",
-            png=figures.png_bytes(figures.plot_rollout(display, maps, titles=list(names)[: len(display)] if names else None)),
+            png=figures.png_bytes(
+                figures.plot_rollout(display, maps, titles=list(names)[: len(display)] if names else None)
+            ),
             filename="attention_rollout.png",
         )
     )

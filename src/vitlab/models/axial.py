@@ -44,7 +44,9 @@ class AxialBlock(nn.Module):
             seq = seq[:, 1:]
         return cls, seq.reshape(b, lines, m, d), attn
 
-    def forward(self, x: torch.Tensor, *, grid: tuple[int, int], return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, *, grid: tuple[int, int], return_attn: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, t, d = x.shape
         gh, gw = grid
         prefix = t - gh * gw

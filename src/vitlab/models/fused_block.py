@@ -68,7 +68,16 @@ from ._switch import Switch, running_eagerly
 if TYPE_CHECKING:
     from .layers import Block
 
-__all__ = ["Scratch", "Workspace", "applies", "block_forward", "disabled", "eager_cpu_training", "share_scratch", "uses_c_kernels"]
+__all__ = [
+    "Scratch",
+    "Workspace",
+    "applies",
+    "block_forward",
+    "disabled",
+    "eager_cpu_training",
+    "share_scratch",
+    "uses_c_kernels",
+]
 
 _aten = torch.ops.aten
 
@@ -322,7 +331,14 @@ def _layer_norm(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, d = x.shape
     return _aten.native_layer_norm.out(
-        x, [d], w, bias, eps, out0=buf("xn" + tag, (m, d), x), out1=buf("mean" + tag, (m, 1), x), out2=buf("rstd" + tag, (m, 1), x)
+        x,
+        [d],
+        w,
+        bias,
+        eps,
+        out0=buf("xn" + tag, (m, d), x),
+        out1=buf("mean" + tag, (m, 1), x),
+        out2=buf("rstd" + tag, (m, 1), x),
     )
 
 
@@ -365,7 +381,12 @@ class _BlockFunction(torch.autograd.Function):
             x0 = x0.contiguous()
             # LayerNorm 1 also writes x + proj_b, which the projection's GEMM accumulates onto
             # (with stochastic depth, the branch is scaled per sample first: ATen's addcmul).
-            xn1, mean1, rstd1, x1 = buf("xn1", (m, d), x), buf("mean1", (m, 1), x), buf("rstd1", (m, 1), x), buf("x1", (m, d), x)
+            xn1, mean1, rstd1, x1 = (
+                buf("xn1", (m, d), x),
+                buf("mean1", (m, 1), x),
+                buf("rstd1", (m, 1), x),
+                buf("x1", (m, d), x),
+            )
             pre = {} if keep1 is not None else {"residual_bias": proj_b, "residual_out": x1}
             native.layer_norm(x0, n1_w, n1_b, spec.eps1, out=xn1, mean=mean1, rstd=rstd1, **pre)
         else:
@@ -382,7 +403,9 @@ class _BlockFunction(torch.autograd.Function):
             h = torch.mm(xn2, fc1_w.t(), out=buf("h", (m, hidden), x))  # kept without fc1's bias
             g = buf("g", (m, hidden), x)
             native.bias_gelu(h, fc1_b, out=g)
-            out = out_buf.addmm_(g, fc2_w.t()) if keep2 is None else _residual(x1, fc2_b, g, fc2_w, keep2, b, out=out_buf)
+            out = (
+                out_buf.addmm_(g, fc2_w.t()) if keep2 is None else _residual(x1, fc2_b, g, fc2_w, keep2, b, out=out_buf)
+            )
         else:
             x1 = _residual(x0, proj_b, o2, proj_w, keep1, b, out=buf("x1", (m, d), x))
             xn2, mean2, rstd2 = _layer_norm(x1, n2_w, n2_b, spec.eps2, buf, "2")
@@ -437,7 +460,9 @@ class _BlockFunction(torch.autograd.Function):
                 dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
                 d_fc1_b = dh.sum(0) if need[15] else None
                 dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
-                dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(dxn2, x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[12], need[13]])
+                dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(
+                    dxn2, x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[12], need[13]]
+                )
                 dx1.add_(dy)
             d_fc1_w = dh.t().mm(xn2) if need[14] else None
 
@@ -468,9 +493,13 @@ class _BlockFunction(torch.autograd.Function):
                 workspace: Workspace | None = ctx.returned
                 dx = workspace.returned("dx", (m, d), dy) if workspace is not None else dy.new_empty((m, d))
                 d_n1_w, d_n1_b = dy.new_empty(d), dy.new_empty(d)
-                native.layer_norm_backward(dxn1, x0, mean1, rstd1, n1_w, out=dx, weight_grad=d_n1_w, bias_grad=d_n1_b, residual=dx1)
+                native.layer_norm_backward(
+                    dxn1, x0, mean1, rstd1, n1_w, out=dx, weight_grad=d_n1_w, bias_grad=d_n1_b, residual=dx1
+                )
             else:
-                dx, d_n1_w, d_n1_b = _aten.native_layer_norm_backward(dxn1, x0, [d], mean1, rstd1, n1_w, n1_b, [need[0], need[6], need[7]])
+                dx, d_n1_w, d_n1_b = _aten.native_layer_norm_backward(
+                    dxn1, x0, [d], mean1, rstd1, n1_w, n1_b, [need[0], need[6], need[7]]
+                )
                 if dx is not None:
                     dx.add_(dx1)
         # Nothing returned is a scratch buffer: those held only temporaries.

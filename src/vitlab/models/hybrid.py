@@ -122,7 +122,10 @@ class ResNetStage(nn.Module):
     def __init__(self, in_chs: int, out_chs: int, *, depth: int, stride: int) -> None:
         super().__init__()
         self.blocks = nn.Sequential(
-            *(Bottleneck(in_chs if i == 0 else out_chs, out_chs, stride=stride if i == 0 else 1, project=i == 0) for i in range(depth))
+            *(
+                Bottleneck(in_chs if i == 0 else out_chs, out_chs, stride=stride if i == 0 else 1, project=i == 0)
+                for i in range(depth)
+            )
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -188,11 +191,15 @@ class HybridEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans:
-            raise InputError(f"the model takes {self.in_chans}-channel images of shape (B, C, H, W), got shape {tuple(x.shape)}")
+            raise InputError(
+                f"the model takes {self.in_chans}-channel images of shape (B, C, H, W), got shape {tuple(x.shape)}"
+            )
         return self.proj(self.backbone(x)).flatten(2).transpose(1, 2)
 
 
-def backbone_macs(layers: tuple[int, ...], *, in_chans: int, height: int, width: int) -> tuple[int, int, tuple[int, int]]:
+def backbone_macs(
+    layers: tuple[int, ...], *, in_chans: int, height: int, width: int
+) -> tuple[int, int, tuple[int, int]]:
     """Multiply-accumulates of the ResNet: ``(macs, output channels, output (h, w))``."""
     h, w = math.ceil(height / 2), math.ceil(width / 2)
     macs = h * w * 64 * in_chans * 49  # 7x7/2 stem conv

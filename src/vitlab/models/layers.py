@@ -60,7 +60,9 @@ class PatchEmbed(nn.Module):
             raise InputError(f"expected an image batch of shape (B, C, H, W), got shape {tuple(x.shape)}")
         _, c, h, w = x.shape
         if c != self.in_chans:
-            raise InputError(f"the model takes {self.in_chans}-channel images, got {c} channels (input shape {tuple(x.shape)})")
+            raise InputError(
+                f"the model takes {self.in_chans}-channel images, got {c} channels (input shape {tuple(x.shape)})"
+            )
         p = self.patch_size
         if h % p or w % p:
             if not self.dynamic_pad:
@@ -80,7 +82,9 @@ class Attention(nn.Module):
     maths, no fused kernel) and returned, so analyses never get ``None``.
     """
 
-    def __init__(self, *, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+    def __init__(
+        self, *, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
+    ) -> None:
         super().__init__()
         if dim % num_heads:
             raise ConfigError(f"width {dim} is not divisible by the number of heads {num_heads}")

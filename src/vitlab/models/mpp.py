@@ -79,7 +79,9 @@ class MaskedPatchPrediction(nn.Module):
         """The ViT's own exclusions (under ``model.``) and the [mask] embedding, for optimiser groups."""
         return {f"model.{n}" for n in self.model.no_weight_decay()} | {"mask_token"}
 
-    def corrupt(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def corrupt(
+        self, tokens: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply the 50% / (80, 10, 10) corruption to patch embeddings ``(B, N, D)``."""
         b, n, _ = tokens.shape
         dev = tokens.device
@@ -98,7 +100,9 @@ class MaskedPatchPrediction(nn.Module):
         out = torch.where(use_random[..., None], random_tokens, out)
         return out, corrupted
 
-    def forward(self, images: torch.Tensor, *, pixels: torch.Tensor | None = None, generator: torch.Generator | None = None) -> MPPOutput:
+    def forward(
+        self, images: torch.Tensor, *, pixels: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> MPPOutput:
         """``images`` as the model takes them (normalised); ``pixels`` the same in [0, 1]
         (derived from the model's mean/std when omitted)."""
         vit = self.model

@@ -101,7 +101,9 @@ def _build() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory() as work:
             src = Path(work) / "native_kernels.c"
             src.write_bytes(source)
-            done = subprocess.run([cc, *_FLAGS, str(src), "-o", str(tmp), *_LIBS], capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                [cc, *_FLAGS, str(src), "-o", str(tmp), *_LIBS], capture_output=True, text=True, timeout=300
+            )
         if done.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
@@ -181,7 +183,17 @@ def layer_norm(
     if (residual_bias is None) != (residual_out is None):
         raise ValueError("residual_bias and residual_out go together")
     _lib_or_raise().vl_layer_norm(
-        _ptr(x), _ptr(weight), _ptr(bias), eps, m, d, _ptr(out), _ptr(mean), _ptr(rstd), _ptr(residual_bias), _ptr(residual_out)
+        _ptr(x),
+        _ptr(weight),
+        _ptr(bias),
+        eps,
+        m,
+        d,
+        _ptr(out),
+        _ptr(mean),
+        _ptr(rstd),
+        _ptr(residual_bias),
+        _ptr(residual_out),
     )
 
 
@@ -192,7 +204,9 @@ def bias_gelu(h: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor) -> None
     _lib_or_raise().vl_bias_gelu(_ptr(h), _ptr(bias), m, n, _ptr(out))
 
 
-def gelu_backward(grad: torch.Tensor, h: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor, bias_grad: torch.Tensor) -> None:
+def gelu_backward(
+    grad: torch.Tensor, h: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor, bias_grad: torch.Tensor
+) -> None:
     """``out = grad * gelu'(h + bias)`` (``out`` may be ``grad``) and ``bias_grad`` its column sums."""
     m, n = h.shape
     _check(grad, h, bias, out, bias_grad)

@@ -34,10 +34,22 @@ from torch import nn
 
 from ._switch import Switch, running_eagerly
 
-__all__ = ["applies", "available", "clear_cache", "disabled", "eager_cpu_inference", "forget", "linear", "pack", "packed_product"]
+__all__ = [
+    "applies",
+    "available",
+    "clear_cache",
+    "disabled",
+    "eager_cpu_inference",
+    "forget",
+    "linear",
+    "pack",
+    "packed_product",
+]
 
 _SAMPLE = 256
-_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int, torch.Size], torch.Tensor, torch.Tensor]] = weakref.WeakKeyDictionary()
+_packed: weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int, torch.Size], torch.Tensor, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @functools.cache
@@ -120,7 +132,9 @@ def _packed_weight(lin: nn.Linear) -> torch.Tensor:
     return hit[1]
 
 
-def linear(lin: nn.Linear, x: torch.Tensor, *, act: nn.Module | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    lin: nn.Linear, x: torch.Tensor, *, act: nn.Module | None = None, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """``act(lin(x))``, or ``lin(x) + residual``, in one fused oneDNN call.
 
     Callers check :func:`applies` first. An activation oneDNN does not know is applied

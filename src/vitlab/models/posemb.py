@@ -27,7 +27,9 @@ def sincos_2d(grid_h: int, grid_w: int, dim: int, *, temperature: float = 10000.
     """
     if dim % 4:
         raise ValueError(f"width {dim} must be divisible by 4 for the 2-D sin-cos position embedding")
-    y, x = torch.meshgrid(torch.arange(grid_h, dtype=torch.float64), torch.arange(grid_w, dtype=torch.float64), indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float64), torch.arange(grid_w, dtype=torch.float64), indexing="ij"
+    )
     q = dim // 4
     omega = torch.arange(q, dtype=torch.float64) / max(q - 1, 1)
     omega = 1.0 / temperature**omega
@@ -60,7 +62,9 @@ def _interp(x: torch.Tensor, size: tuple[int, ...], mode: ResampleMode, antialia
         if x.ndim == 4:
             out = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=antialias)
         else:  # 1-D: bicubic along a single axis
-            out = F.interpolate(x[..., None], size=(size[0], 1), mode="bicubic", align_corners=False, antialias=antialias)[..., 0]
+            out = F.interpolate(
+                x[..., None], size=(size[0], 1), mode="bicubic", align_corners=False, antialias=antialias
+            )[..., 0]
     else:
         raise ValueError(f"unknown resample mode {mode!r}; choose 'jax', 'bilinear' or 'bicubic'")
     return out.to(dtype)

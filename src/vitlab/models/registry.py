@@ -79,7 +79,9 @@ def model_config(name: str, /, **overrides: Any) -> ViTConfig:
     if not m or m.group(1) not in VARIANTS:
         raise UnknownModelError(f"{name!r} is not a plain ViT name")
     v = VARIANTS[m.group(1)]
-    base = dict(name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads)
+    base = dict(
+        name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads
+    )
     return ViTConfig(**{**base, **overrides})
 
 
@@ -98,7 +100,9 @@ for _name in HYBRIDS:
 for _p in (16, 32):  # Axial-ViT (Appendix D.6)
     register(
         f"axial_vit_b{_p}",
-        lambda _p=_p, **kw: VisionTransformer(model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw})),
+        lambda _p=_p, **kw: VisionTransformer(
+            model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw})
+        ),
     )
 
 
@@ -128,7 +132,9 @@ def resolve_name(name: str) -> str:
     return n.lower()
 
 
-def create_model(name: str, *, num_classes: int = 1000, img_size: int | tuple[int, int] = 224, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str, *, num_classes: int = 1000, img_size: int | tuple[int, int] = 224, **overrides: Any
+) -> nn.Module:
     """Build a registered model, randomly initialised (use :func:`vitlab.load` for weights).
 
     >>> model = create_model("vit_s16", num_classes=10, img_size=384, drop_path_rate=0.1)

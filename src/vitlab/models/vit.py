@@ -93,8 +93,12 @@ class VisionTransformer(nn.Module):
     # -- construction hooks (the hybrid and axial models override these) --------
     def _make_stem(self, cfg: ViTConfig) -> nn.Module:
         if cfg.hybrid_layers is not None:
-            return HybridEmbed(layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim)
-        return PatchEmbed(patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad)
+            return HybridEmbed(
+                layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim
+            )
+        return PatchEmbed(
+            patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
+        )
 
     def _make_block(self, cfg: ViTConfig, drop_path: float) -> nn.Module:
         block_cls = AxialBlock if cfg.attention == "axial" else Block
@@ -132,7 +136,11 @@ class VisionTransformer(nn.Module):
             nn.init.trunc_normal_(proj.weight, std=math.sqrt(1.0 / fan_in) / 0.87962566103423978)
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
-        for p in (getattr(self, "pos_embed", None), getattr(self, "pos_embed_row", None), getattr(self, "pos_embed_col", None)):
+        for p in (
+            getattr(self, "pos_embed", None),
+            getattr(self, "pos_embed_row", None),
+            getattr(self, "pos_embed_col", None),
+        ):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
         if isinstance(self.head, nn.Linear):
@@ -156,7 +164,9 @@ class VisionTransformer(nn.Module):
             rows = resample_1d(self.pos_embed_row, grid[0], mode=cfg.posemb_resample)  # type: ignore[arg-type]
             cols = resample_1d(self.pos_embed_col, grid[1], mode=cfg.posemb_resample)  # type: ignore[arg-type]
             gh, gw = grid
-            pe = torch.cat([rows[:, :, None, :].expand(-1, gh, gw, -1), cols[:, None, :, :].expand(-1, gh, gw, -1)], dim=-1)
+            pe = torch.cat(
+                [rows[:, :, None, :].expand(-1, gh, gw, -1), cols[:, None, :, :].expand(-1, gh, gw, -1)], dim=-1
+            )
             return pe.reshape(1, gh * gw, -1)
         if cfg.posemb == "sincos2d":
             key = (grid[0], grid[1])
@@ -219,7 +229,9 @@ class VisionTransformer(nn.Module):
             z = self.blocks[-1].forward_cls(z)
         return self.norm(z)
 
-    def _run_block(self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_block(
+        self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.config.attention == "axial":
             return blk(x, grid=grid, return_attn=want)
         return blk(x, return_attn=want)
@@ -236,7 +248,9 @@ class VisionTransformer(nn.Module):
         x = self.pre_logits(self.head_drop(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor, *, return_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights."""
         if return_attention:
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
@@ -363,7 +377,9 @@ class VisionTransformer(nn.Module):
         return count_macs(self.config, img_size, cls_only_last_block=executed and self._cls_only_applies())
 
 
-def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None, *, cls_only_last_block: bool = False) -> int:
+def count_macs(
+    cfg: ViTConfig, img_size: tuple[int, int] | int | None = None, *, cls_only_last_block: bool = False
+) -> int:
     """Analytic multiply-accumulate count of a ViT forward pass at ``img_size``; with
     ``cls_only_last_block`` the last block computes keys and values for every token but the query,
     attention, projection and MLP for the class token alone (``Block.forward_cls``)."""
@@ -384,7 +400,9 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None, *,
     if cfg.attention == "axial":  # two half-blocks; each token attends to its row (column) and the class token
         gh, gw = (-(-h // p)), (-(-w // p))
         pre = cfg.num_prefix_tokens
-        per_block = 2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim) + 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
+        per_block = (
+            2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim) + 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
+        )
     macs += cfg.depth * per_block
     if cls_only_last_block and cfg.depth and cfg.attention != "axial":
         macs -= per_block - (t * d * 2 * d + d * d + 2 * t * d + d * d + 2 * d * cfg.mlp_dim)

@@ -77,7 +77,11 @@ def train_one_epoch(
             with _autocast(device, amp_dtype):
                 out = model(x)
             # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
-            loss = F.cross_entropy(out.float(), y, label_smoothing=label_smoothing) if isinstance(out, torch.Tensor) else out.loss.float()
+            loss = (
+                F.cross_entropy(out.float(), y, label_smoothing=label_smoothing)
+                if isinstance(out, torch.Tensor)
+                else out.loss.float()
+            )
             (scaler.scale(loss / accum_steps) if scaler else loss / accum_steps).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):

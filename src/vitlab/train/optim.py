@@ -30,7 +30,9 @@ def build_optimizer(model: nn.Module, recipe: Recipe, lr: float) -> torch.optim.
     weight decay" scales the decay by the learning rate) or ``sgd`` with momentum."""
     groups = param_groups(model, recipe.weight_decay)
     if recipe.optimizer in ("adamw", "adam"):
-        return torch.optim.AdamW(groups, lr=lr, betas=recipe.betas, weight_decay=recipe.weight_decay, fused=_fused_ok(model))
+        return torch.optim.AdamW(
+            groups, lr=lr, betas=recipe.betas, weight_decay=recipe.weight_decay, fused=_fused_ok(model)
+        )
     return torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
 
 
@@ -38,5 +40,7 @@ def _fused_ok(model: nn.Module) -> bool | None:
     """The single-kernel AdamW when every parameter can use it (CPU/CUDA floats): on the 2-core CPU its
     step took 31 ms against 470-590 ms for the default per-tensor loops (docs/performance.md)."""
     ps = list(model.parameters())
-    ok = ps and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in ps)
+    ok = ps and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in ps
+    )
     return True if ok else None

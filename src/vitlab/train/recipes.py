@@ -121,7 +121,15 @@ class Recipe:
 
 
 # A tiny ViT for the 8x8 digits (103k parameters): patch 2 gives a 4x4 grid of tokens.
-_DIGITS_ARCH = {"patch_size": 2, "embed_dim": 64, "depth": 3, "num_heads": 4, "mlp_dim": 128, "pool": "gap", "class_token": False}
+_DIGITS_ARCH = {
+    "patch_size": 2,
+    "embed_dim": 64,
+    "depth": 3,
+    "num_heads": 4,
+    "mlp_dim": 128,
+    "pool": "gap",
+    "class_token": False,
+}
 # The SPT/LSA paper's plain-ViT baseline for CIFAR: patch 4, width 192, depth 9, 12 heads, MLP ratio 2.
 _SMALL_ARCH = {"patch_size": 4, "embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}
 

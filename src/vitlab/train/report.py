@@ -94,7 +94,15 @@ def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str 
         if n <= 15:
             for i in range(n):
                 for j in range(n):
-                    ax.text(j, i, f"{int(cm[i, j])}", ha="center", va="center", fontsize=7, color="white" if norm[i, j] > 0.5 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{int(cm[i, j])}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if norm[i, j] > 0.5 else "black",
+                    )
     ax.set(xlabel="predicted", ylabel="true", title=f"confusion (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()

@@ -9,7 +9,9 @@ import torch
 __all__ = ["build_scheduler", "lr_factor"]
 
 
-def lr_factor(step: int, *, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_ratio: float = 0.0) -> float:
+def lr_factor(
+    step: int, *, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_ratio: float = 0.0
+) -> float:
     """Multiplier of the peak LR at ``step`` (0-based): ``(step + 1) / warmup`` during warmup,
     then cosine / linear from 1 down to ``min_ratio`` at ``total_steps``."""
     if step < warmup_steps:
@@ -25,16 +27,30 @@ class _Factor:
     """A picklable-free callable; LambdaLR stores its ``__dict__`` (plain numbers) in ``state_dict``."""
 
     def __init__(self, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> None:
-        self.total_steps, self.warmup_steps, self.schedule, self.min_ratio = total_steps, warmup_steps, schedule, min_ratio
+        self.total_steps, self.warmup_steps, self.schedule, self.min_ratio = (
+            total_steps,
+            warmup_steps,
+            schedule,
+            min_ratio,
+        )
 
     def __call__(self, step: int) -> float:
         return lr_factor(
-            step, total_steps=self.total_steps, warmup_steps=self.warmup_steps, schedule=self.schedule, min_ratio=self.min_ratio
+            step,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            schedule=self.schedule,
+            min_ratio=self.min_ratio,
         )
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_ratio: float = 0.0
+    optimizer: torch.optim.Optimizer,
+    *,
+    total_steps: int,
+    warmup_steps: int,
+    schedule: str = "cosine",
+    min_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A :class:`~torch.optim.lr_scheduler.LambdaLR` stepped once per optimizer step."""
     f = _Factor(total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, min_ratio=min_ratio)

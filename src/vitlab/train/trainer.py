@@ -118,7 +118,9 @@ class _SkipSampler(Sampler[int]):
         return max(0, n - self.start)
 
 
-def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]) -> nn.Module:
+def build_model(
+    cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]
+) -> nn.Module:
     """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
     fine-tuning: new resolution (position embeddings resampled, Sec. 3.2) and, when the classes
     differ or the pre-training MLP head is present, a new zero-initialised linear head."""
@@ -178,7 +180,13 @@ def build_model(cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size
     return VisionTransformer(c)
 
 
-_FLAGS = {"patch_size": "--patch-size", "embed_dim": "--dim", "depth": "--depth", "num_heads": "--heads", "img_size": "--img-size"}
+_FLAGS = {
+    "patch_size": "--patch-size",
+    "embed_dim": "--dim",
+    "depth": "--depth",
+    "num_heads": "--heads",
+    "img_size": "--img-size",
+}
 
 
 def validate_config(cfg: TrainConfig) -> None:
@@ -226,7 +234,13 @@ def _check_init_matches(cfg: TrainConfig) -> None:
     wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
     if cfg.model:
         m = model_config(cfg.model)
-        wanted = {"patch_size": m.patch_size, "embed_dim": m.embed_dim, "depth": m.depth, "num_heads": m.num_heads, **wanted}
+        wanted = {
+            "patch_size": m.patch_size,
+            "embed_dim": m.embed_dim,
+            "depth": m.depth,
+            "num_heads": m.num_heads,
+            **wanted,
+        }
     if not wanted:
         return
     import vitlab
@@ -347,7 +361,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     _seed_all(cfg.seed)  # same initial weights on every rank
     n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
     model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
-    net = wrap(model, cfg.objective)  # what the optimiser trains: the ViT, or the ViT plus the MPP [mask] and colour head
+    net = wrap(
+        model, cfg.objective
+    )  # what the optimiser trains: the ViT, or the ViT plus the MPP [mask] and colour head
     mcfg = model.config
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -362,7 +378,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
 
     micro = r.batch_size // (d.world_size * r.accum_steps)
     if micro < 1 or micro * d.world_size * r.accum_steps != r.batch_size:
-        raise ConfigError(f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = {d.world_size * r.accum_steps}")
+        raise ConfigError(
+            f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = {d.world_size * r.accum_steps}"
+        )
     img = mcfg.img_size
     tf_train = train_transform(
         img_size=img,
@@ -379,7 +397,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     train_ds = ArrayDataset(data.train.images, data.train.labels, transform=tf_train, in_chans=mcfg.in_chans)
     shard = eval_shard(data.val, d.rank, d.world_size)
     val_ds = ArrayDataset(shard.images, shard.labels, transform=tf_eval, in_chans=mcfg.in_chans)
-    sampler = DistributedSampler(train_ds, num_replicas=d.world_size, rank=d.rank, shuffle=True, seed=cfg.seed, drop_last=True)
+    sampler = DistributedSampler(
+        train_ds, num_replicas=d.world_size, rank=d.rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
     micro_per_epoch = len(sampler) // micro
     steps_per_epoch = micro_per_epoch // r.accum_steps
     if steps_per_epoch < 1:
@@ -400,7 +420,11 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         )
 
     eval_loader = DataLoader(
-        val_ds, batch_size=max(micro, 256), shuffle=False, num_workers=workers if device.type == "cuda" else 0, generator=loader_gen
+        val_ds,
+        batch_size=max(micro, 256),
+        shuffle=False,
+        num_workers=workers if device.type == "cuda" else 0,
+        generator=loader_gen,
     )
     ddp_model: nn.Module = net
     if d.enabled:  # MPP leaves the ViT's pooling/head path unused
@@ -414,14 +438,28 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
     from .schedule import build_scheduler
 
     # -- plan: epochs and steps (a time budget measures a step first) ---------------------
-    replan: dict[str, Any] = {"due": False}  # a time-budgeted run re-measures its real step time once, early (see on_step)
+    replan: dict[str, Any] = {
+        "due": False
+    }  # a time-budgeted run re-measures its real step time once, early (see on_step)
     if state is not None:
         plan = dict(state["plan"])
     else:
         epochs, total_steps = r.epochs, r.epochs * steps_per_epoch
         if cfg.time_budget:
             total_steps, epochs, eval_s = _plan_budget(
-                cfg, net, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
+                cfg,
+                net,
+                run_model,
+                train_ds,
+                val_ds,
+                micro,
+                steps_per_epoch,
+                device,
+                amp_dtype,
+                t_start,
+                d,
+                log,
+                workers,
             )
             replan.update(eval_s=eval_s, due=total_steps >= 2 * _REPLAN_AT)
         warm = r.warmup_steps or round(r.warmup_epochs * steps_per_epoch)
@@ -429,10 +467,20 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             log(f"note: warmup {warm} steps capped at half the run ({total_steps // 2} steps)")
             warm = total_steps // 2
         epochs, total_steps, warm = broadcast_ints([epochs, total_steps, warm], d, device)  # rank 0's plan for all
-        plan = {"epochs": epochs, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch, "warmup_steps": warm, "lr": lr}
+        plan = {
+            "epochs": epochs,
+            "total_steps": total_steps,
+            "steps_per_epoch": steps_per_epoch,
+            "warmup_steps": warm,
+            "lr": lr,
+        }
     optimizer = build_optimizer(net, r, lr)
     scheduler = build_scheduler(
-        optimizer, total_steps=plan["total_steps"], warmup_steps=plan["warmup_steps"], schedule=r.schedule, min_ratio=r.min_lr_ratio
+        optimizer,
+        total_steps=plan["total_steps"],
+        warmup_steps=plan["warmup_steps"],
+        schedule=r.schedule,
+        min_ratio=r.min_lr_ratio,
     )
     scaler = torch.amp.GradScaler(device.type) if use_scaler else None
     ema = None
@@ -477,7 +525,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         f"{d.world_size} process(es) on {device.type}"
     )
 
-    def save_checkpoint(ep: int, st: int, micro_done: int, rng: dict[str, Any], torch_ranks: list[torch.Tensor], lg: torch.Tensor) -> None:
+    def save_checkpoint(
+        ep: int, st: int, micro_done: int, rng: dict[str, Any], torch_ranks: list[torch.Tensor], lg: torch.Tensor
+    ) -> None:
         blob = {
             "model": net.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -512,7 +562,12 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         return got
 
     bar = tqdm(
-        total=plan["total_steps"], initial=step, unit="step", desc="train", disable=not (cfg.progress and d.is_main), dynamic_ncols=True
+        total=plan["total_steps"],
+        initial=step,
+        unit="step",
+        desc="train",
+        disable=not (cfg.progress and d.is_main),
+        dynamic_ncols=True,
     )
     img_total, train_s_total = img_before, train_s_before
     last_save = last_plot = time.perf_counter()
@@ -545,7 +600,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         replan["due"] = False
         if abs(total - plan["total_steps"]) <= 0.02 * plan["total_steps"]:
             return
-        log(f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps (was {plan['total_steps']})")
+        log(
+            f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps (was {plan['total_steps']})"
+        )
         plan["total_steps"], plan["epochs"] = total, max(1, math.ceil(total / steps_per_epoch))
         scheduler.lr_lambdas[0].total_steps = total  # the cosine now ends at the new last step
         bar.total = total
@@ -561,7 +618,10 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             ips = res.images * d.world_size / max(res.seconds, 1e-9)
             bar.update(1)
             bar.set_postfix(
-                epoch=f"{epoch + 1}/{plan['epochs']}", loss=f"{loss:.3f}", img_s=f"{ips:.0f}", lr=f"{scheduler.get_last_lr()[0]:.2e}"
+                epoch=f"{epoch + 1}/{plan['epochs']}",
+                loss=f"{loss:.3f}",
+                img_s=f"{ips:.0f}",
+                lr=f"{scheduler.get_last_lr()[0]:.2e}",
             )
             cur["micro"] = cur["start_micro"] + res.micro_batches
             cur["loss_sum"] = cur["start_loss"] + res.loss_sum
@@ -578,7 +638,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
                 tdist.all_reduce(flag)
             stop |= bool(flag.item())
             periodic = cfg.save_every is not None and time.perf_counter() - last_save >= 60 * cfg.save_every
-            if (stop or periodic) and cur["micro"] < steps_per_epoch * r.accum_steps:  # mid-epoch: save the exact position
+            if (stop or periodic) and cur[
+                "micro"
+            ] < steps_per_epoch * r.accum_steps:  # mid-epoch: save the exact position
                 ranks = gather_torch_rng(torch.get_rng_state())
                 if d.is_main:
                     save_checkpoint(epoch, step, cur["micro"], get_rng_state(), ranks, loader_gen.get_state())
@@ -586,7 +648,13 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             return stop
 
         while epoch < plan["epochs"] and step < plan["total_steps"]:
-            cur.update(start_img=img_total, start_micro=start_micro, micro=start_micro, start_loss=loss_before, loss_sum=loss_before)
+            cur.update(
+                start_img=img_total,
+                start_micro=start_micro,
+                micro=start_micro,
+                start_loss=loss_before,
+                loss_sum=loss_before,
+            )
             res = train_one_epoch(
                 run_model,
                 train_loader(epoch, start_micro),
@@ -605,14 +673,20 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             )
             nan_skipped += res.skipped
             train_s_total += res.seconds
-            epoch_done = not res.stopped or cur["micro"] >= steps_per_epoch * r.accum_steps or step >= plan["total_steps"]
+            epoch_done = (
+                not res.stopped or cur["micro"] >= steps_per_epoch * r.accum_steps or step >= plan["total_steps"]
+            )
             if not epoch_done:
                 interrupted = True
                 break
             if mpp:
-                last_eval = evaluate_mpp(eval_model, eval_loader, device=device, amp_dtype=amp_dtype, dist=d, seed=cfg.seed)
+                last_eval = evaluate_mpp(
+                    eval_model, eval_loader, device=device, amp_dtype=amp_dtype, dist=d, seed=cfg.seed
+                )
             else:
-                last_eval = evaluate(eval_model, eval_loader, num_classes=data.num_classes, device=device, amp_dtype=amp_dtype, dist=d)
+                last_eval = evaluate(
+                    eval_model, eval_loader, num_classes=data.num_classes, device=device, amp_dtype=amp_dtype, dist=d
+                )
             row = {
                 "epoch": epoch + 1,
                 "step": step,
@@ -630,7 +704,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
             best = max(best, last_eval["top1"])
             epoch += 1
             start_micro, loss_before = 0, 0.0
-            bar.set_postfix(epoch=f"{epoch}/{plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}")
+            bar.set_postfix(
+                epoch=f"{epoch}/{plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}"
+            )
             ranks = gather_torch_rng(torch.get_rng_state())
             if d.is_main:
                 append_metrics(row, out / "metrics.jsonl")
@@ -697,7 +773,9 @@ def _fit(cfg: TrainConfig, d: Dist, device: torch.device, out: Path, state: dict
         if last_eval is not None:
             _plots(out, data.class_names, last_eval)
         if interrupted:
-            log(f"stopped at epoch {epoch + 1}, step {step}; saved {out / 'last.pt'}. Continue with: vitlab train --out {out} --resume")
+            log(
+                f"stopped at epoch {epoch + 1}, step {step}; saved {out / 'last.pt'}. Continue with: vitlab train --out {out} --resume"
+            )
     return summary
 
 
