@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from .errors import CheckpointError, ConfigError, InputError, OfflineError, UnknownModelError, VitlabError
 
 if TYPE_CHECKING:
-    from .checkpoints import load, save
-    from .models import VisionTransformer, ViTConfig, create_model, list_models, resample_posemb
+    from torch import nn
+
+    from .checkpoints import save
+    from .models import VisionTransformer, ViTConfig, list_models, resample_posemb
 
 __all__ = [
     "CheckpointError",
@@ -38,13 +40,32 @@ __all__ = [
 ]
 
 
+def create_model(name: str, **kwargs: Any) -> nn.Module:
+    """A registered model (``"vit_b16"``, ``"B/16"``, ``"ViT-B/16"``...), randomly initialised,
+    with the speed paths of :mod:`vitlab.accel` (off: ``vitlab.accel.set_enabled(False)``).
+    Keyword arguments as :func:`vitlab.models.create_model` (timm's: ``num_classes``,
+    ``img_size``, ``drop_path_rate``...)."""
+    from .accel import accelerate
+    from .models import create_model as build
+
+    return accelerate(build(name, **kwargs))
+
+
+def load(source: Any, **kwargs: Any) -> nn.Module:
+    """A model with weights from a checkpoint (timm, Hugging Face, ``.npz``, a vitlab folder or a
+    public name), with the speed paths of :mod:`vitlab.accel`. Keyword arguments as
+    :func:`vitlab.checkpoints.load`."""
+    from .accel import accelerate
+    from .checkpoints import load as read
+
+    return accelerate(read(source, **kwargs))
+
+
 # Lazy: `import vitlab` (and so `vitlab --help`) does not import torch until a model is needed.
 _LAZY = {
-    "load": "checkpoints",
     "save": "checkpoints",
     "VisionTransformer": "models",
     "ViTConfig": "models",
-    "create_model": "models",
     "list_models": "models",
     "resample_posemb": "models",
 }

@@ -1,4 +1,6 @@
-"""Model definitions. Nothing here imports from the rest of vitlab except errors."""
+"""The paper's models: the Vision Transformer (Eq. 1-4), its variants (hybrid, axial, position
+embeddings, masked patch prediction) and the registry of named configurations. Nothing here
+imports from the rest of vitlab except errors; the speed paths live in :mod:`vitlab.accel`."""
 
 from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
 from .layers import Attention, Block, DropPath, Mlp, PatchEmbed

@@ -38,32 +38,37 @@ class AxialBlock(nn.Module):
         seq = grid.reshape(b * lines, m, d)
         if cls is not None:
             seq = torch.cat([cls.repeat_interleave(lines, dim=0), seq], dim=1)
-        seq, attn = blk(seq, return_attn=return_attn)
+        attn = None
+        if return_attn:
+            seq, attn = blk(seq, return_attention=True)
+        else:
+            seq = blk(seq)
         if cls is not None:
             cls = seq[:, :1].reshape(b, lines, 1, d).mean(dim=1)
             seq = seq[:, 1:]
         return cls, seq.reshape(b, lines, m, d), attn
 
     def forward(
-        self, x: torch.Tensor, *, grid: tuple[int, int], return_attn: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self, x: torch.Tensor, *, grid: tuple[int, int], return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the block's token mixing
+        ``(B, heads, T, T)``: the column pass's weights composed with the row pass's."""
         b, t, d = x.shape
         gh, gw = grid
         prefix = t - gh * gw
         cls = x[:, :prefix] if prefix else None
         patches = x[:, prefix:].reshape(b, gh, gw, d)
-        cls, patches, a_row = self._axis(self.row, cls, patches, return_attn)
-        cls, cols, a_col = self._axis(self.col, cls, patches.transpose(1, 2), return_attn)
+        cls, patches, a_row = self._axis(self.row, cls, patches, return_attention)
+        cls, cols, a_col = self._axis(self.col, cls, patches.transpose(1, 2), return_attention)
         out = cols.transpose(1, 2).reshape(b, gh * gw, d)
         if cls is not None:
             out = torch.cat([cls, out], dim=1)
-        attn = None
-        if return_attn:
-            assert a_row is not None and a_col is not None
-            rows = _dense(a_row, b, grid, prefix, along_rows=True)
-            cols_ = _dense(a_col, b, grid, prefix, along_rows=False)
-            attn = cols_ @ rows  # token mixing of the whole block: column pass after row pass
-        return out, attn
+        if not return_attention:
+            return out
+        assert a_row is not None and a_col is not None
+        rows = _dense(a_row, b, grid, prefix, along_rows=True)
+        cols_ = _dense(a_col, b, grid, prefix, along_rows=False)
+        return out, cols_ @ rows  # token mixing of the whole block: column pass after row pass
 
 
 def _dense(a: torch.Tensor, b: int, grid: tuple[int, int], prefix: int, *, along_rows: bool) -> torch.Tensor:

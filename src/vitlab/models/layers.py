@@ -1,13 +1,13 @@
 """Building blocks of the Vision Transformer (Dosovitskiy et al., 2021, Sec. 3.1).
 
-Module and parameter names follow timm (``patch_embed.proj``, ``attn.qkv``,
-``mlp.fc1`` ...) because parameter names are API: they let the world's weights
-load without a rename table.
+Read top-down: the patch embedding of Eq. 1, multi-head self-attention, the MLP, stochastic
+depth, and the encoder block of Eq. 2-3 that puts them together. Module and parameter names
+follow timm (``patch_embed.proj``, ``attn.qkv``, ``mlp.fc1`` ...) because parameter names are
+API: they let the world's weights load without a rename table.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError
-from . import fused_block, onednn
 
 __all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "make_act"]
 
@@ -30,6 +29,29 @@ def make_act(name: str) -> nn.Module:
     if name == "relu":
         return nn.ReLU()
     raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh' or 'relu'")
+
+
+def _check_image(x: torch.Tensor, in_chans: int, patch: int, dynamic_pad: bool) -> torch.Tensor:
+    """``x`` checked for the patch embedding, padded on the bottom/right when ``dynamic_pad``."""
+    if x.ndim != 4:
+        raise InputError(f"expected an image batch of shape (B, C, H, W), got shape {tuple(x.shape)}")
+    _, c, h, w = x.shape
+    if c != in_chans:
+        raise InputError(f"the model takes {in_chans}-channel images, got {c} channels (input shape {tuple(x.shape)})")
+    if h % patch or w % patch:
+        if not dynamic_pad:
+            raise InputError(
+                f"image size {h}x{w} is not divisible by the patch size {patch}; resize to a multiple of {patch} "
+                f"(e.g. {max(patch, h // patch * patch)}x{max(patch, w // patch * patch)}) "
+                "or build the model with dynamic_img_pad=True"
+            )
+        x = F.pad(x, (0, (-w) % patch, 0, (-h) % patch))
+    return x
+
+
+# torch.fx (torchvision's feature extractor) records the check as one call instead of tracing
+# into its Python branches on the input's shape.
+torch.fx.wrap("_check_image")
 
 
 class PatchEmbed(nn.Module):
@@ -50,36 +72,23 @@ class PatchEmbed(nn.Module):
     def grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (rows, columns) for an input of this size."""
         p = self.patch_size
-        if self.dynamic_pad:
-            return math.ceil(height / p), math.ceil(width / p)
+        if self.dynamic_pad:  # ceiling division, written so that a symbolic trace can follow it
+            return -(-height // p), -(-width // p)
         return height // p, width // p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, H, W)`` -> ``(B, N, D)`` with N = HW / P^2, patches in row-major order."""
-        if x.ndim != 4:
-            raise InputError(f"expected an image batch of shape (B, C, H, W), got shape {tuple(x.shape)}")
-        _, c, h, w = x.shape
-        if c != self.in_chans:
-            raise InputError(
-                f"the model takes {self.in_chans}-channel images, got {c} channels (input shape {tuple(x.shape)})"
-            )
-        p = self.patch_size
-        if h % p or w % p:
-            if not self.dynamic_pad:
-                raise InputError(
-                    f"image size {h}x{w} is not divisible by the patch size {p}; resize to a multiple of {p} "
-                    f"(e.g. {max(p, h // p * p)}x{max(p, w // p * p)}) or build the model with dynamic_img_pad=True"
-                )
-            x = F.pad(x, (0, (-w) % p, 0, (-h) % p))
+        x = _check_image(x, self.in_chans, self.patch_size, self.dynamic_pad)
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (MSA, Eq. 2 and Appendix A).
+    """Multi-head self-attention (MSA, Eq. 2 and Appendix A):
+    ``softmax(q k^T / sqrt(D_h)) v`` per head, heads concatenated and projected.
 
-    The fast path calls ``F.scaled_dot_product_attention``. With
-    ``return_attn=True`` the softmax weights are computed explicitly (same
-    maths, no fused kernel) and returned, so analyses never get ``None``.
+    ``F.scaled_dot_product_attention`` computes it without materialising the weights; when
+    they are asked for (``return_attention=True``) the softmax is written out instead, the
+    same maths, so analyses get the exact weights.
     """
 
     def __init__(
@@ -97,27 +106,19 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(
-        self, x: torch.Tensor, *, return_attn: bool = False, residual: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``residual`` (Block's CPU inference path, after :func:`onednn.applies`) is added to
-        the output inside the projection's GEMM, and qkv runs on oneDNN too."""
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``."""
         b, n, d = x.shape
-        fused = residual is not None
-        qkv = onednn.linear(self.qkv, x) if fused else self.qkv(x)
-        qkv = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        attn: torch.Tensor | None = None
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         drop = self.attn_drop if self.training else 0.0
-        if return_attn:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            attn = attn.softmax(dim=-1)
-            out = F.dropout(attn, p=drop, training=self.training) @ v
+        if return_attention:
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = F.dropout(weights, p=drop, training=self.training) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        out = out.transpose(1, 2).reshape(b, n, d)
-        if fused:
-            return onednn.linear(self.proj, out, residual=residual), attn
-        return self.proj_drop(self.proj(out)), attn
+        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, d)))
+        return (out, weights) if return_attention else out
 
 
 class Mlp(nn.Module):
@@ -131,11 +132,7 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor, *, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``residual`` (Block's CPU inference path, after :func:`onednn.applies`) is added to
-        the output inside fc2's GEMM; the GELU rides in fc1's."""
-        if residual is not None:
-            return onednn.linear(self.fc2, onednn.linear(self.fc1, x, act=self.act), residual=residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
@@ -147,9 +144,8 @@ class DropPath(nn.Module):
         self.p = p
 
     def scale(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The per-sample factor for a batch like ``x`` (0 or 1/keep, shaped to broadcast), drawn
-        from the global RNG; None when nothing is dropped (p = 0 or eval). The fused training
-        block (models/fused_block.py) draws its masks here too."""
+        """The per-sample factor for a batch like ``x`` (0 or 1/keep, shaped to broadcast),
+        drawn from the global RNG; None when nothing is dropped (p = 0 or eval)."""
         if self.p == 0.0 or not self.training:
             return None
         keep = 1.0 - self.p
@@ -167,6 +163,9 @@ class Block(nn.Module):
     """One pre-LayerNorm Transformer encoder layer, Eq. 2-3:
 
     ``z' = MSA(LN(z)) + z`` and ``z = MLP(LN(z')) + z'``.
+
+    ``attn_layer`` and ``mlp_layer`` swap in other attention or MLP classes taking the same
+    keyword arguments, as timm's ``Block`` does.
     """
 
     def __init__(
@@ -181,61 +180,25 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
-        attn_layer: Callable[..., nn.Module] | None = None,
+        attn_layer: Callable[..., nn.Module] = Attention,
+        mlp_layer: Callable[..., nn.Module] = Mlp,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        attn_cls = attn_layer or Attention
-        self.attn = attn_cls(dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
+        self.attn = attn_layer(dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
+        self.mlp = mlp_layer(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
         self.drop_path2 = DropPath(drop_path)
-        self.workspace = fused_block.Workspace()
-        """Activation buffers the fused CPU training path reuses between steps (models/fused_block.py)."""
-        self.scratch = fused_block.Scratch()
-        """Its backward's temporaries; a model's blocks share one (``fused_block.share_scratch``)."""
 
-    def train(self, mode: bool = True) -> Block:
-        if mode:  # inference-only packed weights (models/onednn.py) would go stale and hold memory
-            onednn.forget(self)
-        else:  # nor are the training path's buffers needed in eval
-            self.workspace.clear()
-            self.scratch.clear()
-        return super().train(mode)
-
-    def forward(self, x: torch.Tensor, *, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not return_attn and isinstance(self.attn, Attention) and onednn.applies(self, x):
-            # Inference (eval: no dropout, no drop-path): biases, GELU and both residual
-            # adds ride in the GEMM epilogues, see models/onednn.py.
-            x, _ = self.attn(self.norm1(x), residual=x)
-            return self.mlp(self.norm2(x), residual=x), None
-        if not return_attn and fused_block.applies(self, x):
-            # CPU training: the whole block as one autograd node, see models/fused_block.py.
-            return fused_block.block_forward(self, x), None
-        y, attn = self.attn(self.norm1(x), return_attn=return_attn)
-        x = x + self.drop_path1(y)
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x, attn
-
-    def forward_cls(self, x: torch.Tensor) -> torch.Tensor:
-        """The block's output for the first (class) token only: ``(B, T, D)`` -> ``(B, 1, D)``.
-
-        Eq. 2-3 mix tokens only inside attention, so the class token's output needs the keys and
-        values of every token but the query, the projection and the MLP of the class token
-        alone. As the last block under class-token pooling this computes what ``self(x)[0][:, :1]``
-        does with a quarter of the work or less (the K and V projections); see
-        ``VisionTransformer.forward``. Same maths, float32 rounding aside."""
-        attn = self.attn
-        if type(attn) is not Attention:
-            raise ConfigError(f"forward_cls needs the plain Attention layer, not {type(attn).__name__}")
-        b, t, d = x.shape
-        xn = self.norm1(x)
-        w, bias = attn.qkv.weight, attn.qkv.bias
-        q = F.linear(xn[:, :1], w[:d], None if bias is None else bias[:d]).view(b, 1, attn.num_heads, attn.head_dim)
-        kv = F.linear(xn, w[d:], None if bias is None else bias[d:]).view(b, t, 2, attn.num_heads, attn.head_dim)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
-        drop = attn.attn_drop if self.training else 0.0
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, dropout_p=drop).transpose(1, 2).reshape(b, 1, d)
-        x = x[:, :1] + self.drop_path1(attn.proj_drop(attn.proj(o)))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+    def forward(
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights."""
+        if return_attention:
+            y, weights = self.attn(self.norm1(x), return_attention=True)
+        else:
+            y = self.attn(self.norm1(x))
+        x = x + self.drop_path1(y)  # Eq. 2
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))  # Eq. 3
+        return (x, weights) if return_attention else x

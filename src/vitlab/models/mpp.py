@@ -114,7 +114,7 @@ class MaskedPatchPrediction(nn.Module):
         targets = mean_colour_targets(pixels, patch=cfg.patch_size, bits=self.bits)
         grid = vit.patch_embed.grid(*images.shape[-2:])
         tokens, corrupted = self.corrupt(vit.patch_embed(images), generator)
-        z = vit.encode(vit.embed_tokens(tokens, grid), grid)[:, vit.num_prefix_tokens :]
+        z = vit.encode(vit.embed_tokens(tokens, grid), grid)["encoded"][:, vit.num_prefix_tokens :]
         logits = self.mpp_head(z[corrupted])
         tgt = targets[corrupted]
         loss = F.cross_entropy(logits, tgt) if tgt.numel() else logits.sum() * 0.0

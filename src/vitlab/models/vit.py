@@ -5,14 +5,16 @@
     z_l = MLP(LN(z'_l)) + z'_l                             (3)
     y = LN(z_L^0)                                          (4)
 
-``forward_features`` computes (1)-(3) and the final LayerNorm, ``pool`` picks
-z_L^0 (or averages the patch tokens for ``gap``), ``forward_head`` applies the
-classification head.
+``embed`` computes (1), ``encode`` (2)-(3) and the final LayerNorm, ``pool`` picks z_L^0 (or
+averages the patch tokens for ``gap``), ``forward_head`` applies the classification head. One
+block loop (:meth:`VisionTransformer.encode`) serves the logits, the features and every
+intermediate an analysis asks for (:meth:`VisionTransformer.forward_intermediates`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -20,19 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import fused_block, onednn
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
-from .layers import Attention, Block, PatchEmbed
+from .layers import Block, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
-__all__ = ["INFERENCE_CHUNK_BYTES", "VisionTransformer"]
-
-INFERENCE_CHUNK_BYTES = 24 * 2**20
-"""Default bound on the widest activation of one inference chunk (see
-:meth:`VisionTransformer.inference_chunk_size`): below glibc malloc's 32 MiB ceiling for
-serving a request from its heap instead of fresh ``mmap``-ed (page-faulted) memory."""
+__all__ = ["VisionTransformer", "count_macs"]
 
 
 class VisionTransformer(nn.Module):
@@ -43,18 +39,21 @@ class VisionTransformer(nn.Module):
         VisionTransformer(ViTConfig(depth=6), num_classes=10)
         VisionTransformer(embed_dim=192, depth=12, num_heads=3, mlp_dim=768)
 
-    Any input size whose sides the patch size divides is accepted at run time;
+    ``block_fn`` builds the encoder blocks instead of :class:`Block` (same keyword arguments),
+    as in timm. Any input size whose sides the patch size divides is accepted at run time;
     learned position embeddings are then resampled on the fly (``posemb_resample``).
     """
 
-    def __init__(self, config: ViTConfig | None = None, /, **overrides: Any) -> None:
+    def __init__(
+        self, config: ViTConfig | None = None, /, *, block_fn: type[nn.Module] | None = None, **overrides: Any
+    ) -> None:
         super().__init__()
         cfg = (config or ViTConfig()).replace(**overrides) if overrides else (config or ViTConfig())
         self.config = cfg
         d = cfg.embed_dim
         self.num_prefix_tokens = cfg.num_prefix_tokens
+        # Eq. 1: patch embedding E (or a ResNet stem, Sec. 3.1 "Hybrid"), class token, E_pos
         self.patch_embed = self._make_stem(cfg)
-
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
         gh, gw = cfg.grid_size
         if cfg.posemb == "learn":
@@ -63,34 +62,25 @@ class VisionTransformer(nn.Module):
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, d // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, d - d // 2))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
-
+        # Eq. 2-3: L encoder blocks, stochastic depth growing linearly with depth
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(self._make_block(cfg, dpr[i]) for i in range(cfg.depth))
-        fused_block.share_scratch(self.blocks)  # their backwards run one at a time
+        self.blocks = nn.ModuleList(self._make_block(cfg, dpr[i], block_fn) for i in range(cfg.depth))
+        # Eq. 4: final LayerNorm (after pooling with timm's fc_norm), then the head
         use_fc_norm = cfg.pool == "gap" and cfg.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        if cfg.head == "mlp":
+        if cfg.head == "mlp":  # pre-training: one hidden tanh layer (Sec. 3.1)
             self.pre_logits = nn.Sequential()
             self.pre_logits.add_module("fc", nn.Linear(d, cfg.pre_logits_dim))
             self.pre_logits.add_module("act", nn.Tanh())
-        else:
+        else:  # fine-tuning: a single (zero-initialised) linear layer
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.pre_logits_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._captured: list[torch.Tensor] | None = None
-        self.inference_chunk_bytes: int | None = INFERENCE_CHUNK_BYTES
-        """Split gradient-free forwards into chunks of the batch whose widest activation stays
-        under this many bytes; ``None`` turns it off. See :meth:`inference_chunk_size`."""
-        self.cls_only_last_block = True
-        """With class-token pooling, ``forward`` runs the last block for the class token only
-        (:meth:`Block.forward_cls`): the logits need nothing else of it, and it skips about 3/4 of
-        that block's work, in training and inference alike. ``forward_features`` still returns
-        every token. Turn it off to make forward hooks on the last block or ``norm`` see all tokens."""
-        self._sincos_cache: dict[tuple[int, int], torch.Tensor] = {}
         self.init_weights()
 
-    # -- construction hooks (the hybrid and axial models override these) --------
+    # -- construction (the hybrid and axial variants differ here) ----------------
     def _make_stem(self, cfg: ViTConfig) -> nn.Module:
         if cfg.hybrid_layers is not None:
             return HybridEmbed(
@@ -100,9 +90,10 @@ class VisionTransformer(nn.Module):
             patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
         )
 
-    def _make_block(self, cfg: ViTConfig, drop_path: float) -> nn.Module:
-        block_cls = AxialBlock if cfg.attention == "axial" else Block
-        return block_cls(
+    def _make_block(self, cfg: ViTConfig, drop_path: float, block_fn: type[nn.Module] | None) -> nn.Module:
+        if block_fn is None:
+            block_fn = AxialBlock if cfg.attention == "axial" else Block
+        return block_fn(
             dim=cfg.embed_dim,
             num_heads=cfg.num_heads,
             mlp_dim=cfg.mlp_dim,
@@ -151,49 +142,51 @@ class VisionTransformer(nn.Module):
         """Parameters excluded from weight decay besides norms and biases."""
         return {n for n in ("pos_embed", "cls_token", "pos_embed_row", "pos_embed_col") if hasattr(self, n)}
 
-    # -- forward -----------------------------------------------------------------
-    def _posemb_for(self, grid: tuple[int, int], x: torch.Tensor) -> torch.Tensor | None:
-        """Position embeddings of the patch tokens for ``grid`` (``(1, N, D)``) or None."""
-        cfg = self.config
-        if cfg.posemb == "learn":
-            pe = self.pos_embed[:, self.num_prefix_tokens :]
-            if tuple(grid) != cfg.grid_size:
-                pe = resample_posemb(pe, grid, old_grid=cfg.grid_size, num_prefix_tokens=0, mode=cfg.posemb_resample)  # type: ignore[arg-type]
-            return pe
-        if cfg.posemb == "learn2d":
-            rows = resample_1d(self.pos_embed_row, grid[0], mode=cfg.posemb_resample)  # type: ignore[arg-type]
-            cols = resample_1d(self.pos_embed_col, grid[1], mode=cfg.posemb_resample)  # type: ignore[arg-type]
-            gh, gw = grid
-            pe = torch.cat(
-                [rows[:, :, None, :].expand(-1, gh, gw, -1), cols[:, None, :, :].expand(-1, gh, gw, -1)], dim=-1
-            )
-            return pe.reshape(1, gh * gw, -1)
-        if cfg.posemb == "sincos2d":
-            key = (grid[0], grid[1])
-            pe = self._sincos_cache.get(key)
-            if pe is None:
-                pe = sincos_2d(grid[0], grid[1], cfg.embed_dim)[None]
-                self._sincos_cache[key] = pe
-            return pe.to(device=x.device, dtype=x.dtype)
-        return None
-
+    # -- Eq. 1: the embedded sequence z_0 ----------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: patch embedding, class token, position embedding -> ``(B, T, D)``."""
-        return self.embed_tokens(self.patch_embed(x), self.patch_embed.grid(*x.shape[-2:]))
+        return self.embed_tokens(self.patch_embed(x), self.grid(x))
+
+    def grid(self, x: torch.Tensor) -> tuple[int, int]:
+        """The patch grid (rows, columns) of the image batch ``x``."""
+        return self.patch_embed.grid(x.shape[-2], x.shape[-1])
 
     def embed_tokens(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """The rest of Eq. 1 for already projected patches ``(B, N, D)``: add position
         embeddings, prepend the class token. Objectives that corrupt patch
         embeddings (masked patch prediction, Sec. 4.6) enter here."""
-        pe = self._posemb_for(grid, tokens)
-        if pe is not None:
+        cfg = self.config
+        if cfg.posemb != "none":
+            params = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
+            tables = [getattr(self, n) for n in params]
+            pe = _patch_posemb(tokens, grid, cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, *tables)
             tokens = tokens + pe
         if self.cls_token is not None:
             cls = self.cls_token.expand(tokens.shape[0], -1, -1)
-            if self.config.posemb == "learn":
+            if cfg.posemb == "learn":  # the class token's own row of E_pos
                 cls = cls + self.pos_embed[:, :1]
             tokens = torch.cat([cls, tokens], dim=1)
         return self.pos_drop(tokens)
+
+    # -- Eq. 2-3 and the final LayerNorm: the one block loop ---------------------
+    def encode(
+        self, z: torch.Tensor, grid: tuple[int, int], *, attention: bool = False, keep: bool = False
+    ) -> dict[str, Any]:
+        """Run the encoder on an embedded sequence ``z_0``: ``encoded`` (``(B, T, D)``, after the
+        final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
+        block's output z_1 .. z_L (``blocks``)."""
+        out: dict[str, Any] = {"blocks": [], "attention": []}
+        for blk in self.blocks:
+            kw = {"grid": grid} if self.config.attention == "axial" else {}
+            if attention:
+                z, a = blk(z, return_attention=True, **kw)
+                out["attention"].append(a)
+            else:
+                z = blk(z, **kw)
+            if keep:
+                out["blocks"].append(z)
+        out["encoded"] = self.norm(z)
+        return out
 
     def forward_features(
         self, x: torch.Tensor, *, return_attention: bool = False
@@ -204,38 +197,12 @@ class VisionTransformer(nn.Module):
         weights ``(B, heads, T, T)``, computed exactly (no fused kernel).
         """
         want = return_attention or self._captured is not None
-        if not want and (n := self.inference_chunk_size(x)) < x.shape[0]:
-            return torch.cat([self.forward_features(c) for c in x.split(n)])  # type: ignore[misc]
-        grid = self.patch_embed.grid(*x.shape[-2:])
-        x = self.embed(x)
-        attns: list[torch.Tensor] = []
-        for blk in self.blocks:
-            x, a = self._run_block(blk, x, grid, want)
-            if want:
-                assert a is not None
-                attns.append(a)
-        x = self.norm(x)
+        out = self.encode(self.embed(x), self.grid(x), attention=want)
         if self._captured is not None:
-            self._captured.extend(attns)
-        return (x, attns) if return_attention else x
+            self._captured.extend(out["attention"])
+        return (out["encoded"], out["attention"]) if return_attention else out["encoded"]
 
-    def encode(self, z: torch.Tensor, grid: tuple[int, int], *, cls_only: bool = False) -> torch.Tensor:
-        """Eq. 2-3 and the final LayerNorm on an embedded sequence ``z_0``. With ``cls_only`` the
-        last block computes the class token alone (:meth:`Block.forward_cls`, callers check
-        :meth:`_cls_only_applies`) and the result is ``(B, 1, D)``."""
-        for blk in self.blocks[:-1] if cls_only else self.blocks:
-            z, _ = self._run_block(blk, z, grid, False)
-        if cls_only:
-            z = self.blocks[-1].forward_cls(z)
-        return self.norm(z)
-
-    def _run_block(
-        self, blk: nn.Module, x: torch.Tensor, grid: tuple[int, int], want: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.config.attention == "axial":
-            return blk(x, grid=grid, return_attn=want)
-        return blk(x, return_attn=want)
-
+    # -- Eq. 4 and the head --------------------------------------------------------
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``."""
         if self.config.pool == "cls":
@@ -255,79 +222,24 @@ class VisionTransformer(nn.Module):
         if return_attention:
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
-        if self._captured is None and (n := self.inference_chunk_size(x)) < x.shape[0]:
-            return torch.cat([self._logits(c) for c in x.split(n)])
-        return self._logits(x)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._cls_only_applies():
-            return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
-        grid = self.patch_embed.grid(*x.shape[-2:])
-        return self.forward_head(self.encode(self.embed(x), grid, cls_only=True))
-
-    def _cls_only_applies(self) -> bool:
-        """Whether ``forward`` may run the last block for the class token alone (see
-        :attr:`cls_only_last_block`)."""
-        last = self.blocks[-1] if len(self.blocks) else None
-        return (
-            self.cls_only_last_block
-            and self._captured is None
-            and self.config.pool == "cls"
-            and self.cls_token is not None
-            and type(last) is Block
-            and type(last.attn) is Attention
-        )
-
-    def inference_chunk_size(self, x: torch.Tensor) -> int:
-        """Images per chunk for a forward of the batch ``x`` without autograd.
-
-        Why: eager PyTorch allocates a fresh tensor for every op's output, and on Linux glibc
-        serves requests above 32 MiB with fresh ``mmap`` pages that the kernel zero-fills on
-        first touch and takes back on free. ViT-S/16's MLP activations at batch 32 are 39 MB,
-        so each of the 12 blocks page-faulted ~20k pages per forward (220k-300k per forward in
-        all, 11-24% of its time on a 2-core CPU). Chunks whose widest activation
-        (tokens x max(MLP width, 3 x width) x element size) stays under
-        :attr:`inference_chunk_bytes` recycle heap memory instead, and are as exact: every
-        image is computed on its own (the class-token-only last block's GEMMs over a few rows
-        may round differently with the number of rows, ~1e-6). Training (autograd on), attention capture, tracing,
-        export and ``torch.compile`` run the whole batch.
-        """
-        b = x.shape[0]
-        limit = self.inference_chunk_bytes
-        if limit is None or b <= 1 or not onednn.eager_cpu_inference(x):
-            return b
-        cfg = self.config
-        gh, gw = self.patch_embed.grid(*x.shape[-2:])
-        tokens = self.num_prefix_tokens + gh * gw
-        per_image = tokens * max(cfg.mlp_dim, 3 * cfg.embed_dim) * x.element_size()
-        chunks = -(-b // max(1, limit // per_image))  # as few as fit under the limit, then balanced
-        return -(-b // chunks)
+        return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
     def forward_intermediates(self, x: torch.Tensor) -> dict[str, Any]:
-        """Everything an analysis may want, in the spirit of big_vision's ``out`` dict:
-        ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
-        ``attention`` (per layer), ``encoded`` (after the final norm),
-        ``pre_logits`` and ``logits``."""
+        """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
+        dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
+        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``."""
+        grid = self.grid(x)
         out: dict[str, Any] = {"stem": self.patch_embed(x)}
-        grid = self.patch_embed.grid(*x.shape[-2:])
-        z = self.embed(x)
-        out["embedded"] = z
-        blocks, attns = [], []
-        for blk in self.blocks:
-            z, a = self._run_block(blk, z, grid, True)
-            blocks.append(z)
-            attns.append(a)
-        out["blocks"], out["attention"] = blocks, attns
-        enc = self.norm(z)
-        out["encoded"] = enc
-        out["pre_logits"] = self.forward_head(enc, pre_logits=True)
+        z = out["embedded"] = self.embed_tokens(out["stem"], grid)
+        out.update(self.encode(z, grid, attention=True, keep=True))
+        out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
         out["logits"] = self.head(out["pre_logits"])
         return out
 
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
         """Context manager: every forward inside it appends each layer's exact
-        attention weights to the yielded list (the fused kernel is bypassed)::
+        attention weights to the yielded list::
 
             with model.capture_attention() as attns:
                 model(images)
@@ -372,17 +284,48 @@ class VisionTransformer(nn.Module):
 
     def macs(self, img_size: tuple[int, int] | int | None = None, *, executed: bool = False) -> int:
         """Multiply-accumulates of one forward pass (matmuls only, as fvcore/timm count). With
-        ``executed``, those ``forward`` actually runs: fewer when the last block computes the
-        class token alone (:attr:`cls_only_last_block`)."""
-        return count_macs(self.config, img_size, cls_only_last_block=executed and self._cls_only_applies())
+        ``executed``, those ``forward`` actually runs (the same here; a subclass that skips work
+        counts less)."""
+        return count_macs(self.config, img_size)
 
 
-def count_macs(
-    cfg: ViTConfig, img_size: tuple[int, int] | int | None = None, *, cls_only_last_block: bool = False
-) -> int:
-    """Analytic multiply-accumulate count of a ViT forward pass at ``img_size``; with
-    ``cls_only_last_block`` the last block computes keys and values for every token but the query,
-    attention, projection and MLP for the class token alone (``Block.forward_cls``)."""
+def _patch_posemb(
+    tokens: torch.Tensor,
+    grid: tuple[int, int],
+    kind: str,
+    trained_grid: tuple[int, int],
+    mode: str,
+    prefix: int,
+    *params: torch.Tensor,
+) -> torch.Tensor:
+    """E_pos for the patch tokens of a ``grid`` (``(1, N, D)``): the learned table resampled in
+    2-D when the grid differs from the trained one (Sec. 3.2), the row and column tables of the
+    2-D variant (Appendix D.4), or the fixed sine-cosine embedding."""
+    if kind == "learn":
+        pe = params[0][:, prefix:]
+        if tuple(grid) != tuple(trained_grid):
+            pe = resample_posemb(pe, grid, old_grid=trained_grid, num_prefix_tokens=0, mode=mode)  # type: ignore[arg-type]
+        return pe
+    if kind == "learn2d":
+        gh, gw = grid
+        rows = resample_1d(params[0], gh, mode=mode)[:, :, None, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
+        cols = resample_1d(params[1], gw, mode=mode)[:, None, :, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
+        return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)
+    return _sincos(grid[0], grid[1], tokens.shape[-1]).to(device=tokens.device, dtype=tokens.dtype)
+
+
+# torch.fx (torchvision's feature extractor) records the lookup as one call: the choice of
+# table and the resampling depend on the input's size, which a symbolic trace does not know.
+torch.fx.wrap("_patch_posemb")
+
+
+@functools.lru_cache(maxsize=16)
+def _sincos(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    return sincos_2d(grid_h, grid_w, dim)[None]
+
+
+def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) -> int:
+    """Analytic multiply-accumulate count of a ViT forward pass at ``img_size`` (matmuls only)."""
     if img_size is None:
         h, w = cfg.img_size
     elif isinstance(img_size, int):
@@ -393,20 +336,23 @@ def count_macs(
     macs, chans = 0, cfg.in_chans
     if cfg.hybrid_layers is not None:
         macs, chans, (h, w) = backbone_macs(cfg.hybrid_layers, in_chans=cfg.in_chans, height=h, width=w)
-    n = (-(-h // p)) * (-(-w // p))
+    gh, gw = -(-h // p), -(-w // p)
+    n = gh * gw
     t = n + cfg.num_prefix_tokens
     macs += n * p * p * chans * d  # patch projection
-    per_block = t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * cfg.mlp_dim
+    per_block = block_macs(cfg, t)
     if cfg.attention == "axial":  # two half-blocks; each token attends to its row (column) and the class token
-        gh, gw = (-(-h // p)), (-(-w // p))
         pre = cfg.num_prefix_tokens
-        per_block = (
-            2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim) + 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
-        )
+        per_block = 2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim)
+        per_block += 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
     macs += cfg.depth * per_block
-    if cls_only_last_block and cfg.depth and cfg.attention != "axial":
-        macs -= per_block - (t * d * 2 * d + d * d + 2 * t * d + d * d + 2 * d * cfg.mlp_dim)
     if cfg.head == "mlp":
         macs += d * cfg.pre_logits_dim
-    macs += cfg.pre_logits_dim * cfg.num_classes
-    return macs
+    return macs + cfg.pre_logits_dim * cfg.num_classes
+
+
+def block_macs(cfg: ViTConfig, tokens: int) -> int:
+    """Multiply-accumulates of one encoder block (Eq. 2-3) on ``tokens`` tokens: qkv, the two
+    attention products, the output projection and the MLP."""
+    t, d = tokens, cfg.embed_dim
+    return t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * cfg.mlp_dim

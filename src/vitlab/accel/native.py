@@ -1,10 +1,9 @@
 """Fused element-wise kernels in C for the CPU training step, compiled on first use.
 
-Why: after the block's GEMMs and attention (models/fused_block.py), a CPU training step still
-spends ~150 ms of ~900 in memory-bound passes: LayerNorm, residual and bias adds, GELU, bias
-sums (``docs/performance.md``, experiment 22). ATen runs each as its own pass over the
-activations and none of its kernels combine them. ``native_kernels.c`` does in one pass what
-takes ATen two or three (experiment 25):
+After the block's GEMMs and attention (:mod:`.fused_block`), a CPU training step still spends
+a sixth of its time in memory-bound passes: LayerNorm, residual and bias adds, GELU, bias sums.
+ATen runs each as its own pass over the activations and none of its kernels combine them.
+``native_kernels.c`` does in one pass what takes ATen two or three:
 
 - :func:`layer_norm` also writes ``x + bias`` for the residual the next GEMM accumulates onto;
 - :func:`bias_gelu` reads the fc1 product without its bias, so neither the biased product is
@@ -17,9 +16,9 @@ The library is compiled with the system's C compiler (``$CC``, else ``cc``) the 
 model trains, into ``$VITLAB_CACHE/native`` (default ``~/.cache/vitlab/native``), keyed by the
 source, the compiler, its flags and the CPU's model and instruction sets (``-march=native``: a
 cache shared between different CPUs gets one file per kind of CPU). It needs glibc's libmvec
-(Linux) and OpenMP; it uses the libgomp PyTorch has already loaded, so the kernels share ATen's threads. Without a compiler, or with
-``VITLAB_NATIVE=0``, :func:`kernels` returns ``None`` and the block runs ATen's kernels: same
-results to float32 rounding, a few percent slower.
+(Linux) and OpenMP; it uses the libgomp PyTorch has already loaded, so the kernels share
+ATen's threads. Without a compiler, or with ``VITLAB_NATIVE=0``, :func:`kernels` returns
+``None`` and the block runs ATen's kernels: same results to float32 rounding, a little slower.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 
 from .._fs import remove_stale
-from ._switch import Switch
+from .switch import Switch
 
 __all__ = ["available", "bias_gelu", "disabled", "gelu_backward", "kernels", "layer_norm", "layer_norm_backward"]
 
@@ -159,7 +158,7 @@ def _check(*tensors: torch.Tensor | None) -> None:
 def _lib_or_raise() -> ctypes.CDLL:
     lib = kernels()
     if lib is None:
-        raise RuntimeError("native kernels are not available (see vitlab.models.native.kernels)")
+        raise RuntimeError("native kernels are not available (see vitlab.accel.native.kernels)")
     return lib
 
 

@@ -1,14 +1,12 @@
 """Fused linear layers for CPU inference, through oneDNN.
 
-Why: an eager ``nn.Linear`` on the CPU runs MKL's sgemm on the weight as stored, after
-copying the broadcast bias into the output, and every activation and residual add that
-follows is a separate pass over memory. oneDNN can run the same product on a weight
-re-laid out once for its kernels ("packed", what inductor's freezing does) and apply the
-bias, a GELU or a residual add in the GEMM's epilogue, while the tile is still in cache. On
-this project's 2-core AVX-512 CPU, at the shapes of ViT-S/16 and ViT-B/16 inference, that
-took 11-15% off qkv and fc2, and 28-35% off fc1 with its GELU (``docs/performance.md``,
-experiment 6). The results differ from ``F.linear`` by float32 rounding only (summation
-order: ~1e-5 on a layer's outputs).
+An eager ``nn.Linear`` on the CPU runs MKL's sgemm on the weight as stored, after copying the
+broadcast bias into the output, and every activation and residual add that follows is a
+separate pass over memory. oneDNN can run the same product on a weight re-laid out once for its
+kernels ("packed", what inductor's freezing does) and apply the bias, a GELU or a residual add
+in the GEMM's epilogue, while the tile is still in cache. :func:`block_forward` runs a whole
+encoder block (Eq. 2-3) that way. The results differ from ``F.linear`` by float32 rounding only
+(summation order).
 
 The path is taken only where it is exact in meaning: gradient-free, float32, CPU, eval mode
 (no dropout), not under autocast, tracing, export or ``torch.compile`` (which does its own
@@ -20,7 +18,7 @@ edit that bumps no version and misses the sample (a fused kernel writing a few w
 needs :func:`clear_cache`. The cache costs one extra copy of the linear weights while the
 model lives.
 
-    with vitlab.models.onednn.disabled():   # the plain aten path, e.g. to compare
+    with vitlab.accel.onednn.disabled():   # the plain aten path, e.g. to compare
         logits = model(images)
 """
 
@@ -32,9 +30,11 @@ import weakref
 import torch
 from torch import nn
 
-from ._switch import Switch, running_eagerly
+from ..models.layers import Block
+from .switch import Switch, running_eagerly
 
 __all__ = [
+    "block_forward",
     "applies",
     "available",
     "clear_cache",
@@ -151,3 +151,15 @@ def linear(
         return act(packed_product(x, w, lin.bias))
     attr, algorithm = fused
     return torch.ops.mkldnn._linear_pointwise(x, w, lin.bias, attr, [], algorithm)
+
+
+def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """``block(x)`` in inference (callers check :func:`applies` and the block's structure): the
+    biases, the GELU and both residual adds of Eq. 2-3 ride in the GEMM epilogues."""
+    attn, mlp = block.attn, block.mlp
+    b, n, d = x.shape
+    qkv = linear(attn.qkv, block.norm1(x)).view(b, n, 3, attn.num_heads, attn.head_dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+    x = linear(attn.proj, o, residual=x)  # Eq. 2
+    return linear(mlp.fc2, linear(mlp.fc1, block.norm2(x), act=mlp.act), residual=x)  # Eq. 3

@@ -1,83 +1,53 @@
 """One autograd node per Transformer block for CPU training.
 
-Why: autograd records a ViT block (Eq. 2-3) as ~15 nodes, and three of them cost more than
-their arithmetic on a CPU. The backward of ``qkv.unbind`` stacks the three attention gradients
-into a new tensor and the backward of the head-split ``permute`` copies that again into the
-``(tokens, 3D)`` layout the qkv GEMMs want: two passes over the widest activation of the block.
-Each residual add and each ``addmm`` bias broadcast is a further pass. This module computes the
-same block forward and backward by hand, in the order autograd would, but
+Autograd records a ViT block (Eq. 2-3) as ~15 nodes, and three of them cost more than their
+arithmetic on a CPU: the backward of ``qkv.unbind`` stacks the three attention gradients into
+a new tensor, the backward of the head-split ``permute`` copies that again into the
+``(tokens, 3D)`` layout the qkv GEMMs want, and each residual add and bias broadcast is a
+further pass over memory. This module computes the same forward and backward by hand, in the
+order autograd would, but
 
-- feeds the three attention gradients (which the CPU flash kernel returns in token-major
-  layout) to the qkv weight and input gradients as three GEMMs each, so nothing is stacked
-  or permuted;
+- feeds the three attention gradients (which the CPU flash kernel returns token-major) to the
+  qkv weight and input gradients as three GEMMs each, so nothing is stacked or permuted;
 - adds the residual and the bias once (``(x + b).addmm_(...)``) instead of in two passes;
-- keeps only what the backward needs (as autograd does), under one node, and writes those
-  activations into buffers the block keeps from one step to the next (:class:`Workspace`).
-  Eager PyTorch allocates them afresh every step, and glibc hands most of that memory back to
-  the kernel when the backward frees it, so every step page-faults its activations in again
-  (79-117k faults per CIFAR step, measured standalone). The backward's own temporaries (the
-  MLP and attention input gradients that die inside it) go to one :class:`Scratch` the model's
-  blocks share, since their backwards run one after another;
-- computes the qkv and fc1 products as a GEMM and an in-place bias add, which measured faster
-  here than ``addmm``'s fill-then-accumulate.
+- keeps only what the backward needs (as autograd does), under one node, in buffers the block
+  keeps from one step to the next (:mod:`.buffers`);
+- where a C compiler is at hand, runs the LayerNorms, the exact GELU and the bias sums as the
+  fused kernels of :mod:`.native`, which also do the residual and bias adds around them.
 
-Every product and kernel is the one autograd would call (MKL GEMMs, the flash attention
-kernel, ATen's LayerNorm and GELU), so results agree with the plain path to float32 rounding
-(GEMMs summed in another order). On this project's 2-core CPU the CIFAR training step (32 px,
-patch 4, width 192, depth 9, batch 128) computes 1-4% faster with it, and runs 4-27% faster in a
-process of its own (three pairs of processes), where the workspace also saves the page faults
-(``docs/performance.md``, experiments 11 and 13). Where a C compiler is at hand, the LayerNorms,
-the exact GELU and the bias sums run instead as fused C kernels that also do the residual and
-bias adds around them (models/native.py), another ~4% (experiment 25).
+Every product is the one autograd would call (MKL GEMMs, the flash attention kernel, ATen's
+LayerNorm and GELU, or the C kernels' same formulas), so results agree with the plain path to
+float32 rounding. It applies where it is exact in meaning: training with autograd on, float32,
+CPU, no autocast, no dropout inside the block (stochastic depth is supported), attention with
+a qkv bias and a GELU MLP, run eagerly. Everything else takes the plain path.
 
 The workspace is leased to one forward at a time: a second forward before the first one's
 backward (two micro-batches, one backward) gets fresh memory, and a backward through a graph
 whose buffers a later forward has overwritten (``retain_graph=True``, then another forward)
 fails with autograd's in-place modification error instead of returning wrong gradients. What
 the block hands out (its output, and its input gradient on the C-kernel path) is never a leased
-buffer: it is last step's memory only when nothing else refers to it any more
-(:meth:`Workspace.returned`), else fresh, so nothing a caller holds is overwritten; every other
-gradient a backward returns is fresh memory (the scratch holds only what dies inside it).
-:meth:`Block.train` with ``False`` (``model.eval()``) frees both.
+buffer (:meth:`.buffers.Workspace.returned`); every other gradient is fresh memory.
 
-It applies where it is exact in meaning: training with autograd on, float32, CPU, no autocast,
-no dropout inside the block (stochastic depth is supported), a plain :class:`Attention` with qkv
-bias and a GELU MLP; not while tracing, exporting or under ``torch.compile`` (which fuses on
-its own). Everything else takes the plain path.
-
-    with vitlab.models.fused_block.disabled():   # the plain autograd path, e.g. to compare
+    with vitlab.accel.fused_block.disabled():   # the plain autograd path, e.g. to compare
         loss = criterion(model(images), labels)
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..models.layers import Block
 from . import native
-from ._switch import Switch, running_eagerly
+from .buffers import Alloc, Scratch, Workspace, fresh
+from .switch import Switch, running_eagerly
 
-if TYPE_CHECKING:
-    from .layers import Block
-
-__all__ = [
-    "Scratch",
-    "Workspace",
-    "applies",
-    "block_forward",
-    "disabled",
-    "eager_cpu_training",
-    "share_scratch",
-    "uses_c_kernels",
-]
+__all__ = ["applies", "block_forward", "disabled", "eager_cpu_training", "uses_c_kernels"]
 
 _aten = torch.ops.aten
 
@@ -100,15 +70,13 @@ def eager_cpu_training(x: torch.Tensor) -> bool:
 
 
 def applies(block: Block, x: torch.Tensor) -> bool:
-    """Whether ``block``'s training forward on ``x`` may run as one fused autograd node."""
-    from .layers import Attention
-
+    """Whether ``block``'s training forward on ``x`` may run as one fused autograd node (for a
+    block whose structure the caller has checked: :func:`.switch.unchanged`)."""
     if not (_switch.on and block.training and x.ndim == 3 and eager_cpu_training(x)):
         return False
     attn, mlp = block.attn, block.mlp
     return (
-        type(attn) is Attention
-        and attn.qkv.bias is not None
+        attn.qkv.bias is not None
         and attn.attn_drop == 0.0
         and attn.proj_drop.p == 0.0
         and mlp.drop1.p == 0.0
@@ -131,131 +99,8 @@ class _Spec:
     native: bool  # the fused C kernels of models/native.py for LayerNorm, GELU and the bias sums
 
 
-_Alloc = Callable[[str, tuple[int, ...], torch.Tensor], torch.Tensor]
-"""``buf(name, shape, like)``: a tensor to write an activation into."""
-
-
-def _fresh(name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty(shape)
-
-
-class _Buffers:
-    """Named tensors kept between calls, re-made when a shape changes (another batch size).
-    Copies and pickles start empty."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def _buffer(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        t = self._buffers.get(name)
-        if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
-            t = self._buffers[name] = like.new_empty(shape)
-        return t
-
-    def nbytes(self) -> int:
-        """Bytes held."""
-        return sum(t.numel() * t.element_size() for t in self._buffers.values())
-
-    def clear(self) -> None:
-        self._buffers.clear()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Buffers:
-        return type(self)()
-
-    def __reduce__(self) -> tuple[type[_Buffers], tuple[()]]:
-        return (type(self), ())
-
-
-_storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _uses(t: torch.Tensor) -> int:
-    assert _storage_use_count is not None
-    return _storage_use_count(t.untyped_storage()._cdata)
-
-
-class Workspace(_Buffers):
-    """Activation buffers a :class:`Block` reuses from one training step to the next.
-
-    :meth:`lease` hands the buffers to one forward (its autograd node ``ctx``) until that
-    node's backward has run (:meth:`release`) or the node is gone (its graph was dropped);
-    meanwhile other forwards get fresh memory. :meth:`returned` keeps the tensors the block
-    hands out (its output, its input gradient)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._holder: weakref.ref[Any] | None = None
-        self._uses_when_made: dict[str, int] = {}
-
-    def returned(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A tensor to hand to the caller: last step's, when nothing but this workspace refers
-        to its memory any more (PyTorch's count of the tensors and views on its storage is
-        what it was when made), else fresh memory. So a caller, a hook or a graph that kept
-        the previous one (``retain_graph=True``) never sees it overwritten, and a training loop
-        gets the same memory every step: no page faults, which cost ~1-10 us per 4 KiB here
-        (``docs/performance.md``, experiment 25)."""
-        if _storage_use_count is None:  # a torch without the count: always fresh
-            return like.new_empty(shape)
-        key = "returned:" + name
-        kept = self._buffers.get(key)
-        if kept is not None and _uses(kept) != self._uses_when_made[key]:
-            del self._buffers[key]  # someone holds it: hand out (and keep) a new one
-        t = self._buffer(key, shape, like)
-        self._uses_when_made[key] = _uses(t)
-        return t
-
-    def lease(self, ctx: Any) -> _Alloc:
-        """The allocator for ``ctx``'s forward: the workspace's if it is free, else fresh memory."""
-        if self._holder is not None and self._holder() is not None:
-            return _fresh
-        self._holder = weakref.ref(ctx)
-        ctx.workspace = self
-        return self._buffer
-
-    def release(self, ctx: Any) -> None:
-        if self._holder is not None and self._holder() is ctx:
-            self._holder = None
-
-    def clear(self) -> None:
-        super().clear()
-        self._uses_when_made.clear()
-        self._holder = None
-
-
-class Scratch(_Buffers):
-    """Buffers for the temporaries of one backward at a time (gradients that die inside it).
-
-    The blocks of a model share one (:func:`share_scratch`): autograd runs their backwards one
-    after another, so the model holds one block's temporaries instead of one set per block.
-    A backward that finds it borrowed (another thread's, or a nested one) gets fresh memory."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def borrow(self) -> Iterator[_Alloc]:
-        """The allocator for one backward's temporaries: these buffers if free, else fresh memory."""
-        if not self._lock.acquire(blocking=False):
-            yield _fresh
-            return
-        try:
-            yield self._buffer
-        finally:
-            self._lock.release()
-
-
-def share_scratch(blocks: Iterable[nn.Module]) -> None:
-    """Give every :class:`Block` among ``blocks`` (and their children) one :class:`Scratch`."""
-    shared = Scratch()
-    for blk in blocks:
-        for mod in blk.modules():
-            if isinstance(getattr(mod, "scratch", None), Scratch):
-                mod.scratch = shared
-
-
 def uses_c_kernels(block: Block) -> bool:
-    """Whether :func:`block_forward` runs ``block`` with the C kernels of models/native.py
+    """Whether :func:`block_forward` runs ``block`` with the C kernels of :mod:`.native`
     (available, and the exact GELU, the only one they implement) rather than ATen's."""
     return block.mlp.act.approximate == "none" and native.available()
 
@@ -297,9 +142,8 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ w.T + bias`` (into ``out`` if given): the GEMM, then the bias in place. ``torch.addmm`` first
-    fills ``out`` with the broadcast bias and accumulates onto it, ~0.5-1 ms slower per
-    (8320 x 192) @ (192 x 576) product here."""
+    """``a @ w.T + bias`` (into ``out`` if given): the GEMM, then the bias in place, which is faster
+    on the CPU than ``torch.addmm``'s fill with the broadcast bias, then accumulate."""
     return torch.mm(a, w.t(), out=out).add_(bias)
 
 
@@ -327,7 +171,7 @@ def _residual(
 
 
 def _layer_norm(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, eps: float, buf: _Alloc, tag: str
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, eps: float, buf: Alloc, tag: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, d = x.shape
     return _aten.native_layer_norm.out(
@@ -373,7 +217,7 @@ class _BlockFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         b, t, d = x.shape
         m, hidden = b * t, fc1_w.shape[0]
-        buf = workspace.lease(ctx) if workspace is not None else _fresh
+        buf = workspace.lease(ctx) if workspace is not None else fresh
         # The output goes to the caller: never a leased buffer, at most one nobody holds any more.
         out_buf = workspace.returned("out", (m, d), x) if workspace is not None else x.new_empty((m, d))
         x0 = x.reshape(m, d)
@@ -435,7 +279,7 @@ class _BlockFunction(torch.autograd.Function):
         if spec.native:
             dy = dy.contiguous()  # the C kernels read rows
         scratch: Scratch | None = ctx.scratch
-        with scratch.borrow() if scratch is not None else contextlib.nullcontext(_fresh) as tmp:
+        with scratch.borrow() if scratch is not None else contextlib.nullcontext(fresh) as tmp:
             # MLP branch, Eq. 3: out = x1 + keep2 * fc2(gelu(fc1(LN2(x1))))
             dm = _scaled(dy, keep2, b)
             d_fc2_w = dm.t().mm(g) if need[16] else None

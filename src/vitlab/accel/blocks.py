@@ -1,0 +1,95 @@
+"""The encoder block with its speed paths: :class:`FastBlock` is a :class:`~vitlab.models.Block`
+with the same submodules and parameters, whose forward takes the oneDNN inference path
+(:mod:`.onednn`) or the fused training node (:mod:`.fused_block`) when they apply, and the
+plain forward of Eq. 2-3 otherwise."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.layers import Attention, Block, DropPath, Mlp
+from . import fused_block, onednn
+from .buffers import Scratch, Workspace
+from .switch import enabled, unchanged
+
+__all__ = ["BLOCK_LAYOUT", "FastBlock"]
+
+BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
+    "norm1": nn.LayerNorm,
+    "attn": Attention,
+    "attn.qkv": nn.Linear,
+    "attn.proj": nn.Linear,
+    "attn.proj_drop": nn.Dropout,
+    "drop_path1": DropPath,
+    "norm2": nn.LayerNorm,
+    "mlp": Mlp,
+    "mlp.fc1": nn.Linear,
+    "mlp.act": (nn.GELU, nn.ReLU),
+    "mlp.drop1": nn.Dropout,
+    "mlp.fc2": nn.Linear,
+    "mlp.drop2": nn.Dropout,
+    "drop_path2": DropPath,
+}
+"""The submodules (and their classes) a :class:`Block` is built with: the speed paths run
+only on a block that still has exactly these."""
+
+
+class FastBlock(Block):
+    """:class:`~vitlab.models.Block` plus the buffers its fused training path keeps between steps.
+
+    Its state dict, submodules and results (to float32 rounding) are those of the plain block.
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._init_accel()
+
+    def _init_accel(self) -> None:
+        self.workspace = Workspace()
+        """Activation buffers the fused training path reuses between steps."""
+        self.scratch = Scratch()
+        """Its backward's temporaries; a model's blocks share one (:func:`.buffers.share_scratch`)."""
+
+    def accelerable(self) -> bool:
+        """Whether a speed path may stand in for the plain forward: the switch is on and the
+        block is exactly as built (no hooks inside, no replaced or wrapped layers)."""
+        return enabled() and unchanged(self, BLOCK_LAYOUT)
+
+    def train(self, mode: bool = True) -> FastBlock:
+        if mode:  # packed inference weights would go stale and hold memory
+            onednn.forget(self)
+        else:  # nor are the training path's buffers needed in eval
+            self.workspace.clear()
+            self.scratch.clear()
+        return super().train(mode)
+
+    def forward(
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not return_attention and self.accelerable():
+            if onednn.applies(self, x):
+                return onednn.block_forward(self, x)
+            if fused_block.applies(self, x):
+                return fused_block.block_forward(self, x)
+        return super().forward(x, return_attention=return_attention)
+
+    def forward_cls(self, x: torch.Tensor) -> torch.Tensor:
+        """The block's output for the first (class) token only: ``(B, T, D)`` -> ``(B, 1, D)``.
+
+        Eq. 2-3 mix tokens only inside attention, so the class token's output needs the keys
+        and values of every token but the query, the projection and the MLP of the class token
+        alone: what ``self(x)[:, :1]`` computes, with a quarter of the work or less. Same maths,
+        float32 rounding aside."""
+        attn = self.attn
+        b, t, d = x.shape
+        xn = self.norm1(x)
+        w, bias = attn.qkv.weight, attn.qkv.bias
+        q = F.linear(xn[:, :1], w[:d], None if bias is None else bias[:d]).view(b, 1, attn.num_heads, attn.head_dim)
+        kv = F.linear(xn, w[d:], None if bias is None else bias[d:]).view(b, t, 2, attn.num_heads, attn.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        drop = attn.attn_drop if self.training else 0.0
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, dropout_p=drop).transpose(1, 2).reshape(b, 1, d)
+        x = x[:, :1] + self.drop_path1(attn.proj_drop(attn.proj(o)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))

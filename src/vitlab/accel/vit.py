@@ -1,0 +1,190 @@
+"""The Vision Transformer with its speed paths, and the one function that hands them out.
+
+:class:`FastVisionTransformer` is a :class:`~vitlab.models.VisionTransformer` with the same
+submodules, parameter names and results (to float32 rounding). Besides its blocks' paths
+(:class:`.blocks.FastBlock`) it
+
+- runs the last block for the class token alone under class-token pooling
+  (:meth:`.blocks.FastBlock.forward_cls`): the logits need nothing else of it;
+- splits gradient-free CPU forwards into chunks of the batch (:meth:`inference_chunk_size`).
+
+Both run only where nobody could tell: no hooks anywhere in the model, the last block exactly as
+built, no attention capture, and an eager (not traced or compiled) forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models.layers import Block
+from ..models.vit import VisionTransformer, block_macs
+from .blocks import BLOCK_LAYOUT, FastBlock
+from .buffers import share_scratch
+from .native import available as c_kernels_available
+from .onednn import applies as onednn_applies
+from .onednn import eager_cpu_inference
+from .switch import enabled, hooks_anywhere, running_eagerly, unchanged
+
+__all__ = ["INFERENCE_CHUNK_BYTES", "FastVisionTransformer", "accelerate", "inference_path", "training_path"]
+
+INFERENCE_CHUNK_BYTES = 24 * 2**20
+"""Default bound on the widest activation of one inference chunk (see
+:meth:`FastVisionTransformer.inference_chunk_size`): below glibc malloc's 32 MiB ceiling for
+serving a request from its heap instead of fresh ``mmap``-ed (page-faulted) memory."""
+
+
+class FastVisionTransformer(VisionTransformer):
+    """:class:`~vitlab.models.VisionTransformer` with the speed paths of :mod:`vitlab.accel`.
+
+    Built like the plain class (``FastVisionTransformer(cfg, num_classes=10)``), or converted in
+    place from one by :func:`accelerate`."""
+
+    def __init__(self, config: Any = None, /, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        _convert_blocks(self)
+        self._init_accel()
+
+    def _init_accel(self) -> None:
+        self.inference_chunk_bytes: int | None = INFERENCE_CHUNK_BYTES
+        """Split gradient-free CPU forwards into chunks of the batch whose widest activation
+        stays under this many bytes; ``None`` turns it off."""
+        self.cls_only_last_block = True
+        """With class-token pooling, ``forward`` runs the last block for the class token only."""
+
+    def accelerable(self, x: torch.Tensor) -> bool:
+        """Whether the model-level paths may run on ``x``: the switch is on, the forward is eager,
+        nothing captures attention, and no hook is registered anywhere in the model."""
+        return enabled() and self._captured is None and running_eagerly() and not hooks_anywhere(self)
+
+    def cls_only_applies(self) -> bool:
+        """Whether ``forward`` may run the last block for the class token alone."""
+        last = self.blocks[-1] if len(self.blocks) else None
+        return (
+            self.cls_only_last_block
+            and self.config.pool == "cls"
+            and self.cls_token is not None
+            and type(last) is FastBlock
+            and unchanged(last, BLOCK_LAYOUT)
+            and type(self.norm) is nn.LayerNorm
+        )
+
+    def inference_chunk_size(self, x: torch.Tensor) -> int:
+        """Images per chunk for a forward of the batch ``x`` without autograd.
+
+        Eager PyTorch allocates a fresh tensor for every op's output, and on Linux glibc serves
+        requests above 32 MiB with fresh ``mmap`` pages that the kernel zero-fills on first touch
+        and takes back on free, so a large batch page-faults its MLP activations in every block.
+        Chunks whose widest activation (tokens x max(MLP width, 3 x width) x element size) stays
+        under :attr:`inference_chunk_bytes` recycle heap memory instead, and are as exact: every
+        image is computed on its own. Training (autograd on), tracing, export and
+        ``torch.compile`` run the whole batch.
+        """
+        b = x.shape[0]
+        limit = self.inference_chunk_bytes
+        if limit is None or b <= 1 or not eager_cpu_inference(x):
+            return b
+        cfg = self.config
+        gh, gw = self.grid(x)
+        per_image = (self.num_prefix_tokens + gh * gw) * max(cfg.mlp_dim, 3 * cfg.embed_dim) * x.element_size()
+        chunks = -(-b // max(1, limit // per_image))  # as few as fit under the limit, then balanced
+        return -(-b // chunks)
+
+    def forward_features(
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        if not return_attention and self.accelerable(x) and (n := self.inference_chunk_size(x)) < x.shape[0]:
+            return torch.cat([super(FastVisionTransformer, self).forward_features(c) for c in x.split(n)])  # type: ignore[misc]
+        return super().forward_features(x, return_attention=return_attention)
+
+    def forward(
+        self, x: torch.Tensor, *, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        if return_attention or not self.accelerable(x):
+            return super().forward(x, return_attention=return_attention)
+        if (n := self.inference_chunk_size(x)) < x.shape[0]:
+            return torch.cat([self._logits(c) for c in x.split(n)])
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.cls_only_applies():
+            return self.forward_head(super().forward_features(x))  # type: ignore[arg-type]
+        z = self.embed(x)
+        for blk in self.blocks[:-1]:
+            z = blk(z)
+        return self.forward_head(self.norm(self.blocks[-1].forward_cls(z)))
+
+    def macs(self, img_size: tuple[int, int] | int | None = None, *, executed: bool = False) -> int:
+        """As :meth:`VisionTransformer.macs`; with ``executed``, less the work the class-token-only
+        last block skips when it runs."""
+        full = super().macs(img_size)
+        if not (executed and self.cls_only_applies() and self.config.attention != "axial"):
+            return full
+        cfg = self.config
+        h, w = (img_size, img_size) if isinstance(img_size, int) else (img_size or cfg.img_size)
+        gh, gw = self.patch_embed.grid(h, w)
+        t, d = gh * gw + self.num_prefix_tokens, cfg.embed_dim
+        kept = t * d * 2 * d + d * d + 2 * t * d + d * d + 2 * d * cfg.mlp_dim  # k, v for all; the rest for one
+        return full - block_macs(cfg, t) + kept
+
+
+def _convert_blocks(model: nn.Module) -> None:
+    for m in model.modules():
+        if type(m) is Block:
+            m.__class__ = FastBlock
+            m._init_accel()  # type: ignore[attr-defined]
+    share_scratch(m for m in model.modules() if isinstance(m, FastBlock))
+
+
+def accelerate(model: nn.Module) -> nn.Module:
+    """``model`` with the speed paths, converted in place and returned: every plain
+    :class:`~vitlab.models.VisionTransformer` inside it becomes a :class:`FastVisionTransformer`
+    and every plain :class:`~vitlab.models.Block` a :class:`.blocks.FastBlock` (the class only:
+    parameters, names and results stay). Subclasses of the plain classes are left as they are.
+    With the speed paths switched off (:func:`vitlab.accel.set_enabled`) it returns ``model``
+    unchanged."""
+    if not enabled():
+        return model
+    for m in model.modules():
+        if type(m) is VisionTransformer:
+            m.__class__ = FastVisionTransformer
+            m._init_accel()  # type: ignore[attr-defined]
+    _convert_blocks(model)
+    return model
+
+
+def inference_path(model: nn.Module, x: torch.Tensor) -> str:
+    """Which CPU inference path an eval-mode forward of ``model`` on ``x`` takes, in words:
+    ``oneDNN fused linears`` or ``aten``, and the batch chunks if any."""
+    model.eval()
+    with torch.inference_mode():
+        blocks = [b for b in model.modules() if isinstance(b, FastBlock)]
+        fused = bool(blocks) and all(b.accelerable() for b in blocks) and onednn_applies(blocks[0], x)
+        whole = isinstance(model, FastVisionTransformer) and model.accelerable(x)
+        size = model.inference_chunk_size(x) if whole else x.shape[0]  # type: ignore[union-attr]
+    parts = ["oneDNN fused linears" if fused else "aten"]
+    if size < x.shape[0]:
+        parts.append(f"{-(-x.shape[0] // size)} chunks of <= {size}")
+    return ", ".join(parts)
+
+
+def training_path(model: nn.Module) -> str:
+    """Which CPU training path a float32 eager training forward of ``model`` takes, in words:
+    ``fused blocks, C kernels``, ``fused blocks, ATen kernels`` or ``autograd``."""
+    from . import fused_block
+
+    blocks = [b for b in model.modules() if isinstance(b, Block)]
+    with torch.enable_grad():
+        fused = bool(blocks) and all(
+            isinstance(b, FastBlock)
+            and b.training
+            and b.accelerable()
+            and fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0]))
+            for b in blocks
+        )
+    if not fused:
+        return "autograd"
+    kernels = c_kernels_available() and all(fused_block.uses_c_kernels(b) for b in blocks)  # type: ignore[arg-type]
+    return "fused blocks, " + ("C kernels" if kernels else "ATen kernels")
