@@ -1,5 +1,6 @@
-"""The CPU inference path: oneDNN fused linears in ``Block.forward`` (models/onednn.py) and
-the batch chunks of ``VisionTransformer.inference_chunk_size`` (models/vit.py).
+"""The CPU inference path: oneDNN fused linears in ``FastBlock.forward`` (accel/onednn.py) and
+the batch chunks of ``FastVisionTransformer.inference_chunk_size`` (accel/vit.py), each against
+the plain classes of vitlab.models.
 
 Every model here is tiny (32 px, patch 8, depth 2) except in the chunk-size formula tests,
 which build the real configs on the meta device (no weights, no forward).
@@ -7,6 +8,7 @@ which build the real configs on the meta device (no weights, no forward).
 
 from __future__ import annotations
 
+import copy
 from unittest import mock
 
 import pytest
@@ -15,9 +17,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from vitlab.models import VisionTransformer, create_model, onednn
-from vitlab.models.layers import Block
-from vitlab.models.vit import INFERENCE_CHUNK_BYTES
+from vitlab import accel
+from vitlab.accel import INFERENCE_CHUNK_BYTES, onednn
+from vitlab.accel import FastBlock as Block
+from vitlab.accel import FastVisionTransformer as VisionTransformer
+from vitlab.models import Block as PlainBlock
+from vitlab.models import VisionTransformer as PlainViT
+from vitlab.models import create_model as create_plain_model
+
+
+def create_model(*args, **kwargs):
+    return accel.accelerate(create_plain_model(*args, **kwargs))
+
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN fused linear ops")
 
@@ -51,8 +62,15 @@ def assert_close_scaled(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-
 
 
 def plain(fn, *args, **kwargs):
-    with onednn.disabled():
-        return fn(*args, **kwargs)
+    """``fn`` (a model, or a model's method) run by a plain-class copy of its model."""
+    model = getattr(fn, "__self__", fn)
+    twin = copy.deepcopy(model)  # with any layer a test put in (e.g. a ReLU)
+    for m in twin.modules():
+        if type(m) is VisionTransformer:
+            m.__class__ = PlainViT
+        elif type(m) is Block:
+            m.__class__ = PlainBlock
+    return getattr(twin, fn.__name__)(*args, **kwargs) if fn is not model else twin(*args, **kwargs)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -330,9 +348,20 @@ def test_chunks_stay_under_the_byte_limit():
 
 
 def _block_batches(model: VisionTransformer) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """Record the batch size each forward of the first block sees (not with a hook: a hook anywhere
+    in the model turns the chunks off)."""
     seen: list[int] = []
-    handle = model.blocks[0].register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
-    return seen, handle
+    first = model.blocks[0]
+    forward = Block.forward
+
+    def spy(self, x, **kw):
+        if self is first:
+            seen.append(x.shape[0])
+        return forward(self, x, **kw)
+
+    patch = mock.patch.object(Block, "forward", spy)
+    patch.start()
+    return seen, mock.Mock(remove=patch.stop)
 
 
 def test_chunked_forward_equals_the_whole_batch():

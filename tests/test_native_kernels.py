@@ -1,4 +1,4 @@
-"""The fused C kernels of the CPU training step (models/native.py) against ATen's, and the
+"""The fused C kernels of the CPU training step (accel/native.py) against ATen's, and the
 returned-tensor reuse of the block's workspace (``Workspace.returned``)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitlab.models import fused_block, native
-from vitlab.models.layers import Block
+from vitlab.accel import FastBlock as Block
+from vitlab.accel import native
+from vitlab.accel.buffers import Workspace
 
 needs_kernels = pytest.mark.skipif(not native.available(), reason="no C compiler: the ATen kernels run instead")
 
@@ -179,7 +180,7 @@ def _no_compile(run):
 
 
 def test_returned_buffer_is_reused_only_when_nobody_holds_it():
-    ws = fused_block.Workspace()
+    ws = Workspace()
     like = torch.empty(0)
     a = ws.returned("out", (4, 3), like)
     assert ws.returned("out", (4, 3), like) is a  # only the workspace refers to it
@@ -202,7 +203,7 @@ def test_block_output_and_input_gradient_reuse_memory_between_steps():
 
     def step(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
-        out, _ = blk(x)
+        out = blk(x)
         out.square().sum().backward()
         return out.detach(), x.grad
 

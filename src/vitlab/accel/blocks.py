@@ -12,7 +12,7 @@ from torch import nn
 from ..models.layers import Attention, Block, DropPath, Mlp
 from . import fused_block, onednn
 from .buffers import Scratch, Workspace
-from .switch import enabled, unchanged
+from .switch import enabled, running_eagerly, unchanged
 
 __all__ = ["BLOCK_LAYOUT", "FastBlock"]
 
@@ -53,9 +53,10 @@ class FastBlock(Block):
         """Its backward's temporaries; a model's blocks share one (:func:`.buffers.share_scratch`)."""
 
     def accelerable(self) -> bool:
-        """Whether a speed path may stand in for the plain forward: the switch is on and the
-        block is exactly as built (no hooks inside, no replaced or wrapped layers)."""
-        return enabled() and unchanged(self, BLOCK_LAYOUT)
+        """Whether a speed path may stand in for the plain forward: the switch is on, the forward
+        runs eagerly (no tracer records it), and the block is exactly as built (no hooks inside,
+        no replaced or wrapped layers)."""
+        return enabled() and running_eagerly() and unchanged(self, BLOCK_LAYOUT)
 
     def train(self, mode: bool = True) -> FastBlock:
         if mode:  # packed inference weights would go stale and hold memory

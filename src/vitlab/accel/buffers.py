@@ -141,5 +141,3 @@ def share_scratch(blocks: Iterable[nn.Module]) -> None:
         for mod in blk.modules():
             if isinstance(getattr(mod, "scratch", None), Scratch):
                 mod.scratch = shared
-
-

@@ -61,10 +61,7 @@ def running_eagerly() -> bool:
     """Not being traced (``torch.jit``, ``torch.fx``), exported or compiled: those record one graph
     (for every batch size) and fuse on their own, so the eager-only fast paths stand aside."""
     return not (
-        torch.jit.is_tracing()
-        or _fx_tracing()
-        or torch.compiler.is_compiling()
-        or torch.onnx.is_in_onnx_export()
+        torch.jit.is_tracing() or _fx_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
     )
 
 

@@ -102,7 +102,7 @@ class FastVisionTransformer(VisionTransformer):
     def forward(
         self, x: torch.Tensor, *, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        if return_attention or not self.accelerable(x):
+        if not self.accelerable(x) or return_attention is True:  # (a symbolic trace is not accelerable)
             return super().forward(x, return_attention=return_attention)
         if (n := self.inference_chunk_size(x)) < x.shape[0]:
             return torch.cat([self._logits(c) for c in x.split(n)])

@@ -159,7 +159,9 @@ class VisionTransformer(nn.Module):
         if cfg.posemb != "none":
             params = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
             tables = [getattr(self, n) for n in params]
-            pe = _patch_posemb(tokens, grid, cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, *tables)
+            pe = _patch_posemb(
+                tokens, grid, cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, *tables
+            )
             tokens = tokens + pe
         if self.cls_token is not None:
             cls = self.cls_token.expand(tokens.shape[0], -1, -1)
@@ -219,7 +221,7 @@ class VisionTransformer(nn.Module):
         self, x: torch.Tensor, *, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights."""
-        if return_attention:
+        if return_attention is True:  # `is`: a symbolic trace (torch.fx) passes a proxy for the flag
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
