@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitlab
+import vitlab.accel
 from vitlab.cli import main
 
 NAMES = ["zero", "one", "two", "three", "four"]
@@ -38,7 +39,7 @@ def test_round_trip_is_exact(tmp_path):
     assert back.config == model.config
     assert back.config.class_names == NAMES and back.config.mean == (0.1, 0.2, 0.3)
     with torch.no_grad():
-        assert torch.equal(back(images()), model(images()))
+        assert torch.equal(back(images()), vitlab.accel.accelerate(model)(images()))
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
 
 
@@ -56,7 +57,7 @@ def test_round_trip_other_architectures(tmp_path, kw):
     back = vitlab.load(tmp_path / "m")
     assert back.config == model.config
     with torch.no_grad():
-        assert torch.equal(back(images()), model(images()))
+        assert torch.equal(back(images()), vitlab.accel.accelerate(model)(images()))
 
 
 def test_other_architecture_names_the_keys(tmp_path):

@@ -140,7 +140,7 @@ def test_options_build_train_and_run_at_other_sizes(posemb: str, pool: str) -> N
 
 def test_learn2d_is_concatenation_of_row_and_column() -> None:
     model = _randomise(VisionTransformer(**TINY, posemb="learn2d"))
-    pe = model._posemb_for((4, 4), torch.zeros(1))
+    pe = model.patch_posemb((4, 4))
     assert pe.shape == (1, 16, 64)
     # patch (r, c) = 2 * 4 + 3 -> row 2's first half, column 3's second half
     assert torch.equal(pe[0, 11, :32], model.pos_embed_row[0, 2])

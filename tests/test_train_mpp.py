@@ -93,7 +93,7 @@ def test_mpp_run_writes_a_headless_vit_and_colour_metrics(data_dir, tmp_path):
     assert (out / "curves.png").is_file() and not (out / "confusion.png").exists()
 
     model = vitlab.load(out / "model")
-    assert type(model) is VisionTransformer and model.config.num_classes == 0
+    assert isinstance(model, VisionTransformer) and model.config.num_classes == 0
     assert model.config.extra["objective"] == "mpp"
     blob = load_state(out / "last.pt")
     assert {"mask_token", "mpp_head.weight", "mpp_head.bias"} <= set(blob["model"])

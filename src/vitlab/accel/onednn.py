@@ -34,9 +34,9 @@ from ..models.layers import Block
 from .switch import Switch, running_eagerly
 
 __all__ = [
-    "block_forward",
     "applies",
     "available",
+    "block_forward",
     "clear_cache",
     "disabled",
     "eager_cpu_inference",

@@ -54,8 +54,7 @@ def patch_position_embeddings(model: nn.Module) -> torch.Tensor | None:
         return None
     if cfg.posemb == "learn":
         return model.pos_embed[0, cfg.num_prefix_tokens :].detach().float().cpu()
-    ref = torch.zeros(1, dtype=torch.float32, device=next(model.parameters()).device)
-    pe = model._posemb_for(cfg.grid_size, ref)
+    pe = model.patch_posemb(cfg.grid_size)
     return None if pe is None else pe[0].detach().float().cpu()
 
 

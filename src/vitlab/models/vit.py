@@ -156,12 +156,8 @@ class VisionTransformer(nn.Module):
         embeddings, prepend the class token. Objectives that corrupt patch
         embeddings (masked patch prediction, Sec. 4.6) enter here."""
         cfg = self.config
-        if cfg.posemb != "none":
-            params = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
-            tables = [getattr(self, n) for n in params]
-            pe = _patch_posemb(
-                tokens, grid, cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, *tables
-            )
+        pe = self.patch_posemb(grid, like=tokens)
+        if pe is not None:
             tokens = tokens + pe
         if self.cls_token is not None:
             cls = self.cls_token.expand(tokens.shape[0], -1, -1)
@@ -169,6 +165,18 @@ class VisionTransformer(nn.Module):
                 cls = cls + self.pos_embed[:, :1]
             tokens = torch.cat([cls, tokens], dim=1)
         return self.pos_drop(tokens)
+
+    def patch_posemb(self, grid: tuple[int, int], *, like: torch.Tensor | None = None) -> torch.Tensor | None:
+        """E_pos of the patch tokens of a ``grid`` (``(1, N, D)``, in ``like``'s dtype and device for
+        the fixed sine-cosine table), or None for a model without position embeddings."""
+        cfg = self.config
+        if cfg.posemb == "none":
+            return None
+        if like is None:
+            like = self.cls_token if self.cls_token is not None else torch.zeros(1, 1, cfg.embed_dim)
+        tables = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
+        args = (cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens)
+        return _patch_posemb(like, grid, *args, *(getattr(self, n) for n in tables))
 
     # -- Eq. 2-3 and the final LayerNorm: the one block loop ---------------------
     def encode(
