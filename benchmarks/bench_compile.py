@@ -49,6 +49,7 @@ with torch.inference_mode():
     for k in ("vitlab eager", "vitlab compiled", "timm compiled"):
         pr = sorted(a / b for a, b in zip(te, res[k]))
         print(
-            f"{k} / timm eager: ratio of medians {statistics.median(te) / statistics.median(res[k]):.3f}, per-pair median {statistics.median(pr):.3f} [{pr[0]:.3f}, {pr[-1]:.3f}]"
+            f"{k} / timm eager: ratio of medians {statistics.median(te) / statistics.median(res[k]):.3f}, "
+            f"per-pair median {statistics.median(pr):.3f} [{pr[0]:.3f}, {pr[-1]:.3f}]"
         )
 print("load", os.getloadavg(), flush=True)

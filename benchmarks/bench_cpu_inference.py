@@ -76,7 +76,8 @@ def main() -> None:
         pairs = sorted(b / t for b, t in zip(base, times[k]))
         print(
             f"| {k} | {batch / statistics.median(times[k]):.2f} | {statistics.median(faults[k]):.0f} | "
-            f"{statistics.median(base) / statistics.median(times[k]):.3f}x | {statistics.median(pairs):.3f}x [{pairs[0]:.3f}, {pairs[-1]:.3f}] |"
+            f"{statistics.median(base) / statistics.median(times[k]):.3f}x | "
+            f"{statistics.median(pairs):.3f}x [{pairs[0]:.3f}, {pairs[-1]:.3f}] |"
         )
     print(f"# load average at end: {os.getloadavg()}")
 

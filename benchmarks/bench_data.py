@@ -37,7 +37,8 @@ def main() -> None:
     t0 = time.perf_counter()
     splits = load_data(args.data, progress=True)
     print(
-        f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s (includes decoding on a cold cache)"
+        f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s "
+        "(includes decoding on a cold cache)"
     )
     img_size = splits.train.images.shape[1]
     r = get_recipe("small-data")  # the augmentation of `vitlab train --recipe small-data`
@@ -76,7 +77,8 @@ def main() -> None:
         med = statistics.median(ts)
         rates[workers] = args.batch_size / med
         print(
-            f"workers={workers}: {rates[workers]:8.0f} img/s (median of {args.batches} batches of {args.batch_size}, recipe small-data augmentation)"
+            f"workers={workers}: {rates[workers]:8.0f} img/s "
+            f"(median of {args.batches} batches of {args.batch_size}, recipe small-data augmentation)"
         )
     if args.train_steps:
         kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384)

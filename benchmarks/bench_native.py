@@ -8,7 +8,7 @@ The small CIFAR configuration of the performance issue (32 px, patch 4, width 19
 heads, MLP 384, batch 128, AdamW). Each pair starts two of `vitlab bench`'s worker processes, one
 with the kernels and one with ``VITLAB_NATIVE=0``, and alternates their training steps, so both
 see the same moments of a shared machine; a new pair of processes per row, because which memory a
-process gets changes its page faults (docs/performance.md, experiments 13 and 25). Prints per pair
+process gets changes its page faults (docs/performance.md). Prints per pair
 the median step of each side, the ratio of the medians and the median of the per-step ratios
 (ATen / C: above 1 means the kernels are faster), and the page faults per step.
 """
@@ -21,26 +21,23 @@ import statistics
 
 from bench_targets import RUNS  # this folder is on the path when the script runs
 
-from vitlab.bench import _Remote, _Side
+from vitlab.bench import Side, WorkerProcess
 from vitlab.models import native
 
 
-def side(drop_path: float) -> _Side:
+def side(drop_path: float) -> Side:
     """The training target's run of ``bench_targets.py``, with stochastic depth ``drop_path``."""
     run = dict(RUNS["train"])
     fixed = {k: run.pop(k) for k in ("model", "mode", "batch_size", "num_classes")}
-    return _Side(
-        key="ours", overrides={**run, "drop_path_rate": drop_path}, dtype="float32", device="cpu",
-        vs=None, compile=None, threads=2, seed=0, **fixed,
-    )  # fmt: skip
+    return Side(key="ours", overrides={**run, "drop_path_rate": drop_path}, threads=2, **fixed)
 
 
-def start(drop_path: float, *, kernels: bool) -> _Remote:
+def start(drop_path: float, *, kernels: bool) -> WorkerProcess:
     """A worker process; the environment it starts with decides whether it uses the C kernels."""
     before = os.environ.get("VITLAB_NATIVE")
     os.environ["VITLAB_NATIVE"] = "1" if kernels else "0"
     try:
-        return _Remote(side(drop_path))
+        return WorkerProcess(side(drop_path))
     finally:
         if before is None:
             del os.environ["VITLAB_NATIVE"]
@@ -77,7 +74,8 @@ def main() -> None:
         per_pair = statistics.median(y / x for x, y in zip(times["C"], times["ATen"]))
         print(
             f"pair {p}: C {1e3 * c:.0f} ms, ATen {1e3 * a:.0f} ms, ratio of medians {a / c:.3f}x, "
-            f"per-pair median {per_pair:.3f}x, faults/step {statistics.mean(faults['C']):,.0f} / {statistics.mean(faults['ATen']):,.0f}",
+            f"per-pair median {per_pair:.3f}x, "
+            f"faults/step {statistics.mean(faults['C']):,.0f} / {statistics.mean(faults['ATen']):,.0f}",
             flush=True,
         )
     print(f"# load average at end: {os.getloadavg()}")

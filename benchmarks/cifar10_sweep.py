@@ -27,8 +27,8 @@ from vitlab.models import create_model
 from vitlab.train.optim import param_groups
 
 DEFAULTS = dict(
-    dim=128, depth=6, heads=4, mlp=2.0, patch=4, bs=128, lr=2e-3, wd=0.05, warm=0.03, ls=0.1, posemb="learn", pool="gap",
-    compile=0, model="vit_ti16", seed=0, steps=0, data="../shared/data/cifar10", log="cifar10_sweep.jsonl",
+    dim=128, depth=6, heads=4, mlp=2.0, patch=4, bs=128, lr=2e-3, wd=0.05, warm=0.03, ls=0.1, posemb="learn",
+    pool="gap", compile=0, model="vit_ti16", seed=0, steps=0, data="../shared/data/cifar10", log="cifar10_sweep.jsonl",
 )  # fmt: skip
 
 
@@ -57,7 +57,8 @@ def main(argv: list[str]) -> dict:
     yte = torch.from_numpy(np.asarray(s.val.labels)).long()
     m = create_model(
         a["model"], img_size=32, patch_size=a["patch"], embed_dim=a["dim"], depth=a["depth"], num_heads=a["heads"],
-        mlp_dim=int(a["dim"] * a["mlp"]), num_classes=10, pool=a["pool"], class_token=a["pool"] == "cls", posemb=a["posemb"],
+        mlp_dim=int(a["dim"] * a["mlp"]), num_classes=10, pool=a["pool"], class_token=a["pool"] == "cls",
+        posemb=a["posemb"],
     )  # fmt: skip
     opt = torch.optim.AdamW(param_groups(m, a["wd"]), lr=a["lr"], fused=True)
     run = torch.compile(m) if a["compile"] else m
@@ -97,8 +98,9 @@ def main(argv: list[str]) -> dict:
         correct = sum(
             int((m(norm(xte[k : k + 500])).argmax(1) == yte[k : k + 500]).sum()) for k in range(0, len(xte), 500)
         )
-    r = dict(name=name, top1=correct / len(xte), done_steps=step, epochs=seen / len(xtr), img_s=seen / wall, wall_s=wall,
-             train_loss=float(np.mean(losses[-100:])), params=sum(p.numel() for p in m.parameters()), **a)  # fmt: skip
+    r = dict(name=name, top1=correct / len(xte), done_steps=step, epochs=seen / len(xtr), img_s=seen / wall,
+             wall_s=wall, train_loss=float(np.mean(losses[-100:])), params=sum(p.numel() for p in m.parameters()),
+             **a)  # fmt: skip
     print(json.dumps(r), flush=True)
     with open(a["log"], "a") as f:
         f.write(json.dumps(r) + "\n")

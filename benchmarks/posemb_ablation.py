@@ -166,10 +166,12 @@ def markdown(
     )
     lines = [
         f"Position-embedding ablation (paper Appendix D.4, Table 8) on `{args.data}`: {n_train:,} training / "
-        f"{n_test:,} evaluation images, ViT patch {args.patch_size}, width {args.dim}, depth {args.depth}, {args.heads} heads, "
-        f"MLP ratio {args.mlp_ratio:g}; small-data recipe (AdamW lr {args.lr:g}, batch {args.batch_size}, 10% warmup + cosine, "
-        f"crop + flip, label smoothing 0.1), seed {args.seed}, {mode}, {args.threads} torch thread(s).",
-        f"Load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; the last column is the 1-minute load after each run.",
+        f"{n_test:,} evaluation images, ViT patch {args.patch_size}, width {args.dim}, depth {args.depth}, "
+        f"{args.heads} heads, MLP ratio {args.mlp_ratio:g}; small-data recipe (AdamW lr {args.lr:g}, "
+        f"batch {args.batch_size}, 10% warmup + cosine, crop + flip, label smoothing 0.1), seed {args.seed}, "
+        f"{mode}, {args.threads} torch thread(s).",
+        f"Load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; "
+        "the last column is the 1-minute load after each run.",
         "",
         "| variant | position embedding / pooling | params | steps | test top-1 | wall (s) | load |",
         "|---|---|---:|---:|---:|---:|---:|",

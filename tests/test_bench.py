@@ -10,7 +10,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitlab.bench import benchmark, build_reference, matmul_peak, median_interval, model_overrides
+from vitlab.bench import (
+    InProcess,
+    Side,
+    WorkerProcess,
+    benchmark,
+    build_reference,
+    matmul_peak,
+    median_interval,
+    model_overrides,
+)
+from vitlab.bench.paths import inference_path, training_path
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
@@ -205,7 +215,8 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("timm")
-    argv = "bench --model vit_ti16 --img-size 16 --patch-size 8 --dim 32 --depth 1 --heads 2 --batch-size 2 --steps 1 --warmup 0 --vs timm --no-peak"
+    argv = "bench --model vit_ti16 --img-size 16 --patch-size 8 --dim 32 --depth 1 --heads 2 --batch-size 2"
+    argv += " --steps 1 --warmup 0 --vs timm --no-peak"
     assert main(argv.split()) == 0
     out = capsys.readouterr().out
     assert "ratio vitlab / timm" in out and "img/s" in out
@@ -306,3 +317,36 @@ def test_median_interval_narrows_with_more_steps_and_is_a_point_for_constant_rat
     assert width(many) < width(few) / 2
     with pytest.raises(ValueError, match="at least one"):
         median_interval([])
+
+
+# -- the public pieces benchmarks build on --------------------------------------------------
+
+
+def test_a_worker_process_times_one_side() -> None:
+    """``Side`` + ``WorkerProcess`` (what benchmarks/bench_native.py pairs): built in a process of
+    its own, it reports the model it built and answers each step with (seconds, page faults)."""
+    side = Side(key="ours", model="vit_ti16", overrides=TINY, mode="train", batch_size=2, num_classes=3, threads=1)
+    with WorkerProcess(side) as worker:
+        assert worker.built.step is None and worker.built.optimizer == "AdamW(fused)"
+        assert worker.built.params == sum(
+            p.numel() for p in create_model("vit_ti16", num_classes=3, **TINY).parameters()
+        )
+        dt, faults = worker.step()
+        assert _finite_positive(dt) and (faults is None or faults >= 0)
+
+
+def test_an_in_process_side_matches_the_benchmark_fields() -> None:
+    built = InProcess(Side(key="ours", model="vit_ti16", overrides=TINY, batch_size=2, num_classes=5)).built
+    r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=1, warmup=0, measure_peak=False, **TINY)
+    assert (built.params, built.gflops_per_image, built.inference_path) == (
+        r.params,
+        r.gflops_per_image,
+        r.inference_path,
+    )
+    built.step()
+
+
+def test_the_path_labels_are_public() -> None:
+    model = create_model("vit_ti16", num_classes=5, **TINY)
+    assert inference_path(model, torch.randn(2, 3, 16, 16)).split(",")[0] in ("oneDNN fused linears", "aten")
+    assert training_path(model.train()) in ("fused blocks, C kernels", "fused blocks, ATen kernels", "autograd")

@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         default="float32",
         help="bfloat16/float16 run under autocast",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... or auto (CUDA when available)")
     p.add_argument(
         "--vs",
         choices=["timm", "hf", "vitlab"],
