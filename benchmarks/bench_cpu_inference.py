@@ -3,7 +3,7 @@
     python benchmarks/bench_cpu_inference.py vit_s16 32 8     # model, batch size, timed rounds
 
 Variants of the same vitlab model (same weights): the default path (oneDNN fused linears and
-batch chunks), oneDNN off (`vitlab.models.onednn.disabled()`), chunks off
+batch chunks), oneDNN off (`vitlab.accel.onednn.disabled()`), chunks off
 (`model.inference_chunk_bytes = None`), both off (the plain aten path, as timm runs), and timm.
 Prints img/s, minor page faults per forward, and the ratio to timm (medians, and the median and
 range of per-round ratios). Outputs are checked against the plain path first.
@@ -22,7 +22,7 @@ import torch
 
 from vitlab import create_model
 from vitlab.bench import build_reference
-from vitlab.models import onednn
+from vitlab.accel import onednn
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import statistics
 from bench_targets import RUNS  # this folder is on the path when the script runs
 
 from vitlab.bench import Side, WorkerProcess
-from vitlab.models import native
+from vitlab.accel import native
 
 
 def side(drop_path: float) -> Side:

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vitlab import create_model
 from vitlab.bench import (
     InProcess,
     Side,
@@ -23,7 +24,6 @@ from vitlab.bench import (
 from vitlab.bench.paths import inference_path, training_path
 from vitlab.cli import main
 from vitlab.errors import ConfigError
-from vitlab.models import create_model
 
 TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
 
@@ -52,7 +52,7 @@ def test_benchmark_infer_fields() -> None:
 
 
 def test_benchmark_reports_the_inference_path() -> None:
-    from vitlab.models import onednn
+    from vitlab.accel import onednn
 
     big = dict(
         img_size=224, patch_size=16, embed_dim=64, depth=1, num_heads=2, mlp_dim=40_000
@@ -69,7 +69,7 @@ def test_benchmark_reports_the_inference_path() -> None:
 
 
 def test_benchmark_reports_the_training_path() -> None:
-    from vitlab.models import fused_block, native
+    from vitlab.accel import fused_block, native
 
     def path(**overrides) -> str | None:
         r = benchmark(
@@ -164,7 +164,7 @@ def test_matmul_peak_is_positive() -> None:
 def test_matmul_peak_is_the_faster_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """The peak takes oneDNN's packed GEMM into account (it ran ~15% above MKL's here): make
     that product take no time and the peak must become very large."""
-    from vitlab.models import onednn
+    from vitlab.accel import onednn
 
     if not onednn.available():
         pytest.skip("no oneDNN in this torch build")

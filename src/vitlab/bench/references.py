@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..accel import accelerate
 from ..errors import ConfigError, VitlabError
 from ..models import Block, PatchEmbed, VisionTransformer, ViTConfig
 
@@ -63,9 +64,9 @@ def model_overrides(
 def is_plain_vit(model: nn.Module) -> bool:
     """A plain ViT: patch-conv stem and standard blocks (not the hybrid's ResNet stem or axial blocks)."""
     return (
-        type(model) is VisionTransformer
+        isinstance(model, VisionTransformer)
         and type(model.patch_embed) is PatchEmbed
-        and all(type(b) is Block for b in model.blocks)  # type: ignore[union-attr]
+        and all(isinstance(b, Block) for b in model.blocks)  # type: ignore[union-attr]
     )
 
 
@@ -78,7 +79,7 @@ def build_reference(kind: str, cfg: ViTConfig) -> nn.Module:
     a timm / HF equivalent; anything else raises ``ConfigError``.
     """
     if kind == "vitlab":
-        return VisionTransformer(cfg)
+        return accelerate(VisionTransformer(cfg))
     if cfg.posemb != "learn" or cfg.head != "linear" or cfg.dynamic_img_pad:
         raise ConfigError(f"--vs {kind}: only plain ViTs (learned posemb, linear head) have a {kind} equivalent")
     if kind == "timm":

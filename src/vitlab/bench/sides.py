@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import create_model
 from ..devices import autocast
 from ..errors import ConfigError
-from ..models import VisionTransformer, ViTConfig, count_macs, create_model
+from ..models import VisionTransformer, ViTConfig, count_macs
 from .paths import inference_path, training_path
 from .references import build_reference, is_plain_vit, plain_adamw, vitlab_optimizer
 from .stats import sync
