@@ -1,4 +1,4 @@
-"""timm state dicts load directly: logits match timm's to 1e-5 (cls, gap, fc_norm), any file type."""
+"""timm state dicts load directly: logits match timm's (1e-5 of their size) (cls, gap, fc_norm), any file type."""
 
 from __future__ import annotations
 
