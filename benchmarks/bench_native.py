@@ -8,7 +8,7 @@ The small CIFAR configuration of the performance issue (32 px, patch 4, width 19
 heads, MLP 384, batch 128, AdamW). Each pair starts two of `vitlab bench`'s worker processes, one
 with the kernels and one with ``VITLAB_NATIVE=0``, and alternates their training steps, so both
 see the same moments of a shared machine; a new pair of processes per row, because which memory a
-process gets changes its page faults (docs/performance.md, experiments 13 and 25). Prints per pair
+process gets changes its page faults (docs/performance.md). Prints per pair
 the median step of each side, the ratio of the medians and the median of the per-step ratios
 (ATen / C: above 1 means the kernels are faster), and the page faults per step.
 """
