@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 import vitlab
 import vitlab.accel
+from conftest import assert_close_rel
 from vitlab.cli import main
 
 NAMES = ["zero", "one", "two", "three", "four"]
@@ -165,7 +166,7 @@ def test_convert_cli(tmp_path, capsys):
     model = vitlab.load(tmp_path / "out")
     assert model.config.extra["converted_from"].endswith("timm.safetensors")
     with torch.no_grad():
-        assert (model(images()) - ref(images())).abs().max().item() < 1e-5
+        assert_close_rel(model(images()), ref(images()))
 
     assert (
         main(

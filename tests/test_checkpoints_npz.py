@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vitlab
+from conftest import assert_close_rel
 
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
@@ -124,7 +125,7 @@ def check(model, ref, size: int = 32):
     with torch.no_grad():
         want, got = ref(x), model(x)
     assert want.abs().max() > 0.1
-    assert (got - want).abs().max().item() < 1e-5
+    assert_close_rel(got, want)
 
 
 CASES = [
@@ -183,11 +184,11 @@ def test_i21k_pre_logits_become_the_mlp_head(tmp_path):
     with torch.no_grad():
         feats = ref.forward_head(ref.forward_features(x), pre_logits=True)
         want = ref.head(torch.tanh(feats @ w.T + b))
-        assert (model(x) - want).abs().max().item() < 1e-5
+        assert_close_rel(model(x), want)
         # fine-tuning as in the paper: drop the pre-logits, new zero head
         ft = vitlab.load(path, head="linear", num_classes=10)
         assert ft.config.head == "linear" and torch.all(ft.head.weight == 0)
-        assert (ft.forward_head(ft.forward_features(x), pre_logits=True) - feats).abs().max().item() < 1e-5
+        assert_close_rel(ft.forward_head(ft.forward_features(x), pre_logits=True), feats)
 
 
 def test_jax_resampling_matches_scipy_zoom(tmp_path):
@@ -199,7 +200,7 @@ def test_jax_resampling_matches_scipy_zoom(tmp_path):
     want = ndimage.zoom(grid, (7 / 4, 7 / 4, 1), order=1).reshape(49, 64)
     got = model.pos_embed[0].detach().numpy()
     assert got.shape == (50, 64)
-    np.testing.assert_allclose(got[1:], want, atol=1e-5)
+    assert_close_rel(got[1:], want, rtol=1e-6)
     np.testing.assert_array_equal(got[0], ref.pos_embed[0, 0].detach().numpy())
     assert model(images(56)).shape == (3, 6)
 
@@ -260,4 +261,4 @@ def test_hybrid_npz(tmp_path, layers):
     with torch.no_grad():
         want = ref(x)
         assert want.abs().max() > 0.1
-        assert (model(x) - want).abs().max().item() < 1e-5
+        assert_close_rel(model(x), want)

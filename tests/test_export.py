@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import F32_RTOL, assert_close_rel
 from vitlab.cli import main
 from vitlab.export import ExportError, export_model, load_exported, run_exported
 from vitlab.models import create_model
@@ -25,15 +26,16 @@ def _model() -> torch.nn.Module:
 def test_torchscript_dynamic_batch(tmp_path: Path) -> None:
     m = _model()
     res = export_model(m, tmp_path / "m.pt", format="torchscript")
-    assert res.max_abs_diff is not None and res.max_abs_diff <= 1e-5
     ts = load_exported(res.path)
     x = torch.randn(7, 3, 16, 16)
     got = run_exported(ts, x.numpy())
     with torch.no_grad():
         want = m(x).numpy()
     assert got.shape == (7, 5)
-    assert np.abs(got - want).max() <= 1e-5
+    assert_close_rel(got, want)
     assert np.abs(want).max() > 0.1  # the comparison is not between zeros
+    # export's own check (another batch of the same model, so logits of the same size) passed and was reported
+    assert res.max_abs_diff is not None and res.max_abs_diff <= F32_RTOL * np.abs(want).max()
 
 
 def test_onnx_dynamic_batch(tmp_path: Path) -> None:
@@ -50,7 +52,7 @@ def test_onnx_dynamic_batch(tmp_path: Path) -> None:
             want = m(x).numpy()
         got = run_exported(sess, x.numpy())
         assert got.shape == (b, 5)
-        assert np.abs(got - want).max() <= 1e-4
+        assert_close_rel(got, want)
 
 
 def test_bad_format(tmp_path: Path) -> None:

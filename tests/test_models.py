@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from conftest import assert_close_rel
 from vitlab import ConfigError, InputError, UnknownModelError, VisionTransformer, ViTConfig, create_model
 from vitlab.models import list_models
 
@@ -80,8 +81,7 @@ def test_logits_match_timm(kind: str) -> None:
     ours.eval()
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
-        diff = (ours(x) - ref(x)).abs().max().item()
-    assert diff < 1e-5
+        assert_close_rel(ours(x), ref(x))
 
 
 def test_return_attention_is_exact_and_complete() -> None:
@@ -92,7 +92,7 @@ def test_return_attention_is_exact_and_complete() -> None:
         logits, attns = model(x, return_attention=True)
         with model.capture_attention() as captured:
             model(x)
-    assert torch.allclose(fast, logits, atol=1e-5)
+    assert_close_rel(logits, fast)
     assert len(attns) == len(captured) == 2
     for a, c in zip(attns, captured):
         assert a.shape == (2, 4, 17, 17)
@@ -116,7 +116,7 @@ def test_forward_intermediates() -> None:
     assert out["stem"].shape == (1, 16, 64)
     assert out["embedded"].shape == (1, 17, 64)
     assert len(out["blocks"]) == 2 and len(out["attention"]) == 2
-    assert torch.allclose(out["logits"], logits, atol=1e-5)
+    assert_close_rel(out["logits"], logits)
 
 
 @pytest.mark.parametrize("posemb", ["learn", "learn2d", "sincos2d", "none"])
@@ -166,7 +166,7 @@ def test_patch_embedding_equals_flattened_patch_projection() -> None:
     patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(2, 16, 3 * p * p)
     w = model.patch_embed.proj.weight.reshape(64, -1)
     expected = patches @ w.T + model.patch_embed.proj.bias
-    assert torch.allclose(model.patch_embed(x), expected, atol=1e-5)
+    assert_close_rel(model.patch_embed(x), expected)
 
 
 def test_no_weight_decay_names() -> None:

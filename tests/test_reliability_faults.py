@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train import loop as loop_mod
@@ -122,7 +123,7 @@ def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
     # Exact resume (augmentation in the training process): the same weights as never being killed.
     a, b = load_state(full / "last.pt")["model"], load_state(out / "last.pt")["model"]
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+        assert_close_rel(b[k], a[k], msg=k)
     assert vitlab.load(out / "model").config.num_classes == 3
     assert not list(out.glob(".last.pt.tmp*"))  # half-written files of killed processes were cleaned up
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import vitlab
+from conftest import assert_close_rel
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.models.layers import PatchEmbed
 
@@ -36,7 +37,8 @@ def test_patch_embedding_is_the_flattened_patches_times_e(batch, chans, patch, g
         pe.proj.weight.copy_(torch.randn(pe.proj.weight.shape, generator=g))
         pe.proj.bias.copy_(torch.randn(dim, generator=g))
     x = torch.randn(batch, chans, gh * patch, gw * patch, generator=g, dtype=torch.float64)
-    # (B, C, gh, P, gw, P) -> (B, gh, gw, C, P, P) -> (B, N, C*P*P): flattened patches, channel-major like the conv weight
+    # (B, C, gh, P, gw, P) -> (B, gh, gw, C, P, P) -> (B, N, C*P*P): flattened patches,
+    # channel-major like the conv weight
     xp = (
         x.reshape(batch, chans, gh, patch, gw, patch)
         .permute(0, 2, 4, 1, 3, 5)
@@ -132,7 +134,7 @@ def test_every_format_round_trips_a_random_architecture(tmp_path_factory, a):
             src.config.patch_size,
             a["num_classes"],
         ), name
-        torch.testing.assert_close(_outputs(got, a), want, rtol=1e-5, atol=1e-5, msg=name)
+        assert_close_rel(_outputs(got, a), want, msg=name)
         again = vitlab.load(vitlab.save(got, tmp / f"again{n}"))  # and back to the vitlab folder
         assert torch.equal(_outputs(again, a), _outputs(got, a)), name
 
@@ -166,7 +168,7 @@ def test_hugging_face_round_trip_of_a_random_architecture(tmp_path_factory, a):
         want = ref(pixel_values=x).logits
         got = model(x)
     assert model.config.num_heads == a["num_heads"]
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_close_rel(got, want)
     again = vitlab.load(vitlab.save(model, tmp / "vitlab"))
     with torch.no_grad():
         assert torch.equal(again(x), got)

@@ -161,7 +161,8 @@ def test_cli_mpp_then_finetune(data_dir, tmp_path, capsys):
     assert cfg.extra["objective"] == "classify"
     pre = vitlab.load(out / "model")
     assert pre.config.posemb == cfg.posemb == "sincos2d" and pre.config.num_classes == 0
-    # the encoder started from the MPP weights (a fresh init differs by ~0.2): two SGD steps at a tiny LR barely move them
+    # the encoder started from the MPP weights (a fresh init differs by ~0.2): two SGD steps at a tiny LR
+    # barely move them
     delta = (model.patch_embed.proj.weight - pre.patch_embed.proj.weight).abs().max().item()
     assert delta < 0.02
 

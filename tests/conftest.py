@@ -1,0 +1,47 @@
+"""Helpers shared by the tests.
+
+``assert_close_rel`` compares two outputs relative to the reference's size, for parity tests on unnormalised
+outputs (logits, features, parameters): an absolute tolerance of 1e-5 on logits of size ~20 asks for a relative
+error of 5e-7, which float32 GEMMs summed in another order (1 or 2 threads, AVX2, AVX-512, AMX) do not promise.
+Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on sys.path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Float32 parity between two implementations of the same arithmetic (vitlab against timm, Hugging Face, a
+# JAX .npz, an exported graph): reordered float32 sums differ by ~1e-6 of the output's size (at most 2.7e-6
+# measured, a timm hybrid with its ResNet stem, with 1 and 2 threads), so 1e-5 leaves a margin and still fails
+# on any real error (a wrong eps, activation, weight layout or missing bias is 1e-3 or more).
+F32_RTOL = 1e-5
+
+
+def _float64(x) -> torch.Tensor:
+    return (x.detach() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))).double()
+
+
+def rel_err(actual, expected) -> float:
+    """max |actual - expected| / max |expected| (max-norm relative error), in float64."""
+    a, b = _float64(actual), _float64(expected)
+    assert a.shape == b.shape, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
+    scale = b.abs().max().item() if b.numel() else 0.0
+    diff = (a - b).abs().max().item() if b.numel() else 0.0
+    if diff == 0.0:
+        return 0.0
+    return diff / scale if scale > 0 else float("inf")
+
+
+def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") -> None:
+    """Assert max |actual - expected| <= rtol * max |expected| (torch tensors or NumPy arrays of one shape).
+
+    The scale is the reference's largest magnitude, not each element's, so entries near zero do not make the
+    check flaky; an all-zero reference demands exact equality. NaN anywhere fails.
+    """
+    err = rel_err(actual, expected)
+    if not err <= rtol:
+        a, b = _float64(actual), _float64(expected)
+        diff, scale = (a - b).abs().max().item(), b.abs().max().item()
+        where = f"{msg}: " if msg else ""
+        raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
