@@ -96,7 +96,7 @@ class _Spec:
     eps1: float
     eps2: float
     approximate: str  # GELU: "none" (exact erf) or "tanh"
-    native: bool  # the fused C kernels of models/native.py for LayerNorm, GELU and the bias sums
+    native: bool  # the fused C kernels of accel/native.py for LayerNorm, GELU and the bias sums
 
 
 def uses_c_kernels(block: Block) -> bool:
