@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Dist", "all_reduce_sum", "barrier", "broadcast_ints", "setup", "teardown"]
+__all__ = ["Dist", "all_reduce_sum", "any_rank", "barrier", "broadcast_ints", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,14 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     if d.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def any_rank(flag: bool, d: Dist) -> bool:
+    """True on every rank when ``flag`` is True on at least one (a collective: all ranks call it)."""
+    t = torch.tensor([int(flag)])
+    if d.enabled:
+        dist.all_reduce(t)
+    return bool(t.item())
 
 
 def broadcast_ints(values: list[int], d: Dist, device: torch.device) -> list[int]:

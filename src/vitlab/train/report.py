@@ -1,16 +1,28 @@
-"""Run outputs: ``metrics.jsonl`` (one line per epoch), ``summary.json``, ``curves.png``, ``confusion.png``."""
+"""Run outputs: ``metrics.jsonl`` (one line per epoch), ``summary.json``, ``curves.png``, ``confusion.png``
+and ``model/`` (the vitlab folder of the best or last weights)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["append_metrics", "plot_confusion", "plot_curves", "read_metrics", "truncate_metrics", "write_json"]
+__all__ = [
+    "append_metrics",
+    "draw_figures",
+    "model_summary",
+    "plot_confusion",
+    "plot_curves",
+    "read_metrics",
+    "save_run_model",
+    "truncate_metrics",
+    "write_json",
+]
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -108,3 +120,49 @@ def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> None:
+    """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev``;
+    a failure is a warning, because a figure must never kill a training run."""
+    try:
+        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
+        if "confusion" in ev:  # not for MPP's 512 colours
+            plot_confusion(ev["confusion"], class_names, out / "confusion.png")
+    except Exception as e:
+        print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def save_run_model(model: Any, path: Path, *, cfg: Any, ev: dict[str, Any], epoch: int) -> None:
+    """Save ``model`` as a vitlab folder with what produced it: recipe, data, epoch, accuracy, ``--init``."""
+    from ..checkpoints import save
+
+    r = cfg.recipe
+    save(
+        model,
+        path,
+        extra={
+            "crop_pct": r.crop_pct,
+            "recipe": r.name,
+            "data": cfg.data,
+            "epoch": epoch,
+            "top1": ev["top1"],
+            "top5": ev["top5"],
+            "init": cfg.init,
+            "objective": cfg.objective,
+        },
+    )
+
+
+def model_summary(mcfg: Any, init: str | None) -> dict[str, Any]:
+    """The trained architecture as ``summary.json`` describes it."""
+    return {
+        "name": mcfg.name,
+        "img_size": list(mcfg.img_size),
+        "patch_size": mcfg.patch_size,
+        "embed_dim": mcfg.embed_dim,
+        "depth": mcfg.depth,
+        "num_heads": mcfg.num_heads,
+        "mlp_dim": mcfg.mlp_dim,
+        "init": init,
+    }
