@@ -8,13 +8,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from ..devices import autocast
 from .distributed import Dist, broadcast_ints
 
-__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "warmup_and_share"]
+__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan"]
 
 _REPLAN_FROM, _REPLAN_AT = 5, 45
 """A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
@@ -93,22 +95,41 @@ def _plan_budget(
     return total, epochs, eval_s
 
 
-def warmup_and_share(
+def make_plan(
+    cfg: Any,
     *,
-    epochs: int,
-    total_steps: int,
-    warmup_steps: int,
-    dist: Dist,
+    loaders: Any,
+    net: nn.Module,
+    run_model: nn.Module,
     device: torch.device,
+    amp_dtype: torch.dtype | None,
+    t_start: float,
+    dist: Dist,
     log: Callable[[str], None],
-) -> tuple[int, int, int]:
-    """``(epochs, total_steps, warmup_steps)`` with the warmup capped at half the run, rank 0's
-    values on every rank (a plan made from rank 0's timing)."""
-    if warmup_steps > total_steps // 2:
-        log(f"note: warmup {warmup_steps} steps capped at half the run ({total_steps // 2} steps)")
-        warmup_steps = total_steps // 2
-    epochs, total_steps, warmup_steps = broadcast_ints([epochs, total_steps, warmup_steps], dist, device)
-    return epochs, total_steps, warmup_steps
+    lr: float,
+    measure: Callable[..., tuple[int, int, float]] = _plan_budget,
+) -> tuple[dict[str, Any], Replanner]:
+    """A new run's plan (epochs, optimizer steps, warmup steps, peak LR; saved in ``last.pt``) and its
+    :class:`Replanner`: the recipe's epochs, or as many steps as ``--time-budget`` allows by ``measure``
+    (:func:`_plan_budget`). The warmup is capped at half the run; every rank gets rank 0's plan."""
+    spe = loaders.steps_per_epoch
+    epochs, total = cfg.recipe.epochs, cfg.recipe.epochs * spe
+    replan = Replanner()
+    if cfg.time_budget:
+        total, epochs, eval_s = measure(
+            cfg, net, run_model, loaders.train_ds, loaders.val_ds, loaders.micro, spe, device, amp_dtype, t_start,
+            dist, log, loaders.workers,
+        )  # fmt: skip
+        replan = Replanner.for_plan(
+            total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
+        )
+    warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
+    if warm > total // 2:
+        log(f"note: warmup {warm} steps capped at half the run ({total // 2} steps)")
+        warm = total // 2
+    epochs, total, warm = broadcast_ints([epochs, total, warm], dist, device)
+    plan = {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": lr}
+    return plan, replan
 
 
 @dataclass(kw_only=True)

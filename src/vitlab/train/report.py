@@ -19,6 +19,7 @@ __all__ = [
     "plot_confusion",
     "plot_curves",
     "read_metrics",
+    "run_summary",
     "save_run_model",
     "truncate_metrics",
     "write_json",
@@ -165,4 +166,43 @@ def model_summary(mcfg: Any, init: str | None) -> dict[str, Any]:
         "num_heads": mcfg.num_heads,
         "mlp_dim": mcfg.mlp_dim,
         "init": init,
+    }
+
+
+def run_summary(
+    *,
+    progress: Any,
+    plan: dict[str, Any],
+    cfg: Any,
+    model: Any,
+    data: Any,
+    processes: int,
+    device: Any,
+    out: Path,
+    wall_s: float,
+    rows: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """``summary.json``: the last epoch's accuracy (from the ``metrics.jsonl`` ``rows``), the best one,
+    how far the run got against its plan, its throughput, the model, the data and the recipe."""
+    p = progress
+    return {
+        "top1": rows[-1]["top1"] if rows else None,
+        "top5": rows[-1]["top5"] if rows else None,
+        "best_top1": p.best if p.best >= 0 else None,
+        "epochs": p.epoch,
+        "steps": p.step,
+        "images_per_sec": p.images / max(p.train_s, 1e-9),
+        "wall_s": wall_s,
+        "params": model.num_params(),
+        "model": model_summary(model.config, cfg.init),
+        "data": data.describe(),
+        "recipe": cfg.recipe.name,
+        "objective": cfg.objective,
+        "processes": processes,
+        "device": device.type,
+        "out": str(out),
+        "interrupted": p.interrupted,
+        "nan_skipped": p.nan_skipped,
+        "planned_epochs": plan["epochs"],
+        "planned_steps": plan["total_steps"],
     }

@@ -13,41 +13,26 @@ The parts live beside this module: :mod:`.config` (options and their checks), :m
 from __future__ import annotations
 
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import ConfigError, NonFiniteLossError
-from .budget import (
-    _REPLAN_AT,
-    _REPLAN_FROM,
-    Replanner,
-    _budget_reserve,
-    _plan_budget,
-    _steps_in_budget,
-    warmup_and_share,
-)
+from . import report
+from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan
 from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
 from .checkpointing import Progress, gather_torch_rng, restore_checkpoint, save_checkpoint
 from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
 from .loaders import build_loaders, eval_shard, load_run_data
-from .loop import EpochResult, evaluate, train_one_epoch
-from .report import (
-    append_metrics,
-    draw_figures,
-    model_summary,
-    read_metrics,
-    save_run_model,
-    truncate_metrics,
-    write_json,
-)
+from .loop import EpochResult, SigintStop, evaluate, train_one_epoch
 from .state import load_state
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
 # Also importable from here, where they used to live:
-_REEXPORTED = (_REPLAN_AT, _REPLAN_FROM, _budget_reserve, _steps_in_budget, eval_shard, micro_batch_estimate)
+_MOVED = (_REPLAN_AT, _steps_in_budget, eval_shard, micro_batch_estimate)
 
 
 def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
@@ -73,37 +58,13 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
         teardown()
 
 
-class _SigintStop:
-    """Ctrl-C in a single-process run: the first asks the run to finish its step, save and stop;
-    a second interrupts at once. In a multi-process run Ctrl-C keeps its default effect."""
-
-    def __init__(self, *, active: bool) -> None:
-        self.active, self.requested = active, False
-        self._prev: Any = None
-
-    def __enter__(self) -> _SigintStop:
-        if self.active:
-            self._prev = signal.getsignal(signal.SIGINT)
-            signal.signal(signal.SIGINT, self._on_sigint)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.active:
-            signal.signal(signal.SIGINT, self._prev)
-
-    def _on_sigint(self, signum: int, frame: object) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
 class Trainer:
     """One process's part of one run. Construction prepares everything (data, model, plan,
     optimizer, the resumed position); :meth:`run` trains to the end of the plan or until asked to
     stop, and returns the summary. The run's position is :attr:`progress`, a :class:`Progress`."""
 
     def __init__(
-        self, *, cfg: TrainConfig, dist: Dist, device: Any, out: Path, state: dict[str, Any] | None = None
+        self, *, cfg: TrainConfig, dist: Dist, device: torch.device, out: Path, state: dict[str, Any] | None = None
     ) -> None:
         self.cfg, self.dist, self.device, self.out = cfg, dist, device, out
         self.t_start = time.perf_counter()
@@ -118,8 +79,15 @@ class Trainer:
         )
         self.run_model = distribute(self.net, cfg, dist=dist, device=device)
         self.lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
-        self.replan = Replanner()  # a fresh time-budgeted plan replaces it
-        self.plan: dict[str, Any] = dict(state["plan"]) if state is not None else self._make_plan()
+        self.replan = Replanner()  # not due: resumed runs keep their plan
+        if state is not None:
+            self.plan: dict[str, Any] = dict(state["plan"])
+        else:
+            self.plan, self.replan = make_plan(
+                cfg, loaders=self.loaders, net=self.net, run_model=self.run_model, device=device,
+                amp_dtype=self.amp_dtype, t_start=self.t_start, dist=dist, log=self.log, lr=self.lr,
+                measure=_plan_budget,  # looked up here, at call time, so that tests can stand in for it
+            )  # fmt: skip
         self.opt = build_optimization(
             self.net,
             recipe=cfg.recipe,
@@ -142,25 +110,6 @@ class Trainer:
             f"{dist.world_size} process(es) on {device.type}"
         )
 
-    def _make_plan(self) -> dict[str, Any]:
-        """Epochs and steps of a new run: the recipe's epochs, or as many steps as ``--time-budget`` allows."""
-        cfg, lo = self.cfg, self.loaders
-        spe = lo.steps_per_epoch
-        epochs, total = cfg.recipe.epochs, cfg.recipe.epochs * spe
-        if cfg.time_budget:
-            total, epochs, eval_s = _plan_budget(
-                cfg, self.net, self.run_model, lo.train_ds, lo.val_ds, lo.micro, spe, self.device,
-                self.amp_dtype, self.t_start, self.dist, self.log, lo.workers,
-            )  # fmt: skip
-            self.replan = Replanner.for_plan(
-                total_steps=total, budget=cfg.time_budget, t_start=self.t_start, eval_s=eval_s, steps_per_epoch=spe
-            )
-        warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
-        epochs, total, warm = warmup_and_share(
-            epochs=epochs, total_steps=total, warmup_steps=warm, dist=self.dist, device=self.device, log=self.log
-        )
-        return {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": self.lr}
-
     def _restore(self, state: dict[str, Any] | None) -> Progress:
         metrics = self.out / "metrics.jsonl"
         if state is None:
@@ -169,7 +118,7 @@ class Trainer:
             return Progress()
         p = restore_checkpoint(state, net=self.net, opt=self.opt, generator=self.loaders.generator, rank=self.dist.rank)
         if self.dist.is_main:
-            truncate_metrics(metrics, last_epoch=p.epoch)
+            report.truncate_metrics(metrics, last_epoch=p.epoch)
         if p.step >= self.plan["total_steps"] or p.epoch >= self.plan["epochs"]:
             self.log(f"{self.out}: the run is already complete ({p.step} steps); nothing to resume")
         else:
@@ -189,7 +138,7 @@ class Trainer:
             disable=not (self.cfg.progress and self.dist.is_main),
             dynamic_ncols=True,
         )
-        with _SigintStop(active=self.dist.is_main and not self.dist.enabled) as self.sigint:
+        with SigintStop(active=self.dist.is_main and not self.dist.enabled) as self.sigint:
             try:
                 while p.epoch < plan["epochs"] and p.step < plan["total_steps"] and self._epoch():
                     pass
@@ -286,19 +235,11 @@ class Trainer:
         from .mpp import evaluate_mpp, unwrap
 
         p, cfg, d, lo = self.progress, self.cfg, self.dist, self.loaders
+        kw: dict[str, Any] = {"device": self.device, "amp_dtype": self.amp_dtype, "dist": d}
         if cfg.objective == "mpp":
-            ev = evaluate_mpp(
-                self.eval_model, lo.eval_loader, device=self.device, amp_dtype=self.amp_dtype, dist=d, seed=cfg.seed
-            )
+            ev = evaluate_mpp(self.eval_model, lo.eval_loader, seed=cfg.seed, **kw)
         else:
-            ev = evaluate(
-                self.eval_model,
-                lo.eval_loader,
-                num_classes=self.data.num_classes,
-                device=self.device,
-                amp_dtype=self.amp_dtype,
-                dist=d,
-            )
+            ev = evaluate(self.eval_model, lo.eval_loader, num_classes=self.data.num_classes, **kw)
         self.last_eval = ev
         row = {
             "epoch": p.epoch + 1,
@@ -321,13 +262,13 @@ class Trainer:
         )
         ranks = gather_torch_rng(d, self.device)
         if d.is_main:
-            append_metrics(row, self.out / "metrics.jsonl")
+            report.append_metrics(row, self.out / "metrics.jsonl")
             if improved or cfg.keep == "last":
-                save_run_model(unwrap(self.eval_model), self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)
+                report.save_run_model(unwrap(self.eval_model), self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)
             self._save(ranks, micro_done=0)
             self.last_save = time.perf_counter()
             if time.perf_counter() - self.last_plot > 30:  # figures cost ~1 s; the end of the run always draws them
-                draw_figures(self.out, self.data.class_names, ev)
+                report.draw_figures(self.out, self.data.class_names, ev)
                 self.last_plot = time.perf_counter()
 
     def _save(self, torch_ranks: list[Any], *, micro_done: int) -> None:
@@ -350,32 +291,23 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         p, d, out = self.progress, self.dist, self.out
-        rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
-        summary = {
-            "top1": rows[-1]["top1"] if rows else None,
-            "top5": rows[-1]["top5"] if rows else None,
-            "best_top1": p.best if p.best >= 0 else None,
-            "epochs": p.epoch,
-            "steps": p.step,
-            "images_per_sec": p.images / max(p.train_s, 1e-9),
-            "wall_s": self._wall_s(),
-            "params": self.model.num_params(),
-            "model": model_summary(self.model.config, self.cfg.init),
-            "data": self.data.describe(),
-            "recipe": self.cfg.recipe.name,
-            "objective": self.cfg.objective,
-            "processes": d.world_size,
-            "device": self.device.type,
-            "out": str(out),
-            "interrupted": p.interrupted,
-            "nan_skipped": p.nan_skipped,
-            "planned_epochs": self.plan["epochs"],
-            "planned_steps": self.plan["total_steps"],
-        }
+        rows = report.read_metrics(out / "metrics.jsonl") if d.is_main else []
+        summary = report.run_summary(
+            progress=p,
+            plan=self.plan,
+            cfg=self.cfg,
+            model=self.model,
+            data=self.data,
+            processes=d.world_size,
+            device=self.device,
+            out=out,
+            wall_s=self._wall_s(),
+            rows=rows,
+        )
         if d.is_main:
-            write_json(summary, out / "summary.json")
+            report.write_json(summary, out / "summary.json")
             if self.last_eval is not None:
-                draw_figures(out, self.data.class_names, self.last_eval)
+                report.draw_figures(out, self.data.class_names, self.last_eval)
             if p.interrupted:
                 self.log(
                     f"stopped at epoch {p.epoch + 1}, step {p.step}; saved {out / 'last.pt'}. "
