@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..devices import resolve_device
+
 __all__ = ["Dist", "all_reduce_sum", "any_rank", "barrier", "broadcast_ints", "setup", "teardown"]
 
 
@@ -32,12 +34,12 @@ class Dist:
 
 
 def setup(device: str) -> tuple[Dist, torch.device]:
-    """Join the process group when launched by torchrun; pick this process's device."""
+    """Join the process group when launched by torchrun; pick this process's device: ``device``
+    resolved by :func:`vitlab.devices.resolve_device`, and a CUDA device without an index becomes
+    this process's GPU (``LOCAL_RANK`` under torchrun, else the current one)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device())
     if dev.type == "cuda":

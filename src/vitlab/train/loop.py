@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import autocast
 from ..errors import NonFiniteLossError
 from ..evaluate.accuracy import evaluate_batches as evaluate
 
@@ -32,12 +33,6 @@ class EpochResult:
     """True when ``on_step`` asked to stop before the end of the epoch."""
     skipped: int = 0
     """Optimizer steps skipped because the loss was NaN or Inf (``on_nan="skip"``)."""
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def train_one_epoch(
@@ -76,7 +71,7 @@ def train_one_epoch(
         last_micro = (i + 1) % accum_steps == 0
         sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
-            with _autocast(device, amp_dtype):
+            with autocast(device, amp_dtype):
                 out = model(x)
             # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
             loss = (
