@@ -2,7 +2,7 @@
 
 ``torchrun --nproc_per_node N -m vitlab train ...`` on one machine; on several, the same
 command on each node with ``--nnodes M --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``.
-gloo on CPU, NCCL on GPU. Rank 0 alone logs and writes files.
+gloo on CPU; on GPU NCCL for CUDA tensors and gloo for CPU ones. Rank 0 alone logs and writes files.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def setup(device: str) -> tuple[Dist, torch.device]:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        # On GPUs the small CPU tensors (stop flags, evaluation counts, RNG states) go through gloo:
+        # a process group of NCCL alone refuses them ("No backend type associated with device type cpu").
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return Dist(rank, world, local), dev
 
