@@ -58,12 +58,13 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     return t
 
 
-def any_rank(flag: bool, d: Dist) -> bool:
-    """True on every rank when ``flag`` is True on at least one (a collective: all ranks call it)."""
-    t = torch.tensor([int(flag)])
+def any_rank(flags: list[bool], d: Dist) -> list[bool]:
+    """Each of ``flags`` True on every rank when it is True on at least one: one decision for all ranks
+    (a collective: all ranks call it)."""
+    t = torch.tensor([int(f) for f in flags])
     if d.enabled:
         dist.all_reduce(t)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def broadcast_ints(values: list[int], d: Dist, device: torch.device) -> list[int]:

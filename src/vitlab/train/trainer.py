@@ -210,13 +210,11 @@ class Trainer:
             self._replanned(*new)
         stop = p.step >= self.plan["total_steps"]
         stop |= cfg.stop_after is not None and p.steps_this_run >= cfg.stop_after
-        stop |= any_rank(self.sigint.requested, d)
         periodic = cfg.save_every is not None and time.perf_counter() - self.last_save >= 60 * cfg.save_every
+        sigint, periodic = any_rank([self.sigint.requested, periodic], d)  # ranks' clocks differ: decide together
+        stop |= sigint
         if (stop or periodic) and p.micro < self.loaders.micro_per_epoch:  # mid-epoch: save the exact position
-            ranks = gather_torch_rng(d, self.device)
-            if d.is_main:
-                self._save(ranks, micro_done=p.micro)
-            self.last_save = time.perf_counter()
+            self._checkpoint(micro_done=p.micro)
         return stop
 
     def _replanned(self, total: int, per_step: float) -> None:
@@ -260,30 +258,33 @@ class Trainer:
         self.bar.set_postfix(
             epoch=f"{p.epoch}/{self.plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}"
         )
-        ranks = gather_torch_rng(d, self.device)
         if d.is_main:
             report.append_metrics(row, self.out / "metrics.jsonl")
             if improved or cfg.keep == "last":
                 report.save_run_model(unwrap(self.eval_model), self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)
-            self._save(ranks, micro_done=0)
-            self.last_save = time.perf_counter()
-            if time.perf_counter() - self.last_plot > 30:  # figures cost ~1 s; the end of the run always draws them
-                report.draw_figures(self.out, self.data.class_names, ev)
-                self.last_plot = time.perf_counter()
+        self._checkpoint(micro_done=0)
+        if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
+            report.draw_figures(self.out, self.data.class_names, ev)
+            self.last_plot = time.perf_counter()
 
-    def _save(self, torch_ranks: list[Any], *, micro_done: int) -> None:
-        save_checkpoint(
-            self.out / "last.pt",
-            net=self.net,
-            opt=self.opt,
-            generator=self.loaders.generator,
-            progress=self.progress,
-            plan=self.plan,
-            cfg=self.cfg,
-            wall_s=self._wall_s(),
-            micro_done=micro_done,
-            torch_ranks=torch_ranks,
-        )
+    def _checkpoint(self, *, micro_done: int) -> None:
+        """Save ``last.pt``: ``micro_done`` micro-batches into the current epoch (0: at its start). A
+        collective: every rank calls it (their RNG states are gathered), rank 0 writes the file."""
+        torch_ranks = gather_torch_rng(self.dist, self.device)
+        if self.dist.is_main:
+            save_checkpoint(
+                self.out / "last.pt",
+                net=self.net,
+                opt=self.opt,
+                generator=self.loaders.generator,
+                progress=self.progress,
+                plan=self.plan,
+                cfg=self.cfg,
+                wall_s=self._wall_s(),
+                micro_done=micro_done,
+                torch_ranks=torch_ranks,
+            )
+        self.last_save = time.perf_counter()
 
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""
