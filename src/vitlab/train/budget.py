@@ -114,21 +114,23 @@ def make_plan(
     (:func:`_plan_budget`). The warmup is capped at half the run; every rank gets rank 0's plan."""
     spe = loaders.steps_per_epoch
     epochs, total = cfg.recipe.epochs, cfg.recipe.epochs * spe
-    replan = Replanner()
+    eval_s = 0.0
     if cfg.time_budget:
         total, epochs, eval_s = measure(
             cfg, net, run_model, loaders.train_ds, loaders.val_ds, loaders.micro, spe, device, amp_dtype, t_start,
             dist, log, loaders.workers,
         )  # fmt: skip
-        replan = Replanner.for_plan(
-            total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
-        )
     warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
     if warm > total // 2:
         log(f"note: warmup {warm} steps capped at half the run ({total // 2} steps)")
         warm = total // 2
     epochs, total, warm = broadcast_ints([epochs, total, warm], dist, device)
     plan = {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": lr}
+    replan = Replanner()
+    if cfg.time_budget:  # due or not from the shared plan: its re-plan is a collective
+        replan = Replanner.for_plan(
+            total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
+        )
     return plan, replan
 
 
