@@ -117,9 +117,20 @@ def make_plan(
     eval_s = 0.0
     if cfg.time_budget:
         total, epochs, eval_s = measure(
-            cfg, net, run_model, loaders.train_ds, loaders.val_ds, loaders.micro, spe, device, amp_dtype, t_start,
-            dist, log, loaders.workers,
-        )  # fmt: skip
+            cfg,
+            net,
+            run_model,
+            loaders.train_ds,
+            loaders.val_ds,
+            loaders.micro,
+            spe,
+            device,
+            amp_dtype,
+            t_start,
+            dist,
+            log,
+            loaders.workers,
+        )
     warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
     if warm > total // 2:
         log(f"note: warmup {warm} steps capped at half the run ({total // 2} steps)")

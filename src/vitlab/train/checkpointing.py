@@ -4,6 +4,7 @@ mid-epoch, and how a resumed run is put back exactly where the saved one was."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ from torch import nn
 from .build import Optimization
 from .config import TrainConfig
 from .distributed import Dist
+from .report import truncate_metrics
 from .state import atomic_torch_save, get_rng_state, set_rng_state
 
-__all__ = ["Progress", "gather_torch_rng", "restore_checkpoint", "save_checkpoint"]
+__all__ = ["Progress", "gather_torch_rng", "restore_checkpoint", "save_checkpoint", "start_position"]
 
 
 @dataclass(kw_only=True)
@@ -59,6 +61,12 @@ class Progress:
     def finish_epoch(self) -> None:
         self.epoch += 1
         self.micro, self.loss_sum = 0, 0.0
+
+    def kept(self, path: Path) -> str:
+        """What a run stopped by an error leaves to resume from, for the error's message."""
+        if self.saved_step is None:
+            return "no checkpoint was saved yet"
+        return f"{path} (step {self.saved_step}) holds the last good state"
 
 
 def gather_torch_rng(dist: Dist, device: torch.device) -> list[torch.Tensor]:
@@ -140,3 +148,31 @@ def restore_checkpoint(
         train_s=state["train_s"],
         saved_step=state["step"],
     )
+
+
+def start_position(
+    state: dict[str, Any] | None,
+    *,
+    net: nn.Module,
+    opt: Optimization,
+    generator: torch.Generator,
+    dist: Dist,
+    out: Path,
+    plan: dict[str, Any],
+    log: Callable[[str], None],
+) -> Progress:
+    """Where the run starts: at the beginning (``state`` is None: ``out/metrics.jsonl`` is cleared), or
+    where the checkpoint ``state`` left it (:func:`restore_checkpoint`), keeping the ``metrics.jsonl``
+    rows of the epochs it had finished."""
+    if state is None:
+        if dist.is_main:
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        return Progress()
+    p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank)
+    if dist.is_main:
+        truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
+    if p.step >= plan["total_steps"] or p.epoch >= plan["epochs"]:
+        log(f"{out}: the run is already complete ({p.step} steps); nothing to resume")
+    else:
+        log(f"resuming {out} at epoch {p.epoch + 1}, step {p.step}/{plan['total_steps']}")
+    return p

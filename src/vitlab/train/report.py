@@ -21,6 +21,7 @@ __all__ = [
     "read_metrics",
     "run_summary",
     "save_run_model",
+    "start_line",
     "truncate_metrics",
     "write_json",
 ]
@@ -206,3 +207,14 @@ def run_summary(
         "planned_epochs": plan["epochs"],
         "planned_steps": plan["total_steps"],
     }
+
+
+def start_line(model: Any, data: Any, recipe: Any, plan: dict[str, Any], lr: float, processes: int, device: Any) -> str:
+    """The line a run starts with: what is trained on what, with which recipe and plan, where."""
+    m = model.config
+    return (
+        f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
+        f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
+        f"images, {data.num_classes} classes; recipe {recipe.name}, {plan['epochs']} epochs = "
+        f"{plan['total_steps']} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+    )

@@ -23,7 +23,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from . import report
 from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan
 from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
-from .checkpointing import Progress, gather_torch_rng, restore_checkpoint, save_checkpoint
+from .checkpointing import gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
 from .loaders import build_loaders, eval_shard, load_run_data
@@ -61,7 +61,8 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
 class Trainer:
     """One process's part of one run. Construction prepares everything (data, model, plan,
     optimizer, the resumed position); :meth:`run` trains to the end of the plan or until asked to
-    stop, and returns the summary. The run's position is :attr:`progress`, a :class:`Progress`."""
+    stop, and returns the summary. Where the run is, is one object:
+    :attr:`progress`, a :class:`~vitlab.train.checkpointing.Progress`."""
 
     def __init__(
         self, *, cfg: TrainConfig, dist: Dist, device: torch.device, out: Path, state: dict[str, Any] | None = None
@@ -84,10 +85,18 @@ class Trainer:
             self.plan: dict[str, Any] = dict(state["plan"])
         else:
             self.plan, self.replan = make_plan(
-                cfg, loaders=self.loaders, net=self.net, run_model=self.run_model, device=device,
-                amp_dtype=self.amp_dtype, t_start=self.t_start, dist=dist, log=self.log, lr=self.lr,
+                cfg,
+                loaders=self.loaders,
+                net=self.net,
+                run_model=self.run_model,
+                device=device,
+                amp_dtype=self.amp_dtype,
+                t_start=self.t_start,
+                dist=dist,
+                log=self.log,
+                lr=self.lr,
                 measure=_plan_budget,  # looked up here, at call time, so that tests can stand in for it
-            )  # fmt: skip
+            )
         self.opt = build_optimization(
             self.net,
             recipe=cfg.recipe,
@@ -98,32 +107,19 @@ class Trainer:
             use_scaler=use_scaler,
         )
         self.eval_model = self.opt.ema.module if self.opt.ema is not None else self.net
-        self.progress = self._restore(state)
+        self.progress = start_position(
+            state,
+            net=self.net,
+            opt=self.opt,
+            generator=self.loaders.generator,
+            dist=dist,
+            out=out,
+            plan=self.plan,
+            log=self.log,
+        )
         self.last_eval: dict[str, Any] | None = None
         self.last_save = self.last_plot = time.perf_counter()
-        m, data, r, plan = self.model.config, self.data, cfg.recipe, self.plan
-        self.log(
-            f"training {m.name} ({self.model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
-            f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
-            f"images, {data.num_classes} classes; recipe {r.name}, {plan['epochs']} epochs = "
-            f"{plan['total_steps']} steps of {r.batch_size}, lr {self.lr:.2g}, "
-            f"{dist.world_size} process(es) on {device.type}"
-        )
-
-    def _restore(self, state: dict[str, Any] | None) -> Progress:
-        metrics = self.out / "metrics.jsonl"
-        if state is None:
-            if self.dist.is_main:
-                metrics.unlink(missing_ok=True)
-            return Progress()
-        p = restore_checkpoint(state, net=self.net, opt=self.opt, generator=self.loaders.generator, rank=self.dist.rank)
-        if self.dist.is_main:
-            report.truncate_metrics(metrics, last_epoch=p.epoch)
-        if p.step >= self.plan["total_steps"] or p.epoch >= self.plan["epochs"]:
-            self.log(f"{self.out}: the run is already complete ({p.step} steps); nothing to resume")
-        else:
-            self.log(f"resuming {self.out} at epoch {p.epoch + 1}, step {p.step}/{self.plan['total_steps']}")
-        return p
+        self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
 
     def run(self) -> dict[str, Any]:
         """Train the planned epochs (or until stopped), then write the summary and figures."""
@@ -143,13 +139,8 @@ class Trainer:
                 while p.epoch < plan["epochs"] and p.step < plan["total_steps"] and self._epoch():
                     pass
             except NonFiniteLossError as e:
-                kept = (
-                    f"{self.out / 'last.pt'} (step {p.saved_step}) holds the last good state"
-                    if p.saved_step is not None
-                    else "no checkpoint was saved yet"
-                )
                 raise NonFiniteLossError(
-                    f"{e}, global step {p.step + 1}: stopped before that update; {kept}. "
+                    f"{e}, global step {p.step + 1}: stopped before that update; {p.kept(self.out / 'last.pt')}. "
                     "Lower --lr, set --clip-grad, or pass --on-nan skip"
                 ) from None
             finally:
