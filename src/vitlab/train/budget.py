@@ -8,13 +8,17 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..devices import autocast
 from .distributed import Dist, broadcast_ints
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .loaders import Loaders
 
 __all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan"]
 
@@ -96,9 +100,9 @@ def _plan_budget(
 
 
 def make_plan(
-    cfg: Any,
+    cfg: TrainConfig,
     *,
-    loaders: Any,
+    loaders: Loaders,
     net: nn.Module,
     run_model: nn.Module,
     device: torch.device,

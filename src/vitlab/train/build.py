@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from .recipes import Recipe
 
 if TYPE_CHECKING:
     from torch.optim.swa_utils import AveragedModel
+
+    from ..data.sources import DataSplits
 
 __all__ = ["Optimization", "build_model", "build_net", "build_optimization", "distribute", "micro_batch_estimate"]
 
@@ -110,7 +112,9 @@ def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool
     return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]
 
 
-def build_net(cfg: TrainConfig, *, data: Any, dist: Dist, device: torch.device) -> tuple[nn.Module, nn.Module, int]:
+def build_net(
+    cfg: TrainConfig, *, data: DataSplits, dist: Dist, device: torch.device
+) -> tuple[nn.Module, nn.Module, int]:
     """``(model, net, workers)``: the ViT, the module the optimiser trains (the ViT, or the ViT plus the
     MPP [mask] embedding and colour head) on ``device``, and the number of DataLoader workers.
 

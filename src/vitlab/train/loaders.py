@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,7 +18,8 @@ from .config import TrainConfig
 from .distributed import Dist, barrier
 
 if TYPE_CHECKING:
-    from ..data.sources import ImageArray
+    from ..data.sources import DataSplits, ImageArray
+    from ..models import ViTConfig
 
 __all__ = ["Loaders", "build_loaders", "eval_shard", "load_run_data"]
 
@@ -29,7 +30,7 @@ def _cache_size(cfg: TrainConfig) -> int | None:
     return None if s is None else max(32, math.ceil(s / 0.875))
 
 
-def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None]) -> Any:
+def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None]) -> DataSplits:
     """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
     while the others wait; undecodable files are listed in ``out/bad_files.txt``."""
     from ..data import load_data
@@ -125,7 +126,7 @@ class Loaders:
 
 
 def build_loaders(
-    cfg: TrainConfig, *, data: Any, model_config: Any, dist: Dist, device: torch.device, workers: int
+    cfg: TrainConfig, *, data: DataSplits, model_config: ViTConfig, dist: Dist, device: torch.device, workers: int
 ) -> Loaders:
     """Datasets with the recipe's augmentation (training) and centre crop (evaluation) at the model's
     resolution and normalisation; checks that the global batch divides into processes and accumulation

@@ -8,9 +8,19 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..data.sources import DataSplits
+    from ..models import VisionTransformer, ViTConfig
+    from .checkpointing import Progress
+    from .config import TrainConfig
+    from .recipes import Recipe
 
 __all__ = [
     "append_metrics",
@@ -135,7 +145,7 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def save_run_model(model: Any, path: Path, *, cfg: Any, ev: dict[str, Any], epoch: int) -> None:
+def save_run_model(model: nn.Module, path: Path, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int) -> None:
     """Save ``model`` as a vitlab folder with what produced it: recipe, data, epoch, accuracy, ``--init``."""
     from ..checkpoints import save
 
@@ -156,7 +166,7 @@ def save_run_model(model: Any, path: Path, *, cfg: Any, ev: dict[str, Any], epoc
     )
 
 
-def model_summary(mcfg: Any, init: str | None) -> dict[str, Any]:
+def model_summary(mcfg: ViTConfig, init: str | None) -> dict[str, Any]:
     """The trained architecture as ``summary.json`` describes it."""
     return {
         "name": mcfg.name,
@@ -172,13 +182,13 @@ def model_summary(mcfg: Any, init: str | None) -> dict[str, Any]:
 
 def run_summary(
     *,
-    progress: Any,
+    progress: Progress,
     plan: dict[str, Any],
-    cfg: Any,
-    model: Any,
-    data: Any,
+    cfg: TrainConfig,
+    model: VisionTransformer,
+    data: DataSplits,
     processes: int,
-    device: Any,
+    device: torch.device,
     out: Path,
     wall_s: float,
     rows: Sequence[dict[str, Any]],
@@ -209,7 +219,15 @@ def run_summary(
     }
 
 
-def start_line(model: Any, data: Any, recipe: Any, plan: dict[str, Any], lr: float, processes: int, device: Any) -> str:
+def start_line(
+    model: VisionTransformer,
+    data: DataSplits,
+    recipe: Recipe,
+    plan: dict[str, Any],
+    lr: float,
+    processes: int,
+    device: torch.device,
+) -> str:
     """The line a run starts with: what is trained on what, with which recipe and plan, where."""
     m = model.config
     return (
