@@ -18,7 +18,8 @@ EXAMPLES = """examples:
   vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
   vitlab train --data ../shared/data/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
   vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
-  vitlab train --data ../shared/data/cifar10 --objective mpp --out runs/mpp --time-budget 10m   # self-supervised, labels unused
+  vitlab train --data ../shared/data/cifar10 --objective mpp --out runs/mpp --time-budget 10m
+                                                 # self-supervised: masked patch prediction, labels unused
   vitlab finetune --init runs/mpp/model --data ../shared/data/cifar10 --recipe small-data --time-budget 10m
   torchrun --nproc_per_node 2 -m vitlab train --data digits --out runs/ddp
 """
@@ -172,7 +173,8 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "--on-nan",
         choices=["stop", "skip"],
         default="stop",
-        help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), or skip the step and count it in metrics.jsonl",
+        help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), "
+        "or skip the step and count it in metrics.jsonl",
     )
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -313,15 +315,17 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
     summary = fit(cfg, resume=args.resume)
     if summary.get("objective") == "mpp" and summary.get("top1") is not None and _is_main():
         print(
-            f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
-            f"top-5 {100 * summary['top5']:.2f}% after {summary['epochs']} epochs / {summary['steps']} steps; {summary['wall_s']:.1f} s"
+            f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% "
+            f"(best {100 * summary['best_top1']:.2f}%), top-5 {100 * summary['top5']:.2f}% "
+            f"after {summary['epochs']} epochs / {summary['steps']} steps; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
         print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
         print(
-            f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), top-5 {100 * summary['top5']:.2f}% "
-            f"after {summary['epochs']} epochs / {summary['steps']} steps; {summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
+            f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
+            f"top-5 {100 * summary['top5']:.2f}% after {summary['epochs']} epochs / {summary['steps']} steps; "
+            f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")
     if summary.get("interrupted") and args.stop_after is None:

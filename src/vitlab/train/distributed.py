@@ -2,7 +2,7 @@
 
 ``torchrun --nproc_per_node N -m vitlab train ...`` on one machine; on several, the same
 command on each node with ``--nnodes M --node_rank i --rdzv_backend c10d --rdzv_endpoint HOST:PORT``.
-gloo on CPU, NCCL on GPU. Rank 0 alone logs and writes files.
+gloo on CPU; on GPU NCCL for CUDA tensors and gloo for CPU ones. Rank 0 alone logs and writes files.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Dist", "all_reduce_sum", "barrier", "broadcast_ints", "setup", "teardown"]
+from ..devices import resolve_device
+
+__all__ = ["Dist", "all_reduce_sum", "any_rank", "barrier", "broadcast_ints", "setup", "teardown"]
 
 
 @dataclass(frozen=True)
@@ -32,18 +34,20 @@ class Dist:
 
 
 def setup(device: str) -> tuple[Dist, torch.device]:
-    """Join the process group when launched by torchrun; pick this process's device."""
+    """Join the process group when launched by torchrun; pick this process's device: ``device``
+    resolved by :func:`vitlab.devices.resolve_device`, and a CUDA device without an index becomes
+    this process's GPU (``LOCAL_RANK`` under torchrun, else the current one)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local if world > 1 else torch.cuda.current_device())
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        # On GPUs the small CPU tensors (stop flags, evaluation counts, RNG states) go through gloo:
+        # a process group of NCCL alone refuses them ("No backend type associated with device type cpu").
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     return Dist(rank, world, local), dev
 
@@ -52,6 +56,15 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     if d.enabled:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def any_rank(flags: list[bool], d: Dist) -> list[bool]:
+    """Each of ``flags`` True on every rank when it is True on at least one: one decision for all ranks
+    (a collective: all ranks call it)."""
+    t = torch.tensor([int(f) for f in flags])
+    if d.enabled:
+        dist.all_reduce(t)
+    return [bool(v) for v in t.tolist()]
 
 
 def broadcast_ints(values: list[int], d: Dist, device: torch.device) -> list[int]:

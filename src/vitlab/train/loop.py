@@ -1,22 +1,25 @@
-"""One training epoch and one evaluation pass. Everything else (data, checkpoints,
-reports) lives in :mod:`vitlab.train.trainer`."""
+"""One training epoch, one evaluation pass, and Ctrl-C as a request to stop after the current step.
+The run around them (data, checkpoints, reports) is :mod:`vitlab.train.trainer`."""
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import autocast
 from ..errors import NonFiniteLossError
 from ..evaluate.accuracy import evaluate_batches as evaluate
 
-__all__ = ["EpochResult", "evaluate", "train_one_epoch"]
+__all__ = ["EpochResult", "SigintStop", "evaluate", "train_one_epoch"]
 
 
 @dataclass
@@ -30,12 +33,6 @@ class EpochResult:
     """True when ``on_step`` asked to stop before the end of the epoch."""
     skipped: int = 0
     """Optimizer steps skipped because the loss was NaN or Inf (``on_nan="skip"``)."""
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def train_one_epoch(
@@ -74,7 +71,7 @@ def train_one_epoch(
         last_micro = (i + 1) % accum_steps == 0
         sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
-            with _autocast(device, amp_dtype):
+            with autocast(device, amp_dtype):
                 out = model(x)
             # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
             loss = (
@@ -121,3 +118,27 @@ def train_one_epoch(
         running = 0.0
     res.seconds = time.perf_counter() - t0
     return res
+
+
+class SigintStop:
+    """Ctrl-C in a single-process run: the first asks the run to finish its step, save and stop;
+    a second interrupts at once. In a multi-process run Ctrl-C keeps its default effect."""
+
+    def __init__(self, *, active: bool) -> None:
+        self.active, self.requested = active, False
+        self._prev: Any = None
+
+    def __enter__(self) -> SigintStop:
+        if self.active:
+            self._prev = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self._prev)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True

@@ -9,11 +9,12 @@ for resuming), so ``vitlab finetune --init run/model`` starts from it like from 
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..devices import autocast
 
 __all__ = ["OBJECTIVES", "evaluate_mpp", "unwrap", "wrap"]
 
@@ -55,8 +56,7 @@ def evaluate_mpp(
     n = torch.zeros((), dtype=torch.int64)
     for x, _ in batches:
         x = x.to(device, non_blocking=True)
-        ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-        with ctx:
+        with autocast(device, amp_dtype):
             out = net(x, generator=gen)
         logits, tgt = out.logits.float(), out.targets
         if tgt.numel() == 0:

@@ -37,8 +37,9 @@ def build_optimizer(model: nn.Module, recipe: Recipe, lr: float) -> torch.optim.
 
 
 def _fused_ok(model: nn.Module) -> bool | None:
-    """The single-kernel AdamW when every parameter can use it (CPU/CUDA floats): its step is much
-    shorter than the default per-tensor loops', most of all on a busy CPU (docs/performance.md)."""
+    """The single-kernel (fused) AdamW when every parameter can use it (CPU/CUDA floats): one pass over all
+    parameters instead of torch's default per-tensor loops, whose overhead dominates a small model's step
+    (docs/performance.md)."""
     ps = list(model.parameters())
     ok = ps and all(
         p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in ps

@@ -139,11 +139,14 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="pretrain",
             source=(
-                "Dosovitskiy et al. 2021, Sec. 4.1 and Appendix B.1 (Table 3): Adam b1=0.9 b2=0.999, batch 4096, "
-                "LR 1e-3 (ImageNet-21k ViT-B), weight decay 0.1, 10k linear warmup steps then linear decay, "
-                "global-norm clipping at 1, dropout 0.1, the tanh pre-logits (MLP) head, Inception crop + flip at 224 px."
+                "Dosovitskiy et al. 2021, Sec. 4.1 and Appendix B.1 (Table 3): Adam b1=0.9 b2=0.999, batch 4096, LR "
+                "1e-3 (ImageNet-21k ViT-B), weight decay 0.1, 10k linear warmup steps then linear decay, global-norm "
+                "clipping at 1, dropout 0.1, the tanh pre-logits (MLP) head, Inception crop + flip at 224 px."
             ),
-            expected="ViT-B/16 on ImageNet-21k for 90 epochs, then fine-tuned: 84.0% ImageNet top-1 at 384 px (Table 2). Needs accelerators.",
+            expected=(
+                "ViT-B/16 on ImageNet-21k for 90 epochs, then fine-tuned: 84.0% ImageNet top-1 at 384 px (Table 2). "
+                "Needs accelerators."
+            ),
             model="vit_b16",
             img_size=224,
             head="mlp",
@@ -161,10 +164,11 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="finetune",
             source=(
-                "Dosovitskiy et al. 2021, Sec. 3.2, 4.1 and Appendix B.1.1 (Table 4), and google-research/vision_transformer "
-                "configs: SGD momentum 0.9, no weight decay, batch 512, LR from {0.001, 0.003, 0.01, 0.03} (0.03 for CIFAR), "
-                "500 warmup steps then cosine decay, clipping at global norm 1, a new zero-initialised linear head, "
-                "a higher resolution than pre-training with the position embeddings resampled (2-D interpolation)."
+                "Dosovitskiy et al. 2021, Sec. 3.2, 4.1 and Appendix B.1.1 (Table 4), and "
+                "google-research/vision_transformer configs: SGD momentum 0.9, no weight decay, batch 512, LR from "
+                "{0.001, 0.003, 0.01, 0.03} (0.03 for CIFAR), 500 warmup steps then cosine decay, clipping at global "
+                "norm 1, a new zero-initialised linear head, a higher resolution than pre-training with the position "
+                "embeddings resampled (2-D interpolation)."
             ),
             expected="ViT-B/16 (ImageNet-21k) fine-tuned on CIFAR-10 at 384 px for 10k steps: 98.1-99.0% (Table 2/5).",
             optimizer="sgd",
@@ -182,12 +186,16 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="small-data",
             source=(
-                "Lee, Lee & Song 2021, 'Vision Transformer for Small-Size Datasets' (SPT/LSA), their plain-ViT CIFAR baseline, "
-                "which follows DeiT (Touvron et al. 2021): AdamW LR 1e-3, weight decay 0.05, batch 128, 100 epochs, "
-                "10 warmup epochs + cosine, mixup 0.8 + cutmix 1.0, label smoothing 0.1, stochastic depth 0.1, random erasing 0.25; "
-                "RandAugment(2, 9) stands in for their AutoAugment. Model: patch 4, width 192, depth 9, 12 heads, MLP ratio 2."
+                "Lee, Lee & Song 2021, 'Vision Transformer for Small-Size Datasets' (SPT/LSA), their plain-ViT CIFAR "
+                "baseline, which follows DeiT (Touvron et al. 2021): AdamW LR 1e-3, weight decay 0.05, batch 128, 100 "
+                "epochs, 10 warmup epochs + cosine, mixup 0.8 + cutmix 1.0, label smoothing 0.1, stochastic depth 0.1, "
+                "random erasing 0.25; RandAugment(2, 9) stands in for their AutoAugment. Model: patch 4, width 192, "
+                "depth 9, 12 heads, MLP ratio 2."
             ),
-            expected="CIFAR-10 from scratch: ~93.6% after 100 epochs (reported); on 2 CPU cores see benchmarks/cifar10_small_data.sh.",
+            expected=(
+                "CIFAR-10 from scratch: ~93.6% after 100 epochs (reported); on 2 CPU cores see "
+                "benchmarks/cifar10_small_data.sh."
+            ),
             arch=_SMALL_ARCH,
             drop_path=0.1,
             optimizer="adamw",
@@ -210,10 +218,14 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="digits",
             source=(
-                "vitlab's default job: the small-data recipe (AdamW, warmup + cosine) scaled down to a "
-                "3-layer, width-64 ViT on scikit-learn's 8x8 digits, patch 2, mean-pooled tokens; a light random crop, no flip (digits are not mirror-symmetric), no label smoothing (it slowed convergence in a 30-epoch run)."
+                "vitlab's default job: the small-data recipe (AdamW, warmup + cosine) scaled down to a 3-layer, "
+                "width-64 ViT on scikit-learn's 8x8 digits, patch 2, mean-pooled tokens; a light random crop, no flip "
+                "(digits are not mirror-symmetric), no label smoothing (it slowed convergence in a 30-epoch run)."
             ),
-            expected="~98% test top-1 on the fixed 360-image split in ~35-40 s on 2 CPU cores (`vitlab train`: 98.06%, 38.8 s wall).",
+            expected=(
+                "~98% test top-1 on the fixed 360-image split in ~35-40 s on 2 CPU cores "
+                "(`vitlab train`: 98.06%, 38.8 s wall)."
+            ),
             arch=_DIGITS_ARCH,
             optimizer="adamw",
             lr=3e-3,
@@ -232,13 +244,17 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="mpp",
             source=(
-                "Masked patch prediction (`vitlab train --objective mpp`), Dosovitskiy et al. 2021, Sec. 4.6 and Appendix B.1.2: "
-                "Adam, base LR 2e-4 at batch 4096, 10k warmup steps + cosine decay, ViT-B/16 on JFT for 1M steps; corrupt 50% of "
-                "the patch embeddings (80% [mask], 10% random patch, 10% kept), predict each one's 3-bit mean colour (512 classes). "
-                "Scaled down for small data: the small-data architecture (patch 4, width 192, depth 9), batch 128, LR 1e-3 "
-                "(2e-4 is for a million steps), 1 warmup epoch, weight decay 0.05, light crop + flip only: no label regularisers."
+                "Masked patch prediction (`vitlab train --objective mpp`), Dosovitskiy et al. 2021, Sec. 4.6 and "
+                "Appendix B.1.2: Adam, base LR 2e-4 at batch 4096, 10k warmup steps + cosine decay, ViT-B/16 on JFT "
+                "for 1M steps; corrupt 50% of the patch embeddings (80% [mask], 10% random patch, 10% kept), predict "
+                "each one's 3-bit mean colour (512 classes). Scaled down for small data: the small-data architecture "
+                "(patch 4, width 192, depth 9), batch 128, LR 1e-3 (2e-4 is for a million steps), 1 warmup epoch, "
+                "weight decay 0.05, light crop + flip only: no label regularisers."
             ),
-            expected="Not a classifier: fine-tune model/ with `vitlab finetune --init`; small-scale CIFAR-10 numbers in docs/analyses.md.",
+            expected=(
+                "Not a classifier: fine-tune model/ with `vitlab finetune --init`; small-scale CIFAR-10 numbers in "
+                "docs/analyses.md."
+            ),
             arch=_SMALL_ARCH,
             optimizer="adam",
             lr=1e-3,

@@ -1,16 +1,40 @@
-"""Run outputs: ``metrics.jsonl`` (one line per epoch), ``summary.json``, ``curves.png``, ``confusion.png``."""
+"""Run outputs: ``metrics.jsonl`` (one line per epoch), ``summary.json``, ``curves.png``, ``confusion.png``
+and ``model/`` (the vitlab folder of the best or last weights)."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["append_metrics", "plot_confusion", "plot_curves", "read_metrics", "truncate_metrics", "write_json"]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..data.sources import DataSplits
+    from ..models import VisionTransformer, ViTConfig
+    from .checkpointing import Progress
+    from .config import TrainConfig
+    from .recipes import Recipe
+
+__all__ = [
+    "append_metrics",
+    "draw_figures",
+    "model_summary",
+    "plot_confusion",
+    "plot_curves",
+    "read_metrics",
+    "run_summary",
+    "save_run_model",
+    "start_line",
+    "truncate_metrics",
+    "write_json",
+]
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -108,3 +132,107 @@ def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> None:
+    """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev``;
+    a failure is a warning, because a figure must never kill a training run."""
+    try:
+        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
+        if "confusion" in ev:  # not for MPP's 512 colours
+            plot_confusion(ev["confusion"], class_names, out / "confusion.png")
+    except Exception as e:
+        print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def save_run_model(model: nn.Module, path: Path, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int) -> None:
+    """Save ``model`` as a vitlab folder with what produced it: recipe, data, epoch, accuracy, ``--init``."""
+    from ..checkpoints import save
+
+    r = cfg.recipe
+    save(
+        model,
+        path,
+        extra={
+            "crop_pct": r.crop_pct,
+            "recipe": r.name,
+            "data": cfg.data,
+            "epoch": epoch,
+            "top1": ev["top1"],
+            "top5": ev["top5"],
+            "init": cfg.init,
+            "objective": cfg.objective,
+        },
+    )
+
+
+def model_summary(mcfg: ViTConfig, init: str | None) -> dict[str, Any]:
+    """The trained architecture as ``summary.json`` describes it."""
+    return {
+        "name": mcfg.name,
+        "img_size": list(mcfg.img_size),
+        "patch_size": mcfg.patch_size,
+        "embed_dim": mcfg.embed_dim,
+        "depth": mcfg.depth,
+        "num_heads": mcfg.num_heads,
+        "mlp_dim": mcfg.mlp_dim,
+        "init": init,
+    }
+
+
+def run_summary(
+    *,
+    progress: Progress,
+    plan: dict[str, Any],
+    cfg: TrainConfig,
+    model: VisionTransformer,
+    data: DataSplits,
+    processes: int,
+    device: torch.device,
+    out: Path,
+    wall_s: float,
+    rows: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """``summary.json``: the last epoch's accuracy (from the ``metrics.jsonl`` ``rows``), the best one,
+    how far the run got against its plan, its throughput, the model, the data and the recipe."""
+    p = progress
+    return {
+        "top1": rows[-1]["top1"] if rows else None,
+        "top5": rows[-1]["top5"] if rows else None,
+        "best_top1": p.best if p.best >= 0 else None,
+        "epochs": p.epoch,
+        "steps": p.step,
+        "images_per_sec": p.images / max(p.train_s, 1e-9),
+        "wall_s": wall_s,
+        "params": model.num_params(),
+        "model": model_summary(model.config, cfg.init),
+        "data": data.describe(),
+        "recipe": cfg.recipe.name,
+        "objective": cfg.objective,
+        "processes": processes,
+        "device": device.type,
+        "out": str(out),
+        "interrupted": p.interrupted,
+        "nan_skipped": p.nan_skipped,
+        "planned_epochs": plan["epochs"],
+        "planned_steps": plan["total_steps"],
+    }
+
+
+def start_line(
+    model: VisionTransformer,
+    data: DataSplits,
+    recipe: Recipe,
+    plan: dict[str, Any],
+    lr: float,
+    processes: int,
+    device: torch.device,
+) -> str:
+    """The line a run starts with: what is trained on what, with which recipe and plan, where."""
+    m = model.config
+    return (
+        f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
+        f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
+        f"images, {data.num_classes} classes; recipe {recipe.name}, {plan['epochs']} epochs = "
+        f"{plan['total_steps']} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+    )

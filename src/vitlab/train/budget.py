@@ -1,0 +1,199 @@
+"""``--time-budget``: plan the number of optimizer steps from a measured step time, and re-plan
+once from the run's own steps so that the run ends on time."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..devices import autocast
+from .distributed import Dist, broadcast_ints
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .loaders import Loaders
+
+__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan"]
+
+_REPLAN_FROM, _REPLAN_AT = 5, 45
+"""A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
+
+
+def _budget_reserve(budget: float) -> float:
+    """Seconds kept back from a time budget for the final save and figures."""
+    return min(5.0, 0.1 * budget)
+
+
+def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
+    """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
+    plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start."""
+
+    def cost(n: int) -> float:
+        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + 0.5)
+
+    n = max(1, int(left / per_step))
+    while n > 1 and cost(n) > left:
+        n -= 1
+    return n
+
+
+def _plan_budget(
+    cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
+) -> tuple[int, int, float]:
+    """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away
+    steps on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations.
+
+    With ``--compile`` the steps run through the real compiled model instead (its compilation is
+    then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
+    optimizer of its own: a step of AdamW at LR 0 leaves every weight bit-identical."""
+    import torch.nn.functional as F
+
+    r = cfg.recipe
+    probe = run_model if cfg.compile else copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters() if cfg.compile else probe.parameters(), lr=0.0)
+    n_warm, n_time = 2, 5
+    with torch.random.fork_rng(devices=[]):
+        xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
+        ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)
+        probe.train()
+        for i in range(n_warm + n_time):
+            if i == n_warm:
+                t0 = time.perf_counter()
+            with autocast(device, amp_dtype):
+                res = probe(xs)
+                loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step_s = (time.perf_counter() - t0) / n_time * r.accum_steps
+        # data loading + augmentation of one step, done in this process when workers=0
+        t0 = time.perf_counter()
+        for i in range(micro):
+            train_ds[i % len(train_ds)]
+        aug_s = (time.perf_counter() - t0) * r.accum_steps if workers == 0 else 0.0
+        evaluator = model if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+        evaluator.eval()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            n_eval = min(len(val_ds), 256)
+            xe = torch.stack([val_ds[i][0] for i in range(n_eval)]).to(device)
+            evaluator(xe)
+        eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
+    del probe, opt, evaluator
+    per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
+    left = cfg.time_budget - (time.perf_counter() - t_start) - _budget_reserve(cfg.time_budget)
+    total = _steps_in_budget(left, per_step, eval_s, steps_per_epoch)
+    epochs = max(1, math.ceil(total / steps_per_epoch))
+    log(
+        f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step "
+        f"({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
+        f"-> {total} steps, {epochs} epoch(s)"
+    )
+    return total, epochs, eval_s
+
+
+def make_plan(
+    cfg: TrainConfig,
+    *,
+    loaders: Loaders,
+    net: nn.Module,
+    run_model: nn.Module,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    t_start: float,
+    dist: Dist,
+    log: Callable[[str], None],
+    lr: float,
+    measure: Callable[..., tuple[int, int, float]] = _plan_budget,
+) -> tuple[dict[str, Any], Replanner]:
+    """A new run's plan (epochs, optimizer steps, warmup steps, peak LR; saved in ``last.pt``) and its
+    :class:`Replanner`: the recipe's epochs, or as many steps as ``--time-budget`` allows by ``measure``
+    (:func:`_plan_budget`). The warmup is capped at half the run; every rank gets rank 0's plan."""
+    spe = loaders.steps_per_epoch
+    epochs, total = cfg.recipe.epochs, cfg.recipe.epochs * spe
+    eval_s = 0.0
+    if cfg.time_budget:
+        total, epochs, eval_s = measure(
+            cfg,
+            net,
+            run_model,
+            loaders.train_ds,
+            loaders.val_ds,
+            loaders.micro,
+            spe,
+            device,
+            amp_dtype,
+            t_start,
+            dist,
+            log,
+            loaders.workers,
+        )
+    warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
+    if warm > total // 2:
+        log(f"note: warmup {warm} steps capped at half the run ({total // 2} steps)")
+        warm = total // 2
+    epochs, total, warm = broadcast_ints([epochs, total, warm], dist, device)
+    plan = {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": lr}
+    replan = Replanner()
+    if cfg.time_budget:  # due or not from the shared plan: its re-plan is a collective
+        replan = Replanner.for_plan(
+            total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
+        )
+    return plan, replan
+
+
+@dataclass(kw_only=True)
+class Replanner:
+    """The planning probe times bare steps on a fixed batch; the run's own steps add data loading,
+    clipping, the real optimizer and the machine's load of the moment. A long time-budgeted run
+    times its own steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` of this process and re-fits the schedule
+    to that pace once, still inside the warmup, so that it ends on time."""
+
+    due: bool = False
+    """False for runs without a time budget, short ones and resumed ones."""
+    budget: float = 0.0
+    t_start: float = 0.0
+    """``time.perf_counter()`` when this process started the run."""
+    eval_s: float = 0.0
+    steps_per_epoch: int = 1
+    t0: float = 0.0
+
+    @classmethod
+    def for_plan(cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int):
+        """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough)."""
+        return cls(
+            due=total_steps >= 2 * _REPLAN_AT,
+            budget=budget,
+            t_start=t_start,
+            eval_s=eval_s,
+            steps_per_epoch=steps_per_epoch,
+        )
+
+    def after_step(
+        self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
+    ) -> tuple[int, float] | None:
+        """Called after every optimizer step: ``(new total steps, measured seconds per step)`` when
+        the plan should change (by more than 2 %), else None."""
+        if not self.due:
+            return None
+        if steps_this_run == _REPLAN_FROM:
+            self.t0 = time.perf_counter()
+            return None
+        if steps_this_run != _REPLAN_AT:
+            return None
+        now = time.perf_counter()
+        per_step = (now - self.t0) / (_REPLAN_AT - _REPLAN_FROM) * 1.02
+        left = self.budget - (now - self.t_start) - _budget_reserve(self.budget)
+        total = step + _steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
+        (total,) = broadcast_ints([total], dist, device)
+        self.due = False
+        if abs(total - planned) <= 0.02 * planned:
+            return None
+        return total, per_step

@@ -1,0 +1,200 @@
+"""What a run trains with: the model (fresh, or adapted from ``--init`` for fine-tuning), its
+objective wrapper, DDP and ``torch.compile`` around it, CPU threads and DataLoader workers, the
+precision, and the optimizer, schedule, gradient scaler and EMA."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .config import TrainConfig
+from .distributed import Dist
+from .recipes import Recipe
+
+if TYPE_CHECKING:
+    from torch.optim.swa_utils import AveragedModel
+
+    from ..data.sources import DataSplits
+
+__all__ = ["Optimization", "build_model", "build_net", "build_optimization", "distribute", "micro_batch_estimate"]
+
+
+def build_model(
+    cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]
+) -> nn.Module:
+    """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
+    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2) and, when the classes
+    differ or the pre-training MLP head is present, a new zero-initialised linear head."""
+    from ..accel import accelerate
+    from ..models import VisionTransformer, ViTConfig, model_config
+
+    r = cfg.recipe
+    if cfg.init:
+        import vitlab
+
+        base: nn.Module = vitlab.load(cfg.init)
+        old = base.config
+        img = cfg.img_size or r.img_size or old.img_size
+        new_head = old.num_classes != num_classes or old.head != "linear"
+        new = old.replace(
+            img_size=img,
+            num_classes=num_classes,
+            head="linear",
+            representation_size=None,
+            class_names=list(class_names),
+            drop_path_rate=r.drop_path,
+            drop_rate=r.dropout,
+        )
+        model = type(base)(new) if isinstance(base, VisionTransformer) else VisionTransformer(new)
+        state = base.state_dict()
+        if new_head:
+            state = {k: v for k, v in state.items() if not k.startswith(("head.", "pre_logits."))}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        bad = [k for k in missing if not k.startswith("head.")] + list(unexpected)
+        if bad:
+            raise ConfigError(f"--init {cfg.init}: weights do not fit the model ({', '.join(bad[:4])} ...)")
+        return model
+
+    name = cfg.model or r.model
+    base_cfg = model_config(name) if name else ViTConfig(name="vit_custom", **r.arch)
+    if not name and r.arch:
+        base_cfg = base_cfg.replace(**r.arch)
+    arch = dict(cfg.arch)
+    ratio = arch.pop("mlp_ratio", None) or base_cfg.mlp_dim / base_cfg.embed_dim
+    changes = {k: v for k, v in arch.items() if v is not None}
+    if "embed_dim" in changes or cfg.arch.get("mlp_ratio"):
+        changes["mlp_dim"] = round(changes.get("embed_dim", base_cfg.embed_dim) * ratio)
+    img = cfg.img_size or r.img_size or image_size
+    custom = bool(changes) or not name
+    c = base_cfg.replace(
+        **changes,
+        img_size=img,
+        in_chans=in_chans,
+        num_classes=num_classes,
+        head=r.head,
+        drop_path_rate=r.drop_path,
+        drop_rate=r.dropout,
+        class_names=list(class_names),
+    )
+    if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16
+        stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
+        c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
+    return accelerate(VisionTransformer(c))
+
+
+def micro_batch_estimate(cfg: TrainConfig, d: Dist) -> int:
+    """Images per forward pass on one process, before the batch size is checked to divide evenly."""
+    return max(1, cfg.recipe.batch_size // (d.world_size * cfg.recipe.accum_steps))
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """``--precision`` on ``device`` -> ``(autocast dtype or None for float32, whether a GradScaler is needed)``.
+
+    float16 is refused on the CPU here, before any data is read, rather than at the first
+    forward pass (:func:`vitlab.devices.autocast` has no CPU float16)."""
+    if precision == "auto":
+        return (torch.bfloat16 if device.type == "cuda" else None), False
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"--precision fp16 is for CUDA; use bf16 or fp32 on {device.type}")
+    return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]
+
+
+def build_net(
+    cfg: TrainConfig, *, data: DataSplits, dist: Dist, device: torch.device
+) -> tuple[nn.Module, nn.Module, int]:
+    """``(model, net, workers)``: the ViT, the module the optimiser trains (the ViT, or the ViT plus the
+    MPP [mask] embedding and colour head) on ``device``, and the number of DataLoader workers.
+
+    The weights are drawn from ``cfg.seed`` (the same on every rank); afterwards the global generators are
+    re-seeded per rank so that each process augments differently. The CPU thread count is set here
+    because it depends on the model's size and decides the default number of workers."""
+    from .mpp import wrap
+
+    mpp = cfg.objective == "mpp"
+    seed_all(cfg.seed)
+    n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
+    model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    net = wrap(model, cfg.objective)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    elif device.type == "cpu" and model.macs() * micro_batch_estimate(cfg, dist) * 3 < 2e9:
+        torch.set_num_threads(1)
+    workers = cfg.workers
+    if workers < 0:
+        spare_cores = torch.get_num_threads() == 1 and (os.cpu_count() or 1) >= 2
+        workers = 1 if device.type == "cuda" or spare_cores else 0
+    net.to(device)
+    seed_all(cfg.seed + dist.rank)
+    return model, net, workers
+
+
+def distribute(net: nn.Module, cfg: TrainConfig, *, dist: Dist, device: torch.device) -> nn.Module:
+    """The module the training steps call: ``net`` inside DistributedDataParallel when there are
+    several processes, compiled with ``--compile``."""
+    run_model: nn.Module = net
+    if dist.enabled:  # MPP leaves the ViT's pooling/head path unused
+        run_model = nn.parallel.DistributedDataParallel(
+            net,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=cfg.objective == "mpp",
+        )
+    return torch.compile(run_model) if cfg.compile else run_model
+
+
+@dataclass(kw_only=True)
+class Optimization:
+    """The objects that change the weights, each with its own state in ``last.pt``."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler | None
+    ema: AveragedModel | None
+
+    def set_total_steps(self, total: int) -> None:
+        """Stretch or shrink the schedule so that it ends at optimizer step ``total``."""
+        self.scheduler.lr_lambdas[0].total_steps = total
+
+
+def build_optimization(
+    net: nn.Module,
+    *,
+    recipe: Recipe,
+    lr: float,
+    total_steps: int,
+    warmup_steps: int,
+    device: torch.device,
+    use_scaler: bool,
+) -> Optimization:
+    """Optimizer at peak ``lr``, its LR schedule over ``total_steps``, a GradScaler for float16, the recipe's EMA."""
+    from .optim import build_optimizer
+    from .schedule import build_scheduler
+
+    optimizer = build_optimizer(net, recipe, lr)
+    scheduler = build_scheduler(
+        optimizer,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        schedule=recipe.schedule,
+        min_ratio=recipe.min_lr_ratio,
+    )
+    ema = None
+    if recipe.ema:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True)
+    scaler = torch.amp.GradScaler(device.type) if use_scaler else None
+    return Optimization(optimizer=optimizer, scheduler=scheduler, scaler=scaler, ema=ema)

@@ -1,0 +1,178 @@
+"""The run's position (:class:`Progress`) and ``last.pt``: what is saved after every epoch and
+mid-epoch, and how a resumed run is put back exactly where the saved one was."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .build import Optimization
+from .config import TrainConfig
+from .distributed import Dist
+from .report import truncate_metrics
+from .state import atomic_torch_save, get_rng_state, set_rng_state
+
+__all__ = ["Progress", "gather_torch_rng", "restore_checkpoint", "save_checkpoint", "start_position"]
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """Where the run is. The first group is saved in ``last.pt`` and restored on resume; the
+    second describes the epoch in progress; the last counts what this process did."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    step: int = 0
+    """Optimizer steps completed (all epochs)."""
+    best: float = -1.0
+    """Best evaluation top-1 so far (-1: none yet)."""
+    wall_before: float = 0.0
+    """Wall seconds of the processes that ran this run before this one."""
+    images: int = 0
+    """Training images seen, all processes together."""
+    train_s: float = 0.0
+    """Seconds spent in training epochs (not evaluation): ``images / train_s`` is the throughput."""
+
+    micro: int = 0
+    """Micro-batches done in the epoch in progress."""
+    loss_sum: float = 0.0
+    """Their training-loss sum."""
+    epoch_start_micro: int = 0
+    epoch_start_loss: float = 0.0
+    epoch_start_images: int = 0
+
+    steps_this_run: int = 0
+    nan_skipped: int = 0
+    """Optimizer steps skipped for a NaN/Inf loss in this process (``--on-nan skip``)."""
+    saved_step: int | None = None
+    """The step ``last.pt`` holds (None: nothing saved yet)."""
+    interrupted: bool = False
+
+    def start_epoch(self) -> None:
+        """Remember where the epoch in progress (re)starts: at its beginning, or part-way after a resume."""
+        self.epoch_start_micro, self.epoch_start_loss, self.epoch_start_images = self.micro, self.loss_sum, self.images
+
+    def finish_epoch(self) -> None:
+        self.epoch += 1
+        self.micro, self.loss_sum = 0, 0.0
+
+    def kept(self, path: Path) -> str:
+        """What a run stopped by an error leaves to resume from, for the error's message."""
+        if self.saved_step is None:
+            return "no checkpoint was saved yet"
+        return f"{path} (step {self.saved_step}) holds the last good state"
+
+
+def gather_torch_rng(dist: Dist, device: torch.device) -> list[torch.Tensor]:
+    """Every rank's torch CPU generator state (a collective: all ranks call it), rank 0's first."""
+    s = torch.get_rng_state()
+    if not dist.enabled:
+        return [s]
+    import torch.distributed as tdist
+
+    got = [torch.empty_like(s) for _ in range(dist.world_size)]
+    tdist.all_gather(got, s) if device.type == "cpu" else tdist.all_gather_object(got, s)
+    return got
+
+
+def save_checkpoint(
+    path: Path,
+    *,
+    net: nn.Module,
+    opt: Optimization,
+    generator: torch.Generator,
+    progress: Progress,
+    plan: dict[str, Any],
+    cfg: TrainConfig,
+    wall_s: float,
+    micro_done: int,
+    torch_ranks: list[torch.Tensor],
+) -> None:
+    """Write ``last.pt`` atomically (rank 0 alone). ``micro_done`` is 0 at the end of an epoch,
+    else the micro-batches done in the epoch in progress (a mid-epoch save)."""
+    blob = {
+        "model": net.state_dict(),
+        "optimizer": opt.optimizer.state_dict(),
+        "scheduler": opt.scheduler.state_dict(),
+        "scaler": opt.scaler.state_dict() if opt.scaler is not None else None,
+        "ema": opt.ema.state_dict() if opt.ema is not None else None,
+        "rng": get_rng_state(),
+        "torch_rng_ranks": torch_ranks,
+        "loader_rng": generator.get_state(),
+        "epoch": progress.epoch,
+        "step": progress.step,
+        "micro_in_epoch": micro_done,
+        "epoch_loss_sum": progress.loss_sum if micro_done else 0.0,
+        "best_top1": progress.best,
+        "plan": plan,
+        "wall_s": wall_s,
+        "train_images": progress.images,
+        "train_s": progress.train_s,
+        "config": json.dumps(cfg.to_dict()),
+        "vitlab_checkpoint": 1,
+    }
+    atomic_torch_save(blob, path)
+    progress.saved_step = progress.step
+
+
+def restore_checkpoint(
+    state: dict[str, Any], *, net: nn.Module, opt: Optimization, generator: torch.Generator, rank: int
+) -> Progress:
+    """Load ``state`` (a read ``last.pt``) into the run's objects and generators; the saved position."""
+    net.load_state_dict(state["model"])
+    opt.optimizer.load_state_dict(state["optimizer"])
+    opt.scheduler.load_state_dict(state["scheduler"])
+    if opt.scaler is not None and state.get("scaler"):
+        opt.scaler.load_state_dict(state["scaler"])
+    if opt.ema is not None and state.get("ema"):
+        opt.ema.load_state_dict(state["ema"])
+    set_rng_state(state["rng"])
+    torch_states = state.get("torch_rng_ranks")
+    if torch_states is not None and rank < len(torch_states):
+        torch.set_rng_state(torch_states[rank])
+    generator.set_state(state["loader_rng"])
+    return Progress(
+        epoch=state["epoch"],
+        step=state["step"],
+        micro=state["micro_in_epoch"],
+        loss_sum=state.get("epoch_loss_sum", 0.0),
+        best=state["best_top1"],
+        wall_before=state["wall_s"],
+        images=state["train_images"],
+        train_s=state["train_s"],
+        saved_step=state["step"],
+    )
+
+
+def start_position(
+    state: dict[str, Any] | None,
+    *,
+    net: nn.Module,
+    opt: Optimization,
+    generator: torch.Generator,
+    dist: Dist,
+    out: Path,
+    plan: dict[str, Any],
+    log: Callable[[str], None],
+) -> Progress:
+    """Where the run starts: at the beginning (``state`` is None: ``out/metrics.jsonl`` is cleared), or
+    where the checkpoint ``state`` left it (:func:`restore_checkpoint`), keeping the ``metrics.jsonl``
+    rows of the epochs it had finished."""
+    if state is None:
+        if dist.is_main:
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        return Progress()
+    p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank)
+    if dist.is_main:
+        truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
+    if p.step >= plan["total_steps"] or p.epoch >= plan["epochs"]:
+        log(f"{out}: the run is already complete ({p.step} steps); nothing to resume")
+    else:
+        log(f"resuming {out} at epoch {p.epoch + 1}, step {p.step}/{plan['total_steps']}")
+    return p

@@ -1,0 +1,168 @@
+"""The run's configuration (:class:`TrainConfig`) and its checks, made before any data is decoded
+or any model built, so that a wrong option fails in a second with the option's name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from .recipes import Recipe, get_recipe
+
+__all__ = ["TrainConfig", "resumed_config", "validate_config"]
+
+
+@dataclass
+class TrainConfig:
+    """One run: data, model choices, recipe (with overrides already applied) and run options."""
+
+    recipe: Recipe = field(default_factory=lambda: get_recipe("digits"))
+    data: str = "digits"
+    out: str = "runs/default"
+    model: str | None = None
+    """Registered name; overrides ``recipe.model``/``recipe.arch``."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Architecture overrides: ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``."""
+    img_size: int | None = None
+    init: str | None = None
+    """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    objective: str = "classify"
+    """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
+    a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy (:mod:`vitlab.train.mpp`)."""
+    seed: int = 0
+    workers: int = -1
+    """DataLoader worker processes; -1: one worker when the model runs single-threaded on a
+    machine with spare cores (augmentation then overlaps the step), else none."""
+    device: str = "auto"
+    precision: str = "auto"
+    """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (CUDA only, with a GradScaler)."""
+    compile: bool = False
+    threads: int = 0
+    """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
+    lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
+    val_split: float | None = None
+    cache_dir: str | None = None
+    strict_data: bool = False
+    max_image_pixels: int | None = None
+    """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
+    memory_budget: int | None = None
+    """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
+    images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
+    on_nan: str = "stop"
+    """A NaN/Inf loss: ``stop`` before the update (``last.pt`` keeps the last good state, exit 2)
+    or ``skip`` the step and count it."""
+    time_budget: float | None = None
+    """Seconds for the whole run; the number of steps is planned from a measured step time."""
+    save_every: float | None = None
+    """Minutes between mid-epoch checkpoints (the end of each epoch always saves)."""
+    stop_after: int | None = None
+    """Save and exit after this many optimizer steps in this process (pre-emption drills, tests)."""
+    keep: str = "best"
+    """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
+    progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["recipe"] = self.recipe.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        d["recipe"] = Recipe.from_dict(d["recipe"])
+        return cls(**d)
+
+
+def resumed_config(state: dict[str, Any], given: TrainConfig) -> TrainConfig:
+    """The configuration saved in the checkpoint ``state``, with the run-control options of
+    ``given``: a resumed run is the same run, only how it is driven may change."""
+    saved = TrainConfig.from_dict(json.loads(state["config"]))
+    cfg = dataclasses.replace(
+        saved,
+        workers=given.workers,
+        stop_after=given.stop_after,
+        save_every=given.save_every,
+        progress=given.progress,
+        out=given.out,
+        memory_budget=given.memory_budget,  # a property of the machine the run continues on, not of the run
+    )
+    if given.on_nan != "stop":  # the one numerical-safety option a resumed run may relax
+        cfg.on_nan = given.on_nan
+    return cfg
+
+
+_FLAGS = {
+    "patch_size": "--patch-size",
+    "embed_dim": "--dim",
+    "depth": "--depth",
+    "num_heads": "--heads",
+    "img_size": "--img-size",
+}
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Reject impossible options before any data is decoded or any model built; each
+    :class:`~vitlab.errors.ConfigError` names the command-line option (recipe values were
+    checked when the :class:`Recipe` was made)."""
+    from ..models import ViTConfig, model_config
+
+    if cfg.on_nan not in ("stop", "skip"):
+        raise ConfigError(f"--on-nan {cfg.on_nan!r}: choose stop or skip")
+    for flag, v, ok in (
+        ("--save-every", cfg.save_every, lambda x: x > 0),
+        ("--stop-after", cfg.stop_after, lambda x: x >= 1),
+        ("--time-budget", cfg.time_budget, lambda x: x > 0),
+        ("--max-image-pixels", cfg.max_image_pixels, lambda x: x >= 1),
+        ("--memory-budget", cfg.memory_budget, lambda x: x >= 1),
+        ("--img-size", cfg.img_size, lambda x: x >= 1),
+        ("--val-split", cfg.val_split, lambda x: 0 < x < 1),
+    ):
+        if v is not None and not ok(v):
+            raise ConfigError(f"{flag} {v}: out of range")
+    if cfg.workers < -1 or cfg.threads < 0:
+        raise ConfigError(f"--workers {cfg.workers} / --threads {cfg.threads}: must be >= -1 / >= 0")
+    r = cfg.recipe
+    if cfg.init:
+        _check_init_matches(cfg)
+        return
+    name = cfg.model or r.model
+    base = model_config(name) if name else ViTConfig(name="vit_custom", **r.arch)
+    changes = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    img = cfg.img_size or r.img_size
+    patch = changes.get("patch_size", base.patch_size) * base.stem_stride
+    changes["img_size"] = img or 4 * patch  # the data's own size is checked once it is known
+    try:
+        base.replace(**changes)
+    except ConfigError as e:
+        opt, _, msg = str(e).partition(": ")
+        raise ConfigError(f"{_FLAGS.get(opt, opt)}: {msg}") from None
+
+
+def _check_init_matches(cfg: TrainConfig) -> None:
+    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error."""
+    from ..models import model_config
+
+    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    if cfg.model:
+        m = model_config(cfg.model)
+        wanted = {
+            "patch_size": m.patch_size,
+            "embed_dim": m.embed_dim,
+            "depth": m.depth,
+            "num_heads": m.num_heads,
+            **wanted,
+        }
+    if not wanted:
+        return
+    import vitlab
+
+    have = vitlab.load(cfg.init).config
+    for k, v in wanted.items():
+        if getattr(have, k) != v:
+            flag = "--model " + cfg.model if cfg.model and k not in cfg.arch else f"{_FLAGS[k]} {v}"
+            raise ConfigError(
+                f"{flag} does not match the --init checkpoint {cfg.init} ({k} = {getattr(have, k)}); "
+                "drop the flag or pick another checkpoint"
+            )

@@ -1,0 +1,187 @@
+"""A run's data: the splits (rank 0 builds the decode cache first), the augmented training set
+sharded over processes, resumable mid-epoch, and each process's exact share of the evaluation split."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from ..errors import ConfigError
+from .config import TrainConfig
+from .distributed import Dist, barrier
+
+if TYPE_CHECKING:
+    from ..data.sources import DataSplits, ImageArray
+    from ..models import ViTConfig
+
+__all__ = ["Loaders", "build_loaders", "eval_shard", "load_run_data"]
+
+
+def _cache_size(cfg: TrainConfig) -> int | None:
+    """Folder images of mixed sizes are cached as squares a little larger than the model input."""
+    s = cfg.img_size or cfg.recipe.img_size
+    return None if s is None else max(32, math.ceil(s / 0.875))
+
+
+def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None]) -> DataSplits:
+    """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
+    while the others wait; undecodable files are listed in ``out/bad_files.txt``."""
+    from ..data import load_data
+    from ..data.sources import DataError
+
+    def get_data():
+        return load_data(
+            cfg.data,
+            val_split=cfg.val_split,
+            size=_cache_size(cfg),
+            cache_dir=cfg.cache_dir,
+            strict=cfg.strict_data,
+            progress=cfg.progress and dist.is_main,
+            max_image_pixels=cfg.max_image_pixels,
+            buffer_bytes=cfg.memory_budget,
+        )
+
+    if dist.is_main:
+        data = get_data()
+    barrier(dist)
+    if not dist.is_main:
+        data = get_data()
+    if data.skipped:
+        log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
+        if dist.is_main:
+            (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+    if len(data.train) == 0 or len(data.val) == 0:
+        raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+    return data
+
+
+class _SkipSampler(Sampler[int]):
+    """Another sampler's indices ``start:stop``: resuming in the middle of an epoch, and no
+    trailing micro-batches that would not complete an accumulated step."""
+
+    def __init__(self, base: Sampler[int], start: int = 0, stop: int | None = None) -> None:
+        self.base, self.start, self.stop = base, start, stop
+
+    def __iter__(self) -> Iterator[int]:
+        for i, idx in enumerate(self.base):
+            if self.stop is not None and i >= self.stop:
+                break
+            if i >= self.start:
+                yield idx
+
+    def __len__(self) -> int:
+        n = len(self.base) if self.stop is None else min(self.stop, len(self.base))  # type: ignore[arg-type]
+        return max(0, n - self.start)
+
+
+def eval_shard(val: ImageArray, rank: int, world_size: int) -> ImageArray:
+    """Process ``rank``'s exact share of the evaluation split: rows ``rank, rank + world_size, ...``
+    in order, as a view (the images are not copied out of a memory-mapped cache)."""
+    return val.subset(np.arange(rank, len(val), world_size))
+
+
+@dataclass(kw_only=True)
+class Loaders:
+    """This process's training and evaluation data. The training loader is made per epoch (the
+    sampler's shuffle depends on it) and can start part-way into the epoch; ``generator`` seeds the
+    DataLoader's workers off the global RNG, and its state is part of ``last.pt``."""
+
+    train_ds: Dataset
+    val_ds: Dataset
+    sampler: DistributedSampler
+    micro: int
+    """Images per forward pass on this process."""
+    accum_steps: int
+    steps_per_epoch: int
+    workers: int
+    generator: torch.Generator
+    eval_loader: DataLoader
+    mix: Callable | None
+    """MixUp / CutMix on the device, or None."""
+
+    @property
+    def micro_per_epoch(self) -> int:
+        """Micro-batches of one full epoch (whole accumulated steps only)."""
+        return self.steps_per_epoch * self.accum_steps
+
+    def train_loader(self, epoch: int, start_micro: int = 0) -> DataLoader:
+        """Epoch ``epoch``'s batches from micro-batch ``start_micro`` on."""
+        self.sampler.set_epoch(epoch)
+        return DataLoader(
+            self.train_ds,
+            batch_size=self.micro,
+            sampler=_SkipSampler(self.sampler, start_micro * self.micro, self.micro_per_epoch * self.micro),
+            drop_last=True,
+            num_workers=self.workers,
+            generator=self.generator,
+            persistent_workers=False,
+        )
+
+
+def build_loaders(
+    cfg: TrainConfig, *, data: DataSplits, model_config: ViTConfig, dist: Dist, device: torch.device, workers: int
+) -> Loaders:
+    """Datasets with the recipe's augmentation (training) and centre crop (evaluation) at the model's
+    resolution and normalisation; checks that the global batch divides into processes and accumulation
+    steps and that one epoch holds at least one optimizer step."""
+    from ..data import ArrayDataset, eval_transform, mix_transform, train_transform
+
+    r, mcfg = cfg.recipe, model_config
+    micro = r.batch_size // (dist.world_size * r.accum_steps)
+    if micro < 1 or micro * dist.world_size * r.accum_steps != r.batch_size:
+        raise ConfigError(
+            f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = "
+            f"{dist.world_size * r.accum_steps}"
+        )
+    tf_train = train_transform(
+        img_size=mcfg.img_size,
+        mean=mcfg.mean,
+        std=mcfg.std,
+        in_chans=mcfg.in_chans,
+        crop_scale=r.crop_scale,
+        crop_ratio=r.crop_ratio,
+        hflip=r.hflip,
+        randaugment=r.randaugment,
+        random_erasing=r.random_erasing,
+    )
+    tf_eval = eval_transform(
+        img_size=mcfg.img_size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct
+    )
+    train_ds = ArrayDataset(data.train.images, data.train.labels, transform=tf_train, in_chans=mcfg.in_chans)
+    shard = eval_shard(data.val, dist.rank, dist.world_size)
+    val_ds = ArrayDataset(shard.images, shard.labels, transform=tf_eval, in_chans=mcfg.in_chans)
+    sampler = DistributedSampler(
+        train_ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    steps_per_epoch = len(sampler) // micro // r.accum_steps
+    if steps_per_epoch < 1:
+        raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
+    mpp = cfg.objective == "mpp"
+    mix = None if mpp else mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix)
+    generator = torch.Generator().manual_seed(cfg.seed + 1000 * dist.rank)
+    eval_loader = DataLoader(
+        val_ds,
+        batch_size=max(micro, 256),
+        shuffle=False,
+        num_workers=workers if device.type == "cuda" else 0,
+        generator=generator,
+    )
+    return Loaders(
+        train_ds=train_ds,
+        val_ds=val_ds,
+        sampler=sampler,
+        micro=micro,
+        accum_steps=r.accum_steps,
+        steps_per_epoch=steps_per_epoch,
+        workers=workers,
+        generator=generator,
+        eval_loader=eval_loader,
+        mix=mix,
+    )
