@@ -77,8 +77,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..devices import resolve_device
     from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
-    from .inspect import pick_device, resolve_model
+    from .inspect import resolve_model
 
     cfg = FewShotConfig(
         shots=args.shots,
@@ -90,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         max_test=args.max_test,
         batch_size=args.batch_size,
     )
+    device = resolve_device(args.device)  # before loading the model: a typo fails fast
     model, _ = resolve_model(args.model, img_size=args.img_size)
-    model.to(pick_device(args.device))
+    model.to(device)
     result = evaluate_fewshot(model, args.data, cfg)
     result["model"] = args.model
     out = Path(args.out)

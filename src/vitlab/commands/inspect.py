@@ -83,23 +83,6 @@ def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path 
         ) from None
 
 
-def pick_device(name: str):
-    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (checked)."""
-    import torch
-
-    from ..errors import ConfigError
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r}: not a device name (auto, cpu, cuda, cuda:1 ...)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
-    return dev
-
-
 def _pick(n: int, labels, seed: int = 0):
     import numpy as np
 
@@ -108,6 +91,7 @@ def _pick(n: int, labels, seed: int = 0):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..devices import resolve_device
     from ..errors import ConfigError
     from ..inspect.images import digits_images, labelled_splits, read_images
     from ..inspect.report import inspect_model
@@ -115,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
     for opt in ("num_images", "show", "batch_size"):
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
+    device = resolve_device(args.device)  # before loading the model: a typo fails fast
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
-    model.to(pick_device(args.device))
+    model.to(device)
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]

@@ -14,11 +14,10 @@ import numpy as np
 
 from ..errors import OfflineError, VitlabError
 from .cache import DEFAULT_BUFFER_BYTES, decode_files
+from .decode import IMAGE_EXTENSIONS, is_image_name
 from .rows import ImageRows
 
-__all__ = ["IMAGE_EXTENSIONS", "DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+__all__ = ["DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
 
 
 class DataError(VitlabError, ValueError):
@@ -151,7 +150,7 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
         for dirpath, dirnames, files in os.walk(d, followlinks=True):
             dirnames.sort()
             for f in sorted(files):
-                if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+                if is_image_name(f):
                     paths.append(os.path.join(dirpath, f))
                     labels.append(i)
     if not paths:

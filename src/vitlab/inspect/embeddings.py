@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..devices import model_device
+
 __all__ = ["filter_pca", "patch_position_embeddings", "posemb_similarity"]
 
 
@@ -54,7 +56,7 @@ def patch_position_embeddings(model: nn.Module) -> torch.Tensor | None:
         return None
     if cfg.posemb == "learn":
         return model.pos_embed[0, cfg.num_prefix_tokens :].detach().float().cpu()
-    ref = torch.zeros(1, dtype=torch.float32, device=next(model.parameters()).device)
+    ref = torch.zeros(1, dtype=torch.float32, device=model_device(model))
     pe = model._posemb_for(cfg.grid_size, ref)
     return None if pe is None else pe[0].detach().float().cpu()
 

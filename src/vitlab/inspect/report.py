@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..devices import model_device
 from . import figures
 from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
@@ -111,11 +112,6 @@ def _grid_and_pixels(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int
     return (gh, gw), size[0] / gh
 
 
-def _device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 @torch.no_grad()
 def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progress: bool) -> torch.Tensor:
     """Fig. 7 right over the whole batch ``x``, in chunks (exact attention is memory hungry)."""
@@ -124,7 +120,7 @@ def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progre
     total, n = None, 0
     starts = range(0, len(x), batch_size)
     for i in tqdm(starts, desc="attention distance", unit="batch", disable=not progress or len(starts) < 2):
-        xb = x[i : i + batch_size].to(_device(model))
+        xb = x[i : i + batch_size].to(model_device(model))
         _, attns = model(xb, return_attention=True)
         d = attention_distance(attns, grid=grid, patch_size=px, num_prefix_tokens=model.num_prefix_tokens) * len(xb)
         total = d if total is None else total + d
@@ -248,7 +244,7 @@ def inspect_model(
     )
 
     with torch.no_grad():
-        _, attns = model(x_show.to(_device(model)), return_attention=True)
+        _, attns = model(x_show.to(model_device(model)), return_attention=True)
     attns = [a.float().cpu() for a in attns]
     maps = rollout_map(attns, grid=grid, num_prefix_tokens=model.num_prefix_tokens)
     token = "class token" if model.num_prefix_tokens else "mean over tokens (no class token)"
