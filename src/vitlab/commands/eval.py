@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_device_arg
 from .train import MEMORY_BUDGET_HELP
 
 
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--strict-data", action="store_true")
     p.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
@@ -43,16 +44,18 @@ def run(args: argparse.Namespace) -> int:
     import vitlab
 
     from .._units import size_option
+    from ..devices import resolve_device
     from ..evaluate import evaluate_model
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
+    device = resolve_device(args.device)
     model = vitlab.load(args.model)
     res = evaluate_model(
         model,
         args.data,
         split=args.split,
         batch_size=args.batch_size,
-        device=args.device,
+        device=device,
         val_split=args.val_split,
         cache_dir=args.cache_dir,
         strict=args.strict_data,

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ._common import add_device_arg
+
 
 def _shots(s: str) -> tuple[int, ...]:
     try:
@@ -69,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--max-train", type=int, default=None, help="training images used by the probe; None = all")
     p.add_argument("--max-test", type=int, default=None, help="test images evaluated; None = all")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
+    add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--out", default="fewshot.json", help="JSON file to write")
     p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ._common import add_device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -46,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
+    add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -23,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
     )
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--max-image-pixels",

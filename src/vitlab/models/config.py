@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig", "mlp_dim_for"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -22,6 +22,15 @@ _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
+
+
+def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
+    """The hidden width of the blocks' MLP for ``mlp_ratio`` (``--mlp-ratio``: MLP width / token
+    width ``embed_dim``, 4 in the paper), rounded to the nearest integer. The one place a ratio
+    becomes a :attr:`ViTConfig.mlp_dim`, which is what the config stores."""
+    if not mlp_ratio > 0:
+        raise ConfigError(f"mlp_ratio: must be positive, got {mlp_ratio}")
+    return round(embed_dim * mlp_ratio)
 
 
 def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -117,6 +126,11 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         return 1 if self.class_token else 0
+
+    @property
+    def mlp_ratio(self) -> float:
+        """MLP width / token width (``mlp_dim / embed_dim``); the inverse of :func:`mlp_dim_for`."""
+        return self.mlp_dim / self.embed_dim
 
     @property
     def pre_logits_dim(self) -> int:
