@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from .._units import size_option
     from ..devices import resolve_device
     from ..evaluate import evaluate_model
+    from ._common import write_json
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
     device = resolve_device(args.device)
@@ -65,13 +66,13 @@ def run(args: argparse.Namespace) -> int:
     res["confusion"] = res["confusion"].tolist()
     out = Path(args.output) if args.output else (Path(args.model) / "eval.json" if Path(args.model).is_dir() else None)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(out, res)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(
-        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
+        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
+        f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
     )
     width = max(len(n) for n in res["per_class"])
     for name, acc in res["per_class"].items():

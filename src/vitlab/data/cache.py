@@ -75,11 +75,12 @@ def decode_files(
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
-    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes). ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
-    grayscale and RGBA files are converted to it. ``max_pixels`` is the decompression-bomb
-    guard of :func:`~vitlab.data.decode.decode_image`. ``buffer_bytes`` is the memory budget of building a cache
-    (``--memory-budget``): at most half of it holds decoded images waiting to be written to the
-    memmap (at least one image); the other half is headroom for the decoders' own temporaries.
+    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes).
+    ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
+    ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
+    ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
+    of it holds decoded images waiting to be written to the memmap (at least one image); the other
+    half is headroom for the decoders' own temporaries.
     Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
     """
     from tqdm.auto import tqdm

@@ -135,8 +135,8 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
     if class_names is not None and set(found) - set(class_names):
         extra = sorted(set(found) - set(class_names))
         raise DataError(
-            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; the model cannot predict them "
-            "(move them to train/ as well, or remove them)"
+            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; "
+            "the model cannot predict them (move them to train/ as well, or remove them)"
         )
     if class_names is None:
         class_names = found
@@ -160,7 +160,8 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
         empty = [c for i, c in enumerate(class_names) if i not in present]
         if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
             raise DataError(
-                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; add images or remove the folder(s)"
+                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; "
+                "add images or remove the folder(s)"
             )
     return paths, np.asarray(labels, dtype=np.int64), class_names
 

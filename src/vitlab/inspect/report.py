@@ -211,8 +211,8 @@ def inspect_model(
         add(
             Section(
                 title="Fig. 7 (center): position embedding similarity",
-                text=f"Cosine similarity between the position embedding ({cfg.posemb}) of the patch at each row and column "
-                "of the input grid and those of all other patches.",
+                text=f"Cosine similarity between the position embedding ({cfg.posemb}) of the patch at each row "
+                "and column of the input grid and those of all other patches.",
                 png=figures.png_bytes(figures.plot_posemb_similarity(sim)),
                 filename="posemb_similarity.png",
             )
@@ -235,9 +235,10 @@ def inspect_model(
     add(
         Section(
             title="Fig. 7 (right): mean attention distance",
-            text=f"For every head of every layer: attention-weighted pixel distance between query and key patch centres, "
-            f"averaged over query patches and {len(x_dist)} image(s). The class token is left out and each query's "
-            f"weights over the patches renormalised; uniform attention would give {uniform:.1f} px on this grid.",
+            text="For every head of every layer: attention-weighted pixel distance between query and key patch "
+            f"centres, averaged over query patches and {len(x_dist)} image(s). The class token is left out and "
+            f"each query's weights over the patches renormalised; uniform attention would give {uniform:.1f} px "
+            "on this grid.",
             png=figures.png_bytes(figures.plot_attention_distance(dist, img_size=size)),
             filename="attention_distance.png",
         )
@@ -251,8 +252,8 @@ def inspect_model(
     add(
         Section(
             title="Fig. 6: attention rollout from the output token to the input",
-            text=f"Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, rows "
-            f"renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
+            text="Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, "
+            f"rows renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
             "Middle column: the image multiplied by the normalised map, as in the paper.",
             png=figures.png_bytes(
                 figures.plot_rollout(display, maps, titles=list(names)[: len(display)] if names else None)
@@ -283,7 +284,8 @@ def inspect_model(
     page = render_html(
         res.sections,
         title=title or f"vitlab inspect: {cfg.name}",
-        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size}, "
+        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, "
+        f"patch {cfg.patch_size}, "
         f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
         "Figure numbers refer to Dosovitskiy et al., ICLR 2021.",
     )
