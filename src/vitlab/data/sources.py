@@ -17,7 +17,7 @@ from .cache import DEFAULT_BUFFER_BYTES, decode_files
 from .decode import IMAGE_EXTENSIONS, is_image_name
 from .rows import ImageRows
 
-__all__ = ["DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
+__all__ = ["DataError", "DataSplits", "ImageArray", "digits_arrays", "load_data", "stratified_split"]
 
 
 class DataError(VitlabError, ValueError):
@@ -92,14 +92,18 @@ def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> t
     return np.sort(tr), np.sort(va)
 
 
-def _digits(val_split: float | None) -> DataSplits:
-    """The 1,797 8x8 handwritten digits shipped with scikit-learn (UCI optdigits test set);
-    values 0-16 scaled to 0-255; a fixed stratified 80/20 split."""
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 8x8 handwritten digits shipped with scikit-learn (UCI optdigits test set) as
+    uint8 ``(N, 8, 8, 1)`` images (values 0-16 scaled to 0-255) and int64 labels, in file order."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    labels = d.target.astype(np.int64)
+    return np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None], d.target.astype(np.int64)
+
+
+def _digits(val_split: float | None) -> DataSplits:
+    """:func:`digits_arrays` with a fixed stratified 80/20 split."""
+    images, labels = digits_arrays()
     tr, va = stratified_split(labels, val_split or 0.2, seed=0)
     return DataSplits(
         "digits", ImageArray(images[tr], labels[tr]), ImageArray(images[va], labels[va]), [str(i) for i in range(10)]

@@ -61,14 +61,13 @@ def read_images(
 
 def digits_images(n: int = 4) -> tuple[np.ndarray, list[str]]:
     """The first ``n`` of scikit-learn's embedded 8x8 digits (one per class first), uint8 ``(n, 8, 8, 1)``."""
-    from sklearn.datasets import load_digits
+    from ..data.sources import digits_arrays
 
-    d = load_digits()
-    order = np.concatenate([np.flatnonzero(d.target == c)[:1] for c in range(10)] + [np.arange(len(d.target))])
+    images, labels = digits_arrays()
+    order = np.concatenate([np.flatnonzero(labels == c)[:1] for c in range(10)] + [np.arange(len(labels))])
     _, first = np.unique(order, return_index=True)
     order = order[np.sort(first)][:n]
-    imgs = np.clip(d.images[order] * (255.0 / 16.0), 0, 255).round().astype(np.uint8)[..., None]
-    return imgs, [f"digit {d.target[i]}" for i in order]
+    return images[order], [f"digit {labels[i]}" for i in order]
 
 
 def to_chw(img: np.ndarray, in_chans: int) -> torch.Tensor:
