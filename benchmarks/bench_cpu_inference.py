@@ -21,8 +21,8 @@ import time
 import torch
 
 from vitlab import create_model
-from vitlab.bench import build_reference
 from vitlab.accel import onednn
+from vitlab.bench import build_reference
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import statistics
 
 from bench_targets import RUNS  # this folder is on the path when the script runs
 
-from vitlab.bench import Side, WorkerProcess
 from vitlab.accel import native
+from vitlab.bench import Side, WorkerProcess
 
 
 def side(drop_path: float) -> Side:

@@ -19,6 +19,21 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"vitlab {vitlab.__version__}"
 
 
+def test_version_has_one_source(tmp_path) -> None:
+    """The package, the build metadata and saved checkpoints all read ``vitlab._version``."""
+    from pathlib import Path
+
+    from vitlab._version import __version__
+    from vitlab.models import VisionTransformer, ViTConfig
+
+    assert vitlab.__version__ == __version__
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()  # no tomllib on Python 3.10
+    assert 'version = { attr = "vitlab._version.__version__" }' in pyproject
+    m = VisionTransformer(ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=8))
+    vitlab.save(m, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["vitlab_version"] == __version__
+
+
 def test_models_table_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}

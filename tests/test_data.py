@@ -72,7 +72,7 @@ def test_folder_train_val_with_bad_file_conversions_and_cache(tmp_path, monkeypa
     red_idx = np.flatnonzero(s.train.labels == 2)
     assert (s.train.images[red_idx[gi]] == 80).all()
     # second load: served from the memory-mapped cache, nothing decoded
-    monkeypatch.setattr(cache_mod, "_decode", lambda *a, **k: pytest.fail("decoded again"))
+    monkeypatch.setattr(cache_mod, "decode_image", lambda *a, **k: pytest.fail("decoded again"))
     s2 = load_data(str(root), cache_dir=cache, progress=False)
     assert isinstance(s2.train.images, np.memmap)
     np.testing.assert_array_equal(s2.train.images, s.train.images)

@@ -9,11 +9,10 @@ with timm, Hugging Face and Google's checkpoints.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import CheckpointError, ConfigError, InputError, OfflineError, UnknownModelError, VitlabError
 
 if TYPE_CHECKING:

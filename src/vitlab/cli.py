@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from ._version import __version__
 
 # Order = order in `vitlab --help`.
 COMMANDS = ["models", "convert", "train", "finetune", "eval", "predict", "inspect", "fewshot", "bench", "export"]
@@ -26,8 +26,14 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vitlab",
-        description="The Vision Transformer (Dosovitskiy et al., ICLR 2021): create, load, train, fine-tune, inspect, bench.",
-        epilog="examples:\n  vitlab models\n  vitlab train            # the main job: a ViT on the embedded digits, < 60 s\n  vitlab convert vit_b16.npz out/vit_b16",
+        description=(
+            "The Vision Transformer (Dosovitskiy et al., ICLR 2021): create, load, train, fine-tune, inspect, bench."
+        ),
+        epilog=(
+            "examples:\n  vitlab models\n"
+            "  vitlab train            # the main job: a ViT on the embedded digits, < 60 s\n"
+            "  vitlab convert vit_b16.npz out/vit_b16"
+        ),
         formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")

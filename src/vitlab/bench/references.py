@@ -12,6 +12,7 @@ from torch import nn
 from ..accel import accelerate
 from ..errors import ConfigError, VitlabError
 from ..models import Block, PatchEmbed, VisionTransformer, ViTConfig
+from ..models.config import mlp_dim_for
 
 __all__ = [
     "REFERENCES",
@@ -52,12 +53,10 @@ def model_overrides(
         if val is not None:
             ov[key] = val
     if mlp_ratio is not None:
-        if mlp_ratio <= 0:
-            raise ConfigError(f"mlp_ratio: must be positive, got {mlp_ratio}")
         width = dim or base_dim
         if width is None:
             raise ConfigError("mlp_ratio: the model width is unknown; pass dim as well")
-        ov["mlp_dim"] = round(width * mlp_ratio)
+        ov["mlp_dim"] = mlp_dim_for(width, mlp_ratio)
     return ov
 
 

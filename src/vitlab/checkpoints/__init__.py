@@ -65,7 +65,8 @@ def read_checkpoint(source: str | os.PathLike[str] | Mapping[str, torch.Tensor])
             if (p / name).is_file():
                 return read_checkpoint(p / name)
         raise CheckpointError(
-            f"{p}: a folder that is neither a vitlab model (model.safetensors + config.json) nor a Hugging Face save_pretrained folder"
+            f"{p}: a folder that is neither a vitlab model (model.safetensors + config.json) "
+            "nor a Hugging Face save_pretrained folder"
         )
     if p.suffix.lower() == ".npz":
         state, fields = npz.read_checkpoint(p)
@@ -84,7 +85,8 @@ def _from_state_dict(state: dict[str, torch.Tensor], source: str, fields: dict[s
     names = ", ".join(list(state)[:5])
     raise CheckpointError(
         f"{source}: not a ViT checkpoint: no patch embedding ('patch_embed.proj.weight' as in timm, or "
-        f"'embeddings.patch_embeddings.projection.weight' as in Hugging Face); its {len(state)} tensors start with {names}"
+        f"'embeddings.patch_embeddings.projection.weight' as in Hugging Face); "
+        f"its {len(state)} tensors start with {names}"
     )
 
 
@@ -189,7 +191,8 @@ def load(
     cfg = _config_for(ckpt, overrides)
     state = dict(ckpt.state)
     old_classes = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
-    # head="linear" on a checkpoint with pre-logits drops them (as timm does for fine-tuning), and the classifier with them.
+    # head="linear" on a checkpoint with pre-logits drops them (as timm does for fine-tuning), and the classifier
+    # with them.
     drop_pre_logits = "head" in overrides and cfg.head != "mlp" and "pre_logits.fc.weight" in state
     if drop_pre_logits:
         state = {k: v for k, v in state.items() if not k.startswith("pre_logits.")}

@@ -63,8 +63,9 @@ def torch_load_safe(p: Path, *, what: str = "PyTorch checkpoint") -> Any:
         m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if m:
             raise CheckpointError(
-                f"{p}: refused to unpickle: the file holds a {m.group(1)} object, not only tensors, and loading it could run code "
-                "(vitlab reads pickles with torch.load(weights_only=True)); if you trust it, re-save it as a plain state dict or .safetensors"
+                f"{p}: refused to unpickle: the file holds a {m.group(1)} object, not only tensors, "
+                "and loading it could run code (vitlab reads pickles with torch.load(weights_only=True)); "
+                "if you trust it, re-save it as a plain state dict or .safetensors"
             ) from None
         raise CheckpointError(f"{p}: not a {what} (pickle data that torch's safe loader cannot read)") from None
     except Exception as e:  # zip/pickle/EOF errors of random or truncated files

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .._version import __version__
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 
@@ -50,8 +51,6 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     meta = {"format": FORMAT_TAG, "architecture": type(model).__name__, **cfg.to_dict()}
-    from .. import __version__
-
     meta["vitlab_version"] = __version__
     tmp_w, tmp_c = out / (WEIGHTS_NAME + ".tmp"), out / (CONFIG_NAME + ".tmp")
     try:

@@ -88,7 +88,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
     if prefix is None:
         sample = ", ".join(sorted(w)[:5]) or "none"
         raise CheckpointError(
-            f"{path}: not a ViT .npz: no 'embedding/kernel' under any of the prefixes '', 'opt/target/', 'params/' (keys: {sample})"
+            f"{path}: not a ViT .npz: no 'embedding/kernel' under any of the prefixes '', 'opt/target/', 'params/' "
+            f"(keys: {sample})"
         )
 
     def get(name: str, idx: int | None = None) -> np.ndarray:

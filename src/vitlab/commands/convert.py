@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     out = save(model, args.dst, extra={"converted_from": str(args.src)})
     cfg = model.config
     print(
-        f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {sum(p.numel() for p in model.parameters()):,} params)"
+        f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, "
+        f"{sum(p.numel() for p in model.parameters()):,} params)"
     )
     return 0

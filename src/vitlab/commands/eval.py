@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_device_arg
 from .train import MEMORY_BUDGET_HELP
 
 
@@ -27,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--strict-data", action="store_true")
     p.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
@@ -43,16 +44,19 @@ def run(args: argparse.Namespace) -> int:
     import vitlab
 
     from .._units import size_option
+    from ..devices import resolve_device
     from ..evaluate import evaluate_model
+    from ._common import write_json
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
+    device = resolve_device(args.device)
     model = vitlab.load(args.model)
     res = evaluate_model(
         model,
         args.data,
         split=args.split,
         batch_size=args.batch_size,
-        device=args.device,
+        device=device,
         val_split=args.val_split,
         cache_dir=args.cache_dir,
         strict=args.strict_data,
@@ -62,13 +66,13 @@ def run(args: argparse.Namespace) -> int:
     res["confusion"] = res["confusion"].tolist()
     out = Path(args.output) if args.output else (Path(args.model) / "eval.json" if Path(args.model).is_dir() else None)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(out, res)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(
-        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
+        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
+        f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
     )
     width = max(len(n) for n in res["per_class"])
     for name, acc in res["per_class"].items():

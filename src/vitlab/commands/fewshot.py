@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from ._common import add_device_arg, add_model_arg
 
 
 def _shots(s: str) -> tuple[int, ...]:
@@ -42,16 +43,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
             "examples:\n"
             "  vitlab fewshot --model runs/digits --data digits\n"
-            "  vitlab fewshot --model runs/cifar/model --data ../shared/data/cifar10 --shots 1,5,10,25 --max-train 10000\n"
+            "  vitlab fewshot --model runs/cifar/model --data ../shared/data/cifar10 --shots 1,5,10,25 \\\n"
+            "                 --max-train 10000\n"
             "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
         ),
         formatter_class=formatter,
     )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)",
-    )
+    add_model_arg(p)
     p.add_argument(
         "--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)"
     )
@@ -69,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--max-train", type=int, default=None, help="training images used by the probe; None = all")
     p.add_argument("--max-test", type=int, default=None, help="test images evaluated; None = all")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
+    add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--out", default="fewshot.json", help="JSON file to write")
     p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")
@@ -77,8 +75,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..devices import resolve_device
     from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
-    from .inspect import pick_device, resolve_model
+    from ._common import resolve_model, write_json
 
     cfg = FewShotConfig(
         shots=args.shots,
@@ -90,18 +89,18 @@ def run(args: argparse.Namespace) -> int:
         max_test=args.max_test,
         batch_size=args.batch_size,
     )
+    device = resolve_device(args.device)  # before loading the model: a typo fails fast
     model, _ = resolve_model(args.model, img_size=args.img_size)
-    model.to(pick_device(args.device))
+    model.to(device)
     result = evaluate_fewshot(model, args.data, cfg)
     result["model"] = args.model
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(args.out, result)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(
-        f"{args.model} on {args.data}: {result['num_classes']} classes, {result['feature_dim']}-d features, {result['test_size']} test images"
+        f"{args.model} on {args.data}: {result['num_classes']} classes, {result['feature_dim']}-d features, "
+        f"{result['test_size']} test images"
     )
     for shots, r in result["fewshot"].items():
         print(

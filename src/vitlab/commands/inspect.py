@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 from pathlib import Path
-from typing import Any
+
+from ._common import add_device_arg, add_model_arg
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -29,11 +29,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)",
-    )
+    add_model_arg(p)
     p.add_argument(
         "--image", nargs="+", action="extend", default=[], metavar="IMG", help="image files or folders to analyse"
     )
@@ -46,58 +42,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1 ...")
+    add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)
-
-
-def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path | None]:
-    """``(model in eval mode, folder it came from or None)`` for a ``--model`` value.
-
-    A folder holding ``model/`` (the output of ``vitlab train --out``) loads that
-    sub-folder; an existing path goes to :func:`vitlab.load`; otherwise a registered
-    name gives a randomly initialised model, and anything else goes to :func:`vitlab.load`.
-    """
-    from ..checkpoints import load
-    from ..checkpoints.native import is_native
-    from ..errors import UnknownModelError, VitlabError
-    from ..models import create_model, list_models
-    from ..models.registry import resolve_name
-
-    overrides = {"img_size": img_size} if img_size else {}
-    path = Path(spec)
-    if path.exists():
-        if path.is_dir() and not is_native(path) and is_native(path / "model"):
-            return load(path / "model", **overrides).eval(), path
-        return load(path, **overrides).eval(), path if path.is_dir() else None
-    if resolve_name(spec) in list_models():
-        return create_model(spec, **overrides).eval(), None
-    try:
-        return load(spec, **overrides).eval(), None
-    except VitlabError as e:
-        close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise UnknownModelError(
-            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint; {hint}({e})"
-        ) from None
-
-
-def pick_device(name: str):
-    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given (checked)."""
-    import torch
-
-    from ..errors import ConfigError
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"--device {name!r}: not a device name (auto, cpu, cuda, cuda:1 ...)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
-    return dev
 
 
 def _pick(n: int, labels, seed: int = 0):
@@ -108,15 +56,18 @@ def _pick(n: int, labels, seed: int = 0):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..devices import resolve_device
     from ..errors import ConfigError
     from ..inspect.images import digits_images, labelled_splits, read_images
     from ..inspect.report import inspect_model
+    from ._common import resolve_model
 
     for opt in ("num_images", "show", "batch_size"):
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
+    device = resolve_device(args.device)  # before loading the model: a typo fails fast
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
-    model.to(pick_device(args.device))
+    model.to(device)
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]
@@ -146,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         report = Path(args.out) / "report.html"
         dist = result["mean_attention_distance"]["per_layer_head"]
         print(
-            f"mean attention distance (px), layer 1: {min(dist[0]):.1f}-{max(dist[0]):.1f}, layer {len(dist)}: {min(dist[-1]):.1f}-{max(dist[-1]):.1f}"
+            f"mean attention distance (px), layer 1: {min(dist[0]):.1f}-{max(dist[0]):.1f}, "
+            f"layer {len(dist)}: {min(dist[-1]):.1f}-{max(dist[-1]):.1f}"
         )
         print(f"wrote {len(result['files'])} files to {args.out}; open {report}")
     return 0

@@ -10,7 +10,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p = sub.add_parser(
         "models",
         help="list model names with layers, width, MLP, heads, params and GFLOPs",
-        description="List the registered models (the paper's Table 1 and more).\n\nexample:\n  vitlab models --img-size 384",
+        description=(
+            "List the registered models (the paper's Table 1 and more).\n\nexample:\n  vitlab models --img-size 384"
+        ),
         formatter_class=formatter,
     )
     p.add_argument("--img-size", type=int, default=224, help="resolution for the params/GFLOPs columns")
@@ -53,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(
-        f"{'name':<16}{'layers':>7}{'width':>7}{'mlp':>7}{'heads':>6}{'patch':>6}{'params':>14}{'GFLOPs':>9}   (at {args.img_size} px; GFLOPs = 2 x GMACs)"
+        f"{'name':<16}{'layers':>7}{'width':>7}{'mlp':>7}{'heads':>6}{'patch':>6}{'params':>14}{'GFLOPs':>9}   "
+        f"(at {args.img_size} px; GFLOPs = 2 x GMACs)"
     )
     for r in rows:
         print(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -23,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
     )
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--max-image-pixels",
@@ -35,28 +37,6 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.set_defaults(func=run)
 
 
-def read_image(path: str, in_chans: int, *, max_pixels: int | None = None):
-    """An image file as a ``(C, H, W)`` uint8 tensor with the model's channel count; a file that
-    cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and the reason."""
-    import os
-
-    import torch
-
-    from ..data.cache import decode_image
-    from ..data.transforms import match_channels
-    from ..errors import InputError
-
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no such file")
-    try:
-        arr = decode_image(path, mode="L" if in_chans == 1 else "RGB", max_pixels=max_pixels)
-    except Exception as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise InputError(f"{path}: not a readable image ({type(e).__name__}{': ' + why if why else ''})") from None
-    x = torch.from_numpy(arr.copy()).permute(2, 0, 1)
-    return match_channels(x, in_chans)
-
-
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -64,16 +44,17 @@ def run(args: argparse.Namespace) -> int:
 
     import vitlab
 
-    from ..evaluate import preprocess_for
+    from ..data.decode import read_image
+    from ..devices import resolve_device
+    from ..evaluate import model_inputs
 
     if args.top < 1:
         raise ValueError("--top must be >= 1")
+    dev = resolve_device(args.device)  # before loading the model: a typo fails fast
     model = vitlab.load(args.model)
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
-    tf = preprocess_for(model)
-    x = torch.stack([tf(read_image(p, cfg.in_chans, max_pixels=args.max_image_pixels)) for p in args.images])
-    dev = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    x = model_inputs(model, [read_image(p, max_pixels=args.max_image_pixels) for p in args.images])
     model.to(dev)
     with torch.no_grad():
         probs = model(x.to(dev)).float().softmax(-1).cpu()

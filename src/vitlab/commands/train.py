@@ -209,6 +209,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
 
     from .._units import size_option
     from ..train import TrainConfig, get_recipe
+    from ._common import arch_overrides
 
     objective = getattr(args, "objective", "classify")
     recipe_name = args.recipe or (
@@ -250,21 +251,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
             if args.randaugment == "none"
             else recipe.replace(randaugment=args.randaugment)
         )
-    arch = {
-        k: v
-        for k, v in (
-            ("patch_size", args.patch_size),
-            ("embed_dim", args.dim),
-            ("depth", args.depth),
-            ("num_heads", args.heads),
-            ("mlp_ratio", args.mlp_ratio),
-        )
-        if v is not None
-    }
-    if args.pool:
-        arch.update(pool=args.pool, class_token=args.pool == "cls")
-    if getattr(args, "posemb", None):
-        arch["posemb"] = args.posemb
+    arch = arch_overrides(args)
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if init else 'train'}"
     return TrainConfig(
         recipe=recipe,

@@ -24,19 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from .._fs import remove_stale
+from .decode import DEFAULT_MAX_IMAGE_PIXELS, decode_image, image_size
 
-__all__ = [
-    "DEFAULT_BUFFER_BYTES",
-    "DEFAULT_MAX_IMAGE_PIXELS",
-    "DecodedFiles",
-    "decode_files",
-    "decode_image",
-    "default_cache_dir",
-]
+__all__ = ["DEFAULT_BUFFER_BYTES", "DecodedFiles", "decode_files", "default_cache_dir"]
 
-_VERSION = 1
-DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
-"""PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
+_VERSION = 2  # 2: EXIF orientation applied, grey (mode L) from the composited RGB image
 DEFAULT_BUFFER_BYTES = 64 << 20
 """The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
 
@@ -53,82 +45,6 @@ class DecodedFiles:
     images: np.ndarray
     kept: list[int]
     skipped: list[tuple[str, str]]
-
-
-def _to_8bit(im):
-    """16-bit and 32-bit integer / float greyscale (PNG ``I;16``, TIFF ``I``/``F``) to ``L`` by
-    scaling, not clipping: PIL's own conversion saturates every value above 255 to white."""
-    from PIL import Image
-
-    a = np.asarray(im).astype(np.float64)
-    if im.mode == "F":
-        top = 1.0 if a.size and a.max() <= 1.0 else 255.0
-    else:
-        top = 65535.0 if im.mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
-    return Image.fromarray(np.clip(np.round(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
-
-
-def decode_image(
-    path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None
-) -> np.ndarray:
-    """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
-
-    Palette and alpha images are composited on white, CMYK/YCbCr/greyscale converted, 16-bit
-    scaled to 8 bits. ``size`` resizes the shorter side and center-crops a square. Raises
-    ``ValueError`` with the reason for an empty file or an image over ``max_pixels`` (default
-    :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its header, before decoding);
-    PIL's errors for truncated or non-image files pass through."""
-    return _decode(str(path), size, mode, max_pixels)
-
-
-def _decode(path: str, size: int | None, mode: str, max_pixels: int | None = None) -> np.ndarray:
-    from PIL import Image
-
-    limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
-    if os.path.getsize(path) == 0:
-        raise ValueError("empty file (0 bytes)")
-    if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
-        Image.MAX_IMAGE_PIXELS = (
-            limit  # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
-        )
-    try:
-        im = Image.open(path)
-    except Image.DecompressionBombError as e:
-        raise ValueError(f"{e} (decompression-bomb guard; raise --max-image-pixels if you trust the file)") from None
-    with im:
-        w, h = im.size
-        if w * h > limit:
-            raise ValueError(
-                f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} (decompression-bomb guard, --max-image-pixels)"
-            )
-        im.draft(mode, (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
-        if im.mode in ("I", "F") or im.mode.startswith("I;16"):
-            im = _to_8bit(im)
-        if im.mode in ("P", "LA", "RGBA", "PA") and mode == "RGB":
-            im = im.convert("RGBA")
-            bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
-            im = Image.alpha_composite(bg, im)
-        im = im.convert(mode)
-        if size is not None and im.size != (size, size):
-            # Shorter side to `size`, then the central square (what eval does anyway).
-            w, h = im.size
-            s = size / min(w, h)
-            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.Resampling.BICUBIC)
-            w, h = im.size
-            left, top = (w - size) // 2, (h - size) // 2
-            im = im.crop((left, top, left + size, top + size))
-        arr = np.asarray(im, dtype=np.uint8)
-    return arr[..., None] if arr.ndim == 2 else arr
-
-
-def _probe(path: str) -> tuple[int, int] | None:
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return im.size
-    except Exception:
-        return None
 
 
 def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
@@ -159,11 +75,12 @@ def decode_files(
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
-    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes). ``mode`` is a PIL mode, ``RGB`` or ``L``: palette,
-    grayscale and RGBA files are converted to it. ``max_pixels`` is the decompression-bomb
-    guard of :func:`decode_image`. ``buffer_bytes`` is the memory budget of building a cache
-    (``--memory-budget``): at most half of it holds decoded images waiting to be written to the
-    memmap (at least one image); the other half is headroom for the decoders' own temporaries.
+    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes).
+    ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
+    ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
+    ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
+    of it holds decoded images waiting to be written to the memmap (at least one image); the other
+    half is headroom for the decoders' own temporaries.
     Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
     """
     from tqdm.auto import tqdm
@@ -186,7 +103,7 @@ def decode_files(
     if size is None:
         sizes = {}
         for p in paths:
-            wh = _probe(p)
+            wh = image_size(p)
             if wh is not None:
                 sizes[wh] = sizes.get(wh, 0) + 1
         if not sizes:
@@ -204,7 +121,7 @@ def decode_files(
 
     def work(i: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            arr = _decode(paths[i], size, mode, max_pixels)
+            arr = decode_image(paths[i], mode=mode, size=size, max_pixels=max_pixels)
             if arr.shape != (height, width, chans):
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
             return i, arr, ""

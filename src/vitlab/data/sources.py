@@ -14,11 +14,10 @@ import numpy as np
 
 from ..errors import OfflineError, VitlabError
 from .cache import DEFAULT_BUFFER_BYTES, decode_files
+from .decode import IMAGE_EXTENSIONS, is_image_name
 from .rows import ImageRows
 
-__all__ = ["IMAGE_EXTENSIONS", "DataError", "DataSplits", "ImageArray", "load_data", "stratified_split"]
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+__all__ = ["DataError", "DataSplits", "ImageArray", "digits_arrays", "load_data", "stratified_split"]
 
 
 class DataError(VitlabError, ValueError):
@@ -93,14 +92,18 @@ def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> t
     return np.sort(tr), np.sort(va)
 
 
-def _digits(val_split: float | None) -> DataSplits:
-    """The 1,797 8x8 handwritten digits shipped with scikit-learn (UCI optdigits test set);
-    values 0-16 scaled to 0-255; a fixed stratified 80/20 split."""
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 8x8 handwritten digits shipped with scikit-learn (UCI optdigits test set) as
+    uint8 ``(N, 8, 8, 1)`` images (values 0-16 scaled to 0-255) and int64 labels, in file order."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    images = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
-    labels = d.target.astype(np.int64)
+    return np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None], d.target.astype(np.int64)
+
+
+def _digits(val_split: float | None) -> DataSplits:
+    """:func:`digits_arrays` with a fixed stratified 80/20 split."""
+    images, labels = digits_arrays()
     tr, va = stratified_split(labels, val_split or 0.2, seed=0)
     return DataSplits(
         "digits", ImageArray(images[tr], labels[tr]), ImageArray(images[va], labels[va]), [str(i) for i in range(10)]
@@ -136,8 +139,8 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
     if class_names is not None and set(found) - set(class_names):
         extra = sorted(set(found) - set(class_names))
         raise DataError(
-            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; the model cannot predict them "
-            "(move them to train/ as well, or remove them)"
+            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; "
+            "the model cannot predict them (move them to train/ as well, or remove them)"
         )
     if class_names is None:
         class_names = found
@@ -151,7 +154,7 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
         for dirpath, dirnames, files in os.walk(d, followlinks=True):
             dirnames.sort()
             for f in sorted(files):
-                if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."):
+                if is_image_name(f):
                     paths.append(os.path.join(dirpath, f))
                     labels.append(i)
     if not paths:
@@ -161,7 +164,8 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
         empty = [c for i, c in enumerate(class_names) if i not in present]
         if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
             raise DataError(
-                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; add images or remove the folder(s)"
+                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; "
+                "add images or remove the folder(s)"
             )
     return paths, np.asarray(labels, dtype=np.int64), class_names
 

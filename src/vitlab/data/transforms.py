@@ -15,19 +15,9 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-__all__ = ["ArrayDataset", "eval_transform", "match_channels", "mix_transform", "train_transform"]
+from .decode import match_channels
 
-
-def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
-    """``(..., C, H, W)`` uint8 -> ``in_chans`` channels (gray -> RGB by repetition, RGB -> gray by luma)."""
-    c = x.shape[-3]
-    if c == in_chans:
-        return x
-    if c == 1:
-        return x.expand(*x.shape[:-3], in_chans, *x.shape[-2:])
-    if in_chans == 1 and c == 3:
-        return v2.functional.rgb_to_grayscale(x)
-    raise ValueError(f"images with {c} channels cannot feed a model with in_chans={in_chans}")
+__all__ = ["ArrayDataset", "eval_transform", "mix_transform", "train_transform"]
 
 
 def _normalize(mean: Sequence[float], std: Sequence[float], in_chans: int) -> list[v2.Transform]:

@@ -1,15 +1,22 @@
-"""Top-1 / top-5 / per-class accuracy and the confusion matrix."""
+"""Top-1 / top-5 / per-class accuracy and the confusion matrix, and the one path from image
+files to a model's evaluation inputs (``vitlab eval``, ``fewshot`` and ``predict`` share it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["evaluate_batches", "evaluate_model", "preprocess_for"]
+from ..devices import autocast, resolve_device
+
+if TYPE_CHECKING:
+    from ..data import ArrayDataset
+
+__all__ = ["decode_size", "eval_dataset", "evaluate_batches", "evaluate_model", "model_inputs", "preprocess_for"]
 
 
 @torch.no_grad()
@@ -24,16 +31,13 @@ def evaluate_batches(
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix (rows: true class)
     over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed."""
-    import contextlib
-
     model.eval()
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     top5 = torch.zeros((), dtype=torch.int64)
     loss = torch.zeros((), dtype=torch.float64)
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
-        with ctx:
+        with autocast(device, amp_dtype):
             logits = model(x)
         logits = logits.float()
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
@@ -73,13 +77,40 @@ def preprocess_for(model: nn.Module):
     )
 
 
+def decode_size(model: nn.Module) -> int:
+    """The square side a folder of mixed-size images is decoded to for ``model`` (the decode
+    cache's ``fallback_size``): its resolution over its ``crop_pct`` and over 0.875 (a margin the
+    eval transform then resizes away), at least 32. ``vitlab eval`` and ``vitlab fewshot`` both
+    decode at it, so one image file gives both the same pixels."""
+    cfg = model.config
+    return max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
+
+
+def eval_dataset(model: nn.Module, images: np.ndarray | Sequence[np.ndarray], labels: np.ndarray) -> ArrayDataset:
+    """Decoded uint8 ``(H, W, C)`` images as ``model``'s evaluation inputs: channels matched by
+    :func:`~vitlab.data.decode.match_channels`, then :func:`preprocess_for` (resize, crop, normalise)."""
+    from ..data import ArrayDataset
+
+    return ArrayDataset(images, labels, transform=preprocess_for(model), in_chans=model.config.in_chans)
+
+
+def model_inputs(model: nn.Module, images: np.ndarray | Sequence[np.ndarray]) -> torch.Tensor:
+    """A ``(N, C, H, W)`` float batch of ``model``'s evaluation inputs for uint8 ``(H, W, C)`` images
+    (of any sizes): the items of :func:`eval_dataset`, what ``vitlab eval`` feeds the model."""
+    ds = eval_dataset(model, images, np.zeros(len(images), dtype=np.int64))
+    if not len(ds):
+        h, w = model.config.img_size
+        return torch.zeros(0, model.config.in_chans, h, w)
+    return torch.stack([ds[i][0] for i in range(len(ds))])
+
+
 def evaluate_model(
     model: nn.Module,
     data: str,
     *,
     split: str = "val",
     batch_size: int = 256,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     val_split: float | None = None,
     cache_dir: str | None = None,
     strict: bool = False,
@@ -94,14 +125,14 @@ def evaluate_model(
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    from ..data import ArrayDataset, DataError, load_data
+    from ..data import DataError, load_data
 
     cfg = model.config
-    size = max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
+    dev = resolve_device(device)
     splits = load_data(
         data,
         val_split=val_split,
-        size=size,
+        size=decode_size(model),
         cache_dir=cache_dir,
         strict=strict,
         progress=progress,
@@ -115,12 +146,12 @@ def evaluate_model(
         missing = [c for c in splits.class_names if c not in names]
         if missing:
             raise DataError(
-                f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model (it knows {', '.join(names[:10])} ...)"
+                f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model "
+                f"(it knows {', '.join(names[:10])} ...)"
             )
         remap = np.asarray([names.index(c) for c in splits.class_names])
         labels = remap[arr.labels]
-    ds = ArrayDataset(arr.images, labels, transform=preprocess_for(model), in_chans=cfg.in_chans)
-    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    ds = eval_dataset(model, arr.images, labels)
     model.to(dev)
     batches = tqdm(DataLoader(ds, batch_size=batch_size), desc="eval", unit="batch", disable=not progress, leave=False)
     res = evaluate_batches(model, batches, num_classes=len(names), device=dev)

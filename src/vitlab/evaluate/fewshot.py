@@ -262,19 +262,19 @@ def extract_features(
     progress: bool = True,
     desc: str = "features",
 ) -> torch.Tensor:
-    """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a :class:`vitlab.inspect.images.LabelledSplit`)."""
-    from ..inspect.images import to_chw
-    from .accuracy import preprocess_for
+    """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a
+    :class:`vitlab.inspect.images.LabelledSplit`), from the inputs ``vitlab eval`` would feed the
+    model (:func:`~vitlab.evaluate.accuracy.model_inputs`), so the features match the accuracy numbers."""
+    from ..devices import model_device
+    from .accuracy import model_inputs
 
     cfg = model.config
-    transform = preprocess_for(model)  # the evaluation transform of `vitlab eval`: same inputs as the accuracy numbers
-    device = next(model.parameters()).device
+    device = model_device(model)
     model.eval()
     feats = []
     starts = range(0, len(indices), batch_size)
     for i in tqdm(starts, desc=desc, unit="batch", disable=not progress):
-        batch = images.get(indices[i : i + batch_size])
-        x = torch.stack([transform(to_chw(img, cfg.in_chans)) for img in batch])
+        x = model_inputs(model, images.get(indices[i : i + batch_size]))
         f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
         feats.append(f.float().cpu())
     if not feats:
@@ -319,9 +319,13 @@ def evaluate_fewshot(
     training images some seed samples (plus the probe's) go through the model.
     """
     from ..inspect.images import labelled_splits
+    from .accuracy import decode_size
 
     cfg = config or FewShotConfig()
-    train, test = labelled_splits(data, progress=progress) if isinstance(data, str) else data
+    if isinstance(data, str):  # decoded as `vitlab eval` decodes it: the same pixels for the same files
+        train, test = labelled_splits(data, size=decode_size(model), progress=progress)
+    else:
+        train, test = data
     k = int(max(train.labels.max(), test.labels.max()) + 1)
     if len(train.class_names) > k:
         k = len(train.class_names)

@@ -42,7 +42,8 @@ def _check(attn: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) ->
     t = num_prefix_tokens + grid[0] * grid[1]
     if attn.shape[-1] != t:
         raise ValueError(
-            f"attention over {attn.shape[-1]} tokens does not match a {grid[0]}x{grid[1]} patch grid with {num_prefix_tokens} prefix token(s)"
+            f"attention over {attn.shape[-1]} tokens does not match a {grid[0]}x{grid[1]} patch grid "
+            f"with {num_prefix_tokens} prefix token(s)"
         )
 
 

@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.decode import IMAGE_EXTENSIONS, is_image_name, match_channels, read_image
 from ..errors import InputError
 
-__all__ = ["IMAGE_SUFFIXES", "LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+__all__ = ["LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
 
 
 @dataclass
@@ -40,9 +39,9 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
+            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
             if not found:
-                raise InputError(f"{p}: no image files ({', '.join(IMAGE_SUFFIXES[:4])} ...) in this folder")
+                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
             files.extend(found)
         elif p.is_file():
             files.append(p)
@@ -51,53 +50,33 @@ def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def _decode(path: Path, mode: str = "RGB") -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert(mode))
-    except (UnidentifiedImageError, OSError) as e:
-        raise InputError(f"{path}: not a readable image ({e})") from None
-
-
 def read_images(
-    paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None
+    paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None, max_pixels: int | None = None
 ) -> tuple[list[np.ndarray], list[str]]:
-    """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays; also returns the names."""
+    """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays with
+    :func:`vitlab.data.decode.read_image`; also returns the names."""
     files = _expand(paths)[:limit]
-    return [_decode(f) for f in files], [f.name for f in files]
+    return [read_image(f, max_pixels=max_pixels) for f in files], [f.name for f in files]
 
 
 def digits_images(n: int = 4) -> tuple[np.ndarray, list[str]]:
     """The first ``n`` of scikit-learn's embedded 8x8 digits (one per class first), uint8 ``(n, 8, 8, 1)``."""
-    from sklearn.datasets import load_digits
+    from ..data.sources import digits_arrays
 
-    d = load_digits()
-    order = np.concatenate([np.flatnonzero(d.target == c)[:1] for c in range(10)] + [np.arange(len(d.target))])
+    images, labels = digits_arrays()
+    order = np.concatenate([np.flatnonzero(labels == c)[:1] for c in range(10)] + [np.arange(len(labels))])
     _, first = np.unique(order, return_index=True)
     order = order[np.sort(first)][:n]
-    imgs = np.clip(d.images[order] * (255.0 / 16.0), 0, 255).round().astype(np.uint8)[..., None]
-    return imgs, [f"digit {d.target[i]}" for i in order]
+    return images[order], [f"digit {labels[i]}" for i in order]
 
 
 def to_chw(img: np.ndarray, in_chans: int) -> torch.Tensor:
-    """A uint8 ``(H, W[, C])`` image as a ``(in_chans, H, W)`` uint8 tensor: grey is repeated for RGB
-    models, RGB averaged for 1-channel ones, an alpha channel dropped."""
+    """A uint8 ``(H, W[, C])`` image as a ``(in_chans, H, W)`` uint8 tensor, channels matched as
+    everywhere in vitlab (:func:`~vitlab.data.decode.match_channels`: grey repeated, RGB -> luma)."""
     t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: decoded arrays may be read-only
     if t.ndim == 2:
         t = t[..., None]
-    t = t.permute(2, 0, 1)
-    if t.shape[0] == 4:
-        t = t[:3]
-    if t.shape[0] != in_chans:
-        if in_chans == 3 and t.shape[0] == 1:
-            t = t.expand(3, -1, -1).contiguous()
-        elif in_chans == 1:
-            t = t.float().mean(dim=0, keepdim=True).round().to(torch.uint8)
-        else:
-            raise InputError(f"the model takes {in_chans}-channel images, got {t.shape[0]} channels")
-    return t
+    return match_channels(t.permute(2, 0, 1), in_chans).contiguous()
 
 
 def preprocess(
@@ -105,15 +84,14 @@ def preprocess(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 ``(H, W, C)`` images -> ``(model input (B, C, H, W) normalised, display images (B, H, W, C) in [0, 1])``.
 
-    Images are resized to ``img_size`` (bilinear, antialiased); grey images are
-    repeated to 3 channels for RGB models and RGB images averaged for 1-channel ones.
+    Images are resized to ``img_size`` (bilinear, antialiased); channels are matched by :func:`to_chw`.
     """
     batch = []
     for img in images:
         t = to_chw(img, in_chans)
         t = t.float()[None] / 255.0
         if tuple(t.shape[-2:]) != tuple(img_size):
-            # torch's own antialiased bilinear resize (what torchvision's resize calls), without importing torchvision
+            # torch's own antialiased bilinear resize (what torchvision's resize calls)
             t = torch.nn.functional.interpolate(
                 t, size=tuple(img_size), mode="bilinear", align_corners=False, antialias=True
             ).clamp(0, 1)
@@ -125,12 +103,15 @@ def preprocess(
     return (x - m) / s, display
 
 
-def labelled_splits(data: str, *, progress: bool = True) -> tuple[LabelledSplit, LabelledSplit]:
+def labelled_splits(
+    data: str, *, size: int | None = None, progress: bool = True
+) -> tuple[LabelledSplit, LabelledSplit]:
     """``(train, test)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
-    (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes)."""
+    (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes); ``size``
+    is the side a folder of mixed-size images is decoded to (``load_data``'s ``size``)."""
     from ..data import load_data
 
-    splits = load_data(data, progress=progress)
+    splits = load_data(data, size=size, progress=progress)
     names = list(splits.class_names)
 
     def split(s) -> LabelledSplit:

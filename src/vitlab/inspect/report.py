@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..devices import model_device
 from . import figures
 from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
@@ -111,11 +112,6 @@ def _grid_and_pixels(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int
     return (gh, gw), size[0] / gh
 
 
-def _device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 @torch.no_grad()
 def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progress: bool) -> torch.Tensor:
     """Fig. 7 right over the whole batch ``x``, in chunks (exact attention is memory hungry)."""
@@ -124,7 +120,7 @@ def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progre
     total, n = None, 0
     starts = range(0, len(x), batch_size)
     for i in tqdm(starts, desc="attention distance", unit="batch", disable=not progress or len(starts) < 2):
-        xb = x[i : i + batch_size].to(_device(model))
+        xb = x[i : i + batch_size].to(model_device(model))
         _, attns = model(xb, return_attention=True)
         d = attention_distance(attns, grid=grid, patch_size=px, num_prefix_tokens=model.num_prefix_tokens) * len(xb)
         total = d if total is None else total + d
@@ -215,8 +211,8 @@ def inspect_model(
         add(
             Section(
                 title="Fig. 7 (center): position embedding similarity",
-                text=f"Cosine similarity between the position embedding ({cfg.posemb}) of the patch at each row and column "
-                "of the input grid and those of all other patches.",
+                text=f"Cosine similarity between the position embedding ({cfg.posemb}) of the patch at each row "
+                "and column of the input grid and those of all other patches.",
                 png=figures.png_bytes(figures.plot_posemb_similarity(sim)),
                 filename="posemb_similarity.png",
             )
@@ -239,24 +235,25 @@ def inspect_model(
     add(
         Section(
             title="Fig. 7 (right): mean attention distance",
-            text=f"For every head of every layer: attention-weighted pixel distance between query and key patch centres, "
-            f"averaged over query patches and {len(x_dist)} image(s). The class token is left out and each query's "
-            f"weights over the patches renormalised; uniform attention would give {uniform:.1f} px on this grid.",
+            text="For every head of every layer: attention-weighted pixel distance between query and key patch "
+            f"centres, averaged over query patches and {len(x_dist)} image(s). The class token is left out and "
+            f"each query's weights over the patches renormalised; uniform attention would give {uniform:.1f} px "
+            "on this grid.",
             png=figures.png_bytes(figures.plot_attention_distance(dist, img_size=size)),
             filename="attention_distance.png",
         )
     )
 
     with torch.no_grad():
-        _, attns = model(x_show.to(_device(model)), return_attention=True)
+        _, attns = model(x_show.to(model_device(model)), return_attention=True)
     attns = [a.float().cpu() for a in attns]
     maps = rollout_map(attns, grid=grid, num_prefix_tokens=model.num_prefix_tokens)
     token = "class token" if model.num_prefix_tokens else "mean over tokens (no class token)"
     add(
         Section(
             title="Fig. 6: attention rollout from the output token to the input",
-            text=f"Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, rows "
-            f"renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
+            text="Abnar & Zuidema (2020): attention averaged over heads, plus the identity for the residual path, "
+            f"rows renormalised, multiplied over all {len(attns)} layers; the output token is the {token}. "
             "Middle column: the image multiplied by the normalised map, as in the paper.",
             png=figures.png_bytes(
                 figures.plot_rollout(display, maps, titles=list(names)[: len(display)] if names else None)
@@ -287,7 +284,8 @@ def inspect_model(
     page = render_html(
         res.sections,
         title=title or f"vitlab inspect: {cfg.name}",
-        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, patch {cfg.patch_size}, "
+        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, "
+        f"patch {cfg.patch_size}, "
         f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
         "Figure numbers refer to Dosovitskiy et al., ICLR 2021.",
     )

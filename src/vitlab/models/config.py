@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig", "mlp_dim_for"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -22,6 +22,15 @@ _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
+
+
+def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
+    """The hidden width of the blocks' MLP for ``mlp_ratio`` (``--mlp-ratio``: MLP width / token
+    width ``embed_dim``, 4 in the paper), rounded to the nearest integer. The one place a ratio
+    becomes a :attr:`ViTConfig.mlp_dim`, which is what the config stores."""
+    if not mlp_ratio > 0:
+        raise ConfigError(f"mlp_ratio: must be positive, got {mlp_ratio}")
+    return round(embed_dim * mlp_ratio)
 
 
 def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -119,6 +128,11 @@ class ViTConfig:
         return 1 if self.class_token else 0
 
     @property
+    def mlp_ratio(self) -> float:
+        """MLP width / token width (``mlp_dim / embed_dim``); the inverse of :func:`mlp_dim_for`."""
+        return self.mlp_dim / self.embed_dim
+
+    @property
     def pre_logits_dim(self) -> int:
         return (self.representation_size or self.embed_dim) if self.head == "mlp" else self.embed_dim
 
@@ -153,7 +167,8 @@ class ViTConfig:
         if not self.dynamic_img_pad and (h % p or w % p):
             bad(
                 "img_size",
-                f"{h}x{w} is not divisible by the patch size {p}{' (ResNet stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
+                f"{h}x{w} is not divisible by the patch size {p}"
+                f"{' (ResNet stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
                 f"(e.g. {max(p, h // p * p)}) or dynamic_img_pad=True",
             )
         if self.pool == "cls" and not self.class_token:

@@ -34,6 +34,7 @@ def build_model(
     differ or the pre-training MLP head is present, a new zero-initialised linear head."""
     from ..accel import accelerate
     from ..models import VisionTransformer, ViTConfig, model_config
+    from ..models.config import mlp_dim_for
 
     r = cfg.recipe
     if cfg.init:
@@ -70,7 +71,7 @@ def build_model(
     ratio = arch.pop("mlp_ratio", None) or base_cfg.mlp_dim / base_cfg.embed_dim
     changes = {k: v for k, v in arch.items() if v is not None}
     if "embed_dim" in changes or cfg.arch.get("mlp_ratio"):
-        changes["mlp_dim"] = round(changes.get("embed_dim", base_cfg.embed_dim) * ratio)
+        changes["mlp_dim"] = mlp_dim_for(changes.get("embed_dim", base_cfg.embed_dim), ratio)
     img = cfg.img_size or r.img_size or image_size
     custom = bool(changes) or not name
     c = base_cfg.replace(

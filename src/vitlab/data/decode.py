@@ -1,0 +1,182 @@
+"""Image files to pixels: the one decoder and the one channel rule of vitlab.
+
+Training's decode cache, ``vitlab eval``, ``predict``, ``fewshot`` and ``inspect`` all read
+files through :func:`decode_image`, and all adapt channels to a model with
+:func:`match_channels`, so one image file gives one set of pixels whichever command reads it:
+EXIF orientation applied, transparency composited on white, 16-bit scaled (not clipped) to
+8 bits, decompression bombs refused from the header, RGB -> grey by the ITU-R 601-2 luma
+(PIL's own ``convert("L")``), grey -> RGB by repetition.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+__all__ = [
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "IMAGE_EXTENSIONS",
+    "decode_image",
+    "image_size",
+    "is_image_name",
+    "match_channels",
+    "read_image",
+]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+"""File name endings (lower case) taken as images when a folder is searched."""
+
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
+"""PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
+
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def is_image_name(name: str) -> bool:
+    """Whether a file name has one of :data:`IMAGE_EXTENSIONS` (any case) and is not hidden (``.name``)."""
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def _orientation(im: Image.Image, *, header_only: bool = False) -> int:
+    """The EXIF orientation tag (1: as stored). ``header_only``: never decode pixels to find it
+    (PIL loads a PNG whose ``eXIf`` chunk follows the pixel data; such a file then counts as 1)."""
+    if header_only and im.format == "PNG" and "exif" not in im.info:
+        return 1
+    try:
+        return int(im.getexif().get(_EXIF_ORIENTATION, 1))
+    except Exception:  # a corrupt EXIF block: decode the pixels as stored
+        return 1
+
+
+def image_size(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(width, height)`` of the decoded image (EXIF orientation applied) from the file's header,
+    without decoding the pixels; ``None`` for a file PIL cannot open."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            return (h, w) if _orientation(im, header_only=True) in _TRANSPOSED else (w, h)
+    except Exception:
+        return None
+
+
+def _to_8bit(im: Image.Image) -> Image.Image:
+    """16-bit and 32-bit integer / float greyscale (PNG ``I;16``, TIFF ``I``/``F``) to ``L`` by
+    scaling, not clipping: PIL's own conversion saturates every value above 255 to white."""
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(im).astype(np.float64)
+    if im.mode == "F":
+        top = 1.0 if a.size and a.max() <= 1.0 else 255.0
+    else:
+        top = 65535.0 if im.mode.startswith("I;16") or (a.size and a.max() > 255) else 255.0
+    return Image.fromarray(np.clip(np.round(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+
+
+def _oriented(im: Image.Image) -> Image.Image:
+    """``im`` turned as its EXIF orientation tag says (phones store portraits sideways)."""
+    from PIL import ImageOps
+
+    if _orientation(im) == 1:
+        return im  # no copy for the common case
+    return ImageOps.exif_transpose(im)
+
+
+def decode_image(
+    path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None
+) -> np.ndarray:
+    """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
+
+    The EXIF orientation is applied; palette and alpha images are composited on white;
+    CMYK/YCbCr/greyscale are converted; 16-bit is scaled to 8 bits. ``L`` is the luma of the
+    RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
+    grey by libjpeg). ``size`` resizes the shorter side and center-crops a square.
+
+    Raises ``ValueError`` with the reason for an empty file or an image over ``max_pixels``
+    (default :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its header,
+    before decoding); PIL's errors for truncated or non-image files pass through."""
+    import numpy as np
+    from PIL import Image
+
+    if mode not in ("RGB", "L"):
+        raise ValueError(f"mode {mode!r}: expected 'RGB' or 'L'")
+    limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
+    if os.path.getsize(path) == 0:
+        raise ValueError("empty file (0 bytes)")
+    if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
+        # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
+        Image.MAX_IMAGE_PIXELS = limit
+    try:
+        im = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"{e} (decompression-bomb guard; raise --max-image-pixels if you trust the file)") from None
+    with im:
+        w, h = im.size
+        if w * h > limit:
+            raise ValueError(
+                f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} "
+                "(decompression-bomb guard, --max-image-pixels)"
+            )
+        im.draft("RGB", (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
+        im = _oriented(im)
+        if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+            im = _to_8bit(im)
+        if im.mode in ("P", "LA", "RGBA", "PA"):
+            im = im.convert("RGBA")
+            bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
+            im = Image.alpha_composite(bg, im)
+        im = im.convert("RGB")
+        if mode == "L":
+            im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
+        if size is not None and im.size != (size, size):
+            # Shorter side to `size`, then the central square (what eval does anyway).
+            w, h = im.size
+            s = size / min(w, h)
+            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.Resampling.BICUBIC)
+            w, h = im.size
+            left, top = (w - size) // 2, (h - size) // 2
+            im = im.crop((left, top, left + size, top + size))
+        arr = np.asarray(im, dtype=np.uint8)
+    return arr[..., None] if arr.ndim == 2 else arr
+
+
+def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:
+    """A user-named image file as an RGB ``(H, W, 3)`` uint8 array (:func:`decode_image`); a file
+    that cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and why."""
+    from ..errors import InputError
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        return decode_image(path, max_pixels=max_pixels)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise InputError(f"{path}: not a readable image ({type(e).__name__}{': ' + why if why else ''})") from None
+
+
+def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
+    """``(..., C, H, W)`` uint8 -> ``in_chans`` channels: grey -> RGB (or any count) by repetition,
+    RGB -> grey by the ITU-R 601-2 luma ``0.299 R + 0.587 G + 0.114 B`` rounded to the nearest
+    level, in PIL's fixed point, so it equals ``decode_image(mode="L")`` and grey -> RGB -> grey
+    is the identity. Raises :class:`~vitlab.errors.InputError` for any other pair of counts."""
+    import torch
+
+    from ..errors import InputError
+
+    c = x.shape[-3]
+    if c == in_chans:
+        return x
+    if c == 1:
+        return x.expand(*x.shape[:-3], in_chans, *x.shape[-2:])
+    if in_chans == 1 and c == 3:
+        r, g, b = x.to(torch.int32).unbind(-3)
+        return ((r * 19595 + g * 38470 + b * 7471 + 32768) >> 16).to(x.dtype).unsqueeze(-3)
+    raise InputError(f"images with {c} channels cannot feed a model with in_chans={in_chans}")

@@ -1,0 +1,125 @@
+"""The one image decoder and the one channel rule (vitlab.data.decode), and that the commands share them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.data.decode import decode_image, image_size, is_image_name, match_channels, read_image
+from vitlab.errors import InputError
+
+ORIENTATION = 0x0112
+
+
+def _half_black_half_white(w: int = 16, h: int = 8) -> np.ndarray:
+    """Left half black, right half white: a picture whose turning is easy to see."""
+    arr = np.zeros((h, w, 3), np.uint8)
+    arr[:, w // 2 :] = 255
+    return arr
+
+
+def _save_with_orientation(path, arr: np.ndarray, orientation: int) -> None:
+    exif = Image.Exif()
+    exif[ORIENTATION] = orientation
+    Image.fromarray(arr).save(path, exif=exif.tobytes(), **({"quality": 95} if path.suffix == ".jpg" else {}))
+
+
+@pytest.mark.parametrize("suffix", [".jpg", ".png"])
+def test_exif_orientation_is_applied(tmp_path, suffix):
+    # Orientation 6: the camera was turned, the viewer rotates the stored pixels 90 degrees clockwise,
+    # so the stored left (black) half ends up at the top.
+    path = tmp_path / f"turned{suffix}"
+    _save_with_orientation(path, _half_black_half_white(), 6)
+    arr = decode_image(path)
+    assert arr.shape == (16, 8, 3)
+    assert arr[:6].mean() < 20 and arr[-6:].mean() > 235
+    assert image_size(path) == (8, 16)  # (width, height) as decoded, from the header alone
+    assert read_image(path).shape == (16, 8, 3)
+    assert decode_image(path, size=8).shape == (8, 8, 3)
+
+
+def test_exif_orientation_reaches_the_decode_cache(tmp_path):
+    from vitlab.data.cache import decode_files
+
+    _save_with_orientation(tmp_path / "a.jpg", _half_black_half_white(), 6)
+    Image.fromarray(_half_black_half_white(8, 16)).save(tmp_path / "b.png")  # stored upright at 8x16
+    dec = decode_files([str(tmp_path / "a.jpg"), str(tmp_path / "b.png")], cache_dir=tmp_path / "cache", progress=False)
+    assert dec.skipped == [] and dec.images.shape == (2, 16, 8, 3)  # one native size: both are 8 wide, 16 high
+    assert dec.images[0, :6].mean() < 20 and dec.images[0, -6:].mean() > 235
+
+
+def test_luma_rule_is_pils_and_round_trips_grey():
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (8, 32, 3), dtype=np.uint8)
+    grey = match_channels(torch.from_numpy(rgb).permute(2, 0, 1), 1)[0].numpy()
+    assert np.array_equal(grey, np.asarray(Image.fromarray(rgb).convert("L")))
+    levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256)
+    assert torch.equal(match_channels(match_channels(levels, 3), 1), levels)  # white stays 255
+    batch = torch.from_numpy(rgb).permute(2, 0, 1)[None].repeat(2, 1, 1, 1)
+    assert match_channels(batch, 1).shape == (2, 1, 8, 32)
+    with pytest.raises(InputError, match="4 channels"):
+        match_channels(torch.zeros(4, 2, 2, dtype=torch.uint8), 3)
+
+
+def test_grey_decode_is_the_luma_of_the_rgb_decode(tmp_path):
+    # A JPEG too: libjpeg's own grey output would differ from the luma of the RGB pixels.
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "c.jpg", quality=90)
+    Image.new("LA", (16, 16), (90, 0)).save(tmp_path / "clear.png")  # transparent grey: white, in both modes
+    for name in ("c.jpg", "clear.png"):
+        rgb = torch.from_numpy(decode_image(tmp_path / name).copy()).permute(2, 0, 1)
+        assert np.array_equal(decode_image(tmp_path / name, mode="L")[..., 0], match_channels(rgb, 1)[0].numpy())
+    assert decode_image(tmp_path / "clear.png", mode="L").min() == 255
+
+
+def test_image_names():
+    assert is_image_name("a.JPG") and is_image_name("b.tiff") and is_image_name("c.webp")
+    assert not is_image_name(".hidden.png") and not is_image_name("notes.txt")
+
+
+def _folder(root):
+    """train/ and val/ with RGB and grey files of mixed, non-square sizes (so the decode size matters)."""
+    rng = np.random.default_rng(2)
+    for split in ("train", "val"):
+        for c, name in enumerate(("a", "b")):
+            d = root / split / name
+            d.mkdir(parents=True)
+            for i in range(3):
+                h, w = (20, 12) if i % 2 else (14, 18)
+                rgb = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                rgb[..., c] |= 0x80
+                Image.fromarray(rgb).save(d / f"{i}.png")
+            Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8), "L").save(d / "grey.png")
+    return root
+
+
+def _inputs_seen(model, run) -> torch.Tensor:
+    """The input batches ``run()`` feeds the model's patch embedding, concatenated."""
+    seen: list[torch.Tensor] = []
+    handle = model.patch_embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
+@pytest.mark.parametrize("in_chans", [1, 3])  # a grey model on RGB files, an RGB model on grey files
+def test_fewshot_and_eval_feed_the_model_the_same_pixels(tmp_path, monkeypatch, in_chans):
+    from vitlab.evaluate import evaluate_model
+    from vitlab.evaluate.fewshot import FewShotConfig, evaluate_fewshot
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    data = str(_folder(tmp_path / "data"))
+    torch.manual_seed(0)
+    model = vitlab.create_model(
+        "vit_ti16", img_size=16, patch_size=8, depth=1, in_chans=in_chans, num_classes=2, class_names=["a", "b"]
+    ).eval()
+    evaluated = _inputs_seen(model, lambda: evaluate_model(model, data, batch_size=3, progress=False))
+    cfg = FewShotConfig(shots=(1,), seeds=1, probe=False, batch_size=3)
+    fewshot = _inputs_seen(model, lambda: evaluate_fewshot(model, data, cfg, progress=False))
+    assert evaluated.shape == (8, in_chans, 16, 16)
+    assert torch.equal(fewshot[-len(evaluated) :], evaluated)  # the test split's inputs come last
