@@ -96,7 +96,8 @@ class FastVisionTransformer(VisionTransformer):
         self, x: torch.Tensor, *, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         if not return_attention and self.accelerable(x) and (n := self.inference_chunk_size(x)) < x.shape[0]:
-            return torch.cat([super(FastVisionTransformer, self).forward_features(c) for c in x.split(n)])  # type: ignore[misc]
+            plain = super().forward_features
+            return torch.cat([plain(c) for c in x.split(n)])  # type: ignore[misc]
         return super().forward_features(x, return_attention=return_attention)
 
     def forward(

@@ -107,7 +107,8 @@ def _build() -> dict[str, HubEntry]:
         size, patch, res = re.fullmatch(r"vit_([a-z]+)_patch(\d+)_(\d+)", arch).groups()  # type: ignore[union-attr]
         table[f"{tag}/{_vitlab_name(size, patch, res)}"] = HubEntry(f"timm/{arch_tag}", "timm")
     for repo in _GOOGLE:
-        size, patch, res, i21k = re.fullmatch(r"vit-([a-z]+)-patch(\d+)-(\d+)(-in21k)?", repo).groups()  # type: ignore[union-attr]
+        m = re.fullmatch(r"vit-([a-z]+)-patch(\d+)-(\d+)(-in21k)?", repo)
+        size, patch, res, i21k = m.groups()  # type: ignore[union-attr]
         table[f"google{'_in21k' if i21k else ''}/{_vitlab_name(size, patch, res)}"] = HubEntry(f"google/{repo}", "hf")
     return table
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for r in rows:
         print(
-            f"{r['name']:<16}{r['layers']:>7}{r['width']:>7}{r['mlp']:>7}{r['heads']:>6}{r['patch']:>6}{r['params']:>14,}{r['gflops']:>9.1f}"
+            f"{r['name']:<16}{r['layers']:>7}{r['width']:>7}{r['mlp']:>7}{r['heads']:>6}{r['patch']:>6}"
+            f"{r['params']:>14,}{r['gflops']:>9.1f}"
         )
     return 0

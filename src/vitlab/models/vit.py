@@ -314,7 +314,8 @@ def _patch_posemb(
     if kind == "learn":
         pe = params[0][:, prefix:]
         if tuple(grid) != tuple(trained_grid):
-            pe = resample_posemb(pe, grid, old_grid=trained_grid, num_prefix_tokens=0, mode=mode)  # type: ignore[arg-type]
+            old = tuple(trained_grid)
+            pe = resample_posemb(pe, grid, old_grid=old, num_prefix_tokens=0, mode=mode)  # type: ignore[arg-type]
         return pe
     if kind == "learn2d":
         gh, gw = grid
