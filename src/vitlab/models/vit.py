@@ -172,10 +172,10 @@ class VisionTransformer(nn.Module):
         cfg = self.config
         if cfg.posemb == "none":
             return None
-        if like is None:
-            like = self.cls_token if self.cls_token is not None else torch.zeros(1, 1, cfg.embed_dim)
+        if like is None:  # any parameter: the table takes its device and dtype
+            like = next(self.parameters())
         tables = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
-        args = (cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens)
+        args = (cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, cfg.embed_dim)
         return _patch_posemb(like, grid, *args, *(getattr(self, n) for n in tables))
 
     # -- Eq. 2-3 and the final LayerNorm: the one block loop ---------------------
@@ -300,17 +300,18 @@ class VisionTransformer(nn.Module):
 
 
 def _patch_posemb(
-    tokens: torch.Tensor,
+    like: torch.Tensor,
     grid: tuple[int, int],
     kind: str,
     trained_grid: tuple[int, int],
     mode: str,
     prefix: int,
+    dim: int,
     *params: torch.Tensor,
 ) -> torch.Tensor:
-    """E_pos for the patch tokens of a ``grid`` (``(1, N, D)``): the learned table resampled in
-    2-D when the grid differs from the trained one (Sec. 3.2), the row and column tables of the
-    2-D variant (Appendix D.4), or the fixed sine-cosine embedding."""
+    """E_pos for the patch tokens of a ``grid`` (``(1, N, D)``): the learned table resampled in 2-D
+    when the grid differs from the trained one (Sec. 3.2), the row and column tables of the 2-D
+    variant (Appendix D.4), or the fixed sine-cosine embedding (in ``like``'s dtype and device)."""
     if kind == "learn":
         pe = params[0][:, prefix:]
         if tuple(grid) != tuple(trained_grid):
@@ -322,7 +323,7 @@ def _patch_posemb(
         rows = resample_1d(params[0], gh, mode=mode)[:, :, None, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
         cols = resample_1d(params[1], gw, mode=mode)[:, None, :, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
         return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)
-    return _sincos(grid[0], grid[1], tokens.shape[-1]).to(device=tokens.device, dtype=tokens.dtype)
+    return _sincos(grid[0], grid[1], dim).to(device=like.device, dtype=like.dtype)
 
 
 # torch.fx (torchvision's feature extractor) records the lookup as one call: the choice of
