@@ -83,7 +83,7 @@ def test_changed_architecture_and_batch_are_refused_listing_every_difference(sto
 
 
 def test_epochs_extension_is_applied_reported_and_the_run_continues(stopped_run, capsys):
-    data, out = stopped_run
+    _, out = stopped_run
     assert main(resume(out, "--epochs", "4", "--save-every", "5")) == 0
     stdout = capsys.readouterr().out
     line = next(x for x in stdout.splitlines() if x.startswith("--resume: applied"))
@@ -102,7 +102,7 @@ def test_epochs_extension_is_applied_reported_and_the_run_continues(stopped_run,
     capsys.readouterr()
     assert main(resume(out, "--epochs", "3")) == 0
     stdout = capsys.readouterr().out
-    assert "--epochs 5 -> 3 (5 epochs are already done: the run finishes now)" in stdout, stdout
+    assert "--epochs 5 -> 3 (5 epoch(s) already done: the run finishes now)" in stdout, stdout
     assert load_state(out / "last.pt")["step"] == 15
 
 
@@ -138,7 +138,7 @@ def test_a_modified_image_is_refused(stopped_run, capsys):
 def test_a_checkpoint_without_a_fingerprint_resumes_with_a_note(stopped_run, capsys):
     import torch
 
-    data, out = stopped_run
+    _, out = stopped_run
     state = load_state(out / "last.pt")
     del state["data_fingerprint"]
     torch.save(state, out / "last.pt")

@@ -58,7 +58,13 @@ def _randaugment(text: str) -> tuple[int, int] | str:
 class _NoteGiven(argparse.Action):
     """Mixed into the parser's actions by :func:`_note_given_flags`: remembers the option's flag."""
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         namespace.given_flags = frozenset(getattr(namespace, "given_flags", ())) | {self.option_strings[0]}
         super().__call__(parser, namespace, values, option_string)
 

@@ -125,7 +125,7 @@ def resumed_config(
             cfg.recipe = dataclasses.replace(cfg.recipe, epochs=now)
             plan.update(epochs=now, total_steps=now * plan["steps_per_epoch"])
             change += (
-                f" ({done} epochs are already done: the run finishes now)"
+                f" ({done} epoch(s) already done: the run finishes now)"
                 if now <= done
                 else f" (the run continues to step {plan['total_steps']}; the learning-rate schedule now ends there)"
             )
