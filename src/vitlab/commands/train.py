@@ -55,8 +55,32 @@ def _randaugment(text: str) -> tuple[int, int] | str:
     return int(parts[0]), int(parts[1])
 
 
+class _NoteGiven(argparse.Action):
+    """Mixed into the parser's actions by :func:`_note_given_flags`: remembers the option's flag."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.given_flags = frozenset(getattr(namespace, "given_flags", ())) | {self.option_strings[0]}
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _note_given_flags(p: argparse.ArgumentParser) -> None:
+    """Make the options added to ``p`` from now on record their flag in ``args.given_flags`` when they
+    appear on the command line: ``--resume`` compares what the user said, not the defaults, with the
+    saved run. argparse calls an action only for an option that is given; defaults are set without it."""
+    for name in (None, "store", "store_true"):
+        base = p._registry_get("action", name, None)
+        p.register("action", name, type(f"Noted{base.__name__}", (_NoteGiven, base), {}))
+
+
 def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) -> None:
     """Arguments shared by ``train`` and ``finetune``; ``None`` defaults mean "the recipe's value"."""
+    _note_given_flags(p)
     g = p.add_argument_group("data")
     g.add_argument(
         "--data",
@@ -299,7 +323,8 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
     except ConfigError as e:  # "recipe 'digits': batch_size: must be positive" -> "--batch-size: must be positive"
         m = re.match(r"recipe '[^']*': (\w+): (.*)", str(e))
         raise (ConfigError(f"--{m.group(1).replace('_', '-')}: {m.group(2)}") if m else e) from None
-    summary = fit(cfg, resume=args.resume)
+    given = set(getattr(args, "given_flags", ())) | ({"--init"} if init else set())
+    summary = fit(cfg, resume=args.resume, given=given)
     if summary.get("objective") == "mpp" and summary.get("top1") is not None and _is_main():
         print(
             f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% "

@@ -26,7 +26,7 @@ import numpy as np
 from .._fs import remove_stale
 from .decode import DEFAULT_MAX_IMAGE_PIXELS, decode_image, image_size
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "DecodedFiles", "decode_files", "default_cache_dir"]
+__all__ = ["DEFAULT_BUFFER_BYTES", "DecodedFiles", "cache_key", "decode_files", "default_cache_dir"]
 
 _VERSION = 2  # 2: EXIF orientation applied, grey (mode L) from the composited RGB image
 DEFAULT_BUFFER_BYTES = 64 << 20
@@ -56,6 +56,11 @@ def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
         except OSError:
             h.update(f"{os.path.abspath(p)}|missing\n".encode())
     return h.hexdigest()[:20]
+
+
+cache_key = _key
+"""The cache key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``:
+also what a training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`)."""
 
 
 def decode_files(

@@ -93,9 +93,11 @@ def save_checkpoint(
     wall_s: float,
     micro_done: int,
     torch_ranks: list[torch.Tensor],
+    data_fingerprint: dict[str, Any] | None = None,
 ) -> None:
     """Write ``last.pt`` atomically (rank 0 alone). ``micro_done`` is 0 at the end of an epoch,
-    else the micro-batches done in the epoch in progress (a mid-epoch save)."""
+    else the micro-batches done in the epoch in progress (a mid-epoch save). ``data_fingerprint``
+    (:func:`~vitlab.train.loaders.data_fingerprint`, from the run's start) lets ``--resume`` detect changed data."""
     blob = {
         "model": net.state_dict(),
         "optimizer": opt.optimizer.state_dict(),
@@ -115,6 +117,7 @@ def save_checkpoint(
         "train_images": progress.images,
         "train_s": progress.train_s,
         "config": json.dumps(cfg.to_dict()),
+        "data_fingerprint": json.dumps(data_fingerprint),
         "vitlab_checkpoint": 1,
     }
     atomic_torch_save(blob, path)
@@ -169,6 +172,7 @@ def start_position(
             (out / "metrics.jsonl").unlink(missing_ok=True)
         return Progress()
     p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank)
+    opt.set_total_steps(plan["total_steps"])  # the saved schedule's length, or the one --epochs re-planned
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
     if p.step >= plan["total_steps"] or p.epoch >= plan["epochs"]:

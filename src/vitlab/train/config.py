@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -75,22 +77,179 @@ class TrainConfig:
         return cls(**d)
 
 
-def resumed_config(state: dict[str, Any], given: TrainConfig) -> TrainConfig:
-    """The configuration saved in the checkpoint ``state``, with the run-control options of
-    ``given``: a resumed run is the same run, only how it is driven may change."""
+def resumed_config(
+    state: dict[str, Any],
+    given: TrainConfig,
+    *,
+    flags: Collection[str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> TrainConfig:
+    """The configuration saved in the checkpoint ``state`` with what ``given`` may change: a resumed
+    run is the same run, only how it is driven may change.
+
+    ``flags`` are the options given on this command line (``--dim``, ``--epochs`` ...). Each is compared
+    with the saved run. A change the run cannot honour (architecture, data, batch, optimisation, seed:
+    see ``_FIXED``) is a :class:`~vitlab.errors.ConfigError` that lists every difference as
+    ``--flag saved -> given``. A change it can honour (``_HONOURED``) is applied and reported in one line
+    through ``log``; ``--epochs`` also re-plans ``state["plan"]`` to the new number of epochs. Options
+    not given keep the saved run's values. ``None`` (a library call, which cannot say what was given):
+    only ``--save-every`` and a relaxed ``--on-nan`` are taken from ``given``.
+
+    ``--out``, ``--stop-after``, ``--no-progress``, ``--workers`` and ``--memory-budget`` describe this
+    process and the machine it runs on, not the run: they are always taken from ``given``."""
     saved = TrainConfig.from_dict(json.loads(state["config"]))
+    if flags is None:
+        flags = {"--save-every"} | ({"--on-nan"} if given.on_nan != "stop" else set())
     cfg = dataclasses.replace(
         saved,
         workers=given.workers,
         stop_after=given.stop_after,
-        save_every=given.save_every,
         progress=given.progress,
         out=given.out,
-        memory_budget=given.memory_budget,  # a property of the machine the run continues on, not of the run
+        memory_budget=given.memory_budget,
     )
-    if given.on_nan != "stop":  # the one numerical-safety option a resumed run may relax
-        cfg.on_nan = given.on_nan
+    plan = state.get("plan", {})
+    refused, applied = [], []
+    for flag in sorted(set(flags) & (set(_FIXED) | set(_HONOURED)), key=_FLAG_ORDER.index):
+        was, now = _value(saved, flag), _value(given, flag)
+        if flag == "--epochs":
+            was = plan.get("epochs", was)  # a --time-budget run planned its own number of epochs
+        if _same(flag, was, now):
+            continue
+        change = f"{flag} {_show(was)} -> {_show(now)}"
+        if flag in _FIXED:
+            refused.append(change)
+            continue
+        if flag == "--epochs":
+            done = int(state.get("epoch", 0))
+            cfg.recipe = dataclasses.replace(cfg.recipe, epochs=now)
+            plan.update(epochs=now, total_steps=now * plan["steps_per_epoch"])
+            change += (
+                f" ({done} epoch(s) already done: the run finishes now)"
+                if now <= done
+                else f" (the run continues to step {plan['total_steps']}; the learning-rate schedule now ends there)"
+            )
+        else:
+            setattr(cfg, _HONOURED[flag], now)
+        applied.append(change)
+    if refused:
+        raise ConfigError(
+            f"--resume: {given.out} was started with other settings, which a resumed run cannot change: "
+            f"{', '.join(refused)}; drop the flag(s), or start a new run (--out elsewhere or --overwrite)"
+        )
+    if applied and log is not None:
+        log(f"--resume: applied {', '.join(applied)}")
     return cfg
+
+
+_FIXED = {
+    # what the run computes: changing it would make a different run, or fail to load the saved state
+    "--data": "data",
+    "--val-split": "val_split",
+    "--max-image-pixels": "max_image_pixels",
+    "--objective": "objective",
+    "--init": "init",
+    "--model": "model",
+    "--img-size": "img_size",
+    "--patch-size": "arch.patch_size",
+    "--dim": "arch.embed_dim",
+    "--depth": "arch.depth",
+    "--heads": "arch.num_heads",
+    "--mlp-ratio": "arch.mlp_ratio",
+    "--pool": "arch.pool",
+    "--posemb": "arch.posemb",
+    "--seed": "seed",
+    "--recipe": "recipe.name",
+    "--batch-size": "recipe.batch_size",
+    "--accum-steps": "recipe.accum_steps",
+    "--lr": "recipe.lr",
+    "--optimizer": "recipe.optimizer",
+    "--weight-decay": "recipe.weight_decay",
+    "--warmup-epochs": "recipe.warmup_epochs",
+    "--warmup-steps": "recipe.warmup_steps",
+    "--schedule": "recipe.schedule",
+    "--clip-grad": "recipe.clip_grad",
+    "--ema": "recipe.ema",
+    "--label-smoothing": "recipe.label_smoothing",
+    "--mixup": "recipe.mixup",
+    "--cutmix": "recipe.cutmix",
+    "--randaugment": "recipe.randaugment",
+    "--random-erasing": "recipe.random_erasing",
+    "--hflip": "recipe.hflip",
+    "--crop-scale": "recipe.crop_scale",
+    "--drop-path": "recipe.drop_path",
+    "--dropout": "recipe.dropout",
+    "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
+}
+"""Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""
+_HONOURED = {
+    # how and where the run is driven: applied when given
+    "--epochs": "recipe.epochs",
+    "--save-every": "save_every",
+    "--keep": "keep",
+    "--on-nan": "on_nan",
+    "--strict-data": "strict_data",
+    "--cache-dir": "cache_dir",
+    "--device": "device",
+    "--precision": "precision",
+    "--threads": "threads",
+    "--compile": "compile",
+}
+"""Options a resumed run applies when they are given -> their :class:`TrainConfig` field."""
+_FLAG_ORDER = [*_FIXED, *_HONOURED]
+
+
+def _value(cfg: TrainConfig, flag: str) -> Any:
+    """The value ``flag`` has in ``cfg``; architecture flags as the model builder resolves them, so that
+    a flag equal to the recipe's value is no change."""
+    where = {**_FIXED, **_HONOURED}[flag]
+    if where.startswith("recipe."):
+        return getattr(cfg.recipe, where.removeprefix("recipe."))
+    if where.startswith("arch."):
+        return _architecture(cfg).get(where.removeprefix("arch."))
+    if flag == "--model":
+        return cfg.model or cfg.recipe.model
+    return getattr(cfg, where)
+
+
+def _architecture(cfg: TrainConfig) -> dict[str, Any]:
+    """The architecture fields the flags set, resolved as :func:`~vitlab.train.build.build_model` does
+    (``--init`` runs: the flags' own values, which :func:`validate_config` checks against the checkpoint)."""
+    from ..models import ViTConfig, model_config
+
+    arch = {k: v for k, v in cfg.arch.items() if v is not None}
+    name = cfg.model or cfg.recipe.model
+    try:
+        base = model_config(name) if name else ViTConfig(name="vit_custom", **cfg.recipe.arch)
+    except (ConfigError, KeyError, TypeError, ValueError):  # an unknown --model: compared by its name
+        return arch
+    ratio = arch.get("mlp_ratio") or base.mlp_dim / base.embed_dim
+    fields = ("patch_size", "embed_dim", "depth", "num_heads", "pool", "posemb")
+    return {**{f: arch.get(f, getattr(base, f)) for f in fields}, "mlp_ratio": ratio}
+
+
+def _same(flag: str, was: Any, now: Any) -> bool:
+    if flag in ("--data", "--init", "--cache-dir") and isinstance(was, str) and isinstance(now, str):
+        a, b = Path(was).expanduser(), Path(now).expanduser()
+        if a.exists() and b.exists():
+            return a.resolve() == b.resolve()
+        return was.strip().lower() == now.strip().lower()
+    if isinstance(was, float) or isinstance(now, float):
+        return was is not None and now is not None and abs(was - now) <= 1e-12 * max(abs(was), abs(now))
+    return was == now
+
+
+def _show(v: Any) -> str:
+    """A value as the command line spells it."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (tuple, list)):
+        return ",".join(_show(x) for x in v)
+    return str(v)
 
 
 _FLAGS = {

@@ -3,11 +3,12 @@ sharded over processes, resumable mid-epoch, and each process's exact share of t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +22,15 @@ if TYPE_CHECKING:
     from ..data.sources import DataSplits, ImageArray
     from ..models import ViTConfig
 
-__all__ = ["Loaders", "build_loaders", "eval_shard", "load_run_data"]
+__all__ = [
+    "Loaders",
+    "build_loaders",
+    "check_data_unchanged",
+    "data_fingerprint",
+    "eval_shard",
+    "load_run_data",
+    "run_data_fingerprint",
+]
 
 
 def _cache_size(cfg: TrainConfig) -> int | None:
@@ -60,6 +69,78 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
     return data
+
+
+def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
+    """What a folder run trains on, kept in ``last.pt`` so that ``--resume`` can tell whether the data changed:
+    the class names and, per split folder, its number of image files and the decode cache's key of their
+    paths, sizes and modification times (:func:`vitlab.data.cache.cache_key`). The files are listed as
+    :func:`vitlab.data.load_data` lists them (only their metadata is read). None for the built-in
+    datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
+    from ..data.cache import cache_key
+    from ..data.sources import _scan
+
+    root = Path(cfg.data).expanduser()
+    if not root.is_dir():
+        return None
+    train = root / "train"
+    val = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
+    if train.is_dir() and val is not None and cfg.val_split is None:  # load_data's choice of split folders
+        dirs = {"train": train, val.name: val}
+    else:
+        dirs = {train.name if train.is_dir() else ".": train if train.is_dir() else root}
+    classes: list[str] | None = None
+    splits = {}
+    for name, d in dirs.items():
+        paths, _, found = _scan(d, classes)
+        classes = classes or found
+        splits[name] = {"files": len(paths), "key": cache_key(paths, None, "fingerprint")}
+    return {"classes": classes, "splits": splits}
+
+
+def run_data_fingerprint(
+    cfg: TrainConfig, *, state: dict[str, Any] | None, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The data fingerprint a run keeps in ``last.pt`` (:func:`data_fingerprint`, taken before decoding):
+    a new run's, now. A resumed run keeps the one saved when it started, after checking that the data
+    still matches it (:func:`check_data_unchanged`); a checkpoint from before fingerprints resumes as it
+    did, with a note, and keeps today's from then on."""
+    now = data_fingerprint(cfg)
+    if state is None:
+        return now
+    if "data_fingerprint" not in state:
+        log("note: this last.pt predates data fingerprints: the data is not checked against the run's start")
+        return now
+    saved = json.loads(state["data_fingerprint"])
+    check_data_unchanged(saved, now, data=cfg.data)
+    return saved
+
+
+def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | None, *, data: str) -> None:
+    """Refuse to resume on data other than the run started with (``saved`` and ``now`` are fingerprints
+    of :func:`data_fingerprint`): one :class:`~vitlab.data.sources.DataError` that lists what changed.
+    A resumed run on other files would train a different model (or stop early: fewer steps per epoch)
+    or fail to load its weights (a class added)."""
+    from ..data.sources import DataError
+
+    if saved is None or now is None:  # a built-in dataset; a --data folder that is gone fails as it loads
+        return
+    changes = [f"class {c!r} added" for c in now["classes"] if c not in saved["classes"]]
+    changes += [f"class {c!r} removed" for c in saved["classes"] if c not in now["classes"]]
+    for name in {**saved["splits"], **now["splits"]}:
+        a, b = saved["splits"].get(name), now["splits"].get(name)
+        if a is None or b is None:
+            changes.append(f"split folder {name!r} {'added' if a is None else 'removed'}")
+        elif b["files"] != a["files"]:
+            n = b["files"] - a["files"]
+            changes.append(f"{abs(n)} file(s) {'added to' if n > 0 else 'removed from'} {name}")
+        elif b["key"] != a["key"]:
+            changes.append(f"files in {name} renamed, replaced or modified ({a['files']} files either way)")
+    if changes:
+        raise DataError(
+            f"--resume: the data changed since the run started ({data}): {', '.join(changes)}; "
+            "start a new run (--out elsewhere or --overwrite)"
+        )
 
 
 class _SkipSampler(Sampler[int]):

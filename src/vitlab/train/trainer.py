@@ -13,7 +13,9 @@ The parts live beside this module: :mod:`.config` (options and their checks), :m
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from .build import _amp, build_model, build_net, build_optimization, distribute,
 from .checkpointing import gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
-from .loaders import build_loaders, eval_shard, load_run_data
+from .loaders import build_loaders, eval_shard, load_run_data, run_data_fingerprint
 from .loop import EpochResult, SigintStop, evaluate, train_one_epoch
 from .state import load_state
 
@@ -35,8 +37,11 @@ __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
 _MOVED = (_REPLAN_AT, _steps_in_budget, eval_shard, micro_batch_estimate)
 
 
-def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
+def fit(cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None = None) -> dict[str, Any]:
     """Train (or resume) one run; returns the summary (also written to ``out/summary.json``).
+
+    ``given``: the command-line flags the user gave; a resume compares them with the saved run
+    (:func:`~vitlab.train.config.resumed_config`).
 
     ``summary["interrupted"]`` is True when the run stopped early (Ctrl-C, ``stop_after``);
     ``last.pt`` then holds the exact position to continue from.
@@ -45,7 +50,7 @@ def fit(cfg: TrainConfig, *, resume: bool = False) -> dict[str, Any]:
     state: dict[str, Any] | None = None
     if resume:
         state = load_state(out / "last.pt")
-        cfg = resumed_config(state, cfg)
+        cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
     validate_config(cfg)
     from .mpp import OBJECTIVES
 
@@ -73,6 +78,7 @@ class Trainer:
         self.amp_dtype, use_scaler = _amp(cfg.precision, device)
         if dist.is_main:
             out.mkdir(parents=True, exist_ok=True)
+        self.data_fingerprint = run_data_fingerprint(cfg, state=state, log=self.log)  # resumed: data unchanged
         self.data = load_run_data(cfg, dist=dist, out=out, log=self.log)
         self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
         self.loaders = build_loaders(
@@ -274,6 +280,7 @@ class Trainer:
                 wall_s=self._wall_s(),
                 micro_done=micro_done,
                 torch_ranks=torch_ranks,
+                data_fingerprint=self.data_fingerprint,
             )
         self.last_save = time.perf_counter()
 
