@@ -159,7 +159,7 @@ def test_disk_full_while_saving_the_model_folder(tmp_path, monkeypatch):
         vitlab.CheckpointError,
         match="cannot write the model .No space left on device.; the previous files there are kept",
     ):
-        vitlab.save(model, tmp_path / "m")
+        vitlab.save(model, tmp_path / "m", overwrite=True)
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
     vitlab.load(tmp_path / "m")
