@@ -282,11 +282,10 @@ def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
 
 def test_a_signal_before_training_ends_the_run_at_once():
     before = "stopped by SIGTERM before training began; nothing to save"
-    with pytest.raises(StoppedBeforeTraining, match=before), StopSignals(escalate=True):
+    with pytest.raises(StoppedBeforeTraining, match=before), StopSignals(single_process=True):
         os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
-    with StopSignals(escalate=False) as stop:
-        stop.training()
+    with StopSignals(single_process=False) as stop:  # under torchrun: never at once, repeats ignored
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGHUP)  # a repeat (torchrun forwards what the terminal also sent): ignored
         assert stop.name == "SIGHUP"
@@ -309,7 +308,7 @@ def test_sigterm_to_torchrun_saves_on_every_rank_and_resumes(data_dir, tmp_path)
     rest, _ = proc.communicate(timeout=120)
     log = "".join(log) + rest
     assert "stopped by SIGTERM at epoch" in log and "Continue with" in log, log[-3000:]
-    assert "exitcode: 143" in log or proc.returncode != 0, log[-3000:]
+    assert proc.returncode != 0  # torchrun itself re-raises the signal (SignalException), after the save
     state = load_state(out / "last.pt")
     assert 0 < state["step"] < 4 * 3  # 48 images, 16 per step (all ranks): stopped part-way
     assert len(state["torch_rng_ranks"]) == 2  # both ranks took part in the save

@@ -147,21 +147,23 @@ class StoppedBeforeTraining(KeyboardInterrupt):
 class StopSignals:
     """SIGINT, SIGTERM and SIGHUP as a request to finish the current step, save and stop.
 
-    Before :meth:`training` is called (the run is still starting) a signal raises
-    :class:`StoppedBeforeTraining` at once. From then on it only sets :attr:`signum`, which the
-    training loop reads after each step; under torchrun every rank listens and the ranks agree on
-    stopping (the trainer all-reduces the flag), since torchrun forwards SIGTERM, SIGINT and SIGHUP
-    to each worker. A second signal interrupts at once in a single-process run (Ctrl-C twice:
-    :class:`KeyboardInterrupt`; SIGTERM, SIGHUP: their default action). Under torchrun a repeat is
-    ignored, because the same signal reaches a worker twice (from the terminal and forwarded by
-    torchrun), and torchrun kills its workers after its own timeout anyway. A signal that was
-    ignored when the run began (``nohup`` ignores SIGHUP) stays ignored. Inactive outside the main
-    thread, where Python cannot install handlers."""
+    In a single-process run, a signal that arrives before :meth:`training` is called (the run is
+    still starting: data, model, plan) raises :class:`StoppedBeforeTraining` at once, and a second
+    signal during training interrupts at once (Ctrl-C twice: :class:`KeyboardInterrupt`; SIGTERM,
+    SIGHUP: their default action). Otherwise a signal only sets :attr:`signum`, which the training
+    loop reads after each step. Under torchrun (``single_process=False``) every rank listens from
+    the start and the ranks agree on stopping (the trainer all-reduces the flag): torchrun forwards
+    SIGTERM, SIGINT and SIGHUP to each worker, the workers reach it at different moments, and one
+    rank ending alone would break the others' collectives. A repeat is ignored there, because the
+    same signal reaches a worker twice (from the terminal and forwarded by torchrun), and torchrun
+    kills its workers after its own timeout anyway. A signal that was ignored when the run began
+    (``nohup`` ignores SIGHUP) stays ignored. Inactive outside the main thread, where Python cannot
+    install handlers."""
 
-    def __init__(self, *, escalate: bool) -> None:
-        self.escalate = escalate
+    def __init__(self, *, single_process: bool) -> None:
+        self.escalate = single_process
         self.signum: int | None = None
-        self._training = False
+        self._training = not single_process
         self._prev: dict[int, Any] = {}
 
     @property

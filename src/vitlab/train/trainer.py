@@ -63,7 +63,7 @@ def fit(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> d
         raise ConfigError(f"--objective {cfg.objective!r}: choose one of {', '.join(OBJECTIVES)}")
     d, device = setup(cfg.device)
     try:
-        with StopSignals(escalate=not d.enabled) as stop, contextlib.ExitStack() as held:
+        with StopSignals(single_process=not d.enabled) as stop, contextlib.ExitStack() as held:
             if d.is_main:
                 held.enter_context(FolderLock(out))
                 if state is None:
@@ -142,6 +142,8 @@ class Trainer:
         )
         self.last_eval: dict[str, Any] | None = None
         self.last_save = self.last_plot = time.perf_counter()
+        if self.stop is not None:
+            self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
         self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
 
     def run(self) -> dict[str, Any]:
@@ -159,7 +161,7 @@ class Trainer:
         )
         with contextlib.ExitStack() as scope:
             if self.stop is None:  # constructed on its own, not by fit()
-                self.stop = scope.enter_context(StopSignals(escalate=not self.dist.enabled))
+                self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
             self.stop.training()
             try:
                 while p.epoch < plan["epochs"] and p.step < plan["total_steps"] and self._epoch():
