@@ -91,7 +91,8 @@ def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
         argv = (
             ["train", "--out", str(out), "--resume", "--workers", "0", "--no-progress", *save]
             if resume
-            else train_args(data_dir, out, extra=save)
+            # killed before its first checkpoint: start again, replacing what the dead run left
+            else train_args(data_dir, out, extra=[*save, *(["--overwrite"] if out.exists() else [])])
         )
         proc = _spawn(argv)
         if attempt == 0:  # a kill during start-up (imports, decoding): nothing to lose, nothing broken
@@ -159,7 +160,7 @@ def test_disk_full_while_saving_the_model_folder(tmp_path, monkeypatch):
         vitlab.CheckpointError,
         match="cannot write the model .No space left on device.; the previous files there are kept",
     ):
-        vitlab.save(model, tmp_path / "m")
+        vitlab.save(model, tmp_path / "m", overwrite=True)
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
     vitlab.load(tmp_path / "m")

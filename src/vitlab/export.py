@@ -23,7 +23,7 @@ from torch import nn
 
 from .errors import VitlabError
 
-__all__ = ["FORMATS", "ExportError", "ExportResult", "export_model", "load_exported", "run_exported"]
+__all__ = ["FORMATS", "ExportError", "ExportResult", "export_model", "export_path", "load_exported", "run_exported"]
 
 FORMATS = ("onnx", "torchscript")
 _SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -61,6 +61,15 @@ def _example(model: nn.Module, batch_size: int) -> torch.Tensor:
     return torch.randn(batch_size, cfg.in_chans, *cfg.img_size, generator=g)
 
 
+def export_path(path: str | Path, *, format: str) -> Path:
+    """The file an export to ``path`` writes: ``path`` itself, or ``model.onnx`` / ``model.pt`` in the
+    folder ``path``."""
+    if format not in FORMATS:
+        raise ExportError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
+    path = Path(path)
+    return path / f"model{_SUFFIX[format]}" if path.is_dir() else path
+
+
 def export_model(
     model: nn.Module,
     path: str | Path,
@@ -69,16 +78,16 @@ def export_model(
     check: bool = True,
     tolerance: float = 1e-4,
     opset: int = 18,
+    overwrite: bool = False,
 ) -> ExportResult:
     """Write ``model`` to ``path`` as ONNX (torch.export + onnxscript, opset ``opset``) or
     TorchScript (``torch.jit.trace``), batch dimension dynamic. With ``check``, run the
     exported model on a batch of 3 (traced with 2) and raise :class:`ExportError` if a
-    logit differs from PyTorch's by more than ``tolerance``."""
-    if format not in FORMATS:
-        raise ExportError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
-    path = Path(path)
-    if path.is_dir():
-        path = path / f"model{_SUFFIX[format]}"
+    logit differs from PyTorch's by more than ``tolerance``. An existing file is refused
+    unless ``overwrite``."""
+    path = export_path(path, format=format)
+    if path.exists() and not overwrite:
+        raise ExportError(f"{path}: already exists; pass overwrite=True (--overwrite) to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     wrapped = _Logits(model).eval()
     x = _example(model, 2)

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .._fs import remove_stale, temp_path
 from .._version import __version__
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
@@ -36,11 +37,15 @@ def is_native(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None) -> Path:
+def save(
+    model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any] | None = None, overwrite: bool = False
+) -> Path:
     """Write ``model`` as ``path/model.safetensors`` + ``path/config.json``.
 
-    Files are written to temporary names and renamed into place, so a crash
-    never leaves a half-written model behind.
+    A folder that already holds a model is refused unless ``overwrite`` (as git refuses to clobber
+    work without ``--force``). Files are written to temporary names unique to this writer and
+    renamed into place, so a crash never leaves a half-written model behind and two writers never
+    write into each other's files.
     """
     cfg: ViTConfig = getattr(model, "config", None)  # type: ignore[assignment]
     if not isinstance(cfg, ViTConfig):
@@ -48,11 +53,18 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any
     if extra:
         cfg = cfg.replace(extra={**cfg.extra, **extra})
     out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: is a file, not a folder; a model is saved as a folder")
+    held = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if (out / n).exists()]
+    if held and not overwrite:
+        raise CheckpointError(f"{out}: already holds a model ({', '.join(held)}); pass overwrite=True to replace it")
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     meta = {"format": FORMAT_TAG, "architecture": type(model).__name__, **cfg.to_dict()}
     meta["vitlab_version"] = __version__
-    tmp_w, tmp_c = out / (WEIGHTS_NAME + ".tmp"), out / (CONFIG_NAME + ".tmp")
+    for name in (WEIGHTS_NAME, CONFIG_NAME):
+        remove_stale(out, f".{name}.tmp")  # left by writers killed mid-write
+    tmp_w, tmp_c = temp_path(out / WEIGHTS_NAME), temp_path(out / CONFIG_NAME)
     try:
         save_file(state, str(tmp_w), metadata={"format": "pt"})
         tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
@@ -61,9 +73,11 @@ def save(model: nn.Module, path: str | os.PathLike[str], *, extra: dict[str, Any
                 os.fsync(f.fileno())
         os.replace(tmp_w, out / WEIGHTS_NAME)
         os.replace(tmp_c, out / CONFIG_NAME)
-    except OSError as e:  # full disk, quota: remove the partial files, keep the previous model
+    except BaseException as e:  # full disk, quota, Ctrl-C: remove the partial files, keep the previous model
         for tmp in (tmp_w, tmp_c):
             tmp.unlink(missing_ok=True)
+        if not isinstance(e, OSError):
+            raise
         raise CheckpointError(
             f"{out}: cannot write the model ({e.strerror or e}); the previous files there are kept"
         ) from None

@@ -37,11 +37,26 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--no-strict", action="store_true", help="load what fits and warn about the rest, instead of failing"
     )
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in DST")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .._fs import writes_onto
     from ..checkpoints import load, save
+    from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
+    from ..errors import ConfigError
+
+    dst = Path(args.dst)
+    files = [dst / WEIGHTS_NAME, dst / CONFIG_NAME]
+    same = Path(args.src).exists() and dst.exists() and dst.resolve() == Path(args.src).resolve()
+    if same or writes_onto(files, args.src):  # checked before loading: fail in a second, destroy nothing
+        raise ConfigError(f"{dst}: would overwrite the input {args.src}; convert into another folder")
+    held = [f.name for f in files if f.exists()]
+    if held and not args.overwrite:
+        raise ConfigError(f"{dst}: already holds a model ({', '.join(held)}); pass --overwrite to replace it")
 
     pairs = (
         ("img_size", args.img_size),
@@ -51,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     )
     overrides = {k: v for k, v in pairs if v is not None}
     model = load(args.src, strict=not args.no_strict, **overrides)
-    out = save(model, args.dst, extra={"converted_from": str(args.src)})
+    out = save(model, dst, extra={"converted_from": str(args.src)}, overwrite=args.overwrite)
     cfg = model.config
     print(
         f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, "

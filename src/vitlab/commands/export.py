@@ -27,18 +27,32 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--opset", type=int, default=18, help="ONNX opset")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference")
     p.add_argument("--no-check", action="store_true", help="skip the parity check")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..export import export_model
+    from .._fs import writes_onto
+    from ..errors import ConfigError
+    from ..export import export_model, export_path
 
-    model = _load(args.model)
     out = args.out or f"{Path(args.model.rstrip('/')).name or 'model'}{'.onnx' if args.format == 'onnx' else '.pt'}"
+    target = export_path(out, format=args.format)
+    if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
+        raise ConfigError(f"--out {target}: is the input model {args.model} or a file in it; choose another --out")
+    if target.exists() and not args.overwrite:
+        raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
+    model = _load(args.model)
     res = export_model(
-        model, out, format=args.format, check=not args.no_check, tolerance=args.tolerance, opset=args.opset
+        model,
+        target,
+        format=args.format,
+        check=not args.no_check,
+        tolerance=args.tolerance,
+        opset=args.opset,
+        overwrite=args.overwrite,
     )
     check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
     print(f"wrote {res.path} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")

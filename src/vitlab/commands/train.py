@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
+import sys
 
 RECIPE_NAMES = [
     "digits",
@@ -201,6 +203,11 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "or skip the step and count it in metrics.jsonl",
     )
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (its metrics, summary, last.pt, model/ and figures are deleted first)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -210,7 +217,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="train a ViT from scratch (no arguments: the embedded digits, < 60 s)",
         description=(
             "Train a Vision Transformer and write metrics.jsonl, summary.json, curves.png, confusion.png,\n"
-            "model/ (vitlab folder) and last.pt (exact resume) under --out. Ctrl-C saves and stops.\n"
+            "model/ (vitlab folder) and last.pt (exact resume) under --out. Ctrl-C, SIGTERM and SIGHUP save and stop.\n"
             "Recipes: digits (default job), small-data (from scratch on small datasets), pretrain (paper),\n"
             "finetune (paper); every flag overrides its recipe.\n\n" + EXAMPLES
         ),
@@ -323,8 +330,14 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
     except ConfigError as e:  # "recipe 'digits': batch_size: must be positive" -> "--batch-size: must be positive"
         m = re.match(r"recipe '[^']*': (\w+): (.*)", str(e))
         raise (ConfigError(f"--{m.group(1).replace('_', '-')}: {m.group(2)}") if m else e) from None
+    from ..train.loop import StoppedBeforeTraining
+
     given = set(getattr(args, "given_flags", ())) | ({"--init"} if init else set())
-    summary = fit(cfg, resume=args.resume, given=given)
+    try:
+        summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+    except StoppedBeforeTraining as e:
+        print(f"vitlab: {e}", file=sys.stderr)
+        return 128 + e.signum
     if summary.get("objective") == "mpp" and summary.get("top1") is not None and _is_main():
         print(
             f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% "
@@ -340,8 +353,8 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
             f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")
-    if summary.get("interrupted") and args.stop_after is None:
-        return 130
+    if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
+        return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
     return 0
 
 

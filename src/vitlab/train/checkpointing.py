@@ -4,6 +4,7 @@ mid-epoch, and how a resumed run is put back exactly where the saved one was."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,13 +13,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from .build import Optimization
 from .config import TrainConfig
 from .distributed import Dist
 from .report import truncate_metrics
 from .state import atomic_torch_save, get_rng_state, set_rng_state
 
-__all__ = ["Progress", "gather_torch_rng", "restore_checkpoint", "save_checkpoint", "start_position"]
+__all__ = [
+    "RUN_MARKERS",
+    "Progress",
+    "claim_run_folder",
+    "gather_torch_rng",
+    "restore_checkpoint",
+    "save_checkpoint",
+    "start_position",
+]
+
+RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
+"""What a run leaves in its folder: a folder holding any of them holds a run."""
+RUN_OUTPUTS = (*RUN_MARKERS, "curves.png", "confusion.png", "bad_files.txt")
+"""Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
 
 
 @dataclass(kw_only=True)
@@ -151,6 +166,36 @@ def restore_checkpoint(
         train_s=state["train_s"],
         saved_step=state["step"],
     )
+
+
+def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Callable[[str], None]) -> None:
+    """Make ``out`` ready for a new run (not a resumed one); the caller holds its lock.
+
+    A folder that holds another run (:data:`RUN_MARKERS`: finished, stopped or foreign) is refused
+    in one line, unless ``overwrite``: then the previous run's outputs are removed before the new
+    run writes anything, so that the folder holds only the new run. Other files are left alone. An
+    empty or new folder is fine."""
+    found = [n for n in RUN_MARKERS if (out / n).exists() or (out / n).is_symlink()]
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"{out}: holds another run ({', '.join(found)}); pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --out"
+        )
+    if init is not None and Path(init).exists() and out.resolve() in Path(init).resolve().parents:
+        raise ConfigError(f"--init {init}: is inside {out}, which --overwrite would clear; copy it elsewhere first")
+    removed = []
+    for name in RUN_OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    log(f"{out}: --overwrite: removed the previous run's {', '.join(removed)}")
 
 
 def start_position(

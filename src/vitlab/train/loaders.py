@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist, barrier
+from .loop import ignore_stop_signals
 
 if TYPE_CHECKING:
     from ..data.sources import DataSplits, ImageArray
@@ -203,6 +204,7 @@ class Loaders:
             num_workers=self.workers,
             generator=self.generator,
             persistent_workers=False,
+            worker_init_fn=ignore_stop_signals,
         )
 
 
@@ -253,6 +255,7 @@ def build_loaders(
         shuffle=False,
         num_workers=workers if device.type == "cuda" else 0,
         generator=generator,
+        worker_init_fn=ignore_stop_signals,
     )
     return Loaders(
         train_ds=train_ds,

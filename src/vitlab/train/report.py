@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._fs import atomic_write_text
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -40,9 +42,7 @@ __all__ = [
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
     """Atomic JSON write."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, p)
+    atomic_write_text(p, json.dumps(obj, indent=2) + "\n")
 
 
 def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -69,9 +69,7 @@ def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[d
     """Keep the rows of epochs ``<= last_epoch`` (those the resume checkpoint has seen)."""
     rows = [r for r in read_metrics(path) if r.get("epoch", 0) <= last_epoch]
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, p)
+    atomic_write_text(p, "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 
@@ -146,13 +144,15 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
 
 
 def save_run_model(model: nn.Module, path: Path, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int) -> None:
-    """Save ``model`` as a vitlab folder with what produced it: recipe, data, epoch, accuracy, ``--init``."""
+    """Save ``model`` as a vitlab folder with what produced it: recipe, data, epoch, accuracy, ``--init``.
+    It replaces the run's own earlier ``model/`` (the run folder was checked when the run started)."""
     from ..checkpoints import save
 
     r = cfg.recipe
     save(
         model,
         path,
+        overwrite=True,
         extra={
             "crop_pct": r.crop_pct,
             "recipe": r.name,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._fs import remove_stale
+from .._fs import remove_stale, temp_path
 from ..checkpoints.files import torch_load_safe
 from ..errors import CheckpointError
 
@@ -28,7 +28,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     A write failure (full disk, quota, permissions) removes the temporary file and raises a
     one-line :class:`~vitlab.errors.CheckpointError`; the previous ``path`` stays readable."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_path(path)
     remove_stale(path.parent, f".{path.name}.tmp")  # temp files of writers killed mid-write
     try:
         with open(tmp, "wb") as f:

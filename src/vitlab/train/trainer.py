@@ -12,6 +12,7 @@ The parts live beside this module: :mod:`.config` (options and their checks), :m
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -21,15 +22,16 @@ from typing import Any
 
 import torch
 
+from .._fs import FolderLock
 from ..errors import ConfigError, NonFiniteLossError
 from . import report
 from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan
 from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
-from .checkpointing import gather_torch_rng, save_checkpoint, start_position
+from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
 from .loaders import build_loaders, eval_shard, load_run_data, run_data_fingerprint
-from .loop import EpochResult, SigintStop, evaluate, train_one_epoch
+from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
 from .state import load_state
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
@@ -37,15 +39,25 @@ __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
 _MOVED = (_REPLAN_AT, _steps_in_budget, eval_shard, micro_batch_estimate)
 
 
-def fit(cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None = None) -> dict[str, Any]:
+def fit(
+    cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None = None, overwrite: bool = False
+) -> dict[str, Any]:
     """Train (or resume) one run; returns the summary (also written to ``out/summary.json``).
 
     ``given``: the command-line flags the user gave; a resume compares them with the saved run
     (:func:`~vitlab.train.config.resumed_config`).
 
-    ``summary["interrupted"]`` is True when the run stopped early (Ctrl-C, ``stop_after``);
-    ``last.pt`` then holds the exact position to continue from.
+    ``summary["interrupted"]`` is True when the run stopped early (a stop signal: ``summary["signal"]``
+    names it; ``stop_after``); ``last.pt`` then holds the exact position to continue from.
+
+    The run folder is locked while the run writes it (:class:`~vitlab._fs.FolderLock`; rank 0 under
+    torchrun). A new run into a folder that holds another run is refused unless ``overwrite``, which
+    first removes the previous run's outputs (:func:`~vitlab.train.checkpointing.claim_run_folder`).
+    A stop signal that arrives before training begins ends the run at once
+    (:class:`~vitlab.train.loop.StoppedBeforeTraining`).
     """
+    if resume and overwrite:
+        raise ConfigError("--overwrite and --resume exclude each other: one continues the run, the other replaces it")
     out = Path(cfg.out)
     state: dict[str, Any] | None = None
     if resume:
@@ -58,7 +70,12 @@ def fit(cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None
         raise ConfigError(f"--objective {cfg.objective!r}: choose one of {', '.join(OBJECTIVES)}")
     d, device = setup(cfg.device)
     try:
-        return Trainer(cfg=cfg, dist=d, device=device, out=out, state=state).run()
+        with StopSignals(single_process=not d.enabled) as stop, contextlib.ExitStack() as held:
+            if d.is_main:
+                held.enter_context(FolderLock(out))
+                if state is None:
+                    claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=print)
+            return Trainer(cfg=cfg, dist=d, device=device, out=out, state=state, stop=stop).run()
     finally:
         teardown()
 
@@ -70,9 +87,17 @@ class Trainer:
     :attr:`progress`, a :class:`~vitlab.train.checkpointing.Progress`."""
 
     def __init__(
-        self, *, cfg: TrainConfig, dist: Dist, device: torch.device, out: Path, state: dict[str, Any] | None = None
+        self,
+        *,
+        cfg: TrainConfig,
+        dist: Dist,
+        device: torch.device,
+        out: Path,
+        state: dict[str, Any] | None = None,
+        stop: StopSignals | None = None,
     ) -> None:
         self.cfg, self.dist, self.device, self.out = cfg, dist, device, out
+        self.stop = stop
         self.t_start = time.perf_counter()
         self.log = print if dist.is_main else (lambda *a, **k: None)
         self.amp_dtype, use_scaler = _amp(cfg.precision, device)
@@ -125,6 +150,8 @@ class Trainer:
         )
         self.last_eval: dict[str, Any] | None = None
         self.last_save = self.last_plot = time.perf_counter()
+        if self.stop is not None:
+            self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
         self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
 
     def run(self) -> dict[str, Any]:
@@ -140,7 +167,10 @@ class Trainer:
             disable=not (self.cfg.progress and self.dist.is_main),
             dynamic_ncols=True,
         )
-        with SigintStop(active=self.dist.is_main and not self.dist.enabled) as self.sigint:
+        with contextlib.ExitStack() as scope:
+            if self.stop is None:  # constructed on its own, not by fit()
+                self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
+            self.stop.training()
             try:
                 while p.epoch < plan["epochs"] and p.step < plan["total_steps"] and self._epoch():
                     pass
@@ -208,8 +238,8 @@ class Trainer:
         stop = p.step >= self.plan["total_steps"]
         stop |= cfg.stop_after is not None and p.steps_this_run >= cfg.stop_after
         periodic = cfg.save_every is not None and time.perf_counter() - self.last_save >= 60 * cfg.save_every
-        sigint, periodic = any_rank([self.sigint.requested, periodic], d)  # ranks' clocks differ: decide together
-        stop |= sigint
+        signalled, periodic = any_rank([self.stop.requested, periodic], d)  # ranks' clocks differ: decide together
+        stop |= signalled
         if (stop or periodic) and p.micro < self.loaders.micro_per_epoch:  # mid-epoch: save the exact position
             self._checkpoint(micro_done=p.micro)
         return stop
@@ -303,13 +333,16 @@ class Trainer:
             wall_s=self._wall_s(),
             rows=rows,
         )
+        if p.interrupted and self.stop.requested:
+            summary["signal"] = self.stop.name
         if d.is_main:
             report.write_json(summary, out / "summary.json")
             if self.last_eval is not None:
                 report.draw_figures(out, self.data.class_names, self.last_eval)
             if p.interrupted:
+                by = f" by {self.stop.name}" if self.stop.requested else ""
                 self.log(
-                    f"stopped at epoch {p.epoch + 1}, step {p.step}; saved {out / 'last.pt'}. "
+                    f"stopped{by} at epoch {p.epoch + 1}, step {p.step}; saved {out / 'last.pt'}. "
                     f"Continue with: vitlab train --out {out} --resume"
                 )
         return summary
