@@ -168,18 +168,20 @@ def test_garbage_metadata_is_rebuilt_with_a_message(tmp_path, capsys, garbage):
     assert again.kept == list(range(N))
 
 
+@pytest.mark.parametrize("budget", [cache_mod.DEFAULT_BUFFER_BYTES, 100])  # 100: a chunk is read in 50-byte pieces
 @pytest.mark.parametrize("where", [0, 5 * 8 * 8 * 3 + 17, N * 8 * 8 * 3 - 1])
-def test_a_flipped_byte_is_detected_and_rebuilt(tmp_path, capsys, small_chunks, where):
+def test_a_flipped_byte_is_detected_and_rebuilt(tmp_path, capsys, small_chunks, where, budget):
     paths = make_images(tmp_path / "img")
     cache = tmp_path / "cache"
-    fresh = np.array(build(paths, cache).images)
+    fresh = np.array(build(paths, cache, buffer_bytes=budget).images)
+    assert build(paths, cache, buffer_bytes=budget).images.shape == fresh.shape and capsys.readouterr().err == ""
     data_f = one_file(cache, ".u8")
     with open(data_f, "r+b") as f:
         f.seek(where)
         b = f.read(1)[0]
         f.seek(where)
         f.write(bytes([b ^ 0x01]))
-    again = build(paths, cache)
+    again = build(paths, cache, buffer_bytes=budget)
     err = capsys.readouterr().err
     first = where // (8 * 8 * 3) // 3 * 3
     assert err.count("\n") == 1 and f"{data_f}: not a valid decode cache" in err

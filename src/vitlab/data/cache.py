@@ -130,27 +130,30 @@ def _metadata_problem(meta: Any, *, key: str, count: int, chans: int) -> str | N
     return None
 
 
-def _content_problem(data_f: Path, *, image_bytes: int, chunk_images: int, crcs: list[int]) -> str | None:
-    """The first chunk of ``data_f`` whose CRC-32 differs from ``crcs``, or ``None`` (one sequential read)."""
+def _content_problem(
+    data_f: Path, *, image_bytes: int, chunk_images: int, crcs: list[int], buffer_bytes: int
+) -> str | None:
+    """The first chunk of ``data_f`` whose CRC-32 differs from ``crcs``, or ``None``: one sequential read,
+    in pieces of at most half of ``buffer_bytes`` (the memory budget) and at most one chunk."""
     step = image_bytes * chunk_images
-    buf = bytearray(step)
-    view = memoryview(buf)
+    view = memoryview(bytearray(max(1, min(step, buffer_bytes // 2))))
     with open(data_f, "rb", buffering=0) as f:
         for j, want in enumerate(crcs):
-            n = 0
+            n, crc = 0, 0
             while n < step:
-                got = f.readinto(view[n:])
+                got = f.readinto(view[: step - n])
                 if not got:
                     break
+                crc = zlib.crc32(view[:got], crc)
                 n += got
-            if n == 0 or zlib.crc32(view[:n]) != want:
+            if n == 0 or crc != want:
                 first = j * chunk_images
                 last = first + max(1, n // image_bytes) - 1
                 return f"images {first}-{last} do not match their checksum (the file is damaged)"
     return None
 
 
-def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int) -> DecodedFiles | None:
+def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffer_bytes: int) -> DecodedFiles | None:
     """The cache ``data_f`` + ``meta_f`` when complete and intact; ``None`` when there is none. A cache
     that does not validate is reported on one line naming the file, deleted, and ``None`` returned."""
     if not meta_f.is_file():
@@ -176,7 +179,11 @@ def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int) -> De
         shape = tuple(meta["shape"])
         image_bytes = int(np.prod(shape[1:]))
         problem = _content_problem(
-            data_f, image_bytes=image_bytes, chunk_images=meta["chunk_images"], crcs=meta["crc32"]
+            data_f,
+            image_bytes=image_bytes,
+            chunk_images=meta["chunk_images"],
+            crcs=meta["crc32"],
+            buffer_bytes=buffer_bytes,
         )
     if problem is None:
         images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if shape[0] else np.zeros(shape, np.uint8)
@@ -253,7 +260,7 @@ def decode_files(
     chans = 3 if mode == "RGB" else 1
     stem = f"{name}-{key}"
     data_f, meta_f = cache / f"{stem}.u8", cache / f"{stem}.json"
-    found = _open(data_f, meta_f, key=key, count=len(paths), chans=chans)
+    found = _open(data_f, meta_f, key=key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes)
     if found is not None:
         return found
 
