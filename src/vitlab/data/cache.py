@@ -13,8 +13,9 @@ nothing holds the whole array in memory.
 Faults: a cache is built in a temp file of its own (``<name>-<key>.tmp<pid>-<random>``,
 so two writers never share one) whose space is reserved first (``posix_fallocate``), and
 is renamed into place only when complete, the metadata last. A full disk is therefore one
-:class:`CacheError` before any decoding, naming the folder, the space needed and the space
-free, and no temp file is left. The images are written with ``write()``, never through a
+:class:`CacheError` before any decoding (or, on a file system that cannot reserve space, at
+the first write that fails), naming the folder, the space needed and the space free, and no
+temp file is left. The images are written with ``write()``, never through a
 memory map: a write into a mapping that the disk cannot back kills the process with
 SIGBUS, where ``write()`` returns ``ENOSPC``. Temp files of killed writers are removed.
 
