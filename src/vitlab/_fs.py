@@ -15,14 +15,27 @@ from pathlib import Path
 
 from .errors import VitlabError
 
-__all__ = ["FolderLock", "FolderLockedError", "atomic_write_text", "remove_stale", "temp_path", "writes_onto"]
+__all__ = [
+    "FolderLock",
+    "FolderLockedError",
+    "atomic_write_text",
+    "remove_stale",
+    "temp_path",
+    "writer_suffix",
+    "writes_onto",
+]
+
+
+def writer_suffix() -> str:
+    """``<pid>-<random hex>``: a temp-file suffix no other writer shares. The pid lets
+    :func:`remove_stale` delete the file once its writer is gone; the random part keeps two writers
+    of one process (threads, or a pid reused in a container or on another host) apart."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def temp_path(path: Path) -> Path:
-    """A temporary name beside ``path`` that no other writer uses: ``.<name>.tmp<pid>-<random>``.
-    The pid lets :func:`remove_stale` delete it once its writer is gone; the random part keeps
-    two writers of one process (threads, or a pid reused in a container) apart."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
+    """A temporary name beside ``path`` that no other writer uses: ``.<name>.tmp<pid>-<random>``."""
+    return path.with_name(f".{path.name}.tmp{writer_suffix()}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -5,32 +5,72 @@ target size), so editing, adding or removing a file makes a new cache, and a
 second run or a later epoch never decodes a JPEG again. Files that cannot be
 decoded are reported and skipped instead of failing mid-epoch.
 
-Memory: decoded images go straight into the memory-mapped file, at most half of
+Memory: decoded images go straight into the cache file, at most half of
 ``buffer_bytes`` of them in flight (the other half is headroom for the decoding itself),
-so a dataset larger than RAM is cached and then read page by page; nothing holds the
-whole array in memory.
+so a dataset larger than RAM is cached and then read page by page through a memory map;
+nothing holds the whole array in memory.
+
+Faults: a cache is built in a temp file of its own (``<name>-<key>.tmp<pid>-<random>``,
+so two writers never share one) whose space is reserved first (``posix_fallocate``), and
+is renamed into place only when complete, the metadata last. A full disk is therefore one
+:class:`CacheError` before any decoding (or, on a file system that cannot reserve space, at
+the first write that fails), naming the folder, the space needed and the space free, and no
+temp file is left. The images are written with ``write()``, never through a
+memory map: a write into a mapping that the disk cannot back kills the process with
+SIGBUS, where ``write()`` returns ``ENOSPC``. Temp files of killed writers are removed.
+
+Every chunk of :data:`CHUNK_BYTES` of images has a CRC-32 in the metadata. Opening a cache
+checks the metadata (version, key, shape, dtype, counts, file size) and then every chunk's
+checksum, in one sequential read of the file; anything that does not match is reported in
+one line naming the file, deleted and decoded again, so a damaged cache is never trained on.
+The check costs one read of the file, no more than one epoch's reads (the first epoch then
+finds the file in the page cache when it fits in RAM). It is done up front rather than lazily
+in the read path because a lazy check would fail in the middle of an epoch, inside data
+loader workers that would each check again, where the cache can no longer be rebuilt.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import itertools
 import json
+import math
 import os
+import shutil
+import sys
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .._fs import remove_stale
+from .._fs import remove_stale, writer_suffix
+from ..errors import VitlabError
 from .decode import DEFAULT_MAX_IMAGE_PIXELS, decode_image, image_size
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "DecodedFiles", "cache_key", "decode_files", "default_cache_dir"]
+__all__ = [
+    "CHUNK_BYTES",
+    "DEFAULT_BUFFER_BYTES",
+    "CacheError",
+    "DecodedFiles",
+    "cache_key",
+    "decode_files",
+    "default_cache_dir",
+]
 
-_VERSION = 2  # 2: EXIF orientation applied, grey (mode L) from the composited RGB image
+_VERSION = 3  # 3: reserved space, validated metadata, a CRC-32 per chunk; 2: EXIF orientation, grey from RGB
 DEFAULT_BUFFER_BYTES = 64 << 20
 """The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
+CHUNK_BYTES = 8 << 20
+"""About this many bytes of whole images share one checksum (at least one image per chunk)."""
+
+
+class CacheError(VitlabError, OSError):
+    """The decode cache cannot be written (no space, no permission); the message names the folder."""
 
 
 def default_cache_dir() -> Path:
@@ -47,7 +87,7 @@ class DecodedFiles:
     skipped: list[tuple[str, str]]
 
 
-def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
+def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
     h = hashlib.sha256(f"v{_VERSION}|{size}|{mode}|".encode())
     for p in paths:
         try:
@@ -61,6 +101,138 @@ def _key(paths: Sequence[str], size: int | None, mode: str) -> str:
 cache_key = _key
 """The cache key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``:
 also what a training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`)."""
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes for a message: ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def _is_int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _metadata_problem(meta: Any, *, key: str, count: int, chans: int) -> str | None:
+    """Why ``meta`` does not describe a complete cache of ``count`` files with ``chans`` channels, or ``None``."""
+    if not isinstance(meta, dict):
+        return "the metadata is not a JSON object"
+    if meta.get("version") != _VERSION or meta.get("key") != key:
+        return f"the metadata is of version {meta.get('version')!r}, key {meta.get('key')!r}, not {_VERSION}, {key}"
+    shape, kept, skipped, ci, crcs = (meta.get(k) for k in ("shape", "kept", "skipped", "chunk_images", "crc32"))
+    if meta.get("dtype") != "uint8" or not (
+        isinstance(shape, list) and len(shape) == 4 and all(_is_int(s) for s in shape) and min(shape[1:]) > 0
+    ):
+        return f"the metadata's dtype {meta.get('dtype')!r} and shape {shape!r} are not uint8 (N, H, W, C)"
+    if shape[3] != chans or meta.get("count") != count:
+        return f"the metadata is for {meta.get('count')!r} files of {shape[3]} channels, not {count} of {chans}"
+    if not (isinstance(kept, list) and len(kept) == shape[0] and all(_is_int(i) for i in kept)) or any(
+        b <= a for a, b in itertools.pairwise(kept)
+    ):
+        return f"the metadata's list of kept files does not match its {shape[0]} images"
+    if (kept and kept[-1] >= count) or not isinstance(skipped, list) or len(kept) + len(skipped) != count:
+        return f"the metadata's kept and skipped files do not add up to {count}"
+    if not all(isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s) for s in skipped):
+        return "the metadata's list of skipped files is malformed"
+    if not (_is_int(ci, 1) and isinstance(crcs, list) and len(crcs) == math.ceil(shape[0] / ci)):
+        return "the metadata's checksums do not cover its images"
+    if not all(_is_int(c) for c in crcs):
+        return "the metadata's checksums are not numbers"
+    return None
+
+
+def _content_problem(
+    data_f: Path, *, image_bytes: int, chunk_images: int, crcs: list[int], buffer_bytes: int
+) -> str | None:
+    """The first chunk of ``data_f`` whose CRC-32 differs from ``crcs``, or ``None``: one sequential read,
+    in pieces of at most half of ``buffer_bytes`` (the memory budget) and at most one chunk."""
+    step = image_bytes * chunk_images
+    view = memoryview(bytearray(max(1, min(step, buffer_bytes // 2))))
+    with open(data_f, "rb", buffering=0) as f:
+        for j, want in enumerate(crcs):
+            n, crc = 0, 0
+            while n < step:
+                got = f.readinto(view[: step - n])
+                if not got:
+                    break
+                crc = zlib.crc32(view[:got], crc)
+                n += got
+            if n == 0 or crc != want:
+                first = j * chunk_images
+                last = first + max(1, n // image_bytes) - 1
+                return f"images {first}-{last} do not match their checksum (the file is damaged)"
+    return None
+
+
+def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffer_bytes: int) -> DecodedFiles | None:
+    """The cache ``data_f`` + ``meta_f`` when complete and intact; ``None`` when there is none. A cache
+    that does not validate is reported on one line naming the file, deleted, and ``None`` returned."""
+    if not meta_f.is_file():
+        return None  # no cache, or a writer between its two renames: build (a rename replaces a stray data file)
+    bad, problem = meta_f, None
+    try:
+        meta = json.loads(meta_f.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        problem = f"the metadata does not parse ({e})"
+    except OSError as e:
+        problem = f"the metadata cannot be read ({e.strerror or e})"
+    if problem is None:
+        problem = _metadata_problem(meta, key=key, count=count, chans=chans)
+    if problem is None:
+        bad, expected = data_f, int(np.prod(meta["shape"]))
+        try:
+            held = data_f.stat().st_size
+            if held != expected:
+                problem = f"it holds {held:,} bytes, not the {expected:,} of {meta['shape'][0]} images"
+        except OSError as e:
+            problem = f"it cannot be read ({e.strerror or e})"
+    if problem is None:
+        shape = tuple(meta["shape"])
+        image_bytes = int(np.prod(shape[1:]))
+        problem = _content_problem(
+            data_f,
+            image_bytes=image_bytes,
+            chunk_images=meta["chunk_images"],
+            crcs=meta["crc32"],
+            buffer_bytes=buffer_bytes,
+        )
+    if problem is None:
+        images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if shape[0] else np.zeros(shape, np.uint8)
+        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]])  # type: ignore[misc]
+    print(f"warning: {bad}: not a valid decode cache: {problem}; deleting it and decoding again", file=sys.stderr)
+    meta_f.unlink(missing_ok=True)
+    data_f.unlink(missing_ok=True)
+    return None
+
+
+def _no_space(cache: Path, name: str, need: int, free: int | None) -> CacheError:
+    free_s = _bytes(free) if free is not None else "less"
+    return CacheError(
+        f"{cache}: not enough disk space for the decode cache of {name}: it needs {_bytes(need)}, {free_s} free; "
+        "free some space or pass --cache-dir DIR on a disk with room"
+    )
+
+
+def _free_bytes(cache: Path) -> int | None:
+    try:
+        return shutil.disk_usage(cache).free
+    except OSError:
+        return None
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate ``nbytes`` for ``fd`` now, so a full disk fails here with ``ENOSPC``; file systems without
+    the call (or an OS without ``posix_fallocate``) are left to ``write()``, which reports ``ENOSPC`` too."""
+    if nbytes <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
 
 
 def decode_files(
@@ -84,9 +256,11 @@ def decode_files(
     ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
     ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
     ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
-    of it holds decoded images waiting to be written to the memmap (at least one image); the other
+    of it holds decoded images waiting to be written to the cache file (at least one image); the other
     half is headroom for the decoders' own temporaries.
     Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
+    An existing cache is checked first (see the module's notes) and rebuilt when damaged; a cache
+    that cannot be written (no space) is a :class:`CacheError`.
     """
     from tqdm.auto import tqdm
 
@@ -97,13 +271,13 @@ def decode_files(
         size if size is not None else f"native-or-{fallback_size}",
         mode + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else ""),
     )
-    data_f, meta_f = cache / f"{name}-{key}.u8", cache / f"{name}-{key}.json"
-    if meta_f.is_file() and data_f.is_file():
-        meta = json.loads(meta_f.read_text())
-        images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=tuple(meta["shape"]))
-        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]])  # type: ignore[misc]
-
     chans = 3 if mode == "RGB" else 1
+    stem = f"{name}-{key}"
+    data_f, meta_f = cache / f"{stem}.u8", cache / f"{stem}.json"
+    found = _open(data_f, meta_f, key=key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes)
+    if found is not None:
+        return found
+
     skipped: list[tuple[str, str]] = []
     if size is None:
         sizes = {}
@@ -119,44 +293,84 @@ def decode_files(
         height, width = common[1], common[0]
     if size is not None:
         height = width = size
-    remove_stale(cache, f"{name}-{key}.tmp")
-    tmp = data_f.with_suffix(f".tmp{os.getpid()}")
-    out = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(max(len(paths), 1), height, width, chans))
+    image_bytes = height * width * chans
+    need = len(paths) * image_bytes
+    remove_stale(cache, f"{stem}.tmp")  # temp files of killed writers
+    free = _free_bytes(cache)
+    if free is not None and free < need:
+        raise _no_space(cache, name, need, free)
+    suffix = writer_suffix()
+    tmp, tmp_meta = cache / f"{stem}.tmp{suffix}", cache / f"{stem}.tmp{suffix}.json"
     kept: list[int] = []
+    crcs: list[int] = []
+    chunk_images = max(1, CHUNK_BYTES // max(1, image_bytes))
 
     def work(i: int) -> tuple[int, np.ndarray | None, str]:
         try:
             arr = decode_image(paths[i], mode=mode, size=size, max_pixels=max_pixels)
             if arr.shape != (height, width, chans):
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
-            return i, arr, ""
+            return i, np.ascontiguousarray(arr, dtype=np.uint8), ""
         except Exception as e:  # any unreadable file is reported, never fatal here
             return i, None, f"{type(e).__name__}: {e}"
 
     # Executor.map would queue every file at once and could hold all decoded images; a bounded window cannot.
     # Half the budget: results can fill the whole window while this thread is descheduled; the rest is headroom.
-    window = max(1, min(len(paths), buffer_bytes // 2 // max(1, height * width * chans)))
-    with (
-        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
-        tqdm(total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False) as bar,
-    ):
-        for start in range(0, len(paths), window):
-            for i, arr, err in pool.map(work, range(start, min(start + window, len(paths)))):
-                if arr is None:
-                    skipped.append((paths[i], err))
-                else:
-                    out[len(kept)] = arr
-                    kept.append(i)
-                bar.update(1)
-    out.flush()
-    shape = (len(kept), height, width, chans)
-    del out
-    with open(tmp, "r+b") as f:
-        f.truncate(int(np.prod(shape)))
-        os.fsync(f.fileno())
-    os.replace(tmp, data_f)
-    tmp_meta = meta_f.with_suffix(f".tmp{os.getpid()}")
-    tmp_meta.write_text(json.dumps({"shape": list(shape), "kept": kept, "skipped": skipped, "count": len(paths)}))
-    os.replace(tmp_meta, meta_f)  # the metadata appears last: its presence marks a complete cache
+    window = max(1, min(len(paths), buffer_bytes // 2 // max(1, image_bytes)))
+    try:
+        with open(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), "r+b") as f:
+            _reserve(f.fileno(), need)
+            crc = 0
+            with (
+                ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
+                tqdm(
+                    total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False
+                ) as bar,
+            ):
+                for start in range(0, len(paths), window):
+                    for i, arr, err in pool.map(work, range(start, min(start + window, len(paths)))):
+                        if arr is None:
+                            skipped.append((paths[i], err))
+                        else:
+                            f.write(memoryview(arr).cast("B"))
+                            crc = zlib.crc32(memoryview(arr).cast("B"), crc)
+                            kept.append(i)
+                            if len(kept) % chunk_images == 0:
+                                crcs.append(crc)
+                                crc = 0
+                        bar.update(1)
+            if len(kept) % chunk_images:
+                crcs.append(crc)
+            f.truncate(len(kept) * image_bytes)  # the reservation covered the skipped files too
+            f.flush()
+            os.fsync(f.fileno())
+        shape = (len(kept), height, width, chans)
+        meta = {
+            "version": _VERSION,
+            "key": key,
+            "dtype": "uint8",
+            "shape": list(shape),
+            "count": len(paths),
+            "kept": kept,
+            "skipped": skipped,
+            "chunk_images": chunk_images,
+            "crc32": crcs,
+        }
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp, data_f)
+        os.replace(tmp_meta, meta_f)  # the metadata appears last: its presence marks a complete cache
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        tmp_meta.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _no_space(cache, name, need, _free_bytes(cache)) from e
+        raise CacheError(
+            f"{cache}: cannot write the decode cache of {name} ({e.strerror or e}); pass --cache-dir DIR to put it "
+            "elsewhere"
+        ) from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        tmp_meta.unlink(missing_ok=True)
+        raise
     images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if len(kept) else np.zeros(shape, np.uint8)
     return DecodedFiles(images, kept, skipped)
