@@ -50,8 +50,8 @@ TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pth.tar")
 # Wrappers that training scripts put around the state dict, most specific first.
 _WRAPPER_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state", "params")
 
-MAX_CONFIG_BYTES = 1 << 20
-"""Largest config file read (1 MiB); real ones are a few kB (an ImageNet-21k ``id2label`` ~0.5 MB)."""
+MAX_CONFIG_BYTES = 4 << 20
+"""Largest config file read (4 MiB); real ones are a few kB, a 21k-class ``id2label`` under 1 MB."""
 MAX_UNPACKED_ENV = "VITLAB_MAX_UNPACKED_BYTES"
 """Environment variable that raises (or lowers) :func:`unpacked_limit` for every load: ``8G``, ``20GiB`` ..."""
 _UNPACKED_FLOOR = 256 << 20

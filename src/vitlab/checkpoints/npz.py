@@ -93,7 +93,9 @@ def read_checkpoint(
         return _convert(w, path)
 
 
-def _convert(w: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _convert(
+    w: Mapping[str, np.ndarray], path: str | os.PathLike[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in w), None)
     if prefix is None:
         sample = ", ".join(sorted(w)[:5]) or "none"

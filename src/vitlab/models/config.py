@@ -11,7 +11,15 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig", "mlp_dim_for"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INCEPTION_MEAN",
+    "INCEPTION_STD",
+    "ViTConfig",
+    "check_fields",
+    "mlp_dim_for",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -89,6 +97,40 @@ def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return _ints("img_size", x, length=2)  # type: ignore[return-value]
 
 
+def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (some or all of :class:`ViTConfig`'s) type-checked, within ``[0, 2**31)`` and normalised
+    (tuples, ints, floats); other keys pass through. Raises :class:`ConfigError` naming the field.
+
+    A config can come from an untrusted ``config.json``: a string, a nested list or a 1000-digit
+    number where an int belongs must be one line naming the field, not a ``TypeError`` from deep
+    inside the model. Ranges that depend on other fields are :meth:`ViTConfig.validate`'s."""
+    out = dict(fields)
+    for opt, v in fields.items():
+        if opt == "img_size":
+            out[opt] = _pair(v)
+        elif opt in _INTS:
+            out[opt] = _int(opt, v, low=0)
+        elif opt in _BOOLS and not isinstance(v, bool):
+            raise ConfigError(f"{opt}: expected true or false, got {_describe(v)}")
+        elif opt in _STRS and not isinstance(v, str):
+            raise ConfigError(f"{opt}: expected a string, got {_describe(v)}")
+        elif opt in _FLOATS:
+            out[opt] = _float(opt, v)
+        elif opt == "representation_size" and v is not None:
+            out[opt] = _int(opt, v)
+        elif opt == "hybrid_layers" and v is not None:
+            out[opt] = _ints(opt, v, low=0)
+        elif opt in ("mean", "std"):
+            out[opt] = _floats(opt, v, 3)
+        elif opt == "class_names" and v is not None:
+            if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
+                raise ConfigError(f"class_names: expected a list of strings, got {_describe(v)}")
+            out[opt] = list(v)
+        elif opt == "extra" and not isinstance(v, dict):
+            raise ConfigError(f"extra: expected an object, got {_describe(v)}")
+    return out
+
+
 @dataclass
 class ViTConfig:
     """Architecture and preprocessing of a Vision Transformer.
@@ -146,34 +188,8 @@ class ViTConfig:
         self.validate()
 
     def _check_types(self) -> None:
-        """Every field of the right type and within ``[0, 2**31)``, normalised (tuples, ints, floats).
-
-        A config can come from an untrusted ``config.json``: a string, a nested list or a
-        1000-digit number where an int belongs must be one line naming the field, not a
-        ``TypeError`` from deep inside the model."""
-        self.img_size = _pair(self.img_size)
-        for opt in _INTS:
-            setattr(self, opt, _int(opt, getattr(self, opt), low=0))
-        for opt in _BOOLS:
-            if not isinstance(getattr(self, opt), bool):
-                raise ConfigError(f"{opt}: expected true or false, got {_describe(getattr(self, opt))}")
-        for opt in _STRS:
-            if not isinstance(getattr(self, opt), str):
-                raise ConfigError(f"{opt}: expected a string, got {_describe(getattr(self, opt))}")
-        for opt in _FLOATS:
-            setattr(self, opt, _float(opt, getattr(self, opt)))
-        if self.representation_size is not None:
-            self.representation_size = _int("representation_size", self.representation_size)
-        if self.hybrid_layers is not None:
-            self.hybrid_layers = _ints("hybrid_layers", self.hybrid_layers)
-        self.mean = _floats("mean", self.mean, 3)  # type: ignore[assignment]
-        self.std = _floats("std", self.std, 3)  # type: ignore[assignment]
-        if self.class_names is not None:
-            if not isinstance(self.class_names, (list, tuple)) or not all(isinstance(n, str) for n in self.class_names):
-                raise ConfigError(f"class_names: expected a list of strings, got {_describe(self.class_names)}")
-            self.class_names = list(self.class_names)
-        if not isinstance(self.extra, dict):
-            raise ConfigError(f"extra: expected an object, got {_describe(self.extra)}")
+        for k, v in check_fields({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}).items():
+            setattr(self, k, v)
 
     def num_params(self) -> int:
         """Parameters of the model this config builds, from the config alone (no allocation).
@@ -307,7 +323,10 @@ class ViTConfig:
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}
-        extra = dict(kwargs.pop("extra", {}) or {})
+        extra = kwargs.pop("extra", None) or {}
+        if not isinstance(extra, dict):
+            raise ConfigError(f"extra: expected an object, got {_describe(extra)}")
+        extra = dict(extra)
         extra.update({k: v for k, v in d.items() if k not in known})
         return cls(**kwargs, extra=extra)
 
