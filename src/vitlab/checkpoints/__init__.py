@@ -175,13 +175,18 @@ def _check_before_building(ckpt: Checkpoint, cfg: ViTConfig, overrides: dict[str
     if cfg.posemb == "sincos2d":  # a buffer, not a parameter, but as large as a learned table
         n += (cfg.num_patches + cfg.num_prefix_tokens) * cfg.embed_dim
     if n > max_params:
-        stated = [o for o in ("depth", "embed_dim", "mlp_dim", "img_size", "num_classes") if o not in overrides]
         where = f"{ckpt.config_file}: " if ckpt.config_file else ""
+        values = {
+            "depth": cfg.depth,
+            "embed_dim": cfg.embed_dim,
+            "mlp_dim": cfg.mlp_dim,
+            "num_classes": cfg.num_classes,
+        }
+        values["img_size"] = f"{cfg.img_size[0]}x{cfg.img_size[1]}"
+        stated = ", ".join(f"{ckpt.config_names.get(o, o)} {v}" for o, v in values.items())
         raise CheckpointError(
-            f"{where}the config describes a model of {n:,} parameters (depth {cfg.depth}, embed_dim {cfg.embed_dim}, "
-            f"mlp_dim {cfg.mlp_dim}, img_size {cfg.img_size[0]}x{cfg.img_size[1]}), over the cap of {max_params:,}"
-            f"{'; check ' + ', '.join(stated) if stated else ''}; if you trust it, pass max_params=... or set "
-            f"{MAX_PARAMS_ENV}"
+            f"{where}the config describes a model of {n:,} parameters ({stated}), over the cap of {max_params:,}; "
+            f"if you trust it, pass max_params=... or set {MAX_PARAMS_ENV}"
         )
     if ckpt.config_file is None:
         return
