@@ -91,10 +91,10 @@ def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
 
 def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if _is_int(x):
-        return (_int("img_size", x),) * 2
+        return (_int("img_size", x, low=0),) * 2
     if not isinstance(x, (list, tuple)) or len(x) != 2:
         raise ConfigError(f"img_size: expected an int or a (height, width) pair, got {_describe(x)}")
-    return _ints("img_size", x, length=2)  # type: ignore[return-value]
+    return _ints("img_size", x, length=2, low=0)  # type: ignore[return-value]  # positive: validate()
 
 
 def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
