@@ -5,6 +5,14 @@ One small module per format: :mod:`.native` (vitlab folders), :mod:`.timm`,
 :mod:`.hub` (public names). :func:`load` detects the format, converts names to
 timm's, infers the architecture from the tensor shapes (:mod:`.infer`), applies
 overrides, and loads with a full report of missing, unexpected and mis-shaped keys.
+
+Checkpoints are untrusted input. Archives are inflated only within a bound
+(:func:`.files.unpacked_limit`), config files are read only when regular and small
+(:func:`.files.read_config_file`), every config value is type- and range-checked, and the
+model a config describes is checked before any of it is allocated: its parameter count
+against :data:`MAX_PARAMS`, the widths and depth it states against the weights' shapes, and
+then every tensor shape against a model built on the ``meta`` device (no memory). A lying
+config costs no memory: it is one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -26,7 +34,15 @@ from ..models.config import ViTConfig
 from ..models.vit import VisionTransformer
 from .native import is_native, load_folder, save
 
-__all__ = ["Checkpoint", "load", "load_state", "read_checkpoint", "save"]
+__all__ = ["MAX_PARAMS", "MAX_PARAMS_ENV", "Checkpoint", "load", "load_state", "read_checkpoint", "save"]
+
+MAX_PARAMS = 4_000_000_000
+"""Largest model :func:`load` builds (16 GB of float32; ViT-H/14 has 632M, ViT-G/14 1.8B)."""
+MAX_PARAMS_ENV = "VITLAB_MAX_PARAMS"
+"""Environment variable that replaces :data:`MAX_PARAMS` (``max_params=`` takes precedence)."""
+# Fields the weights' shapes determine: a config (file) that states another value lies.
+_SHAPE_FIELDS = ("depth", "embed_dim", "mlp_dim", "patch_size", "img_size")
+_STRICT_HINT = " (check the architecture overrides, or pass strict=False to load the rest)"
 
 
 @dataclass
@@ -40,10 +56,23 @@ class Checkpoint:
     config: ViTConfig | None = None
     """The full configuration, for formats that store one (vitlab folders)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+    """The config file that stated ``fields`` or ``config`` (named in errors about them)."""
+    config_names: dict[str, str] = field(default_factory=dict)
+    """ViTConfig field -> the name the config file uses for it (Hugging Face's ``num_hidden_layers`` ...)."""
+
+    def blame(self, option: str) -> str:
+        """``path: name`` of the config file's field behind the ViTConfig field ``option``."""
+        return f"{self.config_file}: {self.config_names.get(option, option)}"
 
 
-def read_checkpoint(source: str | os.PathLike[str] | Mapping[str, torch.Tensor]) -> Checkpoint:
-    """Read any supported checkpoint (path, public name, or an in-memory state dict)."""
+def read_checkpoint(
+    source: str | os.PathLike[str] | Mapping[str, torch.Tensor], *, max_unpacked_bytes: int | None = None
+) -> Checkpoint:
+    """Read any supported checkpoint (path, public name, or an in-memory state dict).
+
+    ``max_unpacked_bytes`` bounds what compressed archives (``.npz``, PyTorch zip files) may
+    unpack to (default: :func:`.files.unpacked_limit`)."""
     from . import hf, hub, npz, timm
     from .files import read_state_dict, unwrap_state_dict
 
@@ -52,36 +81,43 @@ def read_checkpoint(source: str | os.PathLike[str] | Mapping[str, torch.Tensor])
     p = Path(source)
     if not p.exists():
         if hub.is_hub_name(str(source)):
-            return read_checkpoint(hub.resolve(str(source)))
+            return read_checkpoint(hub.resolve(str(source)), max_unpacked_bytes=max_unpacked_bytes)
         hub.resolve(str(source))  # raises: unknown name, with suggestions
     if p.is_dir():
         if is_native(p):
             cfg, state, _ = load_folder(p)
-            return Checkpoint(state, {}, "vitlab", config=cfg)
+            return Checkpoint(state, {}, "vitlab", config=cfg, config_file=str(p / "config.json"))
         if hf.is_hf_folder(p):
-            state, fields = hf.read_folder(p)
-            return Checkpoint(state, fields, "huggingface")
+            state, fields = hf.read_folder(p, max_unpacked_bytes=max_unpacked_bytes)
+            names = {ours: theirs for ours, theirs in hf.FIELD_NAMES if ours in fields}
+            return Checkpoint(state, fields, "huggingface", config_file=str(p / "config.json"), config_names=names)
         for name in ("model.safetensors", "pytorch_model.bin"):  # e.g. a timm Hub snapshot folder
             if (p / name).is_file():
-                return read_checkpoint(p / name)
+                return read_checkpoint(p / name, max_unpacked_bytes=max_unpacked_bytes)
         raise CheckpointError(
             f"{p}: a folder that is neither a vitlab model (model.safetensors + config.json) "
             "nor a Hugging Face save_pretrained folder"
         )
     if p.suffix.lower() == ".npz":
-        state, fields = npz.read_checkpoint(p)
+        state, fields = npz.read_checkpoint(p, max_unpacked_bytes=max_unpacked_bytes)
         return Checkpoint(state, fields, "npz")
-    state = read_state_dict(p)
-    return _from_state_dict(state, str(p), timm.read_hub_config(p))
+    state = read_state_dict(p, max_unpacked_bytes=max_unpacked_bytes)
+    hub_config = p.parent / "config.json"
+    fields = timm.read_hub_config(p)
+    return _from_state_dict(state, str(p), fields, config_file=str(hub_config) if fields else None)
 
 
-def _from_state_dict(state: dict[str, torch.Tensor], source: str, fields: dict[str, Any]) -> Checkpoint:
+def _from_state_dict(
+    state: dict[str, torch.Tensor], source: str, fields: dict[str, Any], *, config_file: str | None = None
+) -> Checkpoint:
     from . import hf, timm
 
     if hf.is_hf_state(state):
-        return Checkpoint(hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface")
+        return Checkpoint(
+            hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface", config_file=config_file
+        )
     if timm.is_timm_state(state):
-        return Checkpoint(timm.convert_state(state), fields, "timm")
+        return Checkpoint(timm.convert_state(state), fields, "timm", config_file=config_file)
     names = ", ".join(list(state)[:5])
     raise CheckpointError(
         f"{source}: not a ViT checkpoint: no patch embedding ('patch_embed.proj.weight' as in timm, or "
@@ -109,7 +145,71 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     unknown = set(overrides) - {f.name for f in dataclasses.fields(ViTConfig)}
     if unknown:
         raise ConfigError(f"unknown ViTConfig option(s): {', '.join(sorted(unknown))}")
-    return ViTConfig.from_dict({**base, **overrides})
+    try:
+        return ViTConfig.from_dict({**base, **overrides})
+    except ConfigError as e:  # a value of the file's config (not one the caller gave): name the file
+        option = str(e).split(":", 1)[0].split("[", 1)[0]
+        if ckpt.config_file is None or option in overrides:
+            raise
+        raise CheckpointError(f"{ckpt.blame(option)}{str(e)[len(option) :]}") from None
+
+
+def _max_params(max_params: int | None) -> int:
+    if max_params is not None:
+        return int(max_params)
+    env = os.environ.get(MAX_PARAMS_ENV)
+    if not env:
+        return MAX_PARAMS
+    try:
+        return int(float(env))
+    except ValueError:
+        raise ConfigError(f"{MAX_PARAMS_ENV}: {env!r} is not a number of parameters (e.g. 8e9)") from None
+
+
+def _check_before_building(ckpt: Checkpoint, cfg: ViTConfig, overrides: dict[str, Any], *, max_params: int) -> None:
+    """Refuse, before any memory is allocated, a model too large to build or whose widths and depth
+    (as a config file states them) disagree with the weights' shapes."""
+    from .infer import infer_fields
+
+    n = cfg.num_params()
+    if cfg.posemb == "sincos2d":  # a buffer, not a parameter, but as large as a learned table
+        n += (cfg.num_patches + cfg.num_prefix_tokens) * cfg.embed_dim
+    if n > max_params:
+        where = f"{ckpt.config_file}: " if ckpt.config_file else ""
+        values = {
+            "depth": cfg.depth,
+            "embed_dim": cfg.embed_dim,
+            "mlp_dim": cfg.mlp_dim,
+            "num_classes": cfg.num_classes,
+        }
+        values["img_size"] = f"{cfg.img_size[0]}x{cfg.img_size[1]}"
+        stated = ", ".join(f"{ckpt.config_names.get(o, o)} {v}" for o, v in values.items())
+        raise CheckpointError(
+            f"{where}the config describes a model of {n:,} parameters ({stated}), over the cap of {max_params:,}; "
+            f"if you trust it, pass max_params=... or set {MAX_PARAMS_ENV}"
+        )
+    if ckpt.config_file is None:
+        return
+    try:
+        shapes = infer_fields(ckpt.state)
+    except CheckpointError:  # not the usual layout: the meta-device check below names the tensors
+        return
+    for option in _SHAPE_FIELDS:
+        if option in overrides or option not in shapes:
+            continue  # (no learned position embeddings: the image size is free)
+        if option == "mlp_dim" and "blocks.0.mlp.fc1.weight" not in ckpt.state:
+            continue  # (axial blocks keep their MLPs under blocks.N.row / .col: the meta check covers them)
+        if getattr(cfg, option) != shapes[option]:
+            what = {
+                "depth": "transformer layers",
+                "embed_dim": "as width",
+                "mlp_dim": "as MLP width",
+                "img_size": "as position embeddings",
+            }
+            raise CheckpointError(
+                f"{ckpt.blame(option)} is {getattr(cfg, option)} but the weights have {shapes[option]}"
+                f"{' ' + what[option] if option in what else ''}; the config does not describe these weights"
+            )
 
 
 def _summary(keys: list[str], limit: int = 8, *, group: bool = True) -> str:
@@ -138,6 +238,22 @@ def load_state(
     :class:`CheckpointError` and nothing is loaded, otherwise a warning lists them and the rest loads.
     Parameters whose names start with one of ``fresh`` keep their initial values and are not missing.
     """
+    state, problems, misshaped = _fit(model, state, fresh)
+    if problems:
+        msg = f"{source} does not fit the model: " + "; ".join(problems)
+        if strict:
+            raise CheckpointError(msg + _STRICT_HINT)
+        warnings.warn(msg + "; loading the rest (strict=False)", stacklevel=3)
+        for k in misshaped:
+            del state[k]
+    model.load_state_dict(state, strict=False)
+
+
+def _fit(
+    model: nn.Module, state: dict[str, torch.Tensor], fresh: tuple[str, ...]
+) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    """``(state adapted to the model, problems, mis-shaped keys)``; reads only shapes of the model, so a
+    model on the ``meta`` device answers without allocating."""
     state = dict(state)
     expected = model.state_dict()
     adapt = getattr(model, "adapt_state_dict", None)
@@ -158,18 +274,16 @@ def load_state(
                 [f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}" for k in misshaped], 4, group=False
             )
         )
-    if problems:
-        msg = f"{source} does not fit the model: " + "; ".join(problems)
-        if strict:
-            raise CheckpointError(msg + " (check the architecture overrides, or pass strict=False to load the rest)")
-        warnings.warn(msg + "; loading the rest (strict=False)", stacklevel=3)
-        for k in misshaped:
-            del state[k]
-    model.load_state_dict(state, strict=False)
+    return state, problems, misshaped
 
 
 def load(
-    source: str | os.PathLike[str] | Mapping[str, torch.Tensor], *, strict: bool = True, **overrides: Any
+    source: str | os.PathLike[str] | Mapping[str, torch.Tensor],
+    *,
+    strict: bool = True,
+    max_params: int | None = None,
+    max_unpacked_bytes: int | None = None,
+    **overrides: Any,
 ) -> VisionTransformer:
     """Load a ViT from any supported checkpoint, ready for inference (``eval()`` mode).
 
@@ -186,9 +300,16 @@ def load(
 
     Raises :class:`CheckpointError` naming missing, unexpected and mis-shaped keys
     unless ``strict=False`` (then it warns and loads what fits).
+
+    Nothing is allocated for the model until its config has passed: at most ``max_params``
+    parameters (default :data:`MAX_PARAMS`, or ``$VITLAB_MAX_PARAMS``), the depth and widths a
+    config file states equal to the weights', and (with ``strict``) every tensor shape equal to
+    those of the model built on the ``meta`` device. ``max_unpacked_bytes`` bounds what
+    compressed archives may unpack to (:func:`.files.unpacked_limit`; ``$VITLAB_MAX_UNPACKED_BYTES``).
     """
-    ckpt = read_checkpoint(source)
+    ckpt = read_checkpoint(source, max_unpacked_bytes=max_unpacked_bytes)
     cfg = _config_for(ckpt, overrides)
+    _check_before_building(ckpt, cfg, overrides, max_params=_max_params(max_params))
     state = dict(ckpt.state)
     old_classes = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
     # head="linear" on a checkpoint with pre-logits drops them (as timm does for fine-tuning), and the classifier
@@ -200,7 +321,12 @@ def load(
     if drop_pre_logits or cfg.num_classes != old_classes:
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
         fresh = ("head.",)
-    model = VisionTransformer(cfg)  # its head is zero-initialised
     src = str(source) if not isinstance(source, Mapping) else "state dict"
+    if strict:  # every shape checked on a model that holds no memory, before the real one is built
+        with torch.device("meta"):
+            problems = _fit(VisionTransformer(cfg), state, fresh)[1]
+        if problems:
+            raise CheckpointError(f"{src} does not fit the model: {'; '.join(problems)}{_STRICT_HINT}")
+    model = VisionTransformer(cfg)  # its head is zero-initialised
     load_state(model, state, strict=strict, source=src, fresh=fresh)
     return model.eval()

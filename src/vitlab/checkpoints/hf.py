@@ -20,7 +20,6 @@ becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -28,13 +27,35 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..models.config import check_fields
+from .files import read_config_file
 
-__all__ = ["WEIGHT_FILES", "config_fields", "convert_state", "is_hf_folder", "is_hf_state", "read_folder"]
+__all__ = [
+    "FIELD_NAMES",
+    "WEIGHT_FILES",
+    "config_fields",
+    "convert_state",
+    "is_hf_folder",
+    "is_hf_state",
+    "read_folder",
+]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_python_tanh": "gelu_tanh"}
 _PATCH = "embeddings.patch_embeddings.projection.weight"
+FIELD_NAMES = (
+    ("embed_dim", "hidden_size"),
+    ("depth", "num_hidden_layers"),
+    ("num_heads", "num_attention_heads"),
+    ("mlp_dim", "intermediate_size"),
+    ("patch_size", "patch_size"),
+    ("in_chans", "num_channels"),
+    ("qkv_bias", "qkv_bias"),
+    ("norm_eps", "layer_norm_eps"),
+    ("img_size", "image_size"),
+)
+"""(ViTConfig field, Hugging Face ``config.json`` key)."""
 
 # (pattern on a name without the "vit." prefix, replacement); first match wins.
 _RENAMES: list[tuple[str, str]] = [
@@ -59,13 +80,12 @@ _DROPPED = ("embeddings.mask_token",)  # ViTForMaskedImageModeling's [MASK] embe
 
 
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:
-    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``)."""
-    p = Path(path)
-    try:
-        raw = json.loads((p / "config.json").read_text())
-    except (OSError, ValueError):
+    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``). A ``config.json``
+    that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
+    cfg = Path(path) / "config.json"
+    if not os.path.lexists(cfg):
         return False
-    return isinstance(raw, dict) and raw.get("model_type") == "vit"
+    return read_config_file(cfg).get("model_type") == "vit"
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
@@ -99,45 +119,49 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def config_fields(raw: dict[str, Any], *, has_pooler: bool) -> dict[str, Any]:
-    """ViTConfig fields from a Hugging Face ``config.json``."""
+def config_fields(raw: dict[str, Any], *, has_pooler: bool, source: str = "config.json") -> dict[str, Any]:
+    """ViTConfig fields from a Hugging Face ``config.json``, each type- and range-checked: a bad
+    value is a :class:`CheckpointError` naming ``source`` and the Hugging Face key."""
     f: dict[str, Any] = {}
-    for ours, theirs in (
-        ("embed_dim", "hidden_size"),
-        ("depth", "num_hidden_layers"),
-        ("num_heads", "num_attention_heads"),
-        ("mlp_dim", "intermediate_size"),
-        ("patch_size", "patch_size"),
-        ("in_chans", "num_channels"),
-        ("qkv_bias", "qkv_bias"),
-        ("norm_eps", "layer_norm_eps"),
-    ):
+    for ours, theirs in FIELD_NAMES:
         if theirs in raw:
-            f[ours] = raw[theirs]
-    if "image_size" in raw:
-        f["img_size"] = raw["image_size"]
+            try:
+                f.update(check_fields({ours: raw[theirs]}))
+            except ConfigError as e:
+                raise CheckpointError(f"{source}: {theirs}{str(e)[len(ours) :]}") from None
     act = raw.get("hidden_act", "gelu")
-    if act not in _ACTS:
+    if not isinstance(act, str) or act not in _ACTS:
         raise CheckpointError(
-            f"hidden_act {act!r} is not supported (vitlab has exact and tanh GELU: {', '.join(_ACTS)})"
+            f"{source}: hidden_act {act!r:.60} is not supported (vitlab has exact and tanh GELU: {', '.join(_ACTS)})"
         )
     f["act"] = _ACTS[act]
     if has_pooler and raw.get("pooler_act", "tanh") != "tanh":
-        raise CheckpointError(f"pooler_act {raw['pooler_act']!r} is not supported; vitlab's pre-logits layer uses tanh")
+        raise CheckpointError(
+            f"{source}: pooler_act {raw['pooler_act']!r:.60} is not supported; vitlab's pre-logits layer uses tanh"
+        )
     labels = raw.get("id2label")
-    if isinstance(labels, dict) and labels:
-        names = [str(labels[k]) for k in sorted(labels, key=lambda s: int(s))]
+    if labels is not None and not (
+        isinstance(labels, dict)
+        and all(isinstance(k, str) and k.isdigit() and len(k) < 10 and isinstance(v, str) for k, v in labels.items())
+    ):
+        raise CheckpointError(f"{source}: id2label: expected an object of class index -> name strings")
+    if labels:
+        names = [labels[k] for k in sorted(labels, key=int)]
+        if sorted(map(int, labels)) != list(range(len(labels))):
+            raise CheckpointError(f"{source}: id2label: the class indices are not 0 .. {len(labels) - 1}")
         if not all(re.fullmatch(rf"LABEL_{i}", n) for i, n in enumerate(names)):  # HF's placeholder names
             f["class_names"] = names
     return f
 
 
-def read_folder(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_folder(
+    path: str | os.PathLike[str], *, max_unpacked_bytes: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(state dict in vitlab names, config fields)`` of a ``save_pretrained`` folder."""
     from .files import read_state_dict
 
     p = Path(path)
-    raw = json.loads((p / "config.json").read_text())
+    raw = read_config_file(p / "config.json")
     weights = next((p / n for n in WEIGHT_FILES if (p / n).is_file()), None)
     if weights is None:
         if (p / "model.safetensors.index.json").is_file() or (p / "pytorch_model.bin.index.json").is_file():
@@ -145,12 +169,15 @@ def read_folder(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], 
                 f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')"
             )
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
-    state = convert_state(read_state_dict(weights))
-    fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state)
-    try:
-        pre = json.loads((p / "preprocessor_config.json").read_text())
+    state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
+    fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
+    pre_path = p / "preprocessor_config.json"
+    if os.path.lexists(pre_path):
+        pre = read_config_file(pre_path)
         if "image_mean" in pre and "image_std" in pre:
-            fields["mean"], fields["std"] = tuple(pre["image_mean"]), tuple(pre["image_std"])
-    except (OSError, ValueError):
-        pass
+            try:
+                norm = check_fields({"mean": pre["image_mean"], "std": pre["image_std"]})
+            except ConfigError as e:
+                raise CheckpointError(f"{pre_path}: image_{e}") from None
+            fields["mean"], fields["std"] = norm["mean"], norm["std"]
     return state, fields

@@ -16,8 +16,9 @@ from torch import nn
 
 from .._fs import remove_stale, temp_path
 from .._version import __version__
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
+from .files import read_config_file
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "is_native", "load_folder", "save"]
 
@@ -27,13 +28,14 @@ FORMAT_TAG = "vitlab"
 
 
 def is_native(path: str | os.PathLike[str]) -> bool:
-    """A folder holding vitlab's ``config.json`` and ``model.safetensors``."""
+    """A folder holding vitlab's ``config.json`` and ``model.safetensors``. A ``config.json`` that is
+    not a small regular JSON file is not vitlab's (:func:`load_folder` says why)."""
     p = Path(path)
     if not (p.is_dir() and (p / WEIGHTS_NAME).is_file() and (p / CONFIG_NAME).is_file()):
         return False
     try:
-        return json.loads((p / CONFIG_NAME).read_text()).get("format") == FORMAT_TAG
-    except (OSError, ValueError):
+        return read_config_file(p / CONFIG_NAME).get("format") == FORMAT_TAG
+    except CheckpointError:
         return False
 
 
@@ -85,15 +87,20 @@ def save(
 
 
 def load_folder(path: str | os.PathLike[str]) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a vitlab folder: ``(config, state_dict, raw config dict)``."""
+    """Read a vitlab folder: ``(config, state_dict, raw config dict)``.
+
+    The config is read only if it is a small regular file (:func:`.files.read_config_file`) and
+    every field is type- and range-checked (a bad one is one line naming the file and the field)
+    before the weights are read."""
     p = Path(path)
+    raw = read_config_file(p / CONFIG_NAME)
+    fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
     try:
-        raw = json.loads((p / CONFIG_NAME).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{p / CONFIG_NAME}: not a readable vitlab config ({e})") from None
+        cfg = ViTConfig.from_dict(fields)
+    except ConfigError as e:
+        raise CheckpointError(f"{p / CONFIG_NAME}: {e}") from None
     try:
         state = load_file(str(p / WEIGHTS_NAME))
     except Exception as e:  # safetensors raises its own error types
         raise CheckpointError(f"{p / WEIGHTS_NAME}: not a readable safetensors file ({e})") from None
-    fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
-    return ViTConfig.from_dict(fields), state, raw
+    return cfg, state, raw

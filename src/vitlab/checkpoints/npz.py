@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ def _t(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def _resnet(w: dict[str, np.ndarray], prefix: str, get) -> dict[str, torch.Tensor]:
+def _resnet(w: Mapping[str, np.ndarray], prefix: str, get) -> dict[str, torch.Tensor]:
     """The hybrid's BiT ResNet (``conv_root``, ``gn_root``, ``block<i>/unit<j>/{conv,gn}<r>``,
     ``conv_proj``/``gn_proj``) in vitlab's ``patch_embed.backbone`` names; kernels HWIO -> OIHW."""
 
@@ -81,9 +82,20 @@ def _resnet(w: dict[str, np.ndarray], prefix: str, get) -> dict[str, torch.Tenso
     return out
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(state dict in vitlab names, config fields)`` of a vit_jax or big_vision ``.npz``."""
-    w = read_npz(path)
+def read_checkpoint(
+    path: str | os.PathLike[str], *, max_unpacked_bytes: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state dict in vitlab names, config fields)`` of a vit_jax or big_vision ``.npz``.
+
+    Only the arrays the model needs are decompressed (optimizer state, for one, is not), within
+    the bound of :func:`~vitlab.checkpoints.files.unpacked_limit`."""
+    with read_npz(path, max_unpacked_bytes=max_unpacked_bytes) as w:
+        return _convert(w, path)
+
+
+def _convert(
+    w: Mapping[str, np.ndarray], path: str | os.PathLike[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in w), None)
     if prefix is None:
         sample = ", ".join(sorted(w)[:5]) or "none"

@@ -16,12 +16,16 @@ of position embeddings, the defaults here.
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..models.config import check_fields
+from .files import read_config_file
 
 __all__ = ["convert_state", "is_timm_state", "read_hub_config"]
 
@@ -46,27 +50,36 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
-    """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, label names), or {}."""
+    """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, label names), or {}.
+
+    A ``config.json`` that is not a small regular JSON file, or whose values have the wrong types,
+    is a :class:`CheckpointError` naming it and the key."""
     cfg_path = Path(weights_path).parent / "config.json"
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError):
+    if not os.path.lexists(cfg_path):
         return {}
-    if not isinstance(raw, dict) or "architecture" not in raw:
+    raw = read_config_file(cfg_path)
+    if "architecture" not in raw:
         return {}
     pre = raw.get("pretrained_cfg") or {}
+    args = raw.get("model_args") or {}
+    for key, value in (("pretrained_cfg", pre), ("model_args", args)):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{cfg_path}: {key}: expected an object, got {type(value).__name__}")
     fields: dict[str, Any] = {}
     if "mean" in pre and "std" in pre:
-        fields["mean"], fields["std"] = tuple(pre["mean"]), tuple(pre["std"])
-    pool = {"token": "cls", "avg": "gap"}.get(raw.get("global_pool", ""))
+        fields["mean"], fields["std"] = pre["mean"], pre["std"]
+    pool = raw.get("global_pool", "")
+    pool = {"token": "cls", "avg": "gap"}.get(pool) if isinstance(pool, str) else None
     if pool:
         fields["pool"] = pool
-    args = raw.get("model_args") or {}
-    if isinstance(args.get("num_heads"), int):
+    if "num_heads" in args:
         fields["num_heads"] = args["num_heads"]
     elif raw["architecture"] in _HEADS:
         fields["num_heads"] = _HEADS[raw["architecture"]]
     names = raw.get("label_names") or pre.get("label_names")
-    if isinstance(names, list) and names:
-        fields["class_names"] = [str(n) for n in names]
-    return fields
+    if names:
+        fields["class_names"] = names
+    try:
+        return check_fields(fields)
+    except ConfigError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from None

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INCEPTION_MEAN", "INCEPTION_STD", "ViTConfig", "mlp_dim_for"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "INCEPTION_MEAN",
+    "INCEPTION_STD",
+    "ViTConfig",
+    "check_fields",
+    "mlp_dim_for",
+]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -23,6 +33,52 @@ _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
 
+_MAX_INT = 1 << 31
+"""No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
+so no later product of fields is astronomical."""
+_INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim")
+_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad")
+_STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
+_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "norm_eps")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _int(option: str, v: Any, *, low: int = 1) -> int:
+    """``v`` as an int in ``[low, 2**31)``, or a :class:`ConfigError` naming ``option``."""
+    if not _is_int(v):
+        raise ConfigError(f"{option}: expected an integer, got {_describe(v)}")
+    if not low <= int(v) < _MAX_INT:
+        shown = int(v) if abs(int(v)).bit_length() <= 64 else f"a {abs(int(v)).bit_length()}-bit number"
+        raise ConfigError(f"{option}: {shown} is out of range [{low}, {_MAX_INT})")
+    return int(v)
+
+
+def _describe(v: Any) -> str:
+    text = repr(v)
+    return f"{type(v).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _ints(option: str, v: Any, *, length: int | None = None, low: int = 1) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or (length is not None and len(v) != length):
+        shape = f"a list of {length} integers" if length else "a list of integers"
+        raise ConfigError(f"{option}: expected {shape}, got {_describe(v)}")
+    return tuple(_int(f"{option}[{i}]", x, low=low) for i, x in enumerate(v))
+
+
+def _floats(option: str, v: Any, length: int) -> tuple[float, ...]:
+    if not isinstance(v, (list, tuple)) or len(v) != length:
+        raise ConfigError(f"{option}: expected a list of {length} numbers, got {_describe(v)}")
+    return tuple(_float(f"{option}[{i}]", x) for i, x in enumerate(v))
+
+
+def _float(option: str, v: Any) -> float:
+    if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(float(v)):
+        raise ConfigError(f"{option}: expected a finite number, got {_describe(v)}")
+    return float(v)
+
 
 def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
     """The hidden width of the blocks' MLP for ``mlp_ratio`` (``--mlp-ratio``: MLP width / token
@@ -34,12 +90,45 @@ def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
 
 
 def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(x, int):
-        return (x, x)
-    t = tuple(int(v) for v in x)
-    if len(t) != 2:
-        raise ConfigError(f"img_size: expected an int or a (height, width) pair, got {x!r}")
-    return t  # type: ignore[return-value]
+    if _is_int(x):
+        return (_int("img_size", x, low=0),) * 2
+    if not isinstance(x, (list, tuple)) or len(x) != 2:
+        raise ConfigError(f"img_size: expected an int or a (height, width) pair, got {_describe(x)}")
+    return _ints("img_size", x, length=2, low=0)  # type: ignore[return-value]  # positive: validate()
+
+
+def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (some or all of :class:`ViTConfig`'s) type-checked, within ``[0, 2**31)`` and normalised
+    (tuples, ints, floats); other keys pass through. Raises :class:`ConfigError` naming the field.
+
+    A config can come from an untrusted ``config.json``: a string, a nested list or a 1000-digit
+    number where an int belongs must be one line naming the field, not a ``TypeError`` from deep
+    inside the model. Ranges that depend on other fields are :meth:`ViTConfig.validate`'s."""
+    out = dict(fields)
+    for opt, v in fields.items():
+        if opt == "img_size":
+            out[opt] = _pair(v)
+        elif opt in _INTS:
+            out[opt] = _int(opt, v, low=0)
+        elif opt in _BOOLS and not isinstance(v, bool):
+            raise ConfigError(f"{opt}: expected true or false, got {_describe(v)}")
+        elif opt in _STRS and not isinstance(v, str):
+            raise ConfigError(f"{opt}: expected a string, got {_describe(v)}")
+        elif opt in _FLOATS:
+            out[opt] = _float(opt, v)
+        elif opt == "representation_size" and v is not None:
+            out[opt] = _int(opt, v)
+        elif opt == "hybrid_layers" and v is not None:
+            out[opt] = _ints(opt, v, low=0)
+        elif opt in ("mean", "std"):
+            out[opt] = _floats(opt, v, 3)
+        elif opt == "class_names" and v is not None:
+            if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
+                raise ConfigError(f"class_names: expected a list of strings, got {_describe(v)}")
+            out[opt] = list(v)
+        elif opt == "extra" and not isinstance(v, dict):
+            raise ConfigError(f"extra: expected an object, got {_describe(v)}")
+    return out
 
 
 @dataclass
@@ -95,12 +184,38 @@ class ViTConfig:
     """Free-form metadata kept with the weights (source checkpoint, training run ...)."""
 
     def __post_init__(self) -> None:
-        self.img_size = _pair(self.img_size)
-        if self.hybrid_layers is not None:
-            self.hybrid_layers = tuple(int(v) for v in self.hybrid_layers)
-        self.mean = tuple(float(v) for v in self.mean)  # type: ignore[assignment]
-        self.std = tuple(float(v) for v in self.std)  # type: ignore[assignment]
+        self._check_types()
         self.validate()
+
+    def _check_types(self) -> None:
+        for k, v in check_fields({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}).items():
+            setattr(self, k, v)
+
+    def num_params(self) -> int:
+        """Parameters of the model this config builds, from the config alone (no allocation).
+
+        Counted as the modules of :mod:`.vit` and :mod:`.hybrid` create them (class token, position
+        embeddings, blocks, norms, head, a hybrid's BiT ResNet); :mod:`vitlab.checkpoints` checks it
+        against its parameter cap before it builds a model from an untrusted config."""
+        d, m, b = self.embed_dim, self.mlp_dim, int(self.qkv_bias)
+        block = 2 * 2 * d + 3 * d * d + 3 * d * b + d * d + d + d * m + m + m * d + d
+        tokens = self.num_patches + self.num_prefix_tokens
+        posemb = {"learn": tokens * d, "learn2d": (sum(self.grid_size)) * d // 2}.get(self.posemb, 0)
+        if self.hybrid_layers is None:
+            patch = d * self.in_chans * self.patch_size**2 + d
+        else:  # the stem (7x7 conv to 64, GroupNorm), then bottleneck stages of widths 256 * 2**i
+            patch, chs = 64 * self.in_chans * 49 + 2 * 64, 64
+            for i, units in enumerate(self.hybrid_layers):
+                out = 256 * 2**i
+                mid = out // 4
+                patch += chs * out + 2 * out  # the first unit's projection shortcut
+                for u in range(units):
+                    patch += (chs if u == 0 else out) * mid + mid * mid * 9 + mid * out + 4 * mid + 2 * out
+                chs = out
+            patch += d * chs * self.patch_size**2 + d
+        rep = self.pre_logits_dim
+        head = (d * rep + rep if self.head == "mlp" else 0) + (rep * self.num_classes + self.num_classes)
+        return patch + d * self.num_prefix_tokens + posemb + self.depth * block + 2 * d + head
 
     @property
     def stem_stride(self) -> int:
@@ -179,6 +294,8 @@ class ViTConfig:
             bad("posemb", f"'learn2d' needs an even width, got {self.embed_dim}")
         if self.posemb == "sincos2d" and self.embed_dim % 4:
             bad("posemb", f"'sincos2d' needs a width divisible by 4, got {self.embed_dim}")
+        if not self.norm_eps > 0:
+            bad("norm_eps", f"must be positive, got {self.norm_eps}")
         for opt in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
             if not 0.0 <= float(getattr(self, opt)) < 1.0:
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
@@ -206,7 +323,10 @@ class ViTConfig:
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in known}
-        extra = dict(kwargs.pop("extra", {}) or {})
+        extra = kwargs.pop("extra", None) or {}
+        if not isinstance(extra, dict):
+            raise ConfigError(f"extra: expected an object, got {_describe(extra)}")
+        extra = dict(extra)
         extra.update({k: v for k, v in d.items() if k not in known})
         return cls(**kwargs, extra=extra)
 
