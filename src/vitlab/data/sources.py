@@ -312,7 +312,8 @@ def _decode_split(
         max_pixels=opt.max_pixels,
         buffer_bytes=opt.buffer_bytes,
     )
-    skipped = problems + [(readable(p), readable(why)) for p, why in dec.skipped]
+    # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
+    skipped = problems + [(readable(p), readable(why.replace(repr(p), f"'{readable(p)}'"))) for p, why in dec.skipped]
     if dec.skipped and opt.strict:
         raise _strict_error(skipped)
     if not dec.kept:
