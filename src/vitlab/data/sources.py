@@ -212,9 +212,10 @@ def _scan(
     *,
     min_classes: int = 1,
     seen: dict[tuple[int, int], str] | None = None,
-) -> tuple[list[str], np.ndarray, list[str], list[tuple[str, str]]]:
-    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order; and the
-    ``(path, reason)`` of what the walk left out (:func:`_class_files`).
+    problems: list[tuple[str, str]] | None = None,
+) -> tuple[list[str], np.ndarray, list[str]]:
+    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order. The
+    ``(path, reason)`` of what the walk left out (:func:`_class_files`) are appended to ``problems``.
     Given ``class_names`` (the training classes), a class folder of ``root`` outside them is an error;
     otherwise fewer than ``min_classes`` class folders is. ``seen``: files already taken, by
     ``(st_dev, st_ino)`` (updated in place): reached again here, they are left out and reported."""
@@ -252,7 +253,8 @@ def _scan(
         for f in _class_files(found[c], walk):
             paths.append(f)
             labels.append(i)
-    problems = [(readable(p), why) for p, why in walk.problems]
+    if problems is not None:
+        problems.extend((readable(p), why) for p, why in walk.problems)
     if not paths:
         raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in the class folders")
     if own_classes:
@@ -263,7 +265,7 @@ def _scan(
                 f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; "
                 "add images or remove the folder(s)"
             )
-    return paths, np.asarray(labels, dtype=np.int64), class_names, problems
+    return paths, np.asarray(labels, dtype=np.int64), class_names
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,8 @@ def _decode_split(
     """One split folder scanned and decoded: ``(images and labels, class names, (path, reason) of every file
     left out)``. ``seen``: the files of the splits already loaded, by ``(st_dev, st_ino)``; one of them
     reached again here is left out of this split, so no file is in both train and val."""
-    paths, labels, names, problems = _scan(root, class_names, min_classes=opt.min_classes, seen=seen)
+    problems: list[tuple[str, str]] = []
+    paths, labels, names = _scan(root, class_names, min_classes=opt.min_classes, seen=seen, problems=problems)
     if problems and opt.strict:
         raise _strict_error(problems)
     dec = decode_files(
