@@ -108,6 +108,11 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
     g.add_argument(
+        "--allow-single-class",
+        action="store_true",
+        help="train on a folder with one class folder (with a warning): its top-1 is 100%% by construction",
+    )
+    g.add_argument(
         "--workers",
         type=int,
         default=-1,
@@ -303,6 +308,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         cache_dir=args.cache_dir,
         strict_data=args.strict_data,
         max_image_pixels=args.max_image_pixels,
+        allow_single_class=args.allow_single_class,
         memory_budget=size_option("--memory-budget", args.memory_budget),
         on_nan=args.on_nan,
         time_budget=args.time_budget,

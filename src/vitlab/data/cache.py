@@ -50,7 +50,7 @@ import numpy as np
 
 from .._fs import remove_stale, writer_suffix
 from ..errors import VitlabError
-from .decode import DEFAULT_MAX_IMAGE_PIXELS, decode_image, image_size
+from .decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, decode_image, image_size, too_thin, typical_side
 
 __all__ = [
     "CHUNK_BYTES",
@@ -62,7 +62,7 @@ __all__ = [
     "default_cache_dir",
 ]
 
-_VERSION = 3  # 3: reserved space, validated metadata, a CRC-32 per chunk; 2: EXIF orientation, grey from RGB
+_VERSION = 4  # 4: strips skipped; 3: reserved space, validated metadata, a CRC-32 per chunk; 2: EXIF, grey from RGB
 DEFAULT_BUFFER_BYTES = 64 << 20
 """The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
 CHUNK_BYTES = 8 << 20
@@ -92,9 +92,9 @@ def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
     for p in paths:
         try:
             st = os.stat(p)
-            h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            h.update(os.fsencode(os.path.abspath(p)) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
         except OSError:
-            h.update(f"{os.path.abspath(p)}|missing\n".encode())
+            h.update(os.fsencode(os.path.abspath(p)) + b"|missing\n")
     return h.hexdigest()[:20]
 
 
@@ -252,7 +252,7 @@ def decode_files(
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
-    ``size`` x ``size`` (``fallback_size``, else the most common side, for mixed sizes).
+    ``size`` x ``size`` (``fallback_size``, else :func:`~vitlab.data.decode.typical_side`, for mixed sizes).
     ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
     ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
     ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
@@ -287,9 +287,10 @@ def decode_files(
                 sizes[wh] = sizes.get(wh, 0) + 1
         if not sizes:
             raise ValueError(f"none of the {len(paths)} image files under {name} can be read")
-        common = max(sizes, key=sizes.__getitem__)
-        if len(sizes) > 1:
-            size = fallback_size or max(common)  # mixed sizes: square crops
+        typical = {wh: n for wh, n in sizes.items() if not too_thin(*wh)} or sizes  # strips never set the size
+        common = max(typical, key=typical.__getitem__)
+        if len(typical) > 1:
+            size = fallback_size or typical_side(typical)  # mixed sizes: square crops
         height, width = common[1], common[0]
     if size is not None:
         height = width = size
@@ -307,7 +308,14 @@ def decode_files(
 
     def work(i: int) -> tuple[int, np.ndarray | None, str]:
         try:
-            arr = decode_image(paths[i], mode=mode, size=size, max_pixels=max_pixels)
+            arr = decode_image(
+                paths[i],
+                mode=mode,
+                size=size,
+                max_pixels=max_pixels,
+                max_aspect=MAX_ASPECT,
+                max_bytes=buffer_bytes // 2,
+            )
             if arr.shape != (height, width, chans):
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
             return i, np.ascontiguousarray(arr, dtype=np.uint8), ""

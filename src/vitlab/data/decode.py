@@ -11,6 +11,8 @@ EXIF orientation applied, transparency composited on white, 16-bit scaled (not c
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,11 +23,16 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_EXTENSIONS",
+    "MAX_ASPECT",
     "decode_image",
+    "file_kind",
     "image_size",
     "is_image_name",
     "match_channels",
     "read_image",
+    "resized_shape",
+    "too_thin",
+    "typical_side",
 ]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
@@ -34,6 +41,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 """PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
 
+MAX_ASPECT = 10
+"""Longer side over shorter side above which an image of a training or evaluation folder is skipped:
+such a strip is not a picture of its class, its centre square keeps a sliver of it, and resizing its
+shorter side to the input size makes it enormous (a 1x700 strip resized to 224 is 224x156,800)."""
+
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
@@ -41,6 +53,32 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 def is_image_name(name: str) -> bool:
     """Whether a file name has one of :data:`IMAGE_EXTENSIONS` (any case) and is not hidden (``.name``)."""
     return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def too_thin(width: int, height: int) -> bool:
+    """Whether a ``width`` x ``height`` image is longer than :data:`MAX_ASPECT` times its width (or the reverse)."""
+    return max(width, height) > MAX_ASPECT * max(1, min(width, height))
+
+
+def typical_side(sizes: Mapping[tuple[int, int], int]) -> int:
+    """The side of the square a folder of mixed sizes is decoded to when no size is asked for: the
+    median shorter side over the images (``sizes`` maps ``(width, height)`` to a count), leaving out
+    strips (:func:`too_thin`), so that a few outliers, thin or huge, never set the model's input size."""
+    sides = sorted((min(wh), n) for wh, n in sizes.items() if not too_thin(*wh)) or sorted(
+        (min(wh), n) for wh, n in sizes.items()
+    )
+    half, seen = (sum(n for _, n in sides) + 1) // 2, 0
+    for side, n in sides:
+        seen += n
+        if seen >= half:
+            return side
+    raise ValueError("typical_side of no images")
+
+
+def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
+    """``(width, height)`` after :func:`decode_image` resizes the shorter side to ``size`` (before its centre crop)."""
+    s = size / min(width, height)
+    return max(size, round(width * s)), max(size, round(height * s))
 
 
 def _orientation(im: Image.Image, *, header_only: bool = False) -> int:
@@ -91,7 +129,13 @@ def _oriented(im: Image.Image) -> Image.Image:
 
 
 def decode_image(
-    path: str | os.PathLike[str], *, mode: str = "RGB", size: int | None = None, max_pixels: int | None = None
+    path: str | os.PathLike[str] | bytes,
+    *,
+    mode: str = "RGB",
+    size: int | None = None,
+    max_pixels: int | None = None,
+    max_aspect: float | None = None,
+    max_bytes: int | None = None,
 ) -> np.ndarray:
     """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
 
@@ -100,16 +144,23 @@ def decode_image(
     RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
     grey by libjpeg). ``size`` resizes the shorter side and center-crops a square.
 
-    Raises ``ValueError`` with the reason for an empty file or an image over ``max_pixels``
-    (default :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its header,
-    before decoding); PIL's errors for truncated or non-image files pass through."""
+    Raises ``ValueError`` with the reason for an empty file, a path that is not a regular file
+    (a FIFO or a device is never opened: reading one would block or never end), an image over
+    ``max_pixels`` (default :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its
+    header, before decoding), one longer than ``max_aspect`` times its width (or the reverse; see
+    :data:`MAX_ASPECT`), or one whose pixels after the resize would take more than ``max_bytes``
+    (a decode cache's memory budget); PIL's errors for truncated or non-image files pass through.
+    ``path`` may be bytes or a str holding undecodable bytes as surrogates (``os.fsdecode``)."""
     import numpy as np
     from PIL import Image
 
     if mode not in ("RGB", "L"):
         raise ValueError(f"mode {mode!r}: expected 'RGB' or 'L'")
     limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
-    if os.path.getsize(path) == 0:
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"not a regular file ({file_kind(st.st_mode)}); not opened")
+    if st.st_size == 0:
         raise ValueError("empty file (0 bytes)")
     if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
         # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
@@ -125,6 +176,15 @@ def decode_image(
                 f"{w}x{h} = {w * h:,} pixels exceeds the limit of {limit:,} "
                 "(decompression-bomb guard, --max-image-pixels)"
             )
+        if max_aspect is not None and max(w, h) > max_aspect * max(1, min(w, h)):
+            raise ValueError(f"{w}x{h}: one side is over {max_aspect:g} times the other (a strip, not a picture)")
+        ow, oh = resized_shape(w, h, size) if size is not None else (w, h)
+        nbytes = ow * oh * (3 if mode == "RGB" else 1)
+        if max_bytes is not None and nbytes > max_bytes:
+            raise ValueError(
+                f"{w}x{h} would take {nbytes:,} bytes as {ow}x{oh} {mode}, over the limit of {max_bytes:,} "
+                "(half the memory budget, --memory-budget)"
+            )
         im.draft("RGB", (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
         im = _oriented(im)
         if im.mode in ("I", "F") or im.mode.startswith("I;16"):
@@ -138,9 +198,7 @@ def decode_image(
             im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
         if size is not None and im.size != (size, size):
             # Shorter side to `size`, then the central square (what eval does anyway).
-            w, h = im.size
-            s = size / min(w, h)
-            im = im.resize((max(size, round(w * s)), max(size, round(h * s))), Image.Resampling.BICUBIC)
+            im = im.resize(resized_shape(*im.size, size), Image.Resampling.BICUBIC)
             w, h = im.size
             left, top = (w - size) // 2, (h - size) // 2
             im = im.crop((left, top, left + size, top + size))
@@ -148,12 +206,26 @@ def decode_image(
     return arr[..., None] if arr.ndim == 2 else arr
 
 
+def file_kind(mode: int) -> str:
+    """What a stat ``st_mode`` that is not a regular file is, in words (for messages)."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:
     """A user-named image file as an RGB ``(H, W, 3)`` uint8 array (:func:`decode_image`); a file
     that cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and why."""
     from ..errors import InputError
 
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise InputError(f"{path}: no such file")
     try:
         return decode_image(path, max_pixels=max_pixels)

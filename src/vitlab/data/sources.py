@@ -7,6 +7,7 @@ integer labels and class names, so the training loop never touches files.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,11 +132,102 @@ def _cifar(name: str, cache_dir: Path) -> DataSplits:
     )
 
 
-def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
-    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order.
-    Given ``class_names`` (the training classes), a class folder of ``root`` outside them is an error."""
+def readable(name: str | bytes) -> str:
+    """A file name as printable, writable text: bytes that are not UTF-8 (which ``os.fsdecode`` keeps as
+    surrogates, and which any ``print`` or ``write_text`` would fail on) are shown as ``\\xff``."""
+    raw = name if isinstance(name, bytes) else os.fsencode(name)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+@dataclass
+class _Walk:
+    """What one scan has seen: real folders and files by ``(st_dev, st_ino)`` with the path they were
+    first reached by, and ``problems``, ``(path, reason)`` of everything left out."""
+
+    dirs: dict[tuple[int, int], str] = field(default_factory=dict)
+    files: dict[tuple[int, int], str] = field(default_factory=dict)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def first_visit(self, path: str, st: os.stat_result, table: dict[tuple[int, int], str]) -> bool:
+        key = (st.st_dev, st.st_ino)
+        if key in table:
+            return False
+        table[key] = path
+        return True
+
+
+def _class_files(top: str, walk: _Walk) -> list[str]:
+    """Image files under the class folder ``top``, in the order ``os.walk`` gives (each folder's files
+    sorted, then its sub-folders sorted, depth first).
+
+    Symbolic links are followed, but each real folder is entered once: a link back to a folder already
+    scanned (``loop -> .``) would otherwise count its files again at every level, put copies of one
+    file in both train and val, and never end with two loops; it is reported once and skipped. A real
+    file reached twice (links) is counted once. Only regular files are kept, judged by ``stat`` of the
+    link's target without opening it: opening a FIFO blocks until a writer comes, a device never ends."""
+    from .decode import file_kind
+
+    files: list[str] = []
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            walk.problems.append((d, f"cannot list this folder ({e.strerror or e})"))
+            continue
+        subdirs = []
+        for e in entries:
+            try:
+                st = e.stat()  # follows links
+            except OSError as err:
+                why = "a broken symbolic link" if e.is_symlink() else f"cannot stat ({err.strerror or err})"
+                if is_image_name(e.name) or not e.is_symlink():
+                    walk.problems.append((e.path, why))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if walk.first_visit(e.path, st, walk.dirs):
+                    subdirs.append(e.path)
+                else:
+                    first = walk.dirs[(st.st_dev, st.st_ino)]
+                    walk.problems.append(
+                        (e.path, f"a link to the folder {first}, already scanned: not followed again (a link loop)")
+                    )
+            elif is_image_name(e.name):
+                if not stat.S_ISREG(st.st_mode):
+                    walk.problems.append((e.path, f"not a regular file ({file_kind(st.st_mode)}); not opened"))
+                elif walk.first_visit(e.path, st, walk.files):
+                    files.append(e.path)
+                else:
+                    first = walk.files[(st.st_dev, st.st_ino)]
+                    walk.problems.append((e.path, f"the same file as {first}; counted once"))
+        stack.extend(reversed(subdirs))
+    return files
+
+
+def _scan(
+    root: Path,
+    class_names: list[str] | None = None,
+    *,
+    min_classes: int = 1,
+    seen: dict[tuple[int, int], str] | None = None,
+    problems: list[tuple[str, str]] | None = None,
+) -> tuple[list[str], np.ndarray, list[str]]:
+    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order. The
+    ``(path, reason)`` of what the walk left out (:func:`_class_files`) are appended to ``problems``.
+    Given ``class_names`` (the training classes), a class folder of ``root`` outside them is an error;
+    otherwise fewer than ``min_classes`` class folders is. ``seen``: files already taken, by
+    ``(st_dev, st_ino)`` (updated in place): reached again here, they are left out and reported."""
     own_classes = class_names is None
-    found = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        found = {
+            readable(e.name): e.path
+            for e in os.scandir(root)
+            if not e.name.startswith(".") and e.is_dir()  # is_dir follows links
+        }
+    except OSError as e:
+        raise DataError(f"{root}: cannot list the class folders ({e.strerror or e})") from None
     if class_names is not None and set(found) - set(class_names):
         extra = sorted(set(found) - set(class_names))
         raise DataError(
@@ -143,20 +235,26 @@ def _scan(root: Path, class_names: list[str] | None = None) -> tuple[list[str], 
             "the model cannot predict them (move them to train/ as well, or remove them)"
         )
     if class_names is None:
-        class_names = found
+        class_names = sorted(found)
     if not class_names:
         raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>)")
+    if own_classes and len(class_names) < min_classes:
+        raise DataError(
+            f"{root}: only one class ({class_names[0]!r}) found; a classifier needs at least two "
+            "(add a folder per class, or pass --allow-single-class to train on it anyway)"
+        )
+    walk = _Walk(files=seen if seen is not None else {})
+    for d in [root, *(found[c] for c in class_names if c in found)]:  # a link back to any of them is a loop
+        walk.first_visit(str(d), os.stat(d), walk.dirs)
     paths, labels = [], []
     for i, c in enumerate(class_names):
-        d = root / c
-        if not d.is_dir():
+        if c not in found:
             continue
-        for dirpath, dirnames, files in os.walk(d, followlinks=True):
-            dirnames.sort()
-            for f in sorted(files):
-                if is_image_name(f):
-                    paths.append(os.path.join(dirpath, f))
-                    labels.append(i)
+        for f in _class_files(found[c], walk):
+            paths.append(f)
+            labels.append(i)
+    if problems is not None:
+        problems.extend((readable(p), why) for p, why in walk.problems)
     if not paths:
         raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in the class folders")
     if own_classes:
@@ -183,12 +281,29 @@ class _Decode:
     progress: bool
     max_pixels: int | None
     buffer_bytes: int
+    min_classes: int = 1
+
+
+def _strict_error(skipped: list[tuple[str, str]]) -> DataError:
+    listed = "; ".join(f"{p}: {why}" for p, why in skipped[:5])
+    more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+    return DataError(f"{len(skipped)} file(s) cannot be decoded (--strict-data): {listed}{more}")
 
 
 def _decode_split(
-    root: Path, class_names: list[str] | None, opt: _Decode
+    root: Path,
+    class_names: list[str] | None,
+    opt: _Decode,
+    *,
+    seen: dict[tuple[int, int], str] | None = None,
 ) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
-    paths, labels, names = _scan(root, class_names)
+    """One split folder scanned and decoded: ``(images and labels, class names, (path, reason) of every file
+    left out)``. ``seen``: the files of the splits already loaded, by ``(st_dev, st_ino)``; one of them
+    reached again here is left out of this split, so no file is in both train and val."""
+    problems: list[tuple[str, str]] = []
+    paths, labels, names = _scan(root, class_names, min_classes=opt.min_classes, seen=seen, problems=problems)
+    if problems and opt.strict:
+        raise _strict_error(problems)
     dec = decode_files(
         paths,
         fallback_size=opt.size,
@@ -200,21 +315,23 @@ def _decode_split(
         max_pixels=opt.max_pixels,
         buffer_bytes=opt.buffer_bytes,
     )
+    # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
+    skipped = problems + [(readable(p), readable(why.replace(repr(p), f"'{readable(p)}'"))) for p, why in dec.skipped]
     if dec.skipped and opt.strict:
-        listed = "; ".join(f"{p}: {why}" for p, why in dec.skipped[:5])
-        more = f"; and {len(dec.skipped) - 5} more" if len(dec.skipped) > 5 else ""
-        raise DataError(f"{len(dec.skipped)} file(s) cannot be decoded (--strict-data): {listed}{more}")
+        raise _strict_error(skipped)
     if not dec.kept:
-        raise DataError(f"{root}: none of the {len(paths)} image files could be decoded")
-    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, dec.skipped
+        first = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}")
+    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped
 
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode) -> DataSplits:
     train_dir = root / "train"
     val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
     if train_dir.is_dir() and val_dir is not None and val_split is None:
-        train, names, skipped = _decode_split(train_dir, None, opt)
-        val, _, skipped2 = _decode_split(val_dir, names, opt)
+        seen: dict[tuple[int, int], str] = {}
+        train, names, skipped = _decode_split(train_dir, None, opt, seen=seen)
+        val, _, skipped2 = _decode_split(val_dir, names, opt, seen=seen)
         return DataSplits(root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2)
     tree = train_dir if train_dir.is_dir() else root
     full, names, skipped = _decode_split(tree, None, opt)
@@ -235,6 +352,7 @@ def load_data(
     progress: bool = True,
     max_image_pixels: int | None = None,
     buffer_bytes: int | None = None,
+    min_classes: int = 1,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -242,10 +360,15 @@ def load_data(
 
     Folder images are decoded once into a cache (``cache_dir``, default ``~/.cache/vitlab``)
     at their own size when all files share it; otherwise they are resized (shorter side +
-    center crop) to ``size`` (default: the most common side). Undecodable files are skipped and listed in
-    ``DataSplits.skipped``, or raise :class:`DataError` with ``strict`` (listing them); so are
-    images over ``max_image_pixels`` (decompression-bomb guard, default PIL's 89.5 M). A class
-    folder without images, or an evaluation class folder absent from ``train/``, is a :class:`DataError`.
+    center crop) to ``size`` (default: the median shorter side, strips left out, so outliers never
+    set it). Undecodable files are skipped and listed in ``DataSplits.skipped`` with their reason
+    (readable, whatever bytes the name holds), or raise :class:`DataError` with ``strict`` (listing
+    them); so are images over ``max_image_pixels`` (decompression-bomb guard, default PIL's 89.5 M),
+    strips more than :data:`~vitlab.data.decode.MAX_ASPECT` times longer than wide, images that would
+    take more than half of ``buffer_bytes`` once resized, files that are not regular files (FIFOs,
+    devices: never opened), a second path to a file already taken, and link loops (each real folder is
+    entered once). A class folder without images, fewer than ``min_classes`` class folders, or an
+    evaluation class folder absent from ``train/``, is a :class:`DataError`.
 
     Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
     held in memory while the cache is built; the splits are then read from the memory-mapped
@@ -269,6 +392,7 @@ def load_data(
             progress=progress,
             max_pixels=max_image_pixels,
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
+            min_classes=min_classes,
         )
         return _folder(root, val_split=val_split, opt=opt)
     if key in ("cifar10", "cifar100"):

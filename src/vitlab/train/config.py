@@ -49,6 +49,8 @@ class TrainConfig:
     strict_data: bool = False
     max_image_pixels: int | None = None
     """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
+    allow_single_class: bool = False
+    """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
     memory_budget: int | None = None
     """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
     images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""

@@ -56,6 +56,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
             progress=cfg.progress and dist.is_main,
             max_image_pixels=cfg.max_image_pixels,
             buffer_bytes=cfg.memory_budget,
+            min_classes=1 if cfg.allow_single_class or cfg.objective == "mpp" else 2,  # MPP ignores labels
         )
 
     if dist.is_main:
@@ -67,6 +68,8 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
         log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
         if dist.is_main:
             (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+    if data.num_classes == 1 and cfg.objective != "mpp":
+        log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
     return data
