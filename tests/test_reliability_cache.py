@@ -168,7 +168,8 @@ def test_garbage_metadata_is_rebuilt_with_a_message(tmp_path, capsys, garbage):
     assert again.kept == list(range(N))
 
 
-@pytest.mark.parametrize("budget", [cache_mod.DEFAULT_BUFFER_BYTES, 100])  # 100: a chunk is read in 50-byte pieces
+# 400: a chunk (3 images of 192 bytes) is read in 200-byte pieces; an image may take at most half the budget
+@pytest.mark.parametrize("budget", [cache_mod.DEFAULT_BUFFER_BYTES, 400])
 @pytest.mark.parametrize("where", [0, 5 * 8 * 8 * 3 + 17, N * 8 * 8 * 3 - 1])
 def test_a_flipped_byte_is_detected_and_rebuilt(tmp_path, capsys, small_chunks, where, budget):
     paths = make_images(tmp_path / "img")
