@@ -8,7 +8,10 @@ Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on 
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
+import pytest
 import torch
 
 # Float32 parity between two implementations of the same arithmetic (vitlab against timm, Hugging Face, a
@@ -45,3 +48,24 @@ def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") ->
         diff, scale = (a - b).abs().max().item(), b.abs().max().item()
         where = f"{msg}: " if msg else ""
         raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
+
+
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def default_stop_signals() -> None:
+    """``preexec_fn`` for a child that a test sends SIGINT/SIGTERM/SIGHUP: their default dispositions.
+    A shell starts background jobs with SIGINT ignored (and ``nohup`` ignores SIGHUP); a child inherits
+    that, and vitlab keeps a signal ignored that was ignored when the run began."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+
+
+@pytest.fixture
+def default_signals():
+    """The stop signals at their default dispositions in this process for one test, then restored."""
+    prev = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    default_stop_signals()
+    yield
+    for s, h in prev.items():
+        signal.signal(s, h)

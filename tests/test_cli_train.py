@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import default_stop_signals
 from vitlab.cli import main
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4", "--no-progress"]
@@ -48,7 +49,9 @@ def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "vitlab", "train", *common, "--epochs", "400", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_stop_signals
+    )
     deadline = time.time() + 180
     while not (out / "last.pt").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import vitlab
+from conftest import default_stop_signals
 from imagefolder import tiny_folder
 from vitlab._fs import FolderLock, temp_path
 from vitlab.checkpoints import native
@@ -249,6 +250,7 @@ def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
         stderr=subprocess.STDOUT,
         text=True,
         env=_env(),
+        preexec_fn=default_stop_signals,
     )
     log = _wait_for_training(proc)
     if sig == signal.SIGTERM:  # meanwhile a second run into the same folder is refused
@@ -280,6 +282,7 @@ def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
     assert [r["epoch"] for r in rows] == list(range(1, EPOCHS + 1))
 
 
+@pytest.mark.usefixtures("default_signals")
 def test_a_signal_before_training_ends_the_run_at_once():
     before = "stopped by SIGTERM before training began; nothing to save"
     with pytest.raises(StoppedBeforeTraining, match=before), StopSignals(single_process=True):
@@ -302,6 +305,7 @@ def test_sigterm_to_torchrun_saves_on_every_rank_and_resumes(data_dir, tmp_path)
         stderr=subprocess.STDOUT,
         text=True,
         env=_env(),
+        preexec_fn=default_stop_signals,
     )
     log = _wait_for_training(proc)
     proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
