@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
+from .._progress import ProgressLog
 from ..devices import model_device
 from . import figures
 from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
@@ -119,7 +119,8 @@ def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progre
     grid, px = _grid_and_pixels(model, size)
     total, n = None, 0
     starts = range(0, len(x), batch_size)
-    for i in tqdm(starts, desc="attention distance", unit="batch", disable=not progress or len(starts) < 2):
+    log = ProgressLog(total=len(starts), desc="attention distance", unit="batch", enabled=progress and len(starts) > 1)
+    for i in log.wrap(starts):
         xb = x[i : i + batch_size].to(model_device(model))
         _, attns = model(xb, return_attention=True)
         d = attention_distance(attns, grid=grid, patch_size=px, num_prefix_tokens=model.num_prefix_tokens) * len(xb)

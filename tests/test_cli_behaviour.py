@@ -1,0 +1,71 @@
+"""Commands behave alike and the way people work (issue 20): plain log lines off a terminal, outputs
+where they belong, one rule for what a model argument accepts."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from vitlab.cli import main
+
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One tiny digits run (2 epochs), shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+# --- one logger -------------------------------------------------------------------------------------------------
+
+
+def test_progress_log_plain_lines_off_a_tty():
+    from vitlab._progress import ProgressLog
+
+    buf = io.StringIO()  # not a terminal
+    log = ProgressLog(total=20, desc="train", every=5, stream=buf)
+    for i in range(20):
+        log.set_postfix(loss=f"{1 / (i + 1):.2f}")
+        log.update(1)
+    log.close()
+    lines = buf.getvalue().splitlines()
+    assert "\r" not in buf.getvalue()
+    assert [ln.split()[1] for ln in lines] == ["5/20", "10/20", "15/20", "20/20"]
+    assert "loss=0.05" in lines[-1]
+
+
+def test_progress_log_disabled_prints_nothing_but_lines(capsys):
+    from vitlab._progress import ProgressLog
+
+    buf = io.StringIO()
+    log = ProgressLog(total=4, desc="x", every=1, enabled=False, stream=buf)
+    log.update(4)
+    log.line("epoch 1/1")
+    log.close()
+    assert buf.getvalue() == ""
+    assert capsys.readouterr().out == "epoch 1/1\n"
+
+
+def test_train_no_progress_prints_a_line_per_epoch(run_dir, capsys, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--epochs", "3", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    epochs = [ln for ln in cap.out.splitlines() if ln.startswith("epoch ")]
+    assert [ln.split()[1] for ln in epochs] == ["1/3", "2/3", "3/3"]
+    assert "top-1" in epochs[0] and "train loss" in epochs[0]
+    assert "\r" not in cap.err + cap.out
+
+
+def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "\r" not in cap.err  # no bar redraws in a log file
+    steps = [ln for ln in cap.err.splitlines() if ln.startswith("train: ")]
+    assert steps and steps[-1].split()[1].split("/")[0] == steps[-1].split()[1].split("/")[1]
+    assert sum(ln.startswith("epoch ") for ln in cap.out.splitlines()) == 2
