@@ -69,3 +69,46 @@ def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path):
     steps = [ln for ln in cap.err.splitlines() if ln.startswith("train: ")]
     assert steps and steps[-1].split()[1].split("/")[0] == steps[-1].split()[1].split("/")[1]
     assert sum(ln.startswith("epoch ") for ln in cap.out.splitlines()) == 2
+
+
+# --- outputs where they belong ----------------------------------------------------------------------------------
+
+
+def test_failed_train_leaves_no_empty_output_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "x"
+    assert main(["train", "--data", str(tmp_path / "missing"), *TINY, "--out", str(out), "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main(["train", "--data", str(tmp_path / "missing"), *TINY, "--out", str(kept), "--no-progress"]) == 2
+    assert kept.is_dir()  # it was there before: not ours to remove
+
+
+def test_default_run_folder_not_left_by_a_failure(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "no/such/folder", *TINY, "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_saved_weights_follow_the_umask(tmp_path):
+    import os
+
+    import vitlab
+
+    model = vitlab.create_model("vit_ti16", img_size=16, patch_size=8, depth=1, num_classes=3)
+    old = os.umask(0o022)
+    try:
+        vitlab.save(model, tmp_path / "m")
+        assert oct(os.stat(tmp_path / "m" / "model.safetensors").st_mode & 0o777) == oct(0o644)
+        os.umask(0o077)
+        vitlab.save(model, tmp_path / "p")
+        assert oct(os.stat(tmp_path / "p" / "model.safetensors").st_mode & 0o777) == oct(0o600)
+    finally:
+        os.umask(old)
+
+
+def test_trained_model_is_readable_by_others(run_dir):
+    import os
+
+    mode = os.stat(run_dir / "model" / "model.safetensors").st_mode & 0o777
+    assert mode & 0o044 == os.stat(run_dir / "model" / "config.json").st_mode & 0o044

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .._fs import remove_stale, temp_path
+from .._fs import default_file_mode, remove_stale, temp_path
 from .._version import __version__
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
@@ -69,6 +69,7 @@ def save(
     tmp_w, tmp_c = temp_path(out / WEIGHTS_NAME), temp_path(out / CONFIG_NAME)
     try:
         save_file(state, str(tmp_w), metadata={"format": "pt"})
+        os.chmod(tmp_w, default_file_mode())  # safetensors creates it private (0600); a model is shared
         tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
         for tmp in (tmp_w, tmp_c):
             with open(tmp, "rb") as f:

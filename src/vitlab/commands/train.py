@@ -339,8 +339,11 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
     from ..train.loop import StoppedBeforeTraining
 
     given = set(getattr(args, "given_flags", ())) | ({"--init"} if init else set())
+    from .._fs import removed_if_unused
+
     try:
-        summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+        with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
+            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
     except StoppedBeforeTraining as e:
         print(f"vitlab: {e}", file=sys.stderr)
         return 128 + e.signum
