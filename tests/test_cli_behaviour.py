@@ -35,7 +35,7 @@ def test_progress_log_plain_lines_off_a_tty():
     log.close()
     lines = buf.getvalue().splitlines()
     assert "\r" not in buf.getvalue()
-    assert [ln.split()[1] for ln in lines] == ["5/20", "10/20", "15/20", "20/20"]
+    assert [ln.split()[2] for ln in lines] == ["5/20", "10/20", "15/20", "20/20"]
     assert "loss=0.05" in lines[-1]
 
 
@@ -67,7 +67,8 @@ def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path):
     cap = capsys.readouterr()
     assert "\r" not in cap.err  # no bar redraws in a log file
     steps = [ln for ln in cap.err.splitlines() if ln.startswith("train: ")]
-    assert steps and steps[-1].split()[1].split("/")[0] == steps[-1].split()[1].split("/")[1]
+    done, total = steps[-1].split()[2].split("/")
+    assert steps[0].startswith("train: step ") and done == total
     assert sum(ln.startswith("epoch ") for ln in cap.out.splitlines()) == 2
 
 
@@ -112,3 +113,69 @@ def test_trained_model_is_readable_by_others(run_dir):
 
     mode = os.stat(run_dir / "model" / "model.safetensors").st_mode & 0o777
     assert mode & 0o044 == os.stat(run_dir / "model" / "config.json").st_mode & 0o044
+
+
+def test_save_to_a_file_name_is_refused(tmp_path):
+    import vitlab
+
+    model = vitlab.create_model("vit_ti16", img_size=16, patch_size=8, depth=1, num_classes=3)
+    with pytest.raises(vitlab.CheckpointError, match="saved as a folder"):
+        vitlab.save(model, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_fewshot_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["fewshot", "--model", str(run_dir), "--shots", "1", "--seeds", "1", "--no-probe", "--max-test", "50"]
+    assert main(args) == 0
+    assert (run_dir / "fewshot.json").is_file() and not (tmp_path / "fewshot.json").exists()
+    assert main(["fewshot", "--model", "vit_ti16", "--img-size", "16", *args[3:]]) == 0
+    assert "not written" in capsys.readouterr().out and not (tmp_path / "fewshot.json").exists()
+
+
+def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 0
+    assert (run_dir / "model.pt").is_file() and not list(tmp_path.iterdir())
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 2  # exists: not replaced silently
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--overwrite"]) == 0
+
+
+# --- one rule for a model argument ------------------------------------------------------------------------------
+
+
+def test_every_command_accepts_a_run_folder(run_dir, tmp_path, capsys):
+    import vitlab
+    from PIL import Image
+
+    model = vitlab.load(run_dir)
+    assert model.config.num_classes == 10
+    img = tmp_path / "x.png"
+    Image.new("L", (8, 8), 128).save(img)
+    assert main(["eval", "--model", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] > 0
+    assert (run_dir / "eval.json").is_file()
+    assert main(["predict", "--model", str(run_dir), str(img), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["image"] == str(img)
+    assert main(["convert", str(run_dir), str(tmp_path / "conv")]) == 0
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--init", str(run_dir), "--epochs", "1", "--out", str(ft), "--no-progress"]) == 0
+    assert (ft / "model" / "model.safetensors").is_file()
+
+
+def test_predict_a_folder_reports_unreadable_files_and_predicts_the_rest(run_dir, tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.png", "sub/b.png"):
+        Image.new("L", (8, 8), 200).save(folder / name)
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    assert main(["predict", "--model", str(run_dir), str(folder), "--json"]) == 1
+    cap = capsys.readouterr()
+    res = {r["image"]: r for r in json.loads(cap.out)}
+    assert len(res) == 3
+    assert "top" in res[str(folder / "a.png")] and "top" in res[str(folder / "sub" / "b.png")]
+    assert "not a readable image" in res[str(folder / "broken.jpg")]["error"]
+    assert "broken.jpg" in cap.err
+    assert main(["predict", "--model", str(run_dir), str(folder / "broken.jpg")]) == 2  # nothing readable: an error

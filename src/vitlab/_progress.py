@@ -36,7 +36,7 @@ class ProgressLog:
 
     ``enabled=False`` (``--no-progress``) draws nothing, but :meth:`line` still prints. On a TTY
     (``stream``, default stderr) a tqdm bar is drawn; elsewhere a plain line
-    ``<desc>: <done>/<total> <unit>s (<pct>%) k=v ...`` is printed every ``every`` units (default:
+    ``<desc>: <unit> <done>/<total> (<pct>%) k=v ... [<seconds> s]`` is printed every ``every`` units (default:
     a tenth of ``total``; 0: never) and, unless just printed, when the loop closes. Used as a
     context manager, or around an iterable with :meth:`wrap`; the subset of tqdm's interface the
     loops use (``update``, ``set_postfix``, ``total``, ``close``) is kept so a bar and a log are
@@ -142,4 +142,4 @@ class ProgressLog:
         extra = "".join(f" {k}={v}" for k, v in self.postfix.items())
         elapsed = time.perf_counter() - self._t0
         stream = self.stream if self.stream is not None else sys.stderr
-        print(f"{self.desc}: {self.n}{of} {self.unit}s{pct}{extra} [{elapsed:.0f} s]", file=stream, flush=True)
+        print(f"{self.desc}: {self.unit} {self.n}{of}{pct}{extra} [{elapsed:.0f} s]", file=stream, flush=True)

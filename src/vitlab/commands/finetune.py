@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--init",
         required=True,
-        help="the model to start from: a vitlab folder (e.g. runs/X/model) or a name vitlab.load knows",
+        help="the model to start from: a model folder, a run folder, a checkpoint file or a public name",
     )
     add_train_args(p, default_recipe="finetune")
     p.set_defaults(func=run)
