@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 
@@ -179,3 +180,60 @@ def test_predict_a_folder_reports_unreadable_files_and_predicts_the_rest(run_dir
     assert "not a readable image" in res[str(folder / "broken.jpg")]["error"]
     assert "broken.jpg" in cap.err
     assert main(["predict", "--model", str(run_dir), str(folder / "broken.jpg")]) == 2  # nothing readable: an error
+
+
+# --- the command line's words -----------------------------------------------------------------------------------
+
+
+def test_train_unknown_model_suggests_close_names(tmp_path, capsys):
+    assert main(["train", "--model", "vit_tiny16", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean vit_ti16" in err and err.startswith("vitlab train: error:")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "ours"),
+    [(["-b", "32"], "--batch-size"), (["--output", "x"], "--out"), (["--smoothing", "0.1"], "--label-smoothing")],
+)
+def test_timm_flags_get_the_vitlab_spelling_under_train_usage(flag, ours, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *flag])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: vitlab train" in err and f"vitlab spells it {ours}" in err
+
+
+def test_pretrained_points_at_finetune(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--pretrained"])
+    assert "vitlab finetune --init" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["train", "finetune", "eval", "predict", "inspect", "fewshot", "export", "convert"])
+def test_help_has_no_empty_or_doubled_defaults(cmd, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # line breaks of the help layout removed
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert not re.search(r"default[^()]*\) \(default:", text)  # a help that names its default gets no second one
+    assert "../shared" not in text
+    if cmd in ("train", "finetune"):
+        assert "--epochs EPOCHS passes over the training data" in text
+    if cmd == "export":
+        assert "runs/cifar/best" not in text
+
+
+def test_cifar_offline_error_points_at_no_private_path(monkeypatch, tmp_path):
+    from torchvision import datasets
+
+    from vitlab.data.sources import _cifar
+    from vitlab.errors import OfflineError
+
+    def offline(*a, **k):
+        raise OSError("no network")
+
+    monkeypatch.setattr(datasets, "CIFAR10", offline)
+    with pytest.raises(OfflineError) as e:
+        _cifar("cifar10", tmp_path)
+    assert "../shared" not in str(e.value) and "ImageFolder" in str(e.value)

@@ -18,6 +18,7 @@ __all__ = [
     "add_device_arg",
     "add_model_arg",
     "arch_overrides",
+    "close_names",
     "default_output",
     "resolve_model",
     "write_json",
@@ -99,11 +100,19 @@ def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False)
     try:
         return ready(load(spec, **overrides)), None
     except VitlabError as e:
-        close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnknownModelError(
-            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint; {hint}({e})"
+            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint{close_names(spec)} "
+            f"({e})"
         ) from None
+
+
+def close_names(spec: str) -> str:
+    """``"; did you mean vit_ti16, vit_ti8?"`` for a model name close to registered ones, else ``""``."""
+    from ..models import list_models
+    from ..models.registry import resolve_name
+
+    close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def default_output(spec: str, filename: str) -> Path | None:

@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "dataset; print the result and write it as JSON (--output, default MODEL/eval.json).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
-            "  vitlab eval --model runs/cifar/model --data ../shared/data/cifar10 --output cifar_eval.json"
+            "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json"
         ),
         formatter_class=formatter,
     )

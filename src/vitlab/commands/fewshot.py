@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
             "examples:\n"
             "  vitlab fewshot --model runs/digits --data digits\n"
-            "  vitlab fewshot --model runs/cifar/model --data ../shared/data/cifar10 --shots 1,5,10,25 \\\n"
+            "  vitlab fewshot --model runs/cifar/model --data path/to/cifar10 --shots 1,5,10,25 \\\n"
             "                 --max-train 10000\n"
             "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
         ),

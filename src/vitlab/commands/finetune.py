@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Default recipe: finetune (SGD momentum 0.9, no weight decay, clipping at 1, warmup + cosine).\n\n"
             "examples:\n"
             "  vitlab finetune --init runs/digits/model --data path/to/imagefolder --img-size 16 --epochs 5\n"
-            "  vitlab finetune --init runs/cifar/model --data ../shared/data/cifar10 --img-size 48 --time-budget 5m"
+            "  vitlab finetune --init runs/cifar/model --data path/to/cifar10 --img-size 48 --time-budget 5m"
         ),
         formatter_class=formatter,
     )

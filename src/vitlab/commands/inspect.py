@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab inspect --model runs/digits --out inspect/\n"
             "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
-            "  vitlab inspect --model runs/cifar/model --data ../shared/data/cifar10 --num-images 256 --out inspect/"
+            "  vitlab inspect --model runs/cifar/model --data path/to/cifar10 --num-images 256 --out inspect/"
         ),
         formatter_class=formatter,
     )
