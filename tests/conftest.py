@@ -9,6 +9,7 @@ Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 # Float32 parity between two implementations of the same arithmetic (vitlab against timm, Hugging Face, a
@@ -45,3 +46,12 @@ def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") ->
         diff, scale = (a - b).abs().max().item(), b.abs().max().item()
         where = f"{msg}: " if msg else ""
         raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
+
+
+@pytest.fixture(autouse=True)
+def _no_network_probe(monkeypatch):
+    """Tests never touch the network: the Hub counts as reachable (downloads are mocked per test);
+    a test that wants it unreachable patches ``vitlab.checkpoints.hub._unreachable`` itself."""
+    from vitlab.checkpoints import hub
+
+    monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: None)

@@ -146,8 +146,9 @@ def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch,
 
 
 def test_every_command_accepts_a_run_folder(run_dir, tmp_path, capsys):
-    import vitlab
     from PIL import Image
+
+    import vitlab
 
     model = vitlab.load(run_dir)
     assert model.config.num_classes == 10
@@ -237,3 +238,51 @@ def test_cifar_offline_error_points_at_no_private_path(monkeypatch, tmp_path):
     with pytest.raises(OfflineError) as e:
         _cifar("cifar10", tmp_path)
     assert "../shared" not in str(e.value) and "ImageFolder" in str(e.value)
+
+
+# --- offline ----------------------------------------------------------------------------------------------------
+
+
+def test_convert_offline_fails_fast_and_names_hf_hub_offline(monkeypatch, tmp_path, capsys):
+    import time
+
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from vitlab.checkpoints import hub
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def cache_only(*, repo_id, filename, local_files_only=False, **kw):
+        calls.append(local_files_only)
+        if not local_files_only:
+            time.sleep(30)  # what huggingface_hub's retries would cost
+        raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cache_only)
+    monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: "huggingface.co:443 cannot be reached")
+    t0 = time.perf_counter()
+    assert main(["convert", "augreg_in21k/vit_b16", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert "HF_HUB_OFFLINE=1" in err and "cannot be reached" in err and err.count("\n") == 1
+    assert calls and all(calls)  # the cache was asked, never the network
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_probe_is_quick_and_local(monkeypatch):
+    import socket
+
+    from vitlab.checkpoints import hub
+
+    monkeypatch.undo()  # the real probe, with the connection itself stood in for
+    for v in hub._PROXY_VARS:
+        monkeypatch.delenv(v, raising=False)
+
+    def refuse(addr, timeout):
+        assert timeout <= 5
+        raise ConnectionRefusedError("refused")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert "cannot be reached" in hub._unreachable("https://huggingface.co")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert hub._unreachable("https://huggingface.co") is None  # a proxy: only the download can tell
