@@ -286,3 +286,17 @@ def test_unreachable_probe_is_quick_and_local(monkeypatch):
     assert "cannot be reached" in hub._unreachable("https://huggingface.co")
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
     assert hub._unreachable("https://huggingface.co") is None  # a proxy: only the download can tell
+
+
+# --- fine-tuning says what it did -------------------------------------------------------------------------------
+
+
+def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
+    ft = ["finetune", "--init", str(run_dir), "--epochs", "1", "--no-progress"]
+    assert main([*ft, "--img-size", "16", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"fine-tuning from {run_dir}" in out
+    assert "position embeddings resampled 2x2 -> 4x4" in out and "head kept (10 classes)" in out
+    assert main([*ft, "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "position embeddings kept (2x2 patches)" in out

@@ -152,6 +152,8 @@ class Trainer:
         self.last_save = self.last_plot = time.perf_counter()
         if self.stop is not None:
             self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
+        if getattr(self.model, "init_line", None):
+            self.log(self.model.init_line)
         self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
 
     def run(self) -> dict[str, Any]:
