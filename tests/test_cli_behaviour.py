@@ -300,3 +300,33 @@ def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
     assert main([*ft, "--out", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "position embeddings kept (2x2 patches)" in out
+
+
+# --- top-5 only where it means something ------------------------------------------------------------------------
+
+
+def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
+    from imagefolder import tiny_folder
+
+    data = tiny_folder(tmp_path / "d")
+    out = tmp_path / "r"
+    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
+    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 1/1" in text and "top-1" in text and "top-5" not in text
+    assert main(["eval", "--model", str(out), "--data", str(data), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "top-5" not in capsys.readouterr().out
+
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "plot", lambda self, *a, **k: labels.append(k.get("label")) or real(self, *a, **k)
+    )
+    from vitlab.train.report import plot_curves, read_metrics
+
+    plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c3.png", num_classes=3)
+    assert "top-1" in labels and "top-5" not in labels
+    plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c10.png", num_classes=10)
+    assert "top-5" in labels

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
-        f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
+        f"top-1 {100 * res['top1']:.2f}%" + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
     )
     width = max(len(n) for n in res["per_class"])
     for name, acc in res["per_class"].items():

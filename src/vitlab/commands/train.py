@@ -374,9 +374,11 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
         print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
+        classes = (summary.get("data") or {}).get("classes", 0)
+        top5 = f"top-5 {100 * summary['top5']:.2f}% " if classes > 5 else ""  # <= 5 classes: 100% by construction
         print(
             f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
-            f"top-5 {100 * summary['top5']:.2f}% after {summary['epochs']} epochs / {summary['steps']} steps; "
+            f"{top5}after {summary['epochs']} epochs / {summary['steps']} steps; "
             f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")

@@ -73,8 +73,11 @@ def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[d
     return rows
 
 
-def plot_curves(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-    """Training loss, test top-1/top-5 and learning rate against epochs."""
+def plot_curves(
+    rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, num_classes: int | None = None
+) -> None:
+    """Training loss, test top-1/top-5 and learning rate against epochs; no top-5 with 5 classes or
+    fewer (it is 100% by construction)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +88,8 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) ->
     axes[0].plot(ep, [r["train_loss"] for r in rows], marker=".")
     axes[0].set(title="train loss", xlabel="epoch")
     axes[1].plot(ep, [100 * r["top1"] for r in rows], marker=".", label="top-1")
-    axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
+    if num_classes is None or num_classes > 5:
+        axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
     axes[1].set(title="eval accuracy (%)", xlabel="epoch")
     axes[1].legend()
     axes[2].plot(ep, [r["lr"] for r in rows], marker=".")
@@ -136,7 +140,8 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
     """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev``;
     a failure is a warning, because a figure must never kill a training run."""
     try:
-        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
+        classes = len(class_names) if "confusion" in ev else None  # MPP's top-5 is over 512 colours
+        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png", num_classes=classes)
         if "confusion" in ev:  # not for MPP's 512 colours
             plot_confusion(ev["confusion"], class_names, out / "confusion.png")
     except Exception as e:
