@@ -330,3 +330,44 @@ def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
     assert "top-1" in labels and "top-5" not in labels
     plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c10.png", num_classes=10)
     assert "top-5" in labels
+
+
+# --- the inspection report says what it shows -------------------------------------------------------------------
+
+
+def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys):
+    args = ["--num-images", "2", "--show", "1"]
+    assert main(["inspect", "--model", "vit_ti16", "--img-size", "16", *args, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "weights are random" in out and "embedded scikit-learn digits" in out
+    report = (tmp_path / "a" / "report.html").read_text()
+    assert "weights are random" in report
+    assert "weights are random" in json.loads((tmp_path / "a" / "inspect.json").read_text())["notes"][0]
+
+    assert main(["inspect", "--model", str(run_dir), *args]) == 0  # default: next to the model
+    out = capsys.readouterr().out
+    assert "weights are random" not in out
+    assert (run_dir / "inspect" / "report.html").is_file()
+
+
+def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
+    from imagefolder import tiny_folder
+
+    data = tiny_folder(tmp_path / "d")
+    run = tmp_path / "r"
+    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
+    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)  # the notes went to stderr: stdout is the JSON alone
+    assert str(data) in res["notes"][0] and str(data) in cap.err
+    assert set(res["images"]) <= {"class0", "class1", "class2"}
+
+
+def test_report_summary_numbers_are_rounded(tmp_path):
+    from vitlab.inspect.report import training_artifacts
+
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_s": 32.458161920000066, "steps": 40, "top1": 0.5}))
+    _, sections = training_artifacts(tmp_path)
+    assert sections[0].table == {"wall_s": 32.46, "steps": 40, "top1": 0.5}
