@@ -371,3 +371,23 @@ def test_report_summary_numbers_are_rounded(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"wall_s": 32.458161920000066, "steps": 40, "top1": 0.5}))
     _, sections = training_artifacts(tmp_path)
     assert sections[0].table == {"wall_s": 32.46, "steps": 40, "top1": 0.5}
+
+
+def test_fig6_mask_shows_contrast_and_the_heatmap_has_a_colour_bar():
+    import matplotlib.pyplot as plt
+    import torch
+
+    from vitlab.inspect import figures
+
+    maps = torch.full((1, 2, 2), 0.9)
+    maps[0, 0, 0] = 1.0  # a nearly uniform rollout, as the residual term makes it
+    masks = figures.rollout_masks(maps, (8, 8))
+    assert masks.min() == pytest.approx(0.0, abs=1e-6) and masks.max() == pytest.approx(1.0, rel=1e-6)
+    fig = figures.plot_rollout(torch.ones(1, 8, 8, 3), maps)
+    masked = fig.axes[1].images[0].get_array()
+    assert float(masked.min()) < 0.2  # the masked image is no copy of the input
+    heat = fig.axes[2].images[0]
+    assert heat.get_cmap().name == figures.ROLLOUT_CMAP != "jet"
+    assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
+    assert fig.axes[0].title.get_fontsize() >= 10
+    plt.close(fig)
