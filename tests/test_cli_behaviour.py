@@ -391,3 +391,21 @@ def test_fig6_mask_shows_contrast_and_the_heatmap_has_a_colour_bar():
     assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
     assert fig.axes[0].title.get_fontsize() >= 10
     plt.close(fig)
+
+
+def test_report_images_all_decode(run_dir, tmp_path, capsys):
+    """Without a browser: every <img> of report.html is an embedded PNG that decodes (no broken image)."""
+    import base64
+    import io as _io
+
+    from PIL import Image
+
+    out = tmp_path / "insp"
+    assert main(["inspect", "--model", str(run_dir), "--num-images", "2", "--show", "2", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
+    assert len(srcs) == page.count("<img") >= 5  # Fig. 6 and 7, the curves and the confusion matrix
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        im = Image.open(_io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        im.verify()
