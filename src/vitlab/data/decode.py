@@ -238,7 +238,7 @@ def image_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
         elif p.exists():
             files.append(p)
         else:
-            raise InputError(f"{p}: no such image file or folder")
+            raise InputError(f"{p}: no such file or folder")
     return files
 
 
