@@ -69,3 +69,12 @@ def default_signals():
     yield
     for s, h in prev.items():
         signal.signal(s, h)
+
+
+@pytest.fixture(autouse=True)
+def _no_network_probe(monkeypatch):
+    """Tests never touch the network: the Hub counts as reachable (downloads are mocked per test);
+    a test that wants it unreachable patches ``vitlab.checkpoints.hub._unreachable`` itself."""
+    from vitlab.checkpoints import hub
+
+    monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: None)

@@ -320,7 +320,7 @@ def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
         main(["inspect", "--model", str(tmp_path / "gap"), "--image", str(tmp_path / "missing.jpg"), "--out", str(out)])
         == 2
     )
-    assert "missing.jpg: no such image file or folder" in capsys.readouterr().err
+    assert "missing.jpg: no such file or folder" in capsys.readouterr().err
     assert main(["inspect", "--model", "no_such_model", "--out", str(out)]) == 2
     assert "no_such_model" in capsys.readouterr().err
 

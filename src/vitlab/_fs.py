@@ -4,13 +4,14 @@ lock that keeps two runs out of one folder."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import secrets
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import VitlabError
@@ -19,7 +20,9 @@ __all__ = [
     "FolderLock",
     "FolderLockedError",
     "atomic_write_text",
+    "default_file_mode",
     "remove_stale",
+    "removed_if_unused",
     "temp_path",
     "writer_suffix",
     "writes_onto",
@@ -36,6 +39,39 @@ def writer_suffix() -> str:
 def temp_path(path: Path) -> Path:
     """A temporary name beside ``path`` that no other writer uses: ``.<name>.tmp<pid>-<random>``."""
     return path.with_name(f".{path.name}.tmp{writer_suffix()}")
+
+
+def default_file_mode() -> int:
+    """The mode ``open()`` gives a new file: ``0o666`` less the process umask (``0o644`` under umask
+    022). Writers that create files with a private mode (safetensors, ``mkstemp``: ``0o600``) apply it
+    before renaming into place, so a saved model is as readable as the ``config.json`` beside it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def removed_if_unused(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """Run a command that writes into ``folder``; if it fails, remove the folders it created and
+    left empty (``folder`` and the missing parents made for it), so a failed command leaves no
+    empty ``runs/<timestamp>`` behind. Folders that existed before, or hold anything, are kept."""
+    path = Path(folder)
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        yield path
+    except BaseException:
+        for p in made:
+            try:
+                p.rmdir()  # only when empty
+            except OSError:
+                break
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -20,7 +20,60 @@ COMMANDS = ["models", "convert", "train", "finetune", "eval", "predict", "inspec
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Examples kept as written; ``(default: X)`` added only when it says something: not for
+    ``None`` / ``False`` (unset; the help or the group title says what then happens) and not when
+    the help already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
+# timm's train.py spellings -> vitlab's, for the hint on an unknown flag (`train` and `finetune`).
+TIMM_FLAGS = {
+    "-b": "--batch-size",
+    "--output": "--out",
+    "--smoothing": "--label-smoothing",
+    "--pretrained": "vitlab finetune --init MODEL",
+    "--initial-checkpoint": "vitlab finetune --init MODEL",
+    "--opt": "--optimizer",
+    "--sched": "--schedule",
+    "--drop": "--dropout",
+    "--reprob": "--random-erasing",
+    "--aa": "--randaugment N,M",
+    "--model-ema-decay": "--ema",
+    "--model-ema": "--ema DECAY",
+    "-j": "--workers",
+    "--amp": "--precision bf16",
+    "--input-size": "--img-size",
+    "--data-dir": "--data",
+    "--num-classes": "nothing: the classes come from --data",
+    "--warmup-lr": "nothing: warmup starts at 0",
+}
+
+
+def _unknown_args(parser: argparse.ArgumentParser, command: str | None, extra: list[str]) -> None:
+    """Exit 2 under the sub-command's usage (not the top level's) naming the unknown arguments,
+    with the vitlab spelling of timm-style flags or the closest options."""
+    import difflib
+
+    sub = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub = action.choices[command]
+    known = [s for a in sub._actions for s in a.option_strings]
+    hints = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("-"):
+            continue
+        if command in ("train", "finetune") and flag in TIMM_FLAGS:
+            hints.append(f"{flag}: vitlab spells it {TIMM_FLAGS[flag]}")
+        elif close := difflib.get_close_matches(flag, known, n=2, cutoff=0.6):
+            hints.append(f"{flag}: did you mean {' or '.join(close)}?")
+    sub.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unknown_args(parser, getattr(args, "command", None), extra)
     if not getattr(args, "func", None):
         # `vitlab` alone: the main job is `vitlab train`; show help instead of guessing.
         parser.print_help()

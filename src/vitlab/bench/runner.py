@@ -85,13 +85,15 @@ def benchmark(
             for key in keys:
                 runners[key] = WorkerProcess(side(key)) if isolate else InProcess(side(key), progress)
 
-            from tqdm.auto import tqdm
+            from .._progress import ProgressLog
 
             times: dict[str, list[float]] = {k: [] for k in keys}
             faults: dict[str, list[int | None]] = {k: [] for k in keys}
             peaks: list[float] = []
             name = runners["ours"].built.config.name
-            for i in tqdm(range(warmup + steps), desc=f"bench {name} {mode}", disable=not progress, leave=False):
+            total = warmup + steps
+            log = ProgressLog(total=total, desc=f"bench {name} {mode}", enabled=progress, leave=False, every=0)
+            for i in log.wrap(range(total)):
                 for key in keys if i % 2 == 0 else keys[::-1]:
                     dt, nf = runners[key].step()
                     if i >= warmup:

@@ -87,6 +87,8 @@ def read_checkpoint(
         if is_native(p):
             cfg, state, _ = load_folder(p)
             return Checkpoint(state, {}, "vitlab", config=cfg, config_file=str(p / "config.json"))
+        if is_native(p / "model"):  # a run folder (`vitlab train --out`): the model it wrote
+            return read_checkpoint(p / "model", max_unpacked_bytes=max_unpacked_bytes)
         if hf.is_hf_folder(p):
             state, fields = hf.read_folder(p, max_unpacked_bytes=max_unpacked_bytes)
             names = {ours: theirs for ours, theirs in hf.FIELD_NAMES if ours in fields}
@@ -287,9 +289,9 @@ def load(
 ) -> VisionTransformer:
     """Load a ViT from any supported checkpoint, ready for inference (``eval()`` mode).
 
-    ``source`` is a vitlab folder, a Hugging Face ``save_pretrained`` folder, a timm
-    state dict file (``.pth``/``.bin``/``.safetensors``), a Google ``.npz`` (vit_jax or
-    big_vision), a public name such as ``"augreg_in21k_ft_in1k/vit_b16"`` (see
+    ``source`` is a vitlab folder, a run folder (``vitlab train --out``: its ``model/``), a Hugging
+    Face ``save_pretrained`` folder, a timm state dict file (``.pth``/``.bin``/``.safetensors``), a
+    Google ``.npz`` (vit_jax or big_vision), a public name such as ``"augreg_in21k_ft_in1k/vit_b16"`` (see
     :mod:`vitlab.checkpoints.hub`), or an in-memory state dict.
 
     ``overrides`` change the configuration (``img_size=384``, ``act="gelu"``,

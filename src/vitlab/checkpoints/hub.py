@@ -173,19 +173,50 @@ def resolve(name: str) -> Path:
         raise OfflineError(
             f"{name}: huggingface_hub is not installed (pip install 'vitlab[hub]'); or {advice}"
         ) from None
+    from huggingface_hub import constants
+
+    offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
+    unreachable = None if offline else _unreachable(constants.ENDPOINT)
+    hint = "" if offline else "; offline, set HF_HUB_OFFLINE=1 to use only cached files without trying the network"
     last: Exception | None = None
     for files in _files(entry):
-        try:
-            paths = [Path(hf_hub_download(repo_id=entry.repo_id, filename=f)) for f in files]
+        try:  # unreachable: the Hub cache only (huggingface_hub's retries would wait ~30 s to fail)
+            kw = {"local_files_only": True} if unreachable else {}
+            paths = [Path(hf_hub_download(repo_id=entry.repo_id, filename=f, **kw)) for f in files]
         except Exception as e:  # EntryNotFound -> try the next alternative; network errors -> below
             last = e
-            if type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            if unreachable or type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
                 continue
             break
         if entry.kind == "hf":
             return paths[0].parent
         with contextlib.suppress(Exception):  # optional: timm's config.json (pooling, labels) lands beside the weights
-            hf_hub_download(repo_id=entry.repo_id, filename="config.json")
+            hf_hub_download(repo_id=entry.repo_id, filename="config.json", **kw)
         return paths[0]
+    if unreachable:
+        raise OfflineError(f"{name}: not in the Hub cache and {unreachable}{hint}; or {advice}")
     reason = str(last).strip().splitlines()[0] if last and str(last).strip() else type(last).__name__
-    raise OfflineError(f"{name}: cannot download from the Hugging Face Hub ({entry.repo_id}: {reason}); {advice}")
+    raise OfflineError(
+        f"{name}: cannot download from the Hugging Face Hub ({entry.repo_id}: {reason}){hint}; or {advice}"
+    )
+
+
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _unreachable(endpoint: str, *, timeout: float = 3.0) -> str | None:
+    """Why the Hub at ``endpoint`` cannot be reached, found within ``timeout`` seconds (one TCP
+    connection), or None when it can -- or when a proxy is configured and only the download itself
+    can tell. Lets a machine without network fail at once instead of after huggingface_hub's retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{host}:{port} cannot be reached ({type(e).__name__}: {e})"
+    return None

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .._fs import remove_stale, temp_path
+from .._fs import default_file_mode, remove_stale, temp_path
 from .._version import __version__
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
@@ -25,6 +25,7 @@ __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "is_native", "load_folder", "save"]
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 FORMAT_TAG = "vitlab"
+_FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".npz", ".onnx")
 
 
 def is_native(path: str | os.PathLike[str]) -> bool:
@@ -44,6 +45,10 @@ def save(
 ) -> Path:
     """Write ``model`` as ``path/model.safetensors`` + ``path/config.json``.
 
+    ``path`` is a folder; a name ending in a file extension (``m.safetensors``) is refused, not made
+    into a folder of that name: the weights alone would lose the configuration (class names,
+    preprocessing) that :func:`~vitlab.load` needs.
+
     A folder that already holds a model is refused unless ``overwrite`` (as git refuses to clobber
     work without ``--force``). Files are written to temporary names unique to this writer and
     renamed into place, so a crash never leaves a half-written model behind and two writers never
@@ -55,6 +60,11 @@ def save(
     if extra:
         cfg = cfg.replace(extra={**cfg.extra, **extra})
     out = Path(path)
+    if out.suffix.lower() in _FILE_SUFFIXES and not out.is_dir():  # a file name: refuse rather than make a folder of it
+        raise CheckpointError(
+            f"{out}: names a file, but a model is saved as a folder (model.safetensors + config.json, as "
+            f"save_pretrained does); pass the folder, e.g. {str(out.with_suffix(''))!r}"
+        )
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: is a file, not a folder; a model is saved as a folder")
     held = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if (out / n).exists()]
@@ -69,6 +79,7 @@ def save(
     tmp_w, tmp_c = temp_path(out / WEIGHTS_NAME), temp_path(out / CONFIG_NAME)
     try:
         save_file(state, str(tmp_w), metadata={"format": "pt"})
+        os.chmod(tmp_w, default_file_mode())  # safetensors creates it private (0600); a model is shared
         tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
         for tmp in (tmp_w, tmp_c):
             with open(tmp, "rb") as f:

@@ -18,6 +18,8 @@ __all__ = [
     "add_device_arg",
     "add_model_arg",
     "arch_overrides",
+    "close_names",
+    "default_output",
     "resolve_model",
     "write_json",
 ]
@@ -34,7 +36,10 @@ ARCH_FLAGS = {
 :func:`vitlab.models.config.mlp_dim_for` once the final width is known."""
 
 DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda, cuda:1 ..."
-MODEL_HELP = "a `vitlab train` output folder, anything `vitlab.load` reads, or a registered name (random init)"
+MODEL_HELP = (
+    "a model folder, a run folder (`vitlab train --out`), a checkpoint file, a public name "
+    "(augreg_in21k/vit_b16) or a registered name (vit_ti16: random weights)"
+)
 
 
 def arch_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,35 +67,64 @@ def add_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--model", required=True, help=MODEL_HELP)
 
 
-def resolve_model(spec: str, *, img_size: int | None = None) -> tuple[Any, Path | None]:
-    """``(model in eval mode, folder it came from or None)`` for a ``--model`` value.
+def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False) -> tuple[Any, Path | None]:
+    """``(model in eval mode, folder it came from or None)`` for a model argument: the one rule every
+    command (``eval``, ``predict``, ``inspect``, ``fewshot``, ``export``; ``convert`` and ``finetune
+    --init`` through :func:`vitlab.load`) follows.
 
-    A folder holding ``model/`` (the output of ``vitlab train --out``) loads that
-    sub-folder; an existing path goes to :func:`vitlab.load`; otherwise a registered
-    name gives a randomly initialised model, and anything else goes to :func:`vitlab.load`.
+    In order: an existing path is read by :func:`vitlab.load` (a model folder, a run folder
+    -- ``vitlab train --out``, whose ``model/`` is loaded --, a Hugging Face folder or a checkpoint
+    file); a registered architecture name (``vit_ti16``) gives a randomly initialised model; anything
+    else is a public name for :func:`vitlab.load` (``augreg_in21k/vit_b16``). ``fast``: with the speed
+    paths of :mod:`vitlab.accel` (inference); otherwise the plain reference model (analyses, export).
+    The folder is the path given when it is one (outputs go there: :func:`default_output`).
     """
     from ..checkpoints import load
-    from ..checkpoints.native import is_native
     from ..errors import UnknownModelError, VitlabError
     from ..models import create_model, list_models
     from ..models.registry import resolve_name
 
+    def ready(model: Any) -> Any:
+        if fast:
+            from ..accel import accelerate
+
+            model = accelerate(model)
+        return model.eval()
+
     overrides = {"img_size": img_size} if img_size else {}
     path = Path(spec)
     if path.exists():
-        if path.is_dir() and not is_native(path) and is_native(path / "model"):
-            return load(path / "model", **overrides).eval(), path
-        return load(path, **overrides).eval(), path if path.is_dir() else None
+        return ready(load(path, **overrides)), path if path.is_dir() else None
     if resolve_name(spec) in list_models():
-        return create_model(spec, **overrides).eval(), None
+        return ready(create_model(spec, **overrides)), None
     try:
-        return load(spec, **overrides).eval(), None
+        return ready(load(spec, **overrides)), None
     except VitlabError as e:
-        close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnknownModelError(
-            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint; {hint}({e})"
+            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint{close_names(spec)} "
+            f"({e})"
         ) from None
+
+
+def close_names(spec: str) -> str:
+    """``"; did you mean vit_ti16, vit_ti8?"`` for a model name close to registered ones, else ``""``."""
+    from ..models import list_models
+    from ..models.registry import resolve_name
+
+    close = difflib.get_close_matches(resolve_name(spec), list_models(), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def default_output(spec: str, filename: str) -> Path | None:
+    """Where a command writes ``filename`` when no output is given: next to the model, never in the
+    current folder. A folder (model or run folder) -> inside it; a checkpoint file -> beside it; a
+    name (nothing on disk) -> None: the command then prints without writing (or asks for a path)."""
+    path = Path(spec)
+    if path.is_dir():
+        return path / filename
+    if path.exists():
+        return path.parent / filename
+    return None
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_device_arg
+from ._common import add_device_arg, add_model_arg
 from .train import MEMORY_BUDGET_HELP
 
 
@@ -17,13 +17,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "dataset; print the result and write it as JSON (--output, default MODEL/eval.json).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
-            "  vitlab eval --model runs/cifar/model --data ../shared/data/cifar10 --output cifar_eval.json"
+            "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json"
         ),
         formatter_class=formatter,
     )
-    p.add_argument(
-        "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
-    )
+    add_model_arg(p)
     p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path")
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
@@ -32,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--strict-data", action="store_true")
     p.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
-    p.add_argument("--output", default=None, help="JSON file to write (default MODEL/eval.json when MODEL is a folder)")
+    p.add_argument(
+        "--output", default=None, help="JSON file to write (default: eval.json next to the model; none for a name)"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     p.set_defaults(func=run)
 
@@ -41,16 +41,14 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    import vitlab
-
     from .._units import size_option
     from ..devices import resolve_device
     from ..evaluate import evaluate_model
-    from ._common import write_json
+    from ._common import default_output, resolve_model, write_json
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
     device = resolve_device(args.device)
-    model = vitlab.load(args.model)
+    model, _ = resolve_model(args.model, fast=True)
     res = evaluate_model(
         model,
         args.data,
@@ -64,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     )
     res["model"] = str(args.model)
     res["confusion"] = res["confusion"].tolist()
-    out = Path(args.output) if args.output else (Path(args.model) / "eval.json" if Path(args.model).is_dir() else None)
+    out = Path(args.output) if args.output else default_output(args.model, "eval.json")
     if out is not None:
         write_json(out, res)
     if args.json:
@@ -72,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
-        f"top-1 {100 * res['top1']:.2f}%  top-5 {100 * res['top5']:.2f}%"
+        f"top-1 {100 * res['top1']:.2f}%" + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
     )
     width = max(len(n) for n in res["per_class"])
     for name, acc in res["per_class"].items():

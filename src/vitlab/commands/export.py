@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_model_arg
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -16,14 +18,18 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "against PyTorch on a batch of another size (max |diff| <= --tolerance).\n"
             "ONNX needs the optional dependencies: pip install 'vitlab[onnx]'.\n\n"
             "examples:\n"
-            "  vitlab export --model runs/cifar/best --format onnx --out vit.onnx\n"
+            "  vitlab export --model runs/cifar --format onnx      # writes runs/cifar/model.onnx\n"
             "  vitlab export --model vit_s16 --format torchscript --out vit_s16.pt"
         ),
         formatter_class=formatter,
     )
-    p.add_argument("--model", required=True, help="checkpoint folder/file or registered model name")
+    add_model_arg(p)
     p.add_argument("--format", choices=["onnx", "torchscript"], default="onnx")
-    p.add_argument("--out", default=None, help="output file (default: <model>.onnx / <model>.pt in the current folder)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output file (default: model.onnx / model.pt next to the model; <name>.onnx here for a name)",
+    )
     p.add_argument("--opset", type=int, default=18, help="ONNX opset")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference")
     p.add_argument("--no-check", action="store_true", help="skip the parity check")
@@ -37,14 +43,18 @@ def run(args: argparse.Namespace) -> int:
     from .._fs import writes_onto
     from ..errors import ConfigError
     from ..export import export_model, export_path
+    from ._common import default_output, resolve_model
 
-    out = args.out or f"{Path(args.model.rstrip('/')).name or 'model'}{'.onnx' if args.format == 'onnx' else '.pt'}"
+    ext = ".onnx" if args.format == "onnx" else ".pt"
+    own = f"model{ext}"  # the export's own file next to the model: an earlier export, replaceable with --overwrite
+    out = args.out or default_output(args.model, own) or f"{args.model.replace('/', '_')}{ext}"
     target = export_path(out, format=args.format)
-    if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
+    ours = Path(args.model).is_dir() and target.resolve() == (Path(args.model) / own).resolve()
+    if not ours and writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"--out {target}: is the input model {args.model} or a file in it; choose another --out")
     if target.exists() and not args.overwrite:
         raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
-    model = _load(args.model)
+    model, _ = resolve_model(args.model)
     res = export_model(
         model,
         target,
@@ -57,15 +67,3 @@ def run(args: argparse.Namespace) -> int:
     check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
     print(f"wrote {res.path} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
     return 0
-
-
-def _load(spec: str):  # type: ignore[no-untyped-def]
-    from pathlib import Path
-
-    from ..models import create_model, list_models, resolve_name
-
-    if not Path(spec).exists() and resolve_name(spec) in list_models():
-        return create_model(spec).eval()
-    from ..checkpoints import load
-
-    return load(spec).eval()

@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
             "examples:\n"
             "  vitlab fewshot --model runs/digits --data digits\n"
-            "  vitlab fewshot --model runs/cifar/model --data ../shared/data/cifar10 --shots 1,5,10,25 \\\n"
+            "  vitlab fewshot --model runs/cifar/model --data path/to/cifar10 --shots 1,5,10,25 \\\n"
             "                 --max-train 10000\n"
             "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
         ),
@@ -69,7 +69,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--out", default="fewshot.json", help="JSON file to write")
+    p.add_argument(
+        "--out", default=None, help="JSON file to write (default: fewshot.json next to the model; none for a name)"
+    )
     p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")
     p.set_defaults(func=run)
 
@@ -77,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 def run(args: argparse.Namespace) -> int:
     from ..devices import resolve_device
     from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
-    from ._common import resolve_model, write_json
+    from ._common import default_output, resolve_model, write_json
 
     cfg = FewShotConfig(
         shots=args.shots,
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     model.to(device)
     result = evaluate_fewshot(model, args.data, cfg)
     result["model"] = args.model
-    out = write_json(args.out, result)
+    target = args.out or default_output(args.model, "fewshot.json")
+    out = write_json(target, result) if target else None
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -110,5 +113,5 @@ def run(args: argparse.Namespace) -> int:
     if "linear_probe" in result:
         lp = result["linear_probe"]
         print(f"  probe     {100 * lp['accuracy']:6.2f}%  (logistic regression on {lp['train_size']} train images)")
-    print(f"wrote {out}")
+    print(f"wrote {out}" if out else "not written: pass --out FILE to keep the result")
     return 0

@@ -19,14 +19,14 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Default recipe: finetune (SGD momentum 0.9, no weight decay, clipping at 1, warmup + cosine).\n\n"
             "examples:\n"
             "  vitlab finetune --init runs/digits/model --data path/to/imagefolder --img-size 16 --epochs 5\n"
-            "  vitlab finetune --init runs/cifar/model --data ../shared/data/cifar10 --img-size 48 --time-budget 5m"
+            "  vitlab finetune --init runs/cifar/model --data path/to/cifar10 --img-size 48 --time-budget 5m"
         ),
         formatter_class=formatter,
     )
     p.add_argument(
         "--init",
         required=True,
-        help="the model to start from: a vitlab folder (e.g. runs/X/model) or a name vitlab.load knows",
+        help="the model to start from: a model folder, a run folder, a checkpoint file or a public name",
     )
     add_train_args(p, default_recipe="finetune")
     p.set_defaults(func=run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from ._common import add_device_arg, add_model_arg
@@ -25,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab inspect --model runs/digits --out inspect/\n"
             "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
-            "  vitlab inspect --model runs/cifar/model --data ../shared/data/cifar10 --num-images 256 --out inspect/"
+            "  vitlab inspect --model runs/cifar/model --data path/to/cifar10 --num-images 256 --out inspect/"
         ),
         formatter_class=formatter,
     )
@@ -38,7 +39,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         default=None,
         help="take the images from this data set's test split (digits, cifar10, an ImageFolder path)",
     )
-    p.add_argument("--out", default="inspect", help="output folder")
+    p.add_argument(
+        "--out", default=None, help="output folder (default: inspect/ next to the model; ./inspect for a name)"
+    )
     p.add_argument("--num-images", type=int, default=32, help="images the mean attention distance is averaged over")
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
@@ -46,6 +49,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)
+
+
+def _registered(spec: str) -> bool:
+    from ..models import list_models
+    from ..models.registry import resolve_name
+
+    return resolve_name(spec) in list_models()
 
 
 def _pick(n: int, labels, seed: int = 0):
@@ -60,14 +70,35 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..inspect.images import digits_images, labelled_splits, read_images
     from ..inspect.report import inspect_model
-    from ._common import resolve_model
+    from ._common import default_output, resolve_model
 
     for opt in ("num_images", "show", "batch_size"):
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
     device = resolve_device(args.device)  # before loading the model: a typo fails fast
+    args.out = str(args.out or default_output(args.model, "inspect") or "inspect")
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
     model.to(device)
+    notes = []
+    if not Path(args.model).exists() and _registered(args.model):
+        notes.append(
+            f"The weights are random: {args.model} is an architecture name, not a trained model, so the figures "
+            "show an untrained network."
+        )
+    if not args.image and not args.data:
+        recorded = (model.config.extra or {}).get("data")
+        if isinstance(recorded, str) and recorded != "digits" and Path(recorded).is_dir():
+            args.data = recorded
+            notes.append(f"Images: the test split of the data the model was trained on ({recorded}, from its config).")
+        elif isinstance(recorded, str) and recorded != "digits":
+            notes.append(
+                f"Images: the embedded digits, although the model was trained on {recorded} (not found here); "
+                "pass --data or --image for images like its own."
+            )
+        else:
+            notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]
@@ -90,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=model_dir,
         batch_size=args.batch_size,
         max_display=args.show,
+        notes=notes,
     )
     if args.json:
         print(json.dumps(result, indent=2))

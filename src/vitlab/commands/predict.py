@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_device_arg
+from ._common import add_device_arg, add_model_arg
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -13,17 +13,16 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="top-5 class names with probabilities for image files",
         description=(
             "Classify image files with a trained model (its own preprocessing: resize, center crop,\n"
-            "mean/std from its config).\n\n"
+            "mean/std from its config). Folders are searched for images; a file that cannot be read is\n"
+            "reported on stderr and the others are still predicted (exit status 1 when any was skipped).\n\n"
             "examples:\n"
             "  vitlab predict --model runs/20260101-120000-train/model cat.jpg dog.png\n"
-            "  vitlab predict --model runs/cifar/model images/*.jpg --json"
+            "  vitlab predict --model runs/cifar images/ --json"
         ),
         formatter_class=formatter,
     )
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    p.add_argument(
-        "--model", required=True, help="a vitlab model folder (e.g. runs/X/model) or anything vitlab.load reads"
-    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
+    add_model_arg(p)
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -39,37 +38,57 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     import torch
 
-    import vitlab
-
-    from ..data.decode import read_image
+    from ..data.decode import image_files, read_image
     from ..devices import resolve_device
+    from ..errors import InputError
     from ..evaluate import model_inputs
+    from ._common import resolve_model
 
     if args.top < 1:
         raise ValueError("--top must be >= 1")
     dev = resolve_device(args.device)  # before loading the model: a typo fails fast
-    model = vitlab.load(args.model)
+    files = image_files(args.images)  # folders searched; a missing path fails here, before the model loads
+    model, _ = resolve_model(args.model, fast=True)
+    model.to(dev)
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
-    x = model_inputs(model, [read_image(p, max_pixels=args.max_image_pixels) for p in args.images])
-    model.to(dev)
-    with torch.no_grad():
-        probs = model(x.to(dev)).float().softmax(-1).cpu()
-    k = min(args.top, probs.shape[1])
-    top = probs.topk(k, dim=1)
-    results = [
-        {
-            "image": path,
-            "top": [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)],
-        }
-        for path, ps, ix in zip(args.images, top.values, top.indices)
-    ]
+    k = min(args.top, cfg.num_classes)
+    results: list[dict] = []
+    for start in range(0, len(files), _BATCH):  # in batches: a folder of many images never sits in memory at once
+        entries, arrays = [], []
+        for f in files[start : start + _BATCH]:
+            try:
+                arrays.append(read_image(f, max_pixels=args.max_image_pixels))
+                entries.append({"image": str(f)})
+            except InputError as e:  # reported, and the rest still predicted
+                results.append({"image": str(f), "error": str(e)})
+        if not arrays:
+            continue
+        with torch.no_grad():
+            probs = model(model_inputs(model, arrays).to(dev)).float().softmax(-1).cpu()
+        for entry, ps, ix in zip(entries, *probs.topk(k, dim=1)):
+            top = [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)]
+            results.append({**entry, "top": top})
+    order = {str(f): i for i, f in enumerate(files)}
+    results.sort(key=lambda r: order[r["image"]])
+    failed = [r for r in results if "error" in r]
+    if len(failed) == len(results):
+        raise InputError(failed[0]["error"] + ("" if len(failed) == 1 else f" (and {len(failed) - 1} more unreadable)"))
     if args.json:
         print(json.dumps(results, indent=2))
-        return 0
-    for r in results:
-        print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['prob']:.3f}" for t in r["top"]))
-    return 0
+    else:
+        for r in results:
+            if "top" in r:
+                print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['prob']:.3f}" for t in r["top"]))
+    for r in failed:
+        print(f"vitlab predict: skipped {r['error']}", file=sys.stderr)
+    if failed:
+        print(f"vitlab predict: {len(failed)} of {len(results)} files unreadable", file=sys.stderr)
+    return 1 if failed else 0
+
+
+_BATCH = 64

@@ -18,11 +18,11 @@ RECIPE_NAMES = [
 EXAMPLES = """examples:
   vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
   vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
-  vitlab train --data ../shared/data/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
+  vitlab train --data path/to/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
   vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
-  vitlab train --data ../shared/data/cifar10 --objective mpp --out runs/mpp --time-budget 10m
+  vitlab train --data path/to/cifar10 --objective mpp --out runs/mpp --time-budget 10m
                                                  # self-supervised: masked patch prediction, labels unused
-  vitlab finetune --init runs/mpp/model --data ../shared/data/cifar10 --recipe small-data --time-budget 10m
+  vitlab finetune --init runs/mpp/model --data path/to/cifar10 --recipe small-data --time-budget 10m
   torchrun --nproc_per_node 2 -m vitlab train --data digits --out runs/ddp
 """
 
@@ -149,7 +149,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=default_recipe,
         help="preset (default: mpp for --objective mpp, digits for --data digits, else small-data)",
     )
-    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="passes over the training data (default: the recipe's; --time-budget plans its own)",
+    )
     g.add_argument("--batch-size", type=int, default=None, help="global batch (all processes, all accumulation steps)")
     g.add_argument(
         "--lr", type=float, default=None, help="peak LR at the recipe's base batch (scaled linearly with --batch-size)"
@@ -173,7 +178,7 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--crop-scale", type=_pair, default=None, metavar="MIN,MAX", help="random resized crop area range")
 
     g = p.add_argument_group("run")
-    g.add_argument("--out", default=None, help="output folder (default runs/<timestamp>)")
+    g.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>-train)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     g.add_argument(
@@ -213,7 +218,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         action="store_true",
         help="replace the run already in --out (its metrics, summary, last.pt, model/ and figures are deleted first)",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar or step lines (one line per epoch is still printed); off a terminal, plain lines "
+        "replace the bar",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -331,6 +341,14 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
+    if args.model:
+        from ..models import list_models
+        from ..models.registry import resolve_name
+        from ._common import close_names
+
+        if resolve_name(args.model) not in list_models():
+            hint = close_names(args.model)
+            raise ConfigError(f"--model {args.model!r}: not a registered name{hint} (see `vitlab models`)")
     try:
         cfg = config_from_args(args, init=init)
     except ConfigError as e:  # "recipe 'digits': batch_size: must be positive" -> "--batch-size: must be positive"
@@ -339,8 +357,11 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
     from ..train.loop import StoppedBeforeTraining
 
     given = set(getattr(args, "given_flags", ())) | ({"--init"} if init else set())
+    from .._fs import removed_if_unused
+
     try:
-        summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+        with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
+            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
     except StoppedBeforeTraining as e:
         print(f"vitlab: {e}", file=sys.stderr)
         return 128 + e.signum
@@ -353,9 +374,11 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
         print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
+        classes = (summary.get("data") or {}).get("classes", 0)
+        top5 = f"top-5 {100 * summary['top5']:.2f}% " if classes > 5 else ""  # <= 5 classes: 100% by construction
         print(
             f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
-            f"top-5 {100 * summary['top5']:.2f}% after {summary['epochs']} epochs / {summary['steps']} steps; "
+            f"{top5}after {summary['epochs']} epochs / {summary['steps']} steps; "
             f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")

@@ -262,7 +262,7 @@ def decode_files(
     An existing cache is checked first (see the module's notes) and rebuilt when damaged; a cache
     that cannot be written (no space) is a :class:`CacheError`.
     """
-    from tqdm.auto import tqdm
+    from .._progress import ProgressLog
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -331,8 +331,8 @@ def decode_files(
             crc = 0
             with (
                 ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
-                tqdm(
-                    total=len(paths), desc=f"decoding {name} (once)", unit="img", disable=not progress, leave=False
+                ProgressLog(
+                    total=len(paths), desc=f"decoding {name} (once)", unit="img", enabled=progress, leave=False
                 ) as bar,
             ):
                 for start in range(0, len(paths), window):

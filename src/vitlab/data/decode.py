@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_ASPECT",
     "decode_image",
     "file_kind",
+    "image_files",
     "image_size",
     "is_image_name",
     "match_channels",
@@ -218,6 +220,26 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
+
+
+def image_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The image files the user named: files as given, folders searched recursively for
+    :func:`is_image_name` files (sorted). A missing path, or a folder without images, is a one-line
+    :class:`~vitlab.errors.InputError`; whether each file decodes is left to :func:`read_image`."""
+    from ..errors import InputError
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
+            if not found:
+                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise InputError(f"{p}: no such file or folder")
+    return files
 
 
 def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:

@@ -121,8 +121,9 @@ def _cifar(name: str, cache_dir: Path) -> DataSplits:
         test = cls(str(root), train=False, download=True)
     except Exception as e:  # no network: say what to do instead
         raise OfflineError(
-            f"{name}: could not download through torchvision ({type(e).__name__}); pass a local ImageFolder "
-            f"instead, e.g. --data ../shared/data/{name}"
+            f"{name}: could not download through torchvision into {root} ({type(e).__name__}); copy the "
+            f"torchvision files there, or pass a local ImageFolder instead (--data path/to/{name}, holding "
+            "train/<class>/ and test/<class>/)"
         ) from None
     return DataSplits(
         name,

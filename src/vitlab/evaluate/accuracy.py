@@ -123,8 +123,8 @@ def evaluate_model(
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
     images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``)."""
     from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
 
+    from .._progress import ProgressLog
     from ..data import DataError, load_data
 
     cfg = model.config
@@ -153,7 +153,9 @@ def evaluate_model(
         labels = remap[arr.labels]
     ds = eval_dataset(model, arr.images, labels)
     model.to(dev)
-    batches = tqdm(DataLoader(ds, batch_size=batch_size), desc="eval", unit="batch", disable=not progress, leave=False)
+    loader = DataLoader(ds, batch_size=batch_size)
+    log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
+    batches = log.wrap(loader)
     res = evaluate_batches(model, batches, num_classes=len(names), device=dev)
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}

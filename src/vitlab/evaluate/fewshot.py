@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..errors import ConfigError
 
@@ -265,6 +264,7 @@ def extract_features(
     """Pre-logits features ``(len(indices), D)`` of ``images.get(indices)`` (a
     :class:`vitlab.inspect.images.LabelledSplit`), from the inputs ``vitlab eval`` would feed the
     model (:func:`~vitlab.evaluate.accuracy.model_inputs`), so the features match the accuracy numbers."""
+    from .._progress import ProgressLog
     from ..devices import model_device
     from .accuracy import model_inputs
 
@@ -273,7 +273,7 @@ def extract_features(
     model.eval()
     feats = []
     starts = range(0, len(indices), batch_size)
-    for i in tqdm(starts, desc=desc, unit="batch", disable=not progress):
+    for i in ProgressLog(total=len(starts), desc=desc, unit="batch", enabled=progress).wrap(starts):
         x = model_inputs(model, images.get(indices[i : i + batch_size]))
         f = model.forward_head(model.forward_features(x.to(device)), pre_logits=True)
         feats.append(f.float().cpu())

@@ -28,6 +28,7 @@ __all__ = [
     "plot_posemb_similarity",
     "plot_rollout",
     "png_bytes",
+    "rollout_masks",
     "save_png",
 ]
 
@@ -139,23 +140,40 @@ def _show(ax, img: np.ndarray) -> None:
     ax.axis("off")
 
 
+def rollout_masks(maps: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
+    """Rollout maps ``(B, gh, gw)`` upsampled to ``size`` and scaled to [0, 1] by each map's own minimum
+    and maximum. With the residual term the rollout is close to uniform (every patch reaches the
+    output token), so a mask scaled by its maximum alone leaves the image almost unchanged; the
+    min-max scaling shows which patches reach it most, as the paper's Fig. 6 does."""
+    up = _upsample(maps, size)
+    lo = up.reshape(len(up), -1).min(axis=1)[:, None, None]
+    hi = up.reshape(len(up), -1).max(axis=1)[:, None, None]
+    return (up - lo) / np.maximum(hi - lo, 1e-12)
+
+
+ROLLOUT_CMAP = "inferno"
+"""A perceptually uniform colour map (lightness grows with the value), readable in grey too; not jet."""
+
+
 def plot_rollout(images: torch.Tensor, maps: torch.Tensor, *, titles: list[str] | None = None) -> Figure:
-    """Fig. 6: each image, the image multiplied by its rollout mask (as in the paper),
-    and the mask as a heatmap overlay. ``images``: ``(B, H, W, C)`` in [0, 1];
-    ``maps``: ``(B, gh, gw)`` scaled to a maximum of 1."""
+    """Fig. 6: each image, the image multiplied by its normalised rollout mask (as in the paper), and
+    the mask as a heatmap (perceptual colour map, :data:`ROLLOUT_CMAP`) with a colour bar.
+    ``images``: ``(B, H, W, C)`` in [0, 1]; ``maps``: ``(B, gh, gw)``."""
     b, h, w, _ = images.shape
-    masks = _upsample(maps, (h, w))
-    masks = masks / np.maximum(masks.reshape(b, -1).max(axis=1), 1e-12)[:, None, None]
-    fig, axes = plt.subplots(b, 3, figsize=(6, 2.1 * b), squeeze=False)
+    masks = rollout_masks(maps, (h, w))
+    fig, axes = plt.subplots(b, 3, figsize=(9, 3 * b), squeeze=False, layout="constrained")
     imgs = images.numpy()
+    heat = None
     for i in range(b):
         _show(axes[i, 0], imgs[i])
         _show(axes[i, 1], imgs[i] * masks[i][..., None])
-        _show(axes[i, 2], imgs[i])
-        axes[i, 2].imshow(masks[i], cmap="jet", alpha=0.5, vmin=0, vmax=1)
-        axes[i, 0].set_title(titles[i] if titles else "Input", fontsize=8)
-        axes[i, 1].set_title("Attention (rollout)", fontsize=8)
-        axes[i, 2].set_title("Rollout heatmap", fontsize=8)
+        heat = axes[i, 2].imshow(masks[i], cmap=ROLLOUT_CMAP, vmin=0, vmax=1)
+        axes[i, 2].axis("off")
+        axes[i, 0].set_title(titles[i] if titles else "Input", fontsize=11)
+        axes[i, 1].set_title("Input x rollout mask", fontsize=11)
+        axes[i, 2].set_title("Rollout (normalised)", fontsize=11)
+    bar = fig.colorbar(heat, ax=axes[:, 2], shrink=0.8, label="rollout, scaled to [0, 1] per image")
+    bar.ax.tick_params(labelsize=10)
     return fig
 
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..data.decode import IMAGE_EXTENSIONS, is_image_name, match_channels, read_image
-from ..errors import InputError
+from ..data.decode import image_files, match_channels, read_image
 
 __all__ = ["LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
 
@@ -35,27 +33,12 @@ class LabelledSplit:
         return len(self.labels)
 
 
-def _expand(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
-            if not found:
-                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise InputError(f"{p}: no such image file or folder")
-    return files
-
-
 def read_images(
     paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None, max_pixels: int | None = None
 ) -> tuple[list[np.ndarray], list[str]]:
     """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays with
     :func:`vitlab.data.decode.read_image`; also returns the names."""
-    files = _expand(paths)[:limit]
+    files = image_files(paths)[:limit]
     return [read_image(f, max_pixels=max_pixels) for f in files], [f.name for f in files]
 
 

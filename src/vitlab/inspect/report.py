@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
+from .._progress import ProgressLog
 from ..devices import model_device
 from . import figures
 from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
@@ -96,7 +96,7 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
         except ValueError:
             data = None
         if isinstance(data, dict):
-            flat = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
+            flat = {k: _readable(v) for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
             sections.append(Section(title="Training summary", text=f"From {summary}.", table=flat))
     for name, title in (("curves.png", "Training curves"), ("confusion.png", "Confusion matrix")):
         f = run / name
@@ -105,6 +105,11 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
                 Section(title=title, text=f"Written by vitlab train ({f}).", png=f.read_bytes(), filename=name)
             )
     return run, sections
+
+
+def _readable(v: Any) -> Any:
+    """A number as a table shows it: floats to 4 significant digits (``32.46``, not ``32.458161920000066``)."""
+    return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
 def _grid_and_pixels(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int, int], float]:
@@ -119,7 +124,8 @@ def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progre
     grid, px = _grid_and_pixels(model, size)
     total, n = None, 0
     starts = range(0, len(x), batch_size)
-    for i in tqdm(starts, desc="attention distance", unit="batch", disable=not progress or len(starts) < 2):
+    log = ProgressLog(total=len(starts), desc="attention distance", unit="batch", enabled=progress and len(starts) > 1)
+    for i in log.wrap(starts):
         xb = x[i : i + batch_size].to(model_device(model))
         _, attns = model(xb, return_attention=True)
         d = attention_distance(attns, grid=grid, patch_size=px, num_prefix_tokens=model.num_prefix_tokens) * len(xb)
@@ -147,6 +153,7 @@ def inspect_model(
     max_display: int = 4,
     batch_size: int = 32,
     progress: bool = True,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run Fig. 6 and Fig. 7 on ``model`` and write ``out_dir/{*.png, inspect.json, report.html}``.
 
@@ -156,6 +163,8 @@ def inspect_model(
             (defaults to ``images``).
         model_dir: where the model came from; training curves and the confusion
             matrix found there (``vitlab train`` output) are added to the report.
+        notes: what a reader must know to read the figures right (random weights, where the images
+            came from); shown under the title and kept in ``inspect.json``.
 
     Returns the numbers written to ``inspect.json`` plus ``"files"``.
     """
@@ -273,6 +282,8 @@ def inspect_model(
 
     if names:
         res.numbers["images"] = list(names)[: len(display)]
+    if notes:
+        res.numbers["notes"] = list(notes)
     run_dir, train_sections = training_artifacts(model_dir)
     for s in train_sections:
         res.sections.append(s)
@@ -287,7 +298,7 @@ def inspect_model(
         subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, "
         f"patch {cfg.patch_size}, "
         f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
-        "Figure numbers refer to Dosovitskiy et al., ICLR 2021.",
+        "Figure numbers refer to Dosovitskiy et al., ICLR 2021." + "".join(f" {n}" for n in notes),
     )
     (out / "report.html").write_text(page, encoding="utf-8")
     files.append(str(out / "report.html"))

@@ -61,6 +61,9 @@ def build_model(
         bad = [k for k in missing if not k.startswith("head.")] + list(unexpected)
         if bad:
             raise ConfigError(f"--init {cfg.init}: weights do not fit the model ({', '.join(bad[:4])} ...)")
+        from .report import init_line
+
+        model.init_line = init_line(cfg.init, old, new, new_head=new_head)  # printed when the run starts
         return model
 
     name = cfg.model or r.model

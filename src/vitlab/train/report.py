@@ -73,8 +73,11 @@ def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[d
     return rows
 
 
-def plot_curves(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
-    """Training loss, test top-1/top-5 and learning rate against epochs."""
+def plot_curves(
+    rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, num_classes: int | None = None
+) -> None:
+    """Training loss, test top-1/top-5 and learning rate against epochs; no top-5 with 5 classes or
+    fewer (it is 100% by construction)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +88,8 @@ def plot_curves(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) ->
     axes[0].plot(ep, [r["train_loss"] for r in rows], marker=".")
     axes[0].set(title="train loss", xlabel="epoch")
     axes[1].plot(ep, [100 * r["top1"] for r in rows], marker=".", label="top-1")
-    axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
+    if num_classes is None or num_classes > 5:
+        axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
     axes[1].set(title="eval accuracy (%)", xlabel="epoch")
     axes[1].legend()
     axes[2].plot(ep, [r["lr"] for r in rows], marker=".")
@@ -136,7 +140,8 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
     """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev``;
     a failure is a warning, because a figure must never kill a training run."""
     try:
-        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png")
+        classes = len(class_names) if "confusion" in ev else None  # MPP's top-5 is over 512 colours
+        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png", num_classes=classes)
         if "confusion" in ev:  # not for MPP's 512 colours
             plot_confusion(ev["confusion"], class_names, out / "confusion.png")
     except Exception as e:
@@ -217,6 +222,40 @@ def run_summary(
         "planned_epochs": plan["epochs"],
         "planned_steps": plan["total_steps"],
     }
+
+
+def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
+    """The plain line each epoch prints (a log file, a scheduler or ``tee`` reads one per epoch):
+    ``epoch 3/10 step 120: loss 0.512, top-1 91.20%, ...``. Top-5 only with more than 5 classes
+    (otherwise it is 100% by construction)."""
+    top5 = f", top-5 {100 * row['top5']:.2f}%" if num_classes > 5 and row.get("top5") is not None else ""
+    return (
+        f"epoch {row['epoch']}/{epochs} step {row['step']}: train loss {row['train_loss']:.4f}, "
+        f"eval loss {row['eval_loss']:.4f}, top-1 {100 * row['top1']:.2f}%{top5}, lr {row['lr']:.2e}, "
+        f"{row['images_per_sec']:.0f} img/s, {row['wall_s']:.1f} s"
+    )
+
+
+def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
+    """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
+    resampled to the new patch grid, and whether the head was kept or replaced by a zero one."""
+
+    def grid(c: Any) -> str:
+        return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))
+
+    pos = (
+        f"position embeddings resampled {grid(old)} -> {grid(new)} (2-D interpolation)"
+        if grid(old) != grid(new)
+        else f"position embeddings kept ({grid(new)} patches)"
+    )
+    why = "other classes" if old.num_classes != new.num_classes else "the pre-training MLP head dropped"
+    head = (
+        f"head replaced by a zero-initialised one for {new.num_classes} classes ({why})"
+        if new_head
+        else f"head kept ({new.num_classes} classes)"
+    )
+    px = "x".join(map(str, old.img_size))
+    return f"fine-tuning from {init} ({old.name}, {old.num_classes} classes, {px} px): {pos}; {head}"
 
 
 def start_line(

@@ -152,20 +152,17 @@ class Trainer:
         self.last_save = self.last_plot = time.perf_counter()
         if self.stop is not None:
             self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
+        if getattr(self.model, "init_line", None):
+            self.log(self.model.init_line)
         self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
 
     def run(self) -> dict[str, Any]:
         """Train the planned epochs (or until stopped), then write the summary and figures."""
-        from tqdm.auto import tqdm
+        from .._progress import ProgressLog
 
         p, plan = self.progress, self.plan
-        self.bar = tqdm(
-            total=plan["total_steps"],
-            initial=p.step,
-            unit="step",
-            desc="train",
-            disable=not (self.cfg.progress and self.dist.is_main),
-            dynamic_ncols=True,
+        self.bar = ProgressLog(
+            total=plan["total_steps"], initial=p.step, desc="train", enabled=self.cfg.progress and self.dist.is_main
         )
         with contextlib.ExitStack() as scope:
             if self.stop is None:  # constructed on its own, not by fit()
@@ -223,13 +220,13 @@ class Trainer:
         p.images = p.epoch_start_images + res.images * d.world_size
         p.micro = p.epoch_start_micro + res.micro_batches
         p.loss_sum = p.epoch_start_loss + res.loss_sum
-        self.bar.update(1)
         self.bar.set_postfix(
             epoch=f"{p.epoch + 1}/{self.plan['epochs']}",
             loss=f"{loss:.3f}",
             img_s=f"{res.images * d.world_size / max(res.seconds, 1e-9):.0f}",
             lr=f"{self.opt.scheduler.get_last_lr()[0]:.2e}",
         )
+        self.bar.update(1)
         new = self.replan.after_step(
             steps_this_run=p.steps_this_run, step=p.step, planned=self.plan["total_steps"], dist=d, device=self.device
         )
@@ -252,7 +249,7 @@ class Trainer:
         self.plan["total_steps"] = total
         self.plan["epochs"] = max(1, math.ceil(total / self.loaders.steps_per_epoch))
         self.opt.set_total_steps(total)  # the cosine now ends at the new last step
-        self.bar.total = total
+        self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:
         """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
@@ -286,6 +283,7 @@ class Trainer:
             epoch=f"{p.epoch}/{self.plan['epochs']}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}"
         )
         if d.is_main:
+            self.bar.line(report.epoch_line(row, epochs=self.plan["epochs"], num_classes=self.data.num_classes))
             report.append_metrics(row, self.out / "metrics.jsonl")
             if improved or cfg.keep == "last":
                 report.save_run_model(unwrap(self.eval_model), self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)

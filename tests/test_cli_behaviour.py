@@ -1,0 +1,411 @@
+"""Commands behave alike and the way people work (issue 20): plain log lines off a terminal, outputs
+where they belong, one rule for what a model argument accepts."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from vitlab.cli import main
+
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One tiny digits run (2 epochs), shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+# --- one logger -------------------------------------------------------------------------------------------------
+
+
+def test_progress_log_plain_lines_off_a_tty():
+    from vitlab._progress import ProgressLog
+
+    buf = io.StringIO()  # not a terminal
+    log = ProgressLog(total=20, desc="train", every=5, stream=buf)
+    for i in range(20):
+        log.set_postfix(loss=f"{1 / (i + 1):.2f}")
+        log.update(1)
+    log.close()
+    lines = buf.getvalue().splitlines()
+    assert "\r" not in buf.getvalue()
+    assert [ln.split()[2] for ln in lines] == ["5/20", "10/20", "15/20", "20/20"]
+    assert "loss=0.05" in lines[-1]
+
+
+def test_progress_log_disabled_prints_nothing_but_lines(capsys):
+    from vitlab._progress import ProgressLog
+
+    buf = io.StringIO()
+    log = ProgressLog(total=4, desc="x", every=1, enabled=False, stream=buf)
+    log.update(4)
+    log.line("epoch 1/1")
+    log.close()
+    assert buf.getvalue() == ""
+    assert capsys.readouterr().out == "epoch 1/1\n"
+
+
+def test_train_no_progress_prints_a_line_per_epoch(run_dir, capsys, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--epochs", "3", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
+    cap = capsys.readouterr()
+    epochs = [ln for ln in cap.out.splitlines() if ln.startswith("epoch ")]
+    assert [ln.split()[1] for ln in epochs] == ["1/3", "2/3", "3/3"]
+    assert "top-1" in epochs[0] and "train loss" in epochs[0]
+    assert "\r" not in cap.err + cap.out
+
+
+def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path):
+    out = tmp_path / "r"
+    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "\r" not in cap.err  # no bar redraws in a log file
+    steps = [ln for ln in cap.err.splitlines() if ln.startswith("train: ")]
+    done, total = steps[-1].split()[2].split("/")
+    assert steps[0].startswith("train: step ") and done == total
+    assert sum(ln.startswith("epoch ") for ln in cap.out.splitlines()) == 2
+
+
+# --- outputs where they belong ----------------------------------------------------------------------------------
+
+
+def test_failed_train_leaves_no_empty_output_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "x"
+    assert main(["train", "--data", str(tmp_path / "missing"), *TINY, "--out", str(out), "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main(["train", "--data", str(tmp_path / "missing"), *TINY, "--out", str(kept), "--no-progress"]) == 2
+    assert kept.is_dir()  # it was there before: not ours to remove
+
+
+def test_default_run_folder_not_left_by_a_failure(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "no/such/folder", *TINY, "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+def test_saved_weights_follow_the_umask(tmp_path):
+    import os
+
+    import vitlab
+
+    model = vitlab.create_model("vit_ti16", img_size=16, patch_size=8, depth=1, num_classes=3)
+    old = os.umask(0o022)
+    try:
+        vitlab.save(model, tmp_path / "m")
+        assert oct(os.stat(tmp_path / "m" / "model.safetensors").st_mode & 0o777) == oct(0o644)
+        os.umask(0o077)
+        vitlab.save(model, tmp_path / "p")
+        assert oct(os.stat(tmp_path / "p" / "model.safetensors").st_mode & 0o777) == oct(0o600)
+    finally:
+        os.umask(old)
+
+
+def test_trained_model_is_readable_by_others(run_dir):
+    import os
+
+    mode = os.stat(run_dir / "model" / "model.safetensors").st_mode & 0o777
+    assert mode & 0o044 == os.stat(run_dir / "model" / "config.json").st_mode & 0o044
+
+
+def test_save_to_a_file_name_is_refused(tmp_path):
+    import vitlab
+
+    model = vitlab.create_model("vit_ti16", img_size=16, patch_size=8, depth=1, num_classes=3)
+    with pytest.raises(vitlab.CheckpointError, match="saved as a folder"):
+        vitlab.save(model, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_fewshot_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["fewshot", "--model", str(run_dir), "--shots", "1", "--seeds", "1", "--no-probe", "--max-test", "50"]
+    assert main(args) == 0
+    assert (run_dir / "fewshot.json").is_file() and not (tmp_path / "fewshot.json").exists()
+    assert main(["fewshot", "--model", "vit_ti16", "--img-size", "16", *args[3:]]) == 0
+    assert "not written" in capsys.readouterr().out and not (tmp_path / "fewshot.json").exists()
+
+
+def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 0
+    assert (run_dir / "model.pt").is_file() and not list(tmp_path.iterdir())
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 2  # exists: not replaced silently
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--overwrite"]) == 0
+
+
+# --- one rule for a model argument ------------------------------------------------------------------------------
+
+
+def test_every_command_accepts_a_run_folder(run_dir, tmp_path, capsys):
+    from PIL import Image
+
+    import vitlab
+
+    model = vitlab.load(run_dir)
+    assert model.config.num_classes == 10
+    img = tmp_path / "x.png"
+    Image.new("L", (8, 8), 128).save(img)
+    assert main(["eval", "--model", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] > 0
+    assert (run_dir / "eval.json").is_file()
+    assert main(["predict", "--model", str(run_dir), str(img), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["image"] == str(img)
+    assert main(["convert", str(run_dir), str(tmp_path / "conv")]) == 0
+    ft = tmp_path / "ft"
+    assert main(["finetune", "--init", str(run_dir), "--epochs", "1", "--out", str(ft), "--no-progress"]) == 0
+    assert (ft / "model" / "model.safetensors").is_file()
+
+
+def test_predict_a_folder_reports_unreadable_files_and_predicts_the_rest(run_dir, tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("a.png", "sub/b.png"):
+        Image.new("L", (8, 8), 200).save(folder / name)
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    assert main(["predict", "--model", str(run_dir), str(folder), "--json"]) == 1
+    cap = capsys.readouterr()
+    res = {r["image"]: r for r in json.loads(cap.out)}
+    assert len(res) == 3
+    assert "top" in res[str(folder / "a.png")] and "top" in res[str(folder / "sub" / "b.png")]
+    assert "not a readable image" in res[str(folder / "broken.jpg")]["error"]
+    assert "broken.jpg" in cap.err
+    assert main(["predict", "--model", str(run_dir), str(folder / "broken.jpg")]) == 2  # nothing readable: an error
+
+
+# --- the command line's words -----------------------------------------------------------------------------------
+
+
+def test_train_unknown_model_suggests_close_names(tmp_path, capsys):
+    assert main(["train", "--model", "vit_tiny16", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean vit_ti16" in err and err.startswith("vitlab train: error:")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "ours"),
+    [(["-b", "32"], "--batch-size"), (["--output", "x"], "--out"), (["--smoothing", "0.1"], "--label-smoothing")],
+)
+def test_timm_flags_get_the_vitlab_spelling_under_train_usage(flag, ours, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *flag])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: vitlab train" in err and f"vitlab spells it {ours}" in err
+
+
+def test_pretrained_points_at_finetune(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--pretrained"])
+    assert "vitlab finetune --init" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["train", "finetune", "eval", "predict", "inspect", "fewshot", "export", "convert"])
+def test_help_has_no_empty_or_doubled_defaults(cmd, capsys):
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # line breaks of the help layout removed
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert not re.search(r"default[^()]*\) \(default:", text)  # a help that names its default gets no second one
+    assert "../shared" not in text
+    if cmd in ("train", "finetune"):
+        assert "--epochs EPOCHS passes over the training data" in text
+    if cmd == "export":
+        assert "runs/cifar/best" not in text
+
+
+def test_cifar_offline_error_points_at_no_private_path(monkeypatch, tmp_path):
+    from torchvision import datasets
+
+    from vitlab.data.sources import _cifar
+    from vitlab.errors import OfflineError
+
+    def offline(*a, **k):
+        raise OSError("no network")
+
+    monkeypatch.setattr(datasets, "CIFAR10", offline)
+    with pytest.raises(OfflineError) as e:
+        _cifar("cifar10", tmp_path)
+    assert "../shared" not in str(e.value) and "ImageFolder" in str(e.value)
+
+
+# --- offline ----------------------------------------------------------------------------------------------------
+
+
+def test_convert_offline_fails_fast_and_names_hf_hub_offline(monkeypatch, tmp_path, capsys):
+    import time
+
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from vitlab.checkpoints import hub
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def cache_only(*, repo_id, filename, local_files_only=False, **kw):
+        calls.append(local_files_only)
+        if not local_files_only:
+            time.sleep(30)  # what huggingface_hub's retries would cost
+        raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cache_only)
+    monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: "huggingface.co:443 cannot be reached")
+    t0 = time.perf_counter()
+    assert main(["convert", "augreg_in21k/vit_b16", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert "HF_HUB_OFFLINE=1" in err and "cannot be reached" in err and err.count("\n") == 1
+    assert calls and all(calls)  # the cache was asked, never the network
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_probe_is_quick_and_local(monkeypatch):
+    import socket
+
+    from vitlab.checkpoints import hub
+
+    monkeypatch.undo()  # the real probe, with the connection itself stood in for
+    for v in hub._PROXY_VARS:
+        monkeypatch.delenv(v, raising=False)
+
+    def refuse(addr, timeout):
+        assert timeout <= 5
+        raise ConnectionRefusedError("refused")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert "cannot be reached" in hub._unreachable("https://huggingface.co")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert hub._unreachable("https://huggingface.co") is None  # a proxy: only the download can tell
+
+
+# --- fine-tuning says what it did -------------------------------------------------------------------------------
+
+
+def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
+    ft = ["finetune", "--init", str(run_dir), "--epochs", "1", "--no-progress"]
+    assert main([*ft, "--img-size", "16", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"fine-tuning from {run_dir}" in out
+    assert "position embeddings resampled 2x2 -> 4x4" in out and "head kept (10 classes)" in out
+    assert main([*ft, "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "position embeddings kept (2x2 patches)" in out
+
+
+# --- top-5 only where it means something ------------------------------------------------------------------------
+
+
+def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
+    from imagefolder import tiny_folder
+
+    data = tiny_folder(tmp_path / "d")
+    out = tmp_path / "r"
+    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
+    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 1/1" in text and "top-1" in text and "top-5" not in text
+    assert main(["eval", "--model", str(out), "--data", str(data), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert "top-5" not in capsys.readouterr().out
+
+    import matplotlib.axes
+
+    labels = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "plot", lambda self, *a, **k: labels.append(k.get("label")) or real(self, *a, **k)
+    )
+    from vitlab.train.report import plot_curves, read_metrics
+
+    plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c3.png", num_classes=3)
+    assert "top-1" in labels and "top-5" not in labels
+    plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c10.png", num_classes=10)
+    assert "top-5" in labels
+
+
+# --- the inspection report says what it shows -------------------------------------------------------------------
+
+
+def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys):
+    args = ["--num-images", "2", "--show", "1"]
+    assert main(["inspect", "--model", "vit_ti16", "--img-size", "16", *args, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "weights are random" in out and "embedded scikit-learn digits" in out
+    report = (tmp_path / "a" / "report.html").read_text()
+    assert "weights are random" in report
+    assert "weights are random" in json.loads((tmp_path / "a" / "inspect.json").read_text())["notes"][0]
+
+    assert main(["inspect", "--model", str(run_dir), *args]) == 0  # default: next to the model
+    out = capsys.readouterr().out
+    assert "weights are random" not in out
+    assert (run_dir / "inspect" / "report.html").is_file()
+
+
+def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
+    from imagefolder import tiny_folder
+
+    data = tiny_folder(tmp_path / "d")
+    run = tmp_path / "r"
+    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
+    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--json"]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)  # the notes went to stderr: stdout is the JSON alone
+    assert str(data) in res["notes"][0] and str(data) in cap.err
+    assert set(res["images"]) <= {"class0", "class1", "class2"}
+
+
+def test_report_summary_numbers_are_rounded(tmp_path):
+    from vitlab.inspect.report import training_artifacts
+
+    (tmp_path / "summary.json").write_text(json.dumps({"wall_s": 32.458161920000066, "steps": 40, "top1": 0.5}))
+    _, sections = training_artifacts(tmp_path)
+    assert sections[0].table == {"wall_s": 32.46, "steps": 40, "top1": 0.5}
+
+
+def test_fig6_mask_shows_contrast_and_the_heatmap_has_a_colour_bar():
+    import matplotlib.pyplot as plt
+    import torch
+
+    from vitlab.inspect import figures
+
+    maps = torch.full((1, 2, 2), 0.9)
+    maps[0, 0, 0] = 1.0  # a nearly uniform rollout, as the residual term makes it
+    masks = figures.rollout_masks(maps, (8, 8))
+    assert masks.min() == pytest.approx(0.0, abs=1e-6) and masks.max() == pytest.approx(1.0, rel=1e-6)
+    fig = figures.plot_rollout(torch.ones(1, 8, 8, 3), maps)
+    masked = fig.axes[1].images[0].get_array()
+    assert float(masked.min()) < 0.2  # the masked image is no copy of the input
+    heat = fig.axes[2].images[0]
+    assert heat.get_cmap().name == figures.ROLLOUT_CMAP != "jet"
+    assert any(ax.get_label() == "<colorbar>" for ax in fig.axes)
+    assert fig.axes[0].title.get_fontsize() >= 10
+    plt.close(fig)
+
+
+def test_report_images_all_decode(run_dir, tmp_path, capsys):
+    """Without a browser: every <img> of report.html is an embedded PNG that decodes (no broken image)."""
+    import base64
+    import io as _io
+
+    from PIL import Image
+
+    out = tmp_path / "insp"
+    assert main(["inspect", "--model", str(run_dir), "--num-images", "2", "--show", "2", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    srcs = re.findall(r'<img alt="[^"]*" src="([^"]+)"', page)
+    assert len(srcs) == page.count("<img") >= 5  # Fig. 6 and 7, the curves and the confusion matrix
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        im = Image.open(_io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        im.verify()
