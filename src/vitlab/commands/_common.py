@@ -76,7 +76,8 @@ def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False)
     -- ``vitlab train --out``, whose ``model/`` is loaded --, a Hugging Face folder or a checkpoint
     file); a registered architecture name (``vit_ti16``) gives a randomly initialised model; anything
     else is a public name for :func:`vitlab.load` (``augreg_in21k/vit_b16``). ``fast``: with the speed
-    paths of :mod:`vitlab.accel` (inference); otherwise the plain reference model (analyses, export).
+    paths of :mod:`vitlab.accel` (eval, predict, few-shot features); otherwise the plain reference
+    model (the analyses of ``inspect``, ``export``'s traced graph).
     The folder is the path given when it is one (outputs go there: :func:`default_output`).
     """
     from ..checkpoints import load

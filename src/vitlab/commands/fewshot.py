@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     device = resolve_device(args.device)  # before loading the model: a typo fails fast
-    model, _ = resolve_model(args.model, img_size=args.img_size)
+    model, _ = resolve_model(args.model, img_size=args.img_size, fast=True)
     model.to(device)
     result = evaluate_fewshot(model, args.data, cfg)
     result["model"] = args.model
