@@ -21,14 +21,28 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
 from .layers import Block, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
-__all__ = ["VisionTransformer", "count_macs"]
+__all__ = ["TIMM_POOL", "VisionTransformer", "count_macs", "pool_name"]
+
+TIMM_POOL = {"cls": "token", "gap": "avg"}
+"""Our pooling names -> timm's ``global_pool`` values."""
+
+
+def pool_name(global_pool: str) -> str:
+    """Our pooling name for timm's ``global_pool`` (``token`` -> ``cls``, ``avg`` -> ``gap``) or ours."""
+    ours = {v: k for k, v in TIMM_POOL.items()}.get(global_pool, global_pool)
+    if ours not in TIMM_POOL:
+        names = sorted({*TIMM_POOL, *TIMM_POOL.values()})
+        raise ConfigError(f"global_pool: {global_pool!r} is not one of {', '.join(names)}")
+    return ours
 
 
 class VisionTransformer(nn.Module):
@@ -78,6 +92,8 @@ class VisionTransformer(nn.Module):
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.pre_logits_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self._captured: list[torch.Tensor] | None = None
+        self.grad_checkpointing = False
+        """Recompute each block in the backward pass instead of storing its activations (training only)."""
         self.init_weights()
 
     # -- construction (the hybrid and axial variants differ here) ----------------
@@ -186,11 +202,14 @@ class VisionTransformer(nn.Module):
         final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
         block's output z_1 .. z_L (``blocks``)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
         for blk in self.blocks:
             kw = {"grid": grid} if self.config.attention == "axial" else {}
             if attention:
                 z, a = blk(z, return_attention=True, **kw)
                 out["attention"].append(a)
+            elif recompute:  # activation checkpointing: memory for compute, same gradients
+                z = checkpoint(blk, z, use_reentrant=False, **kw)
             else:
                 z = blk(z, **kw)
             if keep:
@@ -226,9 +245,12 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights."""
+        """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights.
+
+        ``return_attention`` may be passed by position: PyTorch's TorchScript-based ONNX exporter
+        (``torch.onnx.export(..., dynamo=False)``) appends every defaulted parameter positionally."""
         if return_attention is True:  # `is`: a symbolic trace (torch.fx) passes a proxy for the flag
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
@@ -245,6 +267,83 @@ class VisionTransformer(nn.Module):
         out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
         out["logits"] = self.head(out["pre_logits"])
         return out
+
+    # -- timm's model API (``timm.models.VisionTransformer``'s names and meanings) ----
+    @property
+    def num_features(self) -> int:
+        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
+        return self.config.embed_dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
+        return self.config.pre_logits_dim
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def global_pool(self) -> str:
+        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
+        return TIMM_POOL[self.config.pool]
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
+        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
+        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
+        if global_pool is not None:
+            changes["pool"] = pool_name(global_pool)
+        self.config = self.config.replace(**changes)
+        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
+        if num_classes > 0:
+            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
+        self.grad_checkpointing = bool(enable)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
+        final norm (the head is the last group), for layer-wise learning-rate decay."""
+        return {
+            "stem": r"^cls_token|^reg_token|^pos_embed|^patch_embed",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | list[int] | tuple[int, ...] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> tuple[Any, ...]:
+        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
+        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
+        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
+        depth = len(self.blocks)
+        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
+        if isinstance(n, int) and not 0 < n <= depth:
+            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
+        grid = self.grid(x)
+        kept = self.encode(self.embed(x), grid, keep=True)["blocks"]
+        p = self.num_prefix_tokens
+        out = []
+        for i in indices:
+            z = self.norm(kept[i]) if norm else kept[i]
+            tokens = z[:, p:]
+            if reshape:
+                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+            out.append((tokens, z[:, :p]) if return_prefix_tokens else tokens)
+        return tuple(out)
 
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
