@@ -158,6 +158,16 @@ def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
         for res in (224, 384) if size == "base" else (224,):
             fields = {"img_size": res, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
             table[f"deit_{size}_patch16_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
+    # DINOv2 (Oquab et al. 2023): layer scale; "_reg4" adds 4 registers (Darcet et al. 2024)
+    for size in ("small", "base", "large"):
+        fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+        table[f"vit_{size}_patch14_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", fields)
+        table[f"vit_{size}_patch14_reg4_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", {**fields, "reg_tokens": 4})
+    # SigLIP (Zhai et al. 2023) image towers: no class token, attention pooling
+    for size, resolutions in (("base", (224, 256, 384, 512)), ("large", (256, 384))):
+        for res in resolutions:
+            fields = {"img_size": res, "class_token": False, "pool": "map", "num_classes": 0}
+            table[f"vit_{size}_patch16_siglip_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
     return table
 
 
@@ -178,7 +188,7 @@ def timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_model(
-    name: str, *, num_classes: int = 1000, img_size: int | tuple[int, int] | None = None, **overrides: Any
+    name: str, *, num_classes: int | None = None, img_size: int | tuple[int, int] | None = None, **overrides: Any
 ) -> nn.Module:
     """Build a registered model, randomly initialised (use :func:`vitlab.load` for weights).
     ``name`` is ours (``vit_s16``, ``S/16``) or timm's (``vit_small_patch16_224``,
@@ -199,7 +209,6 @@ def create_model(
     if "mlp_ratio" in fields:
         width = fields.get("embed_dim", model_config(canon).embed_dim)
         fields["mlp_dim"] = mlp_dim_for(width, fields.pop("mlp_ratio"))
-    if img_size is not None:
-        fields["img_size"] = img_size
-    fields.setdefault("img_size", 224)
-    return builder(num_classes=num_classes, **fields)
+    for option, value, default in (("img_size", img_size, 224), ("num_classes", num_classes, 1000)):
+        fields[option] = value if value is not None else fields.get(option, default)
+    return builder(**fields)

@@ -27,12 +27,12 @@ from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
-from .layers import Block, PatchEmbed
+from .layers import Block, LayerScale, MAPHead, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
 __all__ = ["TIMM_POOL", "VisionTransformer", "count_macs", "pool_name"]
 
-TIMM_POOL = {"cls": "token", "gap": "avg"}
+TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
 """Our pooling names -> timm's ``global_pool`` values."""
 
 
@@ -69,6 +69,7 @@ class VisionTransformer(nn.Module):
         # Eq. 1: patch embedding E (or a ResNet stem, Sec. 3.1 "Hybrid"), class token, E_pos
         self.patch_embed = self._make_stem(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None
         gh, gw = cfg.grid_size
         if cfg.posemb == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + gh * gw, d))
@@ -83,6 +84,7 @@ class VisionTransformer(nn.Module):
         use_fc_norm = cfg.pool == "gap" and cfg.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        self.attn_pool = self._make_map_head(cfg) if cfg.pool == "map" else None
         self.head_drop = nn.Dropout(cfg.drop_rate)
         if cfg.head == "mlp":  # pre-training: one hidden tanh layer (Sec. 3.1)
             self.pre_logits = nn.Sequential()
@@ -106,6 +108,17 @@ class VisionTransformer(nn.Module):
             patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
         )
 
+    @staticmethod
+    def _make_map_head(cfg: ViTConfig) -> MAPHead:
+        return MAPHead(
+            dim=cfg.embed_dim,
+            num_heads=cfg.num_heads,
+            mlp_dim=cfg.mlp_dim,
+            qkv_bias=cfg.qkv_bias,
+            act=cfg.act,
+            norm_eps=cfg.norm_eps,
+        )
+
     def _make_block(self, cfg: ViTConfig, drop_path: float, block_fn: type[nn.Module] | None) -> nn.Module:
         if block_fn is None:
             block_fn = AxialBlock if cfg.attention == "axial" else Block
@@ -119,6 +132,8 @@ class VisionTransformer(nn.Module):
             attn_drop=cfg.attn_drop_rate,
             drop_path=drop_path,
             norm_eps=cfg.norm_eps,
+            init_values=cfg.init_values,
+            qk_norm=cfg.qk_norm,
         )
 
     @torch.no_grad()
@@ -137,6 +152,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+            elif isinstance(m, LayerScale):
+                nn.init.constant_(m.gamma, m.init_values)
         proj = getattr(self.patch_embed, "proj", None)
         if isinstance(proj, nn.Conv2d):
             fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
@@ -150,13 +167,18 @@ class VisionTransformer(nn.Module):
         ):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
+        if self.reg_token is not None:  # as timm: near zero, told apart by their position embeddings
+            nn.init.normal_(self.reg_token, std=1e-6)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters excluded from weight decay besides norms and biases."""
-        return {n for n in ("pos_embed", "cls_token", "pos_embed_row", "pos_embed_col") if hasattr(self, n)}
+        names = ("pos_embed", "cls_token", "reg_token", "pos_embed_row", "pos_embed_col")
+        return {n for n in names if getattr(self, n, None) is not None}
 
     # -- Eq. 1: the embedded sequence z_0 ----------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,11 +197,12 @@ class VisionTransformer(nn.Module):
         pe = self.patch_posemb(grid, like=tokens)
         if pe is not None:
             tokens = tokens + pe
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(tokens.shape[0], -1, -1)
-            if cfg.posemb == "learn":  # the class token's own row of E_pos
-                cls = cls + self.pos_embed[:, :1]
-            tokens = torch.cat([cls, tokens], dim=1)
+        prefix = [t for t in (self.cls_token, self.reg_token) if t is not None]  # class token, then registers
+        if prefix:
+            pre = torch.cat(prefix, dim=1).expand(tokens.shape[0], -1, -1)
+            if cfg.posemb == "learn":  # their own rows of E_pos
+                pre = pre + self.pos_embed[:, : self.num_prefix_tokens]
+            tokens = torch.cat([pre, tokens], dim=1)
         return self.pos_drop(tokens)
 
     def patch_posemb(self, grid: tuple[int, int], *, like: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -233,9 +256,12 @@ class VisionTransformer(nn.Module):
 
     # -- Eq. 4 and the head --------------------------------------------------------
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``."""
+        """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``; attention pooling of the patch
+        tokens for ``map`` (as timm: class and register tokens are not pooled)."""
         if self.config.pool == "cls":
             return x[:, 0]
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
         return x[:, self.num_prefix_tokens :].mean(dim=1)
 
     def forward_head(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
@@ -297,7 +323,11 @@ class VisionTransformer(nn.Module):
         changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
         if global_pool is not None:
             changes["pool"] = pool_name(global_pool)
+            if changes["pool"] == "map" and self.attn_pool is None:
+                raise ConfigError("global_pool: 'map' needs a model built with it (its attention pool is trained)")
         self.config = self.config.replace(**changes)
+        if self.config.pool != "map":
+            self.attn_pool = None
         ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
         if num_classes > 0:
             self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
