@@ -166,3 +166,48 @@ def test_vitlab_folder_round_trip_keeps_the_options(tmp_path):
     )
     with torch.no_grad():
         assert_close_rel(back(images()), model(images()))
+
+
+@pytest.fixture
+def deit_distilled():
+    from timm.models.deit import VisionTransformerDistilled
+
+    return randomize(VisionTransformerDistilled(**TINY))
+
+
+def test_deit_distilled_parity(deit_distilled):
+    """DeiT's distillation token and head_dist load from timm; logits (mean of both heads), pre-logits
+    and the two heads of distilled training match timm's."""
+    ref = deit_distilled
+    model = vitlab.load(dict(ref.state_dict()), num_heads=4)
+    assert model.config.dist_token and model.num_prefix_tokens == 2
+    assert not model.cls_only_applies()  # the fast class-token-only block would drop the distillation token
+    x = images()
+    with torch.no_grad():
+        assert_close_rel(model(x), ref(x))
+        assert_close_rel(
+            model.forward_head(model.forward_features(x), pre_logits=True),
+            ref.forward_head(ref.forward_features(x), pre_logits=True),
+        )
+    ref.set_distilled_training(True)
+    model.set_distilled_training(True)
+    ref.train(), model.train()
+    with torch.no_grad():
+        for got, want in zip(model(x), ref(x)):
+            assert_close_rel(got, want)
+    assert isinstance(model.get_classifier(), tuple)
+
+
+def test_deit_distilled_new_classes_and_reset(deit_distilled):
+    model = vitlab.load(dict(deit_distilled.state_dict()), num_heads=4, num_classes=3)
+    assert model.head_dist.weight.shape == (3, 64) and torch.all(model.head_dist.weight == 0)
+    model.reset_classifier(0)
+    assert model(images()).shape == (3, 64)
+
+
+def test_deit_distilled_name():
+    ref = timm.create_model("deit_tiny_distilled_patch16_224", depth=1)
+    model = vitlab.create_model("deit_tiny_distilled_patch16_224", depth=1)
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    with pytest.raises(ConfigError, match="dist_token"):
+        ViTConfig(**OURS, dist_token=True, pool="gap")

@@ -65,6 +65,7 @@ class FastVisionTransformer(VisionTransformer):
         return (
             self.cls_only_last_block
             and self.config.pool == "cls"
+            and not self.config.dist_token
             and self.cls_token is not None
             and type(last) is FastBlock
             and unchanged(last, BLOCK_LAYOUT)

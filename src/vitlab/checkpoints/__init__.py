@@ -319,8 +319,8 @@ def load(
         state = {k: v for k, v in state.items() if not k.startswith("pre_logits.")}
     fresh: tuple[str, ...] = ()
     if drop_pre_logits or cfg.num_classes != old_classes:
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        fresh = ("head.",)
+        fresh = ("head.", "head_dist.")  # (DeiT's distillation head is a classifier too)
+        state = {k: v for k, v in state.items() if not k.startswith(fresh)}
     src = str(source) if not isinstance(source, Mapping) else "state dict"
     if strict:  # every shape checked on a model that holds no memory, before the real one is built
         with torch.device("meta"):

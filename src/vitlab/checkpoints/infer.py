@@ -107,6 +107,7 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         "class_token": "cls_token" in state,
         "name": variant_name(int(width), depth, mlp_dim, int(ph)),
         "reg_tokens": num_registers(state),
+        "dist_token": "dist_token" in state,
         "qk_norm": "blocks.0.attn.q_norm.weight" in state,
         # layer scale: the trained gammas load over it; the value is only where training would start
         "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None,
@@ -114,7 +115,7 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     if hybrid is not None:
         f["hybrid_layers"] = hybrid
         f["name"] = "vit_hybrid_custom"
-    prefix = (1 if f["class_token"] else 0) + f["reg_tokens"]
+    prefix = (1 if f["class_token"] else 0) + int(f["dist_token"]) + f["reg_tokens"]
     if "pos_embed" in state:
         f["posemb"] = "learn"
         side = _grid_side(state["pos_embed"].shape[-2] - prefix, "pos_embed")

@@ -43,7 +43,7 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """timm names -> vitlab names (the same), inserting the zero prefix rows of ``no_embed_class`` models."""
     out = dict(state)
     pe = out.get("pos_embed")
-    prefix = int("cls_token" in out) + num_registers(out)
+    prefix = int("cls_token" in out) + int("dist_token" in out) + num_registers(out)
     if pe is not None and prefix and pe.ndim == 3:
         n = pe.shape[1]
         if math.isqrt(n) ** 2 == n and (n < prefix or math.isqrt(n - prefix) ** 2 != n - prefix):

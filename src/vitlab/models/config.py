@@ -37,7 +37,7 @@ _MAX_INT = 1 << 31
 """No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
 so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
-_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm")
+_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
 _FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "norm_eps")
 
@@ -150,6 +150,11 @@ class ViTConfig:
     mlp_dim: int = 3072
     qkv_bias: bool = True
     class_token: bool = True
+    dist_token: bool = False
+    """DeiT's distillation token (Touvron et al. 2021, "Training data-efficient image transformers &
+    distillation through attention", Sec. 5): a second learned token after the class token, read by
+    its own classifier ``head_dist``; the logits are the mean of both heads (in distilled training
+    both are returned, :meth:`~.vit.VisionTransformer.set_distilled_training`)."""
     reg_tokens: int = 0
     """Register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
     (``reg_token``, timm's name) put after the class token, attended to and discarded at the end;
@@ -226,6 +231,7 @@ class ViTConfig:
             patch += d * chs * self.patch_size**2 + d
         rep = self.pre_logits_dim
         head = (d * rep + rep if self.head == "mlp" else 0) + (rep * self.num_classes + self.num_classes)
+        head *= 2 if self.dist_token else 1
         if self.pool == "map":  # latent, q, kv, proj, norm, MLP
             head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * m + m + m * d + d
         return patch + d * self.num_prefix_tokens + posemb + self.depth * block + 2 * d + head
@@ -253,8 +259,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: the class token, then the registers."""
-        return (1 if self.class_token else 0) + self.reg_tokens
+        """Tokens before the patches: the class token, the distillation token, then the registers."""
+        return (1 if self.class_token else 0) + (1 if self.dist_token else 0) + self.reg_tokens
 
     @property
     def mlp_ratio(self) -> float:
@@ -302,6 +308,8 @@ class ViTConfig:
             )
         if self.pool == "cls" and not self.class_token:
             bad("pool", "'cls' pooling needs class_token=True")
+        if self.dist_token and (self.pool != "cls" or self.head != "linear"):
+            bad("dist_token", "the distillation head needs pool='cls' and head='linear' (as DeiT)")
         if self.reg_tokens and self.attention == "axial":
             bad("reg_tokens", "register tokens are not supported with axial attention")
         if self.fc_norm and self.pool != "gap":

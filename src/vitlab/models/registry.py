@@ -158,6 +158,10 @@ def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
         for res in (224, 384) if size == "base" else (224,):
             fields = {"img_size": res, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
             table[f"deit_{size}_patch16_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
+            table[f"deit_{size}_distilled_patch16_{res}"] = (
+                f"vit_{_TIMM_SIZES[size]}16",
+                {**fields, "dist_token": True},
+            )
     # DINOv2 (Oquab et al. 2023): layer scale; "_reg4" adds 4 registers (Darcet et al. 2024)
     for size in ("small", "base", "large"):
         fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}

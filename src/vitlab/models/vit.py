@@ -69,6 +69,7 @@ class VisionTransformer(nn.Module):
         # Eq. 1: patch embedding E (or a ResNet stem, Sec. 3.1 "Hybrid"), class token, E_pos
         self.patch_embed = self._make_stem(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None
         gh, gw = cfg.grid_size
         if cfg.posemb == "learn":
@@ -93,6 +94,9 @@ class VisionTransformer(nn.Module):
         else:  # fine-tuning: a single (zero-initialised) linear layer
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.pre_logits_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = self._make_dist_head(cfg.num_classes) if cfg.dist_token else None
+        self.distilled_training = False
+        """With a distillation token, training forwards return (class logits, distillation logits)."""
         self._captured: list[torch.Tensor] | None = None
         self.grad_checkpointing = False
         """Recompute each block in the backward pass instead of storing its activations (training only)."""
@@ -107,6 +111,10 @@ class VisionTransformer(nn.Module):
         return PatchEmbed(
             patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
         )
+
+    def _make_dist_head(self, num_classes: int) -> nn.Module:
+        d = self.config.embed_dim
+        return nn.Linear(d, num_classes) if num_classes > 0 else nn.Identity()
 
     @staticmethod
     def _make_map_head(cfg: ViTConfig) -> MAPHead:
@@ -167,6 +175,11 @@ class VisionTransformer(nn.Module):
         ):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if isinstance(self.head_dist, nn.Linear):
+            nn.init.zeros_(self.head_dist.weight)
+            nn.init.zeros_(self.head_dist.bias)
         if self.reg_token is not None:  # as timm: near zero, told apart by their position embeddings
             nn.init.normal_(self.reg_token, std=1e-6)
         if self.attn_pool is not None:
@@ -177,7 +190,7 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters excluded from weight decay besides norms and biases."""
-        names = ("pos_embed", "cls_token", "reg_token", "pos_embed_row", "pos_embed_col")
+        names = ("pos_embed", "cls_token", "dist_token", "reg_token", "pos_embed_row", "pos_embed_col")
         return {n for n in names if getattr(self, n, None) is not None}
 
     # -- Eq. 1: the embedded sequence z_0 ----------------------------------------
@@ -197,7 +210,7 @@ class VisionTransformer(nn.Module):
         pe = self.patch_posemb(grid, like=tokens)
         if pe is not None:
             tokens = tokens + pe
-        prefix = [t for t in (self.cls_token, self.reg_token) if t is not None]  # class token, then registers
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if prefix:
             pre = torch.cat(prefix, dim=1).expand(tokens.shape[0], -1, -1)
             if cfg.posemb == "learn":  # their own rows of E_pos
@@ -266,6 +279,14 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Pool the encoded tokens and classify; ``pre_logits=True`` stops before the classifier."""
+        if self.head_dist is not None:  # DeiT: class token -> head, distillation token -> head_dist
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            if pre_logits:
+                return (x + x_dist) / 2
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+            if self.distilled_training and self.training:
+                return x, x_dist  # type: ignore[return-value]
+            return (x + x_dist) / 2
         x = self.fc_norm(self.pool(x))
         x = self.pre_logits(self.head_drop(x))
         return x if pre_logits else self.head(x)
@@ -314,8 +335,13 @@ class VisionTransformer(nn.Module):
         """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
         return TIMM_POOL[self.config.pool]
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
+        self.distilled_training = bool(enable)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
@@ -335,6 +361,11 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(self.head.bias)
         else:
             self.head = nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
+            if num_classes > 0:
+                nn.init.zeros_(self.head_dist.weight)
+                nn.init.zeros_(self.head_dist.bias)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
@@ -344,7 +375,7 @@ class VisionTransformer(nn.Module):
         """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
         final norm (the head is the last group), for layer-wise learning-rate decay."""
         return {
-            "stem": r"^cls_token|^reg_token|^pos_embed|^patch_embed",
+            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
 
