@@ -296,8 +296,8 @@ def load(
     ``overrides`` change the configuration (``img_size=384``, ``act="gelu"``,
     ``num_heads=6`` ...). Another ``patch_size`` resizes the patch projection as FlexiViT does
     (:func:`vitlab.models.resample_patch_embed`) and the position embeddings to the new grid.
-    Learned position embeddings are resampled to a new ``img_size`` (``"jax"`` mode for npz as in the official code, bicubic for timm
-    and HF). A different ``num_classes`` replaces the classifier by a fresh
+    Learned position embeddings are resampled to a new ``img_size`` (``"jax"`` mode for npz as
+    in the official code, bicubic for timm and HF). A different ``num_classes`` replaces the classifier by a fresh
     zero-initialised one, for fine-tuning; that is not a load error.
 
     Raises :class:`CheckpointError` naming missing, unexpected and mis-shaped keys
