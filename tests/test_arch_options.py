@@ -139,6 +139,7 @@ def test_axial_refuses_registers():
         "vit_small_patch14_reg4_dinov2",
         "vit_base_patch16_siglip_224",
         "deit_tiny_patch16_224",
+        "deit_tiny_distilled_patch16_224",
     ],
 )
 def test_timm_family_names_build_timms_architecture(name):
@@ -150,6 +151,11 @@ def test_timm_family_names_build_timms_architecture(name):
     if ref.no_embed_class:  # ours keeps (zero) rows for the prefix tokens: what timm's layout loads into
         theirs["pos_embed"] = torch.Size([1, ref.num_prefix_tokens + theirs["pos_embed"][1], theirs["pos_embed"][2]])
     assert ours == theirs
+    randomize(ref)  # and timm's weights load (the architecture inferred) with timm's outputs
+    loaded = vitlab.load(dict(ref.state_dict()))
+    x = torch.randn(1, 3, *ref.patch_embed.img_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert_close_rel(loaded(x), ref(x))
     assert model.config.img_size == tuple(ref.patch_embed.img_size)
 
 
