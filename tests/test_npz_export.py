@@ -85,3 +85,22 @@ def test_export_refuses_what_google_has_no_layout_for(tmp_path):
         write_npz(randomized(pool="map", class_token=False), tmp_path / "x.npz", layout="vit_jax")
     with pytest.raises(ConfigError, match="layout"):
         write_npz(randomized(), tmp_path / "x.npz", layout="flax")
+
+
+def test_convert_command_writes_npz(tmp_path, capsys):
+    """`vitlab convert SRC out.npz --layout big_vision [--patch-size]`; an existing file needs --overwrite."""
+    from vitlab.cli import main
+
+    model = randomized(pool="gap", class_token=False)
+    vitlab.save(model, tmp_path / "m")
+    out = tmp_path / "m.npz"
+    assert main(["convert", str(tmp_path / "m"), str(out), "--layout", "big_vision"]) == 0
+    assert "params/MAPHead_0/probe" not in np.load(out).files and "params/embedding/kernel" in np.load(out).files
+    with torch.no_grad():
+        assert_close_rel(vitlab.load(out, act="gelu")(images()), model(images()))
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "m"), str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "m"), str(out), "--overwrite", "--patch-size", "4"]) == 0
+    assert np.load(out)["embedding/kernel"].shape == (4, 4, 3, 64)
+    assert not list(tmp_path.glob(".m.npz.tmp*"))

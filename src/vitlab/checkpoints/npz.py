@@ -27,6 +27,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -234,7 +235,7 @@ def _convert(
 LAYOUTS = ("vit_jax", "big_vision")
 
 
-def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_jax") -> None:
+def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_jax", overwrite: bool = False) -> Path:
     """Write a ViT's weights as Google's ``.npz``, the reverse of :func:`read_checkpoint`.
 
     ``vit_jax``: the official layout (``Transformer/encoderblock_i/MultiHeadDotProductAttention_1``,
@@ -242,8 +243,14 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     prefix, sub-modules numbered from 0, ``pos_embedding`` without a class row (the class row is
     folded into ``cls``: big_vision adds no position embedding to the class token) and a
     ``MAPHead_0`` for attention pooling. Options without a Google layout (hybrid, axial, 2-D learned
-    position embeddings, registers, layer scale, qk-norm, distillation) are refused."""
+    position embeddings, registers, layer scale, qk-norm, distillation) are refused. The file is
+    written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
+    from .._fs import remove_stale, temp_path
     from ..errors import ConfigError
+
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path}: already exists; pass overwrite=True (--overwrite) to replace it")
 
     if layout not in LAYOUTS:
         raise ConfigError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
@@ -334,5 +341,13 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         dense("pre_logits", "pre_logits.fc")
     if "head.weight" in sd:
         dense("head", "head")
-    with open(path, "wb") as f:
-        np.savez(f, **out)
+    remove_stale(path.parent, f".{path.name}.tmp")
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **out)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
