@@ -108,10 +108,13 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         "name": variant_name(int(width), depth, mlp_dim, int(ph)),
         "reg_tokens": num_registers(state),
         "dist_token": "dist_token" in state,
+        "pre_norm": "norm_pre.weight" in state,
         "qk_norm": "blocks.0.attn.q_norm.weight" in state,
         # layer scale: the trained gammas load over it; the value is only where training would start
         "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None,
     }
+    if f["pre_norm"]:  # CLIP image towers (timm's *_clip_*): their LayerNorms use eps 1e-5, invisible in the weights
+        f["norm_eps"] = 1e-5
     if hybrid is not None:
         f["hybrid_layers"] = hybrid
         f["name"] = "vit_hybrid_custom"

@@ -78,6 +78,8 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
         fields["num_heads"] = args["num_heads"]
     elif raw["architecture"] in _HEADS:
         fields["num_heads"] = _HEADS[raw["architecture"]]
+    if isinstance(raw["architecture"], str) and "quickgelu" in raw["architecture"]:
+        fields["act"] = "quick_gelu"  # OpenAI's CLIP weights (the activation is invisible in the weights)
     names = raw.get("label_names") or pre.get("label_names")
     if names:
         fields["class_names"] = names

@@ -30,14 +30,14 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 _POOLS = ("cls", "gap", "map")
 _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
-_ACTS = ("gelu", "gelu_tanh")
+_ACTS = ("gelu", "gelu_tanh", "quick_gelu")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
 
 _MAX_INT = 1 << 31
 """No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
 so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
-_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token")
+_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
 _FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "norm_eps")
 
@@ -166,6 +166,9 @@ class ViTConfig:
     """Layer scale (Touvron et al. 2021, CaiT, Sec. 2.1; DINOv2): each residual branch multiplied by a
     learned per-channel ``gamma`` initialised to this value; None: no layer scale (the paper)."""
     qk_norm: bool = False
+    pre_norm: bool = False
+    """CLIP's image tower (Radford et al. 2021): a LayerNorm on the embedded sequence z_0 before the
+    blocks (``norm_pre``, timm's name), and a patch projection without bias."""
     """LayerNorm on each head's queries and keys (Dehghani et al. 2023, ViT-22B, Sec. 2)."""
     fc_norm: bool = False
     """With ``gap``: apply the final LayerNorm after pooling (timm's ``fc_norm``, MAE/DeiT style)
@@ -218,7 +221,7 @@ class ViTConfig:
         tokens = self.num_patches + self.num_prefix_tokens
         posemb = {"learn": tokens * d, "learn2d": (sum(self.grid_size)) * d // 2}.get(self.posemb, 0)
         if self.hybrid_layers is None:
-            patch = d * self.in_chans * self.patch_size**2 + d
+            patch = d * self.in_chans * self.patch_size**2 + (0 if self.pre_norm else d)
         else:  # the stem (7x7 conv to 64, GroupNorm), then bottleneck stages of widths 256 * 2**i
             patch, chs = 64 * self.in_chans * 49 + 2 * 64, 64
             for i, units in enumerate(self.hybrid_layers):
@@ -234,7 +237,8 @@ class ViTConfig:
         head *= 2 if self.dist_token else 1
         if self.pool == "map":  # latent, q, kv, proj, norm, MLP
             head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * m + m + m * d + d
-        return patch + d * self.num_prefix_tokens + posemb + self.depth * block + 2 * d + head
+        norms = 2 * d * (2 if self.pre_norm else 1)
+        return patch + d * self.num_prefix_tokens + posemb + self.depth * block + norms + head
 
     @property
     def stem_stride(self) -> int:
@@ -310,6 +314,8 @@ class ViTConfig:
             bad("pool", "'cls' pooling needs class_token=True")
         if self.dist_token and (self.pool != "cls" or self.head != "linear"):
             bad("dist_token", "the distillation head needs pool='cls' and head='linear' (as DeiT)")
+        if self.pre_norm and self.hybrid_layers is not None:
+            bad("pre_norm", "CLIP's pre-norm is not supported with a hybrid stem")
         if self.reg_tokens and self.attention == "axial":
             bad("reg_tokens", "register tokens are not supported with axial attention")
         if self.fc_norm and self.pool != "gap":

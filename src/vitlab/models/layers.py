@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 
-__all__ = ["Attention", "Block", "DropPath", "LayerScale", "MAPHead", "Mlp", "PatchEmbed", "make_act"]
+__all__ = ["Attention", "Block", "DropPath", "LayerScale", "MAPHead", "Mlp", "PatchEmbed", "QuickGELU", "make_act"]
 
 
 def make_act(name: str) -> nn.Module:
@@ -28,7 +28,16 @@ def make_act(name: str) -> nn.Module:
         return nn.GELU(approximate="tanh")
     if name == "relu":
         return nn.ReLU()
-    raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh' or 'relu'")
+    if name == "quick_gelu":
+        return QuickGELU()
+    raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh', 'quick_gelu' or 'relu'")
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP was trained with (Radford et al. 2021)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 def _check_image(x: torch.Tensor, in_chans: int, patch: int, dynamic_pad: bool) -> torch.Tensor:
@@ -62,12 +71,14 @@ class PatchEmbed(nn.Module):
     timm and the official code store.
     """
 
-    def __init__(self, *, patch_size: int, in_chans: int, embed_dim: int, dynamic_pad: bool = False) -> None:
+    def __init__(
+        self, *, patch_size: int, in_chans: int, embed_dim: int, dynamic_pad: bool = False, bias: bool = True
+    ) -> None:
         super().__init__()
         self.patch_size = patch_size
         self.in_chans = in_chans
         self.dynamic_pad = dynamic_pad
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (rows, columns) for an input of this size."""

@@ -143,6 +143,8 @@ def resolve_name(name: str) -> str:
     return alias[0] if alias else n.lower()
 
 
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g"}
 
 
@@ -167,6 +169,15 @@ def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
         fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
         table[f"vit_{size}_patch14_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", fields)
         table[f"vit_{size}_patch14_reg4_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", {**fields, "reg_tokens": 4})
+    # CLIP (Radford et al. 2021) image towers: pre-norm, LayerNorm eps 1e-5; OpenAI's weights use QuickGELU
+    # (OpenAI's "head" is the projection into the joint image-text space, 512 or 768 wide, as timm's defaults)
+    for size, patches, proj in (("base", (32, 16), 512), ("large", (14,), 768), ("huge", (14,), 1024)):
+        for patch in patches:
+            fields = {"pre_norm": True, "norm_eps": 1e-5, "mean": CLIP_MEAN, "std": CLIP_STD}
+            ours = f"vit_{_TIMM_SIZES[size]}{patch}"
+            table[f"vit_{size}_patch{patch}_clip_224"] = (ours, fields)
+            quick = {**fields, "act": "quick_gelu", "num_classes": proj}
+            table[f"vit_{size}_patch{patch}_clip_quickgelu_224"] = (ours, quick)
     # SigLIP (Zhai et al. 2023) image towers: no class token, attention pooling
     for size, resolutions in (("base", (224, 256, 384, 512)), ("large", (256, 384))):
         for res in resolutions:

@@ -78,6 +78,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, d // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, d - d // 2))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.norm_pre = nn.LayerNorm(d, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()  # CLIP
         # Eq. 2-3: L encoder blocks, stochastic depth growing linearly with depth
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(self._make_block(cfg, dpr[i], block_fn) for i in range(cfg.depth))
@@ -109,7 +110,11 @@ class VisionTransformer(nn.Module):
                 layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim
             )
         return PatchEmbed(
-            patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
+            patch_size=cfg.patch_size,
+            in_chans=cfg.in_chans,
+            embed_dim=cfg.embed_dim,
+            dynamic_pad=cfg.dynamic_img_pad,
+            bias=not cfg.pre_norm,
         )
 
     def _make_dist_head(self, num_classes: int) -> nn.Module:
@@ -216,7 +221,7 @@ class VisionTransformer(nn.Module):
             if cfg.posemb == "learn":  # their own rows of E_pos
                 pre = pre + self.pos_embed[:, : self.num_prefix_tokens]
             tokens = torch.cat([pre, tokens], dim=1)
-        return self.pos_drop(tokens)
+        return self.norm_pre(self.pos_drop(tokens))
 
     def patch_posemb(self, grid: tuple[int, int], *, like: torch.Tensor | None = None) -> torch.Tensor | None:
         """E_pos of the patch tokens of a ``grid`` (``(1, N, D)``, in ``like``'s dtype and device for
@@ -375,7 +380,7 @@ class VisionTransformer(nn.Module):
         """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
         final norm (the head is the last group), for layer-wise learning-rate decay."""
         return {
-            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed",
+            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
 
