@@ -247,3 +247,43 @@ def test_checkpoint_path(tmp_path):
         assert_close_rel(model(images()), ref(images()))
     with pytest.raises(CheckpointError, match="does not fit"):
         vitlab.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path / "w.pth", num_classes=5, img_size=32)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"indices": 2},
+        {"indices": [0], "output_fmt": "NLC", "norm": True},
+        {"indices": 1, "intermediates_only": True},
+        {"indices": [1], "return_prefix_tokens": True, "intermediates_only": True},
+    ],
+)
+def test_checklist_forward_intermediates_with_indices(both, kwargs):
+    """With indices, timm's form; without, vitlab's dict (tests/test_models.py)."""
+    ref, ours = both
+    with torch.no_grad():
+        got, want = ours.forward_intermediates(images(), **kwargs), ref.forward_intermediates(images(), **kwargs)
+    if not kwargs.get("intermediates_only"):
+        assert_close_rel(got[0], want[0])
+        got, want = got[1], want[1]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for a, b in zip(g, w) if kwargs.get("return_prefix_tokens") else [(g, w)]:
+            assert a.shape == b.shape
+            assert_close_rel(a, b)
+
+
+def test_torch_export_for_the_dynamo_exporter():
+    """torch.export (what the dynamo-based ONNX exporter runs) captures the model; ONNX itself if installed."""
+    model = vitlab.create_model("vit_ti16", **ARCH).eval()
+    x = images()
+    program = torch.export.export(model, (x,))
+    with torch.no_grad():
+        assert_close_rel(program.module()(x), model(x))
+
+
+def test_onnx_export_dynamo(tmp_path):
+    pytest.importorskip("onnxscript")
+    model = vitlab.create_model("vit_ti16", **ARCH).eval()
+    torch.onnx.export(model, (images(),), str(tmp_path / "m.onnx"), dynamo=True)
+    assert (tmp_path / "m.onnx").stat().st_size > 0

@@ -308,10 +308,29 @@ class VisionTransformer(nn.Module):
             return self.forward_head(feats), attns
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
-    def forward_intermediates(self, x: torch.Tensor) -> dict[str, Any]:
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Any:
         """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
         dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
-        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``."""
+        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``.
+
+        With ``indices`` (the last ``n`` blocks, or a list of block indices) it answers as timm's
+        ``forward_intermediates``: ``(encoded, [patch tokens after each chosen block])``, ``(B, D, rows,
+        cols)`` for ``output_fmt="NCHW"`` or ``(B, N, D)`` for ``"NLC"``, only the list with
+        ``intermediates_only``. (Without ``indices`` vitlab's dict is returned: timm returns all blocks.)"""
+        if indices is not None:
+            if output_fmt not in ("NCHW", "NLC"):
+                raise ConfigError(f"output_fmt: {output_fmt!r} is not one of NCHW, NLC")
+            feats, encoded = self._intermediates(x, indices, output_fmt == "NCHW", return_prefix_tokens, norm)
+            return feats if intermediates_only else (encoded, feats)
         grid = self.grid(x)
         out: dict[str, Any] = {"stem": self.patch_embed(x)}
         z = out["embedded"] = self.embed_tokens(out["stem"], grid)
@@ -395,21 +414,28 @@ class VisionTransformer(nn.Module):
         """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
         DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
         LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
+        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
+
+    def _intermediates(
+        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
+    ) -> tuple[list[Any], torch.Tensor]:
+        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
+        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
         depth = len(self.blocks)
-        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
         if isinstance(n, int) and not 0 < n <= depth:
             raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
+        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
         grid = self.grid(x)
-        kept = self.encode(self.embed(x), grid, keep=True)["blocks"]
+        out = self.encode(self.embed(x), grid, keep=True)
         p = self.num_prefix_tokens
-        out = []
+        feats = []
         for i in indices:
-            z = self.norm(kept[i]) if norm else kept[i]
+            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
             tokens = z[:, p:]
             if reshape:
                 tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
-            out.append((tokens, z[:, :p]) if return_prefix_tokens else tokens)
-        return tuple(out)
+            feats.append((tokens, z[:, :p]) if prefix else tokens)
+        return feats, out["encoded"]
 
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
