@@ -229,5 +229,6 @@ def test_deit_distilled_name():
     ref = timm.create_model("deit_tiny_distilled_patch16_224", depth=1)
     model = vitlab.create_model("deit_tiny_distilled_patch16_224", depth=1)
     assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+    assert model.config.num_params() == sum(p.numel() for p in model.parameters())
     with pytest.raises(ConfigError, match="dist_token"):
         ViTConfig(**OURS, dist_token=True, pool="gap")
