@@ -10,6 +10,7 @@ with timm, Hugging Face and Google's checkpoints.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -39,15 +40,33 @@ __all__ = [
 ]
 
 
-def create_model(name: str, **kwargs: Any) -> nn.Module:
-    """A registered model (``"vit_b16"``, ``"B/16"``, ``"ViT-B/16"``...), randomly initialised,
-    with the speed paths of :mod:`vitlab.accel` (off: ``vitlab.accel.set_enabled(False)``).
-    Keyword arguments as :func:`vitlab.models.create_model` (timm's: ``num_classes``,
-    ``img_size``, ``drop_path_rate``...)."""
-    from .accel import accelerate
-    from .models import create_model as build
+def create_model(
+    name: str, pretrained: bool = False, *, checkpoint_path: str | os.PathLike[str] | None = None, **kwargs: Any
+) -> nn.Module:
+    """A registered model, ours (``"vit_b16"``, ``"B/16"``) or by timm's name (``"vit_base_patch16_224"``,
+    ``"deit_small_patch16_224"``), with the speed paths of :mod:`vitlab.accel` (off:
+    ``vitlab.accel.set_enabled(False)``). Keyword arguments as :func:`vitlab.models.create_model`
+    (timm's ``num_classes``, ``global_pool``, ``img_size``, ``drop_path_rate``...).
 
-    return accelerate(build(name, **kwargs))
+    As timm's ``create_model``: randomly initialised, or with ``pretrained=True`` the public weights
+    for the name (:func:`vitlab.checkpoints.hub.pretrained_name`; downloaded and cached, an
+    :class:`OfflineError` saying what to fetch when offline), or ``checkpoint_path`` weights loaded
+    into the named architecture (every tensor must fit)."""
+    from .accel import accelerate
+    from .checkpoints import load as read
+    from .checkpoints import load_state, read_checkpoint
+    from .checkpoints.hub import pretrained_name
+    from .models import create_model as build
+    from .models.registry import timm_kwargs
+
+    if pretrained and checkpoint_path is not None:
+        raise ConfigError("pass pretrained=True or checkpoint_path=..., not both")
+    if pretrained:  # the architecture comes with the weights; the keyword arguments adapt it
+        return accelerate(read(pretrained_name(name), **timm_kwargs(kwargs)))
+    model = build(name, **kwargs)
+    if checkpoint_path is not None:
+        load_state(model, read_checkpoint(checkpoint_path).state, source=str(checkpoint_path))
+    return accelerate(model)
 
 
 def load(source: Any, **kwargs: Any) -> nn.Module:
@@ -68,6 +87,11 @@ _LAZY = {
     "list_models": "models",
     "resample_posemb": "models",
 }
+
+
+def __dir__() -> list[str]:
+    """The public names only (not this module's imports)."""
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,11 @@ BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
     "norm1": nn.LayerNorm,
     "attn": Attention,
     "attn.qkv": nn.Linear,
+    "attn.q_norm": nn.Identity,
+    "attn.k_norm": nn.Identity,
     "attn.proj": nn.Linear,
     "attn.proj_drop": nn.Dropout,
+    "ls1": nn.Identity,
     "drop_path1": DropPath,
     "norm2": nn.LayerNorm,
     "mlp": Mlp,
@@ -30,10 +33,13 @@ BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
     "mlp.drop1": nn.Dropout,
     "mlp.fc2": nn.Linear,
     "mlp.drop2": nn.Dropout,
+    "ls2": nn.Identity,
     "drop_path2": DropPath,
 }
 """The submodules (and their classes) a :class:`Block` is built with: the speed paths run
-only on a block that still has exactly these."""
+only on a block that still has exactly these. The options they do not implement (layer scale
+``ls1``/``ls2``, qk-norm ``attn.q_norm``/``attn.k_norm``) are identities here, so a block built
+with one of them takes the plain forward."""
 
 
 class FastBlock(Block):

@@ -65,10 +65,12 @@ class FastVisionTransformer(VisionTransformer):
         return (
             self.cls_only_last_block
             and self.config.pool == "cls"
+            and not self.config.dist_token
             and self.cls_token is not None
             and type(last) is FastBlock
             and unchanged(last, BLOCK_LAYOUT)
             and type(self.norm) is nn.LayerNorm
+            and not (self.grad_checkpointing and self.training and torch.is_grad_enabled())
         )
 
     def inference_chunk_size(self, x: torch.Tensor) -> int:
@@ -101,7 +103,7 @@ class FastVisionTransformer(VisionTransformer):
         return super().forward_features(x, return_attention=return_attention)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         if not self.accelerable(x) or return_attention is True:  # (a symbolic trace is not accelerable)
             return super().forward(x, return_attention=return_attention)

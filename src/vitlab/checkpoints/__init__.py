@@ -31,6 +31,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
+from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .native import is_native, load_folder, save
 
@@ -295,9 +296,10 @@ def load(
     :mod:`vitlab.checkpoints.hub`), or an in-memory state dict.
 
     ``overrides`` change the configuration (``img_size=384``, ``act="gelu"``,
-    ``num_heads=6`` ...). Learned position embeddings are resampled to a new
-    ``img_size`` (``"jax"`` mode for npz as in the official code, bicubic for timm
-    and HF). A different ``num_classes`` replaces the classifier by a fresh
+    ``num_heads=6`` ...). Another ``patch_size`` resizes the patch projection as FlexiViT does
+    (:func:`vitlab.models.resample_patch_embed`) and the position embeddings to the new grid.
+    Learned position embeddings are resampled to a new ``img_size`` (``"jax"`` mode for npz as
+    in the official code, bicubic for timm and HF). A different ``num_classes`` replaces the classifier by a fresh
     zero-initialised one, for fine-tuning; that is not a load error.
 
     Raises :class:`CheckpointError` naming missing, unexpected and mis-shaped keys
@@ -313,6 +315,9 @@ def load(
     cfg = _config_for(ckpt, overrides)
     _check_before_building(ckpt, cfg, overrides, max_params=_max_params(max_params))
     state = dict(ckpt.state)
+    proj = state.get("patch_embed.proj.weight")
+    if "patch_size" in overrides and proj is not None and proj.ndim == 4 and proj.shape[-1] != cfg.patch_size:
+        state["patch_embed.proj.weight"] = resample_patch_embed(proj, cfg.patch_size)  # FlexiViT's PI-resize
     old_classes = int(state["head.weight"].shape[0]) if "head.weight" in state else 0
     # head="linear" on a checkpoint with pre-logits drops them (as timm does for fine-tuning), and the classifier
     # with them.
@@ -321,8 +326,8 @@ def load(
         state = {k: v for k, v in state.items() if not k.startswith("pre_logits.")}
     fresh: tuple[str, ...] = ()
     if drop_pre_logits or cfg.num_classes != old_classes:
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        fresh = ("head.",)
+        fresh = ("head.", "head_dist.")  # (DeiT's distillation head is a classifier too)
+        state = {k: v for k, v in state.items() if not k.startswith(fresh)}
     src = str(source) if not isinstance(source, Mapping) else "state dict"
     if strict:  # every shape checked on a model that holds no memory, before the real one is built
         with torch.device("meta"):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, OfflineError
 
-__all__ = ["KNOWN", "HubEntry", "cache_dir", "is_hub_name", "list_names", "resolve"]
+__all__ = ["KNOWN", "HubEntry", "cache_dir", "is_hub_name", "list_names", "pretrained_name", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,34 @@ def _entry(name: str) -> HubEntry | None:
     if m:
         return HubEntry(m.group(1), "hf")
     return None
+
+
+_PREFERRED_TAGS = (
+    "augreg2_in21k_ft_in1k",
+    "augreg_in21k_ft_in1k",
+    "orig_in21k_ft_in1k",
+    "augreg_in1k",
+    "augreg_in21k",
+    "orig_in21k",
+)
+
+
+def pretrained_name(model: str) -> str:
+    """The public checkpoint ``create_model(model, pretrained=True)`` loads: ``timm/<arch>.<tag>`` for a
+    timm name with its tag (``vit_base_patch16_224.augreg_in1k``) or a DeiT name (the ``fb_in1k``
+    weights), else the first of the ImageNet-1k fine-tuned, then pre-trained, tags that exists
+    for the model (``vit_b16`` and ``vit_base_patch16_224`` give ``augreg2_in21k_ft_in1k/vit_b16``)."""
+    n = model.strip().lower()
+    if re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_]+", n):
+        return f"timm/{n}"
+    if n.startswith("deit_"):
+        return f"timm/{n}.fb_in1k"
+    m = re.fullmatch(r"vit_([a-z]+)_patch(\d+)_(\d+)", n)
+    ours = _vitlab_name(*m.groups()) if m and m.group(1) in _SIZES else n
+    for tag in _PREFERRED_TAGS:
+        if f"{tag}/{ours}" in KNOWN:
+            return f"{tag}/{ours}"
+    raise CheckpointError(f"{model}: no public weights are known for this model; pass checkpoint_path=... instead")
 
 
 def is_hub_name(name: str) -> bool:

@@ -21,7 +21,7 @@ import torch
 from ..errors import CheckpointError
 from ..models.registry import VARIANTS
 
-__all__ = ["guess_num_heads", "infer_fields", "variant_name"]
+__all__ = ["guess_num_heads", "infer_fields", "num_registers", "variant_name"]
 
 
 def guess_num_heads(width: int) -> int:
@@ -44,6 +44,12 @@ def variant_name(width: int, depth: int, mlp_dim: int, patch: int) -> str:
         if (v.width, v.depth, v.mlp_dim) == (width, depth, mlp_dim):
             return f"vit_{key}{patch}"
     return "vit_custom"
+
+
+def num_registers(state: dict[str, torch.Tensor]) -> int:
+    """Register tokens in a state dict: the rows of ``reg_token`` ``(1, R, D)``, else 0."""
+    reg = state.get("reg_token")
+    return int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0
 
 
 def _grid_side(n: int, what: str) -> int:
@@ -100,11 +106,19 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         "qkv_bias": "blocks.0.attn.qkv.bias" in state,
         "class_token": "cls_token" in state,
         "name": variant_name(int(width), depth, mlp_dim, int(ph)),
+        "reg_tokens": num_registers(state),
+        "dist_token": "dist_token" in state,
+        "pre_norm": "norm_pre.weight" in state,
+        "qk_norm": "blocks.0.attn.q_norm.weight" in state,
+        # layer scale: the trained gammas load over it; the value is only where training would start
+        "init_values": 1e-5 if "blocks.0.ls1.gamma" in state else None,
     }
+    if f["pre_norm"]:  # CLIP image towers (timm's *_clip_*): their LayerNorms use eps 1e-5, invisible in the weights
+        f["norm_eps"] = 1e-5
     if hybrid is not None:
         f["hybrid_layers"] = hybrid
         f["name"] = "vit_hybrid_custom"
-    prefix = 1 if f["class_token"] else 0
+    prefix = (1 if f["class_token"] else 0) + int(f["dist_token"]) + f["reg_tokens"]
     if "pos_embed" in state:
         f["posemb"] = "learn"
         side = _grid_side(state["pos_embed"].shape[-2] - prefix, "pos_embed")
@@ -114,7 +128,9 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         f["img_size"] = (state["pos_embed_row"].shape[1] * ph * stride, state["pos_embed_col"].shape[1] * ph * stride)
     else:
         f["posemb"] = "none"
-    if "fc_norm.weight" in state:
+    if "attn_pool.latent" in state:  # SigLIP-style attention pooling (timm's AttentionPoolLatent)
+        f["pool"], f["fc_norm"] = "map", False
+    elif "fc_norm.weight" in state:
         f["pool"], f["fc_norm"] = "gap", True
     else:
         f["pool"], f["fc_norm"] = ("cls" if f["class_token"] else "gap"), False

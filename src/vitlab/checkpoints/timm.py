@@ -3,9 +3,9 @@
 vitlab uses timm's parameter names, so these load as they are; two layouts
 need a small adaptation:
 
-* ``no_embed_class`` models (DeiT-III and others) store the position embedding
-  without a class row and add it before the class token is prepended; that is
-  the same as a class row of zeros, which is what we insert.
+* ``no_embed_class`` models (DeiT-III, DINOv2 and others) store the position embedding
+  without rows for the class and register tokens and add it before those are prepended;
+  that is the same as rows of zeros for them, which is what we insert.
 * timm Hub folders carry a ``config.json`` with ``global_pool``, sometimes ``model_args``
   (``num_heads``), and a ``pretrained_cfg`` with the normalisation and label names; they are
   read when present next to the file.
@@ -26,6 +26,7 @@ import torch
 from ..errors import CheckpointError, ConfigError
 from ..models.config import check_fields
 from .files import read_config_file
+from .infer import num_registers
 
 __all__ = ["convert_state", "is_timm_state", "read_hub_config"]
 
@@ -39,13 +40,14 @@ def is_timm_state(state: dict[str, torch.Tensor]) -> bool:
 
 
 def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm names -> vitlab names (the same), inserting the zero class row of ``no_embed_class`` models."""
+    """timm names -> vitlab names (the same), inserting the zero prefix rows of ``no_embed_class`` models."""
     out = dict(state)
     pe = out.get("pos_embed")
-    if pe is not None and "cls_token" in out and pe.ndim == 3:
+    prefix = int("cls_token" in out) + int("dist_token" in out) + num_registers(out)
+    if pe is not None and prefix and pe.ndim == 3:
         n = pe.shape[1]
-        if math.isqrt(n) ** 2 == n and math.isqrt(n - 1) ** 2 != n - 1:
-            out["pos_embed"] = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)
+        if math.isqrt(n) ** 2 == n and (n < prefix or math.isqrt(n - prefix) ** 2 != n - prefix):
+            out["pos_embed"] = torch.cat([pe.new_zeros(1, prefix, pe.shape[2]), pe], dim=1)
     return out
 
 
@@ -69,13 +71,15 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
     if "mean" in pre and "std" in pre:
         fields["mean"], fields["std"] = pre["mean"], pre["std"]
     pool = raw.get("global_pool", "")
-    pool = {"token": "cls", "avg": "gap"}.get(pool) if isinstance(pool, str) else None
+    pool = {"token": "cls", "avg": "gap", "map": "map"}.get(pool) if isinstance(pool, str) else None
     if pool:
         fields["pool"] = pool
     if "num_heads" in args:
         fields["num_heads"] = args["num_heads"]
     elif raw["architecture"] in _HEADS:
         fields["num_heads"] = _HEADS[raw["architecture"]]
+    if isinstance(raw["architecture"], str) and "quickgelu" in raw["architecture"]:
+        fields["act"] = "quick_gelu"  # OpenAI's CLIP weights (the activation is invisible in the weights)
     names = raw.get("label_names") or pre.get("label_names")
     if names:
         fields["class_names"] = names

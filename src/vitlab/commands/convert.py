@@ -12,7 +12,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         description=(
             "Read a checkpoint in any supported format (timm .pth/.bin/.safetensors, a Hugging Face\n"
             "save_pretrained folder, a Google .npz of vit_jax or big_vision, a vitlab folder, or a\n"
-            "known public name) and write it as DST/model.safetensors + DST/config.json.\n\n"
+            "known public name) and write it as DST/model.safetensors + DST/config.json, or, when DST\n"
+            "ends in .npz, as Google's .npz (--layout vit_jax or big_vision).\n\n"
             "The architecture is inferred from the tensor shapes; the head count comes from the\n"
             "paper's table (width -> heads) unless the format stores it or --num-heads says.\n"
             "Known names (downloaded with huggingface_hub): <tag>/<model>, e.g.\n"
@@ -20,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab convert ViT-B_16.npz out/vit_b16\n"
             "  vitlab convert hf_vit_folder/ out/vit_hf --img-size 384\n"
-            "  vitlab convert augreg_in21k_ft_in1k/vit_b16 out/b16 --num-classes 10   # new zero head for fine-tuning"
+            "  vitlab convert augreg_in21k_ft_in1k/vit_b16 out/b16 --num-classes 10   # new zero head for fine-tuning\n"
+            "  vitlab convert out/vit_b16 vit_b16.npz --layout big_vision"
         ),
         formatter_class=formatter,
     )
@@ -37,6 +39,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--no-strict", action="store_true", help="load what fits and warn about the rest, instead of failing"
     )
+    p.add_argument("--patch-size", type=int, default=None, help="resize the patch projection (FlexiViT)")
+    p.add_argument(
+        "--layout", choices=["vit_jax", "big_vision"], default="vit_jax", help="the .npz layout when DST ends in .npz"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a model already in DST")
     p.set_defaults(func=run)
 
@@ -47,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from .._fs import writes_onto
     from ..checkpoints import load, save
     from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
+    from ..checkpoints.npz import write_npz
     from ..errors import ConfigError
 
     dst = Path(args.dst)
-    files = [dst / WEIGHTS_NAME, dst / CONFIG_NAME]
+    files = [dst] if dst.suffix == ".npz" else [dst / WEIGHTS_NAME, dst / CONFIG_NAME]
     same = Path(args.src).exists() and dst.exists() and dst.resolve() == Path(args.src).resolve()
     if same or writes_onto(files, args.src):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"{dst}: would overwrite the input {args.src}; convert into another folder")
@@ -63,10 +70,14 @@ def run(args: argparse.Namespace) -> int:
         ("act", args.act),
         ("num_heads", args.num_heads),
         ("num_classes", args.num_classes),
+        ("patch_size", args.patch_size),
     )
     overrides = {k: v for k, v in pairs if v is not None}
     model = load(args.src, strict=not args.no_strict, **overrides)
-    out = save(model, dst, extra={"converted_from": str(args.src)}, overwrite=args.overwrite)
+    if dst.suffix == ".npz":
+        out = write_npz(model, dst, layout=args.layout, overwrite=args.overwrite)
+    else:
+        out = save(model, dst, extra={"converted_from": str(args.src)}, overwrite=args.overwrite)
     cfg = model.config
     print(
         f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, "

@@ -3,6 +3,7 @@ embeddings, masked patch prediction) and the registry of named configurations. N
 imports from the rest of vitlab except errors; the speed paths live in :mod:`vitlab.accel`."""
 
 from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
+from .flexi import resample_patch_embed
 from .layers import Attention, Block, DropPath, Mlp, PatchEmbed
 from .posemb import resample_posemb, sincos_2d
 from .registry import VARIANTS, create_model, list_models, model_config, register, resolve_name
@@ -26,6 +27,7 @@ __all__ = [
     "list_models",
     "model_config",
     "register",
+    "resample_patch_embed",
     "resample_posemb",
     "resolve_name",
     "sincos_2d",

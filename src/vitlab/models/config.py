@@ -27,17 +27,17 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
 
-_POOLS = ("cls", "gap")
+_POOLS = ("cls", "gap", "map")
 _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
-_ACTS = ("gelu", "gelu_tanh")
+_ACTS = ("gelu", "gelu_tanh", "quick_gelu")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
 
 _MAX_INT = 1 << 31
 """No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
 so no later product of fields is astronomical."""
-_INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim")
-_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad")
+_INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
+_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
 _FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "norm_eps")
 
@@ -114,7 +114,7 @@ def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{opt}: expected true or false, got {_describe(v)}")
         elif opt in _STRS and not isinstance(v, str):
             raise ConfigError(f"{opt}: expected a string, got {_describe(v)}")
-        elif opt in _FLOATS:
+        elif opt in _FLOATS or (opt == "init_values" and v is not None):
             out[opt] = _float(opt, v)
         elif opt == "representation_size" and v is not None:
             out[opt] = _int(opt, v)
@@ -150,8 +150,26 @@ class ViTConfig:
     mlp_dim: int = 3072
     qkv_bias: bool = True
     class_token: bool = True
+    dist_token: bool = False
+    """DeiT's distillation token (Touvron et al. 2021, "Training data-efficient image transformers &
+    distillation through attention", Sec. 5): a second learned token after the class token, read by
+    its own classifier ``head_dist``; the logits are the mean of both heads (in distilled training
+    both are returned, :meth:`~.vit.VisionTransformer.set_distilled_training`)."""
+    reg_tokens: int = 0
+    """Register tokens (Darcet et al. 2024, "Vision Transformers Need Registers"): learned tokens
+    (``reg_token``, timm's name) put after the class token, attended to and discarded at the end;
+    they take over the global computation that otherwise creates high-norm artefact patches."""
     pool: str = "cls"
-    """``cls``: the class token's final state (Eq. 4); ``gap``: mean of the patch tokens."""
+    """``cls``: the class token's final state (Eq. 4); ``gap``: mean of the patch tokens; ``map``:
+    multihead attention pooling of all tokens by a learned query (:class:`~.layers.MAPHead`, SigLIP)."""
+    init_values: float | None = None
+    """Layer scale (Touvron et al. 2021, CaiT, Sec. 2.1; DINOv2): each residual branch multiplied by a
+    learned per-channel ``gamma`` initialised to this value; None: no layer scale (the paper)."""
+    qk_norm: bool = False
+    pre_norm: bool = False
+    """CLIP's image tower (Radford et al. 2021): a LayerNorm on the embedded sequence z_0 before the
+    blocks (``norm_pre``, timm's name), and a patch projection without bias."""
+    """LayerNorm on each head's queries and keys (Dehghani et al. 2023, ViT-22B, Sec. 2)."""
     fc_norm: bool = False
     """With ``gap``: apply the final LayerNorm after pooling (timm's ``fc_norm``, MAE/DeiT style)
     instead of to every token before pooling (official JAX / big_vision)."""
@@ -199,10 +217,11 @@ class ViTConfig:
         against its parameter cap before it builds a model from an untrusted config."""
         d, m, b = self.embed_dim, self.mlp_dim, int(self.qkv_bias)
         block = 2 * 2 * d + 3 * d * d + 3 * d * b + d * d + d + d * m + m + m * d + d
+        block += (2 * d if self.init_values is not None else 0) + (4 * (d // self.num_heads) if self.qk_norm else 0)
         tokens = self.num_patches + self.num_prefix_tokens
         posemb = {"learn": tokens * d, "learn2d": (sum(self.grid_size)) * d // 2}.get(self.posemb, 0)
         if self.hybrid_layers is None:
-            patch = d * self.in_chans * self.patch_size**2 + d
+            patch = d * self.in_chans * self.patch_size**2 + (0 if self.pre_norm else d)
         else:  # the stem (7x7 conv to 64, GroupNorm), then bottleneck stages of widths 256 * 2**i
             patch, chs = 64 * self.in_chans * 49 + 2 * 64, 64
             for i, units in enumerate(self.hybrid_layers):
@@ -215,7 +234,11 @@ class ViTConfig:
             patch += d * chs * self.patch_size**2 + d
         rep = self.pre_logits_dim
         head = (d * rep + rep if self.head == "mlp" else 0) + (rep * self.num_classes + self.num_classes)
-        return patch + d * self.num_prefix_tokens + posemb + self.depth * block + 2 * d + head
+        head *= 2 if self.dist_token else 1
+        if self.pool == "map":  # latent, q, kv, proj, norm, MLP
+            head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * m + m + m * d + d
+        norms = 2 * d * (2 if self.pre_norm else 1)
+        return patch + d * self.num_prefix_tokens + posemb + self.depth * block + norms + head
 
     @property
     def stem_stride(self) -> int:
@@ -240,7 +263,8 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """Tokens before the patches: the class token, the distillation token, then the registers."""
+        return (1 if self.class_token else 0) + (1 if self.dist_token else 0) + self.reg_tokens
 
     @property
     def mlp_ratio(self) -> float:
@@ -288,6 +312,12 @@ class ViTConfig:
             )
         if self.pool == "cls" and not self.class_token:
             bad("pool", "'cls' pooling needs class_token=True")
+        if self.dist_token and (self.pool != "cls" or self.head != "linear"):
+            bad("dist_token", "the distillation head needs pool='cls' and head='linear' (as DeiT)")
+        if self.pre_norm and self.hybrid_layers is not None:
+            bad("pre_norm", "CLIP's pre-norm is not supported with a hybrid stem")
+        if self.reg_tokens and self.attention == "axial":
+            bad("reg_tokens", "register tokens are not supported with axial attention")
         if self.fc_norm and self.pool != "gap":
             bad("fc_norm", "only applies with pool='gap'")
         if self.posemb == "learn2d" and self.embed_dim % 2:

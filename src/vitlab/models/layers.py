@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 
-__all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "make_act"]
+__all__ = ["Attention", "Block", "DropPath", "LayerScale", "MAPHead", "Mlp", "PatchEmbed", "QuickGELU", "make_act"]
 
 
 def make_act(name: str) -> nn.Module:
@@ -28,7 +28,16 @@ def make_act(name: str) -> nn.Module:
         return nn.GELU(approximate="tanh")
     if name == "relu":
         return nn.ReLU()
-    raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh' or 'relu'")
+    if name == "quick_gelu":
+        return QuickGELU()
+    raise ConfigError(f"unknown activation {name!r}; choose 'gelu', 'gelu_tanh', 'quick_gelu' or 'relu'")
+
+
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the GELU approximation OpenAI's CLIP was trained with (Radford et al. 2021)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 def _check_image(x: torch.Tensor, in_chans: int, patch: int, dynamic_pad: bool) -> torch.Tensor:
@@ -62,12 +71,14 @@ class PatchEmbed(nn.Module):
     timm and the official code store.
     """
 
-    def __init__(self, *, patch_size: int, in_chans: int, embed_dim: int, dynamic_pad: bool = False) -> None:
+    def __init__(
+        self, *, patch_size: int, in_chans: int, embed_dim: int, dynamic_pad: bool = False, bias: bool = True
+    ) -> None:
         super().__init__()
         self.patch_size = patch_size
         self.in_chans = in_chans
         self.dynamic_pad = dynamic_pad
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (rows, columns) for an input of this size."""
@@ -89,10 +100,22 @@ class Attention(nn.Module):
     ``F.scaled_dot_product_attention`` computes it without materialising the weights; when
     they are asked for (``return_attention=True``) the softmax is written out instead, the
     same maths, so analyses get the exact weights.
+
+    ``qk_norm`` (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters",
+    Sec. 2) applies a LayerNorm to each head's queries and keys before their dot product
+    (``q_norm``, ``k_norm``, as timm), which keeps the attention logits from growing without bound.
     """
 
     def __init__(
-        self, *, dim: int, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -101,6 +124,8 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -111,6 +136,7 @@ class Attention(nn.Module):
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
         drop = self.attn_drop if self.training else 0.0
         if return_attention:
             weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
@@ -159,11 +185,27 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch, ``gamma * branch(z)``, started at a small
+    ``init_values`` so each block begins close to the identity (Touvron et al. 2021, "Going deeper
+    with Image Transformers" (CaiT), Sec. 2.1; used by DINOv2). Named ``gamma`` as in timm."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
     """One pre-LayerNorm Transformer encoder layer, Eq. 2-3:
 
     ``z' = MSA(LN(z)) + z`` and ``z = MLP(LN(z')) + z'``.
 
+    With ``init_values`` each branch is scaled by a :class:`LayerScale` (``ls1``, ``ls2``, identities
+    otherwise); with ``qk_norm`` the attention normalises queries and keys (:class:`Attention`).
     ``attn_layer`` and ``mlp_layer`` swap in other attention or MLP classes taking the same
     keyword arguments, as timm's ``Block`` does.
     """
@@ -180,15 +222,22 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
+        init_values: float | None = None,
+        qk_norm: bool = False,
         attn_layer: Callable[..., nn.Module] = Attention,
         mlp_layer: Callable[..., nn.Module] = Mlp,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = attn_layer(dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
+        qk = {"qk_norm": True, "norm_eps": norm_eps} if qk_norm else {}  # (other attention classes need not know it)
+        self.attn = attn_layer(
+            dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, **qk
+        )
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = mlp_layer(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
     def forward(
@@ -199,6 +248,43 @@ class Block(nn.Module):
             y, weights = self.attn(self.norm1(x), return_attention=True)
         else:
             y = self.attn(self.norm1(x))
-        x = x + self.drop_path1(y)  # Eq. 2
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))  # Eq. 3
+        x = x + self.drop_path1(self.ls1(y))  # Eq. 2
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3
         return (x, weights) if return_attention else x
+
+
+class MAPHead(nn.Module):
+    """Multihead attention pooling ("MAP"): one learned query (``latent``) attends over all the
+    encoded tokens, then an MLP with a residual, ``y = a + MLP(LN(a))`` (Lee et al. 2019, "Set
+    Transformer", PMA; Zhai et al. 2022, "Scaling Vision Transformers", Sec. 3.2; SigLIP's
+    pooling). It replaces Eq. 4's class token; names are timm's ``AttentionPoolLatent``
+    (big_vision's ``MAPHead``: ``probe``, ``MultiHeadDotProductAttention_0``, ``LayerNorm_0``,
+    ``MlpBlock_0``)."""
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        qkv_bias: bool = True,
+        act: str = "gelu",
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D)`` -> ``(B, D)``."""
+        b, t, d = x.shape
+        q = self.q(self.latent).view(1, 1, self.num_heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
+        k, v = self.kv(x).view(b, t, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        a = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d))
+        return (a + self.mlp(self.norm(a)))[:, 0]

@@ -14,11 +14,20 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import UnknownModelError
-from .config import ViTConfig
-from .vit import VisionTransformer
+from ..errors import ConfigError, UnknownModelError
+from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, mlp_dim_for
+from .vit import VisionTransformer, pool_name
 
-__all__ = ["VARIANTS", "Variant", "create_model", "list_models", "model_config", "register", "resolve_name"]
+__all__ = [
+    "TIMM_ALIASES",
+    "VARIANTS",
+    "Variant",
+    "create_model",
+    "list_models",
+    "model_config",
+    "register",
+    "resolve_name",
+]
 
 
 @dataclass(frozen=True)
@@ -124,25 +133,97 @@ def _order(name: str) -> tuple[int, int]:
 
 
 def resolve_name(name: str) -> str:
-    """Canonical name: ``"B/16"``, ``"ViT-B/16"`` and ``"vit_b16"`` all give ``"vit_b16"``."""
+    """Canonical name: ``"B/16"``, ``"ViT-B/16"`` and ``"vit_b16"`` all give ``"vit_b16"``; timm's
+    names give ours (``"vit_base_patch16_224"`` -> ``"vit_b16"``, see :data:`TIMM_ALIASES`)."""
     n = name.strip()
     m = re.fullmatch(r"(?i)(?:vit[-_])?(ti|s|b|l|h|g)/(\d+)", n)
     if m:
         return f"vit_{m.group(1).lower()}{m.group(2)}"
-    return n.lower()
+    alias = TIMM_ALIASES.get(n.lower().split(".", 1)[0])
+    return alias[0] if alias else n.lower()
+
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g"}
+
+
+def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
+    """timm's architecture names -> (our name, the config fields the timm name implies). DeiT
+    (Touvron et al. 2021) is the same architecture trained with ImageNet's normalisation."""
+    table: dict[str, tuple[str, dict[str, Any]]] = {}
+    for size, ours in _TIMM_SIZES.items():
+        for patch in _PATCHES[ours]:
+            for res in (224, 384):
+                table[f"vit_{size}_patch{patch}_{res}"] = (f"vit_{ours}{patch}", {"img_size": res})
+    for size in ("tiny", "small", "base"):
+        for res in (224, 384) if size == "base" else (224,):
+            fields = {"img_size": res, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+            table[f"deit_{size}_patch16_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
+            table[f"deit_{size}_distilled_patch16_{res}"] = (
+                f"vit_{_TIMM_SIZES[size]}16",
+                {**fields, "dist_token": True},
+            )
+    # DINOv2 (Oquab et al. 2023): layer scale; "_reg4" adds 4 registers (Darcet et al. 2024)
+    for size in ("small", "base", "large"):
+        fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+        table[f"vit_{size}_patch14_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", fields)
+        table[f"vit_{size}_patch14_reg4_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", {**fields, "reg_tokens": 4})
+    # CLIP (Radford et al. 2021) image towers: pre-norm, LayerNorm eps 1e-5; OpenAI's weights use QuickGELU
+    # (OpenAI's "head" is the projection into the joint image-text space, 512 or 768 wide, as timm's defaults)
+    for size, patches, proj in (("base", (32, 16), 512), ("large", (14,), 768), ("huge", (14,), 1024)):
+        for patch in patches:
+            fields = {"pre_norm": True, "norm_eps": 1e-5, "mean": CLIP_MEAN, "std": CLIP_STD}
+            ours = f"vit_{_TIMM_SIZES[size]}{patch}"
+            table[f"vit_{size}_patch{patch}_clip_224"] = (ours, fields)
+            quick = {**fields, "act": "quick_gelu", "num_classes": proj}
+            table[f"vit_{size}_patch{patch}_clip_quickgelu_224"] = (ours, quick)
+    # SigLIP (Zhai et al. 2023) image towers: no class token, attention pooling
+    for size, resolutions in (("base", (224, 256, 384, 512)), ("large", (256, 384))):
+        for res in resolutions:
+            fields = {"img_size": res, "class_token": False, "pool": "map", "num_classes": 0}
+            table[f"vit_{size}_patch16_siglip_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
+    return table
+
+
+TIMM_ALIASES: dict[str, tuple[str, dict[str, Any]]] = _timm_aliases()
+"""timm's names that ``create_model`` accepts (with or without a ``.pretrained_tag``)."""
+
+
+def timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """timm's ``create_model`` keyword arguments as :class:`ViTConfig` fields: ``global_pool``
+    (``token``/``avg`` or ours) -> ``pool``, ``mlp_ratio`` -> ``mlp_dim``; the rest as they are."""
+    out = dict(kwargs)
+    if "global_pool" in out:
+        pool = out.pop("global_pool")
+        if not isinstance(pool, str):
+            raise ConfigError(f"global_pool: expected a string, got {type(pool).__name__}")
+        out["pool"] = pool_name(pool)
+    return out
 
 
 def create_model(
-    name: str, *, num_classes: int = 1000, img_size: int | tuple[int, int] = 224, **overrides: Any
+    name: str, *, num_classes: int | None = None, img_size: int | tuple[int, int] | None = None, **overrides: Any
 ) -> nn.Module:
     """Build a registered model, randomly initialised (use :func:`vitlab.load` for weights).
+    ``name`` is ours (``vit_s16``, ``S/16``) or timm's (``vit_small_patch16_224``,
+    ``deit_small_patch16_224``); keyword arguments are :class:`ViTConfig` fields or timm's
+    (``global_pool``, ``mlp_ratio``).
 
     >>> model = create_model("vit_s16", num_classes=10, img_size=384, drop_path_rate=0.1)
     """
     canon = resolve_name(name)
     builder = _BUILDERS.get(canon)
     if builder is None:
-        close = difflib.get_close_matches(canon, list(_BUILDERS), n=3, cutoff=0.5)
+        names = [*_BUILDERS, *TIMM_ALIASES]
+        close = difflib.get_close_matches(canon.split(".", 1)[0], names, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; run `vitlab models` for the list"
         raise UnknownModelError(f"unknown model {name!r}{hint}")
-    return builder(num_classes=num_classes, img_size=img_size, **overrides)
+    implied = dict(TIMM_ALIASES.get(name.strip().lower().split(".", 1)[0], ("", {}))[1])
+    fields = {**implied, **timm_kwargs(overrides)}
+    if "mlp_ratio" in fields:
+        width = fields.get("embed_dim", model_config(canon).embed_dim)
+        fields["mlp_dim"] = mlp_dim_for(width, fields.pop("mlp_ratio"))
+    for option, value, default in (("img_size", img_size, 224), ("num_classes", num_classes, 1000)):
+        fields[option] = value if value is not None else fields.get(option, default)
+    return builder(**fields)

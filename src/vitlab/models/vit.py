@@ -21,14 +21,28 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
 from .hybrid import HybridEmbed, backbone_macs
-from .layers import Block, PatchEmbed
+from .layers import Block, LayerScale, MAPHead, PatchEmbed
 from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
 
-__all__ = ["VisionTransformer", "count_macs"]
+__all__ = ["TIMM_POOL", "VisionTransformer", "count_macs", "pool_name"]
+
+TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
+"""Our pooling names -> timm's ``global_pool`` values."""
+
+
+def pool_name(global_pool: str) -> str:
+    """Our pooling name for timm's ``global_pool`` (``token`` -> ``cls``, ``avg`` -> ``gap``) or ours."""
+    ours = {v: k for k, v in TIMM_POOL.items()}.get(global_pool, global_pool)
+    if ours not in TIMM_POOL:
+        names = sorted({*TIMM_POOL, *TIMM_POOL.values()})
+        raise ConfigError(f"global_pool: {global_pool!r} is not one of {', '.join(names)}")
+    return ours
 
 
 class VisionTransformer(nn.Module):
@@ -55,6 +69,8 @@ class VisionTransformer(nn.Module):
         # Eq. 1: patch embedding E (or a ResNet stem, Sec. 3.1 "Hybrid"), class token, E_pos
         self.patch_embed = self._make_stem(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, d)) if cfg.reg_tokens else None
         gh, gw = cfg.grid_size
         if cfg.posemb == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + gh * gw, d))
@@ -62,6 +78,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, d // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, d - d // 2))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        self.norm_pre = nn.LayerNorm(d, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()  # CLIP
         # Eq. 2-3: L encoder blocks, stochastic depth growing linearly with depth
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.ModuleList(self._make_block(cfg, dpr[i], block_fn) for i in range(cfg.depth))
@@ -69,6 +86,7 @@ class VisionTransformer(nn.Module):
         use_fc_norm = cfg.pool == "gap" and cfg.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        self.attn_pool = self._make_map_head(cfg) if cfg.pool == "map" else None
         self.head_drop = nn.Dropout(cfg.drop_rate)
         if cfg.head == "mlp":  # pre-training: one hidden tanh layer (Sec. 3.1)
             self.pre_logits = nn.Sequential()
@@ -77,7 +95,12 @@ class VisionTransformer(nn.Module):
         else:  # fine-tuning: a single (zero-initialised) linear layer
             self.pre_logits = nn.Identity()
         self.head = nn.Linear(cfg.pre_logits_dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head_dist = self._make_dist_head(cfg.num_classes) if cfg.dist_token else None
+        self.distilled_training = False
+        """With a distillation token, training forwards return (class logits, distillation logits)."""
         self._captured: list[torch.Tensor] | None = None
+        self.grad_checkpointing = False
+        """Recompute each block in the backward pass instead of storing its activations (training only)."""
         self.init_weights()
 
     # -- construction (the hybrid and axial variants differ here) ----------------
@@ -87,7 +110,26 @@ class VisionTransformer(nn.Module):
                 layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim
             )
         return PatchEmbed(
-            patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim, dynamic_pad=cfg.dynamic_img_pad
+            patch_size=cfg.patch_size,
+            in_chans=cfg.in_chans,
+            embed_dim=cfg.embed_dim,
+            dynamic_pad=cfg.dynamic_img_pad,
+            bias=not cfg.pre_norm,
+        )
+
+    def _make_dist_head(self, num_classes: int) -> nn.Module:
+        d = self.config.embed_dim
+        return nn.Linear(d, num_classes) if num_classes > 0 else nn.Identity()
+
+    @staticmethod
+    def _make_map_head(cfg: ViTConfig) -> MAPHead:
+        return MAPHead(
+            dim=cfg.embed_dim,
+            num_heads=cfg.num_heads,
+            mlp_dim=cfg.mlp_dim,
+            qkv_bias=cfg.qkv_bias,
+            act=cfg.act,
+            norm_eps=cfg.norm_eps,
         )
 
     def _make_block(self, cfg: ViTConfig, drop_path: float, block_fn: type[nn.Module] | None) -> nn.Module:
@@ -103,6 +145,8 @@ class VisionTransformer(nn.Module):
             attn_drop=cfg.attn_drop_rate,
             drop_path=drop_path,
             norm_eps=cfg.norm_eps,
+            init_values=cfg.init_values,
+            qk_norm=cfg.qk_norm,
         )
 
     @torch.no_grad()
@@ -121,6 +165,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
+            elif isinstance(m, LayerScale):
+                nn.init.constant_(m.gamma, m.init_values)
         proj = getattr(self.patch_embed, "proj", None)
         if isinstance(proj, nn.Conv2d):
             fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
@@ -134,13 +180,23 @@ class VisionTransformer(nn.Module):
         ):
             if p is not None:
                 nn.init.normal_(p, std=0.02)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if isinstance(self.head_dist, nn.Linear):
+            nn.init.zeros_(self.head_dist.weight)
+            nn.init.zeros_(self.head_dist.bias)
+        if self.reg_token is not None:  # as timm: near zero, told apart by their position embeddings
+            nn.init.normal_(self.reg_token, std=1e-6)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters excluded from weight decay besides norms and biases."""
-        return {n for n in ("pos_embed", "cls_token", "pos_embed_row", "pos_embed_col") if hasattr(self, n)}
+        names = ("pos_embed", "cls_token", "dist_token", "reg_token", "pos_embed_row", "pos_embed_col")
+        return {n for n in names if getattr(self, n, None) is not None}
 
     # -- Eq. 1: the embedded sequence z_0 ----------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -159,12 +215,13 @@ class VisionTransformer(nn.Module):
         pe = self.patch_posemb(grid, like=tokens)
         if pe is not None:
             tokens = tokens + pe
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(tokens.shape[0], -1, -1)
-            if cfg.posemb == "learn":  # the class token's own row of E_pos
-                cls = cls + self.pos_embed[:, :1]
-            tokens = torch.cat([cls, tokens], dim=1)
-        return self.pos_drop(tokens)
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if prefix:
+            pre = torch.cat(prefix, dim=1).expand(tokens.shape[0], -1, -1)
+            if cfg.posemb == "learn":  # their own rows of E_pos
+                pre = pre + self.pos_embed[:, : self.num_prefix_tokens]
+            tokens = torch.cat([pre, tokens], dim=1)
+        return self.norm_pre(self.pos_drop(tokens))
 
     def patch_posemb(self, grid: tuple[int, int], *, like: torch.Tensor | None = None) -> torch.Tensor | None:
         """E_pos of the patch tokens of a ``grid`` (``(1, N, D)``, in ``like``'s dtype and device for
@@ -186,11 +243,14 @@ class VisionTransformer(nn.Module):
         final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
         block's output z_1 .. z_L (``blocks``)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
         for blk in self.blocks:
             kw = {"grid": grid} if self.config.attention == "axial" else {}
             if attention:
                 z, a = blk(z, return_attention=True, **kw)
                 out["attention"].append(a)
+            elif recompute:  # activation checkpointing: memory for compute, same gradients
+                z = checkpoint(blk, z, use_reentrant=False, **kw)
             else:
                 z = blk(z, **kw)
             if keep:
@@ -214,30 +274,63 @@ class VisionTransformer(nn.Module):
 
     # -- Eq. 4 and the head --------------------------------------------------------
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``."""
+        """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``; attention pooling of the patch
+        tokens for ``map`` (as timm: class and register tokens are not pooled)."""
         if self.config.pool == "cls":
             return x[:, 0]
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
         return x[:, self.num_prefix_tokens :].mean(dim=1)
 
     def forward_head(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Pool the encoded tokens and classify; ``pre_logits=True`` stops before the classifier."""
+        if self.head_dist is not None:  # DeiT: class token -> head, distillation token -> head_dist
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            if pre_logits:
+                return (x + x_dist) / 2
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+            if self.distilled_training and self.training:
+                return x, x_dist  # type: ignore[return-value]
+            return (x + x_dist) / 2
         x = self.fc_norm(self.pool(x))
         x = self.pre_logits(self.head_drop(x))
         return x if pre_logits else self.head(x)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights."""
+        """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights.
+
+        ``return_attention`` may be passed by position: PyTorch's TorchScript-based ONNX exporter
+        (``torch.onnx.export(..., dynamo=False)``) appends every defaulted parameter positionally."""
         if return_attention is True:  # `is`: a symbolic trace (torch.fx) passes a proxy for the flag
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
-    def forward_intermediates(self, x: torch.Tensor) -> dict[str, Any]:
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Any:
         """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
         dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
-        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``."""
+        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``.
+
+        With ``indices`` (the last ``n`` blocks, or a list of block indices) it answers as timm's
+        ``forward_intermediates``: ``(encoded, [patch tokens after each chosen block])``, ``(B, D, rows,
+        cols)`` for ``output_fmt="NCHW"`` or ``(B, N, D)`` for ``"NLC"``, only the list with
+        ``intermediates_only``. (Without ``indices`` vitlab's dict is returned: timm returns all blocks.)"""
+        if indices is not None:
+            if output_fmt not in ("NCHW", "NLC"):
+                raise ConfigError(f"output_fmt: {output_fmt!r} is not one of NCHW, NLC")
+            feats, encoded = self._intermediates(x, indices, output_fmt == "NCHW", return_prefix_tokens, norm)
+            return feats if intermediates_only else (encoded, feats)
         grid = self.grid(x)
         out: dict[str, Any] = {"stem": self.patch_embed(x)}
         z = out["embedded"] = self.embed_tokens(out["stem"], grid)
@@ -245,6 +338,104 @@ class VisionTransformer(nn.Module):
         out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
         out["logits"] = self.head(out["pre_logits"])
         return out
+
+    # -- timm's model API (``timm.models.VisionTransformer``'s names and meanings) ----
+    @property
+    def num_features(self) -> int:
+        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
+        return self.config.embed_dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
+        return self.config.pre_logits_dim
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def global_pool(self) -> str:
+        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
+        return TIMM_POOL[self.config.pool]
+
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
+        self.distilled_training = bool(enable)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
+        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
+        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
+        if global_pool is not None:
+            changes["pool"] = pool_name(global_pool)
+            if changes["pool"] == "map" and self.attn_pool is None:
+                raise ConfigError("global_pool: 'map' needs a model built with it (its attention pool is trained)")
+        self.config = self.config.replace(**changes)
+        if self.config.pool != "map":
+            self.attn_pool = None
+        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
+        if num_classes > 0:
+            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
+            if num_classes > 0:
+                nn.init.zeros_(self.head_dist.weight)
+                nn.init.zeros_(self.head_dist.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
+        self.grad_checkpointing = bool(enable)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
+        final norm (the head is the last group), for layer-wise learning-rate decay."""
+        return {
+            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | list[int] | tuple[int, ...] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> tuple[Any, ...]:
+        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
+        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
+        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
+        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
+
+    def _intermediates(
+        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
+    ) -> tuple[list[Any], torch.Tensor]:
+        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
+        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
+        depth = len(self.blocks)
+        if isinstance(n, int) and not 0 < n <= depth:
+            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
+        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
+        grid = self.grid(x)
+        out = self.encode(self.embed(x), grid, keep=True)
+        p = self.num_prefix_tokens
+        feats = []
+        for i in indices:
+            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
+            tokens = z[:, p:]
+            if reshape:
+                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+            feats.append((tokens, z[:, :p]) if prefix else tokens)
+        return feats, out["encoded"]
 
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
