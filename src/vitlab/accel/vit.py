@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.flops import block_macs
 from ..models.layers import Block
-from ..models.vit import VisionTransformer, block_macs
+from ..models.vit import VisionTransformer
 from .blocks import BLOCK_LAYOUT, FastBlock
 from .buffers import share_scratch
 from .native import available as c_kernels_available

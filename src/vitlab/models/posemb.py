@@ -7,13 +7,14 @@ embeddings, according to their location in the original image" (Sec. 3.2).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ResampleMode", "grid_of", "resample_1d", "resample_posemb", "sincos_2d"]
+__all__ = ["ResampleMode", "grid_of", "patch_posemb_table", "resample_1d", "resample_posemb", "sincos_2d"]
 
 ResampleMode = Literal["jax", "bilinear", "bicubic"]
 
@@ -122,3 +123,35 @@ def resample_1d(emb: torch.Tensor, length: int, *, mode: ResampleMode = "bicubic
         return emb
     x = emb.permute(0, 2, 1)
     return _interp(x, (length,), mode, antialias=False).permute(0, 2, 1)
+
+
+def patch_posemb_table(
+    like: torch.Tensor,
+    grid: tuple[int, int],
+    kind: str,
+    trained_grid: tuple[int, int],
+    mode: str,
+    prefix: int,
+    dim: int,
+    *params: torch.Tensor,
+) -> torch.Tensor:
+    """E_pos for the patch tokens of a ``grid`` (``(1, N, D)``): the learned table resampled in 2-D
+    when the grid differs from the trained one (Sec. 3.2), the row and column tables of the 2-D
+    variant (Appendix D.4), or the fixed sine-cosine embedding (in ``like``'s dtype and device)."""
+    if kind == "learn":
+        pe = params[0][:, prefix:]
+        if tuple(grid) != tuple(trained_grid):
+            old = tuple(trained_grid)
+            pe = resample_posemb(pe, grid, old_grid=old, num_prefix_tokens=0, mode=mode)  # type: ignore[arg-type]
+        return pe
+    if kind == "learn2d":
+        gh, gw = grid
+        rows = resample_1d(params[0], gh, mode=mode)[:, :, None, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
+        cols = resample_1d(params[1], gw, mode=mode)[:, None, :, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
+        return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)
+    return _sincos(grid[0], grid[1], dim).to(device=like.device, dtype=like.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _sincos(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
+    return sincos_2d(grid_h, grid_w, dim)[None]

@@ -16,7 +16,8 @@ from torch import nn
 
 from ..errors import ConfigError, UnknownModelError
 from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, mlp_dim_for
-from .vit import VisionTransformer, pool_name
+from .timm_api import pool_name
+from .vit import VisionTransformer
 
 __all__ = [
     "TIMM_ALIASES",

@@ -14,7 +14,6 @@ intermediate an analysis asks for (:meth:`VisionTransformer.forward_intermediate
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -26,26 +25,16 @@ from torch.utils.checkpoint import checkpoint
 from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
-from .hybrid import HybridEmbed, backbone_macs
+from .flops import count_macs
+from .hybrid import HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchEmbed
-from .posemb import grid_of, resample_1d, resample_posemb, sincos_2d
+from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
+from .timm_api import TimmModelApi
 
-__all__ = ["TIMM_POOL", "VisionTransformer", "count_macs", "pool_name"]
-
-TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
-"""Our pooling names -> timm's ``global_pool`` values."""
+__all__ = ["VisionTransformer"]
 
 
-def pool_name(global_pool: str) -> str:
-    """Our pooling name for timm's ``global_pool`` (``token`` -> ``cls``, ``avg`` -> ``gap``) or ours."""
-    ours = {v: k for k, v in TIMM_POOL.items()}.get(global_pool, global_pool)
-    if ours not in TIMM_POOL:
-        names = sorted({*TIMM_POOL, *TIMM_POOL.values()})
-        raise ConfigError(f"global_pool: {global_pool!r} is not one of {', '.join(names)}")
-    return ours
-
-
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmModelApi, nn.Module):
     """ViT with timm's parameter names.
 
     Build it from a :class:`ViTConfig`, keyword overrides, or both::
@@ -233,7 +222,7 @@ class VisionTransformer(nn.Module):
             like = next(self.parameters())
         tables = {"learn": ("pos_embed",), "learn2d": ("pos_embed_row", "pos_embed_col")}.get(cfg.posemb, ())
         args = (cfg.posemb, cfg.grid_size, cfg.posemb_resample, self.num_prefix_tokens, cfg.embed_dim)
-        return _patch_posemb(like, grid, *args, *(getattr(self, n) for n in tables))
+        return patch_posemb_table(like, grid, *args, *(getattr(self, n) for n in tables))
 
     # -- Eq. 2-3 and the final LayerNorm: the one block loop ---------------------
     def encode(
@@ -339,104 +328,6 @@ class VisionTransformer(nn.Module):
         out["logits"] = self.head(out["pre_logits"])
         return out
 
-    # -- timm's model API (``timm.models.VisionTransformer``'s names and meanings) ----
-    @property
-    def num_features(self) -> int:
-        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
-        return self.config.embed_dim
-
-    @property
-    def head_hidden_size(self) -> int:
-        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
-        return self.config.pre_logits_dim
-
-    @property
-    def num_classes(self) -> int:
-        return self.config.num_classes
-
-    @property
-    def global_pool(self) -> str:
-        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
-        return TIMM_POOL[self.config.pool]
-
-    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
-        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
-        return self.head if self.head_dist is None else (self.head, self.head_dist)
-
-    def set_distilled_training(self, enable: bool = True) -> None:
-        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
-        self.distilled_training = bool(enable)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
-        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
-        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
-        if global_pool is not None:
-            changes["pool"] = pool_name(global_pool)
-            if changes["pool"] == "map" and self.attn_pool is None:
-                raise ConfigError("global_pool: 'map' needs a model built with it (its attention pool is trained)")
-        self.config = self.config.replace(**changes)
-        if self.config.pool != "map":
-            self.attn_pool = None
-        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
-        if num_classes > 0:
-            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        else:
-            self.head = nn.Identity()
-        if self.head_dist is not None:
-            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
-            if num_classes > 0:
-                nn.init.zeros_(self.head_dist.weight)
-                nn.init.zeros_(self.head_dist.bias)
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
-        self.grad_checkpointing = bool(enable)
-
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
-        final norm (the head is the last group), for layer-wise learning-rate decay."""
-        return {
-            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
-            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
-        }
-
-    def get_intermediate_layers(
-        self,
-        x: torch.Tensor,
-        n: int | list[int] | tuple[int, ...] = 1,
-        reshape: bool = False,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-    ) -> tuple[Any, ...]:
-        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
-        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
-        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
-        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
-
-    def _intermediates(
-        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
-    ) -> tuple[list[Any], torch.Tensor]:
-        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
-        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
-        depth = len(self.blocks)
-        if isinstance(n, int) and not 0 < n <= depth:
-            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
-        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
-        grid = self.grid(x)
-        out = self.encode(self.embed(x), grid, keep=True)
-        p = self.num_prefix_tokens
-        feats = []
-        for i in indices:
-            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
-            tokens = z[:, p:]
-            if reshape:
-                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
-            feats.append((tokens, z[:, :p]) if prefix else tokens)
-        return feats, out["encoded"]
-
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
         """Context manager: every forward inside it appends each layer's exact
@@ -490,72 +381,6 @@ class VisionTransformer(nn.Module):
         return count_macs(self.config, img_size)
 
 
-def _patch_posemb(
-    like: torch.Tensor,
-    grid: tuple[int, int],
-    kind: str,
-    trained_grid: tuple[int, int],
-    mode: str,
-    prefix: int,
-    dim: int,
-    *params: torch.Tensor,
-) -> torch.Tensor:
-    """E_pos for the patch tokens of a ``grid`` (``(1, N, D)``): the learned table resampled in 2-D
-    when the grid differs from the trained one (Sec. 3.2), the row and column tables of the 2-D
-    variant (Appendix D.4), or the fixed sine-cosine embedding (in ``like``'s dtype and device)."""
-    if kind == "learn":
-        pe = params[0][:, prefix:]
-        if tuple(grid) != tuple(trained_grid):
-            old = tuple(trained_grid)
-            pe = resample_posemb(pe, grid, old_grid=old, num_prefix_tokens=0, mode=mode)  # type: ignore[arg-type]
-        return pe
-    if kind == "learn2d":
-        gh, gw = grid
-        rows = resample_1d(params[0], gh, mode=mode)[:, :, None, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
-        cols = resample_1d(params[1], gw, mode=mode)[:, None, :, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
-        return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)
-    return _sincos(grid[0], grid[1], dim).to(device=like.device, dtype=like.dtype)
-
-
 # torch.fx (torchvision's feature extractor) records the lookup as one call: the choice of
 # table and the resampling depend on the input's size, which a symbolic trace does not know.
-torch.fx.wrap("_patch_posemb")
-
-
-@functools.lru_cache(maxsize=16)
-def _sincos(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
-    return sincos_2d(grid_h, grid_w, dim)[None]
-
-
-def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) -> int:
-    """Analytic multiply-accumulate count of a ViT forward pass at ``img_size`` (matmuls only)."""
-    if img_size is None:
-        h, w = cfg.img_size
-    elif isinstance(img_size, int):
-        h = w = img_size
-    else:
-        h, w = img_size
-    p, d = cfg.patch_size, cfg.embed_dim
-    macs, chans = 0, cfg.in_chans
-    if cfg.hybrid_layers is not None:
-        macs, chans, (h, w) = backbone_macs(cfg.hybrid_layers, in_chans=cfg.in_chans, height=h, width=w)
-    gh, gw = -(-h // p), -(-w // p)
-    n = gh * gw
-    t = n + cfg.num_prefix_tokens
-    macs += n * p * p * chans * d  # patch projection
-    per_block = block_macs(cfg, t)
-    if cfg.attention == "axial":  # two half-blocks; each token attends to its row (column) and the class token
-        pre = cfg.num_prefix_tokens
-        per_block = 2 * (t * d * 3 * d + t * d * d + 2 * t * d * cfg.mlp_dim)
-        per_block += 2 * n * (pre + gw) * d + 2 * n * (pre + gh) * d
-    macs += cfg.depth * per_block
-    if cfg.head == "mlp":
-        macs += d * cfg.pre_logits_dim
-    return macs + cfg.pre_logits_dim * cfg.num_classes
-
-
-def block_macs(cfg: ViTConfig, tokens: int) -> int:
-    """Multiply-accumulates of one encoder block (Eq. 2-3) on ``tokens`` tokens: qkv, the two
-    attention products, the output projection and the MLP."""
-    t, d = tokens, cfg.embed_dim
-    return t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * cfg.mlp_dim
+torch.fx.wrap("patch_posemb_table")

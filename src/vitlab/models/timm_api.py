@@ -1,0 +1,129 @@
+"""timm's model API on the Vision Transformer: the names and meanings of
+``timm.models.VisionTransformer`` (``num_features``, ``reset_classifier``, ``get_intermediate_layers``,
+``set_grad_checkpointing``, ``group_matcher`` ...), so code written for timm runs on vitlab's model.
+Nothing here adds to the paper's model: it names what :class:`~vitlab.models.VisionTransformer` has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+__all__ = ["TIMM_POOL", "TimmModelApi", "pool_name"]
+
+TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
+"""Our pooling names -> timm's ``global_pool`` values."""
+
+
+def pool_name(global_pool: str) -> str:
+    """Our pooling name for timm's ``global_pool`` (``token`` -> ``cls``, ``avg`` -> ``gap``) or ours."""
+    ours = {v: k for k, v in TIMM_POOL.items()}.get(global_pool, global_pool)
+    if ours not in TIMM_POOL:
+        names = sorted({*TIMM_POOL, *TIMM_POOL.values()})
+        raise ConfigError(f"global_pool: {global_pool!r} is not one of {', '.join(names)}")
+    return ours
+
+
+class TimmModelApi:
+    """The timm-named methods of :class:`~vitlab.models.VisionTransformer` (a mixin: it reads the model's
+    ``config``, ``blocks``, heads and ``encode``)."""
+
+    @property
+    def num_features(self) -> int:
+        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
+        return self.config.embed_dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
+        return self.config.pre_logits_dim
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def global_pool(self) -> str:
+        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
+        return TIMM_POOL[self.config.pool]
+
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
+        self.distilled_training = bool(enable)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
+        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
+        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
+        if global_pool is not None:
+            changes["pool"] = pool_name(global_pool)
+            if changes["pool"] == "map" and self.attn_pool is None:
+                raise ConfigError("global_pool: 'map' needs a model built with it (its attention pool is trained)")
+        self.config = self.config.replace(**changes)
+        if self.config.pool != "map":
+            self.attn_pool = None
+        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
+        if num_classes > 0:
+            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
+            if num_classes > 0:
+                nn.init.zeros_(self.head_dist.weight)
+                nn.init.zeros_(self.head_dist.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
+        self.grad_checkpointing = bool(enable)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
+        final norm (the head is the last group), for layer-wise learning-rate decay."""
+        return {
+            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | list[int] | tuple[int, ...] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> tuple[Any, ...]:
+        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
+        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
+        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
+        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
+
+    def _intermediates(
+        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
+    ) -> tuple[list[Any], torch.Tensor]:
+        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
+        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
+        depth = len(self.blocks)
+        if isinstance(n, int) and not 0 < n <= depth:
+            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
+        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
+        grid = self.grid(x)
+        out = self.encode(self.embed(x), grid, keep=True)
+        p = self.num_prefix_tokens
+        feats = []
+        for i in indices:
+            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
+            tokens = z[:, p:]
+            if reshape:
+                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+            feats.append((tokens, z[:, :p]) if prefix else tokens)
+        return feats, out["encoded"]
