@@ -163,7 +163,7 @@ def auto_recipe(
         steps = epochs * steps_per_epoch
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch)
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
-    passes = steps * batch / n_train
+    passes = epochs if time_budget is None else steps * batch / n_train
     level = aug_level(epochs=passes, n_train=n_train)
     aug = LEVELS[level]
     warm = 0.1 if steps < 5000 else 0.05
