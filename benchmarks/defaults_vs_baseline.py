@@ -45,10 +45,11 @@ def make_subset(src: Path, dst: Path, *, per_class: int, test_per_class: int, gr
     return dst
 
 
-def run_default(data: Path, out: Path, *, epochs: int, seed: int, cache: Path) -> dict:
+def run_default(data: Path, out: Path, *, epochs: int, seed: int, cache: Path, recipe: str | None = None) -> dict:
     from vitlab.cli import main
 
     args = ["train", "--data", str(data), "--epochs", str(epochs), "--seed", str(seed), "--out", str(out)]
+    args += ["--recipe", recipe] if recipe else []
     t0 = time.perf_counter()
     code = main([*args, "--overwrite", "--no-progress", "--cache-dir", str(cache)])
     assert code == 0, code
@@ -117,6 +118,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--baseline-batch", type=int, default=128)
+    p.add_argument(
+        "--recipe", default=None, help="a named recipe instead of the default (e.g. small-data, the old one)"
+    )
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -124,7 +128,9 @@ def main() -> None:
             Path(a.data), tmp / "data", per_class=a.per_class, test_per_class=a.test_per_class, gray=a.gray, size=a.size
         )
         for seed in a.seeds:
-            ours = run_default(data, tmp / f"run{seed}", epochs=a.epochs, seed=seed, cache=tmp / "cache")
+            ours = run_default(
+                data, tmp / f"run{seed}", epochs=a.epochs, seed=seed, cache=tmp / "cache", recipe=a.recipe
+            )
             m = ours["model"]
             arch = {k: m[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")}
             img = m["img_size"][0] if isinstance(m["img_size"], list) else m["img_size"]

@@ -47,7 +47,7 @@ def test_auto_rules_table(n, epochs, batch, steps, level, model):
     assert (r.hflip, r.label_smoothing, r.weight_decay, r.optimizer) == (0.5, 0.1, 0.05, "adamw")
     assert r.warmup_steps == 0 and r.warmup_epochs == 0
     assert r.warmup_fraction == (0.1 if steps < 5000 else 0.05)
-    assert r.scaled_lr(r.batch_size) == pytest.approx(1e-3 * (batch / 128) ** 0.5)
+    assert r.scaled_lr(r.batch_size) == pytest.approx(2e-3 * (batch / 128) ** 0.5)
     assert r.arch["patch_size"] == 4  # 32 px -> an 8 x 8 grid
 
 
@@ -74,7 +74,7 @@ def test_auto_batch_and_model_for_the_budget():
     r, line = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, time_budget=240)
     assert "estimated for 240 s on cpu" in line and r.batch_size == 32
     r2, _ = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, epochs=5, batch_size=16)
-    assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(1e-3 * (16 / 128) ** 0.5)
+    assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(2e-3 * (16 / 128) ** 0.5)
 
 
 def _train(args, tmp_path, capsys):

@@ -19,8 +19,9 @@ level lighter from 100k training images, two from 1M (more data needs less regul
 "strong" level is the ``small-data`` recipe's DeiT regularisation, which is meant for 100-300 epochs.
 
 The batch is at most 1/16 of the training set (a power of two, 8 to 128), so that small data gets enough
-optimiser steps per epoch; the AdamW LR is 1e-3 at batch 128, scaled by the square root of the batch
-(the usual rule for Adam-type optimisers); the warmup is 10% of the planned steps (5% from 5,000 steps).
+optimiser steps per epoch; the AdamW LR is 2e-3 at batch 128 (the LR this project's CIFAR-10 sweep chose
+for short schedules, docs/cifar10.md), scaled by the square root of the batch (the usual rule for Adam-type
+optimisers); the warmup is 10% of the planned steps (5% from 5,000 steps).
 Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
 will see) with a patch size that gives about an 8 x 8 grid of tokens.
 """
@@ -167,7 +168,7 @@ def auto_recipe(
     level = aug_level(epochs=passes, n_train=n_train)
     aug = LEVELS[level]
     warm = 0.1 if steps < 5000 else 0.05
-    lr = 1e-3 * math.sqrt(batch / 128)
+    lr = 2e-3 * math.sqrt(batch / 128)
     recipe = dataclasses.replace(
         RECIPES["auto"],
         arch=arch,
