@@ -8,6 +8,7 @@ import signal
 import sys
 
 RECIPE_NAMES = [
+    "auto",
     "digits",
     "small-data",
     "pretrain",
@@ -17,6 +18,7 @@ RECIPE_NAMES = [
 
 EXAMPLES = """examples:
   vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
+  vitlab train --data path/to/imagefolder --epochs 10   # recipe auto: fitted to the data and the 10 epochs
   vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
   vitlab train --data path/to/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
   vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
@@ -147,7 +149,8 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "--recipe",
         choices=RECIPE_NAMES,
         default=default_recipe,
-        help="preset (default: mpp for --objective mpp, digits for --data digits, else small-data)",
+        help="preset (default: mpp for --objective mpp, digits for --data digits, else auto: fitted to the data's "
+        "size and the number of steps, printed when the run starts)",
     )
     g.add_argument(
         "--epochs",
@@ -176,6 +179,21 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument("--random-erasing", type=float, default=None)
     g.add_argument("--hflip", type=float, default=None, help="horizontal flip probability")
     g.add_argument("--crop-scale", type=_pair, default=None, metavar="MIN,MAX", help="random resized crop area range")
+    g.add_argument(
+        "--layer-decay",
+        type=float,
+        default=None,
+        metavar="D",
+        help="layer-wise LR decay (BEiT, timm): block i of L at D**(L-i) x the LR, embeddings lowest, head 1 x",
+    )
+    g.add_argument(
+        "--freeze",
+        "--linear-probe",
+        dest="freeze",
+        action="store_true",
+        default=None,
+        help="train only the classifier head (a linear probe); every other weight stays as it was",
+    )
 
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>-train)")
@@ -233,8 +251,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         description=(
             "Train a Vision Transformer and write metrics.jsonl, summary.json, curves.png, confusion.png,\n"
             "model/ (vitlab folder) and last.pt (exact resume) under --out. Ctrl-C, SIGTERM and SIGHUP save and stop.\n"
-            "Recipes: digits (default job), small-data (from scratch on small datasets), pretrain (paper),\n"
-            "finetune (paper); every flag overrides its recipe.\n\n" + EXAMPLES
+            "Recipes: auto (the default for --data DIR: fitted to the data's size and the budget), digits (default\n"
+            "job), small-data (from scratch on small datasets), pretrain (paper), finetune (paper); every flag\n"
+            "overrides its recipe.\n\n" + EXAMPLES
         ),
         formatter_class=formatter,
     )
@@ -265,7 +284,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         if objective == "mpp"
         else "digits"
         if args.data.strip().lower() == "digits"
-        else "small-data"
+        else "auto"
     )
     zero_off = {"clip_grad": args.clip_grad, "ema": args.ema}
     recipe = get_recipe(
@@ -287,6 +306,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         crop_scale=args.crop_scale,
         drop_path=args.drop_path,
         dropout=args.dropout,
+        layer_decay=args.layer_decay,
+        freeze=args.freeze,
     )
     for k, v in zero_off.items():
         if v is not None:
@@ -298,6 +319,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
             else recipe.replace(randaugment=args.randaugment)
         )
     arch = arch_overrides(args)
+    flags = set(getattr(args, "given_flags", ()))
+    recipe_given = sorted(f for f in _RECIPE_FIELDS if "--" + f.replace("_", "-") in flags)
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if init else 'train'}"
     return TrainConfig(
         recipe=recipe,
@@ -326,7 +349,35 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         stop_after=args.stop_after,
         keep=args.keep,
         progress=not args.no_progress,
+        recipe_given=recipe_given,
     )
+
+
+_RECIPE_FIELDS = (
+    "epochs",
+    "batch_size",
+    "lr",
+    "optimizer",
+    "weight_decay",
+    "warmup_epochs",
+    "warmup_steps",
+    "schedule",
+    "clip_grad",
+    "accum_steps",
+    "ema",
+    "label_smoothing",
+    "mixup",
+    "cutmix",
+    "randaugment",
+    "random_erasing",
+    "hflip",
+    "crop_scale",
+    "drop_path",
+    "dropout",
+    "layer_decay",
+    "freeze",
+)
+"""Recipe fields with a flag of the same name: the ones given are kept when the recipe is fitted to the data."""
 
 
 def _with_none(recipe, field: str):

@@ -19,8 +19,9 @@ from .distributed import Dist, broadcast_ints
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .loaders import Loaders
+    from .recipes import Recipe
 
-__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan"]
+__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan", "warmup_for"]
 
 _REPLAN_FROM, _REPLAN_AT = 5, 45
 """A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
@@ -99,6 +100,19 @@ def _plan_budget(
     return total, epochs, eval_s
 
 
+def warmup_for(recipe: Recipe, *, total_steps: int, steps_per_epoch: int) -> tuple[int, int]:
+    """``(warmup steps, steps the recipe asks for)`` in a run of ``total_steps``: the recipe's
+    ``warmup_steps``, else ``warmup_epochs``, else ``warmup_fraction`` of the run, capped at half the
+    run so that the schedule always decays. A re-plan calls it again with its new total, so that
+    the warmup ends where it should in the run that will actually happen."""
+    wanted = (
+        recipe.warmup_steps
+        or round(recipe.warmup_epochs * steps_per_epoch)
+        or round(recipe.warmup_fraction * total_steps)
+    )
+    return min(wanted, total_steps // 2), wanted
+
+
 def make_plan(
     cfg: TrainConfig,
     *,
@@ -135,10 +149,9 @@ def make_plan(
             log,
             loaders.workers,
         )
-    warm = cfg.recipe.warmup_steps or round(cfg.recipe.warmup_epochs * spe)
-    if warm > total // 2:
-        log(f"note: warmup {warm} steps capped at half the run ({total // 2} steps)")
-        warm = total // 2
+    warm, wanted = warmup_for(cfg.recipe, total_steps=total, steps_per_epoch=spe)
+    if warm < wanted:
+        log(f"note: warmup {wanted} steps capped at half the run ({warm} steps)")
     epochs, total, warm = broadcast_ints([epochs, total, warm], dist, device)
     plan = {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": lr}
     replan = Replanner()

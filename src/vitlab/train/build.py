@@ -23,7 +23,15 @@ if TYPE_CHECKING:
 
     from ..data.sources import DataSplits
 
-__all__ = ["Optimization", "build_model", "build_net", "build_optimization", "distribute", "micro_batch_estimate"]
+__all__ = [
+    "Optimization",
+    "build_model",
+    "build_net",
+    "build_optimization",
+    "distribute",
+    "freeze_all_but_head",
+    "micro_batch_estimate",
+]
 
 
 def build_model(
@@ -93,6 +101,15 @@ def build_model(
     return accelerate(VisionTransformer(c))
 
 
+def freeze_all_but_head(model: nn.Module) -> None:
+    """A linear probe: only the classifier head (``head.*``) keeps ``requires_grad``; every other
+    parameter is left out of the optimiser and so stays bit-identical through training."""
+    if getattr(model, "head", None) is None or not any(True for _ in model.head.parameters()):
+        raise ConfigError("--freeze trains only the classifier head, and this model has none")
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("head."))
+
+
 def micro_batch_estimate(cfg: TrainConfig, d: Dist) -> int:
     """Images per forward pass on one process, before the batch size is checked to divide evenly."""
     return max(1, cfg.recipe.batch_size // (d.world_size * cfg.recipe.accum_steps))
@@ -132,6 +149,8 @@ def build_net(
     seed_all(cfg.seed)
     n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
     model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    if cfg.recipe.freeze:
+        freeze_all_but_head(model)
     net = wrap(model, cfg.objective)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -168,9 +187,13 @@ class Optimization:
     scaler: torch.amp.GradScaler | None
     ema: AveragedModel | None
 
-    def set_total_steps(self, total: int) -> None:
-        """Stretch or shrink the schedule so that it ends at optimizer step ``total``."""
-        self.scheduler.lr_lambdas[0].total_steps = total
+    def set_total_steps(self, total: int, *, warmup_steps: int | None = None) -> None:
+        """Stretch or shrink the schedule so that it ends at optimizer step ``total`` (and, when given, its
+        warmup ends at ``warmup_steps``); every parameter group follows the same schedule."""
+        for f in self.scheduler.lr_lambdas:
+            f.total_steps = total
+            if warmup_steps is not None:
+                f.warmup_steps = warmup_steps
 
 
 def build_optimization(

@@ -217,7 +217,8 @@ def start_position(
             (out / "metrics.jsonl").unlink(missing_ok=True)
         return Progress()
     p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank)
-    opt.set_total_steps(plan["total_steps"])  # the saved schedule's length, or the one --epochs re-planned
+    # the saved schedule's length (or the one --epochs re-planned) and its warmup
+    opt.set_total_steps(plan["total_steps"], warmup_steps=plan.get("warmup_steps"))
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
     if p.step >= plan["total_steps"] or p.epoch >= plan["epochs"]:

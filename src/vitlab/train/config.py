@@ -66,6 +66,11 @@ class TrainConfig:
     keep: str = "best"
     """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
     progress: bool = True
+    recipe_given: list[str] = field(default_factory=list)
+    """The recipe fields the user set (on the command line): fitting the recipe to the data keeps them."""
+    resolved: str | None = None
+    """How the recipe was fitted to the data (:func:`~vitlab.train.auto.fit_recipe_to_data`), the line
+    the run printed; ``None``: not fitted (yet). A resumed run keeps its fitted recipe unchanged."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -181,6 +186,8 @@ _FIXED = {
     "--crop-scale": "recipe.crop_scale",
     "--drop-path": "recipe.drop_path",
     "--dropout": "recipe.dropout",
+    "--layer-decay": "recipe.layer_decay",
+    "--freeze": "recipe.freeze",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
 }
 """Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""

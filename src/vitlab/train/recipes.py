@@ -48,12 +48,20 @@ class Recipe:
     warmup_epochs: float = 0.0
     warmup_steps: int = 0
     """Takes precedence over ``warmup_epochs`` when > 0 (capped at half the run)."""
+    warmup_fraction: float = 0.0
+    """Warmup as a fraction of the planned steps, used when ``warmup_steps`` and ``warmup_epochs`` are 0; a
+    ``--time-budget`` re-plan keeps the fraction, so that warmup and decay stay in proportion."""
     schedule: str = "cosine"
     min_lr_ratio: float = 0.0
     clip_grad: float | None = 1.0
     accum_steps: int = 1
     ema: float | None = None
     """EMA decay of the weights (evaluated and saved instead of the raw weights), or ``None``."""
+    layer_decay: float | None = None
+    """Layer-wise LR decay (BEiT, Bao et al. 2022; timm ``--layer-decay``): block ``i`` of ``L`` trains at
+    ``layer_decay ** (L - i)`` times the LR, the embeddings at ``layer_decay ** (L + 1)``, the head at 1."""
+    freeze: bool = False
+    """Train the head only (a linear probe): every other parameter keeps its initial value."""
     # -- data and loss -----------------------------------------------------------
     crop_scale: tuple[float, float] = (0.08, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -94,6 +102,10 @@ class Recipe:
         for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout"):
             if not 0 <= getattr(self, opt) < 1 + (opt == "hflip"):
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
+        if not 0 <= self.warmup_fraction <= 0.5:
+            bad("warmup_fraction", f"must be in [0, 0.5], got {self.warmup_fraction}")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            bad("layer_decay", f"must be in (0, 1], got {self.layer_decay}")
         if self.ema is not None and not 0 < self.ema < 1:
             bad("ema", f"decay must be in (0, 1), got {self.ema}")
         if not 0 < self.crop_scale[0] <= self.crop_scale[1] <= 1:
@@ -213,6 +225,24 @@ RECIPES: dict[str, Recipe] = {
             random_erasing=0.25,
             mixup=0.8,
             cutmix=1.0,
+            label_smoothing=0.1,
+        ),
+        Recipe(
+            name="auto",
+            source=(
+                "Fitted to the data and the budget when the run starts (vitlab.train.auto): Steiner et al. 2021 "
+                "(AugReg): the best augmentation and regularisation grows with the epochs and shrinks with the data, "
+                "so short schedules get crop + flip + label smoothing only and DeiT's MixUp/CutMix/RandAugment only "
+                "long schedules on small data; a batch of at most 1/16 of the data; a model sized for the budget."
+            ),
+            expected=(
+                "The default for --data DIR; 30 epochs unless --epochs or --time-budget is given. Numbers against a "
+                "plain timm script: docs/training.md."
+            ),
+            arch=_SMALL_ARCH,
+            epochs=30,
+            warmup_fraction=0.1,
+            crop_scale=(0.8, 1.0),
             label_smoothing=0.1,
         ),
         Recipe(

@@ -213,6 +213,8 @@ def run_summary(
         "model": model_summary(model.config, cfg.init),
         "data": data.describe(),
         "recipe": cfg.recipe.name,
+        "recipe_config": cfg.recipe.to_dict(),
+        "recipe_chosen": cfg.resolved,
         "objective": cfg.objective,
         "processes": processes,
         "device": device.type,

@@ -25,7 +25,8 @@ import torch
 from .._fs import FolderLock
 from ..errors import ConfigError, NonFiniteLossError
 from . import report
-from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan
+from .auto import fit_recipe_to_data
+from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan, warmup_for
 from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
@@ -105,6 +106,17 @@ class Trainer:
             out.mkdir(parents=True, exist_ok=True)
         self.data_fingerprint = run_data_fingerprint(cfg, state=state, log=self.log)  # resumed: data unchanged
         self.data = load_run_data(cfg, dist=dist, out=out, log=self.log)
+        if state is None:  # a resumed run keeps the recipe it was fitted to
+            self.cfg = cfg = fit_recipe_to_data(
+                cfg,
+                n_train=len(self.data.train),
+                image_size=tuple(self.data.image_size),
+                num_classes=self.data.num_classes,
+                in_chans=self.data.in_chans,
+                device_type=device.type,
+            )
+            if cfg.resolved:
+                self.log(cfg.resolved)
         self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
         self.loaders = build_loaders(
             cfg, data=self.data, model_config=self.model.config, dist=dist, device=device, workers=workers
@@ -242,13 +254,15 @@ class Trainer:
         return stop
 
     def _replanned(self, total: int, per_step: float) -> None:
+        warm, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
         self.log(
             f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps "
-            f"(was {self.plan['total_steps']})"
+            f"(was {self.plan['total_steps']}), warmup {warm} steps"
         )
         self.plan["total_steps"] = total
+        self.plan["warmup_steps"] = warm
         self.plan["epochs"] = max(1, math.ceil(total / self.loaders.steps_per_epoch))
-        self.opt.set_total_steps(total)  # the cosine now ends at the new last step
+        self.opt.set_total_steps(total, warmup_steps=warm)  # warmup and cosine re-fitted together to the new end
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:

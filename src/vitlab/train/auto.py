@@ -1,0 +1,265 @@
+"""``--recipe auto``: fit the recipe to the data and the budget, the default for data a user passes.
+
+The rule follows Steiner et al. 2021, "How to train your ViT? Data, Augmentation, and Regularization in
+Vision Transformers" (AugReg): the best amount of augmentation and regularisation grows with the number
+of epochs and shrinks with the amount of data; on short schedules or large data it hurts. The scale
+(:data:`LEVELS`, chosen by :func:`aug_level`):
+
+==========  ======================  ============  ====================  =========  ===========  =====
+level       when (epochs E, n imgs)  crop scale    RandAugment(N, M)     MixUp      CutMix       other
+==========  ======================  ============  ====================  =========  ===========  =====
+minimal     E < 10                  0.8-1         none                  0          0            -
+light       10 <= E < 30            0.5-1         (2, 7)                0          0            SD 0.05
+medium      30 <= E < 100           0.35-1        (2, 10)               0.2        0            RE 0.1, SD 0.1
+strong      E >= 100                0.35-1        (2, 15)               0.8        1.0          RE 0.25, SD 0.1
+==========  ======================  ============  ====================  =========  ===========  =====
+
+every level: horizontal flip 0.5, label smoothing 0.1, AdamW, weight decay 0.05, cosine decay. One
+level lighter from 100k training images, two from 1M (more data needs less regularisation). The
+"strong" level is the ``small-data`` recipe's DeiT regularisation, which is meant for 100-300 epochs.
+
+The batch is at most 1/16 of the training set (a power of two, 8 to 128), so that small data gets enough
+optimiser steps per epoch; the AdamW LR is 2e-3 at batch 128 (the LR this project's CIFAR-10 sweep chose
+for short schedules, docs/cifar10.md), scaled by the square root of the batch (the usual rule for Adam-type
+optimisers); the warmup is 10% of the planned steps (5% from 5,000 steps).
+Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
+will see) with a patch size that gives about an 8 x 8 grid of tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .recipes import RECIPES, Recipe
+
+__all__ = ["LEVELS", "MODELS", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
+
+LEVELS: dict[str, dict[str, Any]] = {
+    "minimal": {
+        "crop_scale": (0.8, 1.0),
+        "randaugment": None,
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "random_erasing": 0.0,
+        "drop_path": 0.0,
+    },
+    "light": {
+        "crop_scale": (0.5, 1.0),
+        "randaugment": (2, 7),
+        "mixup": 0.0,
+        "cutmix": 0.0,
+        "random_erasing": 0.0,
+        "drop_path": 0.05,
+    },
+    "medium": {
+        "crop_scale": (0.35, 1.0),
+        "randaugment": (2, 10),
+        "mixup": 0.2,
+        "cutmix": 0.0,
+        "random_erasing": 0.1,
+        "drop_path": 0.1,
+    },
+    "strong": {
+        "crop_scale": (0.35, 1.0),
+        "randaugment": (2, 15),
+        "mixup": 0.8,
+        "cutmix": 1.0,
+        "random_erasing": 0.25,
+        "drop_path": 0.1,
+    },
+}
+"""Augmentation and regularisation per level, lightest first (AugReg's none / light / medium / strong)."""
+_COMMON = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
+
+MODELS: list[tuple[str, int, dict[str, int]]] = [
+    ("tiny", 0, {"embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}),
+    ("small", 250_000, {"embed_dim": 192, "depth": 6, "num_heads": 3, "mlp_dim": 384}),
+    ("base", 2_500_000, {"embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}),
+]
+"""``(name, images seen from which it is chosen, ViT fields)``; "base" is the ``small-data`` recipe's
+CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallower, narrower versions."""
+
+_MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
+"""A rough training throughput (multiply-accumulates per second) to estimate how many images a
+``--time-budget`` run will see before its model is built and timed; only the model size and the
+augmentation level depend on it, the run's own plan is measured."""
+
+
+def aug_level(*, epochs: float, n_train: int) -> str:
+    """The augmentation level (a :data:`LEVELS` key) for ``epochs`` passes over ``n_train`` images."""
+    i = 0 if epochs < 10 else 1 if epochs < 30 else 2 if epochs < 100 else 3
+    i -= (n_train >= 100_000) + (n_train >= 1_000_000)
+    return list(LEVELS)[max(0, i)]
+
+
+def auto_batch(n_train: int, *, cap: int = 128) -> int:
+    """At most 1/16 of the training set, a power of two from 8 to ``cap`` (and never above ``n_train``)."""
+    b = 2 ** int(math.log2(max(1, n_train // 16)))
+    return max(1, min(n_train, cap, max(8, b)))
+
+
+def _patch_for(img: tuple[int, int]) -> int:
+    """The patch size giving a grid of tokens closest to 8 x 8 (ties: the larger patch) that divides the image."""
+    ok = [p for p in (32, 16, 14, 8, 7, 4, 2, 1) if img[0] % p == 0 and img[1] % p == 0]
+    return min(ok, key=lambda p: (abs(min(img) // p - 8), -p))
+
+
+def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int) -> float:
+    """Multiply-accumulates of one forward pass (blocks, attention and patch embedding)."""
+    p, d, n = arch["patch_size"], arch["embed_dim"], arch["depth"]
+    t = (img[0] // p) * (img[1] // p) + 1
+    return n * (t * (4 * d * d + 2 * d * arch["mlp_dim"]) + 2 * t * t * d) + t * d * p * p * in_chans
+
+
+def auto_arch(
+    *,
+    img_size: tuple[int, int],
+    in_chans: int,
+    images_seen: float | None = None,
+    time_budget: float | None = None,
+    device_type: str = "cpu",
+) -> tuple[str, dict[str, int]]:
+    """``(name, ViT fields)`` of the :data:`MODELS` entry for the budget: by ``images_seen`` (epochs x images),
+    or for a ``time_budget`` in seconds the largest model that sees its share of images in it at an
+    estimated throughput (:data:`_MACS_PER_S`)."""
+    patch = _patch_for(img_size)
+    for name, least, fields in reversed(MODELS):
+        arch = {"patch_size": patch, **fields}
+        seen = images_seen
+        if time_budget is not None:
+            seen = (
+                time_budget * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
+            )
+        if seen is not None and seen >= least:
+            return name, arch
+    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2]}
+
+
+def auto_recipe(
+    *,
+    n_train: int,
+    img_size: tuple[int, int],
+    num_classes: int,
+    in_chans: int = 3,
+    epochs: int | None = None,
+    time_budget: float | None = None,
+    batch_size: int | None = None,
+    device_type: str = "cpu",
+) -> tuple[Recipe, str]:
+    """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
+    trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
+
+    ``batch_size``: the user's (else :func:`auto_batch`)."""
+    batch = batch_size or auto_batch(n_train)
+    steps_per_epoch = max(1, n_train // batch)
+    if time_budget is not None:
+        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type)
+        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
+        steps = max(1, int(time_budget * rate / batch))
+        how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
+    else:
+        epochs = epochs or RECIPES["auto"].epochs
+        steps = epochs * steps_per_epoch
+        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch)
+        how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
+    passes = epochs if time_budget is None else steps * batch / n_train
+    level = aug_level(epochs=passes, n_train=n_train)
+    aug = LEVELS[level]
+    warm = 0.1 if steps < 5000 else 0.05
+    lr = 2e-3 * math.sqrt(batch / 128)
+    recipe = dataclasses.replace(
+        RECIPES["auto"],
+        arch=arch,
+        batch_size=batch,
+        base_batch=batch,
+        lr=lr,
+        warmup_steps=0,
+        warmup_epochs=0.0,
+        warmup_fraction=warm,
+        **_COMMON,
+        **aug,
+    )
+    ra = f"RandAugment{aug['randaugment']}" if aug["randaugment"] else "no RandAugment"
+    mix = f"MixUp {aug['mixup']:g} / CutMix {aug['cutmix']:g}" if aug["mixup"] or aug["cutmix"] else "no MixUp/CutMix"
+    why = {
+        "minimal": "short schedule",
+        "light": "medium schedule",
+        "medium": "long schedule",
+        "strong": "long schedule on small data",
+    }[level]
+    if level != aug_level(epochs=passes, n_train=0):
+        why += ", lighter for large data"
+    reason = (
+        f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes), "
+        f"{passes:.0f} passes -> {level} aug ({why}): crop {aug['crop_scale'][0]:g}-1, flip, LS 0.1, {ra}, {mix}, "
+        f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
+        f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
+        f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']})"
+    )
+    return recipe, reason
+
+
+_ARCH_FLAGS = ("embed_dim", "depth", "num_heads", "patch_size", "mlp_ratio")
+
+
+def fit_recipe_to_data(
+    cfg: Any,
+    *,
+    n_train: int,
+    image_size: tuple[int, int],
+    num_classes: int,
+    in_chans: int,
+    device_type: str,
+) -> Any:
+    """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
+    ``auto`` recipe resolved (:func:`auto_recipe`), or the ``finetune`` recipe's batch scaled down to the
+    data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512) and its
+    warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user set (``cfg.recipe_given``)
+    are kept. ``cfg.resolved`` then holds the line that says what was chosen; a config already resolved
+    (a resumed run) is returned unchanged."""
+    r = cfg.recipe
+    if cfg.resolved is not None or cfg.objective != "classify":
+        return cfg
+    given = {f: getattr(r, f) for f in cfg.recipe_given}
+    if r.name == "auto":
+        img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(image_size)
+        new, reason = auto_recipe(
+            n_train=n_train,
+            img_size=img,
+            num_classes=num_classes,
+            in_chans=in_chans,
+            epochs=r.epochs if "epochs" in given else None,
+            time_budget=cfg.time_budget,
+            batch_size=given.get("batch_size"),
+            device_type=device_type,
+        )
+        arch = dict(new.arch)
+        user = {k: v for k, v in cfg.arch.items() if v is not None}
+        if cfg.model or cfg.init:
+            reason = reason.rsplit("; model", 1)[0] + f"; model {cfg.model or cfg.init} as given"
+        elif "embed_dim" in user and "num_heads" not in user:  # keep 32-64 channels a head for the width given
+            arch["num_heads"] = next(h for h in (12, 8, 6, 4, 3, 2, 1) if user["embed_dim"] % h == 0)
+            arch["mlp_dim"] = 2 * user["embed_dim"]
+        if user and not cfg.model:
+            reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
+        new = dataclasses.replace(new, arch=arch, **given)
+        kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
+        if kept:
+            reason += f"; kept as given: {', '.join(kept)}"
+        return dataclasses.replace(cfg, recipe=new, resolved=reason)
+    if r.name == "finetune" and cfg.init:
+        changes: dict[str, Any] = {}
+        if "batch_size" not in given:
+            changes["batch_size"] = auto_batch(n_train, cap=r.batch_size)
+        if not {"warmup_steps", "warmup_epochs"} & set(given):
+            changes.update(warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.05)
+        new = r.replace(**changes)
+        reason = (
+            f"finetune on {n_train:,} images: batch {new.batch_size} (at most 1/16 of the data, up to 512), "
+            f"lr {new.scaled_lr(new.batch_size):.2g} (0.03 at batch 512, scaled linearly), {new.epochs} epochs, "
+            f"warmup {'as given' if 'warmup_fraction' not in changes else '5% of the steps'}"
+        )
+        return dataclasses.replace(cfg, recipe=new, resolved=reason)
+    return cfg

@@ -1,0 +1,247 @@
+"""``--recipe auto`` (the rules, the printed line, summary.json, resume), the ``--time-budget`` re-plan's
+schedule, and fine-tuning: layer-wise LR decay, ``--freeze``, the ``finetune`` recipe on a small folder."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+import vitlab
+from imagefolder import tiny_folder
+from vitlab.cli import main
+from vitlab.train import get_recipe
+from vitlab.train.auto import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe
+from vitlab.train.optim import build_optimizer, layer_id
+from vitlab.train.schedule import lr_factor
+
+# n_train, epochs -> batch, steps, level, model
+RULES = [
+    (10_000, 5, 128, 390, "minimal", "tiny"),
+    (10_000, 30, 128, 2340, "medium", "small"),
+    (10_000, 15, 128, 1170, "light", "tiny"),
+    (1_000, 100, 32, 3100, "strong", "tiny"),
+    (160, 10, 8, 200, "light", "tiny"),
+    (50_000, 100, 128, 39_000, "strong", "base"),
+    (200_000, 30, 128, 46_860, "light", "base"),  # one level lighter for 100k+ images
+    (2_000_000, 100, 128, 1_562_500, "light", "base"),  # two levels lighter for 1M+
+    (2_000_000, 5, 128, 78_125, "minimal", "base"),
+]
+
+
+@pytest.mark.parametrize(("n", "epochs", "batch", "steps", "level", "model"), RULES)
+def test_auto_rules_table(n, epochs, batch, steps, level, model):
+    r, line = auto_recipe(n_train=n, img_size=(32, 32), num_classes=10, epochs=epochs)
+    assert r.name == "auto" and r.batch_size == batch and r.batch_size <= max(8, n // 16)
+    assert f"{steps:,} steps" in line and f"-> {level} aug" in line and f"model {model} " in line
+    aug = LEVELS[level]
+    assert (r.crop_scale, r.randaugment, r.mixup, r.cutmix) == (
+        aug["crop_scale"],
+        aug["randaugment"],
+        aug["mixup"],
+        aug["cutmix"],
+    )
+    assert (r.random_erasing, r.drop_path) == (aug["random_erasing"], aug["drop_path"])
+    assert (r.hflip, r.label_smoothing, r.weight_decay, r.optimizer) == (0.5, 0.1, 0.05, "adamw")
+    assert r.warmup_steps == 0 and r.warmup_epochs == 0
+    assert r.warmup_fraction == (0.1 if steps < 5000 else 0.05)
+    assert r.scaled_lr(r.batch_size) == pytest.approx(2e-3 * (batch / 128) ** 0.5)
+    assert r.arch["patch_size"] == 4  # 32 px -> an 8 x 8 grid
+
+
+def test_auto_levels_grow_with_epochs_and_shrink_with_data():
+    order = list(LEVELS)
+    for n in (1_000, 10_000, 300_000, 3_000_000):
+        levels = [order.index(aug_level(epochs=e, n_train=n)) for e in (1, 10, 30, 100, 300)]
+        assert levels == sorted(levels)
+    for e in (5, 30, 100, 300):
+        levels = [order.index(aug_level(epochs=e, n_train=n)) for n in (1_000, 100_000, 1_000_000)]
+        assert levels == sorted(levels, reverse=True)
+    assert (aug_level(epochs=5, n_train=1000), aug_level(epochs=300, n_train=1000)) == ("minimal", "strong")
+    assert LEVELS["minimal"]["mixup"] == LEVELS["minimal"]["cutmix"] == 0 and LEVELS["minimal"]["randaugment"] is None
+
+
+def test_auto_batch_and_model_for_the_budget():
+    assert [auto_batch(n) for n in (5, 100, 160, 1_000, 1_437, 10_000, 1_000_000)] == [5, 8, 8, 32, 64, 128, 128]
+    assert auto_batch(1_437, cap=512) == 64 and auto_batch(50_000, cap=512) == 512
+    assert auto_arch(img_size=(64, 64), in_chans=3, time_budget=240)[0] == "tiny"  # 4 minutes on a CPU
+    assert auto_arch(img_size=(64, 64), in_chans=3, time_budget=240)[1]["patch_size"] == 8
+    assert auto_arch(img_size=(32, 32), in_chans=3, time_budget=3600, device_type="cuda")[0] == "base"
+    assert auto_arch(img_size=(28, 28), in_chans=1, images_seen=50_000)[1]["patch_size"] == 4  # 7 x 7
+    assert auto_arch(img_size=(224, 224), in_chans=3, images_seen=1e7)[1]["patch_size"] == 32  # 7 x 7
+    r, line = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, time_budget=240)
+    assert "estimated for 240 s on cpu" in line and r.batch_size == 32
+    r2, _ = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, epochs=5, batch_size=16)
+    assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(2e-3 * (16 / 128) ** 0.5)
+
+
+def _train(args, tmp_path, capsys):
+    code = main([*args, "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0"])
+    return code, capsys.readouterr().out
+
+
+def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_path, capsys, monkeypatch):
+    data = tiny_folder(tmp_path / "data", per_class=16, size=16)
+    out = tmp_path / "run"
+    base = ["train", "--data", str(data), "--out", str(out), "--epochs", "2"]
+    code, text = _train([*base, "--mixup", "0.4", "--stop-after", "3"], tmp_path, capsys)
+    assert code == 0
+    line = next(ln for ln in text.splitlines() if ln.startswith("auto: "))
+    assert "12 steps (2 epochs of 6) on 48 images" in line and "-> minimal aug" in line and "batch 8" in line
+    assert "kept as given: mixup" in line
+    s = json.loads((out / "summary.json").read_text())
+    assert s["recipe"] == "auto" and s["recipe_chosen"] == line
+    rc = s["recipe_config"]
+    assert (rc["batch_size"], rc["mixup"], rc["randaugment"], rc["warmup_fraction"]) == (8, 0.4, None, 0.1)
+    assert rc["arch"] == {"patch_size": 2, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}
+
+    from vitlab.train import auto
+
+    def refit(**_):
+        raise AssertionError("a resumed run must keep its recipe, not fit a new one")
+
+    monkeypatch.setattr(auto, "auto_recipe", refit)
+    code, text = _train(["train", "--out", str(out), "--resume"], tmp_path, capsys)
+    assert code == 0 and "auto: " not in text
+    s2 = json.loads((out / "summary.json").read_text())
+    assert s2["recipe_config"] == rc and s2["recipe_chosen"] == line and s2["steps"] == 12
+
+
+def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
+    from vitlab.commands.train import config_from_args
+    from vitlab.train import fit  # noqa: F401  (the CLI's own path)
+
+    parser = _parser()
+    cfg = config_from_args(parser.parse_args(["train", "--data", "some/folder"]))
+    assert cfg.recipe.name == "auto"
+    cfg = config_from_args(parser.parse_args(["train", "--data", "some/folder", "--recipe", "small-data"]))
+    assert cfg.recipe.name == "small-data" and cfg.recipe.mixup == 0.8
+    assert config_from_args(parser.parse_args(["train"])).recipe.name == "digits"
+    cfg = config_from_args(parser.parse_args(["train", "--data", "f", "--batch-size", "16", "--randaugment", "none"]))
+    assert cfg.recipe_given == ["batch_size", "randaugment"]
+
+
+def _parser():
+    import argparse
+
+    from vitlab.commands import train as train_cmd
+
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    train_cmd.add_parser(sub, argparse.HelpFormatter)
+    return p
+
+
+def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path, monkeypatch):
+    """A probe far too optimistic plans 100k steps, a warmup of 10k; the run's own pace re-plans to a few
+    hundred. The warmup is re-fitted with the cosine: the LR peaks early and decays over the run's end."""
+    from vitlab.train import trainer
+
+    monkeypatch.setattr(trainer, "_plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    lrs: list[float] = []
+    on_step = trainer.Trainer._on_step
+
+    def record(self, res, loss):
+        lrs.append(self.opt.scheduler.get_last_lr()[0])
+        return on_step(self, res, loss)
+
+    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    cfg = trainer.TrainConfig(
+        recipe=get_recipe("digits", batch_size=32, warmup_steps=10_000),
+        arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
+        out=str(tmp_path / "run"),
+        time_budget=6.0,
+        workers=0,
+        progress=False,
+    )
+    s = trainer.fit(cfg)
+    n = s["steps"]
+    assert trainer._REPLAN_AT < n < 100_000 and len(lrs) == n
+    peak = max(lrs)
+    assert lrs.index(peak) <= n // 2 + 1  # warmup capped at half the re-planned run, not the planned one
+    tail = lrs[-max(3, n // 4) :]
+    assert all(b < a for a, b in itertools.pairwise(tail))  # decaying over the last quarter
+    assert lrs[-1] < 0.05 * peak
+    plan = torch.load(tmp_path / "run" / "last.pt", weights_only=False)["plan"]
+    assert plan["warmup_steps"] == plan["total_steps"] // 2
+
+
+def test_warmup_fraction_follows_the_re_planned_length():
+    from vitlab.train.budget import warmup_for
+
+    r = get_recipe("auto", warmup_fraction=0.1)
+    assert warmup_for(r, total_steps=514, steps_per_epoch=50) == (51, 51)
+    assert warmup_for(r, total_steps=272, steps_per_epoch=50) == (27, 27)
+    fixed = get_recipe("small-data")  # 10 warmup epochs: capped at half the run
+    assert warmup_for(fixed, total_steps=272, steps_per_epoch=50) == (136, 500)
+    assert lr_factor(271, total_steps=272, warmup_steps=27) < 0.001
+
+
+def test_layer_decay_sets_the_documented_lr_per_block():
+    depth, decay, lr = 3, 0.5, 1e-3
+    m = vitlab.create_model("vit_ti16", img_size=32, depth=depth, num_classes=4)
+    opt = build_optimizer(m, get_recipe("finetune", layer_decay=decay, weight_decay=0.05), lr)
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    for name, p in m.named_parameters():
+        i = layer_id(name, depth)
+        if name.startswith("blocks."):
+            block = int(name.split(".")[1])
+            assert i == block + 1
+            assert lr_of[id(p)] == pytest.approx(lr * decay ** (depth - block), rel=1e-12), name
+        elif name.startswith(("head.", "norm.")):
+            assert lr_of[id(p)] == pytest.approx(lr, rel=1e-12), name
+        else:  # patch embedding, class token, position embeddings: the lowest
+            assert name.split(".")[0] in ("cls_token", "pos_embed", "patch_embed"), name
+            assert lr_of[id(p)] == pytest.approx(lr * decay ** (depth + 1), rel=1e-12), name
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
+    no_decay = [g for g in opt.param_groups if g["weight_decay"] == 0.0]
+    assert all(p.ndim <= 1 or n in ("cls_token", "pos_embed") for g in no_decay for n, p in _named(m, g))
+    plain = build_optimizer(m, get_recipe("finetune", weight_decay=0.05), lr)
+    assert all(g["lr"] == lr for g in plain.param_groups) and len(plain.param_groups) == 2
+
+
+def _named(m, group):
+    ids = {id(p) for p in group["params"]}
+    return [(n, p) for n, p in m.named_parameters() if id(p) in ids]
+
+
+def _init_model(tmp_path, classes=3):
+    m = vitlab.create_model("vit_ti16", img_size=8, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    vitlab.save(m, tmp_path / "init")
+    return vitlab.load(tmp_path / "init")
+
+
+def test_freeze_trains_only_the_head(tmp_path, capsys):
+    init = _init_model(tmp_path)
+    data = tiny_folder(tmp_path / "data", per_class=16, size=8)
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out)]
+    code, _ = _train([*args, "--epochs", "2", "--linear-probe", "--keep", "last", "--lr", "0.3"], tmp_path, capsys)
+    assert code == 0
+    after = vitlab.load(out / "model")
+    before = dict(init.named_parameters())
+    changed = []
+    for name, p in after.named_parameters():
+        if name.startswith("head."):
+            changed.append(not torch.equal(p, before[name]))
+        else:
+            assert torch.equal(p, before[name]), name  # bit-identical
+    assert any(changed)  # the head did train
+    assert json.loads((out / "summary.json").read_text())["recipe_config"]["freeze"] is True
+
+
+def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
+    _init_model(tmp_path)
+    data = tiny_folder(tmp_path / "data", per_class=54, size=8)  # 162 training images
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--epochs", "1"]
+    code, text = _train([*args, "--stop-after", "2"], tmp_path, capsys)
+    assert code == 0 and "finetune on 162 images: batch 8" in text
+    rc = json.loads((out / "summary.json").read_text())["recipe_config"]
+    assert (rc["batch_size"], rc["warmup_steps"], rc["warmup_fraction"], rc["optimizer"]) == (8, 0, 0.05, "sgd")
+    assert get_recipe("finetune").scaled_lr(8) == pytest.approx(0.03 * 8 / 512)
+    # a batch the user asks for is kept (and still refused when larger than the data)
+    code = main([*args, "--overwrite", "--batch-size", "512", "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
+    assert code == 2 and "--batch-size 512 is larger than the training set" in capsys.readouterr().err
