@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 
 import pytest
@@ -297,6 +298,8 @@ def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"fine-tuning from {run_dir}" in out
     assert "position embeddings resampled 2x2 -> 4x4" in out and "head kept (10 classes)" in out
+    before = re.search(r"before fine-tuning, at 16x16: top-1 ([\d.]+)% on \w+", out)
+    assert before and 0.0 <= float(before.group(1)) <= 100.0
     assert main([*ft, "--out", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "position embeddings kept (2x2 patches)" in out
@@ -409,3 +412,28 @@ def test_report_images_all_decode(run_dir, tmp_path, capsys):
         assert src.startswith("data:image/png;base64,")
         im = Image.open(_io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
         im.verify()
+
+
+def test_eval_decodes_the_evaluation_split_alone(tmp_path, capsys, monkeypatch):
+    """``vitlab eval`` on a train/ + val/ folder decodes val/ only: the first eval after training
+    used to decode the training split again (at the eval size, a new cache)."""
+    import vitlab.data.sources as sources
+    from imagefolder import tiny_folder
+
+    data = tiny_folder(tmp_path / "d")
+    out = tmp_path / "r"
+    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
+    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    decoded: list[str] = []
+    real = sources.decode_files
+
+    def spy(paths, **kw):
+        decoded.extend(paths)
+        return real(paths, **kw)
+
+    monkeypatch.setattr(sources, "decode_files", spy)
+    capsys.readouterr()
+    assert main(["eval", "--model", str(out), "--data", str(data), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert decoded and not any(f"{os.sep}train{os.sep}" in p for p in decoded)
+    ev = json.loads((out / "eval.json").read_text())  # written into the folder given
+    assert ev["count"] == len(decoded) - len(ev["skipped_files"])

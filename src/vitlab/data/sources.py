@@ -326,11 +326,15 @@ def _decode_split(
     return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped
 
 
-def _folder(root: Path, *, val_split: float | None, opt: _Decode) -> DataSplits:
+def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:
     train_dir = root / "train"
     val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
     if train_dir.is_dir() and val_dir is not None and val_split is None:
         seen: dict[tuple[int, int], str] = {}
+        if eval_only:  # train/ is only scanned: its class names and its files (none of which val may reuse)
+            _, _, names = _scan(train_dir, None, min_classes=opt.min_classes, seen=seen, problems=[])
+            val, _, skipped = _decode_split(val_dir, names, opt, seen=seen)
+            return DataSplits(root.name, val.subset(np.arange(0)), val, names, val_name=val_dir.name, skipped=skipped)
         train, names, skipped = _decode_split(train_dir, None, opt, seen=seen)
         val, _, skipped2 = _decode_split(val_dir, names, opt, seen=seen)
         return DataSplits(root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2)
@@ -354,6 +358,7 @@ def load_data(
     max_image_pixels: int | None = None,
     buffer_bytes: int | None = None,
     min_classes: int = 1,
+    eval_only: bool = False,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -370,6 +375,9 @@ def load_data(
     devices: never opened), a second path to a file already taken, and link loops (each real folder is
     entered once). A class folder without images, fewer than ``min_classes`` class folders, or an
     evaluation class folder absent from ``train/``, is a :class:`DataError`.
+
+    ``eval_only``: a folder with ``train/`` and ``val/`` (or ``test/``) decodes its evaluation split
+    alone (``train/`` is scanned for its class names, and the returned ``train`` is empty).
 
     Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
     held in memory while the cache is built; the splits are then read from the memory-mapped
@@ -395,7 +403,7 @@ def load_data(
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
             min_classes=min_classes,
         )
-        return _folder(root, val_split=val_split, opt=opt)
+        return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)
     if key in ("cifar10", "cifar100"):
         return _cifar(key, cache)
     raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100' or an existing folder")

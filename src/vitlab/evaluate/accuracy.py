@@ -137,6 +137,7 @@ def evaluate_model(
         strict=strict,
         progress=progress,
         buffer_bytes=buffer_bytes,
+        eval_only=split != "train",
     )
     arr = splits.train if split == "train" else splits.val
     names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])

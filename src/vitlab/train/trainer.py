@@ -166,7 +166,23 @@ class Trainer:
             self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
         if getattr(self.model, "init_line", None):
             self.log(self.model.init_line)
+            if state is None and cfg.objective != "mpp":
+                self.log(self._before_training_line())
         self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
+
+    def _before_training_line(self) -> str:
+        """The started-from model's accuracy on the evaluation split at the new size, before any step
+        (a collective under torchrun: every rank evaluates its shard)."""
+        ev = evaluate(
+            self.eval_model,
+            self.loaders.eval_loader,
+            num_classes=self.data.num_classes,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            dist=self.dist,
+        )
+        h, w = self.model.config.img_size
+        return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
 
     def run(self) -> dict[str, Any]:
         """Train the planned epochs (or until stopped), then write the summary and figures."""
