@@ -437,3 +437,39 @@ def test_eval_decodes_the_evaluation_split_alone(tmp_path, capsys, monkeypatch):
     assert decoded and not any(f"{os.sep}train{os.sep}" in p for p in decoded)
     ev = json.loads((out / "eval.json").read_text())  # written into the folder given
     assert ev["count"] == len(decoded) - len(ev["skipped_files"])
+
+
+def _browser() -> str | None:
+    import shutil
+
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="no Chromium installed (Debian: apt-get install chromium)")
+def test_report_renders_in_a_real_browser_with_no_broken_image(run_dir, tmp_path, capsys):
+    """report.html opened by headless Chromium: the load event sees every figure decoded (a probe script
+    writes the count into the title, which --dump-dom prints); a page with a broken image reads 1."""
+    import subprocess
+
+    out = tmp_path / "insp"
+    assert main(["inspect", "--model", str(run_dir), "--num-images", "2", "--show", "2", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    probe = (
+        "<script>window.addEventListener('load', () => { const im = [...document.images]; "
+        "document.title = 'images ' + im.length + ' broken ' + "
+        "im.filter(i => !i.complete || i.naturalWidth === 0).length; });</script>"
+    )
+
+    def render(html: str) -> tuple[str, str]:
+        f = tmp_path / "probe.html"
+        f.write_text(html.replace("</body>", probe + "</body>"))
+        cmd = [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+        dom = subprocess.run([*cmd, "--dump-dom", f.as_uri()], capture_output=True, text=True, timeout=120).stdout
+        m = re.search(r"<title>images (\d+) broken (\d+)</title>", dom)
+        assert m, dom[-2000:]
+        return m.group(1), m.group(2)
+
+    images, broken = render(page)
+    assert int(images) >= 5 and broken == "0"
+    bad = page.replace("</body>", '<img alt="x" src="data:image/png;base64,AAAA"></body>')
+    assert render(bad)[1] == "1"  # the probe does see a broken image
