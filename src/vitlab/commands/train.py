@@ -207,6 +207,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
     g.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="activation checkpointing per block: recompute each block in the backward pass, "
+        "keeping only its input (less memory, one more forward; same gradients; see vitlab plan)",
+    )
+    g.add_argument(
         "--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)"
     )
     g.add_argument(
@@ -336,6 +342,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         device=args.device,
         precision=args.precision,
         compile=args.compile,
+        grad_checkpointing=getattr(args, "grad_checkpointing", False),
         threads=args.threads,
         val_split=args.val_split,
         cache_dir=args.cache_dir,
