@@ -36,11 +36,11 @@ MEMORY_BUDGET_HELP = (
 
 
 def parse_duration(text: str) -> float:
-    """``20m`` / ``90s`` / ``1.5h`` / ``1200`` (seconds) -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    """``20m`` / ``90s`` / ``1.5h`` / ``7d`` / ``1200`` (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", str(text))
     if not m or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 20m, 90s or 1h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 20m, 90s, 1h or 7d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
 def _pair(text: str) -> tuple[float, float]:
