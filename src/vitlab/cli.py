@@ -29,6 +29,7 @@ COMMANDS = [
     "export",
     "plan",
     "cache",
+    "data",
 ]
 
 
