@@ -41,7 +41,8 @@ def _age(seconds: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from ..data.cache import _bytes, clear_caches, default_cache_dir, list_caches
+    from .._units import format_size
+    from ..data.cache import clear_caches, default_cache_dir, list_caches
     from ..errors import ConfigError
 
     where = args.cache_dir or str(default_cache_dir())
@@ -55,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(f"{'size':>10}{'images':>9}{'age':>8}  {'source':<40} file")
         for e in entries:
-            print(f"{_bytes(e.bytes):>10}{e.images:>9}{_age(now - e.mtime):>8}  {e.source or '?':<40} {e.path.name}")
-        print(f"{len(entries)} cache(s), {_bytes(sum(e.bytes for e in entries))} under {where}")
+            age = _age(now - e.mtime)
+            print(f"{format_size(e.bytes):>10}{e.images:>9}{age:>8}  {e.source or '?':<40} {e.path.name}")
+        print(f"{len(entries)} cache(s), {format_size(sum(e.bytes for e in entries))} under {where}")
         return 0
     gone = clear_caches(where, older_than=args.older_than)
     kept = len(list_caches(where))
     print(
-        f"deleted {len(gone)} cache(s), {_bytes(sum(e.bytes for e in gone))} under {where}"
+        f"deleted {len(gone)} cache(s), {format_size(sum(e.bytes for e in gone))} under {where}"
         + (f"; kept {kept} newer" if kept else "")
     )
     return 0

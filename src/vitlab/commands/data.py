@@ -28,14 +28,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._units import size_option
-    from ..data.cache import _bytes
+    from .._units import format_size, size_option
     from ..data.shards import pack_folder
 
     shard_bytes = size_option("--shard-size", args.shard_size)
     m = pack_folder(args.src, args.out, shard_bytes=shard_bytes, seed=args.seed, progress=not args.no_progress)
     for split, s in m["splits"].items():
         total = sum(sh["bytes"] for sh in s["shards"])
-        print(f"{split}: {s['samples']} samples in {len(s['shards'])} shard(s), {_bytes(total)}")
+        print(f"{split}: {s['samples']} samples in {len(s['shards'])} shard(s), {format_size(total)}")
     print(f"{len(m['classes'])} classes; manifest: {args.out}/manifest.json")
     return 0

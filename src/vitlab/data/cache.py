@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .._fs import remove_stale, writer_suffix
+from .._units import format_size as _bytes
 from ..errors import VitlabError
 from .decode import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -114,15 +115,6 @@ def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
 cache_key = _key
 """The cache key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``:
 also what a training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`)."""
-
-
-def _bytes(n: int) -> str:
-    """``n`` bytes for a message: ``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
 
 
 def _source(paths: Sequence[str]) -> str:

@@ -18,7 +18,8 @@ What ``vitlab plan`` prints. Memory is counted the way the training engines lay 
   forward and backward passes (x 4 with checkpointing: one more forward), divided by the devices'
   peak throughput times an assumed model-FLOPs utilisation (MFU).
 
-The numbers are estimates for planning: allocator fragmentation, the CUDA context, data-loader memory
+Hybrid models' ResNet stems and axial attention are counted as plain blocks (their own activations are not
+modelled). The numbers are estimates for planning: allocator fragmentation, the CUDA context, data-loader memory
 and communication buffers are not counted (leave ~10-20 % of the device free).
 """
 
