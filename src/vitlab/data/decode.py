@@ -142,20 +142,20 @@ def decode_image(
 ) -> np.ndarray:
     """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
 
-        The EXIF orientation is applied; palette and alpha images are composited on white;
-        CMYK/YCbCr/greyscale are converted; 16-bit is scaled to 8 bits. ``L`` is the luma of the
-        RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
-        grey by libjpeg). ``size`` resizes the shorter side and center-crops a square. ``shorter_side``
+    The EXIF orientation is applied; palette and alpha images are composited on white;
+    CMYK/YCbCr/greyscale are converted; 16-bit is scaled to 8 bits. ``L`` is the luma of the
+    RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
+    grey by libjpeg). ``size`` resizes the shorter side and center-crops a square. ``shorter_side``
     (without ``size``) shrinks an image whose shorter side is longer to that side, keeping its aspect
-    ratio and all of its pixels' extent (no crop), so random crops later still see the whole picture.
+    ratio and its whole extent (no crop), so that random crops later still see the whole picture.
 
-        Raises ``ValueError`` with the reason for an empty file, a path that is not a regular file
-        (a FIFO or a device is never opened: reading one would block or never end), an image over
-        ``max_pixels`` (default :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its
-        header, before decoding), one longer than ``max_aspect`` times its width (or the reverse; see
-        :data:`MAX_ASPECT`), or one whose pixels after the resize would take more than ``max_bytes``
-        (a decode cache's memory budget); PIL's errors for truncated or non-image files pass through.
-        ``path`` may be bytes or a str holding undecodable bytes as surrogates (``os.fsdecode``)."""
+    Raises ``ValueError`` with the reason for an empty file, a path that is not a regular file
+    (a FIFO or a device is never opened: reading one would block or never end), an image over
+    ``max_pixels`` (default :data:`DEFAULT_MAX_IMAGE_PIXELS`: a decompression bomb is refused from its
+    header, before decoding), one longer than ``max_aspect`` times its width (or the reverse; see
+    :data:`MAX_ASPECT`), or one whose pixels after the resize would take more than ``max_bytes``
+    (a decode cache's memory budget); PIL's errors for truncated or non-image files pass through.
+    ``path`` may be bytes or a str holding undecodable bytes as surrogates (``os.fsdecode``)."""
     import numpy as np
     from PIL import Image
 
