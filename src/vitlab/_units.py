@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_size", "size_option"]
+__all__ = ["format_size", "parse_size", "size_option"]
 
 _UNITS = {
     "": 1,
@@ -43,3 +43,12 @@ def size_option(flag: str, text: str | None) -> int | None:
         return parse_size(text)
     except ValueError as e:
         raise ConfigError(f"{flag} {e}") from None
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes for a message, in powers of 1024: ``512 B``, ``343.4 KiB``, ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError

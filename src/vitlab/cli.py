@@ -16,7 +16,21 @@ from collections.abc import Sequence
 from ._version import __version__
 
 # Order = order in `vitlab --help`.
-COMMANDS = ["models", "convert", "train", "finetune", "eval", "predict", "inspect", "fewshot", "bench", "export"]
+COMMANDS = [
+    "models",
+    "convert",
+    "train",
+    "finetune",
+    "eval",
+    "predict",
+    "inspect",
+    "fewshot",
+    "bench",
+    "export",
+    "plan",
+    "cache",
+    "data",
+]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

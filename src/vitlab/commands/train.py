@@ -36,11 +36,11 @@ MEMORY_BUDGET_HELP = (
 
 
 def parse_duration(text: str) -> float:
-    """``20m`` / ``90s`` / ``1.5h`` / ``1200`` (seconds) -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    """``20m`` / ``90s`` / ``1.5h`` / ``7d`` / ``1200`` (seconds) -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smhd]?)\s*", str(text))
     if not m or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 20m, 90s or 1h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 20m, 90s, 1h or 7d")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -207,6 +207,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
     g.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="activation checkpointing per block: recompute each block in the backward pass, "
+        "keeping only its input (less memory, one more forward; same gradients; see vitlab plan)",
+    )
+    g.add_argument(
         "--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)"
     )
     g.add_argument(
@@ -336,6 +342,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         device=args.device,
         precision=args.precision,
         compile=args.compile,
+        grad_checkpointing=getattr(args, "grad_checkpointing", False),
         threads=args.threads,
         val_split=args.val_split,
         cache_dir=args.cache_dir,

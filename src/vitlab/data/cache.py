@@ -49,17 +49,30 @@ from typing import Any
 import numpy as np
 
 from .._fs import remove_stale, writer_suffix
+from .._units import format_size as _bytes
 from ..errors import VitlabError
-from .decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, decode_image, image_size, too_thin, typical_side
+from .decode import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_ASPECT,
+    decode_image,
+    image_size,
+    resized_shape,
+    too_thin,
+    typical_side,
+)
 
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_BUFFER_BYTES",
+    "CacheEntry",
     "CacheError",
     "DecodedFiles",
     "cache_key",
+    "cache_line",
+    "clear_caches",
     "decode_files",
     "default_cache_dir",
+    "list_caches",
 ]
 
 _VERSION = 4  # 4: strips skipped; 3: reserved space, validated metadata, a CRC-32 per chunk; 2: EXIF, grey from RGB
@@ -80,11 +93,12 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class DecodedFiles:
-    """``images[i]`` is the decoded ``kept[i]``; ``skipped`` lists ``(path, reason)``."""
+    """``images[i]`` is the decoded ``kept[i]``; ``skipped`` lists ``(path, reason)``; ``path``: the cache file."""
 
     images: np.ndarray
     kept: list[int]
     skipped: list[tuple[str, str]]
+    path: Path | None = None
 
 
 def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
@@ -103,13 +117,77 @@ cache_key = _key
 also what a training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`)."""
 
 
-def _bytes(n: int) -> str:
-    """``n`` bytes for a message: ``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
+def _source(paths: Sequence[str]) -> str:
+    """The folder the cached files come from (their common parent), for ``vitlab cache ls``."""
+    try:
+        return os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths]) if paths else ""
+    except ValueError:  # paths on different drives
+        return ""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One decode cache in a cache folder: its data file, bytes on disk, images, source folder, last write."""
+
+    path: Path
+    bytes: int
+    images: int
+    source: str
+    mtime: float
+
+
+def list_caches(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry]:
+    """The decode caches under ``cache_dir`` (default :func:`default_cache_dir`), newest first: every
+    ``<name>-<key>.u8`` with its ``.json`` metadata. Other files there (downloads, build caches) are
+    not decode caches and are never listed."""
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entries = []
+    for meta_f in cache.glob("*.json") if cache.is_dir() else ():
+        data_f = meta_f.with_suffix(".u8")
+        if not data_f.is_file():
+            continue
+        try:
+            meta = json.loads(meta_f.read_bytes())
+            images = int(meta["shape"][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        st = data_f.stat()
+        size = st.st_size + meta_f.stat().st_size
+        entries.append(CacheEntry(data_f, size, images, str(meta.get("source", "")), st.st_mtime))
+    return sorted(entries, key=lambda e: -e.mtime)
+
+
+def clear_caches(
+    cache_dir: str | os.PathLike[str] | None = None, *, older_than: float | None = None, now: float | None = None
+) -> list[CacheEntry]:
+    """Delete the decode caches under ``cache_dir`` (all, or those last written more than ``older_than``
+    seconds before ``now``) and return them. A cache in use by a running job stays readable by it
+    (its memory map holds the file) and is decoded again by the next run that needs it."""
+    import time
+
+    now = time.time() if now is None else now
+    gone = []
+    for e in list_caches(cache_dir):
+        if older_than is not None and now - e.mtime <= older_than:
+            continue
+        e.path.with_suffix(".json").unlink(missing_ok=True)  # the metadata first: no half cache looks complete
+        e.path.unlink(missing_ok=True)
+        gone.append(e)
+    return gone
+
+
+def cache_line(files: Sequence[str | os.PathLike[str]]) -> str | None:
+    """One line telling where the decode cache ``files`` are and how big they are (``None`` for none):
+    the cache lives outside the run's folder and outlives it, so the user is told once per run."""
+    paths = [Path(f) for f in files]
+    sizes = [p.stat().st_size for p in paths if p.is_file()]
+    if not sizes:
+        return None
+    where = sorted({str(p.parent) for p in paths})
+    return (
+        f"decode cache: {_bytes(sum(sizes))} in {len(sizes)} file(s) under {', '.join(where)} "
+        "(vitlab cache ls; vitlab cache clear)"
+    )
 
 
 def _is_int(v: Any, low: int = 0) -> bool:
@@ -201,7 +279,7 @@ def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffe
         )
     if problem is None:
         images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if shape[0] else np.zeros(shape, np.uint8)
-        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]])  # type: ignore[misc]
+        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]], data_f)  # type: ignore[misc]
     print(f"warning: {bad}: not a valid decode cache: {problem}; deleting it and decoding again", file=sys.stderr)
     meta_f.unlink(missing_ok=True)
     data_f.unlink(missing_ok=True)
@@ -247,6 +325,7 @@ def decode_files(
     progress: bool = True,
     max_pixels: int | None = None,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    max_side: int | None = None,
 ) -> DecodedFiles:
     """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
 
@@ -258,6 +337,9 @@ def decode_files(
     ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
     of it holds decoded images waiting to be written to the cache file (at least one image); the other
     half is headroom for the decoders' own temporaries.
+    ``max_side`` (without ``size``): the training resolution's cache size; native images whose shorter
+    side is longer are stored with that shorter side, aspect ratio kept (no crop), and mixed sizes
+    are cropped to at most that side, so the cache grows with the number of images, not their pixels.
     Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
     An existing cache is checked first (see the module's notes) and rebuilt when damaged; a cache
     that cannot be written (no space) is a :class:`CacheError`.
@@ -269,7 +351,9 @@ def decode_files(
     key = _key(
         paths,
         size if size is not None else f"native-or-{fallback_size}",
-        mode + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else ""),
+        mode
+        + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else "")
+        + (f"|max{max_side}" if max_side is not None and size is None else ""),
     )
     chans = 3 if mode == "RGB" else 1
     stem = f"{name}-{key}"
@@ -291,7 +375,13 @@ def decode_files(
         common = max(typical, key=typical.__getitem__)
         if len(typical) > 1:
             size = fallback_size or typical_side(typical)  # mixed sizes: square crops
+            if max_side is not None:
+                size = min(size, max_side)
         height, width = common[1], common[0]
+        if size is None and max_side is not None and min(height, width) > max_side:
+            width, height = resized_shape(width, height, max_side)  # as decode_image(shorter_side=) shrinks
+        else:
+            max_side = None  # stored at the native size: nothing to shrink
     if size is not None:
         height = width = size
     image_bytes = height * width * chans
@@ -315,6 +405,7 @@ def decode_files(
                 max_pixels=max_pixels,
                 max_aspect=MAX_ASPECT,
                 max_bytes=buffer_bytes // 2,
+                shorter_side=max_side if size is None else None,
             )
             if arr.shape != (height, width, chans):
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
@@ -354,6 +445,7 @@ def decode_files(
             os.fsync(f.fileno())
         shape = (len(kept), height, width, chans)
         meta = {
+            "source": _source(paths),
             "version": _VERSION,
             "key": key,
             "dtype": "uint8",
@@ -381,4 +473,4 @@ def decode_files(
         tmp_meta.unlink(missing_ok=True)
         raise
     images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if len(kept) else np.zeros(shape, np.uint8)
-    return DecodedFiles(images, kept, skipped)
+    return DecodedFiles(images, kept, skipped, data_f)

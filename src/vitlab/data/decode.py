@@ -138,13 +138,16 @@ def decode_image(
     max_pixels: int | None = None,
     max_aspect: float | None = None,
     max_bytes: int | None = None,
+    shorter_side: int | None = None,
 ) -> np.ndarray:
     """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
 
     The EXIF orientation is applied; palette and alpha images are composited on white;
     CMYK/YCbCr/greyscale are converted; 16-bit is scaled to 8 bits. ``L`` is the luma of the
     RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
-    grey by libjpeg). ``size`` resizes the shorter side and center-crops a square.
+    grey by libjpeg). ``size`` resizes the shorter side and center-crops a square. ``shorter_side``
+    (without ``size``) shrinks an image whose shorter side is longer to that side, keeping its aspect
+    ratio and its whole extent (no crop), so that random crops later still see the whole picture.
 
     Raises ``ValueError`` with the reason for an empty file, a path that is not a regular file
     (a FIFO or a device is never opened: reading one would block or never end), an image over
@@ -180,14 +183,18 @@ def decode_image(
             )
         if max_aspect is not None and max(w, h) > max_aspect * max(1, min(w, h)):
             raise ValueError(f"{w}x{h}: one side is over {max_aspect:g} times the other (a strip, not a picture)")
-        ow, oh = resized_shape(w, h, size) if size is not None else (w, h)
+        if size is None and shorter_side is not None and min(w, h) > shorter_side:
+            ow, oh = resized_shape(w, h, shorter_side)
+        else:
+            ow, oh = resized_shape(w, h, size) if size is not None else (w, h)
         nbytes = ow * oh * (3 if mode == "RGB" else 1)
         if max_bytes is not None and nbytes > max_bytes:
             raise ValueError(
                 f"{w}x{h} would take {nbytes:,} bytes as {ow}x{oh} {mode}, over the limit of {max_bytes:,} "
                 "(half the memory budget, --memory-budget)"
             )
-        im.draft("RGB", (size, size) if size else im.size)  # JPEG: decode at reduced scale when possible
+        # JPEG: decode at reduced scale when possible (never below the size asked for)
+        im.draft("RGB", (size, size) if size else (ow, oh))
         im = _oriented(im)
         if im.mode in ("I", "F") or im.mode.startswith("I;16"):
             im = _to_8bit(im)
@@ -204,6 +211,10 @@ def decode_image(
             w, h = im.size
             left, top = (w - size) // 2, (h - size) // 2
             im = im.crop((left, top, left + size, top + size))
+        elif size is None and shorter_side is not None and min(w, h) > shorter_side:
+            # the shape from the file's own size (draft mode may have rounded it), turned as EXIF turned it
+            turned = (im.size[0] >= im.size[1]) != (w >= h)
+            im = im.resize((oh, ow) if turned else (ow, oh), Image.Resampling.BICUBIC)
         arr = np.asarray(im, dtype=np.uint8)
     return arr[..., None] if arr.ndim == 2 else arr
 

@@ -54,6 +54,8 @@ class DataSplits:
     val_name: str = "test"
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """Files that could not be decoded: ``(path, reason)``."""
+    cache_files: list[Path] = field(default_factory=list)
+    """The decode cache files the splits are read from (a folder's; none for the built-in datasets)."""
 
     @property
     def num_classes(self) -> int:
@@ -297,10 +299,11 @@ def _decode_split(
     opt: _Decode,
     *,
     seen: dict[tuple[int, int], str] | None = None,
-) -> tuple[ImageArray, list[str], list[tuple[str, str]]]:
+) -> tuple[ImageArray, list[str], list[tuple[str, str]], Path | None]:
     """One split folder scanned and decoded: ``(images and labels, class names, (path, reason) of every file
-    left out)``. ``seen``: the files of the splits already loaded, by ``(st_dev, st_ino)``; one of them
-    reached again here is left out of this split, so no file is in both train and val."""
+    left out, the decode cache file)``. ``seen``: the files of the splits already loaded, by
+    ``(st_dev, st_ino)``; one of them reached again here is left out of this split, so no file is in both
+    train and val."""
     problems: list[tuple[str, str]] = []
     paths, labels, names = _scan(root, class_names, min_classes=opt.min_classes, seen=seen, problems=problems)
     if problems and opt.strict:
@@ -315,6 +318,7 @@ def _decode_split(
         progress=opt.progress,
         max_pixels=opt.max_pixels,
         buffer_bytes=opt.buffer_bytes,
+        max_side=opt.size,  # never store more pixels than training at this size reads
     )
     # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
     skipped = problems + [(readable(p), readable(why.replace(repr(p), f"'{readable(p)}'"))) for p, why in dec.skipped]
@@ -323,7 +327,7 @@ def _decode_split(
     if not dec.kept:
         first = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}")
-    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped
+    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path
 
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:
@@ -333,16 +337,24 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         seen: dict[tuple[int, int], str] = {}
         if eval_only:  # train/ is only scanned: its class names and its files (none of which val may reuse)
             _, _, names = _scan(train_dir, None, min_classes=opt.min_classes, seen=seen, problems=[])
-            val, _, skipped = _decode_split(val_dir, names, opt, seen=seen)
-            return DataSplits(root.name, val.subset(np.arange(0)), val, names, val_name=val_dir.name, skipped=skipped)
-        train, names, skipped = _decode_split(train_dir, None, opt, seen=seen)
-        val, _, skipped2 = _decode_split(val_dir, names, opt, seen=seen)
-        return DataSplits(root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2)
+            val, _, skipped, f2 = _decode_split(val_dir, names, opt, seen=seen)
+            empty = val.subset(np.arange(0))
+            files = [f2] if f2 else []
+            return DataSplits(root.name, empty, val, names, val_name=val_dir.name, skipped=skipped, cache_files=files)
+        train, names, skipped, f1 = _decode_split(train_dir, None, opt, seen=seen)
+        val, _, skipped2, f2 = _decode_split(val_dir, names, opt, seen=seen)
+        files = [f for f in (f1, f2) if f]
+        return DataSplits(
+            root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2, cache_files=files
+        )
     tree = train_dir if train_dir.is_dir() else root
-    full, names, skipped = _decode_split(tree, None, opt)
+    full, names, skipped, f1 = _decode_split(tree, None, opt)
     tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
     # views over the decode cache, not copies: the tree may be larger than RAM
-    return DataSplits(root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped)
+    files = [f1] if f1 else []
+    return DataSplits(
+        root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped, cache_files=files
+    )
 
 
 def load_data(

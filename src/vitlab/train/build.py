@@ -151,6 +151,8 @@ def build_net(
     model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
     if cfg.recipe.freeze:
         freeze_all_but_head(model)
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
     net = wrap(model, cfg.objective)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)

@@ -41,6 +41,9 @@ class TrainConfig:
     precision: str = "auto"
     """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (CUDA only, with a GradScaler)."""
     compile: bool = False
+    grad_checkpointing: bool = False
+    """Activation checkpointing per encoder block (``model.set_grad_checkpointing``): the same gradients
+    for less activation memory and one more forward pass a step."""
     threads: int = 0
     """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
     lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
@@ -203,6 +206,7 @@ _HONOURED = {
     "--precision": "precision",
     "--threads": "threads",
     "--compile": "compile",
+    "--grad-checkpointing": "grad_checkpointing",
 }
 """Options a resumed run applies when they are given -> their :class:`TrainConfig` field."""
 _FLAG_ORDER = [*_FIXED, *_HONOURED]

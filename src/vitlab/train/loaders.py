@@ -64,6 +64,10 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
     barrier(dist)
     if not dist.is_main:
         data = get_data()
+    from ..data.cache import cache_line
+
+    if (line := cache_line(data.cache_files)) is not None:
+        log(line)
     if data.skipped:
         log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
         if dist.is_main:
