@@ -143,6 +143,14 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--dropout", type=float, default=None)
+    g.add_argument(
+        "--token-drop",
+        type=float,
+        default=None,
+        metavar="R",
+        help="training only: drop a random fraction R of each image's patch tokens after the position "
+        "embeddings (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023); evaluation sees every token",
+    )
 
     g = p.add_argument_group("recipe (each flag overrides the recipe's value)")
     g.add_argument(
@@ -306,6 +314,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         crop_scale=args.crop_scale,
         drop_path=args.drop_path,
         dropout=args.dropout,
+        token_drop=args.token_drop,
         layer_decay=args.layer_decay,
         freeze=args.freeze,
     )
@@ -376,6 +385,7 @@ _RECIPE_FIELDS = (
     "dropout",
     "layer_decay",
     "freeze",
+    "token_drop",
 )
 """Recipe fields with a flag of the same name: the ones given are kept when the recipe is fitted to the data."""
 
