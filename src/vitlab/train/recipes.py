@@ -35,6 +35,9 @@ class Recipe:
     head: str = "linear"
     drop_path: float = 0.0
     dropout: float = 0.0
+    res_schedule: tuple[tuple[int, float], ...] | None = None
+    """Progressive resolution: ``((size, end fraction), ...)``, e.g. ``((24, 0.5), (32, 1.0))``: 24 px for the
+    first half of the steps, then 32 (:mod:`vitlab.train.resolution`); ``None``: one size throughout."""
     token_drop: float = 0.0
     """Training only: the fraction of patch tokens each image drops (PatchDropout, Liu et al. 2022; FLIP,
     Li et al. 2023): the model's ``patch_drop_rate``; evaluation sees every token."""
@@ -84,6 +87,10 @@ class Recipe:
         self.crop_ratio = tuple(self.crop_ratio)  # type: ignore[assignment]
         if self.randaugment is not None:
             self.randaugment = tuple(self.randaugment)  # type: ignore[assignment]
+        if self.res_schedule is not None:
+            from .resolution import check_res_schedule
+
+            self.res_schedule = check_res_schedule(self.res_schedule, option=f"recipe {self.name!r}: res_schedule")
         self.validate()
 
     def validate(self) -> None:
