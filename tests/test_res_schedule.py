@@ -65,7 +65,7 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     assert {s for t, s in seen if not t} == {(8, 8)}  # evaluation at the final size
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert cfg["img_size"] == [8, 8]
-    capsys.readouterr()
+    assert "resolution 4 px to 50%, 8 px to 100% of the steps" in capsys.readouterr().out
     assert main([*args[:-1], "3:0.5,8:1", "--out", str(tmp_path / "c")]) == 2
     assert "3 px is not divisible by the patch size 2" in capsys.readouterr().err
     assert main([*args[:-1], "4:0.5,8:1", "--img-size", "6", "--out", str(tmp_path / "d")]) == 2

@@ -115,6 +115,7 @@ def test_token_drop_reaches_the_model_through_vitlab_train(tmp_path, capsys) -> 
     args = ["train", "--data", str(data), "--out", str(out), "--dim", "16", "--depth", "1", "--heads", "2"]
     args += ["--patch-size", "2", "--epochs", "1", "--batch-size", "8", "--no-progress", "--token-drop", "0.5"]
     assert main(args) == 0
+    assert "token drop 0.5 in training" in capsys.readouterr().out
     cfg = json.loads((out / "model" / "config.json").read_text())
     assert cfg["patch_drop_rate"] == 0.5
     import vitlab
