@@ -70,3 +70,31 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     assert "3 px is not divisible by the patch size 2" in capsys.readouterr().err
     assert main([*args[:-1], "4:0.5,8:1", "--img-size", "6", "--out", str(tmp_path / "d")]) == 2
     assert "--img-size is 6" in capsys.readouterr().err
+
+
+def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> None:
+    """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would
+    over-plan the run, so a scheduled run keeps the plan timed at the final size."""
+    from vitlab.train import get_recipe
+
+    monkeypatch.setattr(trainer_mod, "_plan_budget", lambda *a, **k: (120, 60, 0.05))
+    sizes: list[int] = []
+    resize = trainer_mod.Trainer._resize
+
+    def record(self, x):
+        y = resize(self, x)
+        sizes.append(y.shape[-1])
+        return y
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_resize", record)
+    cfg = trainer_mod.TrainConfig(
+        recipe=get_recipe("digits", batch_size=32, res_schedule=((4, 0.25), (8, 1.0))),
+        arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
+        out=str(tmp_path / "run"),
+        time_budget=6.0,
+        workers=0,
+        progress=False,
+    )
+    s = trainer_mod.fit(cfg)
+    assert s["steps"] == s["planned_steps"] == 120 > 2 * trainer_mod._REPLAN_AT
+    assert sizes == [4] * 30 + [8] * 90  # a quarter of the planned steps at 4 px
