@@ -8,6 +8,10 @@ submodules, parameter names and results (to float32 rounding). Besides its block
   (:meth:`.blocks.FastBlock.forward_cls`): the logits need nothing else of it;
 - splits gradient-free CPU forwards into chunks of the batch (:meth:`inference_chunk_size`).
 
+Both take the token count from the embedded sequence, so training with token dropping
+(``patch_drop_rate``: fewer patch tokens, the class token first) runs them unchanged; the batch is
+then not chunked (:meth:`FastVisionTransformer.drops_tokens`).
+
 Both run only where nobody could tell: no hooks anywhere in the model, the last block exactly as
 built, no attention capture, and an eager (not traced or compiled) forward.
 """
@@ -74,6 +78,11 @@ class FastVisionTransformer(VisionTransformer):
             and not (self.grad_checkpointing and self.training and torch.is_grad_enabled())
         )
 
+    def drops_tokens(self) -> bool:
+        """Whether forwards drop patch tokens now (training with ``patch_drop_rate``): the batch is then
+        run whole, so that one draw of the RNG picks the kept tokens as the plain class does."""
+        return self.training and self.config.patch_drop_rate > 0
+
     def inference_chunk_size(self, x: torch.Tensor) -> int:
         """Images per chunk for a forward of the batch ``x`` without autograd.
 
@@ -87,7 +96,7 @@ class FastVisionTransformer(VisionTransformer):
         """
         b = x.shape[0]
         limit = self.inference_chunk_bytes
-        if limit is None or b <= 1 or not eager_cpu_inference(x):
+        if limit is None or b <= 1 or not eager_cpu_inference(x) or self.drops_tokens():
             return b
         cfg = self.config
         gh, gw = self.grid(x)

@@ -143,6 +143,21 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     )
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--dropout", type=float, default=None)
+    g.add_argument(
+        "--token-drop",
+        type=float,
+        default=None,
+        metavar="R",
+        help="training only: drop a random fraction R of each image's patch tokens after the position "
+        "embeddings (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023); evaluation sees every token",
+    )
+    g.add_argument(
+        "--res-schedule",
+        default=None,
+        metavar="SIZE:FRAC,...",
+        help="progressive resolution: e.g. 24:0.5,32:1.0 trains at 24 px for the first half of the steps, then "
+        "32 (position embeddings resampled on the fly); evaluation and the model at the last size",
+    )
 
     g = p.add_argument_group("recipe (each flag overrides the recipe's value)")
     g.add_argument(
@@ -293,6 +308,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         else "auto"
     )
     zero_off = {"clip_grad": args.clip_grad, "ema": args.ema}
+    res_schedule = _res_schedule(args)
     recipe = get_recipe(
         recipe_name,
         epochs=args.epochs,
@@ -312,6 +328,8 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         crop_scale=args.crop_scale,
         drop_path=args.drop_path,
         dropout=args.dropout,
+        token_drop=args.token_drop,
+        res_schedule=res_schedule,
         layer_decay=args.layer_decay,
         freeze=args.freeze,
     )
@@ -334,7 +352,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         out=out,
         model=args.model,
         arch=arch,
-        img_size=args.img_size,
+        img_size=args.img_size or (res_schedule[-1][0] if res_schedule else None),
         init=init,
         objective=objective,
         seed=args.seed,
@@ -383,8 +401,23 @@ _RECIPE_FIELDS = (
     "dropout",
     "layer_decay",
     "freeze",
+    "token_drop",
+    "res_schedule",
 )
 """Recipe fields with a flag of the same name: the ones given are kept when the recipe is fitted to the data."""
+
+
+def _res_schedule(args: argparse.Namespace):
+    """``--res-schedule`` parsed; the training resolution is its last size unless ``--img-size`` says it."""
+    if getattr(args, "res_schedule", None) is None:
+        return None
+    from ..errors import ConfigError
+    from ..train.resolution import parse_res_schedule
+
+    sched = parse_res_schedule(args.res_schedule)
+    if args.img_size is not None and args.img_size != sched[-1][0]:
+        raise ConfigError(f"--res-schedule ends at {sched[-1][0]} px but --img-size is {args.img_size}")
+    return sched
 
 
 def _with_none(recipe, field: str):

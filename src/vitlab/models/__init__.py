@@ -5,7 +5,7 @@ imports from the rest of vitlab except errors; the speed paths live in :mod:`vit
 from .config import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, ViTConfig
 from .flexi import resample_patch_embed
 from .flops import count_macs
-from .layers import Attention, Block, DropPath, Mlp, PatchEmbed
+from .layers import Attention, Block, DropPath, Mlp, PatchDropout, PatchEmbed
 from .posemb import resample_posemb, sincos_2d
 from .registry import VARIANTS, create_model, list_models, model_config, register, resolve_name
 from .vit import VisionTransformer
@@ -20,6 +20,7 @@ __all__ = [
     "Block",
     "DropPath",
     "Mlp",
+    "PatchDropout",
     "PatchEmbed",
     "ViTConfig",
     "VisionTransformer",

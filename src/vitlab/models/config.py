@@ -39,7 +39,7 @@ so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
 _BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
-_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "norm_eps")
+_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps")
 
 
 def _is_int(v: Any) -> bool:
@@ -187,6 +187,9 @@ class ViTConfig:
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
+    patch_drop_rate: float = 0.0
+    """Training only: the fraction of patch tokens each image drops after Eq. 1 (PatchDropout, Liu et al.
+    2022; FLIP, Li et al. 2023; timm's ``patch_drop_rate``); evaluation sees every token."""
     norm_eps: float = 1e-6
     hybrid_layers: tuple[int, ...] | None = None
     """Hybrid (Sec. 3.1): ResNet stages whose feature map is cut into patches. ``None`` = plain
@@ -326,7 +329,9 @@ class ViTConfig:
             bad("posemb", f"'sincos2d' needs a width divisible by 4, got {self.embed_dim}")
         if not self.norm_eps > 0:
             bad("norm_eps", f"must be positive, got {self.norm_eps}")
-        for opt in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+        if self.patch_drop_rate and self.attention == "axial":
+            bad("patch_drop_rate", "token dropping needs global attention (axial attention needs the whole grid)")
+        for opt in ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate"):
             if not 0.0 <= float(getattr(self, opt)) < 1.0:
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
         if self.class_names is not None and self.num_classes and len(self.class_names) != self.num_classes:

@@ -16,7 +16,18 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 
-__all__ = ["Attention", "Block", "DropPath", "LayerScale", "MAPHead", "Mlp", "PatchEmbed", "QuickGELU", "make_act"]
+__all__ = [
+    "Attention",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "MAPHead",
+    "Mlp",
+    "PatchDropout",
+    "PatchEmbed",
+    "QuickGELU",
+    "make_act",
+]
 
 
 def make_act(name: str) -> nn.Module:
@@ -180,6 +191,41 @@ class DropPath(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.scale(x)
         return x if s is None else x * s
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class PatchDropout(nn.Module):
+    """Token dropping in training (PatchDropout, Liu et al. 2022, "PatchDropout: Economizing Vision
+    Transformers Using Patch Dropout"; FLIP, Li et al. 2023): each image keeps a random
+    ``max(1, int(N * (1 - p)))`` of its ``N`` patch tokens, drawn from the global RNG, after the position
+    embeddings are added, so the kept tokens still know where they came from. The prefix tokens (class,
+    distillation, registers) are always kept. Attention and MLP cost shrink with the sequence; evaluation
+    (``eval()``) sees every token. Named and drawn as timm's ``PatchDropout`` (``ordered=False``)."""
+
+    def __init__(self, p: float = 0.0, *, num_prefix_tokens: int = 1) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ConfigError(f"patch_drop_rate: must be in [0, 1), got {p}")
+        self.p = p
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def keep_indices(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Indices ``(B, kept)`` of the patch tokens of ``x`` to keep, or None when all are kept."""
+        if self.p == 0.0 or not self.training:
+            return None
+        b, n = x.shape[0], x.shape[1] - self.num_prefix_tokens
+        keep = max(1, int(n * (1.0 - self.p)))
+        return torch.argsort(torch.randn(b, n, device=x.device), dim=-1)[:, :keep]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idx = self.keep_indices(x)
+        if idx is None:
+            return x
+        pre, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
+        patches = patches.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return torch.cat([pre, patches], dim=1)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .vit import VisionTransformer
 
 __all__ = ["MPPOutput", "MaskedPatchPrediction", "mean_colour_targets"]
@@ -66,6 +67,8 @@ class MaskedPatchPrediction(nn.Module):
         super().__init__()
         if model.config.hybrid_layers is not None:
             raise ValueError("masked patch prediction needs a plain ViT: a hybrid's patches are not pixel patches")
+        if model.config.patch_drop_rate:
+            raise ConfigError("masked patch prediction predicts every patch: it cannot drop tokens (patch_drop_rate)")
         if not 0.0 < corrupt_prob <= 1.0 or mask_prob + random_prob > 1.0:
             raise ValueError("corrupt_prob must be in (0, 1] and mask_prob + random_prob <= 1")
         self.model = model

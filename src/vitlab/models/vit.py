@@ -27,7 +27,7 @@ from .axial import AxialBlock
 from .config import ViTConfig
 from .flops import count_macs
 from .hybrid import HybridEmbed
-from .layers import Block, LayerScale, MAPHead, PatchEmbed
+from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed
 from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .timm_api import TimmModelApi
 
@@ -67,6 +67,12 @@ class VisionTransformer(TimmModelApi, nn.Module):
             self.pos_embed_row = nn.Parameter(torch.zeros(1, gh, d // 2))
             self.pos_embed_col = nn.Parameter(torch.zeros(1, gw, d - d // 2))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
+        # training only: a random subset of the patch tokens goes on (PatchDropout, Liu et al. 2022)
+        self.patch_drop = (
+            PatchDropout(cfg.patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
+            if cfg.patch_drop_rate > 0
+            else nn.Identity()
+        )
         self.norm_pre = nn.LayerNorm(d, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()  # CLIP
         # Eq. 2-3: L encoder blocks, stochastic depth growing linearly with depth
         dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
@@ -199,7 +205,8 @@ class VisionTransformer(TimmModelApi, nn.Module):
     def embed_tokens(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """The rest of Eq. 1 for already projected patches ``(B, N, D)``: add position
         embeddings, prepend the class token. Objectives that corrupt patch
-        embeddings (masked patch prediction, Sec. 4.6) enter here."""
+        embeddings (masked patch prediction, Sec. 4.6) enter here. In training with ``patch_drop_rate``
+        only a random subset of the patch tokens comes out (:class:`~.layers.PatchDropout`)."""
         cfg = self.config
         pe = self.patch_posemb(grid, like=tokens)
         if pe is not None:
@@ -210,7 +217,7 @@ class VisionTransformer(TimmModelApi, nn.Module):
             if cfg.posemb == "learn":  # their own rows of E_pos
                 pre = pre + self.pos_embed[:, : self.num_prefix_tokens]
             tokens = torch.cat([pre, tokens], dim=1)
-        return self.norm_pre(self.pos_drop(tokens))
+        return self.norm_pre(self.patch_drop(self.pos_drop(tokens)))
 
     def patch_posemb(self, grid: tuple[int, int], *, like: torch.Tensor | None = None) -> torch.Tensor | None:
         """E_pos of the patch tokens of a ``grid`` (``(1, N, D)``, in ``like``'s dtype and device for

@@ -60,6 +60,7 @@ def build_model(
             class_names=list(class_names),
             drop_path_rate=r.drop_path,
             drop_rate=r.dropout,
+            patch_drop_rate=r.token_drop,
         )
         model = type(base)(new) if isinstance(base, VisionTransformer) else VisionTransformer(new)
         state = base.state_dict()
@@ -93,6 +94,7 @@ def build_model(
         head=r.head,
         drop_path_rate=r.drop_path,
         drop_rate=r.dropout,
+        patch_drop_rate=r.token_drop,
         class_names=list(class_names),
     )
     if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16

@@ -191,6 +191,8 @@ _FIXED = {
     "--dropout": "recipe.dropout",
     "--layer-decay": "recipe.layer_decay",
     "--freeze": "recipe.freeze",
+    "--token-drop": "recipe.token_drop",
+    "--res-schedule": "recipe.res_schedule",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
 }
 """Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""

@@ -62,6 +62,7 @@ def train_one_epoch(
     ema: torch.optim.swa_utils.AveragedModel | None = None,
     on_step: Callable[[EpochResult, float], bool] | None = None,
     on_nan: str = "stop",
+    resize: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
     micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
@@ -69,7 +70,8 @@ def train_one_epoch(
     A NaN/Inf loss raises :class:`~vitlab.errors.NonFiniteLossError` before the update
     (``on_nan="stop"``) or skips that optimizer step and counts it in ``skipped`` (``"skip"``).
     Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
-    an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss."""
+    an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss.
+    ``resize`` (progressive resolution) maps each input batch to the size of the current step."""
     model.train()
     res = EpochResult()
     bad_step = False
@@ -77,6 +79,8 @@ def train_one_epoch(
     running = 0.0
     for i, (x, y) in enumerate(batches):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if resize is not None:
+            x = resize(x)
         if mix is not None:
             x, y = mix(x, y)
         last_micro = (i + 1) % accum_steps == 0

@@ -35,6 +35,12 @@ class Recipe:
     head: str = "linear"
     drop_path: float = 0.0
     dropout: float = 0.0
+    res_schedule: tuple[tuple[int, float], ...] | None = None
+    """Progressive resolution: ``((size, end fraction), ...)``, e.g. ``((24, 0.5), (32, 1.0))``: 24 px for the
+    first half of the steps, then 32 (:mod:`vitlab.train.resolution`); ``None``: one size throughout."""
+    token_drop: float = 0.0
+    """Training only: the fraction of patch tokens each image drops (PatchDropout, Liu et al. 2022; FLIP,
+    Li et al. 2023): the model's ``patch_drop_rate``; evaluation sees every token."""
     # -- optimisation ------------------------------------------------------------
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -81,6 +87,10 @@ class Recipe:
         self.crop_ratio = tuple(self.crop_ratio)  # type: ignore[assignment]
         if self.randaugment is not None:
             self.randaugment = tuple(self.randaugment)  # type: ignore[assignment]
+        if self.res_schedule is not None:
+            from .resolution import check_res_schedule
+
+            self.res_schedule = check_res_schedule(self.res_schedule, option=f"recipe {self.name!r}: res_schedule")
         self.validate()
 
     def validate(self) -> None:
@@ -99,7 +109,7 @@ class Recipe:
         for opt in ("weight_decay", "warmup_epochs", "warmup_steps", "mixup", "cutmix", "min_lr_ratio"):
             if getattr(self, opt) < 0:
                 bad(opt, f"must be >= 0, got {getattr(self, opt)}")
-        for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout"):
+        for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout", "token_drop"):
             if not 0 <= getattr(self, opt) < 1 + (opt == "hflip"):
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
         if not 0 <= self.warmup_fraction <= 0.5:

@@ -276,4 +276,10 @@ def start_line(
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
         f"images, {data.num_classes} classes; recipe {recipe.name}, {plan['epochs']} epochs = "
         f"{plan['total_steps']} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+        + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
+        + (
+            "; resolution " + ", ".join(f"{s} px to {e:.0%}" for s, e in recipe.res_schedule) + " of the steps"
+            if recipe.res_schedule
+            else ""
+        )
     )

@@ -33,6 +33,7 @@ from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
 from .loaders import build_loaders, eval_shard, load_run_data, run_data_fingerprint
 from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
+from .resolution import check_sizes, resize_batch, size_at
 from .state import load_state
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
@@ -121,6 +122,14 @@ class Trainer:
         self.loaders = build_loaders(
             cfg, data=self.data, model_config=self.model.config, dist=dist, device=device, workers=workers
         )
+        if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
+            mc = self.model.config
+            check_sizes(
+                cfg.recipe.res_schedule,
+                final=mc.img_size,
+                multiple=mc.patch_size * mc.stem_stride,
+                dynamic_pad=mc.dynamic_img_pad,
+            )
         self.run_model = distribute(self.net, cfg, dist=dist, device=device)
         self.lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
         self.replan = Replanner()  # not due: resumed runs keep their plan
@@ -140,6 +149,8 @@ class Trainer:
                 lr=self.lr,
                 measure=_plan_budget,  # looked up here, at call time, so that tests can stand in for it
             )
+            if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
+                self.replan.due = False
         self.opt = build_optimization(
             self.net,
             recipe=cfg.recipe,
@@ -227,6 +238,7 @@ class Trainer:
             ema=self.opt.ema,
             on_step=self._on_step,
             on_nan=cfg.on_nan,
+            resize=self._resize if r.res_schedule else None,
         )
         p.nan_skipped += res.skipped
         p.train_s += res.seconds
@@ -238,6 +250,11 @@ class Trainer:
             p.interrupted = True
             return False
         return True
+
+    def _resize(self, x: torch.Tensor) -> torch.Tensor:
+        """Progressive resolution: the batch at the size the schedule gives the coming optimizer step."""
+        size = size_at(self.cfg.recipe.res_schedule, step=self.progress.step, total_steps=self.plan["total_steps"])
+        return resize_batch(x, size)
 
     def _on_step(self, res: EpochResult, loss: float) -> bool:
         """After each optimizer step: count it, re-plan a time budget once, decide whether to stop,

@@ -1,0 +1,142 @@
+"""Time to accuracy: train CIFAR-10 (or any ImageFolder) from scratch for a fixed wall budget with ``vitlab train
+--time-budget`` and report the test top-1 it reached. Two tracks (issue 23):
+
+- ``vit``: the pure ViT, patch embedding as in Eq. 1 (4x4 patches of the 32 px images, no convolutional stem);
+- ``hybrid``: the paper's hybrid input (Sec. 3.1), the R+Ti/16 ResNet stem with 1x1 patches.
+
+Both use the recipe of ``docs/cifar10.md`` (width 128, depth 6, 4 heads, MLP ratio 2, GAP, sine-cosine position
+embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + flip, label smoothing 0.1); the levers
+of issue 23 are flags passed through (``--token-drop``, ``--res-schedule``, ``--ema``) so that a run with them
+and one without differ in nothing else. The last stdout line is one JSON object: ``track, minutes, top1, top5,
+steps, images_per_sec, wall_s, device, levers, command`` (``command``: the exact ``vitlab train`` command line).
+
+    python benchmarks/speedrun.py --track hybrid --minutes 20 --data ../shared/data/cifar10
+    python benchmarks/speedrun.py --track vit --minutes 5 --data ../shared/data/cifar10 --token-drop 0.5
+    python benchmarks/speedrun.py --track vit --minutes 20 --data ../shared/data/cifar10 --device cuda  # bf16, compile
+    python benchmarks/speedrun.py --smoke --track vit      # tiny generated data, a few seconds: the CI check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARCH = {
+    "vit": ["--patch-size", "4"],
+    "hybrid": ["--model", "vit_r_ti16", "--patch-size", "1"],
+}
+RECIPE = [
+    *("--recipe", "small-data", "--dim", "128", "--depth", "6", "--heads", "4", "--mlp-ratio", "2"),
+    *("--pool", "gap", "--posemb", "sincos2d", "--batch-size", "128", "--lr", "2e-3", "--weight-decay", "0.05"),
+    *("--warmup-epochs", "0.3", "--clip-grad", "1", "--crop-scale", "0.6,1", "--hflip", "0.5"),
+    *("--label-smoothing", "0.1", "--mixup", "0", "--cutmix", "0", "--randaugment", "none"),
+    *("--random-erasing", "0", "--drop-path", "0"),
+]
+"""The 20-minute recipe of docs/cifar10.md, without the architecture and the budget."""
+SMOKE = [*("--dim", "16", "--depth", "1", "--heads", "2", "--mlp-ratio", "2", "--batch-size", "8", "--lr", "1e-3")]
+"""Replaces the model size and batch for ``--smoke``: a few seconds on tiny generated data."""
+
+
+def tiny_data(root: Path, *, per_class: int = 12, size: int = 8) -> Path:
+    """A generated ImageFolder (class = the dominant colour channel) with ``train/`` and ``test/``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("test", 4)):
+        for c in range(3):
+            d = root / split / f"class{c}"
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                arr = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
+                arr[..., c] += 150
+                Image.fromarray(arr).save(d / f"{i:02d}.png")
+    return root
+
+
+def train_command(args: argparse.Namespace, data: str, out: str) -> list[str]:
+    """The ``vitlab train`` argument list (after ``vitlab``) of this run."""
+    cmd = ["train", "--data", data, "--out", out, *ARCH[args.track], *RECIPE]
+    if args.smoke:
+        cmd += SMOKE
+    cmd += ["--time-budget", f"{args.minutes * 60:g}s", "--seed", str(args.seed), "--no-progress"]
+    if args.device != "cpu":
+        cmd += ["--device", args.device, "--precision", "bf16"]
+    if args.compile:
+        cmd += ["--compile"]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    for flag, value in levers(args).items():
+        cmd += [flag, str(value)]
+    return cmd
+
+
+def levers(args: argparse.Namespace) -> dict[str, object]:
+    """The issue-23 levers this run turns on, as ``vitlab train`` flags."""
+    given = {"--token-drop": args.token_drop, "--res-schedule": args.res_schedule, "--ema": args.ema}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--track", choices=sorted(ARCH), required=True)
+    p.add_argument("--minutes", type=float, default=None, help="wall budget (default 20; 0.1 with --smoke)")
+    p.add_argument("--data", default=None, help="ImageFolder with train/ and test/ (e.g. ../shared/data/cifar10)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda ... (not cpu: bf16 autocast)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="run folder (default: a temporary one, removed)")
+    p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
+    p.add_argument("--res-schedule", default=None, help="lever: vitlab train --res-schedule (e.g. 24:0.5,32:1.0)")
+    p.add_argument("--ema", type=float, default=None, help="lever: vitlab train --ema")
+    p.add_argument("--smoke", action="store_true", help="tiny generated data and model: checks the pipeline only")
+    args = p.parse_args(argv)
+    if args.minutes is None:
+        args.minutes = 0.1 if args.smoke else 20.0
+    if args.compile is None:
+        args.compile = not args.smoke  # as docs/cifar10.md (1.17x faster steps on the CPU)
+    if not args.smoke and not args.data:
+        p.error("--data DIR is required (or --smoke)")
+    with tempfile.TemporaryDirectory(prefix="speedrun-") as tmp:
+        data = str(tiny_data(Path(tmp) / "data")) if args.smoke else args.data
+        out = args.out or str(Path(tmp) / "run")
+        cmd = train_command(args, data, out)
+        shown = "vitlab " + shlex.join(cmd)
+        print(shown, flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, "-m", "vitlab", *cmd], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wall = time.perf_counter() - t0
+        if rc != 0:
+            print(f"speedrun: vitlab train exited with {rc}", file=sys.stderr)
+            return rc
+        s = json.loads((Path(out) / "summary.json").read_text())
+    row = {
+        "track": args.track,
+        "minutes": args.minutes,
+        "top1": s["top1"],
+        "top5": s["top5"],
+        "best_top1": s["best_top1"],
+        "steps": s["steps"],
+        "epochs": s["epochs"],
+        "images_per_sec": round(s["images_per_sec"], 1),
+        "wall_s": round(wall, 1),
+        "device": args.device,
+        "seed": args.seed,
+        "smoke": args.smoke,
+        "levers": levers(args),
+        "command": shown,
+    }
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Progressive resolution: ``vitlab train --res-schedule 4:0.5,8:1.0`` (:mod:`vitlab.train.resolution`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import assert_close_rel
+from imagefolder import tiny_folder
+from vitlab.accel import FastVisionTransformer
+from vitlab.cli import main
+from vitlab.errors import ConfigError
+from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
+from vitlab.train import trainer as trainer_mod
+from vitlab.train.resolution import parse_res_schedule, resize_batch, size_at
+
+
+def test_parse_and_size_at() -> None:
+    s = parse_res_schedule("24:0.5,32:1.0")
+    assert s == ((24, 0.5), (32, 1.0))
+    assert [size_at(s, step=i, total_steps=10) for i in range(10)] == [24] * 5 + [32] * 5
+    assert size_at(parse_res_schedule("16:0.25,24:0.75,32:1"), step=3, total_steps=4) == 32
+    for bad in ("24", "24:0.5", "24:0.5,32:0.4", "a:1", "0:1.0", "24:0.6,32:0.6,40:1"):
+        with pytest.raises(ConfigError, match="res-schedule"):
+            parse_res_schedule(bad)
+    assert resize_batch(torch.zeros(2, 3, 32, 32), 24).shape == (2, 3, 24, 24)
+
+
+@pytest.mark.parametrize("cls", [VisionTransformer, FastVisionTransformer])
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "jax"])
+def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) -> None:
+    torch.manual_seed(0)
+    m = cls(ViTConfig(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, posemb_resample=mode))
+    m.train()
+    want = resample_posemb(m.pos_embed, (6, 6), num_prefix_tokens=1, mode=mode)
+    assert want.shape == (1, 1 + 36, 32)
+    assert torch.equal(m.patch_posemb((6, 6)), want[:, 1:])
+    x = torch.randn(2, 3, 24, 24)
+    z = m.embed(x)  # the 24 px batch: 6x6 patches, each with its row of the resampled table
+    assert_close_rel(z[:, 1:], m.patch_embed(x) + want[:, 1:])
+    assert_close_rel(z[:, :1], (m.cls_token + m.pos_embed[:, :1]).expand(2, -1, -1))
+    m.forward_features(x).square().sum().backward()  # and it trains at that size
+    assert m.pos_embed.grad is not None and m.pos_embed.grad.abs().sum() > 0
+
+
+def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_path, monkeypatch, capsys) -> None:
+    data = tiny_folder(tmp_path / "data", size=8)
+    seen: list[tuple[bool, tuple[int, int]]] = []
+    build = trainer_mod.build_net
+
+    def spy(*a, **k):
+        model, net, workers = build(*a, **k)
+        model.register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, tuple(inp[0].shape[-2:]))))
+        return model, net, workers
+
+    monkeypatch.setattr(trainer_mod, "build_net", spy)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--dim", "16", "--depth", "1", "--heads", "2"]
+    args += ["--patch-size", "2", "--epochs", "2", "--batch-size", "8", "--no-progress", "--res-schedule", "4:0.5,8:1"]
+    assert main(args) == 0
+    train = [s for t, s in seen if t]
+    assert train == [(4, 4)] * 6 + [(8, 8)] * 6  # 48 images, 6 steps an epoch, 12 planned: half at 4 px
+    assert {s for t, s in seen if not t} == {(8, 8)}  # evaluation at the final size
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["img_size"] == [8, 8]
+    assert "resolution 4 px to 50%, 8 px to 100% of the steps" in capsys.readouterr().out
+    assert main([*args[:-1], "3:0.5,8:1", "--out", str(tmp_path / "c")]) == 2
+    assert "3 px is not divisible by the patch size 2" in capsys.readouterr().err
+    assert main([*args[:-1], "4:0.5,8:1", "--img-size", "6", "--out", str(tmp_path / "d")]) == 2
+    assert "--img-size is 6" in capsys.readouterr().err
+
+
+def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> None:
+    """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would
+    over-plan the run, so a scheduled run keeps the plan timed at the final size."""
+    from vitlab.train import get_recipe
+
+    monkeypatch.setattr(trainer_mod, "_plan_budget", lambda *a, **k: (120, 60, 0.05))
+    sizes: list[int] = []
+    resize = trainer_mod.Trainer._resize
+
+    def record(self, x):
+        y = resize(self, x)
+        sizes.append(y.shape[-1])
+        return y
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_resize", record)
+    cfg = trainer_mod.TrainConfig(
+        recipe=get_recipe("digits", batch_size=32, res_schedule=((4, 0.25), (8, 1.0))),
+        arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
+        out=str(tmp_path / "run"),
+        time_budget=6.0,
+        workers=0,
+        progress=False,
+    )
+    s = trainer_mod.fit(cfg)
+    assert s["steps"] == s["planned_steps"] == 120 > 2 * trainer_mod._REPLAN_AT
+    assert sizes == [4] * 30 + [8] * 90  # a quarter of the planned steps at 4 px

@@ -1,0 +1,36 @@
+"""``benchmarks/speedrun.py --smoke``: the time-to-accuracy script's pipeline on tiny generated data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("track, extra", [("vit", ["--token-drop", "0.5"]), ("hybrid", [])])
+def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, *extra]
+    # a few seconds on a quiet machine; the generous timeout is for a loaded one
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"track", "minutes", "top1", "steps", "images_per_sec", "command"} <= set(row)
+    assert row["track"] == track and row["minutes"] == 0.1 and row["steps"] > 0 and 0 <= row["top1"] <= 1
+    assert row["command"].startswith("vitlab train ") and "--time-budget 6s" in row["command"]
+    assert ("--patch-size 4" in row["command"]) == (track == "vit")
+    assert ("--model vit_r_ti16" in row["command"]) == (track == "hybrid")
+    assert row["levers"] == ({"--token-drop": 0.5} if extra else {})
+    assert ("--token-drop 0.5" in row["command"]) == bool(extra)
+
+
+def test_real_runs_need_data() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--data DIR is required" in proc.stderr
