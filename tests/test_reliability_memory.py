@@ -24,7 +24,8 @@ from vitlab._units import parse_size
 from vitlab.cli import main
 from vitlab.data import ArrayDataset, ImageArray, ImageRows, load_data
 from vitlab.data.cache import decode_files
-from vitlab.data.sources import _scan, stratified_split
+from vitlab.data.scan import scan_classes
+from vitlab.data.sources import stratified_split
 from vitlab.train import TrainConfig
 from vitlab.train.state import load_state
 from vitlab.train.trainer import eval_shard
@@ -117,7 +118,7 @@ def test_val_split_of_a_tree_larger_than_the_budget_is_two_views_read_in_bounded
     assert splits.train.images.base is splits.val.images.base  # one map, two index arrays: no copy
     assert (len(splits.train), len(splits.val)) == (180, 60)
 
-    paths, labels, _ = _scan(tmp_path / "data" / "train")
+    paths, labels, _ = scan_classes(tmp_path / "data" / "train")
     tr, va = stratified_split(labels, 0.25, seed=0)
     for name, rows in (("train", tr), ("val", va)):
         want = [(_digest(np.asarray(Image.open(paths[r]))), int(labels[r])) for r in rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DataError",
     "InputError",
     "NonFiniteLossError",
     "OfflineError",
@@ -42,3 +43,7 @@ class OfflineError(VitlabError, OSError):
 
 class NonFiniteLossError(VitlabError, FloatingPointError):
     """A NaN or Inf training loss (``--on-nan stop``): the run stops before the bad update."""
+
+
+class DataError(VitlabError, ValueError):
+    """A data source that cannot be used (missing folder, no images, unreadable files with --strict-data)."""

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from .._units import format_size
-    from ..data.cache import clear_caches, default_cache_dir, list_caches
+    from ..data.cache import default_cache_dir
+    from ..data.cache_admin import clear_caches, list_caches
     from ..errors import ConfigError
 
     where = args.cache_dir or str(default_cache_dir())

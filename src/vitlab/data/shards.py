@@ -75,7 +75,7 @@ def pack_folder(
     ``out``, and return the manifest. Each shard is written to a temp name and renamed when complete;
     the manifest is written last, so a folder with a manifest is complete."""
     from .._progress import ProgressLog
-    from .sources import _scan
+    from .scan import scan_classes
 
     root, dest = Path(src).expanduser(), Path(out)
     if not root.is_dir():
@@ -90,7 +90,7 @@ def pack_folder(
     manifest: dict[str, object] = {"format": FORMAT, "version": VERSION, "source": str(root.resolve())}
     splits: dict[str, object] = {}
     for split, folder in _splits(root).items():
-        paths, labels, names = _scan(folder, classes, seen=seen)
+        paths, labels, names = scan_classes(folder, classes, seen=seen)
         classes = classes or names
         order = np.random.default_rng(seed).permutation(len(paths))
         samples = [_Sample(paths[i], int(labels[i])) for i in order]

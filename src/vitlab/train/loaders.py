@@ -64,7 +64,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
     barrier(dist)
     if not dist.is_main:
         data = get_data()
-    from ..data.cache import cache_line
+    from ..data.cache_admin import cache_line
 
     if (line := cache_line(data.cache_files)) is not None:
         log(line)
@@ -86,7 +86,7 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     :func:`vitlab.data.load_data` lists them (only their metadata is read). None for the built-in
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
     from ..data.cache import cache_key
-    from ..data.sources import _scan
+    from ..data.scan import scan_classes
 
     root = Path(cfg.data).expanduser()
     if not root.is_dir():
@@ -100,7 +100,7 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     classes: list[str] | None = None
     splits = {}
     for name, d in dirs.items():
-        paths, _, found = _scan(d, classes)
+        paths, _, found = scan_classes(d, classes)
         classes = classes or found
         splits[name] = {"files": len(paths), "key": cache_key(paths, None, "fingerprint")}
     return {"classes": classes, "splits": splits}

@@ -1,0 +1,157 @@
+"""Which files an ImageFolder holds: one class per sub-folder, image files found by extension.
+
+The walk cannot lie: each real folder is entered once (symlink loops are reported, never followed
+twice), each real file is counted once (a second path to it is left out, so no file is in both
+train and val), only regular files are kept (FIFOs and devices are reported without being
+opened), and every name is reported readably whatever bytes it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .decode import IMAGE_EXTENSIONS, is_image_name
+
+__all__ = ["readable", "scan_classes"]
+
+
+def readable(name: str | bytes) -> str:
+    """A file name as printable, writable text: bytes that are not UTF-8 (which ``os.fsdecode`` keeps as
+    surrogates, and which any ``print`` or ``write_text`` would fail on) are shown as ``\\xff``."""
+    raw = name if isinstance(name, bytes) else os.fsencode(name)
+    return raw.decode("utf-8", "backslashreplace")
+
+
+@dataclass
+class _Walk:
+    """What one scan has seen: real folders and files by ``(st_dev, st_ino)`` with the path they were
+    first reached by, and ``problems``, ``(path, reason)`` of everything left out."""
+
+    dirs: dict[tuple[int, int], str] = field(default_factory=dict)
+    files: dict[tuple[int, int], str] = field(default_factory=dict)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def first_visit(self, path: str, st: os.stat_result, table: dict[tuple[int, int], str]) -> bool:
+        key = (st.st_dev, st.st_ino)
+        if key in table:
+            return False
+        table[key] = path
+        return True
+
+
+def _class_files(top: str, walk: _Walk) -> list[str]:
+    """Image files under the class folder ``top``, in the order ``os.walk`` gives (each folder's files
+    sorted, then its sub-folders sorted, depth first).
+
+    Symbolic links are followed, but each real folder is entered once: a link back to a folder already
+    scanned (``loop -> .``) would otherwise count its files again at every level, put copies of one
+    file in both train and val, and never end with two loops; it is reported once and skipped. A real
+    file reached twice (links) is counted once. Only regular files are kept, judged by ``stat`` of the
+    link's target without opening it: opening a FIFO blocks until a writer comes, a device never ends."""
+    from .decode import file_kind
+
+    files: list[str] = []
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            walk.problems.append((d, f"cannot list this folder ({e.strerror or e})"))
+            continue
+        subdirs = []
+        for e in entries:
+            try:
+                st = e.stat()  # follows links
+            except OSError as err:
+                why = "a broken symbolic link" if e.is_symlink() else f"cannot stat ({err.strerror or err})"
+                if is_image_name(e.name) or not e.is_symlink():
+                    walk.problems.append((e.path, why))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if walk.first_visit(e.path, st, walk.dirs):
+                    subdirs.append(e.path)
+                else:
+                    first = walk.dirs[(st.st_dev, st.st_ino)]
+                    walk.problems.append(
+                        (e.path, f"a link to the folder {first}, already scanned: not followed again (a link loop)")
+                    )
+            elif is_image_name(e.name):
+                if not stat.S_ISREG(st.st_mode):
+                    walk.problems.append((e.path, f"not a regular file ({file_kind(st.st_mode)}); not opened"))
+                elif walk.first_visit(e.path, st, walk.files):
+                    files.append(e.path)
+                else:
+                    first = walk.files[(st.st_dev, st.st_ino)]
+                    walk.problems.append((e.path, f"the same file as {first}; counted once"))
+        stack.extend(reversed(subdirs))
+    return files
+
+
+def scan_classes(
+    root: Path,
+    class_names: list[str] | None = None,
+    *,
+    min_classes: int = 1,
+    seen: dict[tuple[int, int], str] | None = None,
+    problems: list[tuple[str, str]] | None = None,
+) -> tuple[list[str], np.ndarray, list[str]]:
+    """Files of an ImageFolder tree ``root/<class>/**``, sorted; classes in sorted order. The
+    ``(path, reason)`` of what the walk left out (:func:`_class_files`) are appended to ``problems``.
+    Given ``class_names`` (the training classes), a class folder of ``root`` outside them is an error;
+    otherwise fewer than ``min_classes`` class folders is. ``seen``: files already taken, by
+    ``(st_dev, st_ino)`` (updated in place): reached again here, they are left out and reported."""
+    own_classes = class_names is None
+    try:
+        found = {
+            readable(e.name): e.path
+            for e in os.scandir(root)
+            if not e.name.startswith(".") and e.is_dir()  # is_dir follows links
+        }
+    except OSError as e:
+        raise DataError(f"{root}: cannot list the class folders ({e.strerror or e})") from None
+    if class_names is not None and set(found) - set(class_names):
+        extra = sorted(set(found) - set(class_names))
+        raise DataError(
+            f"{root}: class folder(s) not in the training classes: {', '.join(extra[:10])}; "
+            "the model cannot predict them (move them to train/ as well, or remove them)"
+        )
+    if class_names is None:
+        class_names = sorted(found)
+    if not class_names:
+        raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>)")
+    if own_classes and len(class_names) < min_classes:
+        raise DataError(
+            f"{root}: only one class ({class_names[0]!r}) found; a classifier needs at least two "
+            "(add a folder per class, or pass --allow-single-class to train on it anyway)"
+        )
+    walk = _Walk(files=seen if seen is not None else {})
+    for d in [root, *(found[c] for c in class_names if c in found)]:  # a link back to any of them is a loop
+        walk.first_visit(str(d), os.stat(d), walk.dirs)
+    paths, labels = [], []
+    for i, c in enumerate(class_names):
+        if c not in found:
+            continue
+        for f in _class_files(found[c], walk):
+            paths.append(f)
+            labels.append(i)
+    if problems is not None:
+        problems.extend((readable(p), why) for p, why in walk.problems)
+    if not paths:
+        raise DataError(f"{root}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in the class folders")
+    if own_classes:
+        present = set(labels)
+        empty = [c for i, c in enumerate(class_names) if i not in present]
+        if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
+            raise DataError(
+                f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; "
+                "add images or remove the folder(s)"
+            )
+    return paths, np.asarray(labels, dtype=np.int64), class_names
