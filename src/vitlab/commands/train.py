@@ -124,7 +124,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g = p.add_argument_group("model (defaults: the recipe's)")
     g.add_argument("--model", default=None, help="registered name, e.g. vit_ti16 (see `vitlab models`)")
     g.add_argument("--img-size", type=int, default=None, help="input resolution (default: the recipe's or the data's)")
-    g.add_argument("--patch-size", type=int, default=None)
+    g.add_argument(
+        "--patch-size",
+        type=int,
+        default=None,
+        help="patch side P (finetune: resizes the --init model's patch projection as FlexiViT does)",
+    )
     g.add_argument("--dim", type=int, default=None, help="width D")
     g.add_argument("--depth", type=int, default=None, help="number of blocks L")
     g.add_argument("--heads", type=int, default=None)

@@ -38,8 +38,9 @@ def build_model(
     cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]
 ) -> nn.Module:
     """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
-    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2) and, when the classes
-    differ or the pre-training MLP head is present, a new zero-initialised linear head."""
+    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2), another ``--patch-size``
+    (the patch projection resized as FlexiViT does, Beyer et al. 2023, through :func:`vitlab.load`) and,
+    when the classes differ or the pre-training MLP head is present, a new zero-initialised linear head."""
     from ..accel import accelerate
     from ..models import VisionTransformer, ViTConfig, model_config
     from ..models.config import mlp_dim_for
@@ -49,6 +50,9 @@ def build_model(
         import vitlab
 
         base: nn.Module = vitlab.load(cfg.init)
+        patch, old_patch = cfg.arch.get("patch_size"), base.config.patch_size
+        if patch and patch != old_patch:  # FlexiViT's resize of the projection, position embeddings to the new grid
+            base = vitlab.load(cfg.init, patch_size=patch)
         old = base.config
         img = cfg.img_size or r.img_size or old.img_size
         new_head = old.num_classes != num_classes or old.head != "linear"
@@ -72,6 +76,8 @@ def build_model(
         from .report import init_line
 
         model.init_line = init_line(cfg.init, old, new, new_head=new_head)  # printed when the run starts
+        if patch and patch != old_patch:
+            model.init_line += f"; patch projection resized {old_patch}x{old_patch} -> {patch}x{patch} (FlexiViT)"
         return model
 
     name = cfg.model or r.model

@@ -309,14 +309,15 @@ def validate_config(cfg: TrainConfig) -> None:
 
 
 def _check_init_matches(cfg: TrainConfig) -> None:
-    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error."""
+    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error, except
+    ``--patch-size``, which resizes the patch projection as FlexiViT does (Beyer et al. 2023)."""
     from ..models import model_config
 
-    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and k != "patch_size" and v is not None}
     if cfg.model:
         m = model_config(cfg.model)
         wanted = {
-            "patch_size": m.patch_size,
+            **({} if cfg.arch.get("patch_size") else {"patch_size": m.patch_size}),
             "embed_dim": m.embed_dim,
             "depth": m.depth,
             "num_heads": m.num_heads,
