@@ -56,6 +56,11 @@ def build_model(
         old = base.config
         img = cfg.img_size or r.img_size or old.img_size
         new_head = old.num_classes != num_classes or old.head != "linear"
+        if cfg.distill_token and not old.dist_token:
+            raise ConfigError(
+                f"--distill-token: the --init model {cfg.init} has no distillation token; drop the flag "
+                "(the class head then takes the teacher's target)"
+            )
         new = old.replace(
             img_size=img,
             num_classes=num_classes,
@@ -101,6 +106,13 @@ def build_model(
         drop_rate=r.dropout,
         class_names=list(class_names),
     )
+    if cfg.distill_token and not c.dist_token:
+        if c.pool != "cls" or c.head != "linear" or not c.class_token:
+            raise ConfigError(
+                f"--distill-token: DeiT's distillation token needs a class token, --pool cls and a linear head "
+                f"(this model: pool {c.pool}, head {c.head}); add --pool cls"
+            )
+        c = c.replace(dist_token=True)
     if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16
         stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
         c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
@@ -155,6 +167,8 @@ def build_net(
     seed_all(cfg.seed)
     n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
     model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
+        model.set_distilled_training(True)
     if cfg.recipe.freeze:
         freeze_all_but_head(model)
     net = wrap(model, cfg.objective)
