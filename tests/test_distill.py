@@ -116,6 +116,7 @@ def test_one_epoch_with_a_frozen_teacher(tmp_path, capsys, monkeypatch, kind, to
     assert main(args + (["--distill-token", "--pool", "cls"] if token else [])) == 0
     printed = capsys.readouterr().out
     assert f"distillation ({kind}" in printed and str(teacher) in printed
+    assert ("student's distillation-token head" if token else "student's class head") in printed
     d = seen["d"]
     assert len(seen["calls"]) == json.loads((out / "summary.json").read_text())["steps"] == 3  # 24 images / 8
     for n, p in d.teacher.state_dict().items():

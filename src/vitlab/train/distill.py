@@ -93,7 +93,7 @@ class Distillation:
     def line(self, *, token: bool) -> str:
         """The line the run prints when it starts."""
         c = self.teacher.config
-        how = "its distillation token's head" if token else "the class head"
+        how = "distillation-token head (head_dist)" if token else "class head"
         tau = f", tau {self.tau:g}" if self.kind == "soft" else ""
         return (
             f"distillation ({self.kind}{tau}, DeiT) from {self.spec} ({c.name}, {c.num_classes} classes, "
