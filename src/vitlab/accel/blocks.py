@@ -5,6 +5,8 @@ plain forward of Eq. 2-3 otherwise."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,14 +75,14 @@ class FastBlock(Block):
         return super().train(mode)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, *, return_attention: bool = False, **kw: Any
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if not return_attention and self.accelerable():
+        if not return_attention and not kw and self.accelerable():
             if onednn.applies(self, x):
                 return onednn.block_forward(self, x)
             if fused_block.applies(self, x):
                 return fused_block.block_forward(self, x)
-        return super().forward(x, return_attention=return_attention)
+        return super().forward(x, return_attention=return_attention, **kw)  # (options it does not implement)
 
     def forward_cls(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output for the first (class) token only: ``(B, T, D)`` -> ``(B, 1, D)``.

@@ -15,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         description=(
             "Fine-tune a trained model as in Sec. 3.2 of the paper: the pre-trained head is replaced by a\n"
             "zero-initialised linear layer when the classes differ (or the model has the pre-training MLP head),\n"
-            "and at a new --img-size the position embeddings are resampled by 2-D interpolation.\n"
+            "and at a new --img-size the position embeddings are resampled by 2-D interpolation. --patch-size P\n"
+            "resizes the patch projection to P x P by FlexiViT's pseudo-inverse resize (Beyer et al. 2023).\n"
             "Default recipe: finetune (SGD momentum 0.9, no weight decay, clipping at 1, warmup + cosine; the batch\n"
             "shrinks to at most 1/16 of a small dataset, the LR with it). --layer-decay 0.75: layer-wise LR decay;\n"
             "--freeze (--linear-probe): train the head only.\n\n"

@@ -124,7 +124,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g = p.add_argument_group("model (defaults: the recipe's)")
     g.add_argument("--model", default=None, help="registered name, e.g. vit_ti16 (see `vitlab models`)")
     g.add_argument("--img-size", type=int, default=None, help="input resolution (default: the recipe's or the data's)")
-    g.add_argument("--patch-size", type=int, default=None)
+    g.add_argument(
+        "--patch-size",
+        type=int,
+        default=None,
+        help="patch side P (finetune: resizes the --init model's patch projection as FlexiViT does)",
+    )
     g.add_argument("--dim", type=int, default=None, help="width D")
     g.add_argument("--depth", type=int, default=None, help="number of blocks L")
     g.add_argument("--heads", type=int, default=None)
@@ -209,6 +214,29 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=None,
         help="train only the classifier head (a linear probe); every other weight stays as it was",
     )
+
+    g = p.add_argument_group("distillation (DeiT, Touvron et al. 2021)")
+    g.add_argument(
+        "--teacher",
+        default=None,
+        metavar="MODEL_OR_RUN",
+        help="distil from this trained classifier on the same classes (run or model folder, checkpoint, public "
+        "name); frozen, it sees the same augmented images",
+    )
+    g.add_argument(
+        "--distill",
+        choices=["hard", "soft"],
+        default=None,
+        help="hard: cross-entropy with the teacher's argmax (default); soft: KL at --distill-tau x tau^2; "
+        "either averaged with the label cross-entropy",
+    )
+    g.add_argument(
+        "--distill-token",
+        action="store_true",
+        help="give the student DeiT's distillation token: its own head takes the teacher's target, the class head "
+        "the labels (evaluation averages both)",
+    )
+    g.add_argument("--distill-tau", type=float, default=3.0, metavar="TAU", help="soft distillation's temperature")
 
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>-train)")
@@ -355,6 +383,10 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         img_size=args.img_size or (res_schedule[-1][0] if res_schedule else None),
         init=init,
         objective=objective,
+        teacher=args.teacher,
+        distill=args.distill,
+        distill_token=args.distill_token,
+        distill_tau=args.distill_tau,
         seed=args.seed,
         workers=args.workers,
         device=args.device,

@@ -37,9 +37,9 @@ _MAX_INT = 1 << 31
 """No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
 so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
-_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm")
+_BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm", "rope")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
-_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps")
+_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps", "rope_theta")
 
 
 def _is_int(v: Any) -> bool:
@@ -176,6 +176,12 @@ class ViTConfig:
     posemb: str = "learn"
     """``learn`` (1-D, the paper's default), ``learn2d`` (Appendix D.4: row and column
     embeddings of D/2 each, concatenated), ``sincos2d`` (fixed), ``none``."""
+    rope: bool = False
+    """2-D rotary position embeddings on the patch tokens' queries and keys in every block (EVA-02,
+    Fang et al. 2023; DINOv3, Simeoni et al. 2025; :mod:`.rope`); usually with ``posemb="none"``. The
+    head width must be divisible by 4. Not timm's ``Eva`` parameter names."""
+    rope_theta: float = 100.0
+    """RoPE's base period: channel pair ``i`` of a half of ``h`` turns by ``theta**(-2i/h)`` per patch."""
     posemb_resample: str = "bicubic"
     """How learned position embeddings are resampled to another grid: ``jax`` | ``bicubic`` | ``bilinear``."""
     head: str = "linear"
@@ -327,6 +333,12 @@ class ViTConfig:
             bad("posemb", f"'learn2d' needs an even width, got {self.embed_dim}")
         if self.posemb == "sincos2d" and self.embed_dim % 4:
             bad("posemb", f"'sincos2d' needs a width divisible by 4, got {self.embed_dim}")
+        if self.rope and (self.embed_dim // self.num_heads) % 4:
+            bad("rope", f"2-D RoPE needs a head width divisible by 4, got {self.embed_dim // self.num_heads}")
+        if self.rope and self.attention == "axial":
+            bad("rope", "2-D RoPE is not supported with axial attention")
+        if self.rope and not self.rope_theta > 0:
+            bad("rope_theta", f"must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             bad("norm_eps", f"must be positive, got {self.norm_eps}")
         if self.patch_drop_rate and self.attention == "axial":

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, InputError
+from .rope import RotaryPosition2D
 
 __all__ = [
     "Attention",
@@ -115,6 +116,9 @@ class Attention(nn.Module):
     ``qk_norm`` (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters",
     Sec. 2) applies a LayerNorm to each head's queries and keys before their dot product
     (``q_norm``, ``k_norm``, as timm), which keeps the attention logits from growing without bound.
+
+    ``rope_theta`` (2-D rotary position embeddings, EVA-02 / DINOv3: :mod:`.rope`) rotates the patch
+    tokens' queries and keys (after qk-norm) by the table the model passes as ``rope``.
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        rope_theta: float | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -140,14 +145,19 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        if rope_theta is not None:  # (absent otherwise: the paper's block has no such submodule)
+            self.rope = RotaryPosition2D(self.head_dim, theta=rope_theta)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``."""
+        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``;
+        ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = self.rope(q, rope), self.rope(k, rope)
         drop = self.attn_drop if self.training else 0.0
         if return_attention:
             weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
@@ -270,12 +280,15 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
         init_values: float | None = None,
         qk_norm: bool = False,
+        rope_theta: float | None = None,
         attn_layer: Callable[..., nn.Module] = Attention,
         mlp_layer: Callable[..., nn.Module] = Mlp,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         qk = {"qk_norm": True, "norm_eps": norm_eps} if qk_norm else {}  # (other attention classes need not know it)
+        if rope_theta is not None:
+            qk["rope_theta"] = rope_theta
         self.attn = attn_layer(
             dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, **qk
         )
@@ -287,13 +300,15 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights."""
+        """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights; ``rope``: the
+        patch tokens' rotary table (with ``rope_theta``)."""
+        kw = {"rope": rope} if rope is not None else {}
         if return_attention:
-            y, weights = self.attn(self.norm1(x), return_attention=True)
+            y, weights = self.attn(self.norm1(x), return_attention=True, **kw)
         else:
-            y = self.attn(self.norm1(x))
+            y = self.attn(self.norm1(x), **kw)
         x = x + self.drop_path1(self.ls1(y))  # Eq. 2
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # Eq. 3
         return (x, weights) if return_attention else x

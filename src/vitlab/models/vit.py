@@ -142,6 +142,7 @@ class VisionTransformer(TimmModelApi, nn.Module):
             norm_eps=cfg.norm_eps,
             init_values=cfg.init_values,
             qk_norm=cfg.qk_norm,
+            **({"rope_theta": cfg.rope_theta} if cfg.rope else {}),
         )
 
     @torch.no_grad()
@@ -240,8 +241,10 @@ class VisionTransformer(TimmModelApi, nn.Module):
         block's output z_1 .. z_L (``blocks``)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
+        kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
+        if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
+            kw["rope"] = self.blocks[0].attn.rope.table(grid, device=z.device)
         for blk in self.blocks:
-            kw = {"grid": grid} if self.config.attention == "axial" else {}
             if attention:
                 z, a = blk(z, return_attention=True, **kw)
                 out["attention"].append(a)

@@ -69,6 +69,7 @@ def _plan_budget(
                 t0 = time.perf_counter()
             with autocast(device, amp_dtype):
                 res = probe(xs)
+                res = res[0] if isinstance(res, tuple) else res  # a distilled student's (class, distillation)
                 loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
             loss.backward()
             opt.step()

@@ -38,8 +38,9 @@ def build_model(
     cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]
 ) -> nn.Module:
     """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
-    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2) and, when the classes
-    differ or the pre-training MLP head is present, a new zero-initialised linear head."""
+    fine-tuning: new resolution (position embeddings resampled, Sec. 3.2), another ``--patch-size``
+    (the patch projection resized as FlexiViT does, Beyer et al. 2023, through :func:`vitlab.load`) and,
+    when the classes differ or the pre-training MLP head is present, a new zero-initialised linear head."""
     from ..accel import accelerate
     from ..models import VisionTransformer, ViTConfig, model_config
     from ..models.config import mlp_dim_for
@@ -49,9 +50,17 @@ def build_model(
         import vitlab
 
         base: nn.Module = vitlab.load(cfg.init)
+        patch, old_patch = cfg.arch.get("patch_size"), base.config.patch_size
+        if patch and patch != old_patch:  # FlexiViT's resize of the projection, position embeddings to the new grid
+            base = vitlab.load(cfg.init, patch_size=patch)
         old = base.config
         img = cfg.img_size or r.img_size or old.img_size
         new_head = old.num_classes != num_classes or old.head != "linear"
+        if cfg.distill_token and not old.dist_token:
+            raise ConfigError(
+                f"--distill-token: the --init model {cfg.init} has no distillation token; drop the flag "
+                "(the class head then takes the teacher's target)"
+            )
         new = old.replace(
             img_size=img,
             num_classes=num_classes,
@@ -73,6 +82,8 @@ def build_model(
         from .report import init_line
 
         model.init_line = init_line(cfg.init, old, new, new_head=new_head)  # printed when the run starts
+        if patch and patch != old_patch:
+            model.init_line += f"; patch projection resized {old_patch}x{old_patch} -> {patch}x{patch} (FlexiViT)"
         return model
 
     name = cfg.model or r.model
@@ -97,6 +108,13 @@ def build_model(
         patch_drop_rate=r.token_drop,
         class_names=list(class_names),
     )
+    if cfg.distill_token and not c.dist_token:
+        if c.pool != "cls" or c.head != "linear" or not c.class_token:
+            raise ConfigError(
+                f"--distill-token: DeiT's distillation token needs a class token, --pool cls and a linear head "
+                f"(this model: pool {c.pool}, head {c.head}); add --pool cls"
+            )
+        c = c.replace(dist_token=True)
     if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16
         stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
         c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
@@ -151,6 +169,8 @@ def build_net(
     seed_all(cfg.seed)
     n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
     model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
+        model.set_distilled_training(True)
     if cfg.recipe.freeze:
         freeze_all_but_head(model)
     if cfg.grad_checkpointing:

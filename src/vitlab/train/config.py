@@ -33,6 +33,15 @@ class TrainConfig:
     objective: str = "classify"
     """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
     a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy (:mod:`vitlab.train.mpp`)."""
+    teacher: str | None = None
+    """Distil from this classifier (DeiT): a vitlab run or model folder, a checkpoint file or a public name
+    (:mod:`vitlab.train.distill`)."""
+    distill: str | None = None
+    """``hard`` (the teacher's argmax; the default with a teacher) or ``soft`` (KL at ``distill_tau``)."""
+    distill_token: bool = False
+    """Build the student with DeiT's distillation token; its head takes the teacher's target."""
+    distill_tau: float = 3.0
+    """The soft distillation's temperature."""
     seed: int = 0
     workers: int = -1
     """DataLoader worker processes; -1: one worker when the model runs single-threaded on a
@@ -168,6 +177,10 @@ _FIXED = {
     "--mlp-ratio": "arch.mlp_ratio",
     "--pool": "arch.pool",
     "--posemb": "arch.posemb",
+    "--teacher": "teacher",
+    "--distill": "distill",
+    "--distill-token": "distill_token",
+    "--distill-tau": "distill_tau",
     "--seed": "seed",
     "--recipe": "recipe.name",
     "--batch-size": "recipe.batch_size",
@@ -244,7 +257,7 @@ def _architecture(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _same(flag: str, was: Any, now: Any) -> bool:
-    if flag in ("--data", "--init", "--cache-dir") and isinstance(was, str) and isinstance(now, str):
+    if flag in ("--data", "--init", "--teacher", "--cache-dir") and isinstance(was, str) and isinstance(now, str):
         a, b = Path(was).expanduser(), Path(now).expanduser()
         if a.exists() and b.exists():
             return a.resolve() == b.resolve()
@@ -297,6 +310,9 @@ def validate_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"{flag} {v}: out of range")
     if cfg.workers < -1 or cfg.threads < 0:
         raise ConfigError(f"--workers {cfg.workers} / --threads {cfg.threads}: must be >= -1 / >= 0")
+    from .distill import check_distill_config
+
+    check_distill_config(cfg)
     r = cfg.recipe
     if cfg.init:
         _check_init_matches(cfg)
@@ -315,14 +331,15 @@ def validate_config(cfg: TrainConfig) -> None:
 
 
 def _check_init_matches(cfg: TrainConfig) -> None:
-    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error."""
+    """``--init`` takes the architecture from the checkpoint: flags that contradict it are an error, except
+    ``--patch-size``, which resizes the patch projection as FlexiViT does (Beyer et al. 2023)."""
     from ..models import model_config
 
-    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and v is not None}
+    wanted = {k: v for k, v in cfg.arch.items() if k in _FLAGS and k != "patch_size" and v is not None}
     if cfg.model:
         m = model_config(cfg.model)
         wanted = {
-            "patch_size": m.patch_size,
+            **({} if cfg.arch.get("patch_size") else {"patch_size": m.patch_size}),
             "embed_dim": m.embed_dim,
             "depth": m.depth,
             "num_heads": m.num_heads,

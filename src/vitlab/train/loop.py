@@ -21,6 +21,7 @@ from torch import nn
 from ..devices import autocast
 from ..errors import NonFiniteLossError
 from ..evaluate.accuracy import evaluate_batches as evaluate
+from .distill import Distillation
 
 __all__ = [
     "STOP_SIGNALS",
@@ -63,6 +64,7 @@ def train_one_epoch(
     on_step: Callable[[EpochResult, float], bool] | None = None,
     on_nan: str = "stop",
     resize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    distill: Distillation | None = None,
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
     micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
@@ -71,7 +73,8 @@ def train_one_epoch(
     (``on_nan="stop"``) or skips that optimizer step and counts it in ``skipped`` (``"skip"``).
     Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
     an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss.
-    ``resize`` (progressive resolution) maps each input batch to the size of the current step."""
+    ``resize`` (progressive resolution) maps each input batch to the size of the current step.
+    ``distill``: DeiT's loss with a frozen teacher that sees the same (mixed) batch (:mod:`vitlab.train.distill`)."""
     model.train()
     res = EpochResult()
     bad_step = False
@@ -88,9 +91,12 @@ def train_one_epoch(
         with sync:
             with autocast(device, amp_dtype):
                 out = model(x)
+                teacher = distill.teacher_logits(x) if distill is not None else None
             # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
             loss = (
-                F.cross_entropy(out.float(), y, label_smoothing=label_smoothing)
+                distill.loss(out, teacher, y, label_smoothing=label_smoothing)
+                if distill is not None
+                else F.cross_entropy(out.float(), y, label_smoothing=label_smoothing)
                 if isinstance(out, torch.Tensor)
                 else out.loss.float()
             )

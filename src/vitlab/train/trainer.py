@@ -30,6 +30,7 @@ from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_
 from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
+from .distill import build_distillation
 from .distributed import Dist, any_rank, setup, teardown
 from .loaders import build_loaders, eval_shard, load_run_data, run_data_fingerprint
 from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
@@ -119,6 +120,15 @@ class Trainer:
             if cfg.resolved:
                 self.log(cfg.resolved)
         self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
+        self.distill = build_distillation(
+            cfg,
+            num_classes=self.data.num_classes,
+            class_names=self.data.class_names,
+            in_chans=self.data.in_chans,
+            device=device,
+        )
+        if self.distill is not None:
+            self.log(self.distill.line(token=cfg.distill_token))
         self.loaders = build_loaders(
             cfg, data=self.data, model_config=self.model.config, dist=dist, device=device, workers=workers
         )
@@ -239,6 +249,7 @@ class Trainer:
             on_step=self._on_step,
             on_nan=cfg.on_nan,
             resize=self._resize if r.res_schedule else None,
+            distill=self.distill,
         )
         p.nan_skipped += res.skipped
         p.train_s += res.seconds
