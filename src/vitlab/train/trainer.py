@@ -168,7 +168,16 @@ class Trainer:
             self.log(self.model.init_line)
             if state is None and cfg.objective != "mpp":
                 self.log(self._before_training_line())
-        self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
+        start = report.start_line(
+            self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device, time_budget=cfg.time_budget
+        )
+        self.log(start)
+        self.eta = report.WallEstimate(
+            total_steps=self.plan["total_steps"] if not cfg.time_budget else 0,  # a budgeted run knows its end
+            steps_per_epoch=self.loaders.steps_per_epoch,
+            batch_size=cfg.recipe.batch_size,
+            n_eval=len(self.data.val),
+        )
 
     def _before_training_line(self) -> str:
         """The started-from model's accuracy on the evaluation split at the new size, before any step
@@ -255,6 +264,9 @@ class Trainer:
             lr=f"{self.opt.scheduler.get_last_lr()[0]:.2e}",
         )
         self.bar.update(1)
+        eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
+        if eta and d.is_main:
+            self.bar.line(eta)
         new = self.replan.after_step(
             steps_this_run=p.steps_this_run, step=p.step, planned=self.plan["total_steps"], dist=d, device=self.device
         )
@@ -363,8 +375,13 @@ class Trainer:
         )
         if p.interrupted and self.stop.requested:
             summary["signal"] = self.stop.name
+        if not p.interrupted and self.cfg.objective == "classify":
+            r, budget = self.cfg.recipe, self.cfg.time_budget
+            summary["advice"] = report.advice_line(rows, recipe=r, epochs=self.plan["epochs"], time_budget=budget)
         if d.is_main:
             report.write_json(summary, out / "summary.json")
+            if summary.get("advice"):
+                self.log(summary["advice"])
             if self.last_eval is not None:
                 report.draw_figures(out, self.data.class_names, self.last_eval)
             if p.interrupted:
