@@ -194,6 +194,13 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=None,
         help="train only the classifier head (a linear probe); every other weight stays as it was",
     )
+    g.add_argument(
+        "--head-warmup",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="LP-FT: train only the head for the first STEPS optimizer steps, then every weight",
+    )
 
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="output folder (default: runs/<timestamp>-train)")
@@ -308,6 +315,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         dropout=args.dropout,
         layer_decay=args.layer_decay,
         freeze=args.freeze,
+        head_warmup=args.head_warmup,
     )
     for k, v in zero_off.items():
         if v is not None:
@@ -376,6 +384,7 @@ _RECIPE_FIELDS = (
     "dropout",
     "layer_decay",
     "freeze",
+    "head_warmup",
 )
 """Recipe fields with a flag of the same name: the ones given are kept when the recipe is fitted to the data."""
 

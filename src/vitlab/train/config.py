@@ -188,6 +188,7 @@ _FIXED = {
     "--dropout": "recipe.dropout",
     "--layer-decay": "recipe.layer_decay",
     "--freeze": "recipe.freeze",
+    "--head-warmup": "recipe.head_warmup",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
 }
 """Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""

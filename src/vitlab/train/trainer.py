@@ -27,7 +27,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from . import report
 from .auto import fit_recipe_to_data
 from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan, warmup_for
-from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
+from .build import HeadWarmup, _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
 from .distributed import Dist, any_rank, setup, teardown
@@ -160,6 +160,9 @@ class Trainer:
             plan=self.plan,
             log=self.log,
         )
+        self.head_warmup = HeadWarmup.start(  # after the optimizer, which holds every parameter
+            self.model, steps=cfg.recipe.head_warmup, step=self.progress.step, distributed=dist.enabled
+        )
         self.last_eval: dict[str, Any] | None = None
         self.last_save = self.last_plot = time.perf_counter()
         if self.stop is not None:
@@ -267,6 +270,8 @@ class Trainer:
         eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
         if eta and d.is_main:
             self.bar.line(eta)
+        if self.head_warmup is not None and self.head_warmup.after_step(p.step):
+            self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         new = self.replan.after_step(
             steps_this_run=p.steps_this_run, step=p.step, planned=self.plan["total_steps"], dist=d, device=self.device
         )
