@@ -4,7 +4,7 @@ class-balanced subset of an ImageFolder (CIFAR-10 JPEGs by default). Prints one 
 Markdown table row; results go in docs/training.md with the command.
 
     python benchmarks/defaults_vs_baseline.py --data ../shared/data/cifar10 --per-class 200 --epochs 5
-    python benchmarks/defaults_vs_baseline.py --per-class 1000 --gray --size 28 --epochs 5   # 10k, grayscale 28 px
+    python benchmarks/defaults_vs_baseline.py --per-class 1000 --grayscale --img-size 28 --epochs 5   # 10k, gray 28 px
 
 The baseline is what a careful user of timm writes in 40 lines: ``timm.models.VisionTransformer`` with the
 architecture the default run chose (patch, width, depth, heads, MLP width), AdamW LR 1e-3 weight decay 0.05 at
@@ -113,8 +113,8 @@ def main() -> None:
     p.add_argument("--data", default="../shared/data/cifar10")
     p.add_argument("--per-class", type=int, default=200)
     p.add_argument("--test-per-class", type=int, default=100)
-    p.add_argument("--gray", action="store_true")
-    p.add_argument("--size", type=int, default=None)
+    p.add_argument("--gray", "--grayscale", dest="gray", action="store_true", help="convert to grayscale (luma)")
+    p.add_argument("--size", "--img-size", dest="size", type=int, default=None, help="resize the images to SIZE px")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--baseline-batch", type=int, default=128)

@@ -245,3 +245,34 @@ def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     # a batch the user asks for is kept (and still refused when larger than the data)
     code = main([*args, "--overwrite", "--batch-size", "512", "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
     assert code == 2 and "--batch-size 512 is larger than the training set" in capsys.readouterr().err
+
+
+def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys):
+    init = _init_model(tmp_path)
+    before = {n: p.detach().clone() for n, p in init.named_parameters()}
+    data = tiny_folder(tmp_path / "data", per_class=16, size=8)  # 48 images: batch 8, 6 steps an epoch
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--lr", "0.3"]
+    args += ["--epochs", "2", "--head-warmup", "3", "--keep", "last", "--optimizer", "adamw", "--weight-decay", "0.1"]
+    code, text = _train([*args, "--stop-after", "3"], tmp_path, capsys)  # stops at the end of the head-only steps
+    assert code == 0 and "head warmup done after 3 steps" in text
+    held = torch.load(out / "last.pt", map_location="cpu", weights_only=False)["model"]
+    for name, p in before.items():
+        if name.startswith("head."):
+            assert not torch.equal(held[name], p), name  # the head trained
+        else:
+            assert torch.equal(held[name], p), name  # bit-identical, weight decay included
+    code, text = _train([*args[:3], "--out", str(out), "--resume"], tmp_path, capsys)
+    assert code == 0 and "head warmup done" not in text
+    after = dict(vitlab.load(out / "model").named_parameters())
+    assert all(not torch.equal(after[n], p) for n, p in before.items() if "blocks.0." in n or n == "pos_embed")
+    rc = json.loads((out / "summary.json").read_text())["recipe_config"]
+    assert rc["head_warmup"] == 3
+
+
+def test_head_warmup_and_freeze_exclude_each_other(tmp_path, capsys):
+    _init_model(tmp_path)
+    data = tiny_folder(tmp_path / "data", per_class=4, size=8)
+    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(tmp_path / "ft")]
+    code = main([*args, "--freeze", "--head-warmup", "2", "--cache-dir", str(tmp_path / "cache")])
+    assert code == 2 and "--freeze already trains only the head" in capsys.readouterr().err

@@ -214,6 +214,13 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=None,
         help="train only the classifier head (a linear probe); every other weight stays as it was",
     )
+    g.add_argument(
+        "--head-warmup",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="LP-FT: train only the head for the first STEPS optimizer steps, then every weight",
+    )
 
     g = p.add_argument_group("distillation (DeiT, Touvron et al. 2021)")
     g.add_argument(
@@ -360,6 +367,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         res_schedule=res_schedule,
         layer_decay=args.layer_decay,
         freeze=args.freeze,
+        head_warmup=args.head_warmup,
     )
     for k, v in zero_off.items():
         if v is not None:
@@ -435,6 +443,7 @@ _RECIPE_FIELDS = (
     "freeze",
     "token_drop",
     "res_schedule",
+    "head_warmup",
 )
 """Recipe fields with a flag of the same name: the ones given are kept when the recipe is fitted to the data."""
 

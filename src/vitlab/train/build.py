@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..data.sources import DataSplits
 
 __all__ = [
+    "HeadWarmup",
     "Optimization",
     "build_model",
     "build_net",
@@ -128,6 +129,40 @@ def freeze_all_but_head(model: nn.Module) -> None:
         raise ConfigError("--freeze trains only the classifier head, and this model has none")
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith("head."))
+
+
+@dataclass(kw_only=True)
+class HeadWarmup:
+    """``--head-warmup STEPS`` (LP-FT): the non-head parameters that were trainable are held back
+    (``requires_grad`` off) until optimizer step ``steps``, then released. The optimizer was built with
+    them, so nothing is rebuilt: while held back they get no gradient, and torch's optimizers skip a
+    parameter without one (no update, no weight decay, no state), so they stay bit-identical."""
+
+    steps: int
+    held: list[nn.Parameter]
+
+    @classmethod
+    def start(cls, model: nn.Module, *, steps: int, step: int, distributed: bool) -> HeadWarmup | None:
+        """Hold ``model``'s non-head parameters back when the run (now at optimizer step ``step``) is
+        still inside the ``steps`` head-only steps; None when there is nothing to hold back."""
+        if steps <= 0 or step >= steps:
+            return None
+        if distributed:  # DDP registers the trainable parameters once, when it wraps the model
+            raise ConfigError("--head-warmup runs in one process; under torchrun use --freeze, then fine-tune")
+        if getattr(model, "head", None) is None or not any(True for _ in model.head.parameters()):
+            raise ConfigError("--head-warmup trains only the classifier head first, and this model has none")
+        held = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
+        for p in held:
+            p.requires_grad_(False)
+        return cls(steps=steps, held=held)
+
+    def after_step(self, step: int) -> bool:
+        """Release the held parameters once optimizer step ``step`` ends the head-only steps; True then."""
+        if step != self.steps:
+            return False
+        for p in self.held:
+            p.requires_grad_(True)
+        return True
 
 
 def micro_batch_estimate(cfg: TrainConfig, d: Dist) -> int:

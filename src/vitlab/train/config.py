@@ -206,6 +206,7 @@ _FIXED = {
     "--freeze": "recipe.freeze",
     "--token-drop": "recipe.token_drop",
     "--res-schedule": "recipe.res_schedule",
+    "--head-warmup": "recipe.head_warmup",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
 }
 """Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""

@@ -68,6 +68,9 @@ class Recipe:
     ``layer_decay ** (L - i)`` times the LR, the embeddings at ``layer_decay ** (L + 1)``, the head at 1."""
     freeze: bool = False
     """Train the head only (a linear probe): every other parameter keeps its initial value."""
+    head_warmup: int = 0
+    """LP-FT (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): the first ``head_warmup``
+    optimizer steps train the head only, the rest of the run trains everything."""
     # -- data and loss -----------------------------------------------------------
     crop_scale: tuple[float, float] = (0.08, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -106,7 +109,7 @@ class Recipe:
         for opt in ("lr", "batch_size", "epochs", "accum_steps"):
             if not getattr(self, opt) > 0:
                 bad(opt, f"must be positive, got {getattr(self, opt)}")
-        for opt in ("weight_decay", "warmup_epochs", "warmup_steps", "mixup", "cutmix", "min_lr_ratio"):
+        for opt in ("weight_decay", "warmup_epochs", "warmup_steps", "mixup", "cutmix", "min_lr_ratio", "head_warmup"):
             if getattr(self, opt) < 0:
                 bad(opt, f"must be >= 0, got {getattr(self, opt)}")
         for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout", "token_drop"):
@@ -114,6 +117,8 @@ class Recipe:
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
         if not 0 <= self.warmup_fraction <= 0.5:
             bad("warmup_fraction", f"must be in [0, 0.5], got {self.warmup_fraction}")
+        if self.freeze and self.head_warmup:
+            bad("head_warmup", "--freeze already trains only the head for the whole run; give one of the two")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             bad("layer_decay", f"must be in (0, 1], got {self.layer_decay}")
         if self.ema is not None and not 0 < self.ema < 1:

@@ -4,8 +4,10 @@ and ``model/`` (the vitlab folder of the best or last weights)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
     from .recipes import Recipe
 
 __all__ = [
+    "RISE_POINTS",
+    "UNDERFIT_RATIO",
+    "WallEstimate",
+    "advice_line",
     "append_metrics",
     "draw_figures",
     "model_summary",
@@ -268,9 +274,13 @@ def start_line(
     lr: float,
     processes: int,
     device: torch.device,
+    *,
+    time_budget: float | None = None,
 ) -> str:
-    """The line a run starts with: what is trained on what, with which recipe and plan, where."""
+    """The line a run starts with: what is trained on what, with which recipe and plan, where; with
+    ``--time-budget`` the wall time it was planned to take (otherwise :class:`WallEstimate` times the first steps)."""
     m = model.config
+    wall = f"; expected wall time ~{_duration(time_budget)} (--time-budget)" if time_budget else ""
     return (
         f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
@@ -282,4 +292,92 @@ def start_line(
             if recipe.res_schedule
             else ""
         )
+        + wall
     )
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``3.2 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+class WallEstimate:
+    """The expected wall time of a run without ``--time-budget``, from a quick timing of its own first
+    optimizer steps (data loading and augmentation included): steps 1 to ``1 + k`` of this process, ``k``
+    a tenth of the steps left, 1 to 10. Each evaluation is counted as a forward pass over the evaluation
+    split at a third of a training step's cost per image (no backward pass, no optimizer)."""
+
+    def __init__(self, *, total_steps: int, steps_per_epoch: int, batch_size: int, n_eval: int) -> None:
+        self.total, self.spe, self.batch, self.n_eval = total_steps, max(1, steps_per_epoch), batch_size, n_eval
+        self.t0 = 0.0
+        self.until: int | None = None
+
+    def after_step(self, *, steps_this_run: int, step: int, wall_s: float) -> str | None:
+        """Called after every optimizer step (``step``: of the run, ``wall_s``: the run's wall seconds so far);
+        the line to print once the timing window is over, else None."""
+        if steps_this_run == 1:
+            left = self.total - step
+            self.until = 1 + min(10, left // 10) if left >= 4 else None
+            self.t0 = time.perf_counter()
+            return None
+        if self.until is None or steps_this_run != self.until:
+            return None
+        per_step = (time.perf_counter() - self.t0) / (self.until - 1)
+        left = self.total - step
+        evals = math.ceil(self.total / self.spe) - step // self.spe
+        eval_s = per_step / 3 * self.n_eval / max(1, self.batch)
+        total_s = wall_s + left * per_step + evals * eval_s
+        return (
+            f"expected wall time ~{_duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
+            f"{step - self.until + 2}-{step}, {left} steps and {evals} evaluation(s) to go)"
+        )
+
+
+RISE_POINTS = 3.0
+"""Top-1 is "still rising steeply" when the last 20% of the epochs (at least one) gained more than this many
+percentage points: a longer run would very likely end higher."""
+UNDERFIT_RATIO, UNDERFIT_MARGIN = 1.25, 0.1
+"""Train loss is "far above" the evaluation loss when ``train > UNDERFIT_RATIO * eval + UNDERFIT_MARGIN``: more
+than label smoothing 0.1 alone adds, so the training-time augmentation and regularisation (MixUp/CutMix,
+RandAugment, random erasing, stochastic depth) make the task much harder than the test: underfitting."""
+
+
+def advice_line(
+    rows: Sequence[dict[str, Any]], *, recipe: Recipe, epochs: int, time_budget: float | None = None
+) -> str | None:
+    """One line of advice at the end of a finished run, or None: when top-1 is still rising steeply
+    (:data:`RISE_POINTS`), train longer (``--epochs`` or ``--time-budget`` doubled); when the train loss is far
+    above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises, the flags that lighten it
+    (a named recipe other than ``auto`` also gets ``--recipe auto``, fitted to the run's length). Needs
+    three epochs or more (``rows``: ``metrics.jsonl``'s)."""
+    if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
+        return None
+    k = max(1, round(0.2 * len(rows)))
+    gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
+    rising = gain > RISE_POINTS
+    train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
+    lighter = [
+        flag
+        for flag, on in (
+            ("--mixup 0", recipe.mixup > 0),
+            ("--cutmix 0", recipe.cutmix > 0),
+            ("--randaugment none", recipe.randaugment is not None),
+            ("--random-erasing 0", recipe.random_erasing > 0),
+            ("--drop-path 0", recipe.drop_path > 0),
+        )
+        if on
+    ]
+    underfit = bool(lighter) and train > UNDERFIT_RATIO * ev + UNDERFIT_MARGIN
+    if not (rising or underfit):
+        return None
+    why, fix = [], []
+    if rising:
+        of = f"the last {k} of {len(rows)} epochs" if k > 1 else f"the last of {len(rows)} epochs"
+        why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of})")
+        fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
+    if underfit:
+        why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
+        fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))
+    return f"advice: {' and '.join(why)}: try {' and '.join(fix)}"

@@ -27,7 +27,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from . import report
 from .auto import fit_recipe_to_data
 from .budget import _REPLAN_AT, Replanner, _plan_budget, _steps_in_budget, make_plan, warmup_for
-from .build import _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
+from .build import HeadWarmup, _amp, build_model, build_net, build_optimization, distribute, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint, start_position
 from .config import TrainConfig, resumed_config, validate_config
 from .distill import build_distillation
@@ -181,6 +181,9 @@ class Trainer:
             plan=self.plan,
             log=self.log,
         )
+        self.head_warmup = HeadWarmup.start(  # after the optimizer, which holds every parameter
+            self.model, steps=cfg.recipe.head_warmup, step=self.progress.step, distributed=dist.enabled
+        )
         self.last_eval: dict[str, Any] | None = None
         self.last_save = self.last_plot = time.perf_counter()
         if self.stop is not None:
@@ -189,7 +192,16 @@ class Trainer:
             self.log(self.model.init_line)
             if state is None and cfg.objective != "mpp":
                 self.log(self._before_training_line())
-        self.log(report.start_line(self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device))
+        start = report.start_line(
+            self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device, time_budget=cfg.time_budget
+        )
+        self.log(start)
+        self.eta = report.WallEstimate(
+            total_steps=self.plan["total_steps"] if not cfg.time_budget else 0,  # a budgeted run knows its end
+            steps_per_epoch=self.loaders.steps_per_epoch,
+            batch_size=cfg.recipe.batch_size,
+            n_eval=len(self.data.val),
+        )
 
     def _before_training_line(self) -> str:
         """The started-from model's accuracy on the evaluation split at the new size, before any step
@@ -283,6 +295,11 @@ class Trainer:
             lr=f"{self.opt.scheduler.get_last_lr()[0]:.2e}",
         )
         self.bar.update(1)
+        eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
+        if eta and d.is_main:
+            self.bar.line(eta)
+        if self.head_warmup is not None and self.head_warmup.after_step(p.step):
+            self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         new = self.replan.after_step(
             steps_this_run=p.steps_this_run, step=p.step, planned=self.plan["total_steps"], dist=d, device=self.device
         )
@@ -391,8 +408,13 @@ class Trainer:
         )
         if p.interrupted and self.stop.requested:
             summary["signal"] = self.stop.name
+        if not p.interrupted and self.cfg.objective == "classify":
+            r, budget = self.cfg.recipe, self.cfg.time_budget
+            summary["advice"] = report.advice_line(rows, recipe=r, epochs=self.plan["epochs"], time_budget=budget)
         if d.is_main:
             report.write_json(summary, out / "summary.json")
+            if summary.get("advice"):
+                self.log(summary["advice"])
             if self.last_eval is not None:
                 report.draw_figures(out, self.data.class_names, self.last_eval)
             if p.interrupted:

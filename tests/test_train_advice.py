@@ -1,0 +1,94 @@
+"""What a run tells the user: the expected wall time among its first lines, and at the end one line of advice
+when top-1 is still rising steeply or the train loss is far above the evaluation loss (issue 18)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from imagefolder import tiny_folder
+from vitlab.cli import main
+from vitlab.train import get_recipe, report
+from vitlab.train.report import WallEstimate, advice_line
+
+
+def _rows(top1, train=1.0, ev=1.0):
+    return [{"epoch": i + 1, "top1": t / 100, "train_loss": train, "eval_loss": ev} for i, t in enumerate(top1)]
+
+
+AUTO = get_recipe("auto")  # minimal regularisation: no MixUp, CutMix, RandAugment, erasing, stochastic depth
+SMALL = get_recipe("small-data")  # DeiT's: MixUp 0.8, CutMix 1.0, RandAugment, erasing, stochastic depth
+
+# top-1 per epoch (%), train loss, eval loss, recipe, time budget -> the advice (None, or words it holds)
+ADVICE = [
+    ([30.2, 33.0, 52.4, 53.2, 59.1], 1.0, 1.0, AUTO, None, ["+5.9 points over the last of 5 epochs", "--epochs 10"]),
+    ([30.2, 33.0, 52.4, 53.2, 55.0], 1.0, 1.0, AUTO, None, None),  # +1.8: flattening
+    ([30.0, 40.0, 45.0, 48.0], 1.0, 1.0, AUTO, None, None),  # exactly 3 points is not more than 3
+    ([30.0, 40.0, 45.0, 48.1], 1.0, 1.0, AUTO, 600.0, ["+3.1 points", "--time-budget 20m"]),
+    (list(range(10, 110, 10)), 1.0, 1.0, AUTO, None, ["+20.0 points over the last 2 of 10 epochs", "--epochs 20"]),
+    ([10.0, 40.0], 1.0, 1.0, AUTO, None, None),  # two epochs: too few to tell
+    ([50.0, 51.0, 51.5], 1.84, 1.2, SMALL, None, ["far above", "--recipe auto, or --mixup 0 --cutmix 0"]),
+    ([50.0, 51.0, 51.5], 1.84, 1.2, AUTO, None, None),  # no regularisation to lighten
+    ([50.0, 51.0, 51.5], 1.55, 1.2, SMALL, None, None),  # 1.55 < 1.25 * 1.2 + 0.1
+    (
+        [30.2, 33.0, 52.4, 53.2, 59.1],
+        1.84,
+        1.2,
+        SMALL.replace(epochs=5),
+        None,
+        ["rising steeply", "underfitting", "try --epochs 10 and --recipe auto, or --mixup 0"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("top1", "train", "ev", "recipe", "budget", "words"), ADVICE)
+def test_advice_rule_table(top1, train, ev, recipe, budget, words):
+    line = advice_line(_rows(top1, train, ev), recipe=recipe, epochs=len(top1), time_budget=budget)
+    if words is None:
+        assert line is None
+    else:
+        assert line.startswith("advice: ") and "\n" not in line
+        for w in words:
+            assert w in line, (w, line)
+
+
+def test_advice_names_each_regulariser_that_is_on():
+    r = AUTO.replace(randaugment=(2, 9), random_erasing=0.25, drop_path=0.1)
+    line = advice_line(_rows([50, 51, 51.5], 2.0, 1.0), recipe=r, epochs=3)
+    assert line.endswith("try --randaugment none --random-erasing 0 --drop-path 0")
+
+
+def test_wall_estimate_times_the_first_steps(monkeypatch):
+    clock = iter([100.0, 100.0 + 10 * 0.5, 200.0, 201.0])  # steps 1 -> 11 of the run take 0.5 s each
+    monkeypatch.setattr(report, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    w = WallEstimate(total_steps=200, steps_per_epoch=50, batch_size=64, n_eval=384)
+    lines = [w.after_step(steps_this_run=i, step=i, wall_s=3.0 + 0.5 * i) for i in range(1, 13)]
+    assert lines[:10] == [None] * 10 and lines[11] is None
+    # 8.5 s so far + 189 steps x 0.5 s + 4 evaluations x (0.5 / 3 x 384 / 64) s = 107 s
+    assert lines[10] == (
+        "expected wall time ~1.8 min (500 ms per step over steps 2-11, 189 steps and 4 evaluation(s) to go)"
+    )
+    assert (
+        WallEstimate(total_steps=4, steps_per_epoch=2, batch_size=8, n_eval=8).after_step(
+            steps_this_run=1, step=1, wall_s=0.0
+        )
+        is None
+    )  # too short to be worth a line
+
+
+def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(report, "RISE_POINTS", -101.0)  # any change counts as rising: the plumbing, not the rule
+    data = tiny_folder(tmp_path / "data", per_class=16, size=16)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--epochs", "3", "--cache-dir", str(tmp_path / "c")]
+    assert main([*args, "--no-progress", "--workers", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = [i for i, ln in enumerate(lines) if ln.startswith("expected wall time ~")]
+    assert len(first) == 1 and first[0] < next(i for i, ln in enumerate(lines) if ln.startswith("epoch 1/3"))
+    start = next(ln for ln in lines if ln.startswith("training "))
+    assert "48 train" in start and "recipe auto, 3 epochs = 18 steps" in start
+    advice = [ln for ln in lines if ln.startswith("advice: ")]
+    assert len(advice) == 1 and "top-1 still rising steeply" in advice[0] and "--epochs 6" in advice[0]
+    assert json.loads((out / "summary.json").read_text())["advice"] == advice[0]
