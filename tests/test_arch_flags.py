@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from vitlab.commands._common import arch_overrides
-from vitlab.commands.train import add_train_args, config_from_args
+from vitlab.commands.train import config_from_args
+from vitlab.commands.train_args import add_train_args
 from vitlab.errors import ConfigError
 from vitlab.models.config import ViTConfig, mlp_dim_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ._common import add_device_arg, add_model_arg
-from .train import MEMORY_BUDGET_HELP
+from .train_args import MEMORY_BUDGET_HELP
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .train import add_train_args
 from .train import run as run_train
+from .train_args import add_train_args
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:

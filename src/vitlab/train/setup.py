@@ -1,0 +1,164 @@
+"""How a training run is prepared, in one process: the data and its fingerprint, the recipe fitted to
+the data, the model (and a teacher), loaders, the plan (``--time-budget``), the optimizer, and the
+position to start from. :class:`~vitlab.train.trainer.Trainer` adds the loop."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import report
+from .auto import fit_recipe_to_data
+from .budget import Replanner, make_plan
+from .build import HeadWarmup, _amp, build_net, build_optimization, distribute
+from .checkpointing import start_position
+from .config import TrainConfig
+from .distill import build_distillation
+from .distributed import Dist
+from .loaders import build_loaders, load_run_data, run_data_fingerprint
+from .loop import StopSignals, evaluate
+from .resolution import check_sizes
+
+__all__ = ["TrainerSetup"]
+
+
+def _measure():
+    """The budget probe, looked up at call time in :mod:`vitlab.train.trainer`, where tests stand in for it."""
+    from . import trainer
+
+    return trainer._plan_budget
+
+
+class TrainerSetup:
+    """The construction of a :class:`~vitlab.train.trainer.Trainer`: everything before the first step."""
+
+    def __init__(
+        self,
+        *,
+        cfg: TrainConfig,
+        dist: Dist,
+        device: torch.device,
+        out: Path,
+        state: dict[str, Any] | None = None,
+        stop: StopSignals | None = None,
+    ) -> None:
+        self.cfg, self.dist, self.device, self.out = cfg, dist, device, out
+        self.stop = stop
+        self.t_start = time.perf_counter()
+        self.log = print if dist.is_main else (lambda *a, **k: None)
+        self.amp_dtype, use_scaler = _amp(cfg.precision, device)
+        if dist.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+        self.data_fingerprint = run_data_fingerprint(cfg, state=state, log=self.log)  # resumed: data unchanged
+        self.data = load_run_data(cfg, dist=dist, out=out, log=self.log)
+        if state is None:  # a resumed run keeps the recipe it was fitted to
+            self.cfg = cfg = fit_recipe_to_data(
+                cfg,
+                n_train=len(self.data.train),
+                image_size=tuple(self.data.image_size),
+                num_classes=self.data.num_classes,
+                in_chans=self.data.in_chans,
+                device_type=device.type,
+            )
+            if cfg.resolved:
+                self.log(cfg.resolved)
+        self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
+        self.distill = build_distillation(
+            cfg,
+            num_classes=self.data.num_classes,
+            class_names=self.data.class_names,
+            in_chans=self.data.in_chans,
+            device=device,
+        )
+        if self.distill is not None:
+            self.log(self.distill.line(token=cfg.distill_token))
+        self.loaders = build_loaders(
+            cfg, data=self.data, model_config=self.model.config, dist=dist, device=device, workers=workers
+        )
+        if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
+            mc = self.model.config
+            check_sizes(
+                cfg.recipe.res_schedule,
+                final=mc.img_size,
+                multiple=mc.patch_size * mc.stem_stride,
+                dynamic_pad=mc.dynamic_img_pad,
+            )
+        self.run_model = distribute(self.net, cfg, dist=dist, device=device)
+        self.lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
+        self.replan = Replanner()  # not due: resumed runs keep their plan
+        if state is not None:
+            self.plan: dict[str, Any] = dict(state["plan"])
+        else:
+            self.plan, self.replan = make_plan(
+                cfg,
+                loaders=self.loaders,
+                net=self.net,
+                run_model=self.run_model,
+                device=device,
+                amp_dtype=self.amp_dtype,
+                t_start=self.t_start,
+                dist=dist,
+                log=self.log,
+                lr=self.lr,
+                measure=_measure(),
+            )
+            if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
+                self.replan.due = False
+        self.opt = build_optimization(
+            self.net,
+            recipe=cfg.recipe,
+            lr=self.lr,
+            total_steps=self.plan["total_steps"],
+            warmup_steps=self.plan["warmup_steps"],
+            device=device,
+            use_scaler=use_scaler,
+        )
+        self.eval_model = self.opt.ema.module if self.opt.ema is not None else self.net
+        self.progress = start_position(
+            state,
+            net=self.net,
+            opt=self.opt,
+            generator=self.loaders.generator,
+            dist=dist,
+            out=out,
+            plan=self.plan,
+            log=self.log,
+        )
+        self.head_warmup = HeadWarmup.start(  # after the optimizer, which holds every parameter
+            self.model, steps=cfg.recipe.head_warmup, step=self.progress.step, distributed=dist.enabled
+        )
+        self.last_eval: dict[str, Any] | None = None
+        self.last_save = self.last_plot = time.perf_counter()
+        if self.stop is not None:
+            self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
+        if getattr(self.model, "init_line", None):
+            self.log(self.model.init_line)
+            if state is None and cfg.objective != "mpp":
+                self.log(self._before_training_line())
+        start = report.start_line(
+            self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device, time_budget=cfg.time_budget
+        )
+        self.log(start)
+        self.eta = report.WallEstimate(
+            total_steps=self.plan["total_steps"] if not cfg.time_budget else 0,  # a budgeted run knows its end
+            steps_per_epoch=self.loaders.steps_per_epoch,
+            batch_size=cfg.recipe.batch_size,
+            n_eval=len(self.data.val),
+        )
+
+    def _before_training_line(self) -> str:
+        """The started-from model's accuracy on the evaluation split at the new size, before any step
+        (a collective under torchrun: every rank evaluates its shard)."""
+        ev = evaluate(
+            self.eval_model,
+            self.loaders.eval_loader,
+            num_classes=self.data.num_classes,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            dist=self.dist,
+        )
+        h, w = self.model.config.img_size
+        return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
