@@ -109,7 +109,7 @@ def test_one_epoch_with_a_frozen_teacher(tmp_path, capsys, monkeypatch, kind, to
         d.teacher_logits = counted
         return d
 
-    monkeypatch.setattr("vitlab.train.trainer.build_distillation", spy)
+    monkeypatch.setattr("vitlab.train.setup.build_distillation", spy)
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--cache-dir", str(tmp_path / "cache"), *TINY, "--epochs", "1"]
     args += ["--batch-size", "8", "--teacher", str(teacher), "--distill", kind, "--out", str(out)]

@@ -48,14 +48,16 @@ def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) 
 def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_path, monkeypatch, capsys) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[tuple[bool, tuple[int, int]]] = []
-    build = trainer_mod.build_net
+    from vitlab.train import setup as setup_mod
+
+    build = setup_mod.build_net
 
     def spy(*a, **k):
         model, net, workers = build(*a, **k)
         model.register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, tuple(inp[0].shape[-2:]))))
         return model, net, workers
 
-    monkeypatch.setattr(trainer_mod, "build_net", spy)
+    monkeypatch.setattr(setup_mod, "build_net", spy)
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--out", str(out), "--dim", "16", "--depth", "1", "--heads", "2"]
     args += ["--patch-size", "2", "--epochs", "2", "--batch-size", "8", "--no-progress", "--res-schedule", "4:0.5,8:1"]
