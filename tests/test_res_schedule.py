@@ -79,7 +79,7 @@ def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> No
     over-plan the run, so a scheduled run keeps the plan timed at the final size."""
     from vitlab.train import get_recipe
 
-    monkeypatch.setattr(trainer_mod, "_plan_budget", lambda *a, **k: (120, 60, 0.05))
+    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (120, 60, 0.05))
     sizes: list[int] = []
     resize = trainer_mod.Trainer._resize
 

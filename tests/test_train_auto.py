@@ -140,7 +140,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
     the LR peaks early and decays over the run's end."""
     from vitlab.train import budget, trainer
 
-    monkeypatch.setattr(trainer, "_plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
 
     def measured(self, *, steps_this_run, **_):  # the run's own pace, without a real clock: 120 steps fit
         return (120, 0.05) if self.due and steps_this_run == budget._REPLAN_AT else None

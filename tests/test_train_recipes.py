@@ -194,7 +194,7 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
     from vitlab.train import trainer
     from vitlab.train.report import read_metrics
 
-    monkeypatch.setattr(trainer, "_plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
     budget = 6.0
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=10),

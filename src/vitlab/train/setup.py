@@ -12,7 +12,7 @@ import torch
 
 from . import report
 from .auto import fit_recipe_to_data
-from .budget import Replanner, make_plan
+from .budget import Replanner, _plan_budget, make_plan
 from .build import HeadWarmup, _amp, build_net, build_optimization, distribute
 from .checkpointing import start_position
 from .config import TrainConfig
@@ -23,13 +23,6 @@ from .loop import StopSignals, evaluate
 from .resolution import check_sizes
 
 __all__ = ["TrainerSetup"]
-
-
-def _measure():
-    """The budget probe, looked up at call time in :mod:`vitlab.train.trainer`, where tests stand in for it."""
-    from . import trainer
-
-    return trainer._plan_budget
 
 
 class TrainerSetup:
@@ -103,7 +96,7 @@ class TrainerSetup:
                 dist=dist,
                 log=self.log,
                 lr=self.lr,
-                measure=_measure(),
+                measure=_plan_budget,  # read at call time: tests stand in for vitlab.train.setup._plan_budget
             )
             if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
                 self.replan.due = False

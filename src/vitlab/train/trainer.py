@@ -37,8 +37,7 @@ from .setup import TrainerSetup
 from .state import load_state
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
-# Also importable from here, where they used to live; _plan_budget (the budget probe) is looked up here by
-# TrainerSetup at call time, where tests stand in for it.
+# Also importable from here, where they used to live:
 _MOVED = (_REPLAN_AT, _plan_budget, _steps_in_budget, eval_shard, micro_batch_estimate)
 
 
