@@ -1,0 +1,65 @@
+"""``benchmarks/transfer.py``: the transfer protocol's splits, and its pipeline end to end on tiny data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "transfer.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("transfer_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["transfer_bench"] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _names(folder: Path) -> set[str]:
+    return {f"{p.parent.name}/{os.readlink(p)}" for p in folder.glob("*/*")}
+
+
+def test_splits_are_disjoint_and_stratified(tmp_path: Path) -> None:
+    tb = _module()
+    data = tb._smoke_data(tmp_path)
+    s = tb.SMOKE
+    root = tmp_path / "splits"
+    tb.make_splits(data, root, s, source=("src_a", "src_b"), target=("tgt_a", "tgt_b"))
+    classes = {p.name for p in (root / "source/train").iterdir()}
+    assert classes == {"src_a", "src_b"} and {p.name for p in (root / "target/train").iterdir()} == {"tgt_a", "tgt_b"}
+    train, test = _names(root / "target/train"), _names(root / "target_eval/test")
+    assert len(train) == 2 * s.target_per_class and not train & test
+    dev_tr, dev_va = _names(root / "target_dev/train"), _names(root / "target_dev/val")
+    assert not dev_tr & dev_va and dev_tr | dev_va == train and len(dev_va) == 2 * s.dev_val_per_class
+    assert _names(root / "target_eval/train") == train
+    assert all("/test/" in os.readlink(p) for p in (root / "target_eval/test").glob("*/*"))
+    assert all("/train/" in os.readlink(p) for p in (root / "mpp/train").glob("*/*"))
+
+
+def test_smoke_runs_every_arm_and_resumes(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)]
+    # about half a minute on a quiet 2-core machine; the generous timeout is for a loaded one
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    raw = last["raw"]["0"]
+    for arm in ("scratch", "scratch_total", "sup", "sup_hires", "mpp"):
+        assert 0 <= raw[arm]["top1"] <= 100
+    assert raw["scratch_total"]["steps"] > raw["scratch"]["steps"] == raw["sup"]["steps"] == raw["mpp"]["steps"]
+    assert set(raw["fewshot_random"]) == {"1", "2"}
+    commands = (tmp_path / "commands.sh").read_text().splitlines()
+    assert any(" finetune --init " in c and "--img-size 12" in c for c in commands)  # the 1.5x fine-tune
+    assert any(" train --objective mpp " in c for c in commands)
+    assert "| few-shot linear" in (tmp_path / "results.md").read_text()
+    chosen = json.loads((tmp_path / "dev" / "sup.json").read_text())
+    assert chosen["chosen"] in chosen["scores"]
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)  # every step done: nothing runs
+    assert again.returncode == 0 and "$ " not in again.stdout
+    assert json.loads(again.stdout.strip().splitlines()[-1])["raw"] == last["raw"]
