@@ -44,8 +44,10 @@ def _is_url(s: str) -> bool:
 
 def is_shard_spec(spec: str) -> bool:
     """Whether ``--data spec`` names tar shards: a folder holding ``manifest.json``, a ``.tar`` path or
-    pattern (``{a..b}`` braces, ``::`` lists), or a URL."""
+    pattern (``{a..b}`` braces, ``::`` lists), or a URL (``hf:NAME``, a Hugging Face data set, is not one)."""
     s = spec.strip()
+    if s.lower().startswith("hf:") and not s.startswith("hf://"):  # a Hugging Face data set name: not built
+        return False
     if _is_url(s) or (".tar" in s and ("{" in s or "::" in s or s.endswith(".tar"))):
         return True
     p = Path(s).expanduser()
