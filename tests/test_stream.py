@@ -178,3 +178,7 @@ def test_decoding_a_crop_at_a_reduced_jpeg_scale_matches_the_full_decode():
     full = decode_encoded(buf.getvalue())[box[1] : box[3], box[0] : box[2]]
     t = TF.resize(torch.from_numpy(full.copy()).permute(2, 0, 1), [40, 48], antialias=True).permute(1, 2, 0)
     assert np.abs(t.numpy().astype(int) - small.astype(int)).mean() < 0.02 * 255
+
+    turbo = decode_encoded(buf.getvalue(), region=lambda w, h: box, at_least=(300, 300), jpeg_turbo=True)
+    assert turbo.shape == (320, 384, 3)  # no DCT scale keeps 300 px: decoded whole by libjpeg-turbo, then cut
+    assert np.abs(turbo.astype(int) - full.astype(int)).mean() < 0.01 * 255  # PIL's pixels within a level or two

@@ -226,8 +226,8 @@ class TrainDecode:
     def __call__(self, data: bytes) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as TF
 
-        arr = decode_encoded(data, region=self._box, at_least=self.size[::-1])
-        x = torch.from_numpy(np.array(arr)).permute(2, 0, 1)
+        arr = decode_encoded(data, region=self._box, at_least=self.size[::-1], jpeg_turbo=True)
+        x = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).permute(2, 0, 1)
         x = TF.resize(x, list(self.size), antialias=True)
         return self.rest(match_channels(x, self.in_chans))
 
