@@ -124,7 +124,7 @@ class ShardStream(IterableDataset):
     """Class index in the shards -> the model's (-1: a class the model does not know)."""
 
     def __len__(self) -> int:
-        stop = len(self.shards) if self.stop is None else self.stop
+        stop = len(self.shards) if self.stop is None else min(self.stop, len(self.shards))
         return len(range(self.start + self.rank, stop, self.world))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, str, int, str]]:
