@@ -110,9 +110,9 @@ def test_memory_stays_within_the_shuffle_window(tmp_path):
     shards = open_source(str(tmp_path / "packed"), val_split=0.2).train
     total = sum(s.samples for s in shards.shards) * 12_400
 
-    def peak(window: int) -> int:
+    def peak(window: int, shuffle: bool = True) -> int:
         tracemalloc.start()
-        n = sum(1 for _ in stream(shards, window=window, batch=4))
+        n = sum(1 for _ in stream(shards, window=window, batch=4, shuffle=shuffle))
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert n == len(shards)
@@ -120,6 +120,7 @@ def test_memory_stays_within_the_shuffle_window(tmp_path):
 
     assert total > 1_500_000
     assert peak(16) < 0.2 * total  # 16 samples ~ 200 kB (plus one member being read)
+    assert peak(16, shuffle=False) < 0.2 * total  # evaluation's order too
     assert peak(len(shards)) > 0.8 * total  # the measurement sees the buffer: a window of everything holds everything
 
 

@@ -246,7 +246,7 @@ def open_source(spec: str, *, val_split: float | None = None, eval_only: bool = 
             if None in found or len({sp for sp, _ in found}) != 1:
                 raise DataError(f"--data {spec}: the shards are not one split of {base}/{MANIFEST}")
             split = found[0][0]
-            sets[split] = ShardSet(tuple(sh for _, sh in found))
+            sets[split] = ShardSet(tuple(Shard(u, sh.samples, sh.sha256) for u, (_, sh) in zip(urls, found)))
         train = sets.get(split, ShardSet())
         val_name = next((n for n in sets if n != split and n in _EVAL_NAMES), None)
         val_name = val_name or next((n for n in sets if n != split), None)

@@ -68,7 +68,7 @@ class EpochOrder:
         c = np.asarray(list(counts), dtype=np.int64)
         self.n = int(c.sum())
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.window = max(1, window) if shuffle else max(1, self.n)
+        self.window = max(1, window)  # without shuffle the windows are in order: they only bound the memory
         self.shard_order = _rng(seed, epoch, 0).permutation(len(c)) if shuffle else np.arange(len(c))
         self.starts = np.concatenate([[0], np.cumsum(c[self.shard_order])])
         self._perms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -105,7 +105,7 @@ class ShardStream(IterableDataset):
     """Positions ``start:stop`` of one epoch's order that belong to ``rank`` of ``world``, as
     ``(image, label, key, position, error)`` samples; ``batch`` is the DataLoader's batch size (a rank's
     micro-batches are dealt to its workers in turn). ``error`` is "" or why the sample could not be used
-    (:func:`stream_batches` raises it in the training process)."""
+    (:class:`StreamBatches` raises it in the training process)."""
 
     shards: ShardSet
     transform: Callable[[bytes], torch.Tensor]
@@ -190,8 +190,8 @@ class _Cursor:
             self.slot, self.next_index = slot, 0
             shard = self.shards.shards[int(self.order.shard_order[slot])]
             self.tar = open_shard(shard.url)
-            start = int(self.order.starts[slot])
-            self.it = iter_samples(self.tar, lambda i: self.owns(start + i))
+            start, count = int(self.order.starts[slot]), shard.samples
+            self.it = iter_samples(self.tar, lambda i: i < count and self.owns(start + i))
         url = self.shards.shards[int(self.order.shard_order[slot])].url
         for i, key, parts in self.it:
             self.next_index = i + 1
