@@ -1,26 +1,136 @@
-"""Throughput of the training data pipeline for the small CIFAR configuration: the decode
-cache (JPEGs decoded once into a uint8 array) plus the per-image torchvision.transforms.v2
-augmentation and the per-batch MixUp/CutMix, as `vitlab train` composes them.
+"""Throughput of the training data pipelines.
 
-Compare its images/s with the training step's (`vitlab bench --mode train ...`): the
-pipeline must sustain several times the step's rate so the model never waits.
+1. The small CIFAR configuration: the decode cache (JPEGs decoded once into a uint8 array) plus the per-image
+   torchvision.transforms.v2 augmentation and the per-batch MixUp/CutMix, as `vitlab train` composes them. Compare
+   its images/s with the training step's (`vitlab bench --mode train ...`): the pipeline must sustain several times
+   the step's rate so the model never waits.
+2. Decoding full-size JPEGs on the fly (the shard reader's job, `--data SHARDS`): decode + RandomResizedCrop(224)
+   + horizontal flip (+ normalisation), images/s on one core (one thread, one process), on the same files in one
+   run: vitlab's reader path (the one decoder, PIL, the crop drawn on the original and the JPEG decoded at the
+   smallest DCT scale that keeps the crop >= 224 px: `vitlab.data.stream.TrainDecode`), the same decoder at full
+   scale followed by torchvision's RandomResizedCrop, torchvision.io.decode_jpeg (libjpeg-turbo) followed by it, and
+   timm's own loader (`timm.data.ImageDataset` + `timm.data.create_transform(224, is_training=True)`, its colour
+   jitter off, bilinear).
 
-    python benchmarks/bench_data.py --data /work/shared/data/cifar10 --batches 20
+    python benchmarks/bench_data.py --data /work/shared/data/cifar10 --batches 20      # both
+    python benchmarks/bench_data.py --skip-pipeline --jpeg-size 4032x3024 --n-jpegs 32  # the decode rows only
+    python benchmarks/bench_data.py --smoke                                             # seconds, tiny JPEGs
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from vitlab.bench import benchmark
 from vitlab.data import ArrayDataset, load_data, mix_transform, train_transform
 from vitlab.train.recipes import get_recipe
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def write_jpegs(folder: Path, *, n: int, size: tuple[int, int], seed: int = 0) -> list[Path]:
+    """``n`` photo-like JPEGs (quality 90) of ``size`` (width, height) in ``folder/photos/``: smooth colour fields
+    upsampled from a coarse grid plus fine noise (noise alone would compress, and decode, unlike a photo)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (folder / "photos").mkdir(parents=True, exist_ok=True)
+    w, h = size
+    paths = []
+    for i in range(n):
+        coarse = Image.fromarray(rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8))
+        arr = np.asarray(coarse.resize((w, h), Image.Resampling.BICUBIC), dtype=np.int16)
+        arr = np.clip(arr + rng.normal(0, 4, arr.shape), 0, 255).astype(np.uint8)
+        p = folder / "photos" / f"{i:04d}.jpg"
+        Image.fromarray(arr).save(p, "JPEG", quality=90)
+        paths.append(p)
+    return paths
+
+
+def decode_paths(paths: list[Path], root: Path, img_size: int) -> dict[str, object]:
+    """name -> a callable ``i -> normalised CHW tensor`` of the ``i``-th file, for each of the compared paths."""
+    import timm.data
+    import torchvision
+    from torchvision.transforms import v2
+
+    from vitlab.data.decode import decode_encoded
+    from vitlab.data.stream import TrainDecode
+
+    rest = train_transform(img_size=img_size, mean=MEAN, std=STD, crop=False)
+    crop = train_transform(img_size=img_size, mean=MEAN, std=STD)  # RandomResizedCrop + flip + normalise
+    assert isinstance(crop.transforms[0], v2.RandomResizedCrop)
+    reader = TrainDecode(img_size=img_size, crop_scale=(0.08, 1.0), crop_ratio=(3 / 4, 4 / 3), in_chans=3, rest=rest)
+    timm_tf = timm.data.create_transform(img_size, is_training=True, color_jitter=None, interpolation="bilinear")
+    timm_ds = timm.data.ImageDataset(str(root), transform=timm_tf)  # timm's own reader of the same files
+    assert len(timm_ds) == len(paths), (len(timm_ds), len(paths))
+
+    def full(i: int) -> torch.Tensor:
+        return crop(torch.from_numpy(np.array(decode_encoded(paths[i].read_bytes()))).permute(2, 0, 1))
+
+    def tv(i: int) -> torch.Tensor:
+        data = torch.frombuffer(bytearray(paths[i].read_bytes()), dtype=torch.uint8)
+        return crop(torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB))
+
+    return {
+        "vitlab reader (PIL, crop-aware draft)": lambda i: reader(paths[i].read_bytes()),
+        "vitlab decoder at full scale + v2 RandomResizedCrop": full,
+        "torchvision.io.decode_jpeg + v2 RandomResizedCrop": tv,
+        "timm (ImageDataset + create_transform)": lambda i: timm_ds[i][0],
+    }
+
+
+def decode_rows(paths: list[Path], root: Path, *, img_size: int, repeats: int) -> list[dict[str, object]]:
+    """Images/s on one core of each path over ``paths``, the median of ``repeats`` passes, after one warm-up pass
+    (the files are then in the page cache: decoding, not the disk, is measured). The paths take turns each pass."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fns = decode_paths(paths, root, img_size)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for r in range(repeats + 1):
+            for name, fn in fns.items():
+                torch.manual_seed(r)
+                t0 = time.perf_counter()
+                for i in range(len(paths)):
+                    x = fn(i)
+                    assert x.shape[-2:] == (img_size, img_size), (name, x.shape)
+                if r:
+                    times[name].append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return [{"path": name, "img_per_s_per_core": len(paths) / statistics.median(t)} for name, t in times.items()]
+
+
+def run_decode(args: argparse.Namespace) -> None:
+    w, h = (int(v) for v in args.jpeg_size.lower().split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.jpegs) if args.jpegs else Path(tmp)
+        if args.jpegs:
+            paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+        else:
+            paths = write_jpegs(root, n=args.n_jpegs, size=(w, h))
+        mb = sum(p.stat().st_size for p in paths) / len(paths) / 1e6
+        where = (
+            f"{len(paths)} {'files of ' + args.jpegs if args.jpegs else f'generated {w}x{h} JPEGs'}, {mb:.2f} MB each"
+        )
+        rows = decode_rows(paths, root, img_size=args.img_size, repeats=args.repeats)
+    print(f"decode + RandomResizedCrop({args.img_size}) + flip, one core ({where}):")
+    for r in rows:
+        print(f"  {r['path']:<55} {r['img_per_s_per_core']:8.1f} img/s")
+    timm_rate = rows[-1]["img_per_s_per_core"]
+    best = max(rows[:3], key=lambda r: r["img_per_s_per_core"])
+    print(f"fastest vitlab-side path: {best['path']}, {best['img_per_s_per_core'] / timm_rate:.2f}x timm's loader")
+    print(json.dumps({"decode_rows": rows, "img_size": args.img_size, "files": where}))
 
 
 def main() -> None:
@@ -32,8 +142,28 @@ def main() -> None:
     ap.add_argument(
         "--train-steps", type=int, default=4, help="also time this many training steps of the CIFAR model (0: skip)"
     )
+    g = ap.add_argument_group("decoding full-size JPEGs")
+    g.add_argument("--jpegs", default=None, help="a folder of JPEGs (default: generate --n-jpegs of --jpeg-size)")
+    g.add_argument("--jpeg-size", default="4032x3024", help="generated JPEGs' WIDTHxHEIGHT (a phone photo)")
+    g.add_argument("--n-jpegs", type=int, default=32)
+    g.add_argument("--img-size", type=int, default=224)
+    g.add_argument("--repeats", type=int, default=3, help="timed passes over the files (median)")
+    ap.add_argument("--skip-pipeline", action="store_true", help="only the decode rows")
+    ap.add_argument("--skip-decode", action="store_true", help="only the CIFAR pipeline rows")
+    ap.add_argument("--smoke", action="store_true", help="the decode rows on 4 tiny generated JPEGs, in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.skip_pipeline, args.skip_decode, args.jpegs = True, False, None
+        args.jpeg_size, args.n_jpegs, args.img_size, args.repeats = "160x120", 4, 32, 1
     print(f"# load average at start: {os.getloadavg()}")
+    if not args.skip_decode:
+        run_decode(args)
+    if not args.skip_pipeline:
+        run_pipeline(args)
+    print(f"# load average at end: {os.getloadavg()}")
+
+
+def run_pipeline(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     splits = load_data(args.data, progress=True)
     print(
@@ -95,7 +225,6 @@ def main() -> None:
         print(f"training step (same process, just after): {t.images_per_sec:.0f} img/s")
         for w, v in rates.items():
             print(f"data pipeline / training step, workers={w}: {v / t.images_per_sec:.1f}x")
-    print(f"# load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

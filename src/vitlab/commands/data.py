@@ -13,8 +13,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Pack an ImageFolder (train/<class>/*, val/<class>/*, or one class tree) into tar shards of the\n"
             "original encoded files plus their class index (<key>.jpg + <key>.cls, the WebDataset layout),\n"
             "shuffled, with OUT/manifest.json: class names, samples, bytes, per-class counts and SHA-256 per\n"
-            "shard. Training from shards is not built yet (docs/scale.md).\n\n"
-            "example:\n  vitlab data pack ~/photos shards/ --shard-size 1GB"
+            "shard. Train and evaluate from them with --data OUT (streamed, decoded at full resolution,\n"
+            "not cached; docs/scale.md).\n\n"
+            "example:\n  vitlab data pack ~/photos shards/ --shard-size 1GB\n"
+            "  vitlab train --data shards/ --img-size 224"
         ),
         formatter_class=formatter,
     )
@@ -36,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
     for split, s in m["splits"].items():
         total = sum(sh["bytes"] for sh in s["shards"])
         print(f"{split}: {s['samples']} samples in {len(s['shards'])} shard(s), {format_size(total)}")
-    print(f"{len(m['classes'])} classes; manifest: {args.out}/manifest.json")
+    print(f"{len(m['classes'])} classes; manifest: {args.out}/manifest.json; train from it: --data {args.out}")
     return 0

@@ -22,7 +22,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     add_model_arg(p)
-    p.add_argument("--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path")
+    p.add_argument(
+        "--data",
+        default="digits",
+        help="digits, cifar10, cifar100, an ImageFolder path, or tar shards (a `vitlab data pack` folder: its "
+        "evaluation split; a pattern 'shards/val-{000000..000009}.tar': those shards)",
+    )
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
     p.add_argument("--batch-size", type=int, default=256)

@@ -125,6 +125,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         grad_checkpointing=getattr(args, "grad_checkpointing", False),
         threads=args.threads,
         val_split=args.val_split,
+        shuffle_buffer=args.shuffle_buffer,
         cache_dir=args.cache_dir,
         strict_data=args.strict_data,
         max_image_pixels=args.max_image_pixels,

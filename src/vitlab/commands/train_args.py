@@ -78,7 +78,15 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument(
         "--data",
         default="digits",
-        help="digits (embedded), cifar10, cifar100 (torchvision, online) or an ImageFolder path",
+        help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
+        "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached)",
+    )
+    g.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="tar shards: samples shuffled together (the window of each epoch's order; bounds the reader's memory)",
     )
     g.add_argument(
         "--val-split",

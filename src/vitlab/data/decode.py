@@ -10,11 +10,12 @@ EXIF orientation applied, transparency composited on white, 16-bit scaled (not c
 
 from __future__ import annotations
 
+import math
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
+    "decode_encoded",
     "decode_image",
     "file_kind",
     "image_files",
@@ -155,23 +157,79 @@ def decode_image(
     header, before decoding), one longer than ``max_aspect`` times its width (or the reverse; see
     :data:`MAX_ASPECT`), or one whose pixels after the resize would take more than ``max_bytes``
     (a decode cache's memory budget); PIL's errors for truncated or non-image files pass through.
-    ``path`` may be bytes or a str holding undecodable bytes as surrogates (``os.fsdecode``)."""
+    ``path`` may be bytes or a str holding undecodable bytes as surrogates (``os.fsdecode``).
+    Encoded bytes in memory (a tar shard's member) go through :func:`decode_encoded`."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"not a regular file ({file_kind(st.st_mode)}); not opened")
+    if st.st_size == 0:
+        raise ValueError("empty file (0 bytes)")
+    return _decode(
+        path,
+        mode=mode,
+        size=size,
+        max_pixels=max_pixels,
+        max_aspect=max_aspect,
+        max_bytes=max_bytes,
+        shorter_side=shorter_side,
+    )
+
+
+def decode_encoded(
+    data: bytes,
+    *,
+    mode: str = "RGB",
+    max_pixels: int | None = None,
+    at_least: tuple[int, int] | None = None,
+    region: Callable[[int, int], tuple[int, int, int, int]] | None = None,
+    jpeg_turbo: bool = False,
+) -> np.ndarray:
+    """An encoded image held in memory (a member of a tar shard) as :func:`decode_image` decodes a file,
+    at full resolution, or smaller only where nothing is lost for the caller:
+
+    ``at_least`` ``(width, height)``: a JPEG may be decoded at a reduced DCT scale (1/2, 1/4, 1/8; PIL's
+    draft mode) that keeps the image at least that large (evaluation resizes it to that size anyway).
+    ``region(width, height) -> (left, top, right, bottom)``: called with the full image's size (EXIF
+    orientation applied), the box to return; a JPEG is decoded at the smallest scale that keeps the box at
+    least ``at_least`` (RandomResizedCrop: the box is drawn on the original image and resized to the input
+    size afterwards, so the resize never sees fewer pixels than it outputs).
+
+    ``jpeg_turbo``: an RGB or grey JPEG without EXIF rotation that draft mode would not shrink is decoded by
+    ``torchvision.io.decode_jpeg`` instead (libjpeg-turbo; faster than PIL's decoder on the same file, its pixels
+    may differ from PIL's by a level or two: for training's random crops, not for evaluation)."""
+    import io
+
+    if not data:
+        raise ValueError("empty file (0 bytes)")
+    src = io.BytesIO(data)
+    return _decode(src, mode=mode, max_pixels=max_pixels, at_least=at_least, region=region, turbo=jpeg_turbo)
+
+
+def _decode(
+    src: str | os.PathLike[str] | bytes | IO[bytes],
+    *,
+    mode: str,
+    size: int | None = None,
+    max_pixels: int | None = None,
+    max_aspect: float | None = None,
+    max_bytes: int | None = None,
+    shorter_side: int | None = None,
+    at_least: tuple[int, int] | None = None,
+    region: Callable[[int, int], tuple[int, int, int, int]] | None = None,
+    turbo: bool = False,
+) -> np.ndarray:
+    """The decoding shared by :func:`decode_image` and :func:`decode_encoded` (``src``: a path or a file object)."""
     import numpy as np
     from PIL import Image
 
     if mode not in ("RGB", "L"):
         raise ValueError(f"mode {mode!r}: expected 'RGB' or 'L'")
     limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"not a regular file ({file_kind(st.st_mode)}); not opened")
-    if st.st_size == 0:
-        raise ValueError("empty file (0 bytes)")
     if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
         # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
         Image.MAX_IMAGE_PIXELS = limit
     try:
-        im = Image.open(path)
+        im = Image.open(src)
     except Image.DecompressionBombError as e:
         raise ValueError(f"{e} (decompression-bomb guard; raise --max-image-pixels if you trust the file)") from None
     with im:
@@ -193,6 +251,19 @@ def decode_image(
                 f"{w}x{h} would take {nbytes:,} bytes as {ow}x{oh} {mode}, over the limit of {max_bytes:,} "
                 "(half the memory budget, --memory-budget)"
             )
+        box = None
+        if region is not None or at_least is not None:  # sizes in the oriented picture's coordinates
+            turned = _orientation(im, header_only=True) in _TRANSPOSED
+            fw, fh = (h, w) if turned else (w, h)
+            box = region(fw, fh) if region is not None else (0, 0, fw, fh)
+            need_w, need_h = at_least or (box[2] - box[0], box[3] - box[1])
+            scale = min(1.0, max(need_w / max(1, box[2] - box[0]), need_h / max(1, box[3] - box[1])))
+            ow, oh = math.ceil(w * scale), math.ceil(h * scale)  # the draft request: the file's own axes
+            plain_jpeg = im.format == "JPEG" and im.mode in ("RGB", "L") and mode == "RGB"
+            if turbo and plain_jpeg and scale > 0.5 and _orientation(im, header_only=True) == 1:
+                fast = _turbo(src, box)  # no DCT scale applies, no rotation: libjpeg-turbo through torchvision
+                if fast is not None:
+                    return fast
         # JPEG: decode at reduced scale when possible (never below the size asked for)
         im.draft("RGB", (size, size) if size else (ow, oh))
         im = _oriented(im)
@@ -205,7 +276,11 @@ def decode_image(
         im = im.convert("RGB")
         if mode == "L":
             im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
-        if size is not None and im.size != (size, size):
+        if box is not None:
+            sx, sy = im.size[0] / fw, im.size[1] / fh  # the draft scale (1 when none applied)
+            x0, y0 = min(im.size[0] - 1, int(box[0] * sx)), min(im.size[1] - 1, int(box[1] * sy))
+            im = im.crop((x0, y0, max(x0 + 1, round(box[2] * sx)), max(y0 + 1, round(box[3] * sy))))
+        elif size is not None and im.size != (size, size):
             # Shorter side to `size`, then the central square (what eval does anyway).
             im = im.resize(resized_shape(*im.size, size), Image.Resampling.BICUBIC)
             w, h = im.size
@@ -217,6 +292,23 @@ def decode_image(
             im = im.resize((oh, ow) if turned else (ow, oh), Image.Resampling.BICUBIC)
         arr = np.asarray(im, dtype=np.uint8)
     return arr[..., None] if arr.ndim == 2 else arr
+
+
+def _turbo(src: IO[bytes], box: tuple[int, int, int, int]) -> np.ndarray | None:
+    """The ``box`` of a JPEG decoded by ``torchvision.io.decode_jpeg`` as RGB, ``(H, W, 3)`` (a view); None
+    where torchvision no longer has it (0.29 deprecates its decoders for TorchCodec's): PIL decodes then."""
+    import io
+
+    import torch
+
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        return None
+
+    data = src.getvalue() if isinstance(src, io.BytesIO) else (src.seek(0), src.read())[1]
+    x = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    return x[:, box[1] : box[3], box[0] : box[2]].permute(1, 2, 0).numpy()
 
 
 def file_kind(mode: int) -> str:

@@ -10,8 +10,7 @@ a shard and split shards across ranks and workers by sample count without openin
 Only the standard library's :mod:`tarfile` is used: the shards are plain POSIX tars that
 ``webdataset``, ``tar`` and :func:`read_shard` all read. Samples are shuffled (seeded) before packing,
 so that a streaming reader's bounded shuffle buffer sees every class from its first shard.
-This module writes and reads shards; training from them (a streaming reader) is not built yet
-(see docs/scale.md).
+This module writes and checks shards; :mod:`vitlab.data.stream` trains and evaluates from them.
 """
 
 from __future__ import annotations

@@ -277,4 +277,9 @@ def load_data(
         return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)
     if key in ("cifar10", "cifar100"):
         return _cifar(key, cache)
-    raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100' or an existing folder")
+    if key.startswith("hf:"):
+        raise DataError(
+            f"--data {spec}: the Hugging Face datasets reader is not built; write the data set as an ImageFolder and "
+            "`vitlab data pack` it (docs/scale.md)"
+        )
+    raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100', an existing folder or tar shards")

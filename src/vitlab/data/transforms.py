@@ -39,10 +39,15 @@ def train_transform(
     hflip: float = 0.5,
     randaugment: tuple[int, int] | None = None,
     random_erasing: float = 0.0,
+    crop: bool = True,
 ) -> v2.Compose:
     """Per-image training augmentation (Inception crop as in the paper's pre-training, plus the
-    DeiT-style RandAugment and random erasing used for training from scratch on small data)."""
-    t: list[v2.Transform] = [v2.RandomResizedCrop(img_size, scale=crop_scale, ratio=crop_ratio, antialias=True)]
+    DeiT-style RandAugment and random erasing used for training from scratch on small data).
+    ``crop=False``: everything after the crop, for a reader that crops as it decodes
+    (:class:`~vitlab.data.stream.TrainDecode`)."""
+    t: list[v2.Transform] = []
+    if crop:
+        t.append(v2.RandomResizedCrop(img_size, scale=crop_scale, ratio=crop_ratio, antialias=True))
     if hflip > 0:
         t.append(v2.RandomHorizontalFlip(hflip))
     if randaugment is not None:

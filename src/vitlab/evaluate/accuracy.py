@@ -126,9 +126,12 @@ def evaluate_model(
 
     from .._progress import ProgressLog
     from ..data import DataError, load_data
+    from ..data.shard_source import is_shard_spec
 
     cfg = model.config
     dev = resolve_device(device)
+    if is_shard_spec(data):
+        return _evaluate_shards(model, data, split=split, batch_size=batch_size, device=dev, val_split=val_split)
     splits = load_data(
         data,
         val_split=val_split,
@@ -164,4 +167,43 @@ def evaluate_model(
     res["data"] = data
     res["split"] = splits.val_name if split != "train" else "train"
     res["skipped_files"] = [p for p, _ in splits.skipped]
+    return res
+
+
+def _evaluate_shards(
+    model: nn.Module, data: str, *, split: str, batch_size: int, device: torch.device, val_split: float | None
+) -> dict[str, Any]:
+    """:func:`evaluate_model` on tar shards (:mod:`vitlab.data.stream`): read and decoded as they are evaluated."""
+    from torch.utils.data import DataLoader
+
+    from ..data import DataError
+    from ..data.stream import EvalDecode, ShardStream, StreamBatches, open_stream_data
+
+    cfg = model.config
+    sd = open_stream_data(data, val_split=val_split, eval_only=split != "train")
+    names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])
+    missing = [c for c in sd.class_names if c not in names]
+    if missing:
+        raise DataError(
+            f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model "
+            f"(it knows {', '.join(names[:10])} ...)"
+        )
+    crop_pct = float(cfg.extra.get("crop_pct", 1.0))
+    at_least = tuple(round(s / crop_pct) if crop_pct < 1 else s for s in cfg.img_size)[::-1]
+    ds = ShardStream(
+        shards=sd.train if split == "train" else sd.val,
+        transform=EvalDecode(at_least=at_least, in_chans=cfg.in_chans, tf=preprocess_for(model)),
+        out_shape=(cfg.in_chans, *cfg.img_size),
+        num_classes=len(names),
+        shuffle=False,
+        batch=batch_size,
+        label_map=np.asarray([names.index(c) for c in sd.class_names], dtype=np.int64),
+    )
+    model.to(device)
+    res = evaluate_batches(
+        model, StreamBatches(DataLoader(ds, batch_size=batch_size)), num_classes=len(names), device=device
+    )
+    present = [i for i, row in enumerate(res["confusion"]) if row.sum() > 0]
+    res["per_class"] = {names[i]: res["per_class"][i] for i in present}
+    res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])
     return res

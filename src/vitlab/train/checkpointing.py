@@ -125,6 +125,8 @@ def save_checkpoint(
         "epoch": progress.epoch,
         "step": progress.step,
         "micro_in_epoch": micro_done,
+        # the samples all processes consumed in the epoch: a shard reader resumes there on any number of processes
+        "samples_in_epoch": micro_done * (cfg.recipe.batch_size // cfg.recipe.accum_steps),
         "epoch_loss_sum": progress.loss_sum if micro_done else 0.0,
         "best_top1": progress.best,
         "plan": plan,
@@ -158,7 +160,7 @@ def restore_checkpoint(
     return Progress(
         epoch=state["epoch"],
         step=state["step"],
-        micro=state["micro_in_epoch"],
+        micro=_micro_in_epoch(state),
         loss_sum=state.get("epoch_loss_sum", 0.0),
         best=state["best_top1"],
         wall_before=state["wall_s"],
@@ -166,6 +168,15 @@ def restore_checkpoint(
         train_s=state["train_s"],
         saved_step=state["step"],
     )
+
+
+def _micro_in_epoch(state: dict[str, Any]) -> int:
+    """Micro-batches per process done in the saved epoch, from the global sample count where the checkpoint has
+    one (the same number on any number of processes: a micro-batch is ``batch_size / accum_steps`` samples)."""
+    if "samples_in_epoch" not in state:
+        return int(state["micro_in_epoch"])
+    cfg = json.loads(state["config"])["recipe"]
+    return int(state["samples_in_epoch"]) // (int(cfg["batch_size"]) // int(cfg["accum_steps"]))
 
 
 def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Callable[[str], None]) -> None:

@@ -63,6 +63,8 @@ class TrainConfig:
     """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
     allow_single_class: bool = False
     """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
+    shuffle_buffer: int = 8192
+    """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
     memory_budget: int | None = None
     """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
     images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
@@ -166,6 +168,7 @@ _FIXED = {
     "--data": "data",
     "--val-split": "val_split",
     "--max-image-pixels": "max_image_pixels",
+    "--shuffle-buffer": "shuffle_buffer",
     "--objective": "objective",
     "--init": "init",
     "--model": "model",
@@ -306,6 +309,7 @@ def validate_config(cfg: TrainConfig) -> None:
         ("--memory-budget", cfg.memory_budget, lambda x: x >= 1),
         ("--img-size", cfg.img_size, lambda x: x >= 1),
         ("--val-split", cfg.val_split, lambda x: 0 < x < 1),
+        ("--shuffle-buffer", cfg.shuffle_buffer, lambda x: x >= 1),
     ):
         if v is not None and not ok(v):
             raise ConfigError(f"{flag} {v}: out of range")

@@ -45,6 +45,13 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
     while the others wait; undecodable files are listed in ``out/bad_files.txt``."""
     from ..data import load_data
     from ..data.sources import DataError
+    from ..data.stream import is_shard_spec, open_stream_data
+
+    if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
+        data = open_stream_data(cfg.data, val_split=cfg.val_split)
+        if len(data.train) == 0 or len(data.val) == 0:
+            raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+        return data
 
     def get_data():
         return load_data(
@@ -87,7 +94,10 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
     from ..data.cache import cache_key
     from ..data.scan import scan_classes
+    from ..data.shard_source import is_shard_spec, open_source
 
+    if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
+        return open_source(cfg.data, val_split=cfg.val_split).fingerprint()
     root = Path(cfg.data).expanduser()
     if not root.is_dir():
         return None
@@ -184,7 +194,7 @@ class Loaders:
 
     train_ds: Dataset
     val_ds: Dataset
-    sampler: DistributedSampler
+    sampler: DistributedSampler | None
     micro: int
     """Images per forward pass on this process."""
     accum_steps: int
@@ -222,7 +232,14 @@ def build_loaders(
     resolution and normalisation; checks that the global batch divides into processes and accumulation
     steps and that one epoch holds at least one optimizer step."""
     from ..data import ArrayDataset, eval_transform, mix_transform, train_transform
+    from ..data.stream import StreamData
 
+    if isinstance(data, StreamData):
+        from .stream_loaders import build_stream_loaders
+
+        return build_stream_loaders(
+            cfg, data=data, model_config=model_config, dist=dist, device=device, workers=workers
+        )
     r, mcfg = cfg.recipe, model_config
     micro = r.batch_size // (dist.world_size * r.accum_steps)
     if micro < 1 or micro * dist.world_size * r.accum_steps != r.batch_size:
