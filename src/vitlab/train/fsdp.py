@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist, any_rank
 
-__all__ = ["check_fsdp_config", "full_model", "is_sharded", "lockstep", "shard", "shard_line"]
+__all__ = ["check_fsdp_config", "ddp_memory_hint", "full_model", "lockstep", "shard", "shard_line"]
 
 
 def check_fsdp_config(cfg: TrainConfig) -> None:
@@ -57,11 +57,19 @@ def check_fsdp_config(cfg: TrainConfig) -> None:
             raise ConfigError(f"--fsdp with {flag}: not supported ({why})")
 
 
-def is_sharded(net: nn.Module) -> bool:
-    """Whether ``net`` is an FSDP2 root (:func:`shard` was applied to it)."""
-    from ..accel.switch import sharded
-
-    return sharded(net)
+def ddp_memory_hint(params: int, *, world_size: int, device_memory: int) -> str | None:
+    """A line suggesting ``--fsdp`` when a DDP run's model states alone (16 bytes a parameter: fp32 weights
+    and gradients, AdamW's two moments; what ``vitlab plan`` counts) take more than half of each device's
+    ``device_memory`` bytes; None otherwise. DDP stays the default: the choice changes the checkpoint's
+    format, so it is the user's."""
+    states = 16 * params
+    if world_size < 2 or states <= device_memory / 2:
+        return None
+    return (
+        f"note: weights, gradients and AdamW state take {states / 2**30:.1f} GiB on each of the {world_size} "
+        f"devices under DDP ({device_memory / 2**30:.0f} GiB each); --fsdp shards them "
+        f"({states / world_size / 2**30:.1f} GiB each; see vitlab plan)"
+    )
 
 
 def _blocks(net: nn.Module) -> list[nn.Module]:

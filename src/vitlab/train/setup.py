@@ -86,6 +86,13 @@ class TrainerSetup:
             from .fsdp import shard_line
 
             self.log(shard_line(self.net, dist, device=device, amp_dtype=self.amp_dtype))
+        elif dist.enabled and device.type == "cuda":
+            from .fsdp import ddp_memory_hint
+
+            params = sum(p.numel() for p in self.net.parameters())
+            memory = torch.cuda.get_device_properties(device).total_memory
+            if hint := ddp_memory_hint(params, world_size=dist.world_size, device_memory=memory):
+                self.log(hint)
         self.lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
         self.replan = Replanner()  # not due: resumed runs keep their plan
         if state is not None:
