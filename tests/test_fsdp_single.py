@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,20 +134,14 @@ def test_lockstep_runs_blank_forwards_until_every_rank_is_done(monkeypatch):
     assert torch.equal(torch.get_rng_state(), rng)
 
 
-def _fail_half_way(real_save):
-    """``dcp.save`` that dies after writing part of its folder (a kill, a full disk)."""
-
-    def save(state, *, checkpoint_id, **kw):
-        os.makedirs(checkpoint_id, exist_ok=True)
-        with open(os.path.join(checkpoint_id, "__0_0.distcp"), "wb") as f:
-            f.write(b"half")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    return save
+def _fail_half_way(self, plan, planner):
+    """``FileSystemWriter.write_data`` dying after part of a shard is written (a full disk)."""
+    (Path(self.path) / "__0_0.distcp").write_bytes(b"half")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
 
     out = tmp_path / "run"
     assert main(args(data_dir, out, "--fsdp", "--epochs", "2", "--stop-after", "2")) == 0
@@ -154,11 +149,12 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(data_dir, tmp
     assert before["step"] == 2 and (out / before["sharded"] / ".metadata").is_file()
     capsys.readouterr()
 
-    monkeypatch.setattr(dcp, "save", _fail_half_way(dcp.save))
+    monkeypatch.setattr(FileSystemWriter, "write_data", _fail_half_way)  # DCP gathers the failure from its rank
     resume = ["train", "--out", str(out), "--resume", "--no-progress", "--workers", "0"]
     assert main(resume) == 2
     err = capsys.readouterr().err
-    assert "cannot write the sharded checkpoint" in err and "the previous checkpoint is kept" in err
+    assert "cannot write the sharded checkpoint (No space left on device); the previous checkpoint is kept" in err
+    assert err.count("\n") == 1
     after = load_state(out / "last.pt")
     assert after["sharded"] == before["sharded"] and after["step"] == 2
     assert [p.name for p in (out / "sharded").glob(".*.tmp")]  # what the failed save left

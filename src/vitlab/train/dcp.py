@@ -57,9 +57,9 @@ def write_sharded(
     model_state, optim_state = get_state_dict(net, optimizer)
     try:
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    except OSError as e:
+    except (OSError, dcp.CheckpointException) as e:  # DCP gathers every rank's failure into the latter
         kept = "the previous checkpoint is kept" if (out / "last.pt").is_file() else "no checkpoint was written"
-        raise CheckpointError(f"{tmp}: cannot write the sharded checkpoint ({e.strerror or e}); {kept}") from None
+        raise CheckpointError(f"{tmp}: cannot write the sharded checkpoint ({_cause(e)}); {kept}") from None
     barrier(d)
     if d.is_main:
         os.replace(tmp, root / name)
@@ -90,12 +90,19 @@ def read_sharded(folder: Path, *, net: nn.Module, optimizer: torch.optim.Optimiz
     state = {"model": model_state, "optim": optim_state}
     try:
         dcp.load(state, checkpoint_id=folder)
-    except Exception as e:  # DCP wraps each rank's failure (a missing shard, a changed model) in one error
-        raise CheckpointError(f"{folder}: cannot read the sharded checkpoint ({_first_line(e)})") from None
+    except (Exception, dcp.CheckpointException) as e:  # a missing shard, a changed model, on any rank
+        raise CheckpointError(f"{folder}: cannot read the sharded checkpoint ({_cause(e)})") from None
     set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def _first_line(e: BaseException) -> str:
+def _cause(e: BaseException) -> str:
+    """One line for ``e``: the first rank's failure when DCP gathered them (``CheckpointException.failures``)."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        first = failures[min(failures)]
+        e = first[0] if isinstance(first, tuple) else first
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
