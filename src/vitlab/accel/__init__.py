@@ -11,8 +11,8 @@ The model files are the paper; everything here makes the same computation faster
 :func:`vitlab.create_model` and :func:`vitlab.load` return models with these paths
 (:class:`FastVisionTransformer`, :class:`FastBlock`: subclasses with the same submodules and
 parameter names). Each path runs only where it computes what the plain forward computes and
-nobody could tell the difference (no hooks, no replaced or wrapped layers, no tracing); else the
-plain forward runs. One switch turns them all off::
+nobody could tell the difference (no hooks, no replaced or wrapped layers, no FSDP2 sharding, no
+tracing); else the plain forward runs. One switch turns them all off::
 
     vitlab.accel.set_enabled(False)   # or VITLAB_ACCEL=0 in the environment
 """

@@ -5,20 +5,31 @@ A speed path computes what the plain forward of :mod:`vitlab.models` computes, b
 without calling the submodules one by one. So it may run only where nothing could tell the
 difference: no hooks that would not fire, no replaced or wrapped layers (adapters, quantised
 layers, parametrizations) whose own forward would not run, no forward patched onto an
-instance, and no tracer that records the graph itself. Everywhere else the plain forward runs.
+instance, no parameter sharding (FSDP2's ``fully_shard``), and no tracer that records the graph
+itself. Everywhere else the plain forward runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _module
 
-__all__ = ["Switch", "disabled", "enabled", "hooks_anywhere", "running_eagerly", "set_enabled", "unchanged"]
+__all__ = [
+    "Switch",
+    "disabled",
+    "enabled",
+    "hooks_anywhere",
+    "running_eagerly",
+    "set_enabled",
+    "sharded",
+    "unchanged",
+]
 
 
 class Switch:
@@ -95,11 +106,23 @@ def hooks_anywhere(model: nn.Module) -> bool:
     return _global_hooks() or any(_has_hooks(m) for m in model.modules())
 
 
+def sharded(m: nn.Module) -> bool:
+    """Whether FSDP2 (``torch.distributed.fsdp.fully_shard``) manages ``m``: its class was swapped for an
+    ``FSDP<name>`` subclass whose hooks gather the full parameters for each call and free them after.
+    The speed paths keep per-layer state between calls (packed weights, activation buffers) that would
+    hold the full weights the sharding exists to spread, and return views that FSDP's backward hooks
+    warn about; a sharded module runs the plain forward. (No module is sharded until FSDP is imported.)"""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(fsdp, "FSDPModule", None)
+    return cls is not None and isinstance(m, cls)
+
+
 def unchanged(root: nn.Module, expected: dict[str, type | tuple[type, ...]]) -> bool:
     """Whether the submodules of ``root`` are exactly ``expected`` (dotted name -> class, no
     subclasses, none added or missing), with no hooks, no ``forward`` set on an instance, and
-    plain parameters. Hooks on ``root`` itself are allowed: its own call still runs them."""
-    if _global_hooks():
+    plain parameters, and ``root`` is not :func:`sharded`. Hooks on ``root`` itself are allowed:
+    its own call still runs them."""
+    if _global_hooks() or sharded(root):
         return False
     n = 0
     for name, m in root.named_modules():

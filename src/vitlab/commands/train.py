@@ -19,6 +19,8 @@ EXAMPLES = """examples:
                                                  # self-supervised: masked patch prediction, labels unused
   vitlab finetune --init runs/mpp/model --data path/to/cifar10 --recipe small-data --time-budget 10m
   torchrun --nproc_per_node 2 -m vitlab train --data digits --out runs/ddp
+  torchrun --nproc_per_node 8 -m vitlab train --fsdp --grad-checkpointing --model vit_l16 --data DIR --out runs/l16
+                                                 # FSDP2: shards weights/optimizer; resumes on any process count
 """
 
 
@@ -123,6 +125,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         precision=args.precision,
         compile=args.compile,
         grad_checkpointing=getattr(args, "grad_checkpointing", False),
+        fsdp=getattr(args, "fsdp", False),
         threads=args.threads,
         val_split=args.val_split,
         shuffle_buffer=args.shuffle_buffer,

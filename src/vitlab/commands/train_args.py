@@ -260,6 +260,13 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "keeping only its input (less memory, one more forward; same gradients; see vitlab plan)",
     )
     g.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard weights, gradients and optimizer state over the processes (FSDP2, per block; bf16 on GPU) "
+        "instead of DDP; checkpoints resume on any number of processes. Under torchrun, or alone: "
+        "torchrun --nproc_per_node 8 -m vitlab train --fsdp --grad-checkpointing ... (see docs/scale.md)",
+    )
+    g.add_argument(
         "--threads", type=int, default=0, help="CPU threads (0: 1 when a step is tiny, else torch's default)"
     )
     g.add_argument(

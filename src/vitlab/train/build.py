@@ -224,11 +224,18 @@ def build_net(
     return model, net, workers
 
 
-def distribute(net: nn.Module, cfg: TrainConfig, *, dist: Dist, device: torch.device) -> nn.Module:
-    """The module the training steps call: ``net`` inside DistributedDataParallel when there are
-    several processes, compiled with ``--compile``."""
+def distribute(
+    net: nn.Module, cfg: TrainConfig, *, dist: Dist, device: torch.device, amp_dtype: torch.dtype | None = None
+) -> nn.Module:
+    """The module the training steps call: ``net`` sharded in place with ``--fsdp``
+    (:func:`vitlab.train.fsdp.shard`; ``amp_dtype`` picks its precision), else inside
+    DistributedDataParallel when there are several processes; compiled with ``--compile``."""
     run_model: nn.Module = net
-    if dist.enabled:  # MPP leaves the ViT's pooling/head path unused
+    if cfg.fsdp:
+        from .fsdp import shard
+
+        run_model = shard(net, device=device, amp_dtype=amp_dtype)
+    elif dist.enabled:  # MPP leaves the ViT's pooling/head path unused
         run_model = nn.parallel.DistributedDataParallel(
             net,
             device_ids=[device.index] if device.type == "cuda" else None,

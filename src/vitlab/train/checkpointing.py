@@ -32,7 +32,7 @@ __all__ = [
 
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
-RUN_OUTPUTS = (*RUN_MARKERS, "curves.png", "confusion.png", "bad_files.txt")
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt")
 """Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
 
 
@@ -109,13 +109,20 @@ def save_checkpoint(
     micro_done: int,
     torch_ranks: list[torch.Tensor],
     data_fingerprint: dict[str, Any] | None = None,
+    sharded: str | None = None,
 ) -> None:
     """Write ``last.pt`` atomically (rank 0 alone). ``micro_done`` is 0 at the end of an epoch,
     else the micro-batches done in the epoch in progress (a mid-epoch save). ``data_fingerprint``
-    (:func:`~vitlab.train.loaders.data_fingerprint`, from the run's start) lets ``--resume`` detect changed data."""
+    (:func:`~vitlab.train.loaders.data_fingerprint`, from the run's start) lets ``--resume`` detect changed data.
+    ``sharded``: the folder (relative to ``path``'s) that holds the weights and optimizer state of an
+    ``--fsdp`` run (:func:`~vitlab.train.dcp.write_sharded`), named instead of stored."""
+    weights: dict[str, Any] = (
+        {"model": net.state_dict(), "optimizer": opt.optimizer.state_dict()}
+        if sharded is None
+        else {"sharded": sharded}
+    )
     blob = {
-        "model": net.state_dict(),
-        "optimizer": opt.optimizer.state_dict(),
+        **weights,
         "scheduler": opt.scheduler.state_dict(),
         "scaler": opt.scaler.state_dict() if opt.scaler is not None else None,
         "ema": opt.ema.state_dict() if opt.ema is not None else None,
@@ -142,11 +149,24 @@ def save_checkpoint(
 
 
 def restore_checkpoint(
-    state: dict[str, Any], *, net: nn.Module, opt: Optimization, generator: torch.Generator, rank: int
+    state: dict[str, Any],
+    *,
+    net: nn.Module,
+    opt: Optimization,
+    generator: torch.Generator,
+    rank: int,
+    folder: Path | None = None,
 ) -> Progress:
-    """Load ``state`` (a read ``last.pt``) into the run's objects and generators; the saved position."""
-    net.load_state_dict(state["model"])
-    opt.optimizer.load_state_dict(state["optimizer"])
+    """Load ``state`` (a read ``last.pt``, from the run folder ``folder``) into the run's objects and
+    generators; the saved position. The weights and optimizer state of a sharded run are read from the
+    folder ``last.pt`` names (a collective: :func:`~vitlab.train.dcp.read_sharded`)."""
+    if state.get("sharded"):
+        from .dcp import read_sharded
+
+        read_sharded(Path(folder or ".") / state["sharded"], net=net, optimizer=opt.optimizer)
+    else:
+        net.load_state_dict(state["model"])
+        opt.optimizer.load_state_dict(state["optimizer"])
     opt.scheduler.load_state_dict(state["scheduler"])
     if opt.scaler is not None and state.get("scaler"):
         opt.scaler.load_state_dict(state["scaler"])
@@ -227,7 +247,7 @@ def start_position(
         if dist.is_main:
             (out / "metrics.jsonl").unlink(missing_ok=True)
         return Progress()
-    p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank)
+    p = restore_checkpoint(state, net=net, opt=opt, generator=generator, rank=dist.rank, folder=out)
     # the saved schedule's length (or the one --epochs re-planned) and its warmup
     opt.set_total_steps(plan["total_steps"], warmup_steps=plan.get("warmup_steps"))
     if dist.is_main:

@@ -53,6 +53,10 @@ class TrainConfig:
     grad_checkpointing: bool = False
     """Activation checkpointing per encoder block (``model.set_grad_checkpointing``): the same gradients
     for less activation memory and one more forward pass a step."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state over the processes with FSDP2 (per encoder block
+    and at the root; :mod:`vitlab.train.fsdp`) instead of replicating them with DDP; ``last.pt`` then
+    points to a ``torch.distributed.checkpoint`` folder that resumes on any number of processes."""
     threads: int = 0
     """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
     lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
@@ -211,6 +215,7 @@ _FIXED = {
     "--res-schedule": "recipe.res_schedule",
     "--head-warmup": "recipe.head_warmup",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length
+    "--fsdp": "fsdp",  # the checkpoint's format (sharded folder or last.pt) follows it
 }
 """Options a resumed run refuses to change -> where they live in :class:`TrainConfig`."""
 _HONOURED = {
@@ -318,6 +323,10 @@ def validate_config(cfg: TrainConfig) -> None:
     from .distill import check_distill_config
 
     check_distill_config(cfg)
+    if cfg.fsdp:
+        from .fsdp import check_fsdp_config
+
+        check_fsdp_config(cfg)
     r = cfg.recipe
     if cfg.init:
         _check_init_matches(cfg)

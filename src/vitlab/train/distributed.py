@@ -33,10 +33,14 @@ class Dist:
         return self.rank == 0
 
 
-def setup(device: str) -> tuple[Dist, torch.device]:
+def setup(device: str, *, group: bool = False) -> tuple[Dist, torch.device]:
     """Join the process group when launched by torchrun; pick this process's device: ``device``
     resolved by :func:`vitlab.devices.resolve_device`, and a CUDA device without an index becomes
-    this process's GPU (``LOCAL_RANK`` under torchrun, else the current one)."""
+    this process's GPU (``LOCAL_RANK`` under torchrun, else the current one).
+
+    ``group``: a process group even for one process (``--fsdp`` shards over a group, and a sharded
+    run resumes on any number of processes, one included): without torchrun, a group of one held in
+    this process's memory (no port, no rendezvous)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device)
@@ -48,6 +52,9 @@ def setup(device: str) -> tuple[Dist, torch.device]:
         # On GPUs the small CPU tensors (stop flags, evaluation counts, RNG states) go through gloo:
         # a process group of NCCL alone refuses them ("No backend type associated with device type cpu").
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo")
+    elif group and not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     rank = dist.get_rank() if dist.is_initialized() else 0
     return Dist(rank, world, local), dev
 

@@ -5,10 +5,12 @@ position to start from. :class:`~vitlab.train.trainer.Trainer` adds the loop."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from . import report
 from .auto import fit_recipe_to_data
@@ -79,7 +81,18 @@ class TrainerSetup:
                 multiple=mc.patch_size * mc.stem_stride,
                 dynamic_pad=mc.dynamic_img_pad,
             )
-        self.run_model = distribute(self.net, cfg, dist=dist, device=device)
+        self.run_model = distribute(self.net, cfg, dist=dist, device=device, amp_dtype=self.amp_dtype)
+        if cfg.fsdp:
+            from .fsdp import shard_line
+
+            self.log(shard_line(self.net, dist, device=device, amp_dtype=self.amp_dtype))
+        elif dist.enabled and device.type == "cuda":
+            from .fsdp import ddp_memory_hint
+
+            params = sum(p.numel() for p in self.net.parameters())
+            memory = torch.cuda.get_device_properties(device).total_memory
+            if hint := ddp_memory_hint(params, world_size=dist.world_size, device_memory=memory):
+                self.log(hint)
         self.lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
         self.replan = Replanner()  # not due: resumed runs keep their plan
         if state is not None:
@@ -147,7 +160,7 @@ class TrainerSetup:
         (a collective under torchrun: every rank evaluates its shard)."""
         ev = evaluate(
             self.eval_model,
-            self.loaders.eval_loader,
+            self._eval_batches(),
             num_classes=self.data.num_classes,
             device=self.device,
             amp_dtype=self.amp_dtype,
@@ -155,3 +168,25 @@ class TrainerSetup:
         )
         h, w = self.model.config.img_size
         return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
+
+    def _eval_batches(self) -> Iterable[Any]:
+        """This rank's evaluation batches; with ``--fsdp`` kept in step with the other ranks'
+        (:func:`~vitlab.train.fsdp.lockstep`: every sharded forward is a collective)."""
+        if not self.cfg.fsdp:
+            return self.loaders.eval_loader
+        from .fsdp import lockstep
+
+        return lockstep(
+            self.loaders.eval_loader, net=self.eval_model, d=self.dist, device=self.device, amp_dtype=self.amp_dtype
+        )
+
+    def _exportable(self) -> nn.Module | None:
+        """The model ``model/`` is written from: the trained ViT; with ``--fsdp`` its full weights gathered
+        to rank 0 as a plain model (a collective; None on the other ranks)."""
+        from .mpp import unwrap
+
+        if not self.cfg.fsdp:
+            return unwrap(self.eval_model)
+        from .fsdp import full_model
+
+        return full_model(unwrap(self.eval_model), self.dist)

@@ -29,6 +29,7 @@ from .budget import _REPLAN_AT, _plan_budget, _steps_in_budget, warmup_for
 from .build import build_model, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint
 from .config import TrainConfig, resumed_config, validate_config
+from .dcp import prune, write_sharded
 from .distributed import any_rank, setup, teardown
 from .loaders import eval_shard
 from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
@@ -70,7 +71,7 @@ def fit(
 
     if cfg.objective not in OBJECTIVES:
         raise ConfigError(f"--objective {cfg.objective!r}: choose one of {', '.join(OBJECTIVES)}")
-    d, device = setup(cfg.device)
+    d, device = setup(cfg.device, group=cfg.fsdp)
     try:
         with StopSignals(single_process=not d.enabled) as stop, contextlib.ExitStack() as held:
             if d.is_main:
@@ -200,14 +201,14 @@ class Trainer(TrainerSetup):
     def _end_epoch(self, res: EpochResult) -> None:
         """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
         with ``--keep last``) and ``last.pt``, redraw the figures now and then."""
-        from .mpp import evaluate_mpp, unwrap
+        from .mpp import evaluate_mpp
 
-        p, cfg, d, lo = self.progress, self.cfg, self.dist, self.loaders
+        p, cfg, d = self.progress, self.cfg, self.dist
         kw: dict[str, Any] = {"device": self.device, "amp_dtype": self.amp_dtype, "dist": d}
         if cfg.objective == "mpp":
-            ev = evaluate_mpp(self.eval_model, lo.eval_loader, seed=cfg.seed, **kw)
+            ev = evaluate_mpp(self.eval_model, self._eval_batches(), seed=cfg.seed, **kw)
         else:
-            ev = evaluate(self.eval_model, lo.eval_loader, num_classes=self.data.num_classes, **kw)
+            ev = evaluate(self.eval_model, self._eval_batches(), num_classes=self.data.num_classes, **kw)
         self.last_eval = ev
         row = {
             "epoch": p.epoch + 1,
@@ -222,7 +223,8 @@ class Trainer(TrainerSetup):
         }
         if res.skipped:
             row["nan_skipped"] = res.skipped
-        improved = ev["top1"] > p.best
+        improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
+        exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
         p.best = max(p.best, ev["top1"])
         p.finish_epoch()
         self.bar.set_postfix(
@@ -231,8 +233,8 @@ class Trainer(TrainerSetup):
         if d.is_main:
             self.bar.line(report.epoch_line(row, epochs=self.plan["epochs"], num_classes=self.data.num_classes))
             report.append_metrics(row, self.out / "metrics.jsonl")
-            if improved or cfg.keep == "last":
-                report.save_run_model(unwrap(self.eval_model), self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)
+            if exported is not None:
+                report.save_run_model(exported, self.out / "model", cfg=cfg, ev=ev, epoch=p.epoch)
         self._checkpoint(micro_done=0)
         if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
             report.draw_figures(self.out, self.data.class_names, ev)
@@ -240,7 +242,19 @@ class Trainer(TrainerSetup):
 
     def _checkpoint(self, *, micro_done: int) -> None:
         """Save ``last.pt``: ``micro_done`` micro-batches into the current epoch (0: at its start). A
-        collective: every rank calls it (their RNG states are gathered), rank 0 writes the file."""
+        collective: every rank calls it (their RNG states are gathered), rank 0 writes the file. With
+        ``--fsdp`` every rank first writes its shards of the weights and optimizer state into the
+        folder ``last.pt`` then names (:mod:`vitlab.train.dcp`), and older such folders are deleted."""
+        sharded = None
+        if self.cfg.fsdp:
+            sharded = write_sharded(
+                self.out,
+                net=self.net,
+                optimizer=self.opt.optimizer,
+                step=self.progress.step,
+                d=self.dist,
+                device=self.device,
+            )
         torch_ranks = gather_torch_rng(self.dist, self.device)
         if self.dist.is_main:
             save_checkpoint(
@@ -255,7 +269,10 @@ class Trainer(TrainerSetup):
                 micro_done=micro_done,
                 torch_ranks=torch_ranks,
                 data_fingerprint=self.data_fingerprint,
+                sharded=sharded,
             )
+            if sharded is not None:
+                prune(self.out, keep=sharded)
         self.last_save = time.perf_counter()
 
     def _wall_s(self) -> float:
