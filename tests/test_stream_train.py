@@ -82,18 +82,22 @@ def test_eval_reads_the_packed_folder_and_a_pattern(packed, full_run, tmp_path, 
     assert "not built" in capsys.readouterr().err
 
 
-def test_two_processes_stopped_mid_epoch_resume_on_one(packed, full_run, tmp_path):
-    """torchrun with 2 gloo processes, stopped after 4 of 6 steps, resumed by one process: the epoch's remaining
-    samples, each once, and the same samples at the same positions as the single-process run."""
+@pytest.mark.parametrize("extra", [[], ["--fsdp", "--grad-checkpointing"]], ids=["ddp", "fsdp"])
+def test_two_processes_stopped_mid_epoch_resume_on_one(packed, full_run, tmp_path, extra):
+    """torchrun with 2 gloo processes (DDP, or FSDP2 with activation checkpointing and sharded checkpoints),
+    stopped after 4 of 6 steps, resumed by one process: the epoch's remaining samples, each once, and the same
+    samples at the same positions as the single-process run."""
     out, log = tmp_path / "run", tmp_path / "trace.tsv"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", TRACE_ENV: str(log)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitlab"]
-    cmd += ["train", "--data", str(packed), "--out", str(out), "--workers", "1", "--stop-after", "4", *ARGS]
+    cmd += ["train", "--data", str(packed), "--out", str(out), "--workers", "1", "--stop-after", "4", *ARGS, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     if proc.returncode != 0 and "training vit_" not in proc.stdout:  # torchrun's rendezvous port race: once more
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert load_state(out / "last.pt")["samples_in_epoch"] == 32
+    state = load_state(out / "last.pt")
+    assert state["samples_in_epoch"] == 32
+    assert ("sharded" in state) == bool(extra)  # FSDP: the weights are in a DCP folder, not in last.pt
     resume = [sys.executable, "-m", "vitlab", "train", "--out", str(out), "--resume", "--no-progress"]
     proc = subprocess.run(resume, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -103,3 +107,4 @@ def test_two_processes_stopped_mid_epoch_resume_on_one(packed, full_run, tmp_pat
         rows = {p: k for e, p, k in seen if e == epoch}
         assert sorted(rows) == list(range(48)) and len([1 for e, *_ in seen if e == epoch]) == 48
     assert sorted(seen) == sorted(trace(full_run / "trace.tsv"))
+    assert json.loads((out / "summary.json").read_text())["steps"] == 12
