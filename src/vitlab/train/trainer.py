@@ -30,7 +30,7 @@ from .build import build_model, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint
 from .config import TrainConfig, resumed_config, validate_config
 from .dcp import prune, write_sharded
-from .distributed import any_rank, setup, teardown
+from .distributed import any_rank, barrier, setup, teardown
 from .loaders import eval_shard
 from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
 from .resolution import resize_batch, size_at
@@ -78,7 +78,9 @@ def fit(
                 held.enter_context(FolderLock(out))
                 if state is None:
                     claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=print)
-            return Trainer(cfg=cfg, dist=d, device=device, out=out, state=state, stop=stop).run()
+            summary = Trainer(cfg=cfg, dist=d, device=device, out=out, state=state, stop=stop).run()
+        barrier(d)  # no process tears its group down while another still writes its results or talks to it
+        return summary
     finally:
         teardown()
 
