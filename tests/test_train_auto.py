@@ -83,6 +83,8 @@ def _train(args, tmp_path, capsys):
 
 
 def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_path, capsys, monkeypatch):
+    from vitlab.train import auto
+
     data = tiny_folder(tmp_path / "data", per_class=16, size=16)
     out = tmp_path / "run"
     base = ["train", "--data", str(data), "--out", str(out), "--epochs", "2"]
@@ -95,9 +97,7 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
     assert s["recipe"] == "auto" and s["recipe_chosen"] == line
     rc = s["recipe_config"]
     assert (rc["batch_size"], rc["mixup"], rc["randaugment"], rc["warmup_fraction"]) == (8, 0.4, None, 0.1)
-    assert rc["arch"] == {"patch_size": 2, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}
-
-    from vitlab.train import auto
+    assert rc["arch"] == {"patch_size": 2, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256, **auto.PLAIN}
 
     def refit(**_):
         raise AssertionError("a resumed run must keep its recipe, not fit a new one")
@@ -107,6 +107,8 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
     assert code == 0 and "auto: " not in text
     s2 = json.loads((out / "summary.json").read_text())
     assert s2["recipe_config"] == rc and s2["recipe_chosen"] == line and s2["steps"] == 12
+    model = json.loads((out / "model" / "config.json").read_text())
+    assert (model["posemb"], model["pool"], model["class_token"]) == ("sincos2d", "gap", False)
 
 
 def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
@@ -282,3 +284,14 @@ def test_head_warmup_and_freeze_exclude_each_other(tmp_path, capsys):
     args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(tmp_path / "ft")]
     code = main([*args, "--freeze", "--head-warmup", "2", "--cache-dir", str(tmp_path / "cache")])
     assert code == 2 and "--freeze already trains only the head" in capsys.readouterr().err
+
+
+def test_auto_model_layout_yields_to_the_users_flags(tmp_path, capsys):
+    """``--pool cls`` / ``--posemb learn`` on the command line win over the layout auto picks."""
+    data = tiny_folder(tmp_path / "data", per_class=8, size=16)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--epochs", "1", "--pool", "cls", "--posemb", "learn"]
+    code, _ = _train(args, tmp_path, capsys)
+    assert code == 0
+    model = json.loads((out / "model" / "config.json").read_text())
+    assert (model["posemb"], model["pool"], model["class_token"]) == ("learn", "cls", True)

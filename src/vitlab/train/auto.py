@@ -23,7 +23,10 @@ optimiser steps per epoch; the AdamW LR is 2e-3 at batch 128 (the LR this projec
 for short schedules, docs/cifar10.md), scaled by the square root of the batch (the usual rule for Adam-type
 optimisers); the warmup is 10% of the planned steps (5% from 5,000 steps).
 Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
-will see) with a patch size that gives about an 8 x 8 grid of tokens.
+will see) with a patch size that gives about an 8 x 8 grid of tokens, fixed 2-D sine-cosine position
+embeddings and global average pooling without a class token (:data:`PLAIN`): Beyer et al. 2022, "Better
+plain ViT baselines for ImageNet-1k", and this project's CIFAR-10 sweep (docs/cifar10.md) found both
+better than the paper's learned 1-D embeddings and class token when data or schedules are small.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 
 from .recipes import RECIPES, Recipe
 
-__all__ = ["LEVELS", "MODELS", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
+__all__ = ["LEVELS", "MODELS", "PLAIN", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
 
 LEVELS: dict[str, dict[str, Any]] = {
     "minimal": {
@@ -81,6 +84,9 @@ MODELS: list[tuple[str, int, dict[str, int]]] = [
 """``(name, images seen from which it is chosen, ViT fields)``; "base" is the ``small-data`` recipe's
 CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallower, narrower versions."""
 
+PLAIN: dict[str, Any] = {"posemb": "sincos2d", "pool": "gap", "class_token": False}
+"""The token layout of every model ``auto`` picks (``--pool cls`` or ``--posemb learn`` override it)."""
+
 _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) to estimate how many images a
 ``--time-budget`` run will see before its model is built and timed; only the model size and the
@@ -120,7 +126,7 @@ def auto_arch(
     images_seen: float | None = None,
     time_budget: float | None = None,
     device_type: str = "cpu",
-) -> tuple[str, dict[str, int]]:
+) -> tuple[str, dict[str, Any]]:
     """``(name, ViT fields)`` of the :data:`MODELS` entry for the budget: by ``images_seen`` (epochs x images),
     or for a ``time_budget`` in seconds the largest model that sees its share of images in it at an
     estimated throughput (:data:`_MACS_PER_S`)."""
@@ -133,8 +139,8 @@ def auto_arch(
                 time_budget * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
             )
         if seen is not None and seen >= least:
-            return name, arch
-    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2]}
+            return name, {**arch, **PLAIN}
+    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2], **PLAIN}
 
 
 def auto_recipe(
@@ -196,7 +202,8 @@ def auto_recipe(
         f"{passes:.0f} passes -> {level} aug ({why}): crop {aug['crop_scale'][0]:g}-1, flip, LS 0.1, {ra}, {mix}, "
         f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
         f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
-        f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']})"
+        f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']}, "
+        "sin-cos 2-D position embeddings, GAP)"
     )
     return recipe, reason
 
