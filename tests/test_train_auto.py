@@ -249,7 +249,9 @@ def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     assert code == 0 and "finetune on 162 images: batch 8" in text
     rc = json.loads((out / "summary.json").read_text())["recipe_config"]
     assert (rc["batch_size"], rc["warmup_steps"], rc["warmup_fraction"], rc["optimizer"]) == (8, 0, 0.05, "sgd")
-    assert get_recipe("finetune").scaled_lr(8) == pytest.approx(0.03 * 8 / 512)
+    assert get_recipe("finetune").scaled_lr(8) == pytest.approx(0.03 * 8 / 512)  # a named recipe: linear
+    assert (rc["lr"], rc["base_batch"]) == (pytest.approx(0.03 * (8 / 512) ** 0.5), 8)  # fitted: square root
+    assert "lr 0.0037 (0.03 at batch 512, scaled by the square root of the batch)" in text
     # a batch the user asks for is kept (and still refused when larger than the data)
     code = main([*args, "--overwrite", "--batch-size", "512", "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
     assert code == 2 and "--batch-size 512 is larger than the training set" in capsys.readouterr().err

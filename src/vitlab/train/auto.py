@@ -222,10 +222,11 @@ def fit_recipe_to_data(
 ) -> Any:
     """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
     ``auto`` recipe resolved (:func:`auto_recipe`), or the ``finetune`` recipe's batch scaled down to the
-    data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512) and its
-    warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user set (``cfg.recipe_given``)
-    are kept. ``cfg.resolved`` then holds the line that says what was chosen; a config already resolved
-    (a resumed run) is returned unchanged."""
+    data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512), its LR
+    with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
+    docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user
+    set (``cfg.recipe_given``) are kept. ``cfg.resolved`` then holds the line that says what was chosen; a
+    config already resolved (a resumed run) is returned unchanged."""
     r = cfg.recipe
     if cfg.resolved is not None or cfg.objective != "classify":
         return cfg
@@ -259,13 +260,16 @@ def fit_recipe_to_data(
     if r.name == "finetune" and cfg.init:
         changes: dict[str, Any] = {}
         if "batch_size" not in given:
-            changes["batch_size"] = auto_batch(n_train, cap=r.batch_size)
+            changes["batch_size"] = b = auto_batch(n_train, cap=r.batch_size)
+            if "lr" not in given and r.base_batch:  # a smaller batch, fewer examples: the LR by the square root
+                changes.update(lr=r.lr * math.sqrt(b / r.base_batch), base_batch=b)
         if not {"warmup_steps", "warmup_epochs"} & set(given):
             changes.update(warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.05)
         new = r.replace(**changes)
         reason = (
             f"finetune on {n_train:,} images: batch {new.batch_size} (at most 1/16 of the data, up to 512), "
-            f"lr {new.scaled_lr(new.batch_size):.2g} (0.03 at batch 512, scaled linearly), {new.epochs} epochs, "
+            f"lr {new.scaled_lr(new.batch_size):.2g} (0.03 at batch 512, scaled by the square root of the batch), "
+            f"{new.epochs} epochs, "
             f"warmup {'as given' if 'warmup_fraction' not in changes else '5% of the steps'}"
         )
         return dataclasses.replace(cfg, recipe=new, resolved=reason)
