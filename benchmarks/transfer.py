@@ -182,19 +182,22 @@ def build_tasks(root: Path, s: Scale, seeds: list[int], vitlab: list[str]) -> di
     dev = {arm: [f"dev/{arm}/{g.replace(':', '_')}" for g in s.grid] for arm in ("scratch", "sup", "mpp")}
     for seed in seeds:
         p = f"s{seed}"
-        arms = {  # name: (arm that picks the LR, epochs, image size)
-            "scratch": ("scratch", s.ft_epochs, s.img),
-            "scratch_total": ("scratch", s.total_epochs, s.img),
-            "sup": ("sup", s.ft_epochs, s.img),
-            "sup_hires": ("sup", s.ft_epochs, s.hires),
-            "mpp": ("mpp", s.ft_epochs, s.img),
+        arms = {  # name: (arm: its init and the dev runs that pick its LR, epochs, image size, tuned)
+            "scratch": ("scratch", s.ft_epochs, s.img, True),
+            "scratch_total": ("scratch", s.total_epochs, s.img, True),
+            "sup": ("sup", s.ft_epochs, s.img, True),
+            "sup_hires": ("sup", s.ft_epochs, s.hires, True),
+            "mpp": ("mpp", s.ft_epochs, s.img, True),
+            "scratch_default": ("scratch", s.ft_epochs, s.img, False),  # what a user gets: the command's defaults
+            "sup_default": ("sup", s.ft_epochs, s.img, False),
         }
-        for name, (arm, epochs, size) in arms.items():
+        for name, (arm, epochs, size, tuned) in arms.items():
             out = f"{p}/{name}"
-            deps = dev[arm] + ([] if arm == "scratch" else [f"{p}/{arm}_pretrain"])
-            add(out, lambda arm=arm, epochs=epochs, size=size, out=out, seed=seed: [
+            deps = (dev[arm] if tuned else []) + ([] if arm == "scratch" else [f"{p}/{arm}_pretrain"])
+            add(out, lambda arm=arm, epochs=epochs, size=size, out=out, seed=seed, tuned=tuned: [
                 *init(arm, seed), "--data", str(d / "target"), "--out", str(root / out), "--img-size", str(size),
-                *_classify(s, epochs), *_opt(choice(arm)), "--seed", str(seed), *run], deps)  # fmt: skip
+                *([*_classify(s, epochs), *_opt(choice(arm))] if tuned else ["--epochs", str(epochs)]),
+                "--seed", str(seed), *run], deps)  # fmt: skip
             add(f"{out}/test", lambda out=out: [
                 *vitlab, "eval", "--model", str(root / out / "model"), "--data", str(d / "target_eval"),
                 "--output", str(root / out / "test" / "eval.json")], [out])  # fmt: skip
@@ -287,7 +290,7 @@ def tables(root: Path, seeds: list[int], s: Scale) -> tuple[str, dict]:
     for seed in seeds:
         p = root / f"s{seed}"
         r = raw[seed] = {}
-        for name in ("scratch", "scratch_total", "sup", "sup_hires", "mpp"):
+        for name in ("scratch", "scratch_total", "sup", "sup_hires", "mpp", "scratch_default", "sup_default"):
             ev = json.loads((p / name / "test" / "eval.json").read_text())
             summ = _summary(p / name)
             r[name] = {"top1": 100 * ev["top1"], "steps": summ["steps"], "wall_s": summ["wall_s"]}
@@ -312,9 +315,12 @@ def tables(root: Path, seeds: list[int], s: Scale) -> tuple[str, dict]:
         ("supervised pre-training on the source, then fine-tuned", "sup_pretrain", "sup", "sup"),
         ("MPP on 50k unlabelled images, then fine-tuned", "mpp_pretrain", "mpp", "mpp"),
         (f"supervised pre-training, fine-tuned at {s.hires} px", "sup_pretrain", "sup_hires", "sup"),
+        ("scratch, `vitlab train` defaults (recipe auto)", None, "scratch_default", None),
+        ("supervised pre-training, `vitlab finetune` defaults (recipe finetune)", "sup_pretrain", "sup_default", None),
     ]
     for label, pre, key, arm in rows:
-        out.append(f"| {label} | {steps(pre) if pre else 0} | {steps(key)} | {col(key)} | {chosen[arm]} |")
+        lr = chosen[arm] if arm else "the command's default"
+        out.append(f"| {label} | {steps(pre) if pre else 0} | {steps(key)} | {col(key)} | {lr} |")
     out += ["", "Pre-training: " + f"source top-1 {col('sup_pretrain')}; MPP colour top-1 {col('mpp_pretrain')}.", ""]
     shots = s.shots.split(",")
     out += ["| few-shot linear (frozen features) | " + " | ".join(f"{k}-shot" for k in shots) + " |"]

@@ -50,13 +50,15 @@ def test_smoke_runs_every_arm_and_resumes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     raw = last["raw"]["0"]
-    for arm in ("scratch", "scratch_total", "sup", "sup_hires", "mpp"):
+    for arm in ("scratch", "scratch_total", "sup", "sup_hires", "mpp", "scratch_default", "sup_default"):
         assert 0 <= raw[arm]["top1"] <= 100
     assert raw["scratch_total"]["steps"] > raw["scratch"]["steps"] == raw["sup"]["steps"] == raw["mpp"]["steps"]
     assert set(raw["fewshot_random"]) == {"1", "2"}
     commands = (tmp_path / "commands.sh").read_text().splitlines()
     assert any(" finetune --init " in c and "--img-size 12" in c for c in commands)  # the 1.5x fine-tune
     assert any(" train --objective mpp " in c for c in commands)
+    defaults = [c for c in commands if "/sup_default " in c]  # the plain command a user would type: no recipe flags
+    assert len(defaults) == 1 and " --lr " not in defaults[0] and " --recipe " not in defaults[0]
     assert "| few-shot linear" in (tmp_path / "results.md").read_text()
     chosen = json.loads((tmp_path / "dev" / "sup.json").read_text())
     assert chosen["chosen"] in chosen["scores"]
