@@ -32,7 +32,6 @@ import json
 import os
 import random
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from transfer_report import smoke_data, summary, tables
 
 ANIMALS = ("bird", "cat", "deer", "dog", "frog", "horse")
 VEHICLES = ("airplane", "automobile", "ship", "truck")
@@ -182,22 +183,35 @@ def build_tasks(root: Path, s: Scale, seeds: list[int], vitlab: list[str]) -> di
     dev = {arm: [f"dev/{arm}/{g.replace(':', '_')}" for g in s.grid] for arm in ("scratch", "sup", "mpp")}
     for seed in seeds:
         p = f"s{seed}"
-        arms = {  # name: (arm that picks the LR, epochs, image size)
-            "scratch": ("scratch", s.ft_epochs, s.img),
-            "scratch_total": ("scratch", s.total_epochs, s.img),
-            "sup": ("sup", s.ft_epochs, s.img),
-            "sup_hires": ("sup", s.ft_epochs, s.hires),
-            "mpp": ("mpp", s.ft_epochs, s.img),
+        arms = {  # name: (arm: its init and the dev runs that pick its LR, epochs, image size, tuned)
+            "scratch": ("scratch", s.ft_epochs, s.img, True),
+            "scratch_total": ("scratch", s.total_epochs, s.img, True),
+            "sup": ("sup", s.ft_epochs, s.img, True),
+            "sup_hires": ("sup", s.ft_epochs, s.hires, True),
+            "mpp": ("mpp", s.ft_epochs, s.img, True),
+            "scratch_default": ("scratch", s.ft_epochs, s.img, False),  # what a user gets: the command's defaults
+            "sup_default": ("sup", s.ft_epochs, s.img, False),
         }
-        for name, (arm, epochs, size) in arms.items():
+        for name, (arm, epochs, size, tuned) in arms.items():
             out = f"{p}/{name}"
-            deps = dev[arm] + ([] if arm == "scratch" else [f"{p}/{arm}_pretrain"])
-            add(out, lambda arm=arm, epochs=epochs, size=size, out=out, seed=seed: [
+            deps = (dev[arm] if tuned else []) + ([] if arm == "scratch" else [f"{p}/{arm}_pretrain"])
+            add(out, lambda arm=arm, epochs=epochs, size=size, out=out, seed=seed, tuned=tuned: [
                 *init(arm, seed), "--data", str(d / "target"), "--out", str(root / out), "--img-size", str(size),
-                *_classify(s, epochs), *_opt(choice(arm)), "--seed", str(seed), *run], deps)  # fmt: skip
+                *([*_classify(s, epochs), *_opt(choice(arm))] if tuned else ["--epochs", str(epochs)]),
+                "--seed", str(seed), *run], deps)  # fmt: skip
             add(f"{out}/test", lambda out=out: [
                 *vitlab, "eval", "--model", str(root / out / "model"), "--data", str(d / "target_eval"),
                 "--output", str(root / out / "test" / "eval.json")], [out])  # fmt: skip
+        for arm in ("scratch", "sup", "mpp"):  # sensitivity: every grid LR trained on the 1,000 and tested
+            for g in s.grid:
+                out = f"{p}/grid/{arm}/{g.replace(':', '_')}"
+                deps = [] if arm == "scratch" else [f"{p}/{arm}_pretrain"]
+                add(out, lambda arm=arm, g=g, out=out, seed=seed: [
+                    *init(arm, seed), "--data", str(d / "target"), "--out", str(root / out), "--img-size", str(s.img),
+                    *_classify(s, s.ft_epochs), *_opt(g), "--seed", str(seed), *run], deps)  # fmt: skip
+                add(f"{out}/test", lambda out=out: [
+                    *vitlab, "eval", "--model", str(root / out / "model"), "--data", str(d / "target_eval"),
+                    "--output", str(root / out / "test" / "eval.json")], [out])  # fmt: skip
         for model in ("sup_pretrain", "mpp_pretrain", "random"):
             deps = [f"{p}/sup_pretrain"] + ([f"{p}/{model}"] if model != "random" else [])
             src = root / p / model / "model"
@@ -214,14 +228,10 @@ def build_tasks(root: Path, s: Scale, seeds: list[int], vitlab: list[str]) -> di
 
 def select(root: Path, arm: str, grid: tuple[str, ...]) -> str:
     """The grid point with the best final-epoch accuracy on the 200 dev images (ties: the first)."""
-    scores = {g: _summary(root / f"dev/{arm}/{g.replace(':', '_')}")["top1"] for g in grid}
+    scores = {g: summary(root / f"dev/{arm}/{g.replace(':', '_')}")["top1"] for g in grid}
     best = max(grid, key=lambda g: scores[g])
     (root / "dev" / f"{arm}.json").write_text(json.dumps({"scores": scores, "chosen": best}, indent=1))
     return best
-
-
-def _summary(folder: Path) -> dict:
-    return json.loads((folder / "summary.json").read_text())
 
 
 def random_init(template: str, out: str, seed: int) -> None:
@@ -273,78 +283,6 @@ def run_tasks(root: Path, tasks: dict[str, Task], *, jobs: int, log: Callable[[s
                 log(f"done {t.name} in {secs:.0f} s ({len(done)}/{len(tasks)})")
 
 
-def _stats(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    m = statistics.mean(xs)
-    spread = f" ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else ""
-    return f"{m:.2f}{spread} ({', '.join(f'{x:.2f}' for x in xs)})"
-
-
-def tables(root: Path, seeds: list[int], s: Scale) -> tuple[str, dict]:
-    """Markdown tables (mean ± std over seeds, then each seed) and the raw numbers as JSON."""
-    raw: dict = {}
-    for seed in seeds:
-        p = root / f"s{seed}"
-        r = raw[seed] = {}
-        for name in ("scratch", "scratch_total", "sup", "sup_hires", "mpp"):
-            ev = json.loads((p / name / "test" / "eval.json").read_text())
-            summ = _summary(p / name)
-            r[name] = {"top1": 100 * ev["top1"], "steps": summ["steps"], "wall_s": summ["wall_s"]}
-        for name in ("sup_pretrain", "mpp_pretrain"):
-            summ = _summary(p / name)
-            r[name] = {"top1": 100 * summ["top1"], "steps": summ["steps"], "wall_s": summ["wall_s"]}
-        for model in ("sup_pretrain", "mpp_pretrain", "random"):
-            r[f"fewshot_{model}"] = _fewshot(p / f"fewshot_{model}")
-
-    def col(key: str, field: str = "top1") -> str:
-        return _stats([raw[x][key][field] for x in seeds])
-
-    def steps(key: str) -> str:
-        return str(raw[seeds[0]][key]["steps"])
-
-    chosen = {a: json.loads((root / "dev" / f"{a}.json").read_text())["chosen"] for a in ("scratch", "sup", "mpp")}
-    out = [f"Seeds {', '.join(map(str, seeds))}; test top-1 (%) on the target's test split, mean ± std (each seed).\n"]
-    out += ["| arm | pre-training steps | target steps | test top-1 | LR (chosen on dev) |", "|---|---:|---:|---:|---|"]
-    rows = [
-        ("scratch, fine-tuning compute", None, "scratch", "scratch"),
-        ("scratch, pre-training + fine-tuning compute", None, "scratch_total", "scratch"),
-        ("supervised pre-training on the source, then fine-tuned", "sup_pretrain", "sup", "sup"),
-        ("MPP on 50k unlabelled images, then fine-tuned", "mpp_pretrain", "mpp", "mpp"),
-        (f"supervised pre-training, fine-tuned at {s.hires} px", "sup_pretrain", "sup_hires", "sup"),
-    ]
-    for label, pre, key, arm in rows:
-        out.append(f"| {label} | {steps(pre) if pre else 0} | {steps(key)} | {col(key)} | {chosen[arm]} |")
-    out += ["", "Pre-training: " + f"source top-1 {col('sup_pretrain')}; MPP colour top-1 {col('mpp_pretrain')}.", ""]
-    shots = s.shots.split(",")
-    out += ["| few-shot linear (frozen features) | " + " | ".join(f"{k}-shot" for k in shots) + " |"]
-    out += ["|---|" + "---:|" * len(shots)]
-    for model, label in (("sup_pretrain", "supervised pre-training"), ("mpp_pretrain", "MPP"), ("random", "random")):
-        cells = [_stats([raw[x][f"fewshot_{model}"][k] for x in seeds]) for k in shots]
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n", raw
-
-
-def _fewshot(folder: Path) -> dict[str, float]:
-    res = json.loads((folder / "fewshot.json").read_text())
-    return {str(k): 100 * r["mean"] for k, r in res["fewshot"].items()}
-
-
-def _smoke_data(root: Path) -> Path:
-    """Four classes of tiny generated images (two source, two target), each class its own colour."""
-    from PIL import Image
-
-    data = root / "cifar"
-    for split, n in (("train", 14), ("test", 4)):
-        for k, c in enumerate(("src_a", "src_b", "tgt_a", "tgt_b")):
-            (data / split / c).mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                rng = random.Random(f"{split}{c}{i}")
-                px = bytes(min(255, max(0, 60 * k + rng.randrange(-40, 40))) for _ in range(8 * 8 * 3))
-                Image.frombytes("RGB", (8, 8), px).save(data / split / c / f"{i:04d}.png")
-    return data
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help="CIFAR-10 as an ImageFolder (train/<class>, test/<class>)")
@@ -361,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     root = a.out or (Path(tempfile.mkdtemp(prefix="transfer-smoke-")) if a.smoke else Path("runs/transfer"))
     root.mkdir(parents=True, exist_ok=True)
     if a.smoke:
-        data, groups = _smoke_data(root), (("src_a", "src_b"), ("tgt_a", "tgt_b"))
+        data, groups = smoke_data(root), (("src_a", "src_b"), ("tgt_a", "tgt_b"))
     elif a.data is None:
         ap.error("--data is required (or --smoke)")
     else:
@@ -371,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = build_tasks(root, scale, seeds, vitlab)
     t0 = time.perf_counter()
     run_tasks(root, tasks, jobs=a.jobs, log=lambda m: print(m, flush=True))
-    md, raw = tables(root, seeds, scale)
+    md, raw = tables(root, seeds, hires=scale.hires, shots=scale.shots, grid=scale.grid)
     (root / "results.md").write_text(md)
     print(md)
     print(json.dumps({"out": str(root), "seeds": seeds, "wall_s": round(time.perf_counter() - t0, 1), "raw": raw}))

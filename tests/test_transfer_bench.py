@@ -14,6 +14,7 @@ SCRIPT = ROOT / "benchmarks" / "transfer.py"
 
 
 def _module():
+    sys.path.insert(0, str(SCRIPT.parent))  # transfer.py imports its sibling transfer_report, as when run as a script
     spec = importlib.util.spec_from_file_location("transfer_bench", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules["transfer_bench"] = mod  # dataclasses look their module up by name
@@ -27,7 +28,7 @@ def _names(folder: Path) -> set[str]:
 
 def test_splits_are_disjoint_and_stratified(tmp_path: Path) -> None:
     tb = _module()
-    data = tb._smoke_data(tmp_path)
+    data = tb.smoke_data(tmp_path)
     s = tb.SMOKE
     root = tmp_path / "splits"
     tb.make_splits(data, root, s, source=("src_a", "src_b"), target=("tgt_a", "tgt_b"))
@@ -50,13 +51,16 @@ def test_smoke_runs_every_arm_and_resumes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     raw = last["raw"]["0"]
-    for arm in ("scratch", "scratch_total", "sup", "sup_hires", "mpp"):
+    for arm in ("scratch", "scratch_total", "sup", "sup_hires", "mpp", "scratch_default", "sup_default"):
         assert 0 <= raw[arm]["top1"] <= 100
     assert raw["scratch_total"]["steps"] > raw["scratch"]["steps"] == raw["sup"]["steps"] == raw["mpp"]["steps"]
     assert set(raw["fewshot_random"]) == {"1", "2"}
+    assert raw["grid/sup/adamw:1e-3"]["top1"] == raw["sup"]["top1"]  # the one grid point is the chosen arm
     commands = (tmp_path / "commands.sh").read_text().splitlines()
     assert any(" finetune --init " in c and "--img-size 12" in c for c in commands)  # the 1.5x fine-tune
     assert any(" train --objective mpp " in c for c in commands)
+    defaults = [c for c in commands if "/sup_default " in c]  # the plain command a user would type: no recipe flags
+    assert len(defaults) == 1 and " --lr " not in defaults[0] and " --recipe " not in defaults[0]
     assert "| few-shot linear" in (tmp_path / "results.md").read_text()
     chosen = json.loads((tmp_path / "dev" / "sup.json").read_text())
     assert chosen["chosen"] in chosen["scores"]
