@@ -108,7 +108,7 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
     s2 = json.loads((out / "summary.json").read_text())
     assert s2["recipe_config"] == rc and s2["recipe_chosen"] == line and s2["steps"] == 12
     model = json.loads((out / "model" / "config.json").read_text())
-    assert (model["posemb"], model["pool"], model["class_token"]) == ("sincos2d", "gap", False)
+    assert (model["posemb"], model["pool"], model["class_token"]) == ("sincos2d", "cls", True)
 
 
 def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
@@ -289,11 +289,11 @@ def test_head_warmup_and_freeze_exclude_each_other(tmp_path, capsys):
 
 
 def test_auto_model_layout_yields_to_the_users_flags(tmp_path, capsys):
-    """``--pool cls`` / ``--posemb learn`` on the command line win over the layout auto picks."""
+    """``--pool gap`` / ``--posemb learn`` on the command line win over the layout auto picks."""
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     out = tmp_path / "run"
-    args = ["train", "--data", str(data), "--out", str(out), "--epochs", "1", "--pool", "cls", "--posemb", "learn"]
+    args = ["train", "--data", str(data), "--out", str(out), "--epochs", "1", "--pool", "gap", "--posemb", "learn"]
     code, _ = _train(args, tmp_path, capsys)
     assert code == 0
     model = json.loads((out / "model" / "config.json").read_text())
-    assert (model["posemb"], model["pool"], model["class_token"]) == ("learn", "cls", True)
+    assert (model["posemb"], model["pool"], model["class_token"]) == ("learn", "gap", False)

@@ -23,10 +23,11 @@ optimiser steps per epoch; the AdamW LR is 2e-3 at batch 128 (the LR this projec
 for short schedules, docs/cifar10.md), scaled by the square root of the batch (the usual rule for Adam-type
 optimisers); the warmup is 10% of the planned steps (5% from 5,000 steps).
 Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
-will see) with a patch size that gives about an 8 x 8 grid of tokens, fixed 2-D sine-cosine position
-embeddings and global average pooling without a class token (:data:`PLAIN`): Beyer et al. 2022, "Better
-plain ViT baselines for ImageNet-1k", and this project's CIFAR-10 sweep (docs/cifar10.md) found both
-better than the paper's learned 1-D embeddings and class token when data or schedules are small.
+will see) with a patch size that gives about an 8 x 8 grid of tokens, the paper's class token and fixed
+2-D sine-cosine position embeddings (:data:`PLAIN`) instead of learned ones: Beyer et al. 2022 ("Better
+plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
+better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
+measurements behind keeping the class token.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ MODELS: list[tuple[str, int, dict[str, int]]] = [
 """``(name, images seen from which it is chosen, ViT fields)``; "base" is the ``small-data`` recipe's
 CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallower, narrower versions."""
 
-PLAIN: dict[str, Any] = {"posemb": "sincos2d", "pool": "gap", "class_token": False}
-"""The token layout of every model ``auto`` picks (``--pool cls`` or ``--posemb learn`` override it)."""
+PLAIN: dict[str, Any] = {"posemb": "sincos2d"}
+"""The position embeddings of every model ``auto`` picks (``--posemb learn`` overrides them)."""
 
 _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) to estimate how many images a
@@ -203,7 +204,7 @@ def auto_recipe(
         f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
         f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
         f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']}, "
-        "sin-cos 2-D position embeddings, GAP)"
+        "sin-cos 2-D position embeddings)"
     )
     return recipe, reason
 
