@@ -21,6 +21,7 @@ __all__ = [
     "FolderLockedError",
     "atomic_write_text",
     "default_file_mode",
+    "fsync_dir",
     "remove_stale",
     "removed_if_unused",
     "temp_path",
@@ -86,6 +87,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (the folder's entry, not only the file's data)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # some file systems cannot fsync a directory
+        pass
 
 
 def remove_stale(folder: Path, prefix: str) -> None:

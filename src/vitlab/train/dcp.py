@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._fs import fsync_dir
 from ..errors import CheckpointError
 from .distributed import Dist, barrier, broadcast_ints
 
@@ -63,7 +64,7 @@ def write_sharded(
     barrier(d)
     if d.is_main:
         os.replace(tmp, root / name)
-        _fsync_dir(root)
+        fsync_dir(root)
     return f"{SHARDED_DIR}/{name}"
 
 
@@ -105,14 +106,3 @@ def _cause(e: BaseException) -> str:
         return e.strerror
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # some file systems cannot fsync a directory
-        pass

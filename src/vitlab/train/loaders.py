@@ -30,6 +30,7 @@ __all__ = [
     "data_fingerprint",
     "eval_shard",
     "load_run_data",
+    "micro_batch",
     "run_data_fingerprint",
 ]
 
@@ -225,6 +226,16 @@ class Loaders:
         )
 
 
+def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
+    """Images per forward pass on each process; the global batch must split evenly over both."""
+    micro = batch_size // (world_size * accum_steps)
+    if micro < 1 or micro * world_size * accum_steps != batch_size:
+        raise ConfigError(
+            f"--batch-size {batch_size} must be a multiple of processes x --accum-steps = {world_size * accum_steps}"
+        )
+    return micro
+
+
 def build_loaders(
     cfg: TrainConfig, *, data: DataSplits, model_config: ViTConfig, dist: Dist, device: torch.device, workers: int
 ) -> Loaders:
@@ -241,12 +252,7 @@ def build_loaders(
             cfg, data=data, model_config=model_config, dist=dist, device=device, workers=workers
         )
     r, mcfg = cfg.recipe, model_config
-    micro = r.batch_size // (dist.world_size * r.accum_steps)
-    if micro < 1 or micro * dist.world_size * r.accum_steps != r.batch_size:
-        raise ConfigError(
-            f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = "
-            f"{dist.world_size * r.accum_steps}"
-        )
+    micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
     tf_train = train_transform(
         img_size=mcfg.img_size,
         mean=mcfg.mean,

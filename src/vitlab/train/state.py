@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._fs import remove_stale, temp_path
+from .._fs import fsync_dir, remove_stale, temp_path
 from ..checkpoints.files import torch_load_safe
 from ..errors import CheckpointError
 
@@ -42,14 +42,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
             kept = f"the previous {path.name} is kept" if path.is_file() else f"no {path.name} was written"
             raise CheckpointError(f"{path}: cannot write the checkpoint ({e.strerror or e}); {kept}") from None
         raise
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # some file systems cannot fsync a directory
-        pass
+    fsync_dir(path.parent)
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist
-from .loaders import Loaders
+from .loaders import Loaders, micro_batch
 from .loop import ignore_stop_signals
 
 if TYPE_CHECKING:
@@ -111,12 +111,7 @@ def build_stream_loaders(
     from ..data.stream import EvalDecode, ShardStream, StreamBatches, TrainDecode
 
     r, mcfg = cfg.recipe, model_config
-    micro = r.batch_size // (dist.world_size * r.accum_steps)
-    if micro < 1 or micro * dist.world_size * r.accum_steps != r.batch_size:
-        raise ConfigError(
-            f"--batch-size {r.batch_size} must be a multiple of processes x --accum-steps = "
-            f"{dist.world_size * r.accum_steps}"
-        )
+    micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
     steps_per_epoch = len(data.train) // r.batch_size
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
