@@ -20,12 +20,13 @@ from vitlab.train.schedule import lr_factor
 # n_train, epochs -> batch, steps, level, model
 RULES = [
     (10_000, 5, 128, 390, "minimal", "tiny"),
-    (10_000, 30, 128, 2340, "medium", "small"),
+    (10_000, 30, 128, 2340, "light", "small"),
+    (10_000, 60, 128, 4680, "medium", "small"),
     (10_000, 15, 128, 1170, "light", "tiny"),
     (1_000, 100, 32, 3100, "strong", "tiny"),
     (160, 10, 8, 200, "light", "tiny"),
     (50_000, 100, 128, 39_000, "strong", "base"),
-    (200_000, 30, 128, 46_860, "light", "base"),  # one level lighter for 100k+ images
+    (200_000, 60, 128, 93_720, "light", "base"),  # one level lighter for 100k+ images
     (2_000_000, 100, 128, 1_562_500, "light", "base"),  # two levels lighter for 1M+
     (2_000_000, 5, 128, 78_125, "minimal", "base"),
 ]

@@ -9,8 +9,8 @@ of epochs and shrinks with the amount of data; on short schedules or large data 
 level       when (epochs E, n imgs)  crop scale    RandAugment(N, M)     MixUp      CutMix       other
 ==========  ======================  ============  ====================  =========  ===========  =====
 minimal     E < 10                  0.8-1         none                  0          0            -
-light       10 <= E < 30            0.5-1         (2, 7)                0          0            SD 0.05
-medium      30 <= E < 100           0.35-1        (2, 10)               0.2        0            RE 0.1, SD 0.1
+light       10 <= E < 50            0.5-1         (2, 7)                0          0            SD 0.05
+medium      50 <= E < 100           0.35-1        (2, 10)               0.2        0            RE 0.1, SD 0.1
 strong      E >= 100                0.35-1        (2, 15)               0.8        1.0          RE 0.25, SD 0.1
 ==========  ======================  ============  ====================  =========  ===========  =====
 
@@ -96,7 +96,7 @@ augmentation level depend on it, the run's own plan is measured."""
 
 def aug_level(*, epochs: float, n_train: int) -> str:
     """The augmentation level (a :data:`LEVELS` key) for ``epochs`` passes over ``n_train`` images."""
-    i = 0 if epochs < 10 else 1 if epochs < 30 else 2 if epochs < 100 else 3
+    i = 0 if epochs < 10 else 1 if epochs < 50 else 2 if epochs < 100 else 3
     i -= (n_train >= 100_000) + (n_train >= 1_000_000)
     return list(LEVELS)[max(0, i)]
 
