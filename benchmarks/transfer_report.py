@@ -65,11 +65,11 @@ def tables(root: Path, seeds: list[int], *, hires: int, shots: str, grid: tuple[
         lr = chosen[arm] if arm else "the command's default"
         out.append(f"| {label} | {steps(pre) if pre else 0} | {steps(key)} | {col(key)} | {lr} |")
     out += ["", "Pre-training: " + f"source top-1 {col('sup_pretrain')}; MPP colour top-1 {col('mpp_pretrain')}.", ""]
-    shots = shots.split(",")
-    out += ["| few-shot linear (frozen features) | " + " | ".join(f"{k}-shot" for k in shots) + " |"]
-    out += ["|---|" + "---:|" * len(shots)]
+    counts = shots.split(",")
+    out += ["| few-shot linear (frozen features) | " + " | ".join(f"{k}-shot" for k in counts) + " |"]
+    out += ["|---|" + "---:|" * len(counts)]
     for model, label in (("sup_pretrain", "supervised pre-training"), ("mpp_pretrain", "MPP"), ("random", "random")):
-        cells = [_stats([raw[x][f"fewshot_{model}"][k] for x in seeds]) for k in shots]
+        cells = [_stats([raw[x][f"fewshot_{model}"][k] for x in seeds]) for k in counts]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out += ["", "| test top-1 of every grid point (32 px, on the 1,000) | " + " | ".join(grid) + " |"]
     out += ["|---|" + "---:|" * len(grid)]

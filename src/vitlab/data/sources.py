@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from .cache import DEFAULT_BUFFER_BYTES, decode_files
 from .rows import ImageRows
 from .scan import readable, scan_classes
 
-__all__ = ["DataError", "DataSplits", "ImageArray", "digits_arrays", "load_data", "stratified_split"]
+__all__ = ["DataError", "DataSplits", "ImageArray", "describe_splits", "digits_arrays", "load_data", "stratified_split"]
 
 
 @dataclass
@@ -65,16 +66,22 @@ class DataSplits:
         return int(self.train.images.shape[1]), int(self.train.images.shape[2])
 
     def describe(self) -> dict[str, object]:
-        h, w = self.image_size
-        return {
-            "name": self.name,
-            "train": len(self.train),
-            self.val_name: len(self.val),
-            "classes": self.num_classes,
-            "image_size": [h, w],
-            "channels": self.in_chans,
-            "skipped_files": len(self.skipped),
-        }
+        return describe_splits(self)
+
+
+def describe_splits(data: Any) -> dict[str, object]:
+    """The summary of a data set that ``summary.json`` keeps, for :class:`DataSplits` and any object with its
+    fields (the shard reader's :class:`~vitlab.data.stream.StreamData`)."""
+    h, w = data.image_size
+    return {
+        "name": data.name,
+        "train": len(data.train),
+        data.val_name: len(data.val),
+        "classes": data.num_classes,
+        "image_size": [h, w],
+        "channels": data.in_chans,
+        "skipped_files": len(data.skipped),
+    }
 
 
 def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -36,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ..errors import DataError
 from .decode import decode_encoded, image_size, match_channels, typical_side
 from .shard_source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_samples, open_shard, open_source
+from .sources import describe_splits
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -304,17 +305,8 @@ class StreamData:
         return len(self.source.classes)
 
     def describe(self) -> dict[str, object]:
-        h, w = self.image_size
-        return {
-            "name": self.name,
-            "train": len(self.train),
-            self.val_name: len(self.val),
-            "classes": self.num_classes,
-            "image_size": [h, w],
-            "channels": self.in_chans,
-            "skipped_files": 0,
-            "shards": {"train": len(self.train.shards), self.val_name: len(self.val.shards)},
-        }
+        shards = {"train": len(self.train.shards), self.val_name: len(self.val.shards)}
+        return {**describe_splits(self), "shards": shards}
 
 
 def open_stream_data(spec: str, *, val_split: float | None = None, eval_only: bool = False) -> StreamData:
