@@ -9,6 +9,8 @@ Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on 
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -78,3 +80,19 @@ def _no_network_probe(monkeypatch):
     from vitlab.checkpoints import hub
 
     monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: None)
+
+
+def sigkill_after(proc: subprocess.Popen, *, delay: float, wait_for_start: bool = True) -> bool:
+    """SIGKILL a ``vitlab train`` child ``delay`` seconds after its start line (``training ...``, ``resuming
+    ...`` or already complete; at once when not ``wait_for_start``), if it is still running; reap it. True:
+    it was killed."""
+    if wait_for_start:
+        for line in proc.stdout:
+            if line.startswith(("training ", "resuming ")) or "already complete" in line:
+                break
+    time.sleep(delay)
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    return killed

@@ -8,10 +8,8 @@ import errno
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlab
-from conftest import assert_close_rel
+from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.accel import FastVisionTransformer, blocks, inference_path, training_path
 from vitlab.cli import main
@@ -194,14 +192,7 @@ def test_sigkill_then_resume_finishes_as_if_never_killed(data_dir, tmp_path):
         argv = ["train", "--out", str(out), "--resume", "--no-progress", "--workers", "0"] if resume else []
         argv = argv or args(data_dir, out, "--fsdp", *epochs, *(["--overwrite"] if out.exists() else []))
         proc = _spawn([*argv, "--save-every", "0.0005"])  # minutes: a checkpoint every few steps
-        for line in proc.stdout:
-            if line.startswith(("training ", "resuming ")) or "already complete" in line:
-                break
-        time.sleep(rng.uniform(0.1, 0.6))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
+        kills += sigkill_after(proc, delay=rng.uniform(0.1, 0.6))
         if (out / "last.pt").is_file():
             state = load_state(out / "last.pt")
             assert (out / state["sharded"] / ".metadata").is_file()  # complete, whenever the kill came

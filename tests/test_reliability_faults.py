@@ -6,10 +6,8 @@ import errno
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 import types
 
 import numpy as np
@@ -18,7 +16,7 @@ import torch
 from PIL import Image
 
 import vitlab
-from conftest import assert_close_rel
+from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train import loop as loop_mod
@@ -96,16 +94,9 @@ def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
         )
         proc = _spawn(argv)
         if attempt == 0:  # a kill during start-up (imports, decoding): nothing to lose, nothing broken
-            time.sleep(rng.uniform(0.2, 1.0))
+            kills += sigkill_after(proc, delay=rng.uniform(0.2, 1.0), wait_for_start=False)
         else:  # a kill at a random moment of the training loop
-            for line in proc.stdout:
-                if line.startswith(("training ", "resuming ")) or "already complete" in line:
-                    break
-            time.sleep(rng.uniform(0.0, 0.5))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait(timeout=60)
+            kills += sigkill_after(proc, delay=rng.uniform(0.0, 0.5))
         if (out / "last.pt").is_file():
             state = load_state(out / "last.pt")  # intact: loads with weights_only=True
             assert not saved_steps or state["step"] >= saved_steps[-1], [*saved_steps, state["step"]]
