@@ -8,7 +8,8 @@ Both use the recipe of ``docs/cifar10.md`` (width 128, depth 6, 4 heads, MLP rat
 embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + flip, label smoothing 0.1); the levers
 of issue 23 are flags passed through (``--token-drop``, ``--res-schedule``, ``--ema``) so that a run with them
 and one without differ in nothing else. The last stdout line is one JSON object: ``track, minutes, top1, top5,
-steps, images_per_sec, wall_s, device, levers, command`` (``command``: the exact ``vitlab train`` command line).
+steps, images_per_sec, wall_s, device, minutes_to, levers, command``; ``minutes_to``: training minutes to
+60% and 70% test top-1 (``command``: the exact ``vitlab train`` command line).
 
     python benchmarks/speedrun.py --track hybrid --minutes 20 --data ../shared/data/cifar10
     python benchmarks/speedrun.py --track vit --minutes 5 --data ../shared/data/cifar10 --token-drop 0.5
@@ -84,6 +85,17 @@ def levers(args: argparse.Namespace) -> dict[str, object]:
     return {k: v for k, v in given.items() if v is not None}
 
 
+def minutes_to(rows: list[dict], targets: tuple[float, ...] = (0.6, 0.7)) -> dict[str, float | None]:
+    """Time to target: for each top-1 ``target``, the training wall minutes at the end of the first epoch whose
+    test evaluation reached it (``None``: never), from the run's ``metrics.jsonl`` rows. An upper bound: the
+    schedule was planned for the whole budget, and the test set is only evaluated once an epoch."""
+    out: dict[str, float | None] = {}
+    for t in targets:
+        hit = [r["wall_s"] for r in rows if r.get("top1") is not None and r["top1"] >= t]
+        out[f"{t * 100:g}"] = round(min(hit) / 60, 2) if hit else None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--track", choices=sorted(ARCH), required=True)
@@ -97,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
     p.add_argument("--res-schedule", default=None, help="lever: vitlab train --res-schedule (e.g. 24:0.5,32:1.0)")
     p.add_argument("--ema", type=float, default=None, help="lever: vitlab train --ema")
+    p.add_argument(
+        "--baseline",
+        choices=["timm"],
+        default=None,
+        help="instead of vitlab: a plain timm script of the same size and recipe (vit track; speedrun_timm.py)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny generated data and model: checks the pipeline only")
     args = p.parse_args(argv)
     if args.minutes is None:
@@ -105,19 +123,30 @@ def main(argv: list[str] | None = None) -> int:
         args.compile = not args.smoke  # as docs/cifar10.md (1.17x faster steps on the CPU)
     if not args.smoke and not args.data:
         p.error("--data DIR is required (or --smoke)")
+    if args.baseline and (args.track != "vit" or levers(args) or args.device != "cpu"):
+        p.error("--baseline timm is the vit track on the CPU, without levers")
     with tempfile.TemporaryDirectory(prefix="speedrun-") as tmp:
         data = str(tiny_data(Path(tmp) / "data")) if args.smoke else args.data
         out = args.out or str(Path(tmp) / "run")
-        cmd = train_command(args, data, out)
-        shown = "vitlab " + shlex.join(cmd)
-        print(shown, flush=True)
-        t0 = time.perf_counter()
-        rc = subprocess.call([sys.executable, "-m", "vitlab", *cmd], env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        wall = time.perf_counter() - t0
-        if rc != 0:
-            print(f"speedrun: vitlab train exited with {rc}", file=sys.stderr)
-            return rc
-        s = json.loads((Path(out) / "summary.json").read_text())
+        if args.baseline:
+            from speedrun_timm import run
+
+            shown = "python benchmarks/speedrun.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+            print(shown, flush=True)
+            s = run(data, minutes=args.minutes, seed=args.seed, threads=args.threads, smoke=args.smoke)
+            rows, wall = s["rows"], s["wall_s"]
+        else:
+            cmd = train_command(args, data, out)
+            shown = "vitlab " + shlex.join(cmd)
+            print(shown, flush=True)
+            t0 = time.perf_counter()
+            rc = subprocess.call([sys.executable, "-m", "vitlab", *cmd], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            wall = time.perf_counter() - t0
+            if rc != 0:
+                print(f"speedrun: vitlab train exited with {rc}", file=sys.stderr)
+                return rc
+            s = json.loads((Path(out) / "summary.json").read_text())
+            rows = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     row = {
         "track": args.track,
         "minutes": args.minutes,
@@ -131,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "seed": args.seed,
         "smoke": args.smoke,
+        "minutes_to": minutes_to(rows),
+        "epoch_top1": [r.get("top1") for r in rows],
         "levers": levers(args),
+        "baseline": args.baseline,
         "command": shown,
     }
     print(json.dumps(row))

@@ -21,7 +21,8 @@ def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"track", "minutes", "top1", "steps", "images_per_sec", "command"} <= set(row)
+    assert {"track", "minutes", "top1", "steps", "images_per_sec", "command", "minutes_to"} <= set(row)
+    assert set(row["minutes_to"]) == {"60", "70"} and len(row["epoch_top1"]) >= 1
     assert row["track"] == track and row["minutes"] == 0.1 and row["steps"] > 0 and 0 <= row["top1"] <= 1
     assert row["command"].startswith("vitlab train ") and "--time-budget 6s" in row["command"]
     assert ("--patch-size 4" in row["command"]) == (track == "vit")
@@ -34,3 +35,26 @@ def test_real_runs_need_data() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--data DIR is required" in proc.stderr
+
+
+def test_minutes_to_target_is_the_first_epoch_that_reached_it() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from speedrun import minutes_to
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = [{"top1": 0.5, "wall_s": 60}, {"top1": 0.61, "wall_s": 120}, {"top1": 0.59, "wall_s": 180}]
+    rows.append({"top1": 0.72, "wall_s": 240})
+    assert minutes_to(rows) == {"60": 2.0, "70": 4.0}
+    assert minutes_to(rows[:3]) == {"60": 2.0, "70": None}
+
+
+def test_timm_baseline_smoke_run() -> None:
+    pytest.importorskip("timm")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", "vit", "--baseline", "timm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["baseline"] == "timm" and row["steps"] > 0 and 0 <= row["top1"] <= 1
+    assert row["command"].startswith("python benchmarks/speedrun.py ") and "--baseline timm" in row["command"]
