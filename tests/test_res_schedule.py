@@ -14,7 +14,7 @@ from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
 from vitlab.train import trainer as trainer_mod
-from vitlab.train.resolution import parse_res_schedule, resize_batch, size_at
+from vitlab.train.resolution import mean_step_cost, parse_res_schedule, resize_batch, size_at, step_cost
 
 
 def test_parse_and_size_at() -> None:
@@ -30,6 +30,14 @@ def test_parse_and_size_at() -> None:
 
 @pytest.mark.parametrize("cls", [VisionTransformer, FastVisionTransformer])
 @pytest.mark.parametrize("mode", ["bicubic", "bilinear", "jax"])
+def test_time_budget_plans_with_the_mean_step_cost_of_the_schedule() -> None:
+    assert mean_step_cost(((32, 1.0),)) == 1.0 == step_cost(32, final=32)
+    # half the steps at 24 px: a fixed quarter of a full step plus 0.5625 of the rest
+    assert mean_step_cost(((24, 0.5), (32, 1.0))) == pytest.approx(0.5 * (0.25 + 0.75 * 0.5625) + 0.5)
+    assert step_cost(16, final=32) < step_cost(24, final=32) < 1.0
+    assert mean_step_cost(((16, 0.3), (24, 0.6), (32, 1.0))) < mean_step_cost(((24, 0.6), (32, 1.0)))
+
+
 def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) -> None:
     torch.manual_seed(0)
     m = cls(ViTConfig(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, posemb_resample=mode))

@@ -74,7 +74,9 @@ def test_auto_batch_and_model_for_the_budget():
     assert auto_arch(img_size=(224, 224), in_chans=3, images_seen=1e7)[1]["patch_size"] == 32  # 7 x 7
     r, line = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, time_budget=240)
     assert "estimated for 240 s on cpu" in line and r.batch_size == 32
+    assert r.token_drop == 0.5 and "token drop 0.5 in training" in line  # a time budget buys ~2x the steps
     r2, _ = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, epochs=5, batch_size=16)
+    assert r2.token_drop == 0.0  # a fixed number of epochs: dropping tokens only saves time
     assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(2e-3 * (16 / 128) ** 0.5)
 
 
@@ -298,3 +300,14 @@ def test_auto_model_layout_yields_to_the_users_flags(tmp_path, capsys):
     assert code == 0
     model = json.loads((out / "model" / "config.json").read_text())
     assert (model["posemb"], model["pool"], model["class_token"]) == ("learn", "gap", False)
+
+
+@pytest.mark.parametrize("flags, rate", [([], 0.5), (["--token-drop", "0"], 0.0)])
+def test_auto_drops_tokens_for_a_time_budget_unless_told_not_to(tmp_path, capsys, flags, rate):
+    data = tiny_folder(tmp_path / "data", per_class=8, size=16)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--time-budget", "3s", *flags]
+    code, text = _train(args, tmp_path, capsys)
+    assert code == 0
+    assert json.loads((out / "model" / "config.json").read_text())["patch_drop_rate"] == rate
+    assert ("token drop 0.5 in training" in text) == (rate > 0)

@@ -88,6 +88,11 @@ CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallow
 PLAIN: dict[str, Any] = {"posemb": "sincos2d"}
 """The position embeddings of every model ``auto`` picks (``--posemb learn`` overrides them)."""
 
+BUDGET_TOKEN_DROP = 0.5
+"""The share of patch tokens dropped in training (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023) when the
+run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
+outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
+
 _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) to estimate how many images a
 ``--time-budget`` run will see before its model is built and timed; only the model size and the
@@ -113,11 +118,13 @@ def _patch_for(img: tuple[int, int]) -> int:
     return min(ok, key=lambda p: (abs(min(img) // p - 8), -p))
 
 
-def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int) -> float:
-    """Multiply-accumulates of one forward pass (blocks, attention and patch embedding)."""
+def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int, *, token_drop: float = 0.0) -> float:
+    """Multiply-accumulates of one forward pass (blocks, attention and patch embedding); the blocks see the
+    ``1 - token_drop`` share of the patch tokens that are kept."""
     p, d, n = arch["patch_size"], arch["embed_dim"], arch["depth"]
-    t = (img[0] // p) * (img[1] // p) + 1
-    return n * (t * (4 * d * d + 2 * d * arch["mlp_dim"]) + 2 * t * t * d) + t * d * p * p * in_chans
+    patches = (img[0] // p) * (img[1] // p)
+    t = round(patches * (1 - token_drop)) + 1
+    return n * (t * (4 * d * d + 2 * d * arch["mlp_dim"]) + 2 * t * t * d) + patches * d * p * p * in_chans
 
 
 def auto_arch(
@@ -153,20 +160,27 @@ def auto_recipe(
     epochs: int | None = None,
     time_budget: float | None = None,
     batch_size: int | None = None,
+    token_drop: float | None = None,
     device_type: str = "cpu",
 ) -> tuple[Recipe, str]:
     """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
     trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
 
-    ``batch_size``: the user's (else :func:`auto_batch`)."""
+    ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
+    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
     if time_budget is not None:
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type)
-        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
+        grid = (img_size[0] // arch["patch_size"]) * (img_size[1] // arch["patch_size"])
+        if token_drop is None:
+            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+        macs = _macs(arch, img_size, in_chans, token_drop=token_drop)
+        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(time_budget * rate / batch))
         how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
     else:
+        token_drop = token_drop or 0.0
         epochs = epochs or RECIPES["auto"].epochs
         steps = epochs * steps_per_epoch
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch)
@@ -185,6 +199,7 @@ def auto_recipe(
         warmup_steps=0,
         warmup_epochs=0.0,
         warmup_fraction=warm,
+        token_drop=token_drop,
         **_COMMON,
         **aug,
     )
@@ -203,7 +218,8 @@ def auto_recipe(
         f"{passes:.0f} passes -> {level} aug ({why}): crop {aug['crop_scale'][0]:g}-1, flip, LS 0.1, {ra}, {mix}, "
         f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
         f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
-        f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']}, "
+        + (f"token drop {token_drop:g} in training; " if token_drop else "")
+        + f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']}, "
         "sin-cos 2-D position embeddings)"
     )
     return recipe, reason
@@ -242,6 +258,7 @@ def fit_recipe_to_data(
             epochs=r.epochs if "epochs" in given else None,
             time_budget=cfg.time_budget,
             batch_size=given.get("batch_size"),
+            token_drop=given.get("token_drop"),
             device_type=device_type,
         )
         arch = dict(new.arch)

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..devices import autocast
 from .distributed import Dist, broadcast_ints
+from .resolution import mean_step_cost
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -90,12 +91,15 @@ def _plan_budget(
         eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
     del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
+    if r.res_schedule:  # the probe timed the final size; earlier, smaller steps cost less
+        per_step *= mean_step_cost(r.res_schedule)
     left = cfg.time_budget - (time.perf_counter() - t_start) - _budget_reserve(cfg.time_budget)
     total = _steps_in_budget(left, per_step, eval_s, steps_per_epoch)
     epochs = max(1, math.ceil(total / steps_per_epoch))
     log(
-        f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step "
-        f"({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
+        f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step"
+        + (" on average over the resolution schedule" if r.res_schedule else "")
+        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
         f"-> {total} steps, {epochs} epoch(s)"
     )
     return total, epochs, eval_s

@@ -15,7 +15,15 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-__all__ = ["check_res_schedule", "check_sizes", "parse_res_schedule", "resize_batch", "size_at"]
+__all__ = [
+    "check_res_schedule",
+    "check_sizes",
+    "mean_step_cost",
+    "parse_res_schedule",
+    "resize_batch",
+    "size_at",
+    "step_cost",
+]
 
 Schedule = tuple[tuple[int, float], ...]
 """``((size, end fraction), ...)``: ``size`` px until ``end`` of the planned steps; the last end is 1."""
@@ -77,6 +85,28 @@ def size_at(schedule: Schedule, *, step: int, total_steps: int) -> int:
         if frac < end:
             return size
     return schedule[-1][0]
+
+
+FIXED_COST = 0.25
+"""The share of a full-size training step that does not shrink with the image (data, the optimizer, launch
+overheads) in :func:`step_cost`'s model, set from the speedrun's 24 px and 32 px steps (docs/speedrun.md) and
+erring towards fewer steps, so that a budgeted run ends on time."""
+
+
+def step_cost(size: int, *, final: int) -> float:
+    """The cost of a training step at ``size`` px relative to one at ``final`` px: the fixed share plus the rest
+    in proportion to the pixels (the number of tokens)."""
+    return FIXED_COST + (1 - FIXED_COST) * (size / final) ** 2
+
+
+def mean_step_cost(schedule: Schedule) -> float:
+    """The mean :func:`step_cost` over the planned steps of ``schedule``, relative to a step at its last size:
+    what ``--time-budget`` multiplies a full-size step's time by to plan the run's length."""
+    final, start, total = schedule[-1][0], 0.0, 0.0
+    for size, end in schedule:
+        total += (end - start) * step_cost(size, final=final)
+        start = end
+    return total
 
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
