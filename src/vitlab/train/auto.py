@@ -27,7 +27,8 @@ will see) with a patch size that gives about an 8 x 8 grid of tokens, the paper'
 2-D sine-cosine position embeddings (:data:`PLAIN`) instead of learned ones: Beyer et al. 2022 ("Better
 plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
 better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
-measurements behind keeping the class token.
+measurements behind keeping the class token. A ``--time-budget`` run also drops half the patch tokens in
+training (:data:`BUDGET_TOKEN_DROP`), which buys it about twice the steps.
 """
 
 from __future__ import annotations
