@@ -28,8 +28,6 @@ def test_parse_and_size_at() -> None:
     assert resize_batch(torch.zeros(2, 3, 32, 32), 24).shape == (2, 3, 24, 24)
 
 
-@pytest.mark.parametrize("cls", [VisionTransformer, FastVisionTransformer])
-@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "jax"])
 def test_time_budget_plans_with_the_mean_step_cost_of_the_schedule() -> None:
     assert mean_step_cost(((32, 1.0),)) == 1.0 == step_cost(32, final=32)
     # half the steps at 24 px: a fixed quarter of a full step plus 0.5625 of the rest
@@ -38,6 +36,8 @@ def test_time_budget_plans_with_the_mean_step_cost_of_the_schedule() -> None:
     assert mean_step_cost(((16, 0.3), (24, 0.6), (32, 1.0))) < mean_step_cost(((24, 0.6), (32, 1.0)))
 
 
+@pytest.mark.parametrize("cls", [VisionTransformer, FastVisionTransformer])
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear", "jax"])
 def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) -> None:
     torch.manual_seed(0)
     m = cls(ViTConfig(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, posemb_resample=mode))
