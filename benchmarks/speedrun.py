@@ -9,10 +9,12 @@ embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + flip, lab
 of issue 23 are flags passed through (``--token-drop``, ``--res-schedule``, ``--ema``) so that a run with them
 and one without differ in nothing else. The last stdout line is one JSON object: ``track, minutes, top1, top5,
 steps, images_per_sec, wall_s, device, minutes_to, levers, command``; ``minutes_to``: training minutes to
-60% and 70% test top-1 (``command``: the exact ``vitlab train`` command line).
+60% and 70% test top-1 (``command``: the exact ``vitlab train`` command line). ``--baseline timm`` runs a plain
+timm script of the same model and recipe for the same budget instead (``speedrun_timm.py``).
 
     python benchmarks/speedrun.py --track hybrid --minutes 20 --data ../shared/data/cifar10
     python benchmarks/speedrun.py --track vit --minutes 5 --data ../shared/data/cifar10 --token-drop 0.5
+    python benchmarks/speedrun.py --track vit --minutes 20 --data ../shared/data/cifar10 --baseline timm
     python benchmarks/speedrun.py --track vit --minutes 20 --data ../shared/data/cifar10 --device cuda  # bf16, compile
     python benchmarks/speedrun.py --smoke --track vit      # tiny generated data, a few seconds: the CI check
 """
