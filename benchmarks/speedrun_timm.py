@@ -114,13 +114,14 @@ def run(
             correct1 += (top[:, 0] == y).sum().item()
             correct5 += (top == y[:, None]).any(1).sum().item()
             n += len(y)
+    top1, wall = correct1 / n, time.perf_counter() - t0
     return {
-        "top1": correct1 / n,
+        "top1": top1,
         "top5": correct5 / n,
-        "best_top1": correct1 / n,
+        "best_top1": top1,  # one evaluation: the last is the best
         "steps": step,
         "epochs": epochs,
         "images_per_sec": images / train_s,
-        "wall_s": time.perf_counter() - t0,
-        "rows": [{"top1": correct1 / n, "wall_s": time.perf_counter() - t0}],
+        "wall_s": wall,
+        "rows": [{"top1": top1, "wall_s": wall}],  # as metrics.jsonl, for speedrun.minutes_to
     }
