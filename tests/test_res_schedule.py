@@ -108,3 +108,17 @@ def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> No
     s = trainer_mod.fit(cfg)
     assert s["steps"] == s["planned_steps"] == 120 > 2 * trainer_mod._REPLAN_AT
     assert sizes == [4] * 30 + [8] * 90  # a quarter of the planned steps at 4 px
+
+
+def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypatch, capsys) -> None:
+    """The probe times the final size; the plan multiplies its step time by ``mean_step_cost``."""
+    from vitlab.train import budget
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(budget, "mean_step_cost", lambda s: seen.append(s) or mean_step_cost(s))
+    data = tiny_folder(tmp_path / "data", per_class=8, size=16)
+    args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s"]
+    args += ["--res-schedule", "8:0.5,16:1.0", "--cache-dir", str(tmp_path / "cache"), "--workers", "0"]
+    assert main([*args, "--no-progress"]) == 0
+    assert seen == [((8, 0.5), (16, 1.0))]
+    assert "ms per step on average over the resolution schedule" in capsys.readouterr().out
