@@ -98,7 +98,11 @@ def test_outputs_of_a_run(data_dir, tmp_path):
     }
     assert summary["params"] == s["params"] > 0 and summary["data"]["classes"] == 3
     cfg = json.loads((out / "model" / "config.json").read_text())
-    assert cfg["class_names"] == ["class0", "class1", "class2"] and cfg["mean"] == [0.5, 0.5, 0.5]
+    assert cfg["class_names"] == ["class0", "class1", "class2"]
+    from vitlab.data import channel_stats, load_data
+
+    train = load_data(str(data_dir), cache_dir=str(tmp_path / "stats")).train
+    assert (tuple(cfg["mean"]), tuple(cfg["std"])) == channel_stats(train.images, in_chans=3)  # the data's own
     assert cfg["extra"]["recipe"] == "small-data" and cfg["num_classes"] == 3
     import vitlab
 

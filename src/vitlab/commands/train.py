@@ -113,6 +113,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         model=args.model,
         arch=arch,
         img_size=args.img_size or (res_schedule[-1][0] if res_schedule else None),
+        norm_stats=getattr(args, "norm_stats", None),
         init=init,
         objective=objective,
         teacher=args.teacher,

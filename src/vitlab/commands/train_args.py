@@ -143,6 +143,13 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=None,
         help="position embedding: learned 1-D (the paper), learned 2-D, fixed 2-D sine-cosine, none (Appendix D.4)",
     )
+    g.add_argument(
+        "--norm-stats",
+        choices=["data", "inception", "imagenet"],
+        default=None,
+        help="input normalisation of a model trained from scratch: the training set's per-channel mean/std "
+        "(default), 0.5/0.5 (Google's checkpoints) or ImageNet's; an --init model keeps its own",
+    )
     g.add_argument("--drop-path", type=float, default=None, help="stochastic depth rate")
     g.add_argument("--dropout", type=float, default=None)
     g.add_argument(

@@ -10,7 +10,7 @@ torchvision.transforms.v2 pipelines on top of them.
 
 from .rows import ImageRows
 from .sources import DataError, DataSplits, ImageArray, load_data
-from .transforms import ArrayDataset, eval_transform, mix_transform, train_transform
+from .transforms import ArrayDataset, channel_stats, eval_transform, mix_transform, train_transform
 
 __all__ = [
     "ArrayDataset",
@@ -18,6 +18,7 @@ __all__ = [
     "DataSplits",
     "ImageArray",
     "ImageRows",
+    "channel_stats",
     "eval_transform",
     "load_data",
     "mix_transform",

@@ -31,17 +31,25 @@ __all__ = [
     "build_optimization",
     "distribute",
     "freeze_all_but_head",
+    "input_norm",
     "micro_batch_estimate",
 ]
 
 
 def build_model(
-    cfg: TrainConfig, *, num_classes: int, in_chans: int, image_size: tuple[int, int], class_names: list[str]
+    cfg: TrainConfig,
+    *,
+    num_classes: int,
+    in_chans: int,
+    image_size: tuple[int, int],
+    class_names: list[str],
+    norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> nn.Module:
     """A fresh model from the recipe / name / overrides, or the ``init`` model adapted for
     fine-tuning: new resolution (position embeddings resampled, Sec. 3.2), another ``--patch-size``
     (the patch projection resized as FlexiViT does, Beyer et al. 2023, through :func:`vitlab.load`) and,
-    when the classes differ or the pre-training MLP head is present, a new zero-initialised linear head."""
+    when the classes differ or the pre-training MLP head is present, a new zero-initialised linear head.
+    ``norm``: the input ``(mean, std)`` of a fresh model (:func:`input_norm`); the config's when None."""
     from ..accel import accelerate
     from ..models import VisionTransformer, ViTConfig, model_config
     from ..models.config import mlp_dim_for
@@ -108,6 +116,7 @@ def build_model(
         drop_rate=r.dropout,
         patch_drop_rate=r.token_drop,
         class_names=list(class_names),
+        **({"mean": norm[0], "std": norm[1]} if norm else {}),
     )
     if cfg.distill_token and not c.dist_token:
         if c.pool != "cls" or c.head != "linear" or not c.class_token:
@@ -120,6 +129,29 @@ def build_model(
         stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
         c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
     return accelerate(VisionTransformer(c))
+
+
+def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The input ``(mean, std)`` of a model trained from scratch (``--norm-stats``; None: the model's own).
+
+    By default the training set's per-channel statistics, as timm's and DeiT's CIFAR scripts normalise: inputs
+    of unit variance train faster than Google's 0.5 / 0.5 scaling, which leaves them at about half that
+    (docs/speedrun.md). A fine-tuned ``--init`` model keeps its own normalisation, and so does tar-shard data,
+    whose images are not at hand before training."""
+    from ..data import ImageArray, channel_stats
+    from ..models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD
+
+    if cfg.init:
+        return None
+    if cfg.norm_stats == "inception":
+        return INCEPTION_MEAN, INCEPTION_STD
+    if cfg.norm_stats == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    train = getattr(data, "train", None)
+    if not isinstance(train, ImageArray) or len(train) == 0 or data.in_chans not in (1, 3):
+        return None  # the config holds three values: one channel is stored repeated, others keep the defaults
+    mean, std = channel_stats(train.images, in_chans=data.in_chans)
+    return (mean * 3, std * 3) if data.in_chans == 1 else (mean, std)
 
 
 def freeze_all_but_head(model: nn.Module) -> None:
@@ -203,7 +235,14 @@ def build_net(
     mpp = cfg.objective == "mpp"
     seed_all(cfg.seed)
     n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
-    model = build_model(cfg, num_classes=n_cls, in_chans=data.in_chans, image_size=data.image_size, class_names=names)
+    model = build_model(
+        cfg,
+        num_classes=n_cls,
+        in_chans=data.in_chans,
+        image_size=data.image_size,
+        class_names=names,
+        norm=input_norm(cfg, data),
+    )
     if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
         model.set_distilled_training(True)
     if cfg.recipe.freeze:

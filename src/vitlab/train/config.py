@@ -16,6 +16,10 @@ from .recipes import Recipe, get_recipe
 __all__ = ["TrainConfig", "resumed_config", "validate_config"]
 
 
+NORM_STATS = ("data", "inception", "imagenet")
+"""The choices of ``--norm-stats`` (:attr:`TrainConfig.norm_stats`)."""
+
+
 @dataclass
 class TrainConfig:
     """One run: data, model choices, recipe (with overrides already applied) and run options."""
@@ -28,6 +32,10 @@ class TrainConfig:
     arch: dict[str, Any] = field(default_factory=dict)
     """Architecture overrides: ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``."""
     img_size: int | None = None
+    norm_stats: str | None = None
+    """Input normalisation of a model trained from scratch: ``data`` (the training set's per-channel mean and
+    std, :func:`vitlab.data.channel_stats`), ``inception`` (0.5 / 0.5) or ``imagenet``; None: ``data``. An
+    ``--init`` model keeps the normalisation it was trained with."""
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
     objective: str = "classify"
@@ -177,6 +185,7 @@ _FIXED = {
     "--init": "init",
     "--model": "model",
     "--img-size": "img_size",
+    "--norm-stats": "norm_stats",
     "--patch-size": "arch.patch_size",
     "--dim": "arch.embed_dim",
     "--depth": "arch.depth",
@@ -246,6 +255,8 @@ def _value(cfg: TrainConfig, flag: str) -> Any:
         return _architecture(cfg).get(where.removeprefix("arch."))
     if flag == "--model":
         return cfg.model or cfg.recipe.model
+    if flag == "--norm-stats":  # not given: the training set's, as ``data`` names them
+        return cfg.norm_stats or (None if cfg.init else "data")
     return getattr(cfg, where)
 
 
@@ -327,8 +338,15 @@ def validate_config(cfg: TrainConfig) -> None:
         from .fsdp import check_fsdp_config
 
         check_fsdp_config(cfg)
+    if cfg.norm_stats not in (None, *NORM_STATS):
+        raise ConfigError(f"--norm-stats {cfg.norm_stats}: expected one of {', '.join(NORM_STATS)}")
     r = cfg.recipe
     if cfg.init:
+        if cfg.norm_stats:
+            raise ConfigError(
+                f"--norm-stats {cfg.norm_stats}: an --init model keeps the normalisation it was trained with "
+                "(its weights expect it); drop the flag"
+            )
         _check_init_matches(cfg)
         return
     name = cfg.model or r.model

@@ -287,6 +287,7 @@ def start_line(
         f"images, {data.num_classes} classes; recipe {recipe.name}, {plan['epochs']} epochs = "
         f"{plan['total_steps']} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
         + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
+        + f"; inputs normalised by mean {_triple(m.mean)}, std {_triple(m.std)}"
         + (
             "; resolution " + ", ".join(f"{s} px to {e:.0%}" for s, e in recipe.res_schedule) + " of the steps"
             if recipe.res_schedule
@@ -294,6 +295,11 @@ def start_line(
         )
         + wall
     )
+
+
+def _triple(values: tuple[float, ...]) -> str:
+    """``0.491/0.482/0.447``; one value when all are equal."""
+    return f"{values[0]:.3g}" if len(set(values)) == 1 else "/".join(f"{v:.3g}" for v in values)
 
 
 def _duration(seconds: float) -> str:
