@@ -58,3 +58,38 @@ def test_timm_baseline_smoke_run() -> None:
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     assert row["baseline"] == "timm" and row["steps"] > 0 and 0 <= row["top1"] <= 1
     assert row["command"].startswith("python benchmarks/speedrun.py ") and "--baseline timm" in row["command"]
+
+
+def _ab():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import speedrun_ab
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return speedrun_ab
+
+
+def test_ab_models_are_one_architecture_and_the_timm_init_is_timms() -> None:
+    pytest.importorskip("timm")
+    ab = _ab()
+    kw = {"fc_norm": True, "img": 32, "classes": 10, "smoke": False}
+    theirs = ab.build("timm", init="native", **kw).state_dict()
+    ours = ab.build("vitlab", init="timm", **kw)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.items()}
+    fc1 = ours.blocks[0].mlp.fc1.weight
+    assert 0.018 < fc1.std().item() < 0.022  # N(0, 0.02) truncated at +-2 (not 2 std), as timm
+    native = ab.build("vitlab", init="native", **kw).blocks[0].mlp.fc1.weight
+    assert native.std().item() > 0.05  # the JAX init's Xavier-uniform: about 0.072 for 128 -> 256
+
+
+@pytest.mark.parametrize("extra", [["--model", "timm", "--pipeline", "torchvision", "--decay", "all"], []])
+def test_ab_smoke_run_ends_with_one_json_line(extra: list[str]) -> None:
+    if extra:
+        pytest.importorskip("timm")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun_ab.py"), "--smoke", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["steps"] == 4 and 0 <= row["top1"] <= 1 and row["norm"] == "data"
+    assert row["model"] == ("timm" if extra else "vitlab")
