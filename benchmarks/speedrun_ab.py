@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from speedrun_timm import SIZE, SMOKE_SIZE, timm_model
 from torch import nn
 
 CIFAR_SIZE = 32
@@ -38,24 +39,11 @@ CIFAR_SIZE = 32
 
 def build(model: str, *, init: str, fc_norm: bool, img: int, classes: int, smoke: bool) -> nn.Module:
     """The timm script's architecture from timm or from vitlab, with the given initialisation and LayerNorm."""
-    width, depth, heads = (16, 1, 2) if smoke else (128, 6, 4)
     if model == "timm":
-        import timm
-
-        return timm.models.VisionTransformer(
-            img_size=img,
-            patch_size=4,
-            num_classes=classes,
-            embed_dim=width,
-            depth=depth,
-            num_heads=heads,
-            mlp_ratio=2.0,
-            global_pool="avg",
-            class_token=False,
-            fc_norm=fc_norm,
-        )
+        return timm_model(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
     from vitlab.models import VisionTransformer
 
+    width, depth, heads = SMOKE_SIZE if smoke else SIZE
     m = VisionTransformer(
         img_size=img,
         patch_size=4,

@@ -18,8 +18,32 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+SIZE = (128, 6, 4)
+"""Width, depth and heads of the model (the speedrun's ``vit`` track)."""
+SMOKE_SIZE = (16, 1, 2)
+"""The same for ``--smoke``."""
 PROBE_STEPS = 10
 """Steps timed (after two warm-up steps) to plan the schedule's length for the budget."""
+
+
+def timm_model(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> torch.nn.Module:
+    """The speedrun's ``vit`` model in timm: 4x4 patches, width 128, depth 6, 4 heads, MLP ratio 2, global average
+    pooling without a class token (``fc_norm`` None: timm's default for it, the LayerNorm after pooling)."""
+    import timm
+
+    width, depth, heads = SMOKE_SIZE if smoke else SIZE
+    return timm.models.VisionTransformer(
+        img_size=img,
+        patch_size=4,
+        num_classes=classes,
+        embed_dim=width,
+        depth=depth,
+        num_heads=heads,
+        mlp_ratio=2.0,
+        global_pool="avg",
+        class_token=False,
+        fc_norm=fc_norm,
+    )
 
 
 def run(
@@ -33,7 +57,6 @@ def run(
     workers: int = 2,
 ) -> dict:
     """Train for ``minutes`` of wall time and evaluate: ``{top1, top5, steps, epochs, images_per_sec, wall_s}``."""
-    import timm
     from torchvision import datasets, transforms
 
     if threads:
@@ -58,18 +81,7 @@ def run(
         train, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
     )
     el = torch.utils.data.DataLoader(test, batch_size=256, num_workers=workers)
-    width, depth, heads = (16, 1, 2) if smoke else (128, 6, 4)
-    model = timm.models.VisionTransformer(
-        img_size=size,
-        patch_size=4,
-        num_classes=len(train.classes),
-        embed_dim=width,
-        depth=depth,
-        num_heads=heads,
-        mlp_ratio=2.0,
-        global_pool="avg",
-        class_token=False,
-    )
+    model = timm_model(img=size, classes=len(train.classes), smoke=smoke)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     budget = minutes * 60
     t0 = time.perf_counter()

@@ -27,6 +27,7 @@ def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None
     assert row["command"].startswith("vitlab train ") and "--time-budget 6s" in row["command"]
     assert ("--patch-size 4" in row["command"]) == (track == "vit")
     assert ("--model vit_r_ti16" in row["command"]) == (track == "hybrid")
+    assert ("--norm-stats inception" in row["command"]) == (track == "hybrid")  # the vit track: the data's
     assert row["levers"] == ({"--token-drop": 0.5} if extra else {})
     assert ("--token-drop 0.5" in row["command"]) == bool(extra)
 
