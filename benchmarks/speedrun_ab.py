@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from speedrun_timm import SIZE, SMOKE_SIZE, timm_model
+from speedrun_timm import model_kwargs, timm_model
 from torch import nn
 
 CIFAR_SIZE = 32
@@ -43,20 +43,8 @@ def build(model: str, *, init: str, fc_norm: bool, img: int, classes: int, smoke
         return timm_model(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
     from vitlab.models import VisionTransformer
 
-    width, depth, heads = SMOKE_SIZE if smoke else SIZE
-    m = VisionTransformer(
-        img_size=img,
-        patch_size=4,
-        num_classes=classes,
-        embed_dim=width,
-        depth=depth,
-        num_heads=heads,
-        mlp_dim=2 * width,
-        pool="gap",
-        class_token=False,
-        fc_norm=fc_norm,
-        posemb="learn",
-    )
+    kw = model_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
+    m = VisionTransformer(**kw, mlp_dim=2 * kw["embed_dim"], pool="gap", posemb="learn")
     if init == "timm":
         with torch.no_grad():
             for layer in m.modules():

@@ -26,24 +26,29 @@ PROBE_STEPS = 10
 """Steps timed (after two warm-up steps) to plan the schedule's length for the budget."""
 
 
+def model_kwargs(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> dict:
+    """The speedrun's ``vit`` model as keywords that timm's and vitlab's ``VisionTransformer`` both take (vitlab
+    keeps timm's names): 4x4 patches, width 128, depth 6, 4 heads, no class token (``fc_norm`` None: timm's default
+    with global average pooling, the LayerNorm after pooling)."""
+    width, depth, heads = SMOKE_SIZE if smoke else SIZE
+    return {
+        "img_size": img,
+        "patch_size": 4,
+        "num_classes": classes,
+        "embed_dim": width,
+        "depth": depth,
+        "num_heads": heads,
+        "class_token": False,
+        "fc_norm": fc_norm,
+    }
+
+
 def timm_model(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> torch.nn.Module:
-    """The speedrun's ``vit`` model in timm: 4x4 patches, width 128, depth 6, 4 heads, MLP ratio 2, global average
-    pooling without a class token (``fc_norm`` None: timm's default for it, the LayerNorm after pooling)."""
+    """The speedrun's ``vit`` model in timm (:func:`model_kwargs`), MLP ratio 2, global average pooling."""
     import timm
 
-    width, depth, heads = SMOKE_SIZE if smoke else SIZE
-    return timm.models.VisionTransformer(
-        img_size=img,
-        patch_size=4,
-        num_classes=classes,
-        embed_dim=width,
-        depth=depth,
-        num_heads=heads,
-        mlp_ratio=2.0,
-        global_pool="avg",
-        class_token=False,
-        fc_norm=fc_norm,
-    )
+    kw = model_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
+    return timm.models.VisionTransformer(**kw, mlp_ratio=2.0, global_pool="avg")
 
 
 def run(

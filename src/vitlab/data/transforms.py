@@ -34,7 +34,7 @@ def channel_stats(
     """Per-channel mean and standard deviation (on the 0-1 scale) of uint8 ``(N, H, W, C)`` images as the
     model sees them (channels matched to ``in_chans``), from ``rows`` evenly spaced images, read in chunks so
     that a memory-mapped split is never loaded whole. The usual normalisation for training from scratch
-    (the CIFAR scripts of timm and DeiT); a few thousand images pin each value to the third decimal."""
+    (the CIFAR scripts of timm and DeiT)."""
     n = len(images)
     if n == 0:
         raise ValueError("channel_stats: no images")
