@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
 import tempfile
 import time
@@ -27,14 +28,25 @@ import torch.nn.functional as F
 from PIL import Image
 
 
-def make_subset(src: Path, dst: Path, *, per_class: int, test_per_class: int, gray: bool, size: int | None) -> Path:
+def make_subset(
+    src: Path,
+    dst: Path,
+    *,
+    per_class: int,
+    test_per_class: int,
+    gray: bool,
+    size: int | None,
+    holdout: bool = False,
+) -> Path:
     """``dst/{train,test}/<class>/`` with the first ``per_class`` / ``test_per_class`` images of each class,
-    optionally grayscale and resized to ``size``."""
+    optionally grayscale and resized to ``size``. ``holdout``: the "test" images are the ``test_per_class``
+    training images after the first ``per_class``, so that a recipe can be chosen without the test split."""
     for split, n in (("train", per_class), ("test", test_per_class)):
-        for cdir in sorted(p for p in (src / split).iterdir() if p.is_dir()):
+        src_split, skip = ("train", per_class) if holdout and split == "test" else (split, 0)
+        for cdir in sorted(p for p in (src / src_split).iterdir() if p.is_dir()):
             out = dst / split / cdir.name
             out.mkdir(parents=True, exist_ok=True)
-            for f in sorted(cdir.iterdir())[:n]:
+            for f in sorted(cdir.iterdir())[skip : skip + n]:
                 if not gray and size is None:
                     shutil.copyfile(f, out / f.name)
                     continue
@@ -45,11 +57,14 @@ def make_subset(src: Path, dst: Path, *, per_class: int, test_per_class: int, gr
     return dst
 
 
-def run_default(data: Path, out: Path, *, epochs: int, seed: int, cache: Path, recipe: str | None = None) -> dict:
+def run_default(
+    data: Path, out: Path, *, epochs: int, seed: int, cache: Path, recipe: str | None = None, extra: list[str] = ()
+) -> dict:
     from vitlab.cli import main
 
     args = ["train", "--data", str(data), "--epochs", str(epochs), "--seed", str(seed), "--out", str(out)]
     args += ["--recipe", recipe] if recipe else []
+    args += list(extra)
     t0 = time.perf_counter()
     code = main([*args, "--overwrite", "--no-progress", "--cache-dir", str(cache)])
     assert code == 0, code
@@ -121,32 +136,53 @@ def main() -> None:
     p.add_argument(
         "--recipe", default=None, help="a named recipe instead of the default (e.g. small-data, the old one)"
     )
+    p.add_argument(
+        "--holdout",
+        action="store_true",
+        help="evaluate on training images left out of the subset, not on the test split (to choose a recipe)",
+    )
+    p.add_argument("--train-args", default="", help="extra `vitlab train` flags for the default side, e.g. '--lr 3e-3'")
+    p.add_argument("--no-baseline", action="store_true", help="run only the default side")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = make_subset(
-            Path(a.data), tmp / "data", per_class=a.per_class, test_per_class=a.test_per_class, gray=a.gray, size=a.size
+            Path(a.data),
+            tmp / "data",
+            per_class=a.per_class,
+            test_per_class=a.test_per_class,
+            gray=a.gray,
+            size=a.size,
+            holdout=a.holdout,
         )
         for seed in a.seeds:
             ours = run_default(
-                data, tmp / f"run{seed}", epochs=a.epochs, seed=seed, cache=tmp / "cache", recipe=a.recipe
+                data,
+                tmp / f"run{seed}",
+                epochs=a.epochs,
+                seed=seed,
+                cache=tmp / "cache",
+                recipe=a.recipe,
+                extra=shlex.split(a.train_args),
             )
             m = ours["model"]
             arch = {k: m[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")}
             img = m["img_size"][0] if isinstance(m["img_size"], list) else m["img_size"]
             threads = torch.get_num_threads()
-            theirs = run_baseline(
-                data,
-                arch=arch,
-                img=img,
-                in_chans=ours["data"]["channels"],
-                epochs=a.epochs,
-                seed=seed,
-                batch=a.baseline_batch,
-            )
+            theirs = {"top1": math.nan, "steps": 0, "wall_s": 0.0}
+            if not a.no_baseline:
+                theirs = run_baseline(
+                    data,
+                    arch=arch,
+                    img=img,
+                    in_chans=ours["data"]["channels"],
+                    epochs=a.epochs,
+                    seed=seed,
+                    batch=a.baseline_batch,
+                )
             row = {
                 "data": f"{a.per_class * 10} train / {a.test_per_class * 10} test, {'gray' if a.gray else 'colour'} "
-                f"{a.size or 'native'} px",
+                f"{a.size or 'native'} px" + (", held-out train images" if a.holdout else ""),
                 "epochs": a.epochs,
                 "seed": seed,
                 "ours_top1": ours["top1"],
@@ -158,6 +194,7 @@ def main() -> None:
                 "baseline_wall_s": round(theirs["wall_s"], 1),
                 "arch": arch,
                 "threads": threads,
+                "train_args": a.train_args,
             }
             print(json.dumps(row))
             print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -220,3 +221,71 @@ def test_steps_in_budget_counts_the_evaluations_still_to_come():
     assert _steps_in_budget(100.0, 1.0, 9.5, 10) == 50  # 5 epochs of 10 steps + 5 evaluations of 10 s
     # mid-epoch: 5 steps of epoch 1 done; its evaluation is still to come
     assert _steps_in_budget(25.0, 1.0, 9.5, 10, done=5) == 5
+
+
+def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkeypatch):
+    """The pace drifts after the early re-plan (here 10 % slower than planned): at an epoch's end the steps
+    still to go are cut to what the last epoch's pace and end-of-epoch work leave room for, so the run ends on
+    time; a drift inside the tolerance or a faster pace leaves the plan alone, and nothing moves before the
+    early re-plan."""
+    from vitlab.train import budget
+    from vitlab.train.distributed import Dist
+
+    clock = [1000.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    r = budget.Replanner.for_plan(total_steps=1000, budget=105.0, t_start=900.0, eval_s=1.0, steps_per_epoch=100)
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    assert r.after_epoch(step=100, planned=1000, per_step=0.1, overhead_s=1.5, **kw) is None  # still due
+    r.due = False  # the early re-plan happened
+    # 100 s spent, 5 s kept back: 900 more steps at 0.1 s and 9 epochs' work at 1.5 s do not fit in 0 s
+    assert r.after_epoch(step=100, planned=1000, per_step=0.1, overhead_s=1.5, **kw) == 100
+    clock[0] = 910.0  # 10 s spent, 90 s left: 900 more steps at 0.11 s do not fit, fewer do
+    new = r.after_epoch(step=100, planned=1000, per_step=0.11, overhead_s=1.5, **kw)
+    assert new == 100 + budget._steps_in_budget(90.0, 0.11, 1.0, 100, 100) and 700 < new < 900
+    evals = math.ceil(new / 100) - 1
+    assert (new - 100) * 0.11 + evals * 1.5 <= 90 < (new - 99) * 0.11 + evals * 1.5  # as many as fit, no more
+    assert r.after_epoch(step=100, planned=new + 10, per_step=0.11, overhead_s=1.5, **kw) is None  # within 3 %
+    assert r.after_epoch(step=100, planned=new - 100, per_step=0.11, overhead_s=1.5, **kw) is None  # never longer
+    assert budget.Replanner().after_epoch(step=100, planned=1000, per_step=1.0, overhead_s=0.0, **kw) is None
+
+
+def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end(tmp_path, monkeypatch):
+    """A time-budgeted run planned at 300 steps (warmup 10 %: 30) is cut to 200 at its first epoch's end
+    (faked, after its warmup): the warmup stays at 30 steps, the LR decays from where it was, without a jump
+    up, and the cosine ends at the new end."""
+    from vitlab.train import budget, trainer
+
+    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (300, 7, 0.05))
+    monkeypatch.setattr(budget.Replanner, "after_step", lambda self, **_: None)
+    calls = []
+
+    def slower(self, *, step, planned, **_):
+        calls.append((step, planned))
+        return 200 if len(calls) == 1 else None
+
+    monkeypatch.setattr(budget.Replanner, "after_epoch", slower)
+    lrs: list[float] = []
+    on_step = trainer.Trainer._on_step
+
+    def record(self, res, loss):
+        lrs.append(self.opt.scheduler.get_last_lr()[0])
+        return on_step(self, res, loss)
+
+    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    cfg = trainer.TrainConfig(
+        recipe=get_recipe("digits", batch_size=32, warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.1),
+        arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
+        out=str(tmp_path / "run"),
+        time_budget=600.0,
+        workers=0,
+        progress=False,
+    )
+    s = trainer.fit(cfg)
+    first_epoch, planned = calls[0]
+    assert planned == 300 and 30 < first_epoch < 200
+    assert s["steps"] == 200 and len(lrs) == 200
+    assert lrs.index(max(lrs)) == 28  # the peak at the warmup's end (read after the scheduler steps)
+    assert all(b <= a for a, b in itertools.pairwise(lrs[28:]))  # a decay from there to the end, through the cut
+    assert lrs[-1] < 0.01 * max(lrs)
+    plan = torch.load(tmp_path / "run" / "last.pt", weights_only=False)["plan"]
+    assert plan["warmup_steps"] == 30 and plan["total_steps"] == 200

@@ -1,5 +1,5 @@
-"""``--time-budget``: plan the number of optimizer steps from a measured step time, and re-plan
-once from the run's own steps so that the run ends on time."""
+"""``--time-budget``: plan the number of optimizer steps from a measured step time, re-plan once
+from the run's own steps, then correct the plan at each epoch's end, so that the run ends on time."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ __all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "
 
 _REPLAN_FROM, _REPLAN_AT = 5, 45
 """A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
+_LATE_TOLERANCE = 0.03
+"""An epoch-end correction moves the plan only when it would cut the steps still to go by more than this share:
+the pace of one epoch to the next varies by a little, and every move re-shapes the rest of the cosine."""
 
 
 def _budget_reserve(budget: float) -> float:
@@ -172,10 +175,15 @@ class Replanner:
     """The planning probe times bare steps on a fixed batch; the run's own steps add data loading,
     clipping, the real optimizer and the machine's load of the moment. A long time-budgeted run
     times its own steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` of this process and re-fits the schedule
-    to that pace once, still inside the warmup, so that it ends on time."""
+    to that pace once, still inside the warmup, so that it ends on time. The pace can still drift
+    later (the machine's load, a slower phase of the data), so at each epoch's end the steps still
+    to go are cut to what the last epoch's pace and end-of-epoch work leave room for."""
 
     due: bool = False
     """False for runs without a time budget, short ones and resumed ones."""
+    late: bool = False
+    """Whether to correct the plan at epoch ends: fresh time-budgeted runs without a resolution schedule (whose
+    step cost changes along the run, so one epoch's pace does not predict the next)."""
     budget: float = 0.0
     t_start: float = 0.0
     """``time.perf_counter()`` when this process started the run."""
@@ -188,6 +196,7 @@ class Replanner:
         """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough)."""
         return cls(
             due=total_steps >= 2 * _REPLAN_AT,
+            late=True,
             budget=budget,
             t_start=t_start,
             eval_s=eval_s,
@@ -215,3 +224,21 @@ class Replanner:
         if abs(total - planned) <= 0.02 * planned:
             return None
         return total, per_step
+
+    def after_epoch(
+        self, *, step: int, planned: int, per_step: float, overhead_s: float, dist: Dist, device: torch.device
+    ) -> int | None:
+        """Called at each epoch's end, after its evaluation and saving (``overhead_s`` for them, ``per_step``
+        seconds for each of its optimizer steps): the new, shorter total when fewer steps than planned still
+        fit in the budget (by more than :data:`_LATE_TOLERANCE`), else None. Not before the early re-plan,
+        nor once the plan is done. It never lengthens the run: moving the cosine's end later would raise an
+        LR that is already decaying, and ending a little early loses little."""
+        if not self.late or self.due or step >= planned:
+            return None
+        left = self.budget - (time.perf_counter() - self.t_start) - _budget_reserve(self.budget)
+        eval_s = max(0.0, overhead_s - 0.5)  # _steps_in_budget adds 0.5 s of saving to each evaluation
+        more = 0 if left < per_step + eval_s else _steps_in_budget(left, per_step, eval_s, self.steps_per_epoch, step)
+        (total,) = broadcast_ints([step + more], dist, device)
+        if planned - total <= _LATE_TOLERANCE * (planned - step):
+            return None
+        return total

@@ -112,7 +112,7 @@ class TrainerSetup:
                 measure=_plan_budget,  # read at call time: tests stand in for vitlab.train.setup._plan_budget
             )
             if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
-                self.replan.due = False
+                self.replan.due = self.replan.late = False
         self.opt = build_optimization(
             self.net,
             recipe=cfg.recipe,

@@ -142,7 +142,19 @@ class Trainer(TrainerSetup):
         if res.stopped and p.micro < lo.micro_per_epoch and p.step < self.plan["total_steps"]:
             p.interrupted = True  # stopped mid-epoch: _on_step saved the exact position
             return False
+        t_end = time.perf_counter()
         self._end_epoch(res)
+        if res.steps and not res.stopped:
+            new = self.replan.after_epoch(
+                step=p.step,
+                planned=self.plan["total_steps"],
+                per_step=res.seconds / res.steps,
+                overhead_s=time.perf_counter() - t_end,
+                dist=self.dist,
+                device=self.device,
+            )
+            if new is not None:
+                self._replanned(new, res.seconds / res.steps, late=True)
         if res.stopped and p.step < self.plan["total_steps"]:
             p.interrupted = True
             return False
@@ -188,10 +200,16 @@ class Trainer(TrainerSetup):
             self._checkpoint(micro_done=p.micro)
         return stop
 
-    def _replanned(self, total: int, per_step: float) -> None:
+    def _replanned(self, total: int, per_step: float, *, late: bool = False) -> None:
+        """Re-fit the schedule to end at ``total``: the warmup with the cosine, unless the run has finished its
+        warmup (at an epoch's end, ``late``): then it is kept, at most half the run, and the LR decays faster
+        from where it is."""
         warm, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
+        if late and self.progress.step >= self.plan["warmup_steps"]:
+            warm = min(self.plan["warmup_steps"], total // 2)
+        which = "the last epoch's steps took" if late else "the run's own steps take"
         self.log(
-            f"\ntime budget: the run's own steps take {per_step * 1000:.0f} ms -> re-planned to {total} steps "
+            f"\ntime budget: {which} {per_step * 1000:.0f} ms -> re-planned to {total} steps "
             f"(was {self.plan['total_steps']}), warmup {warm} steps"
         )
         self.plan["total_steps"] = total
