@@ -52,6 +52,27 @@ def test_auto_rules_table(n, epochs, batch, steps, level, model):
     assert r.arch["patch_size"] == 4  # 32 px -> an 8 x 8 grid
 
 
+def test_short_runs_do_not_crop():
+    """Under 10 epochs the auto recipe's training transform keeps the whole image (flip aside), square or not;
+    from the light level on it crops."""
+    from vitlab.data.transforms import train_transform
+
+    r, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=5)
+    assert "no crop, flip" in line
+    g = torch.Generator().manual_seed(0)
+    for h, w in ((32, 32), (40, 32)):
+        img = torch.rand(3, h, w, generator=g)
+        t = train_transform(
+            img_size=32, mean=(0, 0, 0), std=(1, 1, 1), crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, hflip=0
+        )
+        for _ in range(5):
+            out = t(img)
+            top = (h - 32) // 2
+            assert torch.equal(out, img[:, top : top + 32]), (h, w)  # a square image whole; else its centre
+    light, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=30)
+    assert "crop 0.5-1" in line and light.crop_scale == (0.5, 1.0) and light.crop_ratio == (3 / 4, 4 / 3)
+
+
 def test_auto_levels_grow_with_epochs_and_shrink_with_data():
     order = list(LEVELS)
     for n in (1_000, 10_000, 300_000, 3_000_000):
