@@ -20,13 +20,17 @@ from vitlab.train.schedule import lr_factor
 # n_train, epochs -> batch, steps, level, model
 RULES = [
     (10_000, 5, 128, 390, "minimal", "tiny"),
-    (10_000, 30, 128, 2340, "light", "small"),
-    (10_000, 60, 128, 4680, "medium", "small"),
-    (10_000, 15, 128, 1170, "light", "tiny"),
+    (10_000, 30, 128, 2340, "minimal", "tiny"),  # one level lighter from 10k images
+    (10_000, 60, 128, 4680, "light", "tiny"),
+    (10_000, 15, 128, 1170, "minimal", "tiny"),
+    (1_000, 30, 32, 930, "light", "tiny"),
+    (9_999, 15, 128, 1170, "light", "tiny"),
+    (50_000, 26, 128, 10_140, "minimal", "small"),
     (1_000, 100, 32, 3100, "strong", "tiny"),
     (160, 10, 8, 200, "light", "tiny"),
-    (50_000, 100, 128, 39_000, "strong", "base"),
-    (200_000, 60, 128, 93_720, "light", "base"),  # one level lighter for 100k+ images
+    (50_000, 100, 128, 39_000, "medium", "base"),
+    (50_000, 300, 128, 117_000, "medium", "base"),
+    (200_000, 60, 128, 93_720, "light", "base"),
     (2_000_000, 100, 128, 1_562_500, "light", "base"),  # two levels lighter for 1M+
     (2_000_000, 5, 128, 78_125, "minimal", "base"),
 ]
@@ -69,7 +73,7 @@ def test_short_runs_do_not_crop():
             out = t(img)
             top = (h - 32) // 2
             assert torch.equal(out, img[:, top : top + 32]), (h, w)  # a square image whole; else its centre
-    light, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=30)
+    light, line = auto_recipe(n_train=1_000, img_size=(32, 32), num_classes=10, epochs=30)
     assert "crop 0.5-1" in line and light.crop_scale == (0.5, 1.0) and light.crop_ratio == (3 / 4, 4 / 3)
 
 
@@ -79,7 +83,7 @@ def test_auto_levels_grow_with_epochs_and_shrink_with_data():
         levels = [order.index(aug_level(epochs=e, n_train=n)) for e in (1, 10, 30, 100, 300)]
         assert levels == sorted(levels)
     for e in (5, 30, 100, 300):
-        levels = [order.index(aug_level(epochs=e, n_train=n)) for n in (1_000, 100_000, 1_000_000)]
+        levels = [order.index(aug_level(epochs=e, n_train=n)) for n in (1_000, 10_000, 100_000, 1_000_000)]
         assert levels == sorted(levels, reverse=True)
     assert (aug_level(epochs=5, n_train=1000), aug_level(epochs=300, n_train=1000)) == ("minimal", "strong")
     assert LEVELS["minimal"]["mixup"] == LEVELS["minimal"]["cutmix"] == 0 and LEVELS["minimal"]["randaugment"] is None
