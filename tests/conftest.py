@@ -73,6 +73,22 @@ def default_signals():
         signal.signal(s, h)
 
 
+@pytest.fixture
+def step_lrs(monkeypatch) -> list[float]:
+    """The LR after each optimizer step of the runs a test makes (read in ``Trainer._on_step``)."""
+    from vitlab.train import trainer
+
+    lrs: list[float] = []
+    on_step = trainer.Trainer._on_step
+
+    def record(self, res, loss):
+        lrs.append(self.opt.scheduler.get_last_lr()[0])
+        return on_step(self, res, loss)
+
+    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    return lrs
+
+
 @pytest.fixture(autouse=True)
 def _no_network_probe(monkeypatch):
     """Tests never touch the network: the Hub counts as reachable (downloads are mocked per test);

@@ -164,7 +164,7 @@ def _parser():
     return p
 
 
-def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path, monkeypatch):
+def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path, monkeypatch, step_lrs):
     """A probe far too optimistic plans 100k steps, a warmup of 10k; the run's own pace (faked, so that the
     test does not depend on the machine's load) re-plans to 120. The warmup is re-fitted with the cosine:
     the LR peaks early and decays over the run's end."""
@@ -176,14 +176,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
         return (120, 0.05) if self.due and steps_this_run == budget._REPLAN_AT else None
 
     monkeypatch.setattr(budget.Replanner, "after_step", measured)
-    lrs: list[float] = []
-    on_step = trainer.Trainer._on_step
-
-    def record(self, res, loss):
-        lrs.append(self.opt.scheduler.get_last_lr()[0])
-        return on_step(self, res, loss)
-
-    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    lrs = step_lrs
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=10_000),
         arch={"embed_dim": 16, "depth": 1, "num_heads": 2},

@@ -249,7 +249,7 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
     assert budget.Replanner().after_epoch(step=100, planned=1000, per_step=1.0, overhead_s=0.0, **kw) is None
 
 
-def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end(tmp_path, monkeypatch):
+def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end(tmp_path, monkeypatch, step_lrs):
     """A time-budgeted run planned at 300 steps (warmup 10 %: 30) is cut to 200 at its first epoch's end
     (faked, after its warmup): the warmup stays at 30 steps, the LR decays from where it was, without a jump
     up, and the cosine ends at the new end."""
@@ -264,14 +264,7 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
         return 200 if len(calls) == 1 else None
 
     monkeypatch.setattr(budget.Replanner, "after_epoch", slower)
-    lrs: list[float] = []
-    on_step = trainer.Trainer._on_step
-
-    def record(self, res, loss):
-        lrs.append(self.opt.scheduler.get_last_lr()[0])
-        return on_step(self, res, loss)
-
-    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    lrs = step_lrs
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.1),
         arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
