@@ -58,7 +58,14 @@ def make_subset(
 
 
 def run_default(
-    data: Path, out: Path, *, epochs: int, seed: int, cache: Path, recipe: str | None = None, extra: list[str] = ()
+    data: Path,
+    out: Path,
+    *,
+    epochs: int,
+    seed: int,
+    cache: Path,
+    recipe: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict:
     from vitlab.cli import main
 
@@ -163,13 +170,13 @@ def main() -> None:
                 seed=seed,
                 cache=tmp / "cache",
                 recipe=a.recipe,
-                extra=shlex.split(a.train_args),
+                extra=tuple(shlex.split(a.train_args)),
             )
             m = ours["model"]
             arch = {k: m[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")}
             img = m["img_size"][0] if isinstance(m["img_size"], list) else m["img_size"]
             threads = torch.get_num_threads()
-            theirs = {"top1": math.nan, "steps": 0, "wall_s": 0.0}
+            theirs = {"top1": None, "steps": None, "wall_s": None}  # --no-baseline: null in the JSON line
             if not a.no_baseline:
                 theirs = run_baseline(
                     data,
@@ -191,16 +198,19 @@ def main() -> None:
                 "ours_recipe": ours["recipe_chosen"],
                 "baseline_top1": theirs["top1"],
                 "baseline_steps": theirs["steps"],
-                "baseline_wall_s": round(theirs["wall_s"], 1),
+                "baseline_wall_s": theirs["wall_s"] and round(theirs["wall_s"], 1),
                 "arch": arch,
                 "threads": threads,
                 "train_args": a.train_args,
             }
             print(json.dumps(row))
+            base, diff = "-", "-"
+            if theirs["top1"] is not None:
+                base = f"{100 * theirs['top1']:.1f}% ({theirs['steps']} steps)"
+                diff = f"{100 * (ours['top1'] - theirs['top1']):+.1f}"
             print(
-                f"| {row['data']} | {a.epochs} | {seed} | {100 * row['ours_top1']:.1f}% ({row['ours_steps']} steps) | "
-                f"{100 * row['baseline_top1']:.1f}% ({row['baseline_steps']} steps) | "
-                f"{100 * (row['ours_top1'] - row['baseline_top1']):+.1f} |"
+                f"| {row['data']} | {a.epochs} | {seed} | {100 * ours['top1']:.1f}% ({ours['steps']} steps) | "
+                f"{base} | {diff} |"
             )
 
 

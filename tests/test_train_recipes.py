@@ -265,6 +265,14 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
 
     monkeypatch.setattr(budget.Replanner, "after_epoch", slower)
     lrs = step_lrs
+    saved: list[tuple[int, int]] = []  # (step, planned total) of every last.pt written
+    checkpoint = trainer.Trainer._checkpoint
+
+    def record_plan(self, *, micro_done):
+        saved.append((self.progress.step, self.plan["total_steps"]))
+        return checkpoint(self, micro_done=micro_done)
+
+    monkeypatch.setattr(trainer.Trainer, "_checkpoint", record_plan)
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.1),
         arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
@@ -276,6 +284,7 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
     s = trainer.fit(cfg)
     first_epoch, planned = calls[0]
     assert planned == 300 and 30 < first_epoch < 200
+    assert [t for st, t in saved if st == first_epoch][-1] == 200  # a resume after the cut keeps the cut plan
     assert s["steps"] == 200 and len(lrs) == 200
     assert lrs.index(max(lrs)) == 28  # the peak at the warmup's end (read after the scheduler steps)
     assert all(b <= a for a, b in itertools.pairwise(lrs[28:]))  # a decay from there to the end, through the cut

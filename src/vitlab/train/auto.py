@@ -92,8 +92,8 @@ MODELS: list[tuple[str, int, dict[str, int]]] = [
 ]
 """``(name, images seen from which it is chosen, ViT fields)``; "base" is the ``small-data`` recipe's
 CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallower, narrower versions.
-"small" starts at 1M images seen: at 300k (10k images, 30 epochs) it did far worse than "tiny"
-(docs/training.md)."""
+"small" starts at 1M images seen: at 300k (10k images, 30 epochs) it did far worse with the light level
+than "tiny" with the minimal one (docs/training.md; the two changes were not measured apart)."""
 
 PLAIN: dict[str, Any] = {"posemb": "sincos2d"}
 """The position embeddings of every model ``auto`` picks (``--posemb learn`` overrides them)."""

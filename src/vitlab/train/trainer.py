@@ -145,16 +145,18 @@ class Trainer(TrainerSetup):
         t_end = time.perf_counter()
         self._end_epoch(res)
         if res.steps and not res.stopped:
+            per_step = res.seconds / res.steps
             new = self.replan.after_epoch(
                 step=p.step,
                 planned=self.plan["total_steps"],
-                per_step=res.seconds / res.steps,
+                per_step=per_step,
                 overhead_s=time.perf_counter() - t_end,
                 dist=self.dist,
                 device=self.device,
             )
             if new is not None:
-                self._replanned(new, res.seconds / res.steps, late=True)
+                self._replanned(new, per_step, late=True)
+                self._checkpoint(micro_done=0)  # last.pt was written with the plan before the cut
         if res.stopped and p.step < self.plan["total_steps"]:
             p.interrupted = True
             return False
