@@ -110,7 +110,7 @@ def run_baseline(data: Path, *, arch: dict, img: int, in_chans: int, epochs: int
     total = epochs * len(tl)
     warm = max(1, round(0.05 * total))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm)))
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm)))
     )
     t0 = time.perf_counter()
     for _ in range(epochs):

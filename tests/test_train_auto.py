@@ -20,12 +20,12 @@ from vitlab.train.schedule import lr_factor
 # n_train, epochs -> batch, steps, level, model
 RULES = [
     (10_000, 5, 128, 390, "minimal", "tiny"),
-    (10_000, 30, 128, 2340, "minimal", "tiny"),  # one level lighter from 10k images
+    (10_000, 30, 128, 2340, "mild", "tiny"),  # one level lighter from 10k images
     (10_000, 60, 128, 4680, "light", "tiny"),
-    (10_000, 15, 128, 1170, "minimal", "tiny"),
+    (10_000, 15, 128, 1170, "mild", "tiny"),
     (1_000, 30, 32, 930, "light", "tiny"),
     (9_999, 15, 128, 1170, "light", "tiny"),
-    (50_000, 26, 128, 10_140, "minimal", "small"),
+    (50_000, 26, 128, 10_140, "mild", "small"),
     (1_000, 100, 32, 3100, "strong", "tiny"),
     (160, 10, 8, 200, "light", "tiny"),
     (50_000, 100, 128, 39_000, "medium", "base"),
@@ -33,6 +33,8 @@ RULES = [
     (200_000, 60, 128, 93_720, "light", "base"),
     (2_000_000, 100, 128, 1_562_500, "light", "base"),  # two levels lighter for 1M+
     (2_000_000, 5, 128, 78_125, "minimal", "base"),
+    (2_000_000, 30, 128, 468_750, "minimal", "base"),
+    (2_000_000, 60, 128, 937_500, "mild", "base"),
 ]
 
 
@@ -52,13 +54,13 @@ def test_auto_rules_table(n, epochs, batch, steps, level, model):
     assert (r.hflip, r.label_smoothing, r.weight_decay, r.optimizer) == (0.5, 0.1, 0.05, "adamw")
     assert r.warmup_steps == 0 and r.warmup_epochs == 0
     assert r.warmup_fraction == (0.1 if steps < 5000 else 0.05)
-    assert r.scaled_lr(r.batch_size) == pytest.approx(2e-3 * (batch / 128) ** 0.5)
+    assert r.scaled_lr(r.batch_size) == pytest.approx((2e-3 if epochs < 10 else 1e-3) * (batch / 128) ** 0.5)
     assert r.arch["patch_size"] == 4  # 32 px -> an 8 x 8 grid
 
 
 def test_short_runs_do_not_crop():
     """Under 10 epochs the auto recipe's training transform keeps the whole image (flip aside), square or not;
-    from the light level on it crops."""
+    from the mild level on it crops (mild: squares only, light: any aspect ratio)."""
     from vitlab.data.transforms import train_transform
 
     r, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=5)
@@ -73,6 +75,9 @@ def test_short_runs_do_not_crop():
             out = t(img)
             top = (h - 32) // 2
             assert torch.equal(out, img[:, top : top + 32]), (h, w)  # a square image whole; else its centre
+    mild, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=30)
+    assert "-> mild aug" in line and "crop 0.8-1" in line
+    assert mild.crop_scale == (0.8, 1.0) and mild.crop_ratio == (1.0, 1.0) and mild.randaugment is None
     light, line = auto_recipe(n_train=1_000, img_size=(32, 32), num_classes=10, epochs=30)
     assert "crop 0.5-1" in line and light.crop_scale == (0.5, 1.0) and light.crop_ratio == (3 / 4, 4 / 3)
 
