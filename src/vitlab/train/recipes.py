@@ -247,8 +247,9 @@ RECIPES: dict[str, Recipe] = {
             source=(
                 "Fitted to the data and the budget when the run starts (vitlab.train.auto): Steiner et al. 2021 "
                 "(AugReg): the best augmentation and regularisation grows with the epochs and shrinks with the data, "
-                "so short schedules get crop + flip + label smoothing only and DeiT's MixUp/CutMix/RandAugment only "
-                "long schedules on small data; a batch of at most 1/16 of the data; a model sized for the budget."
+                "so short schedules get flip + label smoothing (a light crop from 10 epochs) and DeiT's MixUp/CutMix/"
+                "RandAugment only long schedules on small data; a batch of at most 1/16 of the data; the LR lower from "
+                "10 epochs; a model sized for the budget."
             ),
             expected=(
                 "The default for --data DIR; 30 epochs unless --epochs or --time-budget is given. Numbers against a "
