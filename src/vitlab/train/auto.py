@@ -47,54 +47,20 @@ from .recipes import RECIPES, Recipe
 
 __all__ = ["LEVELS", "MODELS", "PLAIN", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
 
+_FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
+_ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
 LEVELS: dict[str, dict[str, Any]] = {
-    "minimal": {
-        "crop_scale": (1.0, 1.0),  # with ratio 1: the whole (square) image, as in evaluation
-        "crop_ratio": (1.0, 1.0),
-        "randaugment": None,
-        "mixup": 0.0,
-        "cutmix": 0.0,
-        "random_erasing": 0.0,
-        "drop_path": 0.0,
-    },
-    "mild": {
-        "crop_scale": (0.8, 1.0),
-        "crop_ratio": (1.0, 1.0),
-        "randaugment": None,
-        "mixup": 0.0,
-        "cutmix": 0.0,
-        "random_erasing": 0.0,
-        "drop_path": 0.0,
-    },
-    "light": {
-        "crop_scale": (0.5, 1.0),
-        "crop_ratio": (3 / 4, 4 / 3),
-        "randaugment": (2, 7),
-        "mixup": 0.0,
-        "cutmix": 0.0,
-        "random_erasing": 0.0,
-        "drop_path": 0.05,
-    },
-    "medium": {
-        "crop_scale": (0.35, 1.0),
-        "crop_ratio": (3 / 4, 4 / 3),
-        "randaugment": (2, 10),
-        "mixup": 0.2,
-        "cutmix": 0.0,
-        "random_erasing": 0.1,
-        "drop_path": 0.1,
-    },
-    "strong": {
-        "crop_scale": (0.35, 1.0),
-        "crop_ratio": (3 / 4, 4 / 3),
-        "randaugment": (2, 15),
-        "mixup": 0.8,
-        "cutmix": 1.0,
-        "random_erasing": 0.25,
-        "drop_path": 0.1,
-    },
+    name: dict(zip(_FIELDS, values, strict=True))
+    for name, values in (  # crop scale, crop ratio, RandAugment (N, M), MixUp, CutMix, erasing, stochastic depth
+        ("minimal", ((1.0, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),  # scale and ratio 1: the whole image
+        ("mild", ((0.8, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),
+        ("light", ((0.5, 1.0), _ANY_RATIO, (2, 7), 0.0, 0.0, 0.0, 0.05)),
+        ("medium", ((0.35, 1.0), _ANY_RATIO, (2, 10), 0.2, 0.0, 0.1, 0.1)),
+        ("strong", ((0.35, 1.0), _ANY_RATIO, (2, 15), 0.8, 1.0, 0.25, 0.1)),
+    )
 }
-"""Augmentation and regularisation per level, lightest first (after AugReg's none / light / medium / heavy)."""
+"""Augmentation and regularisation per level (the fields of :data:`_FIELDS`), lightest first (after AugReg's none /
+light / medium / heavy)."""
 _COMMON = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
 
 MODELS: list[tuple[str, int, dict[str, int]]] = [
