@@ -76,7 +76,7 @@ def test_short_runs_do_not_crop():
             top = (h - 32) // 2
             assert torch.equal(out, img[:, top : top + 32]), (h, w)  # a square image whole; else its centre
     mild, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=30)
-    assert "-> mild aug" in line and "crop 0.8-1" in line
+    assert "-> mild aug" in line and "crop 0.8-1 square, flip" in line
     assert mild.crop_scale == (0.8, 1.0) and mild.crop_ratio == (1.0, 1.0) and mild.randaugment is None
     light, line = auto_recipe(n_train=1_000, img_size=(32, 32), num_classes=10, epochs=30)
     assert "crop 0.5-1" in line and light.crop_scale == (0.5, 1.0) and light.crop_ratio == (3 / 4, 4 / 3)

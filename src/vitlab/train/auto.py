@@ -194,6 +194,7 @@ def auto_recipe(
     ra = f"RandAugment{aug['randaugment']}" if aug["randaugment"] else "no RandAugment"
     mix = f"MixUp {aug['mixup']:g} / CutMix {aug['cutmix']:g}" if aug["mixup"] or aug["cutmix"] else "no MixUp/CutMix"
     crop = "no crop" if aug["crop_scale"][0] == 1 else f"crop {aug['crop_scale'][0]:g}-1"
+    crop += " square" if aug["crop_ratio"] == _SQUARE and aug["crop_scale"][0] < 1 else ""
     why = {
         "minimal": "short schedule",
         "mild": "medium schedule",
