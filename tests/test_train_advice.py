@@ -10,12 +10,18 @@ import pytest
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import get_recipe, report
-from vitlab.train.report import WallEstimate, advice_line
+from vitlab.train import advice, get_recipe, report
+from vitlab.train.advice import advice_line
+from vitlab.train.report import WallEstimate
 
 
 def _rows(top1, train=1.0, ev=1.0):
-    return [{"epoch": i + 1, "top1": t / 100, "train_loss": train, "eval_loss": ev} for i, t in enumerate(top1)]
+    """Per-epoch rows; ``train`` and ``ev`` are one loss for every epoch or a list of them."""
+    train, ev = ([x] * len(top1) if isinstance(x, float) else x for x in (train, ev))
+    return [
+        {"epoch": i + 1, "top1": t / 100, "train_loss": a, "eval_loss": b}
+        for i, (t, a, b) in enumerate(zip(top1, train, ev, strict=True))
+    ]
 
 
 AUTO = get_recipe("auto")  # minimal regularisation: no MixUp, CutMix, RandAugment, erasing, stochastic depth
@@ -40,6 +46,10 @@ ADVICE = [
         None,
         ["rising steeply", "underfitting", "try --epochs 10 and --recipe auto, or --mixup 0"],
     ),
+    # overfitting: the held-out row of docs/training.md (eval loss 1.28 -> 1.59 while train loss fell)
+    ([40.0, 50.0, 54.0, 55.0], [1.6, 1.2, 0.9, 0.58], [1.40, 1.28, 1.45, 1.59], AUTO, None, ["overfitting"]),
+    ([40.0, 50.0, 54.0, 55.0], [1.6, 1.2, 0.9, 0.58], [1.40, 1.28, 1.45, 1.47], AUTO, None, None),  # < 1.15x
+    ([40.0, 50.0, 54.0, 55.0], [1.6, 1.2, 1.3, 1.25], [1.40, 1.28, 1.45, 1.59], AUTO, None, None),  # train not down
 ]
 
 
@@ -58,6 +68,22 @@ def test_advice_names_each_regulariser_that_is_on():
     r = AUTO.replace(randaugment=(2, 9), random_erasing=0.25, drop_path=0.1)
     line = advice_line(_rows([50, 51, 51.5], 2.0, 1.0), recipe=r, epochs=3)
     assert line.endswith("try --randaugment none --random-erasing 0 --drop-path 0")
+
+
+def test_overfitting_advice_adds_what_the_recipe_lacks_else_stops_earlier():
+    top1, train, ev = [40.0, 50.0, 54.0, 55.0], [1.6, 1.2, 0.9, 0.58], [1.40, 1.28, 1.45, 1.59]
+    minimal = AUTO.replace(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))  # the minimal level: no crop, no MixUp
+    line = advice_line(_rows(top1, train, ev), recipe=minimal, epochs=4)
+    assert line == (
+        "advice: eval loss up from 1.28 (epoch 2) to 1.59 while train loss fell to 0.58 (overfitting): "
+        "try --crop-scale 0.8,1 --mixup 0.2"
+    )
+    cropped = minimal.replace(crop_scale=(0.8, 1.0))
+    assert advice_line(_rows(top1, train, ev), recipe=cropped, epochs=4).endswith("try --mixup 0.2")
+    augmented = cropped.replace(mixup=0.2)
+    assert advice_line(_rows(top1, train, ev), recipe=augmented, epochs=4).endswith("try --epochs 2")
+    line = advice_line(_rows(top1, train, ev), recipe=augmented, epochs=4, time_budget=1200.0)
+    assert line.endswith("try --time-budget 10m")
 
 
 def test_wall_estimate_times_the_first_steps(monkeypatch):
@@ -79,7 +105,7 @@ def test_wall_estimate_times_the_first_steps(monkeypatch):
 
 
 def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(report, "RISE_POINTS", -101.0)  # any change counts as rising: the plumbing, not the rule
+    monkeypatch.setattr(advice, "RISE_POINTS", -101.0)  # any change counts as rising: the plumbing, not the rule
     data = tiny_folder(tmp_path / "data", per_class=16, size=16)
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--out", str(out), "--epochs", "3", "--cache-dir", str(tmp_path / "c")]
@@ -89,6 +115,6 @@ def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypat
     assert len(first) == 1 and first[0] < next(i for i, ln in enumerate(lines) if ln.startswith("epoch 1/3"))
     start = next(ln for ln in lines if ln.startswith("training "))
     assert "48 train" in start and "recipe auto, 3 epochs = 18 steps" in start
-    advice = [ln for ln in lines if ln.startswith("advice: ")]
-    assert len(advice) == 1 and "top-1 still rising steeply" in advice[0] and "--epochs 6" in advice[0]
-    assert json.loads((out / "summary.json").read_text())["advice"] == advice[0]
+    said = [ln for ln in lines if ln.startswith("advice: ")]
+    assert len(said) == 1 and "top-1 still rising steeply" in said[0] and "--epochs 6" in said[0]
+    assert json.loads((out / "summary.json").read_text())["advice"] == said[0]

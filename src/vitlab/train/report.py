@@ -27,10 +27,7 @@ if TYPE_CHECKING:
     from .recipes import Recipe
 
 __all__ = [
-    "RISE_POINTS",
-    "UNDERFIT_RATIO",
     "WallEstimate",
-    "advice_line",
     "append_metrics",
     "draw_figures",
     "model_summary",
@@ -339,51 +336,3 @@ class WallEstimate:
             f"expected wall time ~{_duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
             f"{step - self.until + 2}-{step}, {left} steps and {evals} evaluation(s) to go)"
         )
-
-
-RISE_POINTS = 3.0
-"""Top-1 is "still rising steeply" when the last 20% of the epochs (at least one) gained more than this many
-percentage points: a longer run would very likely end higher."""
-UNDERFIT_RATIO, UNDERFIT_MARGIN = 1.25, 0.1
-"""Train loss is "far above" the evaluation loss when ``train > UNDERFIT_RATIO * eval + UNDERFIT_MARGIN``: more
-than label smoothing 0.1 alone adds, so the training-time augmentation and regularisation (MixUp/CutMix,
-RandAugment, random erasing, stochastic depth) make the task much harder than the test: underfitting."""
-
-
-def advice_line(
-    rows: Sequence[dict[str, Any]], *, recipe: Recipe, epochs: int, time_budget: float | None = None
-) -> str | None:
-    """One line of advice at the end of a finished run, or None: when top-1 is still rising steeply
-    (:data:`RISE_POINTS`), train longer (``--epochs`` or ``--time-budget`` doubled); when the train loss is far
-    above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises, the flags that lighten it
-    (a named recipe other than ``auto`` also gets ``--recipe auto``, fitted to the run's length). Needs
-    three epochs or more (``rows``: ``metrics.jsonl``'s)."""
-    if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
-        return None
-    k = max(1, round(0.2 * len(rows)))
-    gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
-    rising = gain > RISE_POINTS
-    train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
-    lighter = [
-        flag
-        for flag, on in (
-            ("--mixup 0", recipe.mixup > 0),
-            ("--cutmix 0", recipe.cutmix > 0),
-            ("--randaugment none", recipe.randaugment is not None),
-            ("--random-erasing 0", recipe.random_erasing > 0),
-            ("--drop-path 0", recipe.drop_path > 0),
-        )
-        if on
-    ]
-    underfit = bool(lighter) and train > UNDERFIT_RATIO * ev + UNDERFIT_MARGIN
-    if not (rising or underfit):
-        return None
-    why, fix = [], []
-    if rising:
-        of = f"the last {k} of {len(rows)} epochs" if k > 1 else f"the last of {len(rows)} epochs"
-        why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of})")
-        fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
-    if underfit:
-        why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
-        fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))
-    return f"advice: {' and '.join(why)}: try {' and '.join(fix)}"

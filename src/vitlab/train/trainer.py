@@ -25,6 +25,7 @@ import torch
 from .._fs import FolderLock
 from ..errors import ConfigError, NonFiniteLossError
 from . import report
+from .advice import advice_line
 from .budget import _REPLAN_AT, _plan_budget, _steps_in_budget, warmup_for
 from .build import build_model, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint
@@ -320,7 +321,7 @@ class Trainer(TrainerSetup):
             summary["signal"] = self.stop.name
         if not p.interrupted and self.cfg.objective == "classify":
             r, budget = self.cfg.recipe, self.cfg.time_budget
-            summary["advice"] = report.advice_line(rows, recipe=r, epochs=self.plan["epochs"], time_budget=budget)
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan["epochs"], time_budget=budget)
         if d.is_main:
             report.write_json(summary, out / "summary.json")
             if summary.get("advice"):
