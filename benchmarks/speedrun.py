@@ -6,7 +6,8 @@
 
 Both use the recipe of ``docs/cifar10.md`` (width 128, depth 6, 4 heads, MLP ratio 2, GAP, sine-cosine position
 embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + flip, label smoothing 0.1); the levers
-of issue 23 are flags passed through (``--token-drop``, ``--res-schedule``, ``--ema``) so that a run with them
+of issue 23 are flags passed through (``--token-drop``, ``--res-schedule``, ``--ema``, and any other ``vitlab
+train`` flag through ``--train-args``, e.g. the pooling or the model's shape) so that a run with them
 and one without differ in nothing else. The last stdout line is one JSON object: ``track, minutes, top1, top5,
 steps, images_per_sec, wall_s, device, minutes_to, levers, command``; ``minutes_to``: training minutes to
 60% and 70% test top-1 (``command``: the exact ``vitlab train`` command line). ``--baseline timm`` runs a plain
@@ -79,13 +80,15 @@ def train_command(args: argparse.Namespace, data: str, out: str) -> list[str]:
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     for flag, value in levers(args).items():
-        cmd += [flag, str(value)]
+        cmd += shlex.split(value) if flag == "train_args" else [flag, str(value)]
     return cmd
 
 
 def levers(args: argparse.Namespace) -> dict[str, object]:
-    """The issue-23 levers this run turns on, as ``vitlab train`` flags."""
+    """The issue-23 levers this run turns on, as ``vitlab train`` flags (``train_args``: the flags given to
+    ``--train-args``, appended last)."""
     given = {"--token-drop": args.token_drop, "--res-schedule": args.res_schedule, "--ema": args.ema}
+    given["train_args"] = args.train_args or None
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -113,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
     p.add_argument("--res-schedule", default=None, help="lever: vitlab train --res-schedule (e.g. 24:0.5,32:1.0)")
     p.add_argument("--ema", type=float, default=None, help="lever: vitlab train --ema")
+    p.add_argument(
+        "--train-args",
+        default=None,
+        help="further vitlab train flags, appended last so that they override the recipe's "
+        "(e.g. '--pool cls', '--dim 192 --depth 3 --heads 6', '--batch-size 256 --accum-steps 2')",
+    )
     p.add_argument(
         "--baseline",
         choices=["timm"],

@@ -50,6 +50,27 @@ def test_minutes_to_target_is_the_first_epoch_that_reached_it() -> None:
     assert minutes_to(rows[:3]) == {"60": 2.0, "70": None}
 
 
+def test_train_args_come_last_so_that_they_override_the_recipe() -> None:
+    import argparse
+
+    from vitlab.cli import build_parser
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from speedrun import levers, train_command
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    given = "--pool cls --dim 192 --depth 3 --heads 6"
+    kw = {"track": "vit", "smoke": False, "minutes": 20.0, "seed": 0, "device": "cpu", "compile": True, "threads": 0}
+    args = argparse.Namespace(**kw, token_drop=0.5, res_schedule=None, ema=None, train_args=given)
+    cmd = train_command(args, "data", "out")
+    assert cmd[-8:] == given.split() and cmd.count("--pool") == 2
+    assert levers(args) == {"--token-drop": 0.5, "train_args": given}
+    parsed = build_parser().parse_args(cmd)
+    assert (parsed.pool, parsed.dim, parsed.depth, parsed.heads) == ("cls", 192, 3, 6)
+    assert levers(argparse.Namespace(token_drop=None, res_schedule=None, ema=None, train_args="")) == {}
+
+
 def test_timm_baseline_smoke_run() -> None:
     pytest.importorskip("timm")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
