@@ -235,3 +235,28 @@ def test_macs_b16() -> None:
     with torch.device("meta"):
         model = create_model("vit_b16")
     assert round(model.macs() / 1e9, 1) == 17.6  # timm / fvcore report 17.6 GMACs
+
+
+def test_sincos_table_under_compile_is_computed_not_cached() -> None:
+    """Under ``torch.compile`` the fixed sine-cosine table is computed in the graph rather than read through the
+    cache, which dynamo would trace through with a warning; the two tables are the same."""
+    import warnings
+    from unittest import mock
+
+    from vitlab.models.posemb import patch_posemb_table
+
+    like = torch.zeros(1)
+    cached = patch_posemb_table(like, (3, 4), "sincos2d", (3, 4), "bicubic", 1, 16)
+    with (
+        mock.patch("torch.compiler.is_compiling", return_value=True),
+        mock.patch("vitlab.models.posemb._sincos", side_effect=AssertionError("the cache was read")),
+    ):
+        assert torch.equal(patch_posemb_table(like, (3, 4), "sincos2d", (3, 4), "bicubic", 1, 16), cached)
+    torch._dynamo.reset()
+    model = VisionTransformer(**TINY, posemb="sincos2d", pool="gap").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with warnings.catch_warnings(record=True) as seen, torch.no_grad():
+        warnings.simplefilter("always")
+        out = torch.compile(model, backend="eager")(x)
+        assert_close_rel(out, model(x))
+    assert not [w for w in seen if "lru_cache" in str(w.message)]

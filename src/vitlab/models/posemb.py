@@ -149,7 +149,9 @@ def patch_posemb_table(
         rows = resample_1d(params[0], gh, mode=mode)[:, :, None, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
         cols = resample_1d(params[1], gw, mode=mode)[:, None, :, :].expand(-1, gh, gw, -1)  # type: ignore[arg-type]
         return torch.cat([rows, cols], dim=-1).reshape(1, gh * gw, -1)
-    return _sincos(grid[0], grid[1], dim).to(device=like.device, dtype=like.dtype)
+    # torch.compile traces through the cache (and warns); in a compiled graph the table is a constant anyway
+    table = sincos_2d(grid[0], grid[1], dim)[None] if torch.compiler.is_compiling() else _sincos(grid[0], grid[1], dim)
+    return table.to(device=like.device, dtype=like.dtype)
 
 
 @functools.lru_cache(maxsize=16)
