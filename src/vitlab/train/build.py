@@ -280,7 +280,11 @@ def distribute(
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=cfg.objective == "mpp",
         )
-    return torch.compile(run_model) if cfg.compile else run_model
+    if not cfg.compile:
+        return run_model
+    # a resolution schedule changes the input size once or twice: one static graph per size, since inductor's
+    # symbolic-shape code generation did not finish for the hybrid stem's backward (docs/speedrun.md)
+    return torch.compile(run_model, dynamic=False if cfg.recipe.res_schedule else None)
 
 
 @dataclass(kw_only=True)
