@@ -253,6 +253,7 @@ def test_sincos_table_under_compile_is_computed_not_cached() -> None:
     ):
         assert torch.equal(patch_posemb_table(like, (3, 4), "sincos2d", (3, 4), "bicubic", 1, 16), cached)
     torch._dynamo.reset()
+    torch._dynamo.utils.warn_once_cache.clear()  # dynamo warns once a process: an earlier test may have seen it
     model = VisionTransformer(**TINY, posemb="sincos2d", pool="gap").eval()
     x = torch.randn(2, 3, 32, 32)
     with warnings.catch_warnings(record=True) as seen, torch.no_grad():

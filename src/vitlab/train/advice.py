@@ -71,10 +71,11 @@ def advice_line(
         fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))
     low = min(range(len(rows)), key=lambda i: rows[i]["eval_loss"])
     if ev > OVERFIT_RATIO * rows[low]["eval_loss"] and train < rows[low]["train_loss"]:
+        best = rows[low].get("epoch", low + 1)
         why.append(
-            f"eval loss up from {rows[low]['eval_loss']:.2f} (epoch {low + 1}) to {ev:.2f} while train loss fell "
+            f"eval loss up from {rows[low]['eval_loss']:.2f} (epoch {best}) to {ev:.2f} while train loss fell "
             f"to {train:.2f} (overfitting)"
         )
         shorter = f"--time-budget {time_budget * (low + 1) / len(rows) / 60:.3g}m" if time_budget else ""
-        fix.append(" ".join(_stronger(recipe)) or shorter or f"--epochs {low + 1}")
+        fix.append(" ".join(_stronger(recipe)) or shorter or f"--epochs {best}")
     return f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None
