@@ -87,7 +87,12 @@ def train_command(args: argparse.Namespace, data: str, out: str) -> list[str]:
 def levers(args: argparse.Namespace) -> dict[str, object]:
     """The issue-23 levers this run turns on, as ``vitlab train`` flags (``train_args``: the flags given to
     ``--train-args``, appended last)."""
-    given = {"--token-drop": args.token_drop, "--res-schedule": args.res_schedule, "--ema": args.ema}
+    given = {
+        "--token-drop": args.token_drop,
+        "--token-drop-until": args.token_drop_until,
+        "--res-schedule": args.res_schedule,
+        "--ema": args.ema,
+    }
     given["train_args"] = args.train_args or None
     return {k: v for k, v in given.items() if v is not None}
 
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run folder (default: a temporary one, removed)")
     p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
+    p.add_argument("--token-drop-until", type=float, default=None, help="lever: vitlab train --token-drop-until")
     p.add_argument("--res-schedule", default=None, help="lever: vitlab train --res-schedule (e.g. 24:0.5,32:1.0)")
     p.add_argument("--ema", type=float, default=None, help="lever: vitlab train --ema")
     p.add_argument(

@@ -124,17 +124,22 @@ def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypat
     assert "ms per step on average over the resolution schedule" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("schedule", "dynamic"), [(((24, 0.5), (32, 1.0)), False), (None, None)])
-def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, schedule, dynamic) -> None:
-    """With ``--res-schedule`` and ``--compile`` each input size gets its own static graph: inductor's symbolic-shape
-    code generation did not finish for the hybrid's backward once a second size was seen."""
+@pytest.mark.parametrize(
+    ("schedule", "until", "dynamic"),
+    [(((24, 0.5), (32, 1.0)), 1.0, False), (None, 0.9, False), (None, 1.0, None)],
+)
+def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, schedule, until, dynamic) -> None:
+    """With ``--res-schedule`` (or the end of token dropping, ``--token-drop-until``) and ``--compile`` each input
+    shape gets its own static graph: inductor's symbolic-shape code generation did not finish for the hybrid's
+    backward once a second size was seen."""
     from types import SimpleNamespace
 
     from vitlab.train import build
 
     seen = {}
     monkeypatch.setattr(build.torch, "compile", lambda m, **kw: seen.update(kw) or m)
-    cfg = SimpleNamespace(fsdp=False, compile=True, recipe=SimpleNamespace(res_schedule=schedule))
+    recipe = SimpleNamespace(res_schedule=schedule, token_drop_until=until)
+    cfg = SimpleNamespace(fsdp=False, compile=True, recipe=recipe)
     net = torch.nn.Linear(2, 2)
     assert build.distribute(net, cfg, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net
     assert seen == {"dynamic": dynamic}

@@ -62,13 +62,18 @@ def test_train_args_come_last_so_that_they_override_the_recipe() -> None:
         sys.path.remove(str(ROOT / "benchmarks"))
     given = "--pool cls --dim 192 --depth 3 --heads 6"
     kw = {"track": "vit", "smoke": False, "minutes": 20.0, "seed": 0, "device": "cpu", "compile": True, "threads": 0}
-    args = argparse.Namespace(**kw, token_drop=0.5, res_schedule=None, ema=None, train_args=given)
+    args = argparse.Namespace(
+        **kw, token_drop=0.5, token_drop_until=None, res_schedule=None, ema=None, train_args=given
+    )
     cmd = train_command(args, "data", "out")
     assert cmd[-8:] == given.split() and cmd.count("--pool") == 2
     assert levers(args) == {"--token-drop": 0.5, "train_args": given}
     parsed = build_parser().parse_args(cmd)
     assert (parsed.pool, parsed.dim, parsed.depth, parsed.heads) == ("cls", 192, 3, 6)
-    assert levers(argparse.Namespace(token_drop=None, res_schedule=None, ema=None, train_args="")) == {}
+    assert (
+        levers(argparse.Namespace(token_drop=None, token_drop_until=None, res_schedule=None, ema=None, train_args=""))
+        == {}
+    )
 
 
 def test_timm_baseline_smoke_run() -> None:

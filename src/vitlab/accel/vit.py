@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..models.flops import block_macs
-from ..models.layers import Block
+from ..models.layers import Block, PatchDropout
 from ..models.vit import VisionTransformer
 from .blocks import BLOCK_LAYOUT, FastBlock
 from .buffers import share_scratch
@@ -79,9 +79,10 @@ class FastVisionTransformer(VisionTransformer):
         )
 
     def drops_tokens(self) -> bool:
-        """Whether forwards drop patch tokens now (training with ``patch_drop_rate``): the batch is then
-        run whole, so that one draw of the RNG picks the kept tokens as the plain class does."""
-        return self.training and self.config.patch_drop_rate > 0
+        """Whether forwards drop patch tokens now (training with a ``patch_drop`` rate above 0, which a
+        training schedule may set to 0): the batch is then run whole, so that one draw of the RNG picks the kept
+        tokens as the plain class does."""
+        return self.training and isinstance(self.patch_drop, PatchDropout) and self.patch_drop.p > 0
 
     def inference_chunk_size(self, x: torch.Tensor) -> int:
         """Images per chunk for a forward of the batch ``x`` without autograd.

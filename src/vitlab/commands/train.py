@@ -88,6 +88,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         drop_path=args.drop_path,
         dropout=args.dropout,
         token_drop=args.token_drop,
+        token_drop_until=args.token_drop_until,
         res_schedule=res_schedule,
         layer_decay=args.layer_decay,
         freeze=args.freeze,
@@ -169,6 +170,7 @@ _RECIPE_FIELDS = (
     "layer_decay",
     "freeze",
     "token_drop",
+    "token_drop_until",
     "res_schedule",
     "head_warmup",
 )

@@ -161,6 +161,14 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "embeddings (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023); evaluation sees every token",
     )
     g.add_argument(
+        "--token-drop-until",
+        type=float,
+        default=None,
+        metavar="F",
+        help="with --token-drop: drop tokens for the first fraction F of the steps and train the rest on every "
+        "token (FLIP's unmasked tuning), e.g. 0.9",
+    )
+    g.add_argument(
         "--res-schedule",
         default=None,
         metavar="SIZE:FRAC,...",

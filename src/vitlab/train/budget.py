@@ -16,6 +16,8 @@ from torch import nn
 from ..devices import autocast
 from .distributed import Dist, broadcast_ints
 from .resolution import mean_step_cost
+from .token_drop import mean_step_cost as token_drop_cost
+from .token_drop import set_rate, switch_step
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -49,6 +51,23 @@ def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoc
     return n
 
 
+def _time_steps(probe, opt, xs, ys, *, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:
+    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``: the mean of ``n_time`` after ``n_warm``."""
+    import torch.nn.functional as F
+
+    for i in range(n_warm + n_time):
+        if i == n_warm:
+            t0 = time.perf_counter()
+        with autocast(device, amp_dtype):
+            res = probe(xs)
+            res = res[0] if isinstance(res, tuple) else res  # a distilled student's (class, distillation)
+            loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (time.perf_counter() - t0) / n_time
+
+
 def _plan_budget(
     cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
 ) -> tuple[int, int, float]:
@@ -58,27 +77,23 @@ def _plan_budget(
     With ``--compile`` the steps run through the real compiled model instead (its compilation is
     then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
     optimizer of its own: a step of AdamW at LR 0 leaves every weight bit-identical."""
-    import torch.nn.functional as F
 
     r = cfg.recipe
     probe = run_model if cfg.compile else copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters() if cfg.compile else probe.parameters(), lr=0.0)
-    n_warm, n_time = 2, 5
+    full_over_dropped, unmasked = 1.0, switch_step(r, total_steps=steps_per_epoch) is not None
     with torch.random.fork_rng(devices=[]):
         xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
         ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)
         probe.train()
-        for i in range(n_warm + n_time):
-            if i == n_warm:
-                t0 = time.perf_counter()
-            with autocast(device, amp_dtype):
-                res = probe(xs)
-                res = res[0] if isinstance(res, tuple) else res  # a distilled student's (class, distillation)
-                loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        step_s = (time.perf_counter() - t0) / n_time * r.accum_steps
+        step_s = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype) * r.accum_steps
+        if unmasked:  # time the steps on every token too (and compile them, with --compile)
+            dropping = model if cfg.compile else probe
+            set_rate(dropping, 0.0)
+            full_over_dropped = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype)
+            full_over_dropped *= r.accum_steps / step_s
+            set_rate(dropping, r.token_drop)
+            step_s *= token_drop_cost(r, full_over_dropped=full_over_dropped)
         # data loading + augmentation of one step, done in this process when workers=0
         t0 = time.perf_counter()
         for i in range(micro):
@@ -102,6 +117,12 @@ def _plan_budget(
     log(
         f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step"
         + (" on average over the resolution schedule" if r.res_schedule else "")
+        + (
+            f" with every token for the last {1 - r.token_drop_until:.0%} of the steps, at "
+            f"{full_over_dropped:.2f}x the time of a step that drops tokens"
+            if unmasked
+            else ""
+        )
         + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
         f"-> {total} steps, {epochs} epoch(s)"
     )

@@ -282,9 +282,11 @@ def distribute(
         )
     if not cfg.compile:
         return run_model
-    # a resolution schedule changes the input size once or twice: one static graph per size, since inductor's
-    # symbolic-shape code generation did not finish for the hybrid stem's backward (docs/speedrun.md)
-    return torch.compile(run_model, dynamic=False if cfg.recipe.res_schedule else None)
+    # a resolution schedule changes the input size once or twice, ending token dropping the sequence length once:
+    # one static graph per shape, since inductor's symbolic-shape code generation did not finish for the hybrid
+    # stem's backward (docs/speedrun.md)
+    r = cfg.recipe
+    return torch.compile(run_model, dynamic=False if r.res_schedule or r.token_drop_until < 1 else None)
 
 
 @dataclass(kw_only=True)

@@ -221,6 +221,7 @@ _FIXED = {
     "--layer-decay": "recipe.layer_decay",
     "--freeze": "recipe.freeze",
     "--token-drop": "recipe.token_drop",
+    "--token-drop-until": "recipe.token_drop_until",
     "--res-schedule": "recipe.res_schedule",
     "--head-warmup": "recipe.head_warmup",
     "--time-budget": "time_budget",  # the saved plan was measured from it; --epochs changes the length

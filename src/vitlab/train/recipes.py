@@ -41,6 +41,9 @@ class Recipe:
     token_drop: float = 0.0
     """Training only: the fraction of patch tokens each image drops (PatchDropout, Liu et al. 2022; FLIP,
     Li et al. 2023): the model's ``patch_drop_rate``; evaluation sees every token."""
+    token_drop_until: float = 1.0
+    """With ``token_drop``: the fraction of the planned optimizer steps that drop tokens; the rest train on every
+    token (FLIP's unmasked tuning, :mod:`vitlab.train.token_drop`). 1: dropping throughout."""
     # -- optimisation ------------------------------------------------------------
     optimizer: str = "adamw"
     lr: float = 1e-3
@@ -115,6 +118,10 @@ class Recipe:
         for opt in ("hflip", "random_erasing", "label_smoothing", "drop_path", "dropout", "token_drop"):
             if not 0 <= getattr(self, opt) < 1 + (opt == "hflip"):
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
+        if not 0 < self.token_drop_until <= 1:
+            bad("token_drop_until", f"must be in (0, 1], got {self.token_drop_until}")
+        if self.token_drop_until < 1 and not self.token_drop:
+            bad("token_drop_until", "ends token dropping, but no tokens are dropped: give --token-drop R too")
         if not 0 <= self.warmup_fraction <= 0.5:
             bad("warmup_fraction", f"must be in [0, 0.5], got {self.warmup_fraction}")
         if self.freeze and self.head_warmup:

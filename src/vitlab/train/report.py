@@ -284,6 +284,7 @@ def start_line(
         f"images, {data.num_classes} classes; recipe {recipe.name}, {plan['epochs']} epochs = "
         f"{plan['total_steps']} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
         + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
+        + (f" for the first {recipe.token_drop_until:.0%} of the steps" if recipe.token_drop_until < 1 else "")
         + f"; inputs normalised by mean {_triple(m.mean)}, std {_triple(m.std)}"
         + (
             "; resolution " + ", ".join(f"{s} px to {e:.0%}" for s, e in recipe.res_schedule) + " of the steps"

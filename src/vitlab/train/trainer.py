@@ -37,6 +37,7 @@ from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
 from .resolution import resize_batch, size_at
 from .setup import TrainerSetup
 from .state import load_state
+from .token_drop import rate_at, set_rate
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
 # Also importable from here, where they used to live:
@@ -104,6 +105,7 @@ class Trainer(TrainerSetup):
             if self.stop is None:  # constructed on its own, not by fit()
                 self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
             self.stop.training()
+            self._token_drop_phase()
             try:
                 while p.epoch < plan["epochs"] and p.step < plan["total_steps"] and self._epoch():
                     pass
@@ -168,6 +170,16 @@ class Trainer(TrainerSetup):
         size = size_at(self.cfg.recipe.res_schedule, step=self.progress.step, total_steps=self.plan["total_steps"])
         return resize_batch(x, size)
 
+    def _token_drop_phase(self) -> None:
+        """Unmasked tuning (``--token-drop-until``): from the planned switch on, the model sees every token."""
+        plan = self.plan
+        rate = rate_at(self.cfg.recipe, step=self.progress.step, total_steps=plan["total_steps"])
+        if set_rate(self.model, rate) and rate == 0.0 and self.dist.is_main:
+            self.bar.line(
+                f"token dropping ends after step {self.progress.step} of {plan['total_steps']}: "
+                "every token from here (--token-drop-until)"
+            )
+
     def _on_step(self, res: EpochResult, loss: float) -> bool:
         """After each optimizer step: count it, re-plan a time budget once, decide whether to stop,
         save mid-epoch when stopping or when ``--save-every`` is due. True: stop the epoch here."""
@@ -194,6 +206,7 @@ class Trainer(TrainerSetup):
         )
         if new is not None:
             self._replanned(*new)
+        self._token_drop_phase()
         stop = p.step >= self.plan["total_steps"]
         stop |= cfg.stop_after is not None and p.steps_this_run >= cfg.stop_after
         periodic = cfg.save_every is not None and time.perf_counter() - self.last_save >= 60 * cfg.save_every
