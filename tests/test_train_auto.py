@@ -12,7 +12,7 @@ import torch
 import vitlab
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import auto, get_recipe
+from vitlab.train import get_recipe
 from vitlab.train.auto import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe
 from vitlab.train.optim import build_optimizer, layer_id
 from vitlab.train.schedule import lr_factor
@@ -334,25 +334,3 @@ def test_auto_drops_tokens_for_a_time_budget_unless_told_not_to(tmp_path, capsys
     assert code == 0
     assert json.loads((out / "model" / "config.json").read_text())["patch_drop_rate"] == rate
     assert ("token drop 0.5 in training" in text) == (rate > 0)
-
-
-def test_budget_res_schedule_starts_at_three_quarters_of_the_side_on_the_patch_grid():
-    assert auto.budget_res_schedule((32, 32), patch_size=4) == ((24, 0.5), (32, 1.0))
-    assert auto.budget_res_schedule((224, 224), patch_size=16) == ((160, 0.5), (224, 1.0))  # 10.5 patches: 10
-    assert auto.budget_res_schedule((28, 28), patch_size=4) == ((20, 0.5), (28, 1.0))
-    assert auto.budget_res_schedule((32, 48), patch_size=4) is None  # not square
-    assert auto.budget_res_schedule((8, 8), patch_size=4) is None  # 6 px is 1.5 patches: rounds to the full side
-
-
-@pytest.mark.parametrize(
-    "flags, schedule",
-    [([], [[12, 0.5], [16, 1.0]]), (["--res-schedule", "none"], None), (["--epochs", "2"], None)],
-)
-def test_auto_trains_a_time_budget_at_three_quarters_size_first_unless_told_not_to(tmp_path, capsys, flags, schedule):
-    data = tiny_folder(tmp_path / "data", per_class=8, size=16)
-    out = tmp_path / "run"
-    budget = [] if "--epochs" in flags else ["--time-budget", "3s"]
-    code, text = _train(["train", "--data", str(data), "--out", str(out), *budget, *flags], tmp_path, capsys)
-    assert code == 0
-    assert json.loads((out / "summary.json").read_text())["recipe_config"]["res_schedule"] == schedule
-    assert ("12 px for the first half of the steps, then 16 (--res-schedule)" in text) == (schedule is not None)

@@ -179,7 +179,7 @@ _RECIPE_FIELDS = (
 
 def _res_schedule(args: argparse.Namespace):
     """``--res-schedule`` parsed; the training resolution is its last size unless ``--img-size`` says it."""
-    if getattr(args, "res_schedule", None) is None or str(args.res_schedule).strip().lower() == "none":
+    if getattr(args, "res_schedule", None) is None:
         return None
     from ..errors import ConfigError
     from ..train.resolution import parse_res_schedule

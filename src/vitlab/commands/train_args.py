@@ -173,8 +173,7 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         default=None,
         metavar="SIZE:FRAC,...",
         help="progressive resolution: e.g. 24:0.5,32:1.0 trains at 24 px for the first half of the steps, then "
-        "32 (position embeddings resampled on the fly); evaluation and the model at the last size. none: one "
-        "size (the auto recipe's --time-budget runs otherwise start at 3/4 of it)",
+        "32 (position embeddings resampled on the fly); evaluation and the model at the last size",
     )
 
     g = p.add_argument_group("recipe (each flag overrides the recipe's value)")

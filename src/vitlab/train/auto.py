@@ -34,8 +34,7 @@ will see) with a patch size that gives about an 8 x 8 grid of tokens, the paper'
 plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
 better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
 measurements behind keeping the class token. A ``--time-budget`` run also drops half the patch tokens in
-training (:data:`BUDGET_TOKEN_DROP`), which buys it about twice the steps, and, with the model chosen here, trains
-the first half of its steps at three quarters of the image side (:func:`budget_res_schedule`).
+training (:data:`BUDGET_TOKEN_DROP`), which buys it about twice the steps.
 """
 
 from __future__ import annotations
@@ -46,17 +45,7 @@ from typing import Any
 
 from .recipes import RECIPES, Recipe
 
-__all__ = [
-    "LEVELS",
-    "MODELS",
-    "PLAIN",
-    "aug_level",
-    "auto_arch",
-    "auto_batch",
-    "auto_recipe",
-    "budget_res_schedule",
-    "fit_recipe_to_data",
-]
+__all__ = ["LEVELS", "MODELS", "PLAIN", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
 
 _FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
 _ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
@@ -91,22 +80,6 @@ BUDGET_TOKEN_DROP = 0.5
 """The share of patch tokens dropped in training (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023) when the
 run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
 outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
-BUDGET_RES_SCALE = 0.75
-"""A ``--time-budget`` run of a model the auto recipe chose trains its first half of the steps at this share of the
-image side (progressive resolution, :mod:`vitlab.train.resolution`): cheaper steps, so more of them, and the
-second half at the full size (docs/speedrun.md). Square images only."""
-
-
-def budget_res_schedule(img_size: tuple[int, int], *, patch_size: int) -> tuple[tuple[int, float], ...] | None:
-    """``((small, 0.5), (side, 1.0))`` with ``small`` the multiple of ``patch_size`` nearest to
-    :data:`BUDGET_RES_SCALE` of the side, or None when the images are not square or ``small`` would not be
-    smaller than the side or would hold fewer than 2 x 2 patches."""
-    side = img_size[0]
-    small = patch_size * round(BUDGET_RES_SCALE * side / patch_size)
-    if img_size[1] != side or not 2 * patch_size <= small < side:
-        return None
-    return ((small, 0.5), (side, 1.0))
-
 
 _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) to estimate how many images a
@@ -288,11 +261,6 @@ def fit_recipe_to_data(
             arch["mlp_dim"] = 2 * user["embed_dim"]
         if user and not cfg.model:
             reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
-        if cfg.time_budget and "res_schedule" not in given and not (cfg.model or cfg.init):
-            sched = budget_res_schedule(img, patch_size=user.get("patch_size", arch["patch_size"]))
-            if sched is not None:
-                new = dataclasses.replace(new, res_schedule=sched)
-                reason += f"; {sched[0][0]} px for the first half of the steps, then {sched[1][0]} (--res-schedule)"
         new = dataclasses.replace(new, arch=arch, **given)
         kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
         if kept:
