@@ -138,7 +138,7 @@ def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, sch
 
     seen = {}
     monkeypatch.setattr(build.torch, "compile", lambda m, **kw: seen.update(kw) or m)
-    recipe = SimpleNamespace(res_schedule=schedule, token_drop_until=until)
+    recipe = SimpleNamespace(res_schedule=schedule, token_drop=0.5, token_drop_until=until)
     cfg = SimpleNamespace(fsdp=False, compile=True, recipe=recipe)
     net = torch.nn.Linear(2, 2)
     assert build.distribute(net, cfg, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net

@@ -95,3 +95,30 @@ def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path,
     assert rates == [0.0, 0.5]  # every token for the second timing, then back
     out = capsys.readouterr().out
     assert "with every token for the last 20% of the steps, at " in out and "x the time of a step that drops" in out
+
+
+def test_a_resumed_run_past_the_switch_trains_on_every_token(tmp_path, capsys, monkeypatch) -> None:
+    data = tiny_folder(tmp_path / "data", size=8)
+    seen: list[int] = []
+    from vitlab.train import setup as setup_mod
+
+    build = setup_mod.build_net
+
+    def spy(*a, **k):
+        model, net, workers = build(*a, **k)
+        model.blocks[0].register_forward_pre_hook(
+            lambda mod, inp: seen.append(inp[0].shape[1]) if mod.training else None
+        )
+        return model, net, workers
+
+    monkeypatch.setattr(setup_mod, "build_net", spy)
+    out = str(tmp_path / "run")
+    args = ["train", "--data", str(data), "--out", out, "--dim", "16", "--depth", "1", "--heads", "2"]
+    args += ["--patch-size", "2", "--epochs", "2", "--batch-size", "8", "--token-drop", "0.5"]
+    args += ["--token-drop-until", "0.5", "--no-progress"]
+    assert main([*args, "--stop-after", "8"]) == 0
+    full = seen[-1]
+    assert seen == [full - 8] * 6 + [full] * 2  # 12 planned steps: the switch after 6
+    seen.clear()
+    assert main(["train", "--out", out, "--resume", "--no-progress"]) == 0
+    assert seen == [full] * 4  # the 4 steps left, on every token from the first

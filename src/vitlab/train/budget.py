@@ -16,8 +16,8 @@ from torch import nn
 from ..devices import autocast
 from .distributed import Dist, broadcast_ints
 from .resolution import mean_step_cost
+from .token_drop import ends_dropping, set_rate
 from .token_drop import mean_step_cost as token_drop_cost
-from .token_drop import set_rate, switch_step
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -81,7 +81,7 @@ def _plan_budget(
     r = cfg.recipe
     probe = run_model if cfg.compile else copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters() if cfg.compile else probe.parameters(), lr=0.0)
-    full_over_dropped, unmasked = 1.0, switch_step(r, total_steps=steps_per_epoch) is not None
+    full_over_dropped, unmasked = 1.0, ends_dropping(r)
     with torch.random.fork_rng(devices=[]):
         xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
         ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)

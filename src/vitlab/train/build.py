@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist
 from .recipes import Recipe
+from .token_drop import ends_dropping
 
 if TYPE_CHECKING:
     from torch.optim.swa_utils import AveragedModel
@@ -285,8 +286,7 @@ def distribute(
     # a resolution schedule changes the input size once or twice, ending token dropping the sequence length once:
     # one static graph per shape, since inductor's symbolic-shape code generation did not finish for the hybrid
     # stem's backward (docs/speedrun.md)
-    r = cfg.recipe
-    return torch.compile(run_model, dynamic=False if r.res_schedule or r.token_drop_until < 1 else None)
+    return torch.compile(run_model, dynamic=False if cfg.recipe.res_schedule or ends_dropping(cfg.recipe) else None)
 
 
 @dataclass(kw_only=True)

@@ -23,7 +23,7 @@ from .distributed import Dist
 from .loaders import build_loaders, load_run_data, run_data_fingerprint
 from .loop import StopSignals, evaluate
 from .resolution import check_sizes
-from .token_drop import switch_step
+from .token_drop import ends_dropping
 
 __all__ = ["TrainerSetup"]
 
@@ -114,7 +114,7 @@ class TrainerSetup:
             )
             if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
                 self.replan.due = self.replan.late = False
-            if switch_step(cfg.recipe, total_steps=self.plan["total_steps"]) is not None:
+            if ends_dropping(cfg.recipe):
                 self.replan.due = False  # its first steps drop tokens; the epoch-end cuts see the unmasked pace later
         self.opt = build_optimization(
             self.net,

@@ -18,15 +18,18 @@ from torch import nn
 from ..models.layers import PatchDropout
 from .recipes import Recipe
 
-__all__ = ["mean_step_cost", "rate_at", "set_rate", "switch_step"]
+__all__ = ["ends_dropping", "mean_step_cost", "rate_at", "set_rate", "switch_step"]
+
+
+def ends_dropping(recipe: Recipe) -> bool:
+    """Whether the recipe drops tokens and stops before the end (``token_drop_until`` < 1)."""
+    return bool(recipe.token_drop) and recipe.token_drop_until < 1
 
 
 def switch_step(recipe: Recipe, *, total_steps: int) -> int | None:
     """The first optimizer step (0-based) that trains on every token, or None when the recipe drops
     tokens throughout (or never)."""
-    if not recipe.token_drop or recipe.token_drop_until >= 1:
-        return None
-    return round(recipe.token_drop_until * total_steps)
+    return round(recipe.token_drop_until * total_steps) if ends_dropping(recipe) else None
 
 
 def rate_at(recipe: Recipe, *, step: int, total_steps: int) -> float:
@@ -49,6 +52,6 @@ def mean_step_cost(recipe: Recipe, *, full_over_dropped: float) -> float:
     """The mean cost of the planned steps relative to a step that drops tokens, given the measured cost of a
     step on every token relative to one that drops (``full_over_dropped``): what ``--time-budget`` multiplies
     the timed (dropping) step by to plan the run's length."""
-    if switch_step(recipe, total_steps=1 << 20) is None:
+    if not ends_dropping(recipe):
         return 1.0
     return recipe.token_drop_until + (1 - recipe.token_drop_until) * full_over_dropped
