@@ -198,7 +198,10 @@ class Replanner:
     times its own steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` of this process and re-fits the schedule
     to that pace once, still inside the warmup, so that it ends on time. The pace can still drift
     later (the machine's load, a slower phase of the data), so at each epoch's end the steps still
-    to go are cut to what the last epoch's pace and end-of-epoch work leave room for."""
+    to go are cut to what the pace and end-of-epoch work leave room for. A cut cannot be undone, so
+    the pace it uses is the faster of the last two readings (the early re-plan's and each epoch's):
+    a load that slows one epoch and goes away does not shorten the rest of the run; one that stays
+    is acted on an epoch later."""
 
     due: bool = False
     """False for runs without a time budget, short ones and resumed ones."""
@@ -211,6 +214,8 @@ class Replanner:
     eval_s: float = 0.0
     steps_per_epoch: int = 1
     t0: float = 0.0
+    last_pace: float | None = None
+    """Seconds per step of the previous reading (the early re-plan, then each epoch), for :meth:`after_epoch`."""
 
     @classmethod
     def for_plan(cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int):
@@ -238,6 +243,7 @@ class Replanner:
             return None
         now = time.perf_counter()
         per_step = (now - self.t0) / (_REPLAN_AT - _REPLAN_FROM) * 1.02
+        self.last_pace = per_step
         left = self.budget - (now - self.t_start) - _budget_reserve(self.budget)
         total = step + _steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
         (total,) = broadcast_ints([total], dist, device)
@@ -251,14 +257,17 @@ class Replanner:
     ) -> int | None:
         """Called at each epoch's end, after its evaluation and saving (``overhead_s`` for them, ``per_step``
         seconds for each of its optimizer steps): the new, shorter total when fewer steps than planned still
-        fit in the budget (by more than :data:`_LATE_TOLERANCE`), else None. Not before the early re-plan,
+        fit in the budget at the faster of this epoch's pace and the previous reading's (by more than
+        :data:`_LATE_TOLERANCE`), else None. Not before the early re-plan,
         nor once the plan is done. It never lengthens the run: moving the cosine's end later would raise an
         LR that is already decaying, and ending a little early loses little."""
         if not self.late or self.due or step >= planned:
             return None
+        pace = per_step if self.last_pace is None else min(per_step, self.last_pace)
+        self.last_pace = per_step
         left = self.budget - (time.perf_counter() - self.t_start) - _budget_reserve(self.budget)
         eval_s = max(0.0, overhead_s - 0.5)  # _steps_in_budget adds 0.5 s of saving to each evaluation
-        more = 0 if left < per_step + eval_s else _steps_in_budget(left, per_step, eval_s, self.steps_per_epoch, step)
+        more = 0 if left < pace + eval_s else _steps_in_budget(left, pace, eval_s, self.steps_per_epoch, step)
         (total,) = broadcast_ints([step + more], dist, device)
         if planned - total <= _LATE_TOLERANCE * (planned - step):
             return None
