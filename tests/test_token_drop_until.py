@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -88,11 +90,15 @@ def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path,
 
     rates: list[float] = []
     monkeypatch.setattr(budget, "set_rate", lambda m, r: rates.append(r) or set_rate(m, r))
+    costs: list[float] = []  # the measured ratio, and the plan multiplied by a cost that leaves room for 1 step
+    monkeypatch.setattr(budget, "token_drop_cost", lambda r, full_over_dropped: costs.append(full_over_dropped) or 1e6)
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s", "--patch-size", "4"]
     args += ["--token-drop", "0.5", "--token-drop-until", "0.8", "--cache-dir", str(tmp_path / "cache")]
     assert main([*args, "--workers", "0", "--no-progress"]) == 0
     assert rates == [0.0, 0.5]  # every token for the second timing, then back
+    assert len(costs) == 1 and costs[0] > 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["planned_steps"] == 1
     out = capsys.readouterr().out
     assert "with every token for the last 20% of the steps, at " in out and "x the time of a step that drops" in out
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..devices import autocast
@@ -53,8 +54,6 @@ def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoc
 
 def _time_steps(probe, opt, xs, ys, *, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:
     """Seconds per training step of ``probe`` on the batch ``(xs, ys)``: the mean of ``n_time`` after ``n_warm``."""
-    import torch.nn.functional as F
-
     for i in range(n_warm + n_time):
         if i == n_warm:
             t0 = time.perf_counter()
@@ -88,11 +87,10 @@ def _plan_budget(
         probe.train()
         step_s = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype) * r.accum_steps
         if unmasked:  # time the steps on every token too (and compile them, with --compile)
-            dropping = model if cfg.compile else probe
-            set_rate(dropping, 0.0)
+            set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
             full_over_dropped = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype)
             full_over_dropped *= r.accum_steps / step_s
-            set_rate(dropping, r.token_drop)
+            set_rate(probe, r.token_drop)
             step_s *= token_drop_cost(r, full_over_dropped=full_over_dropped)
         # data loading + augmentation of one step, done in this process when workers=0
         t0 = time.perf_counter()

@@ -37,7 +37,7 @@ from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
 from .resolution import resize_batch, size_at
 from .setup import TrainerSetup
 from .state import load_state
-from .token_drop import rate_at, set_rate
+from .token_drop import ends_dropping, rate_at, set_rate
 
 __all__ = ["TrainConfig", "Trainer", "build_model", "fit"]
 # Also importable from here, where they used to live:
@@ -171,7 +171,10 @@ class Trainer(TrainerSetup):
         return resize_batch(x, size)
 
     def _token_drop_phase(self) -> None:
-        """Unmasked tuning (``--token-drop-until``): from the planned switch on, the model sees every token."""
+        """Unmasked tuning (``--token-drop-until``): from the planned switch on, the model sees every token.
+        Called after every step: a run that drops tokens throughout (or never) returns at once."""
+        if not ends_dropping(self.cfg.recipe):
+            return
         plan = self.plan
         rate = rate_at(self.cfg.recipe, step=self.progress.step, total_steps=plan["total_steps"])
         if set_rate(self.model, rate) and rate == 0.0 and self.dist.is_main:
