@@ -112,3 +112,19 @@ def sigkill_after(proc: subprocess.Popen, *, delay: float, wait_for_start: bool 
         proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     return killed
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_decode_cache(tmp_path_factory):
+    """The suite never writes into the user's ``~/.cache/vitlab``: every decode cache a test (or a ``vitlab``
+    child process, which inherits the environment) builds without its own ``cache_dir`` goes to a folder of this
+    session's. A test of the default location sets or deletes ``VITLAB_CACHE`` itself."""
+    import os
+
+    old = os.environ.get("VITLAB_CACHE")
+    os.environ["VITLAB_CACHE"] = str(tmp_path_factory.mktemp("vitlab-cache"))
+    yield
+    if old is None:
+        os.environ.pop("VITLAB_CACHE", None)
+    else:
+        os.environ["VITLAB_CACHE"] = old
