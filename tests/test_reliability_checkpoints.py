@@ -1,0 +1,280 @@
+"""Sharded checkpoints, exported models, convert round trips and evaluation memory, as someone handed a
+run folder or a model file would meet them (issue 33).
+
+- An ``--fsdp`` run folder cannot run code on ``--resume``: not through DCP's pickled ``.metadata`` (a
+  ``__reduce__`` payload, or one that runs and then returns the real metadata), not through the pickled
+  non-tensor items inside its ``.distcp`` shards, not through a ``last.pt`` naming another folder.
+- Nothing outside what vitlab wrote is deleted when ``sharded/`` links to a folder that holds other
+  things (named like vitlab's or not), by the saves, their clean-up or ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from imagefolder import tiny_folder
+from vitlab.cli import main
+from vitlab.errors import CheckpointError
+from vitlab.train.dcp import MARKER, sharded_folder
+from vitlab.train.dcp_safe import read_metadata
+from vitlab.train.state import load_state
+
+TINY = ["--recipe", "digits", "--batch-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "2"]
+TINY += ["--heads", "2", "--crop-scale", "1,1", "--no-progress", "--workers", "0", "--threads", "1"]
+
+
+class _Payload:
+    """Unpickling this calls ``open(target, "w")`` (``io.open``): it would create ``target``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+class _Eval:
+    """Unpickling this calls ``eval`` on code that creates ``target``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (eval, (f"open({self.target!r}, 'w')",))
+
+
+class _ThenReal:
+    """Unpickling this runs ``_Payload`` and then gives ``real``: a crafted file that loads as if nothing happened."""
+
+    def __init__(self, target: str, real) -> None:
+        self.target, self.real = target, real
+
+    def __reduce__(self):
+        return (operator.itemgetter(1), ([_Payload(self.target), self.real],))
+
+
+def train_args(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    cache = str(out.parent / "cache")
+    return ["train", "--data", str(data_dir), "--out", str(out), "--cache-dir", cache, *TINY, *extra]
+
+
+def resume_args(out: Path, *extra: str) -> list[str]:
+    return ["train", "--out", str(out), "--resume", "--no-progress", "--workers", "0", *extra]
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("vitlab train: error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tiny_folder(tmp_path_factory.mktemp("ckpt") / "rgb")
+
+
+@pytest.fixture(scope="module")
+def stopped_run(data_dir, tmp_path_factory):
+    """An ``--fsdp`` run stopped after 2 steps of 6: ``last.pt`` names ``sharded/step-00000002-<hex>``."""
+    out = tmp_path_factory.mktemp("base") / "run"
+    assert main(train_args(data_dir, out, "--fsdp", "--epochs", "1", "--stop-after", "2")) == 0
+    return out
+
+
+def copy_run(stopped_run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the stopped run and its sharded folder."""
+    out = tmp_path / "run"
+    shutil.copytree(stopped_run, out, symlinks=True)
+    shutil.copytree(stopped_run.parent / "cache", tmp_path / "cache", dirs_exist_ok=True)
+    return out, out / load_state(out / "last.pt")["sharded"]
+
+
+def real_metadata(folder: Path):
+    with open(folder / ".metadata", "rb") as f:
+        return pickle.load(f)  # (the test's own file, written by the run above)
+
+
+@pytest.mark.parametrize("variant", ["payload", "payload_then_real"])
+def test_a_pickle_payload_in_the_metadata_is_refused_on_resume(stopped_run, tmp_path, capsys, variant):
+    out, folder = copy_run(stopped_run, tmp_path)
+    target = tmp_path / "pwned"
+    obj = _Eval(str(target)) if variant == "payload" else _ThenReal(str(target), real_metadata(folder))
+    (folder / ".metadata").write_bytes(pickle.dumps(obj))
+    assert main(resume_args(out)) == 2
+    err = one_line(capsys.readouterr().err)
+    culprit = "builtins.eval" if variant == "payload" else "operator.itemgetter"
+    assert f"{folder / '.metadata'}: refused to unpickle {culprit}" in err
+    assert not target.exists()
+    with pytest.raises(CheckpointError, match="refused to unpickle"):
+        read_metadata(folder)
+
+
+def test_the_real_metadata_reads_back_and_the_run_resumes(stopped_run, tmp_path):
+    out, folder = copy_run(stopped_run, tmp_path)
+    md = read_metadata(folder)
+    assert md.state_dict_metadata.keys() == real_metadata(folder).state_dict_metadata.keys()
+    assert main(resume_args(out)) == 0
+    assert load_state(out / "last.pt")["step"] == 6
+
+
+def _bytes_item(folder: Path, payload: bytes, fqn: str = "optim.param_groups.0.lr") -> None:
+    """Replace the stored value of the non-tensor item ``fqn`` by ``payload`` (appended to the shard),
+    and rewrite the metadata to point at it (as a crafted checkpoint would)."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    md = real_metadata(folder)
+    info = md.storage_data[MetadataIndex(fqn)]
+    shard = folder / info.relative_path
+    info.offset, info.length = shard.stat().st_size, len(payload)
+    with open(shard, "ab") as f:
+        f.write(payload)
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def _torch_bytes(obj) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def test_a_pickle_payload_inside_a_shard_is_refused(stopped_run, tmp_path, capsys):
+    """DCP reads non-tensor items (the optimizer's hyper-parameters) with torch.load(weights_only=False)."""
+    out, folder = copy_run(stopped_run, tmp_path)
+    target = tmp_path / "pwned"
+    _bytes_item(folder, _torch_bytes(_Payload(str(target))))
+    assert main(resume_args(out)) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "__0_0.distcp: refused to unpickle io.open in 'optim.param_groups.0.lr'" in err
+    assert not target.exists()
+
+
+def test_a_shard_item_of_another_type_is_refused(stopped_run, tmp_path, capsys):
+    out, folder = copy_run(stopped_run, tmp_path)
+    _bytes_item(folder, _torch_bytes("1e9"))  # a string where the learning rate is a float
+    assert main(resume_args(out)) == 2
+    assert "'optim.param_groups.0.lr' holds a str where this run has a float" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "lie",
+    ["outside", "beyond_end", "transform", "uncovered"],
+)
+def test_metadata_that_points_elsewhere_is_refused(stopped_run, tmp_path, capsys, lie):
+    """Stored pieces must lie inside the folder's own ``__<rank>_<n>.distcp`` files, untransformed, and the
+    chunks of a tensor must cover it (else part of a weight would silently keep its initial value)."""
+    out, folder = copy_run(stopped_run, tmp_path)
+    (tmp_path / "secret.distcp").write_bytes(b"x" * 100)
+    md = real_metadata(folder)
+    first = next(iter(md.storage_data.values()))
+    if lie == "outside":
+        first.relative_path = "../../secret.distcp"
+    elif lie == "beyond_end":
+        first.offset = 10**12
+    elif lie == "transform":
+        first.transform_descriptors = ["zstd/1"]
+    else:
+        item = md.state_dict_metadata["model.head.weight"]
+        item.chunks = item.chunks[:0]
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    assert main(resume_args(out)) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"{folder / '.metadata'}: " in err and "not the metadata of a sharded checkpoint vitlab wrote" in err
+
+
+@pytest.mark.parametrize(
+    "name", ["/tmp", "sharded/../../elsewhere", "sharded/step-2-abc", "../run2/sharded/step-00000002-0822b729", 7]
+)
+def test_last_pt_naming_another_folder_is_refused(stopped_run, tmp_path, capsys, name):
+    out, _ = copy_run(stopped_run, tmp_path)
+    state = load_state(out / "last.pt")
+    state["sharded"] = name
+    torch.save(state, out / "last.pt")
+    assert main(resume_args(out)) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "not sharded/step-<8 digits>-<8 hex digits>; it was not written by vitlab" in err
+
+
+def test_a_linked_step_folder_is_refused(stopped_run, tmp_path, capsys):
+    out, folder = copy_run(stopped_run, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    folder.rename(elsewhere)
+    folder.symlink_to(elsewhere)
+    assert main(resume_args(out)) == 2
+    assert f"{folder}: is a symbolic link" in one_line(capsys.readouterr().err)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        sharded_folder(out, f"sharded/{folder.name}")
+
+
+def _foreign(big: Path) -> dict[str, bytes]:
+    """Fill ``big`` with what another program and another run keep there; ``{relative path: bytes}``."""
+    files = {
+        "notes.txt": b"mine",
+        ".cache.tmp/blob": b"a cache being written",
+        "other_run/weights.bin": b"weights",
+        "step-00000001-deadbeef/__0_0.distcp": b"named like vitlab's, no marker",
+        ".step-00000001-deadbeef.tmp/data": b"named like vitlab's, no marker",
+        # another run's checkpoint: vitlab's name and marker, another run's token
+        f"step-00000004-0badcafe/{MARKER}": b"vitlab sharded checkpoint of the run with token " + b"0" * 32 + b"\n",
+        "step-00000004-0badcafe/__0_0.distcp": b"another run's shard",
+        "linked_target/keep.txt": b"behind a link",
+    }
+    for rel, data in files.items():
+        (big / rel).parent.mkdir(parents=True, exist_ok=True)
+        (big / rel).write_bytes(data)
+    (big / "step-00000003-aaaaaaaa").symlink_to(big / "linked_target")  # a link named like vitlab's folders
+    return files
+
+
+def _intact(big: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        assert (big / rel).read_bytes() == data, rel
+    assert (big / "step-00000003-aaaaaaaa").is_symlink()
+
+
+def test_a_linked_sharded_folder_keeps_what_vitlab_did_not_write(data_dir, tmp_path, capsys):
+    """``sharded/`` links to a folder on a larger disk that holds other things: the run's saves, the clean-up of
+    a failed save, pruning and ``--overwrite`` delete only this run's checkpoints."""
+    big = tmp_path / "big"
+    big.mkdir()
+    files = _foreign(big)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "sharded").symlink_to(big)
+    assert main(train_args(data_dir, out, "--fsdp", "--epochs", "2", "--save-every", "0.0001")) == 0
+    _intact(big, files)
+    name = Path(load_state(out / "last.pt")["sharded"]).name
+    ours = [p.name for p in big.iterdir() if p.name.startswith(("step-", ".step-")) and p.name not in _names(files)]
+    assert ours == [name]  # every earlier save pruned
+
+    (big / f".step-00000009-{'1' * 8}.tmp").mkdir()  # a killed save of this run: marked, and cleaned up
+    (big / f".step-00000009-{'1' * 8}.tmp" / MARKER).write_bytes((big / name / MARKER).read_bytes())
+    capsys.readouterr()
+    assert main(train_args(data_dir, out, "--fsdp", "--epochs", "1", "--stop-after", "3", "--overwrite")) == 0
+    assert "removed the previous run's" in capsys.readouterr().out
+    _intact(big, files)
+    assert (out / "sharded").is_symlink()  # the user's link is kept, and written through
+    now = Path(load_state(out / "last.pt")["sharded"]).name
+    assert [p.name for p in big.iterdir() if p.name not in _names(files)] == [now]
+
+
+def _names(files: dict[str, bytes]) -> set[str]:
+    return {rel.split("/")[0] for rel in files} | {"step-00000003-aaaaaaaa"}
+
+
+def test_overwrite_keeps_what_vitlab_did_not_write_in_a_real_sharded_folder(stopped_run, tmp_path, data_dir, capsys):
+    out, folder = copy_run(stopped_run, tmp_path)
+    (out / "sharded" / "notes.txt").write_text("mine")
+    (out / "sharded" / "step-00000001-deadbeef").mkdir()
+    assert main(train_args(data_dir, out, "--epochs", "1", "--stop-after", "1", "--overwrite")) == 0
+    log = capsys.readouterr().out
+    assert "kept 2 entries vitlab did not write (notes.txt, step-00000001-deadbeef)" in log
+    assert (out / "sharded" / "notes.txt").read_text() == "mine" and not folder.exists()
+    assert not os.path.exists(out / ".sharded-token")
