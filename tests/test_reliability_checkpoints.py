@@ -278,3 +278,73 @@ def test_overwrite_keeps_what_vitlab_did_not_write_in_a_real_sharded_folder(stop
     assert "kept 2 entries vitlab did not write (notes.txt, step-00000001-deadbeef)" in log
     assert (out / "sharded" / "notes.txt").read_text() == "mine" and not folder.exists()
     assert not os.path.exists(out / ".sharded-token")
+
+
+# -- exported models ------------------------------------------------------------------------------------------
+
+
+def _tiny_vit(**fields):
+    from vitlab.models import VisionTransformer, ViTConfig
+
+    cfg = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=5)
+    model = VisionTransformer(ViTConfig(**{**cfg, **fields}))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))  # (the head starts at zero)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def torchscript_file(tmp_path_factory):
+    from vitlab.export import export_model
+
+    return export_model(_tiny_vit(), tmp_path_factory.mktemp("ts") / "m.pt", format="torchscript").path
+
+
+def test_load_exported_runs_torchscript_only_when_asked_by_name(torchscript_file, tmp_path, monkeypatch):
+    """``torch.jit.load`` runs the program a file holds: a path not named .onnx is never taken for TorchScript."""
+    from vitlab.export import ExportError, load_exported
+
+    calls = []
+    real = torch.jit.load
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for name in ("m.pt", "m.bin", "m"):
+        shutil.copy(torchscript_file, tmp_path / name)
+        with pytest.raises(ExportError, match="TorchScript is loaded only when asked by name") as e:
+            load_exported(tmp_path / name)
+        assert "\n" not in str(e.value)
+    assert calls == []
+    assert load_exported(torchscript_file, format="torchscript") is not None
+    assert load_exported(torchscript_file, trust_torchscript=True) is not None
+    assert len(calls) == 2
+    with pytest.raises(ExportError, match="format"):
+        load_exported(torchscript_file, format="pickle")
+
+
+def test_commands_refuse_a_torchscript_file_in_one_line(torchscript_file, tmp_path, capsys, recwarn):
+    """``vitlab predict/eval/convert`` read models with torch.load(weights_only=True): a TorchScript file is named
+    as such (not with torch's advice to retry with weights_only=False), and no warning is printed."""
+    img = tmp_path / "x.png"
+    from PIL import Image
+
+    Image.new("RGB", (16, 16)).save(img)
+    for argv in (["predict", "--model", str(torchscript_file), str(img)], ["convert", str(torchscript_file), "o"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a TorchScript program (as `vitlab export --format torchscript` writes)" in err
+        assert "weights_only=False" not in err
+    assert not [w for w in recwarn if "TorchScript" in str(w.message)]
+
+
+def test_export_prints_no_torch_deprecation_warning(tmp_path, capsys):
+    import warnings
+
+    import vitlab
+
+    vitlab.save(_tiny_vit(), tmp_path / "m")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(["export", "--model", str(tmp_path / "m"), "--format", "torchscript"]) == 0
+    assert [str(w.message) for w in seen] == []
+    assert "wrote" in capsys.readouterr().out

@@ -155,6 +155,11 @@ def read_state_dict(path: str | os.PathLike[str], *, max_unpacked_bytes: int | N
             return load_file(str(p))
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{p}: not a readable safetensors file ({_first_line(e)})") from None
+    if p.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"{p}: an ONNX model (as `vitlab export` writes), not a checkpoint of weights; load the model it was "
+            "exported from, or run it with vitlab.export.load_exported"
+        )
     obj = torch_load_safe(p, max_unpacked_bytes=max_unpacked_bytes)
     return unwrap_state_dict(obj, source=str(p))
 
@@ -167,8 +172,15 @@ def torch_load_safe(p: Path, *, what: str = "PyTorch checkpoint", max_unpacked_b
         try:
             with zipfile.ZipFile(p) as zf:
                 _check_zip_members(p, zf, unpacked_limit(p, max_unpacked_bytes))
+                torchscript = any(n.partition("/")[2] == "constants.pkl" for n in zf.namelist())
         except zipfile.BadZipFile as e:
             raise CheckpointError(f"{p}: not a {what} ({_first_line(e)})") from None
+        if torchscript:  # (torch.load would warn, then refuse it under weights_only, suggesting weights_only=False)
+            raise CheckpointError(
+                f"{p}: a TorchScript program (as `vitlab export --format torchscript` writes), not a {what}; "
+                "vitlab does not load TorchScript (loading it runs the program it holds): load the model it was "
+                "exported from, or run it with vitlab.export.load_exported(path, format='torchscript') if you trust it"
+            )
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it may not read; the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
