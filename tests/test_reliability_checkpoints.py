@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
@@ -348,3 +350,128 @@ def test_export_prints_no_torch_deprecation_warning(tmp_path, capsys):
         assert main(["export", "--model", str(tmp_path / "m"), "--format", "torchscript"]) == 0
     assert [str(w.message) for w in seen] == []
     assert "wrote" in capsys.readouterr().out
+
+
+# -- convert round trips ----------------------------------------------------------------------------------------
+
+
+def _roundtrip_model(**fields):
+    from vitlab.models import VisionTransformer, ViTConfig
+
+    base = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3)
+    model = VisionTransformer(ViTConfig(**{**base, **fields}))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    act=st.sampled_from(["gelu", "gelu_tanh"]),
+    posemb=st.sampled_from(["learn", "sincos2d", "none"]),
+    img=st.sampled_from([16, 24, 40]),
+    layout=st.sampled_from(["vit_jax", "big_vision"]),
+    pool=st.sampled_from(["cls", "gap"]),
+    qkv_bias=st.booleans(),
+    norm=st.sampled_from([None, ((0.1, 0.2, 0.3), (0.3, 0.2, 0.1))]),
+    named=st.booleans(),
+)
+def test_vitlab_npz_vitlab_is_exact(act, posemb, img, layout, pool, qkv_bias, norm, named):
+    """The same config and bit-identical logits after vitlab -> .npz -> vitlab, whatever the layout cannot say."""
+    import tempfile
+
+    import vitlab
+    from vitlab.checkpoints.npz import write_npz
+
+    fields = dict(act=act, posemb=posemb, img_size=img, pool=pool, class_token=pool == "cls", qkv_bias=qkv_bias)
+    if norm:
+        fields.update(mean=norm[0], std=norm[1])
+    if named:
+        fields["class_names"] = ["cat", "dog", "eel"]
+    with tempfile.TemporaryDirectory() as d:
+        vitlab.save(_roundtrip_model(**fields), Path(d) / "m")
+        before = vitlab.load(Path(d) / "m")
+        write_npz(before, Path(d) / "m.npz", layout=layout)
+        after = vitlab.load(Path(d) / "m.npz")
+    assert after.config == before.config
+    x = torch.randn(3, 3, img, img, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(after(x), before(x))
+
+
+def test_convert_to_npz_and_back_keeps_the_model_and_says_what_only_vitlab_reads(tmp_path, capsys):
+    import json
+
+    import vitlab
+
+    fields = dict(act="gelu", posemb="none", mean=(0.1, 0.2, 0.3), std=(0.3, 0.2, 0.1), class_names=["a", "b", "c"])
+    vitlab.save(_roundtrip_model(**fields), tmp_path / "m")
+    assert main(["convert", str(tmp_path / "m"), str(tmp_path / "m.npz"), "--layout", "big_vision"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("note: ")
+    assert "act, mean, std, class_names, posemb, img_size have no place in the big_vision layout" in err
+    assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "back")]) == 0
+    a, b = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("m", "back"))
+    assert b["extra"].pop("converted_from") == str(tmp_path / "m.npz")
+    assert a == b
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(vitlab.load(tmp_path / "back")(x), vitlab.load(tmp_path / "m")(x))
+
+
+def _npz_with(path: Path, config) -> None:
+    """Rewrite the ``vitlab/config`` array of the .npz ``path``."""
+    import json
+
+    import numpy as np
+
+    arrays = dict(np.load(path))
+    if isinstance(config, dict):
+        arrays["vitlab/config"] = np.frombuffer(json.dumps(config).encode(), dtype=np.uint8)
+    else:
+        arrays["vitlab/config"] = config
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize(
+    "lie, says",
+    [
+        ({"depth": 3}, "depth is 3 but the weights have 2"),
+        ({"num_heads": 4}, "num_heads is 4 but the attention kernels have 2 heads"),
+        ({"act": "relu"}, "act: "),
+        ({"qkv_bias": False}, "qkv_bias is false but the weights have a non-zero blocks.0.attn.qkv.bias"),
+        ("float", "not the UTF-8 bytes of a JSON config"),
+        ("garbage", "not a readable config"),
+    ],
+)
+def test_a_lying_stored_config_is_refused_naming_it(tmp_path, lie, says):
+    import json
+
+    import numpy as np
+
+    import vitlab
+    from vitlab.checkpoints.npz import write_npz
+
+    path = tmp_path / "m.npz"
+    write_npz(_roundtrip_model(), path)
+    config = json.loads(np.load(path)["vitlab/config"].tobytes())
+    if lie == "float":
+        _npz_with(path, np.zeros(4, np.float32))
+    elif lie == "garbage":
+        _npz_with(path, np.frombuffer(b"{not json", dtype=np.uint8))
+    else:
+        _npz_with(path, {**config, **lie})
+    with pytest.raises(CheckpointError) as e:
+        vitlab.load(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path} (vitlab/config): ") and says in msg and "\n" not in msg, msg
+
+
+def test_npz_refuses_pre_norm_it_cannot_hold(tmp_path):
+    from vitlab.checkpoints.npz import write_npz
+    from vitlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pre_norm: True has no vit_jax .npz layout"):
+        write_npz(_roundtrip_model(pre_norm=True), tmp_path / "x.npz")

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_UNPACKED_ENV",
     "TORCH_SUFFIXES",
     "NpzArchive",
+    "parse_config",
     "read_config_file",
     "read_npz",
     "read_state_dict",
@@ -128,16 +129,22 @@ def read_config_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONFI
             kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) else "not a file"
             raise CheckpointError(f"{p}: the config is {kind}, not a regular file; refusing to read it")
         data = f.read(max_bytes + 1)
+    return parse_config(data, where=str(p), max_bytes=max_bytes)
+
+
+def parse_config(data: bytes, *, where: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """The JSON object in the config bytes ``data`` (of a file, or an array inside one: ``where`` names
+    it in errors): at most ``max_bytes``, UTF-8, not nested too deeply, an object."""
     if len(data) > max_bytes:
-        raise CheckpointError(f"{p}: the config is larger than {_mib(max_bytes)}; refusing to read it")
+        raise CheckpointError(f"{where}: the config is larger than {_mib(max_bytes)}; refusing to read it")
     try:
         raw = json.loads(data.decode("utf-8"))
     except RecursionError:
-        raise CheckpointError(f"{p}: not a readable config (JSON nested too deeply)") from None
+        raise CheckpointError(f"{where}: not a readable config (JSON nested too deeply)") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, ints of thousands of digits
-        raise CheckpointError(f"{p}: not a readable config ({_first_line(e)})") from None
+        raise CheckpointError(f"{where}: not a readable config ({_first_line(e)})") from None
     if not isinstance(raw, dict):
-        raise CheckpointError(f"{p}: the config holds a JSON {type(raw).__name__}, not an object of fields")
+        raise CheckpointError(f"{where}: the config holds a JSON {type(raw).__name__}, not an object of fields")
     return raw
 
 
