@@ -475,3 +475,89 @@ def test_npz_refuses_pre_norm_it_cannot_hold(tmp_path):
 
     with pytest.raises(ConfigError, match="pre_norm: True has no vit_jax .npz layout"):
         write_npz(_roundtrip_model(pre_norm=True), tmp_path / "x.npz")
+
+
+# -- evaluation memory ------------------------------------------------------------------------------------------
+
+_EVAL_20K = """
+import resource, sys, torch
+from torch import nn
+from vitlab.evaluate.accuracy import evaluate_batches
+
+def vmdata():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) * 1024
+
+C = 20_000
+torch.manual_seed(0)
+model = nn.Sequential(nn.Flatten(), nn.Linear(4, C))
+batches = [(torch.randn(16, 1, 2, 2), torch.randint(0, C, (16,))) for _ in range(4)]
+# allocations beyond 512 MiB more than now fail: the old dense matrix (3.2 GB) and its per-batch copy cannot hide
+resource.setrlimit(resource.RLIMIT_DATA, (vmdata() + (512 << 20), resource.getrlimit(resource.RLIMIT_DATA)[1]))
+res = evaluate_batches(model, batches, num_classes=C, device=torch.device("cpu"))
+cells = res["confusion_cells"]
+assert "confusion" not in res and res["count"] == 64 and len(res["per_class"]) == len(res["class_counts"]) == C
+assert cells[:, 2].sum() == 64 and sum(res["class_counts"]) == 64
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmData from /proc (Linux)")
+def test_evaluation_of_20000_classes_stays_within_a_memory_limit(tmp_path):
+    """A classes x classes matrix (and a same-size temporary per batch) is 3.2 GB at 20,000 classes: the
+    evaluation runs under an address-space limit of what it had plus 512 MiB."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _EVAL_20K], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def _batches(classes: int, n: int = 5):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(12, 1, 2, 2, generator=g), torch.randint(0, classes, (12,), generator=g)) for _ in range(n)]
+
+
+def test_sparse_confusion_cells_count_what_the_dense_matrix_counts(monkeypatch):
+    """Above the dense cap only the non-zero cells are kept; they and the per-class counts equal the dense
+    matrix's, also through the distributed reduction (a process group of one)."""
+    import numpy as np
+
+    from vitlab.evaluate import accuracy
+    from vitlab.train.distributed import setup, teardown
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 7))
+    dense = accuracy.evaluate_batches(model, _batches(7), num_classes=7, device=torch.device("cpu"))
+    monkeypatch.setattr(accuracy, "DENSE_CONFUSION_BYTES", 0)
+    setup("cpu", group=True)
+    try:
+        group_of_one = type("D", (), {"enabled": True, "world_size": 1})()
+        sparse = accuracy.evaluate_batches(
+            model, _batches(7), num_classes=7, device=torch.device("cpu"), dist=group_of_one
+        )
+    finally:
+        teardown()
+    rebuilt = np.zeros((7, 7), np.int64)
+    for t, p, n in sparse["confusion_cells"]:
+        rebuilt[t, p] = n
+    assert np.array_equal(rebuilt, dense["confusion"]) and "confusion" not in sparse
+    assert sparse["class_counts"] == dense["confusion"].sum(1).tolist()
+    for key in ("top1", "top5", "loss", "count", "per_class"):
+        assert sparse[key] == dense[key], key
+
+
+def test_the_confusion_figure_is_drawn_only_when_readable(tmp_path, capsys):
+    from vitlab.train.report import draw_figures
+
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 1.0, "top1": 0.5, "top5": 0.9, "lr": 0.1}\n')
+    draw_figures(tmp_path, [f"c{i}" for i in range(3)], {"per_class": [0.5] * 3, "confusion": torch.eye(3).numpy()})
+    assert (tmp_path / "confusion.png").is_file()
+    (tmp_path / "confusion.png").unlink()
+    names = [f"c{i}" for i in range(150)]
+    draw_figures(tmp_path, names, {"per_class": [0.5] * 150, "confusion": torch.eye(150).numpy()})
+    err = capsys.readouterr().err
+    assert "note: no confusion.png: 150 classes are too many to read in one figure" in err and "warning" not in err
+    assert not (tmp_path / "confusion.png").exists() and (tmp_path / "curves.png").is_file()
