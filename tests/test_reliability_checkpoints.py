@@ -331,10 +331,11 @@ def test_commands_refuse_a_torchscript_file_in_one_line(torchscript_file, tmp_pa
     from PIL import Image
 
     Image.new("RGB", (16, 16)).save(img)
-    for argv in (["predict", "--model", str(torchscript_file), str(img)], ["convert", str(torchscript_file), "o"]):
+    convert = ["convert", str(torchscript_file), str(tmp_path / "o")]
+    for argv in (["predict", "--model", str(torchscript_file), str(img)], convert):
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "a TorchScript program (as `vitlab export --format torchscript` writes)" in err
+        assert err.count("\n") == 1 and "a TorchScript program (as vitlab export --format torchscript writes)" in err
         assert "weights_only=False" not in err
     assert not [w for w in recwarn if "TorchScript" in str(w.message)]
 

@@ -164,7 +164,7 @@ def read_state_dict(path: str | os.PathLike[str], *, max_unpacked_bytes: int | N
             raise CheckpointError(f"{p}: not a readable safetensors file ({_first_line(e)})") from None
     if p.suffix.lower() == ".onnx":
         raise CheckpointError(
-            f"{p}: an ONNX model (as `vitlab export` writes), not a checkpoint of weights; load the model it was "
+            f"{p}: an ONNX model (as vitlab export writes), not a checkpoint of weights; load the model it was "
             "exported from, or run it with vitlab.export.load_exported"
         )
     obj = torch_load_safe(p, max_unpacked_bytes=max_unpacked_bytes)
@@ -184,7 +184,7 @@ def torch_load_safe(p: Path, *, what: str = "PyTorch checkpoint", max_unpacked_b
             raise CheckpointError(f"{p}: not a {what} ({_first_line(e)})") from None
         if torchscript:  # (torch.load would warn, then refuse it under weights_only, suggesting weights_only=False)
             raise CheckpointError(
-                f"{p}: a TorchScript program (as `vitlab export --format torchscript` writes), not a {what}; "
+                f"{p}: a TorchScript program (as vitlab export --format torchscript writes), not a {what}; "
                 "vitlab does not load TorchScript (loading it runs the program it holds): load the model it was "
                 "exported from, or run it with vitlab.export.load_exported(path, format='torchscript') if you trust it"
             )

@@ -154,7 +154,7 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
         if classes is not None and classes > MAX_CONFUSION_FIGURE:
             print(
                 f"note: no confusion.png: {classes:,} classes are too many to read in one figure (it is drawn for "
-                f"up to {MAX_CONFUSION_FIGURE}); `vitlab eval` writes per-class accuracy",
+                f"up to {MAX_CONFUSION_FIGURE}); vitlab eval writes per-class accuracy",
                 file=sys.stderr,
             )
         elif "confusion" in ev:  # not for MPP's 512 colours
