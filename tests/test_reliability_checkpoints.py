@@ -154,7 +154,7 @@ def test_a_pickle_payload_inside_a_shard_is_refused(stopped_run, tmp_path, capsy
     _bytes_item(folder, _torch_bytes(_Payload(str(target))))
     assert main(resume_args(out)) == 2
     err = one_line(capsys.readouterr().err)
-    assert "__0_0.distcp: refused to unpickle io.open in 'optim.param_groups.0.lr'" in err
+    assert f"error: {folder / '__0_0.distcp'}: refused to unpickle io.open in 'optim.param_groups.0.lr'" in err
     assert not target.exists()
 
 
@@ -163,6 +163,24 @@ def test_a_shard_item_of_another_type_is_refused(stopped_run, tmp_path, capsys):
     _bytes_item(folder, _torch_bytes("1e9"))  # a string where the learning rate is a float
     assert main(resume_args(out)) == 2
     assert "'optim.param_groups.0.lr' holds a str where this run has a float" in one_line(capsys.readouterr().err)
+
+
+def test_a_compressed_item_is_refused_before_it_is_inflated(stopped_run, tmp_path, capsys):
+    """torch's zip reader inflates deflated members; DCP never writes them: 40 kB that would become 40 MB."""
+    import io
+    import zipfile
+
+    out, folder = copy_run(stopped_run, tmp_path)
+    plain = zipfile.ZipFile(io.BytesIO(_torch_bytes(torch.zeros(10_000_000))))
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name in plain.namelist():
+            z.writestr(name, plain.read(name))
+    assert len(packed.getvalue()) < 100_000
+    _bytes_item(folder, packed.getvalue())
+    assert main(resume_args(out)) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"error: {folder / '__0_0.distcp'}: the item at byte " in err and "unpacks to 40,000," in err
 
 
 @pytest.mark.parametrize(

@@ -212,16 +212,24 @@ def read_sharded(folder: Path, *, net: nn.Module, optimizer: torch.optim.Optimiz
     try:
         dcp.load(state, storage_reader=SafeReader(folder, metadata), planner=SafeLoadPlanner(folder))
     except (Exception, dcp.CheckpointException) as e:  # a missing shard, a changed model, on any rank
+        if isinstance(_first(e), CheckpointError):  # dcp_safe's refusals name the file and say why
+            raise CheckpointError(str(_first(e))) from None
         raise CheckpointError(f"{folder}: cannot read the sharded checkpoint ({_cause(e)})") from None
     set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
-def _cause(e: BaseException) -> str:
-    """One line for ``e``: the first rank's failure when DCP gathered them (``CheckpointException.failures``)."""
+def _first(e: BaseException) -> BaseException:
+    """The first rank's failure when DCP gathered them (``CheckpointException.failures``), else ``e``."""
     failures = getattr(e, "failures", None)
     if failures:
         first = failures[min(failures)]
-        e = first[0] if isinstance(first, tuple) else first
+        return first[0] if isinstance(first, tuple) else first
+    return e
+
+
+def _cause(e: BaseException) -> str:
+    """One line for ``e``: the first rank's failure when DCP gathered them."""
+    e = _first(e)
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     text = str(e).strip().splitlines()

@@ -11,7 +11,9 @@ reads ``last.pt``:
   called; then every entry is checked (types, chunks inside and covering their tensor, each stored
   piece inside a ``__<rank>_<n>.distcp`` file of the folder, no storage transforms);
 - non-tensor items with ``torch.load(weights_only=True)`` (:class:`SafeLoadPlanner`), and each must
-  have the type of the value it replaces; tensors DCP already reads with ``weights_only=True``.
+  have the type of the value it replaces; tensors DCP already reads with ``weights_only=True``;
+- each item only if it unpacks to no more than the bytes it occupies (:class:`SafeReader`): torch's zip
+  reader inflates compressed members, which DCP never writes.
 
 Only regular files are read (a symbolic link, FIFO or device is refused), and ``.metadata`` only up to
 :data:`MAX_METADATA_BYTES`.
@@ -26,6 +28,7 @@ import pathlib
 import pickle
 import re
 import stat
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +201,10 @@ class SafeReader(FileSystemReader):
         super().__init__(folder)
         self._metadata = metadata
 
+    def _slice_file(self, file: Any, sinfo: _StorageInfo) -> Any:  # (FileSystemReader's hook for each item)
+        _check_item(file, sinfo, Path(self.path) / sinfo.relative_path)
+        return super()._slice_file(file, sinfo)
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_md.Metadata:
         if kwargs.get("rank") is not None:  # (DCP asks for per-rank metadata only when the global one failed)
             raise CheckpointError(f"{self.path}: no per-rank metadata is read")
@@ -206,6 +213,50 @@ class SafeReader(FileSystemReader):
             md.storage_meta = dcp_md.StorageMeta()
         md.storage_meta.load_id = self.load_id
         return md
+
+
+class _Slice(io.RawIOBase):
+    """``length`` bytes of ``f`` from ``offset``, as a seekable file (for :mod:`zipfile`)."""
+
+    def __init__(self, f: Any, offset: int, length: int) -> None:
+        super().__init__()
+        self.f, self.offset, self.length, self.pos = f, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = min(max(base + pos, 0), self.length)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self.length - self.pos)
+        self.f.seek(self.offset + self.pos)
+        got = self.f.readinto(memoryview(b)[:n]) if n > 0 else 0
+        self.pos += got or 0
+        return got or 0
+
+
+def _check_item(f: Any, info: _StorageInfo, where: Path) -> None:
+    """The stored item (a ``torch.save`` zip) unpacks to no more than the bytes it occupies: DCP stores its
+    members uncompressed, and torch's reader would inflate a compressed one whatever its size."""
+    try:
+        with zipfile.ZipFile(_Slice(f, info.offset, info.length)) as z:
+            unpacked = sum(i.file_size for i in z.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a zip: torch.load refuses it
+    if unpacked > info.length:
+        raise CheckpointError(
+            f"{where}: the item at byte {info.offset:,} unpacks to {unpacked:,} bytes from {info.length:,}; "
+            "DCP stores items uncompressed, so it was not written by DCP"
+        )
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
