@@ -12,7 +12,10 @@ batch dimension frozen by mistake is caught at export time, not in production.
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,15 +114,17 @@ def export_model(
                 verbose=False,
             )
         else:
-            traced = torch.jit.trace(wrapped, (x,), check_trace=False)
-            traced.save(str(path))
+            with _quiet_jit():
+                traced = torch.jit.trace(wrapped, (x,), check_trace=False)
+                traced.save(str(path))
     seconds = time.perf_counter() - t0
     diff = None
     if check:
         x3 = _example(model, 3)
         with torch.inference_mode():
             want = wrapped(x3).float().numpy()
-        got = run_exported(load_exported(path, format=format), x3.numpy())
+        with _quiet_jit():  # the file this call just wrote
+            got = run_exported(load_exported(path, format=format), x3.numpy())
         diff = float(np.abs(got - want).max())
         if not diff <= tolerance:
             raise ExportError(
@@ -128,10 +133,30 @@ def export_model(
     return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds)
 
 
-def load_exported(path: str | Path, *, format: str | None = None) -> Any:
-    """An onnxruntime ``InferenceSession`` (CPU) for ``.onnx``, a ``torch.jit.ScriptModule`` otherwise."""
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """Hide, around vitlab's own TorchScript calls, torch's deprecation notice of ``torch.jit`` and the tracer's
+    notes on shape checks (the export is for the model's resolution; its check runs another batch size)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
+
+
+def load_exported(path: str | Path, *, format: str | None = None, trust_torchscript: bool = False) -> Any:
+    """An onnxruntime ``InferenceSession`` (CPU) for an ``.onnx`` file; a ``torch.jit.ScriptModule`` only when
+    asked by name: ``format="torchscript"`` or ``trust_torchscript=True``. Loading TorchScript runs the
+    program the file holds (its code is Python-like source that ``torch.jit.load`` compiles and runs), so
+    a file is never taken for TorchScript because of its name; ONNX holds a graph of operators only."""
     path = Path(path)
-    fmt = format or ("onnx" if path.suffix == ".onnx" else "torchscript")
+    if format is not None and format not in FORMATS:
+        raise ExportError(f"format: {format!r} is not one of {', '.join(FORMATS)}")
+    fmt = format or ("onnx" if path.suffix == ".onnx" else "torchscript" if trust_torchscript else None)
+    if fmt is None:
+        raise ExportError(
+            f"{path}: not an .onnx file; TorchScript is loaded only when asked by name, because loading it runs "
+            "the program it holds: pass format='torchscript' (or trust_torchscript=True) for a file you trust"
+        )
     if fmt == "onnx":
         try:
             import onnxruntime as ort

@@ -102,7 +102,9 @@ def read_checkpoint(
             "nor a Hugging Face save_pretrained folder"
         )
     if p.suffix.lower() == ".npz":
-        state, fields = npz.read_checkpoint(p, max_unpacked_bytes=max_unpacked_bytes)
+        state, fields, cfg = npz.read_checkpoint(p, max_unpacked_bytes=max_unpacked_bytes)
+        if cfg is not None:  # written by vitlab: its whole config, checked against the weights as config.json is
+            return Checkpoint(state, {}, "npz", config=cfg, config_file=f"{p} ({npz.CONFIG_KEY})")
         return Checkpoint(state, fields, "npz")
     state = read_state_dict(p, max_unpacked_bytes=max_unpacked_bytes)
     hub_config = p.parent / "config.json"

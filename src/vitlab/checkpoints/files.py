@@ -38,6 +38,7 @@ __all__ = [
     "MAX_UNPACKED_ENV",
     "TORCH_SUFFIXES",
     "NpzArchive",
+    "parse_config",
     "read_config_file",
     "read_npz",
     "read_state_dict",
@@ -128,16 +129,22 @@ def read_config_file(path: str | os.PathLike[str], *, max_bytes: int = MAX_CONFI
             kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) else "not a file"
             raise CheckpointError(f"{p}: the config is {kind}, not a regular file; refusing to read it")
         data = f.read(max_bytes + 1)
+    return parse_config(data, where=str(p), max_bytes=max_bytes)
+
+
+def parse_config(data: bytes, *, where: str, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """The JSON object in the config bytes ``data`` (of a file, or an array inside one: ``where`` names
+    it in errors): at most ``max_bytes``, UTF-8, not nested too deeply, an object."""
     if len(data) > max_bytes:
-        raise CheckpointError(f"{p}: the config is larger than {_mib(max_bytes)}; refusing to read it")
+        raise CheckpointError(f"{where}: the config is larger than {_mib(max_bytes)}; refusing to read it")
     try:
         raw = json.loads(data.decode("utf-8"))
     except RecursionError:
-        raise CheckpointError(f"{p}: not a readable config (JSON nested too deeply)") from None
+        raise CheckpointError(f"{where}: not a readable config (JSON nested too deeply)") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, ints of thousands of digits
-        raise CheckpointError(f"{p}: not a readable config ({_first_line(e)})") from None
+        raise CheckpointError(f"{where}: not a readable config ({_first_line(e)})") from None
     if not isinstance(raw, dict):
-        raise CheckpointError(f"{p}: the config holds a JSON {type(raw).__name__}, not an object of fields")
+        raise CheckpointError(f"{where}: the config holds a JSON {type(raw).__name__}, not an object of fields")
     return raw
 
 
@@ -155,6 +162,11 @@ def read_state_dict(path: str | os.PathLike[str], *, max_unpacked_bytes: int | N
             return load_file(str(p))
         except Exception as e:  # safetensors raises its own error types
             raise CheckpointError(f"{p}: not a readable safetensors file ({_first_line(e)})") from None
+    if p.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"{p}: an ONNX model (as vitlab export writes), not a checkpoint of weights; load the model it was "
+            "exported from, or run it with vitlab.export.load_exported"
+        )
     obj = torch_load_safe(p, max_unpacked_bytes=max_unpacked_bytes)
     return unwrap_state_dict(obj, source=str(p))
 
@@ -167,8 +179,15 @@ def torch_load_safe(p: Path, *, what: str = "PyTorch checkpoint", max_unpacked_b
         try:
             with zipfile.ZipFile(p) as zf:
                 _check_zip_members(p, zf, unpacked_limit(p, max_unpacked_bytes))
+                torchscript = any(n.partition("/")[2] == "constants.pkl" for n in zf.namelist())
         except zipfile.BadZipFile as e:
             raise CheckpointError(f"{p}: not a {what} ({_first_line(e)})") from None
+        if torchscript:  # (torch.load would warn, then refuse it under weights_only, suggesting weights_only=False)
+            raise CheckpointError(
+                f"{p}: a TorchScript program (as vitlab export --format torchscript writes), not a {what}; "
+                "vitlab does not load TorchScript (loading it runs the program it holds): load the model it was "
+                "exported from, or run it with vitlab.export.load_exported(path, format='torchscript') if you trust it"
+            )
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it may not read; the error below says it
             warnings.filterwarnings("ignore", message="Detected pickle protocol")

@@ -20,7 +20,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from .files import read_config_file
 
-__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "is_native", "load_folder", "save"]
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "config_from_record", "config_record", "is_native", "load_folder", "save"]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -72,8 +72,7 @@ def save(
         raise CheckpointError(f"{out}: already holds a model ({', '.join(held)}); pass overwrite=True to replace it")
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT_TAG, "architecture": type(model).__name__, **cfg.to_dict()}
-    meta["vitlab_version"] = __version__
+    meta = config_record(cfg, architecture=type(model).__name__)
     for name in (WEIGHTS_NAME, CONFIG_NAME):
         remove_stale(out, f".{name}.tmp")  # left by writers killed mid-write
     tmp_w, tmp_c = temp_path(out / WEIGHTS_NAME), temp_path(out / CONFIG_NAME)
@@ -97,6 +96,21 @@ def save(
     return out
 
 
+def config_record(cfg: ViTConfig, *, architecture: str) -> dict[str, Any]:
+    """What vitlab stores as a model's configuration (``config.json``, an ``.npz``'s ``vitlab/config``)."""
+    return {"format": FORMAT_TAG, "architecture": architecture, **cfg.to_dict(), "vitlab_version": __version__}
+
+
+def config_from_record(raw: dict[str, Any], *, where: str) -> ViTConfig:
+    """The configuration :func:`config_record` wrote, every field type- and range-checked; a bad one is
+    a :class:`CheckpointError` naming ``where`` and the field."""
+    fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
+    try:
+        return ViTConfig.from_dict(fields)
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 def load_folder(path: str | os.PathLike[str]) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:
     """Read a vitlab folder: ``(config, state_dict, raw config dict)``.
 
@@ -105,11 +119,7 @@ def load_folder(path: str | os.PathLike[str]) -> tuple[ViTConfig, dict[str, torc
     before the weights are read."""
     p = Path(path)
     raw = read_config_file(p / CONFIG_NAME)
-    fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
-    try:
-        cfg = ViTConfig.from_dict(fields)
-    except ConfigError as e:
-        raise CheckpointError(f"{p / CONFIG_NAME}: {e}") from None
+    cfg = config_from_record(raw, where=str(p / CONFIG_NAME))
     try:
         state = load_file(str(p / WEIGHTS_NAME))
     except Exception as e:  # safetensors raises its own error types

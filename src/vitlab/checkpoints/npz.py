@@ -23,6 +23,7 @@ embeddings with ``scipy.ndimage.zoom(order=1)``: the defaults set here.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -34,9 +35,15 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from .files import read_npz
+from ..models.config import ViTConfig
+from .files import parse_config, read_npz
+from .native import config_from_record, config_record
 
-__all__ = ["LAYOUTS", "PREFIXES", "read_checkpoint", "write_npz"]
+__all__ = ["CONFIG_KEY", "LAYOUTS", "PREFIXES", "outside_layout", "read_checkpoint", "write_npz"]
+
+CONFIG_KEY = "vitlab/config"
+"""The array in which :func:`write_npz` stores vitlab's configuration (the UTF-8 bytes of its JSON, as uint8):
+what the Google layouts cannot say (the GELU variant, preprocessing, class names ...) for vitlab to read back."""
 
 PREFIXES = ("", "opt/target/", "params/")
 _POSEMB_VIT_JAX = "Transformer/posembed_input/pos_embedding"
@@ -111,13 +118,37 @@ def _map_head(get) -> dict[str, torch.Tensor]:
 
 def read_checkpoint(
     path: str | os.PathLike[str], *, max_unpacked_bytes: int | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(state dict in vitlab names, config fields)`` of a vit_jax or big_vision ``.npz``.
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], ViTConfig | None]:
+    """``(state dict in vitlab names, config fields, vitlab's stored config or None)`` of a vit_jax or
+    big_vision ``.npz``. The stored config (:data:`CONFIG_KEY`, written by :func:`write_npz`) is checked as a
+    ``config.json`` is, and against the head count of the attention kernels.
 
     Only the arrays the model needs are decompressed (optimizer state, for one, is not), within
     the bound of :func:`~vitlab.checkpoints.files.unpacked_limit`."""
     with read_npz(path, max_unpacked_bytes=max_unpacked_bytes) as w:
-        return _convert(w, path)
+        state, fields = _convert(w, path)
+        cfg = _stored_config(w, path) if CONFIG_KEY in w else None
+    if cfg is None:
+        return state, fields, None
+    where = f"{path} ({CONFIG_KEY})"
+    if cfg.num_heads != fields.get("num_heads", cfg.num_heads):
+        raise CheckpointError(
+            f"{where}: num_heads is {cfg.num_heads} but the attention kernels have {fields['num_heads']} heads; "
+            "the config does not describe these weights"
+        )
+    if not cfg.qkv_bias:  # the layouts always hold q/k/v biases: write_npz stored zeros
+        for k in [k for k in state if k.endswith("attn.qkv.bias")]:
+            if state.pop(k).any():
+                raise CheckpointError(f"{where}: qkv_bias is false but the weights have a non-zero {k}")
+    return state, fields, cfg
+
+
+def _stored_config(w: Mapping[str, np.ndarray], path: str | os.PathLike[str]) -> ViTConfig:
+    where = f"{path} ({CONFIG_KEY})"
+    a = w[CONFIG_KEY]
+    if a.dtype != np.uint8 or a.ndim != 1:
+        raise CheckpointError(f"{where}: a {a.dtype} array of shape {a.shape}, not the UTF-8 bytes of a JSON config")
+    return config_from_record(parse_config(a.tobytes(), where=where), where=where)
 
 
 def _convert(
@@ -235,6 +266,25 @@ def _convert(
 LAYOUTS = ("vit_jax", "big_vision")
 
 
+def outside_layout(cfg: ViTConfig) -> list[str]:
+    """The fields of ``cfg`` that a reader of the Google layouts without :data:`CONFIG_KEY` would take
+    otherwise (it assumes tanh-GELU, inputs in [-1, 1], 224 px without learned position embeddings ...):
+    what only vitlab reads back from an ``.npz`` :func:`write_npz` wrote."""
+    lost = {
+        "act": cfg.act != "gelu_tanh",
+        "norm_eps": cfg.norm_eps != 1e-6,
+        "mean": tuple(cfg.mean) != (0.5,) * 3,
+        "std": tuple(cfg.std) != (0.5,) * 3,
+        "class_names": cfg.class_names is not None,
+        "posemb": cfg.posemb == "none",
+        "img_size": cfg.posemb != "learn" and tuple(cfg.img_size) != (224, 224),
+        "qkv_bias": not cfg.qkv_bias,
+        "rope": cfg.rope,
+        "dynamic_img_pad": cfg.dynamic_img_pad,
+    }
+    return [k for k, v in lost.items() if v]
+
+
 def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_jax", overwrite: bool = False) -> Path:
     """Write a ViT's weights as Google's ``.npz``, the reverse of :func:`read_checkpoint`.
 
@@ -262,6 +312,7 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         "reg_tokens": cfg.reg_tokens > 0,
         "init_values": cfg.init_values is not None,
         "qk_norm": cfg.qk_norm,
+        "pre_norm": cfg.pre_norm,
         "dist_token": cfg.dist_token,
         "pool": cfg.pool == "map" and layout == "vit_jax",
         "fc_norm": cfg.fc_norm,
@@ -341,6 +392,8 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         dense("pre_logits", "pre_logits.fc")
     if "head.weight" in sd:
         dense("head", "head")
+    record = json.dumps(config_record(cfg, architecture=type(model).__name__)).encode("utf-8")
+    out[CONFIG_KEY] = np.frombuffer(record, dtype=np.uint8)  # outside the layout's names; no pickle
     remove_stale(path.parent, f".{path.name}.tmp")
     tmp = temp_path(path)
     try:

@@ -13,7 +13,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Read a checkpoint in any supported format (timm .pth/.bin/.safetensors, a Hugging Face\n"
             "save_pretrained folder, a Google .npz of vit_jax or big_vision, a vitlab folder, or a\n"
             "known public name) and write it as DST/model.safetensors + DST/config.json, or, when DST\n"
-            "ends in .npz, as Google's .npz (--layout vit_jax or big_vision).\n\n"
+            "ends in .npz, as Google's .npz (--layout vit_jax or big_vision) with vitlab's config in an extra\n"
+            "array, so that converting back gives the same model (options without a Google layout are refused).\n\n"
             "The architecture is inferred from the tensor shapes; the head count comes from the\n"
             "paper's table (width -> heads) unless the format stores it or --num-heads says.\n"
             "Known names (downloaded with huggingface_hub): <tag>/<model>, e.g.\n"
@@ -48,12 +49,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     from pathlib import Path
 
     from .._fs import writes_onto
     from ..checkpoints import load, save
     from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
-    from ..checkpoints.npz import write_npz
+    from ..checkpoints.npz import CONFIG_KEY, outside_layout, write_npz
     from ..errors import ConfigError
 
     dst = Path(args.dst)
@@ -76,6 +78,14 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.src, strict=not args.no_strict, **overrides)
     if dst.suffix == ".npz":
         out = write_npz(model, dst, layout=args.layout, overwrite=args.overwrite)
+        lost = outside_layout(model.config)
+        if lost:  # vitlab reads them back; a reader of the plain layout would not
+            print(
+                f"note: {out}: {', '.join(lost)} have no place in the {args.layout} layout; they are kept in its "
+                f"{CONFIG_KEY} array, which vitlab reads back and other readers ignore (they assume the official "
+                "models' tanh-GELU, inputs in [-1, 1] and 224 px)",
+                file=sys.stderr,
+            )
     else:
         out = save(model, dst, extra={"converted_from": str(args.src)}, overwrite=args.overwrite)
     cfg = model.config

@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         buffer_bytes=budget,
     )
     res["model"] = str(args.model)
-    res["confusion"] = res["confusion"].tolist()
+    for key in ("confusion", "confusion_cells"):  # (the latter: non-zero cells of a matrix too large to hold)
+        if key in res:
+            res[key] = res[key].tolist()
     out = Path(args.output) if args.output else default_output(args.model, "eval.json")
     if out is not None:
         write_json(out, res)

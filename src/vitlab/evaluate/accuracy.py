@@ -16,7 +16,21 @@ from ..devices import autocast, resolve_device
 if TYPE_CHECKING:
     from ..data import ArrayDataset
 
-__all__ = ["decode_size", "eval_dataset", "evaluate_batches", "evaluate_model", "model_inputs", "preprocess_for"]
+__all__ = [
+    "DENSE_CONFUSION_BYTES",
+    "decode_size",
+    "eval_dataset",
+    "evaluate_batches",
+    "evaluate_model",
+    "model_inputs",
+    "preprocess_for",
+]
+
+
+DENSE_CONFUSION_BYTES = 64 << 20
+"""Largest confusion matrix kept as a dense array (64 MiB of int64 counts: up to 2,896 classes). Beyond it
+only the non-zero cells are counted (at most one per image evaluated): ImageNet-21k's 21,843 classes would
+take 3.8 GB dense."""
 
 
 @torch.no_grad()
@@ -29,10 +43,19 @@ def evaluate_batches(
     amp_dtype: torch.dtype | None = None,
     dist=None,
 ) -> dict[str, Any]:
-    """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix (rows: true class)
-    over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed."""
+    """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
+    class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
+
+    Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
+    in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
+    its non-zero cells, at most one per image); no batch allocates more than its own size."""
     model.eval()
-    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    c = num_classes
+    dense = c * c * 8 <= DENSE_CONFUSION_BYTES
+    conf = torch.zeros(c * c if dense else 0, dtype=torch.int64)
+    cells: dict[int, int] = {}
+    total = torch.zeros(c, dtype=torch.int64)
+    correct = torch.zeros(c, dtype=torch.int64)
     top5 = torch.zeros((), dtype=torch.int64)
     loss = torch.zeros((), dtype=torch.float64)
     for x, y in batches:
@@ -42,25 +65,44 @@ def evaluate_batches(
         logits = logits.float()
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
-        pred = logits.argmax(1).clamp(max=num_classes - 1)
-        conf += torch.bincount((y * num_classes + pred).cpu(), minlength=num_classes * num_classes).view(
-            num_classes, num_classes
-        )
+        pred = logits.argmax(1).clamp(max=c - 1).cpu()
+        y = y.cpu().long()
+        total.index_add_(0, y, torch.ones_like(y))
+        correct.index_add_(0, y, (pred == y).long())
+        if dense:
+            conf.index_add_(0, y * c + pred, torch.ones_like(y))
+        else:
+            keys, counts = torch.unique(y * c + pred, return_counts=True)
+            for k, n in zip(keys.tolist(), counts.tolist(), strict=True):
+                cells[k] = cells.get(k, 0) + n
     if dist is not None and dist.enabled:
         import torch.distributed as tdist
 
-        for t in (conf, top5, loss):
+        for t in (conf, total, correct, top5, loss):
             tdist.all_reduce(t)
-    n = int(conf.sum())
-    per_class = (conf.diag().double() / conf.sum(1).clamp(min=1).double()).tolist()
-    return {
-        "top1": float(conf.diag().sum()) / max(n, 1),
+        if not dense:
+            gathered: list[dict[int, int]] = [{} for _ in range(dist.world_size)]
+            tdist.all_gather_object(gathered, cells)
+            cells = {}
+            for part in gathered:
+                for k, n in part.items():
+                    cells[k] = cells.get(k, 0) + n
+    n = int(total.sum())
+    res: dict[str, Any] = {
+        "top1": float(correct.sum()) / max(n, 1),
         "top5": float(top5) / max(n, 1),
         "loss": float(loss) / max(n, 1),
         "count": n,
-        "per_class": per_class,
-        "confusion": conf.numpy(),
+        "per_class": (correct.double() / total.clamp(min=1).double()).tolist(),
+        "class_counts": total.tolist(),
     }
+    if dense:
+        res["confusion"] = conf.view(c, c).numpy()
+    else:
+        keys = np.asarray(sorted(cells), dtype=np.int64)
+        counts = np.asarray([cells[k] for k in keys.tolist()], dtype=np.int64)
+        res["confusion_cells"] = np.stack([keys // c, keys % c, counts], axis=1)
+    return res
 
 
 def preprocess_for(model: nn.Module):
@@ -203,7 +245,7 @@ def _evaluate_shards(
     res = evaluate_batches(
         model, StreamBatches(DataLoader(ds, batch_size=batch_size)), num_classes=len(names), device=device
     )
-    present = [i for i, row in enumerate(res["confusion"]) if row.sum() > 0]
+    present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])
     return res

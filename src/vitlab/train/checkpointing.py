@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import ConfigError
 from .build import Optimization
 from .config import TrainConfig
+from .dcp import SHARDED_DIR, clear, read_sharded, sharded_folder
 from .distributed import Dist
 from .report import truncate_metrics
 from .state import atomic_torch_save, get_rng_state, set_rng_state
@@ -161,9 +162,7 @@ def restore_checkpoint(
     generators; the saved position. The weights and optimizer state of a sharded run are read from the
     folder ``last.pt`` names (a collective: :func:`~vitlab.train.dcp.read_sharded`)."""
     if state.get("sharded"):
-        from .dcp import read_sharded
-
-        read_sharded(Path(folder or ".") / state["sharded"], net=net, optimizer=opt.optimizer)
+        read_sharded(sharded_folder(Path(folder or "."), state["sharded"]), net=net, optimizer=opt.optimizer)
     else:
         net.load_state_dict(state["model"])
         opt.optimizer.load_state_dict(state["optimizer"])
@@ -216,17 +215,24 @@ def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Calla
         )
     if init is not None and Path(init).exists() and out.resolve() in Path(init).resolve().parents:
         raise ConfigError(f"--init {init}: is inside {out}, which --overwrite would clear; copy it elsewhere first")
-    removed = []
+    removed, kept = [], []
     for name in RUN_OUTPUTS:
         p = out / name
+        if name == SHARDED_DIR:  # only the checkpoints vitlab wrote there; a link the user made stays
+            if p.exists() or p.is_symlink():
+                kept = clear(out)
+                removed.append(name if not (p.exists() or p.is_symlink()) else f"checkpoints in {name}/")
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():
-            p.unlink()
+            p.unlink()  # (a link is removed, never what it points to)
         else:
             continue
         removed.append(name)
     log(f"{out}: --overwrite: removed the previous run's {', '.join(removed)}")
+    if kept:
+        log(f"{out / SHARDED_DIR}: kept {len(kept)} entries vitlab did not write ({', '.join(kept[:5])})")
 
 
 def start_position(

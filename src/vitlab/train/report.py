@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .recipes import Recipe
 
 __all__ = [
+    "MAX_CONFUSION_FIGURE",
     "WallEstimate",
     "append_metrics",
     "draw_figures",
@@ -139,13 +140,24 @@ def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str 
     plt.close(fig)
 
 
+MAX_CONFUSION_FIGURE = 100
+"""Most classes a ``confusion.png`` is drawn for: beyond, a cell is under a pixel and no label is readable."""
+
+
 def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> None:
-    """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev``;
-    a failure is a warning, because a figure must never kill a training run."""
+    """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev`` (for at most
+    :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise); a failure is a warning, because a
+    figure must never kill a training run."""
     try:
-        classes = len(class_names) if "confusion" in ev else None  # MPP's top-5 is over 512 colours
+        classes = len(class_names) if "per_class" in ev else None  # MPP's top-5 is over 512 colours
         plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png", num_classes=classes)
-        if "confusion" in ev:  # not for MPP's 512 colours
+        if classes is not None and classes > MAX_CONFUSION_FIGURE:
+            print(
+                f"note: no confusion.png: {classes:,} classes are too many to read in one figure (it is drawn for "
+                f"up to {MAX_CONFUSION_FIGURE}); vitlab eval writes per-class accuracy",
+                file=sys.stderr,
+            )
+        elif "confusion" in ev:  # not for MPP's 512 colours
             plot_confusion(ev["confusion"], class_names, out / "confusion.png")
     except Exception as e:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
