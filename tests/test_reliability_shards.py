@@ -120,6 +120,19 @@ def test_pipes_and_unknown_schemes_anywhere_in_a_data_value_are_refused(packed, 
     assert not target.exists()
 
 
+def test_eval_reads_a_pipe_only_with_allow_pipe(packed, tmp_path, capsys):
+    run, target = tmp_path / "run", tmp_path / "ran"
+    assert main(["train", "--data", str(packed), "--out", str(run), *ARGS]) == 0
+    piped = f"pipe:touch {target}; cat {pattern(packed, 'test')}"
+    capsys.readouterr()
+    argv = ["eval", "--model", str(run / "model"), "--data", piped, "--output", str(tmp_path / "e.json")]
+    assert main(argv) == 2
+    one_line(capsys, "--allow-pipe")
+    assert not target.exists()
+    assert main([*argv, "--allow-pipe"]) == 0  # typed with the flag: the user's own command runs
+    assert target.exists() and json.loads((tmp_path / "e.json").read_text())["count"] == 6
+
+
 @pytest.mark.parametrize("name", ["pipe:touch {target}", "../../etc/x.tar", "/etc/x.tar", "https://host/x.tar"])
 def test_a_manifest_naming_anything_but_a_file_in_its_folder_is_refused(packed, tmp_path, capsys, name):
     target = tmp_path / "pwned"
