@@ -11,6 +11,7 @@ import errno
 import gzip
 import io
 import json
+import os
 import shutil
 import tarfile
 import time
@@ -338,6 +339,14 @@ def test_pack_leaves_out_what_cannot_be_decoded_and_names_it(tmp_path, capsys):
     bad = dict(line.split("\t") for line in (out / "bad_files.txt").read_text().splitlines())
     names = ("train/class0/empty.png", "train/class1/page.jpg", "train/class2/cut.png")
     assert set(bad) == {str(src / f) for f in names}
+    for odd in (b"two\nlines.png", b"latin1-\xe9.png"):  # a name listed on one line, whatever bytes it holds
+        with open(os.fsencode(src / "train/class0") + b"/" + odd, "wb"):
+            pass
+    pack_folder(src, tmp_path / "odd", progress=False)
+    rows = (tmp_path / "odd" / "bad_files.txt").read_text().splitlines()
+    assert len(rows) == 5 and any("two\\nlines.png" in r for r in rows) and any("latin1-\\xe9" in r for r in rows)
+    for odd in (b"two\nlines.png", b"latin1-\xe9.png"):
+        os.unlink(os.fsencode(src / "train/class0") + b"/" + odd)
     assert "empty file" in bad[str(src / "train/class0/empty.png")]
     assert "UnidentifiedImageError" in bad[str(src / "train/class1/page.jpg")]
     m = read_manifest(out, verify=True)

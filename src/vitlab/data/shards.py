@@ -197,6 +197,18 @@ def _check_out(dest: Path, root: Path, *, overwrite: bool) -> list[str]:
     return old
 
 
+def _text(s: str) -> str:
+    """A path or a reason as one line of text (bytes that are not UTF-8 and control characters escaped)."""
+    from .scan import readable
+    from .shard_spec import quoted
+
+    return quoted(readable(s), limit=4096)
+
+
+def _shown(path: str, why: str) -> str:
+    return f"{_text(path)}: cannot be packed ({_text(why)})"
+
+
 def _checked(path: str, root: str, *, max_pixels: int | None, max_member: int) -> str:
     """Why ``path`` cannot be packed, or "" (it decodes, is inside ``root`` and within the size limit)."""
     from .decode import decode_image
@@ -259,7 +271,7 @@ def pack_folder(
         for split, folder in _splits(root).items():
             paths, labels, names = scan_classes(folder, classes, seen=seen, problems=skipped)
             if strict and skipped:
-                raise PackError(f"{skipped[0][0]}: cannot be packed ({skipped[0][1]}) (--strict-data)")
+                raise PackError(f"{_shown(*skipped[0])} (--strict-data)")
             classes = classes or names
             order = np.random.default_rng(seed).permutation(len(paths))
             samples = [_Sample(paths[i], int(labels[i])) for i in order]
@@ -276,7 +288,7 @@ def pack_folder(
                         if f is None:
                             if strict:
                                 raise PackError(
-                                    f"{smp.path}: cannot be packed ({why}); fix or remove it, or drop --strict-data "
+                                    f"{_shown(smp.path, why)}; fix or remove it, or drop --strict-data "
                                     f"to leave such files out (listed in {dest / BAD_FILES})"
                                 )
                             skipped.append((smp.path, why))
@@ -295,7 +307,7 @@ def pack_folder(
                     shards.append(writer.finish(wrote))
             writer = None
             if not shards:
-                first = f" (e.g. {skipped[-1][0]}: {skipped[-1][1]})" if skipped else ""
+                first = f" (e.g. {_shown(*skipped[-1])})" if skipped else ""
                 raise PackError(f"{folder}: none of its {len(samples)} image file(s) can be packed{first}")
             splits[split] = {"samples": sum(sh["samples"] for sh in shards), "shards": shards}  # type: ignore[misc]
         manifest.update(classes=classes, splits=splits, skipped=len(skipped))
@@ -334,7 +346,8 @@ def _finish(dest: Path, manifest: dict[str, object], skipped: list[tuple[str, st
     from .._fs import atomic_write_text, fsync_dir
 
     if skipped or (dest / BAD_FILES).exists():
-        atomic_write_text(dest / BAD_FILES, "".join(f"{p}\t{why}\n" for p, why in skipped))
+        rows = (f"{_text(p)}\t{_text(why)}\n" for p, why in skipped)
+        atomic_write_text(dest / BAD_FILES, "".join(rows))
     atomic_write_text(dest / MANIFEST, json.dumps(manifest, indent=1))
     fsync_dir(dest)
 
