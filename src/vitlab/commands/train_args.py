@@ -84,8 +84,8 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
     g.add_argument(
         "--allow-pipe",
         action="store_true",
-        help="let --data hold pipe: URLs ('pipe:aws s3 cp s3://b/train-000001.tar -'), which run a shell command; "
-        "never taken from a resumed run's last.pt: give it, and the same --data, again",
+        help="let --data hold pipe: URLs ('pipe:curl -sfL https://host/train-{000000..000099}.tar'), which run a "
+        "shell command; never taken from a resumed run's last.pt: give it, and the same --data, again",
     )
     g.add_argument(
         "--shuffle-buffer",

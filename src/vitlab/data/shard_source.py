@@ -218,7 +218,7 @@ def iter_samples(
                 f = tar.extractfile(m)
                 parts[ext.lower()] = f.read() if f is not None else b""
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataError(f"{where}: truncated or damaged tar ({_first_line(e)}) after {index + 1:,} samples") from None
+        raise DataError(f"{where}: truncated or damaged tar ({_first_line(e)})") from None
     if count is not None and index + 1 != count:
         raise DataError(
             f"{where}: holds {index + 1:,} samples, not the {count:,} it was counted to hold "
