@@ -147,7 +147,7 @@ def resumed_config(
         progress=given.progress,
         out=given.out,
         memory_budget=given.memory_budget,
-        allow_pipe=given.allow_pipe and "--data" in flags and given.data.strip() == saved.data.strip(),
+        allow_pipe=given.allow_pipe and "--data" in flags and str(saved.data).strip() == str(given.data).strip(),
     )
     plan = state.get("plan", {})
     refused, applied = [], []
