@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="digits, cifar10, cifar100, an ImageFolder path, or tar shards (a `vitlab data pack` folder: its "
         "evaluation split; a pattern 'shards/val-{000000..000009}.tar': those shards)",
     )
+    p.add_argument("--allow-pipe", action="store_true", help="let --data hold pipe: URLs, which run a shell command")
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
     p.add_argument("--batch-size", type=int, default=256)
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         strict=args.strict_data,
         buffer_bytes=budget,
+        allow_pipe=args.allow_pipe,
     )
     res["model"] = str(args.model)
     for key in ("confusion", "confusion_cells"):  # (the latter: non-zero cells of a matrix too large to hold)

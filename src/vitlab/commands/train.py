@@ -131,6 +131,7 @@ def config_from_args(args: argparse.Namespace, *, init: str | None = None):
         threads=args.threads,
         val_split=args.val_split,
         shuffle_buffer=args.shuffle_buffer,
+        allow_pipe=getattr(args, "allow_pipe", False),
         cache_dir=args.cache_dir,
         strict_data=args.strict_data,
         max_image_pixels=args.max_image_pixels,

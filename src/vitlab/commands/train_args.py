@@ -82,6 +82,12 @@ def add_train_args(p: argparse.ArgumentParser, *, default_recipe: str | None) ->
         "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached)",
     )
     g.add_argument(
+        "--allow-pipe",
+        action="store_true",
+        help="let --data hold pipe: URLs ('pipe:curl -sfL https://host/train-{000000..000099}.tar'), which run a "
+        "shell command; never taken from a resumed run's last.pt: give it, and the same --data, again",
+    )
+    g.add_argument(
         "--shuffle-buffer",
         type=int,
         default=8192,

@@ -192,7 +192,7 @@ class _Cursor:
             shard = self.shards.shards[int(self.order.shard_order[slot])]
             self.tar = open_shard(shard.url)
             start, count = int(self.order.starts[slot]), shard.samples
-            self.it = iter_samples(self.tar, lambda i: i < count and self.owns(start + i))
+            self.it = iter_samples(self.tar, lambda i: i < count and self.owns(start + i), count=count, where=shard.url)
         url = self.shards.shards[int(self.order.shard_order[slot])].url
         for i, key, parts in self.it:
             self.next_index = i + 1
@@ -309,16 +309,19 @@ class StreamData:
         return {**describe_splits(self), "shards": shards}
 
 
-def open_stream_data(spec: str, *, val_split: float | None = None, eval_only: bool = False) -> StreamData:
+def open_stream_data(
+    spec: str, *, val_split: float | None = None, eval_only: bool = False, allow_pipe: bool = False
+) -> StreamData:
     """``--data spec`` (:func:`is_shard_spec`) resolved to its shards, with the typical image side of the first
-    shard's first samples (read from their headers) as the data's image size."""
-    src = open_source(spec, val_split=val_split, eval_only=eval_only)
+    shard's first samples (read from their headers) as the data's image size. ``allow_pipe``: as
+    :func:`~vitlab.data.shard_source.open_source` takes it (only for a value typed with ``--allow-pipe``)."""
+    src = open_source(spec, val_split=val_split, eval_only=eval_only, allow_pipe=allow_pipe)
     first = (src.val if eval_only else src.train).shards
     if not first:
         raise DataError(f"--data {spec}: no samples in the {'evaluation' if eval_only else 'training'} split")
     sizes: dict[tuple[int, int], int] = {}
     with open_shard(first[0].url) as tar:
-        for i, _, parts in iter_samples(tar, lambda i: i < 16):
+        for i, _, parts in iter_samples(tar, lambda i: i < 16, where=first[0].url):
             if parts is None:
                 break
             img, _ = image_and_label(parts, where=f"{first[0].url}: sample {i}")

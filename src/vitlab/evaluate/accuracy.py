@@ -158,12 +158,14 @@ def evaluate_model(
     strict: bool = False,
     progress: bool = True,
     buffer_bytes: int | None = None,
+    allow_pipe: bool = False,
 ) -> dict[str, Any]:
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``.
 
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
-    images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``)."""
+    images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``).
+    ``allow_pipe``: tar shards named by ``pipe:`` URLs (a shell command) are read (``--allow-pipe``)."""
     from torch.utils.data import DataLoader
 
     from .._progress import ProgressLog
@@ -173,7 +175,9 @@ def evaluate_model(
     cfg = model.config
     dev = resolve_device(device)
     if is_shard_spec(data):
-        return _evaluate_shards(model, data, split=split, batch_size=batch_size, device=dev, val_split=val_split)
+        return _evaluate_shards(
+            model, data, split=split, batch_size=batch_size, device=dev, val_split=val_split, allow_pipe=allow_pipe
+        )
     splits = load_data(
         data,
         val_split=val_split,
@@ -213,7 +217,14 @@ def evaluate_model(
 
 
 def _evaluate_shards(
-    model: nn.Module, data: str, *, split: str, batch_size: int, device: torch.device, val_split: float | None
+    model: nn.Module,
+    data: str,
+    *,
+    split: str,
+    batch_size: int,
+    device: torch.device,
+    val_split: float | None,
+    allow_pipe: bool = False,
 ) -> dict[str, Any]:
     """:func:`evaluate_model` on tar shards (:mod:`vitlab.data.stream`): read and decoded as they are evaluated."""
     from torch.utils.data import DataLoader
@@ -222,7 +233,7 @@ def _evaluate_shards(
     from ..data.stream import EvalDecode, ShardStream, StreamBatches, open_stream_data
 
     cfg = model.config
-    sd = open_stream_data(data, val_split=val_split, eval_only=split != "train")
+    sd = open_stream_data(data, val_split=val_split, eval_only=split != "train", allow_pipe=allow_pipe)
     names = list(cfg.class_names or [str(i) for i in range(cfg.num_classes)])
     missing = [c for c in sd.class_names if c not in names]
     if missing:

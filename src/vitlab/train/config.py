@@ -77,6 +77,9 @@ class TrainConfig:
     """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
     shuffle_buffer: int = 8192
     """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
+    allow_pipe: bool = False
+    """``--allow-pipe``: ``data`` may hold ``pipe:`` URLs, which run a shell command. Trust given on this command
+    line only: a resumed run never takes it from ``last.pt`` (:func:`resumed_config`)."""
     memory_budget: int | None = None
     """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
     images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
@@ -129,7 +132,11 @@ def resumed_config(
     only ``--save-every`` and a relaxed ``--on-nan`` are taken from ``given``.
 
     ``--out``, ``--stop-after``, ``--no-progress``, ``--workers`` and ``--memory-budget`` describe this
-    process and the machine it runs on, not the run: they are always taken from ``given``."""
+    process and the machine it runs on, not the run: they are always taken from ``given``.
+
+    The saved data location is data read from a file, never trust: it is checked again as if typed
+    (:func:`~vitlab.data.shard_source.open_source`), and ``--allow-pipe`` (``pipe:`` URLs run a shell command)
+    holds only when given on this command line together with the same ``--data``, spelled exactly as saved."""
     saved = TrainConfig.from_dict(json.loads(state["config"]))
     if flags is None:
         flags = {"--save-every"} | ({"--on-nan"} if given.on_nan != "stop" else set())
@@ -140,6 +147,7 @@ def resumed_config(
         progress=given.progress,
         out=given.out,
         memory_budget=given.memory_budget,
+        allow_pipe=given.allow_pipe and "--data" in flags and str(saved.data).strip() == str(given.data).strip(),
     )
     plan = state.get("plan", {})
     refused, applied = [], []

@@ -49,7 +49,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
     from ..data.stream import is_shard_spec, open_stream_data
 
     if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
-        data = open_stream_data(cfg.data, val_split=cfg.val_split)
+        data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
             raise DataError(f"--data {cfg.data}: empty train or evaluation split")
         return data
@@ -98,7 +98,7 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     from ..data.shard_source import is_shard_spec, open_source
 
     if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
-        return open_source(cfg.data, val_split=cfg.val_split).fingerprint()
+        return open_source(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
     root = Path(cfg.data).expanduser()
     if not root.is_dir():
         return None
