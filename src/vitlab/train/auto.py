@@ -273,7 +273,7 @@ def fit_recipe_to_data(
             batch_size=given.get("batch_size"),
             token_drop=given.get("token_drop"),
             device_type=device_type,
-            photos=min(image_size) >= PHOTO_SIDE,  # the data's own size (or the size chosen for photos)
+            photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
         )
         arch = dict(new.arch)
         user = {k: v for k, v in cfg.arch.items() if v is not None}
