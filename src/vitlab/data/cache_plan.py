@@ -12,7 +12,7 @@ from .decode import DEFAULT_MAX_IMAGE_PIXELS, header_sizes, resized_shape, too_t
 __all__ = ["Layout", "plan_layout", "windows"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """What a build stores, from the files' headers: each file's ``(height, width)`` once decoded (``None``: its
     header cannot be read, or the decoder will refuse it), whether they must all share one size (``uniform``),
@@ -37,7 +37,7 @@ def plan_layout(
     """The :class:`Layout` of decoding ``paths`` with :func:`~vitlab.data.cache.decode_files`'s options (see there);
     every header is read unless ``size`` fixes the shape."""
     if size is not None:
-        return Layout([(size, size)] * len(paths), uniform=True, size=size)
+        return Layout(shapes=[(size, size)] * len(paths), uniform=True, size=size)
     headers = header_sizes(paths)
     if keep_aspect:  # each image at its own aspect ratio, its shorter side at most max_side
         limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
@@ -48,7 +48,7 @@ def plan_layout(
                 continue
             w, h = resized_shape(*wh, max_side) if max_side is not None and min(wh) > max_side else wh
             shapes.append((h, w))
-        return Layout(shapes, uniform=False, shorter_side=max_side)
+        return Layout(shapes=shapes, uniform=False, shorter_side=max_side)
     sizes: dict[tuple[int, int], int] = {}
     for wh in headers:
         if wh is not None:
@@ -59,12 +59,12 @@ def plan_layout(
     if len(typical) > 1:  # mixed sizes: square crops
         side = fallback_size or typical_side(typical)
         side = min(side, max_side) if max_side is not None else side
-        return Layout([(side, side)] * len(paths), uniform=True, size=side)
+        return Layout(shapes=[(side, side)] * len(paths), uniform=True, size=side)
     width, height = max(typical, key=typical.__getitem__)
     if max_side is not None and min(height, width) > max_side:  # as decode_image(shorter_side=) shrinks
         width, height = resized_shape(width, height, max_side)
-        return Layout([(height, width)] * len(paths), uniform=True, shorter_side=max_side)
-    return Layout([(height, width)] * len(paths), uniform=True)
+        return Layout(shapes=[(height, width)] * len(paths), uniform=True, shorter_side=max_side)
+    return Layout(shapes=[(height, width)] * len(paths), uniform=True)
 
 
 def windows(shape_bytes: list[int], budget: int) -> list[range]:

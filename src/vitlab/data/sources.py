@@ -36,7 +36,7 @@ HEADER_SAMPLE = 1024
 """Files of a training split whose headers decide a :class:`FolderPlan` (evenly spread; all of a smaller split)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FolderPlan:
     """How a folder's images are stored in the decode cache for a run, decided from the files' headers before
     anything is decoded (:func:`vitlab.train.image_size.folder_plan` makes it).

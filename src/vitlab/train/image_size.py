@@ -105,7 +105,7 @@ def folder_plan(cfg: Any, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
         stored = "stored as they are"
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
     line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
-    return FolderPlan(size, keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
+    return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
 
 
 def fit_size_to_data(cfg: Any, data: Any) -> Any:
