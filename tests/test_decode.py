@@ -123,3 +123,32 @@ def test_fewshot_and_eval_feed_the_model_the_same_pixels(tmp_path, monkeypatch, 
     fewshot = _inputs_seen(model, lambda: evaluate_fewshot(model, data, cfg, progress=False))
     assert evaluated.shape == (8, in_chans, 16, 16)
     assert torch.equal(fewshot[-len(evaluated) :], evaluated)  # the test split's inputs come last
+
+
+def test_eval_stores_photos_at_the_resize_side_and_only_crops_them(tmp_path, monkeypatch):
+    """``vitlab eval`` (and fewshot, which must see the same pixels) decodes a folder of photos for a model
+    with timm's crop_pct once at the side the evaluation resizes to (32 / 0.875 = 37, shorter side, aspect
+    kept): the transform's resize then finds nothing to do and the model sees the centre 32 x 32."""
+    from vitlab.data.cache_admin import list_caches
+    from vitlab.evaluate import decode_size, evaluate_model
+    from vitlab.evaluate.fewshot import FewShotConfig, evaluate_fewshot
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        for c, name in enumerate(("a", "b")):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(3):
+                rgb = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)
+                rgb[..., c] |= 0x80
+                Image.fromarray(rgb).save(tmp_path / "data" / split / name / f"{i}.png")
+    model = vitlab.create_model(
+        "vit_ti16", img_size=32, patch_size=8, depth=1, num_classes=2, class_names=["a", "b"], extra={"crop_pct": 0.875}
+    ).eval()
+    assert decode_size(model) == 37
+    evaluated = _inputs_seen(model, lambda: evaluate_model(model, str(tmp_path / "data"), progress=False))
+    (val,) = [e for e in list_caches(tmp_path / "cache") if e.path.name.startswith("data-val")]
+    assert val.bytes - val.path.with_suffix(".json").stat().st_size == 6 * 37 * 49 * 3  # 120x160 -> 37x49
+    cfg = FewShotConfig(shots=(1,), seeds=1, probe=False, batch_size=3)
+    fewshot = _inputs_seen(model, lambda: evaluate_fewshot(model, str(tmp_path / "data"), cfg, progress=False))
+    assert evaluated.shape == (6, 3, 32, 32) and torch.equal(fewshot[-len(evaluated) :], evaluated)

@@ -178,3 +178,24 @@ def test_one_class_is_refused_unless_allowed(tmp_path, capsys):
     assert "only one class ('cats'); top-1 is 100% by construction" in capsys.readouterr().out
     with pytest.raises(DataError, match="only one class"):
         load_data(str(root), val_split=0.34, cache_dir=tmp_path / "c", progress=False, min_classes=2)
+
+
+def test_a_panorama_within_the_strip_rule_is_stored_whole_at_its_aspect_ratio(tmp_path):
+    """A training run stores photos at their own aspect ratio: a 10:1 panorama is kept whole (shrunk to the
+    stored shorter side, not cut to its centre square); one just over 10:1 is still a strip, skipped."""
+    import functools
+
+    from vitlab.data import PackedImages
+    from vitlab.train import TrainConfig, get_recipe
+    from vitlab.train.image_size import folder_plan
+
+    root = _classes(tmp_path / "ds", n=3, size=200)
+    Image.new("RGB", (2000, 200), (9, 9, 9)).save(root / "a" / "pano.png")
+    Image.new("RGB", (2020, 200), (9, 9, 9)).save(root / "b" / "strip.png")
+    cfg = TrainConfig(recipe=get_recipe("auto"), data=str(root), out="x", img_size=64)
+    s = load_data(str(root), val_split=0.25, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
+    assert isinstance(s.train.images.base, PackedImages) and s.train.images.base is s.val.images.base
+    shapes = sorted(s.train.images.base[i].shape for i in range(len(s.train) + len(s.val)))
+    assert shapes == [(74, 74, 3)] * 6 + [(74, 740, 3)]  # shorter side ceil(64 / 0.875), aspect ratio kept
+    [(path, why)] = s.skipped
+    assert path.endswith("strip.png") and "one side is over 10 times the other" in why

@@ -334,3 +334,25 @@ def test_auto_drops_tokens_for_a_time_budget_unless_told_not_to(tmp_path, capsys
     assert code == 0
     assert json.loads((out / "model" / "config.json").read_text())["patch_drop_rate"] == rate
     assert ("token drop 0.5 in training" in text) == (rate > 0)
+
+
+def test_patch_rule_photos_get_16_and_odd_sides_are_padded_never_patch_1():
+    """Photos (from 160 px) get the paper's patch 16; small sizes keep the 8 x 8 grid rule (CIFAR 32 -> 4, digits
+    8 -> 1, MNIST 28 -> 4, 64 -> 8); sides that no grid-friendly patch divides are padded (dynamic_img_pad)
+    instead of cut into 1-px patches (75 x 100 was 7,500 tokens)."""
+    assert auto_arch(img_size=(224, 224), in_chans=3, images_seen=1e4, photos=True)[1]["patch_size"] == 16
+    for side, patch in ((32, 4), (8, 1), (28, 4), (64, 8)):
+        _, arch = auto_arch(img_size=(side, side), in_chans=3, images_seen=1e4)
+        assert arch["patch_size"] == patch and "dynamic_img_pad" not in arch
+    _, odd = auto_arch(img_size=(75, 100), in_chans=3, images_seen=1e4)
+    assert (odd["patch_size"], odd["dynamic_img_pad"]) == (8, True)
+    _, hd = auto_arch(img_size=(1080, 1080), in_chans=3, images_seen=1e4, photos=True)  # a size given as is
+    assert (hd["patch_size"], hd["dynamic_img_pad"]) == (16, True)
+
+
+def test_a_folder_of_odd_sized_images_trains_with_padded_patches(tmp_path, capsys):
+    data = tiny_folder(tmp_path / "data", per_class=8, size=30)  # 30 = 2 x 3 x 5: only patches 2 and 1 divide it
+    out = tmp_path / "run"
+    code, text = _train(["train", "--data", str(data), "--out", str(out), "--epochs", "1"], tmp_path, capsys)
+    assert code == 0 and "model tiny (patch 4, padded," in text and "30x30 px, patch 4" in text
+    assert json.loads((out / "model" / "config.json").read_text())["dynamic_img_pad"] is True

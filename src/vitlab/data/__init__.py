@@ -6,9 +6,12 @@ torchvision.transforms.v2 pipelines on top of them.
     splits = load_data("path/to/imagefolder", val_split=0.1)
     splits.train.images    # (N, H, W, C) uint8, possibly memory-mapped
     splits.val.images      # with val_split: an ImageRows view of the same cache, not a copy
+
+A training run stores a folder for the size it trains at (``load_data(..., plan=...)``): photos keep their
+aspect ratio, so ``splits.train.images`` is then a :class:`PackedImages` of several sizes.
 """
 
-from .rows import ImageRows
+from .rows import ImageRows, PackedImages
 from .sources import DataError, DataSplits, ImageArray, load_data
 from .transforms import ArrayDataset, channel_stats, eval_transform, mix_transform, train_transform
 
@@ -18,6 +21,7 @@ __all__ = [
     "DataSplits",
     "ImageArray",
     "ImageRows",
+    "PackedImages",
     "channel_stats",
     "eval_transform",
     "load_data",

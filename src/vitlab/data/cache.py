@@ -1,9 +1,18 @@
 """Decode image files once into a memory-mapped uint8 array.
 
-The cache key hashes every file's path, size and modification time (plus the
-target size), so editing, adding or removing a file makes a new cache, and a
-second run or a later epoch never decodes a JPEG again. Files that cannot be
-decoded are reported and skipped instead of failing mid-epoch.
+The cache key hashes every file's path, size and modification time plus every option of the
+decode (the size or shorter side stored, the layout, the colour mode, the decompression-bomb
+limit), so editing, adding or removing a file or changing an option makes a new cache, and a
+second run or a later epoch never decodes a JPEG again. The memory budget changes what is decoded
+only when an image is over its limit: the metadata records the budget and whether any image was
+skipped for it, and a cache is used again only when the budget given now would skip the same
+images. Files that cannot be decoded are reported and skipped instead of failing mid-epoch.
+
+Layout: images of one size are one ``(N, H, W, C)`` memmap. Images stored at their own aspect
+ratio (``keep_aspect``: a folder of photos, each with its shorter side at most the training
+resolution needs) differ in size, and are held back to back in one flat file read as
+:class:`~vitlab.data.rows.PackedImages`; the sizes are known from the files' headers before
+anything is decoded, so the space is reserved and the memory bounded as for one size.
 
 Memory: decoded images go straight into the cache file, at most half of
 ``buffer_bytes`` of them in flight (the other half is headroom for the decoding itself),
@@ -19,7 +28,7 @@ temp file is left. The images are written with ``write()``, never through a
 memory map: a write into a mapping that the disk cannot back kills the process with
 SIGBUS, where ``write()`` returns ``ENOSPC``. Temp files of killed writers are removed.
 
-Every chunk of :data:`CHUNK_BYTES` of images has a CRC-32 in the metadata. Opening a cache
+Every chunk of about :data:`CHUNK_BYTES` of whole images has a CRC-32 in the metadata. Opening a cache
 checks the metadata (version, key, shape, dtype, counts, file size) and then every chunk's
 checksum, in one sequential read of the file; anything that does not match is reported in
 one line naming the file, deleted and decoded again, so a damaged cache is never trained on.
@@ -48,16 +57,10 @@ import numpy as np
 from .._fs import remove_stale, writer_suffix
 from .._units import format_size as _bytes
 from ..errors import VitlabError
-from .cache_check import content_problem, metadata_problem
-from .decode import (
-    DEFAULT_MAX_IMAGE_PIXELS,
-    MAX_ASPECT,
-    decode_image,
-    image_size,
-    resized_shape,
-    too_thin,
-    typical_side,
-)
+from .cache_check import byte_offsets, content_problem, metadata_problem
+from .cache_plan import plan_layout, windows
+from .decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, OverBudget, decode_image
+from .rows import PackedImages
 
 __all__ = [
     "CHUNK_BYTES",
@@ -69,7 +72,8 @@ __all__ = [
     "default_cache_dir",
 ]
 
-_VERSION = 4  # 4: strips skipped; 3: reserved space, validated metadata, a CRC-32 per chunk; 2: EXIF, grey from RGB
+_VERSION = 5  # 5: aspect kept (images of several sizes), budget in the metadata; 4: strips skipped; 3: CRCs
+_FINGERPRINT_VERSION = 4  # cache_key's: a run's data fingerprint must not change with the cache's format
 DEFAULT_BUFFER_BYTES = 64 << 20
 """The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
 CHUNK_BYTES = 8 << 20
@@ -87,16 +91,17 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class DecodedFiles:
-    """``images[i]`` is the decoded ``kept[i]``; ``skipped`` lists ``(path, reason)``; ``path``: the cache file."""
+    """``images[i]`` is the decoded ``kept[i]``; ``skipped`` lists ``(path, reason)``; ``path``: the cache file.
+    ``images`` is an ``(N, H, W, C)`` array when the images share one size, else :class:`PackedImages`."""
 
-    images: np.ndarray
+    images: np.ndarray | PackedImages
     kept: list[int]
     skipped: list[tuple[str, str]]
     path: Path | None = None
 
 
-def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
-    h = hashlib.sha256(f"v{_VERSION}|{size}|{mode}|".encode())
+def _key(paths: Sequence[str], size: int | str | None, mode: str, *, version: int = _VERSION) -> str:
+    h = hashlib.sha256(f"v{version}|{size}|{mode}|".encode())
     for p in paths:
         try:
             st = os.stat(p)
@@ -106,9 +111,11 @@ def _key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
     return h.hexdigest()[:20]
 
 
-cache_key = _key
-"""The cache key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``:
-also what a training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`)."""
+def cache_key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
+    """The key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``: what a
+    training run's data fingerprint hashes (:func:`vitlab.train.loaders.data_fingerprint`). Unlike the cache's
+    own key it does not change with the cache's format, so a run started before a new format still resumes."""
+    return _key(paths, size, mode, version=_FINGERPRINT_VERSION)
 
 
 def _source(paths: Sequence[str]) -> str:
@@ -119,9 +126,23 @@ def _source(paths: Sequence[str]) -> str:
         return ""
 
 
-def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffer_bytes: int) -> DecodedFiles | None:
-    """The cache ``data_f`` + ``meta_f`` when complete and intact; ``None`` when there is none. A cache
-    that does not validate is reported on one line naming the file, deleted, and ``None`` returned."""
+def _mapped(data_f: Path, meta: dict) -> np.ndarray | PackedImages:
+    """The images of a complete cache file, read-only through a memory map (none for zero images)."""
+    n, h, w, c = meta["shape"]
+    if "heights" not in meta:
+        shape = (n, h, w, c)
+        return np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if n else np.zeros(shape, np.uint8)
+    total = int(byte_offsets(meta)[-1])
+    flat = np.memmap(data_f, dtype=np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
+    return PackedImages(flat, heights=meta["heights"], widths=meta["widths"], chans=c)
+
+
+def _open(
+    data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffer_bytes: int, max_bytes: int
+) -> DecodedFiles | None:
+    """The cache ``data_f`` + ``meta_f`` when complete and intact; ``None`` when there is none, or when it was
+    built under a memory budget that skipped other images than ``max_bytes`` would (it is then built again).
+    A cache that does not validate is reported on one line naming the file, deleted, and ``None`` returned."""
     if not meta_f.is_file():
         return None  # no cache, or a writer between its two renames: build (a rename replaces a stray data file)
     bad, problem = meta_f, None
@@ -134,26 +155,22 @@ def _open(data_f: Path, meta_f: Path, *, key: str, count: int, chans: int, buffe
     if problem is None:
         problem = metadata_problem(meta, version=_VERSION, key=key, count=count, chans=chans)
     if problem is None:
-        bad, expected = data_f, int(np.prod(meta["shape"]))
+        built = meta["max_bytes"]
+        if built != max_bytes and (meta["over_budget"] or max_bytes < built):
+            return None  # another budget would skip other images: decode again (the new cache replaces this one)
+        bad, offsets = data_f, byte_offsets(meta)
         try:
             held = data_f.stat().st_size
-            if held != expected:
-                problem = f"it holds {held:,} bytes, not the {expected:,} of {meta['shape'][0]} images"
+            if held != offsets[-1]:
+                problem = f"it holds {held:,} bytes, not the {int(offsets[-1]):,} of {meta['shape'][0]} images"
         except OSError as e:
             problem = f"it cannot be read ({e.strerror or e})"
     if problem is None:
-        shape = tuple(meta["shape"])
-        image_bytes = int(np.prod(shape[1:]))
         problem = content_problem(
-            data_f,
-            image_bytes=image_bytes,
-            chunk_images=meta["chunk_images"],
-            crcs=meta["crc32"],
-            buffer_bytes=buffer_bytes,
+            data_f, offsets=offsets, chunk_ends=meta["chunk_ends"], crcs=meta["crc32"], buffer_bytes=buffer_bytes
         )
     if problem is None:
-        images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if shape[0] else np.zeros(shape, np.uint8)
-        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]], data_f)  # type: ignore[misc]
+        return DecodedFiles(_mapped(data_f, meta), meta["kept"], [tuple(s) for s in meta["skipped"]], data_f)  # type: ignore[misc]
     print(f"warning: {bad}: not a valid decode cache: {problem}; deleting it and decoding again", file=sys.stderr)
     meta_f.unlink(missing_ok=True)
     data_f.unlink(missing_ok=True)
@@ -200,21 +217,25 @@ def decode_files(
     max_pixels: int | None = None,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     max_side: int | None = None,
+    keep_aspect: bool = False,
 ) -> DecodedFiles:
-    """Decode ``paths`` into one ``(N, S, S, C)`` uint8 memmap under ``cache_dir``.
+    """Decode ``paths`` into one uint8 cache file under ``cache_dir``, read through a memory map.
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
     ``size`` x ``size`` (``fallback_size``, else :func:`~vitlab.data.decode.typical_side`, for mixed sizes).
+    ``keep_aspect`` (without ``size``): every image keeps its own aspect ratio and its whole extent, its
+    shorter side shrunk to ``max_side`` when longer (never enlarged), whatever sizes the files share; the
+    images then differ in size (:class:`~vitlab.data.rows.PackedImages`) unless they all come out alike.
     ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
     ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
     ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
-    of it holds decoded images waiting to be written to the cache file (at least one image); the other
-    half is headroom for the decoders' own temporaries.
-    ``max_side`` (without ``size``): the training resolution's cache size; native images whose shorter
-    side is longer are stored with that shorter side, aspect ratio kept (no crop), and mixed sizes
-    are cropped to at most that side, so the cache grows with the number of images, not their pixels.
-    Per-file bookkeeping (paths, labels, the list of kept files) is not part of the budget.
+    of it holds decoded images waiting to be written to the cache file (at least one image), and an
+    image that would take more than that half once resized is skipped; the other half is headroom for
+    the decoders' own temporaries.
+    ``max_side`` (without ``size`` or ``keep_aspect``): native images whose shorter side is longer are stored
+    with that shorter side, aspect ratio kept (no crop), and mixed sizes are cropped to at most that side.
+    Per-file bookkeeping (paths, labels, the list of kept files, image sizes) is not part of the budget.
     An existing cache is checked first (see the module's notes) and rebuilt when damaged; a cache
     that cannot be written (no space) is a :class:`CacheError`.
     """
@@ -222,114 +243,121 @@ def decode_files(
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    layout = size if size is not None else f"aspect-{max_side}" if keep_aspect else f"native-or-{fallback_size}"
     key = _key(
         paths,
-        size if size is not None else f"native-or-{fallback_size}",
+        layout,
         mode
         + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else "")
-        + (f"|max{max_side}" if max_side is not None and size is None else ""),
+        + (f"|max{max_side}" if max_side is not None and size is None and not keep_aspect else ""),
     )
     chans = 3 if mode == "RGB" else 1
+    max_bytes = buffer_bytes // 2
     stem = f"{name}-{key}"
     data_f, meta_f = cache / f"{stem}.u8", cache / f"{stem}.json"
-    found = _open(data_f, meta_f, key=key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes)
+    found = _open(
+        data_f, meta_f, key=key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes, max_bytes=max_bytes
+    )
     if found is not None:
         return found
 
-    skipped: list[tuple[str, str]] = []
-    if size is None:
-        sizes = {}
-        for p in paths:
-            wh = image_size(p)
-            if wh is not None:
-                sizes[wh] = sizes.get(wh, 0) + 1
-        if not sizes:
-            raise ValueError(f"none of the {len(paths)} image files under {name} can be read")
-        typical = {wh: n for wh, n in sizes.items() if not too_thin(*wh)} or sizes  # strips never set the size
-        common = max(typical, key=typical.__getitem__)
-        if len(typical) > 1:
-            size = fallback_size or typical_side(typical)  # mixed sizes: square crops
-            if max_side is not None:
-                size = min(size, max_side)
-        height, width = common[1], common[0]
-        if size is None and max_side is not None and min(height, width) > max_side:
-            width, height = resized_shape(width, height, max_side)  # as decode_image(shorter_side=) shrinks
-        else:
-            max_side = None  # stored at the native size: nothing to shrink
-    if size is not None:
-        height = width = size
-    image_bytes = height * width * chans
-    need = len(paths) * image_bytes
+    plan = plan_layout(
+        paths,
+        size=size,
+        fallback_size=fallback_size,
+        max_side=max_side,
+        keep_aspect=keep_aspect,
+        max_pixels=max_pixels,
+        name=name,
+    )
+    planned = [hw[0] * hw[1] * chans if hw is not None else 0 for hw in plan.shapes]
+    held = [b if b <= max_bytes else 0 for b in planned]  # the decoder refuses a larger one from its header
+    need = len(paths) * planned[0] if plan.uniform and paths else sum(held)
     remove_stale(cache, f"{stem}.tmp")  # temp files of killed writers
     free = _free_bytes(cache)
     if free is not None and free < need:
         raise _no_space(cache, name, need, free)
     suffix = writer_suffix()
     tmp, tmp_meta = cache / f"{stem}.tmp{suffix}", cache / f"{stem}.tmp{suffix}.json"
+    skipped: list[tuple[str, str]] = []
     kept: list[int] = []
+    shapes: list[tuple[int, int]] = []
     crcs: list[int] = []
-    chunk_images = max(1, CHUNK_BYTES // max(1, image_bytes))
+    ends: list[int] = []
+    over = False
 
-    def work(i: int) -> tuple[int, np.ndarray | None, str]:
+    def work(i: int) -> tuple[int, np.ndarray | None, str, bool]:
         try:
             arr = decode_image(
                 paths[i],
                 mode=mode,
-                size=size,
+                size=plan.size,
                 max_pixels=max_pixels,
                 max_aspect=MAX_ASPECT,
-                max_bytes=buffer_bytes // 2,
-                shorter_side=max_side if size is None else None,
+                max_bytes=max_bytes,
+                shorter_side=plan.shorter_side,
             )
-            if arr.shape != (height, width, chans):
-                return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {width}x{height}"
-            return i, np.ascontiguousarray(arr, dtype=np.uint8), ""
+            want = plan.shapes[i]
+            if want is not None and arr.shape[:2] != want:
+                return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {want[1]}x{want[0]}", False
+            return i, np.ascontiguousarray(arr, dtype=np.uint8), "", False
+        except OverBudget as e:  # recorded: a larger budget decodes it, so the cache is not used under one
+            return i, None, f"ValueError: {e}", True
         except Exception as e:  # any unreadable file is reported, never fatal here
-            return i, None, f"{type(e).__name__}: {e}"
+            return i, None, f"{type(e).__name__}: {e}", False
 
     # Executor.map would queue every file at once and could hold all decoded images; a bounded window cannot.
     # Half the budget: results can fill the whole window while this thread is descheduled; the rest is headroom.
-    window = max(1, min(len(paths), buffer_bytes // 2 // max(1, image_bytes)))
     try:
         with open(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), "r+b") as f:
             _reserve(f.fileno(), need)
-            crc = 0
+            crc, chunk = 0, 0
             with (
                 ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
                 ProgressLog(
                     total=len(paths), desc=f"decoding {name} (once)", unit="img", enabled=progress, leave=False
                 ) as bar,
             ):
-                for start in range(0, len(paths), window):
-                    for i, arr, err in pool.map(work, range(start, min(start + window, len(paths)))):
+                for window in windows(held, max(1, max_bytes)):
+                    for i, arr, err, too_big in pool.map(work, window):
+                        over |= too_big
                         if arr is None:
                             skipped.append((paths[i], err))
                         else:
-                            f.write(memoryview(arr).cast("B"))
-                            crc = zlib.crc32(memoryview(arr).cast("B"), crc)
+                            data = memoryview(arr).cast("B")
+                            f.write(data)
+                            crc, chunk = zlib.crc32(data, crc), chunk + len(data)
                             kept.append(i)
-                            if len(kept) % chunk_images == 0:
+                            shapes.append(arr.shape[:2])
+                            if chunk >= CHUNK_BYTES:
                                 crcs.append(crc)
-                                crc = 0
+                                ends.append(len(kept))
+                                crc, chunk = 0, 0
                         bar.update(1)
-            if len(kept) % chunk_images:
+            if not ends or ends[-1] < len(kept):
                 crcs.append(crc)
-            f.truncate(len(kept) * image_bytes)  # the reservation covered the skipped files too
+                ends.append(len(kept))
+            f.truncate(f.tell())  # the reservation covered the skipped files too
             f.flush()
             os.fsync(f.fileno())
-        shape = (len(kept), height, width, chans)
         meta = {
             "source": _source(paths),
             "version": _VERSION,
             "key": key,
             "dtype": "uint8",
-            "shape": list(shape),
             "count": len(paths),
             "kept": kept,
             "skipped": skipped,
-            "chunk_images": chunk_images,
-            "crc32": crcs,
+            "chunk_ends": ends if kept else [],
+            "crc32": crcs if kept else [],
+            "max_bytes": max_bytes,
+            "over_budget": over,
         }
+        if plan.uniform or (shapes and len(set(shapes)) == 1):  # one size: an (N, H, W, C) array
+            h, w = shapes[0] if shapes else plan.shapes[0] if plan.shapes and plan.shapes[0] else (1, 1)
+            meta["shape"] = [len(kept), h, w, chans]
+        else:
+            meta.update(shape=[len(kept), 0, 0, chans], heights=[s[0] for s in shapes], widths=[s[1] for s in shapes])
         tmp_meta.write_text(json.dumps(meta))
         os.replace(tmp, data_f)
         os.replace(tmp_meta, meta_f)  # the metadata appears last: its presence marks a complete cache
@@ -346,5 +374,4 @@ def decode_files(
         tmp.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)
         raise
-    images = np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if len(kept) else np.zeros(shape, np.uint8)
-    return DecodedFiles(images, kept, skipped, data_f)
+    return DecodedFiles(_mapped(data_f, meta), kept, skipped, data_f)

@@ -26,9 +26,11 @@ __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
+    "OverBudget",
     "decode_encoded",
     "decode_image",
     "file_kind",
+    "header_sizes",
     "image_files",
     "image_size",
     "is_image_name",
@@ -64,10 +66,14 @@ def too_thin(width: int, height: int) -> bool:
     return max(width, height) > MAX_ASPECT * max(1, min(width, height))
 
 
+class OverBudget(ValueError):
+    """An image whose pixels after the resize would take more than the decode cache's ``max_bytes``."""
+
+
 def typical_side(sizes: Mapping[tuple[int, int], int]) -> int:
-    """The side of the square a folder of mixed sizes is decoded to when no size is asked for: the
-    median shorter side over the images (``sizes`` maps ``(width, height)`` to a count), leaving out
-    strips (:func:`too_thin`), so that a few outliers, thin or huge, never set the model's input size."""
+    """The typical shorter side of a folder of images: the median shorter side over the images (``sizes``
+    maps ``(width, height)`` to a count), leaving out strips (:func:`too_thin`), so that a few outliers,
+    thin or huge, never set the model's input size (nor the size a folder of mixed sizes is decoded to)."""
     sides = sorted((min(wh), n) for wh, n in sizes.items() if not too_thin(*wh)) or sorted(
         (min(wh), n) for wh, n in sizes.items()
     )
@@ -83,6 +89,12 @@ def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
     """``(width, height)`` after :func:`decode_image` resizes the shorter side to ``size`` (before its centre crop)."""
     s = size / min(width, height)
     return max(size, round(width * s)), max(size, round(height * s))
+
+
+def header_sizes(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[int, int] | None]:
+    """:func:`image_size` of each of ``paths`` (``None`` where the header cannot be read): headers only,
+    no pixels decoded, so a folder's sizes are known before anything is decoded."""
+    return [image_size(p) for p in paths]
 
 
 def _orientation(im: Image.Image, *, header_only: bool = False) -> int:
@@ -247,7 +259,7 @@ def _decode(
             ow, oh = resized_shape(w, h, size) if size is not None else (w, h)
         nbytes = ow * oh * (3 if mode == "RGB" else 1)
         if max_bytes is not None and nbytes > max_bytes:
-            raise ValueError(
+            raise OverBudget(
                 f"{w}x{h} would take {nbytes:,} bytes as {ow}x{oh} {mode}, over the limit of {max_bytes:,} "
                 "(half the memory budget, --memory-budget)"
             )

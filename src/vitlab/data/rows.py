@@ -1,10 +1,14 @@
-"""Rows of an image array, selected without copying them.
+"""Rows of an image array, selected without copying them, and images of different sizes in one flat array.
 
 NumPy's fancy indexing (``images[idx]``) copies the selected rows into memory. On a
 memory-mapped decode cache that turns a held-out split, or one process's evaluation shard,
 into a full in-RAM copy, which defeats the memmap for a dataset larger than RAM.
 :class:`ImageRows` keeps the base array and the row numbers instead, and reads rows only
 when they are indexed, so the OS pages the memmap in and out as usual.
+
+A folder of photos keeps each photo's aspect ratio in the decode cache, so its images differ in size:
+:class:`PackedImages` holds them back to back in one flat ``uint8`` array (a memmap) with each image's
+offset, height and width, and reads one image as an ``(H, W, C)`` view.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ImageRows"]
+__all__ = ["ImageRows", "PackedImages"]
 
 
 class ImageRows:
@@ -27,10 +31,10 @@ class ImageRows:
 
     __slots__ = ("base", "index")
 
-    base: np.ndarray
+    base: np.ndarray | PackedImages
     index: npt.NDArray[np.int64]
 
-    def __init__(self, base: np.ndarray | ImageRows, index: npt.ArrayLike) -> None:
+    def __init__(self, base: np.ndarray | PackedImages | ImageRows, index: npt.ArrayLike) -> None:
         idx = np.asarray(index)
         if idx.dtype == bool:
             if idx.shape != (len(base),):
@@ -72,7 +76,8 @@ class ImageRows:
         rows = self.index[key]  # NumPy's own semantics and errors for the row key
         if np.ndim(rows) == 0:
             return self.base[int(rows)]
-        return np.asarray(self.base[rows])
+        got = self.base[rows]
+        return got if isinstance(got, list) else np.asarray(got)  # images of several sizes: a list
 
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """Every selected row in one new array (``np.asarray(view)``): the size of the view in memory."""
@@ -83,3 +88,50 @@ class ImageRows:
 
     def __repr__(self) -> str:
         return f"ImageRows({len(self.index)} of {len(self.base)} rows, shape={self.shape}, dtype={self.dtype})"
+
+
+class PackedImages:
+    """Images of different sizes, stored back to back in one flat ``uint8`` array ``data`` (a memmap is
+    fine): image ``i`` is ``data[offsets[i]:offsets[i + 1]]`` seen as ``(heights[i], widths[i], chans)``.
+
+    An int gives that image as a view (nothing copied; a memmap reads its pages); a slice or an integer
+    array gives a list of views. ``shape`` is ``(N, None, None, chans)``: the height and width vary.
+    The offsets, heights and widths are per-image bookkeeping (8 + 2 x 8 bytes an image)."""
+
+    __slots__ = ("chans", "data", "heights", "offsets", "widths")
+
+    def __init__(self, data: np.ndarray, *, heights: npt.ArrayLike, widths: npt.ArrayLike, chans: int) -> None:
+        self.heights = np.asarray(heights, dtype=np.int64)
+        self.widths = np.asarray(widths, dtype=np.int64)
+        if self.heights.shape != self.widths.shape or self.heights.ndim != 1:
+            raise ValueError("PackedImages: heights and widths must be 1-D and of one length")
+        self.chans = int(chans)
+        self.offsets = np.concatenate([[0], np.cumsum(self.heights * self.widths * self.chans)]).astype(np.int64)
+        if data.ndim != 1 or len(data) != int(self.offsets[-1]):
+            raise ValueError(f"PackedImages: {len(data):,} bytes of data for images of {int(self.offsets[-1]):,}")
+        self.data = data
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        return (len(self.heights), None, None, self.chans)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    def __len__(self) -> int:
+        return len(self.heights)
+
+    def __getitem__(self, key: int | np.integer | slice | npt.ArrayLike) -> np.ndarray | list[np.ndarray]:
+        if isinstance(key, (int, np.integer)):
+            i = range(len(self))[int(key)]  # negative indices, and IndexError out of range
+            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+            return self.data[lo:hi].reshape(int(self.heights[i]), int(self.widths[i]), self.chans)
+        return [self[int(i)] for i in np.arange(len(self))[key]]
+
+    def __repr__(self) -> str:
+        return f"PackedImages({len(self)} images of {self.chans} channel(s), {len(self.data):,} bytes)"

@@ -6,7 +6,9 @@ integer labels and class names, so the training loop never touches files.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,18 +17,53 @@ import numpy as np
 
 from ..errors import DataError, OfflineError
 from .cache import DEFAULT_BUFFER_BYTES, decode_files
-from .rows import ImageRows
+from .decode import header_sizes
+from .rows import ImageRows, PackedImages
 from .scan import readable, scan_classes
 
-__all__ = ["DataError", "DataSplits", "ImageArray", "describe_splits", "digits_arrays", "load_data", "stratified_split"]
+__all__ = [
+    "DataError",
+    "DataSplits",
+    "FolderPlan",
+    "ImageArray",
+    "describe_splits",
+    "digits_arrays",
+    "load_data",
+    "stratified_split",
+]
+
+HEADER_SAMPLE = 1024
+"""Files of a training split whose headers decide a :class:`FolderPlan` (evenly spread; all of a smaller split)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FolderPlan:
+    """How a folder's images are stored in the decode cache for a run, decided from the files' headers before
+    anything is decoded (:func:`vitlab.train.image_size.folder_plan` makes it).
+
+    ``size``: the resolution the model trains at, ``(height, width)`` (``None``: the ``--init`` model's own).
+    ``store_side``: training images keep their aspect ratio and whole extent, their shorter side shrunk to at
+    most this (never enlarged), so that random crops can be drawn on the original picture; ``None``: their own
+    size. ``eval_side``: evaluation images are stored ready for the evaluation (shorter side resized to it, then
+    its centre square: ``size / crop_pct``, timm's convention), so that evaluation only takes their centre;
+    ``None``: stored as the training images are, and resized as they are evaluated. ``typical``: the images'
+    typical shorter side; ``line``: what was chosen and why, for the run's first lines."""
+
+    size: tuple[int, int] | None
+    store_side: int | None
+    eval_side: int | None = None
+    crop_pct: float = 1.0
+    typical: int = 0
+    line: str = ""
 
 
 @dataclass
 class ImageArray:
     """One split: ``images`` ``(N, H, W, C)`` uint8 (an array, a memmap or an :class:`ImageRows`
-    view of one) and ``labels`` ``(N,)`` int64."""
+    view of one), or images of several sizes (:class:`PackedImages`, a view of one), and ``labels``
+    ``(N,)`` int64."""
 
-    images: np.ndarray | ImageRows
+    images: np.ndarray | PackedImages | ImageRows
     labels: np.ndarray
 
     def __len__(self) -> int:
@@ -52,6 +89,8 @@ class DataSplits:
     """Files that could not be decoded: ``(path, reason)``."""
     cache_files: list[Path] = field(default_factory=list)
     """The decode cache files the splits are read from (a folder's; none for the built-in datasets)."""
+    plan: FolderPlan | None = None
+    """How a folder was stored for a run (``load_data(plan=...)``); ``None``: as the images are."""
 
     @property
     def num_classes(self) -> int:
@@ -63,7 +102,14 @@ class DataSplits:
 
     @property
     def image_size(self) -> tuple[int, int]:
-        return int(self.train.images.shape[1]), int(self.train.images.shape[2])
+        """The resolution to train at: the plan's, else the images' own (one size), else the typical side."""
+        if self.plan is not None and self.plan.size is not None:
+            return self.plan.size
+        h, w = self.train.images.shape[1:3]
+        if h is None or w is None:
+            side = self.plan.typical if self.plan is not None else 0
+            return side, side
+        return int(h), int(w)
 
     def describe(self) -> dict[str, object]:
         return describe_splits(self)
@@ -151,6 +197,17 @@ class _Decode:
     max_pixels: int | None
     buffer_bytes: int
     min_classes: int = 1
+    plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None
+
+
+def _header_counts(paths: list[str], limit: int = HEADER_SAMPLE) -> dict[tuple[int, int], int]:
+    """``(width, height) -> count`` from the headers of up to ``limit`` of ``paths``, evenly spread."""
+    idx = np.unique(np.linspace(0, len(paths) - 1, num=min(len(paths), limit)).round().astype(np.int64))
+    counts: dict[tuple[int, int], int] = {}
+    for wh in header_sizes([paths[int(i)] for i in idx]):
+        if wh is not None:
+            counts[wh] = counts.get(wh, 0) + 1
+    return counts
 
 
 def _strict_error(skipped: list[tuple[str, str]]) -> DataError:
@@ -165,35 +222,46 @@ def _decode_split(
     opt: _Decode,
     *,
     seen: dict[tuple[int, int], str] | None = None,
-) -> tuple[ImageArray, list[str], list[tuple[str, str]], Path | None]:
+    evaluation: bool = False,
+) -> tuple[ImageArray, list[str], list[tuple[str, str]], Path | None, FolderPlan | None]:
     """One split folder scanned and decoded: ``(images and labels, class names, (path, reason) of every file
-    left out, the decode cache file)``. ``seen``: the files of the splits already loaded, by
-    ``(st_dev, st_ino)``; one of them reached again here is left out of this split, so no file is in both
-    train and val."""
+    left out, the decode cache file, the plan it was stored by)``. ``seen``: the files of the splits already
+    loaded, by ``(st_dev, st_ino)``; one of them reached again here is left out of this split, so no file is in
+    both train and val. With a plan, ``evaluation`` stores the split ready for evaluation (its ``eval_side``);
+    a plan still to be made (a function of the header sizes) is made from this split's headers."""
     problems: list[tuple[str, str]] = []
     paths, labels, names = scan_classes(root, class_names, min_classes=opt.min_classes, seen=seen, problems=problems)
     if problems and opt.strict:
         raise _strict_error(problems)
-    dec = decode_files(
-        paths,
-        fallback_size=opt.size,
-        mode=opt.mode,
-        cache_dir=opt.cache_dir,
-        name=f"{root.parent.name}-{root.name}",
-        workers=opt.workers,
-        progress=opt.progress,
-        max_pixels=opt.max_pixels,
-        buffer_bytes=opt.buffer_bytes,
-        max_side=opt.size,  # never store more pixels than training at this size reads
-    )
+    plan = opt.plan
+    if callable(plan):
+        counts = _header_counts(paths)
+        plan = plan(counts) if counts else None  # no readable header: decoded as they are, and reported
+    common = {
+        "mode": opt.mode,
+        "cache_dir": opt.cache_dir,
+        "name": f"{root.parent.name}-{root.name}",
+        "workers": opt.workers,
+        "progress": opt.progress,
+        "max_pixels": opt.max_pixels,
+        "buffer_bytes": opt.buffer_bytes,
+    }
+    if plan is None:
+        # never store more pixels than training at this size reads
+        dec = decode_files(paths, fallback_size=opt.size, max_side=opt.size, **common)
+    elif evaluation and plan.eval_side is not None:
+        dec = decode_files(paths, size=plan.eval_side, **common)
+    else:
+        dec = decode_files(paths, keep_aspect=True, max_side=plan.store_side, **common)
     # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
     skipped = problems + [(readable(p), readable(why.replace(repr(p), f"'{readable(p)}'"))) for p, why in dec.skipped]
     if dec.skipped and opt.strict:
         raise _strict_error(skipped)
     if not dec.kept:
         first = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
-        raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}")
-    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path
+        hint = "; pass a smaller --img-size or a larger --memory-budget" if "--memory-budget" in first else ""
+        raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}{hint}")
+    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path, plan
 
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:
@@ -203,23 +271,40 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         seen: dict[tuple[int, int], str] = {}
         if eval_only:  # train/ is only scanned: its class names and its files (none of which val may reuse)
             _, _, names = scan_classes(train_dir, None, min_classes=opt.min_classes, seen=seen, problems=[])
-            val, _, skipped, f2 = _decode_split(val_dir, names, opt, seen=seen)
+            val, _, skipped, f2, plan = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
             empty = val.subset(np.arange(0))
             files = [f2] if f2 else []
-            return DataSplits(root.name, empty, val, names, val_name=val_dir.name, skipped=skipped, cache_files=files)
-        train, names, skipped, f1 = _decode_split(train_dir, None, opt, seen=seen)
-        val, _, skipped2, f2 = _decode_split(val_dir, names, opt, seen=seen)
+            return DataSplits(
+                root.name, empty, val, names, val_name=val_dir.name, skipped=skipped, cache_files=files, plan=plan
+            )
+        train, names, skipped, f1, plan = _decode_split(train_dir, None, opt, seen=seen)
+        opt = dataclasses.replace(opt, plan=plan)  # the training split's plan stores the evaluation split too
+        val, _, skipped2, f2, _ = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
         files = [f for f in (f1, f2) if f]
         return DataSplits(
-            root.name, train, val, names, val_name=val_dir.name, skipped=skipped + skipped2, cache_files=files
+            root.name,
+            train,
+            val,
+            names,
+            val_name=val_dir.name,
+            skipped=skipped + skipped2,
+            cache_files=files,
+            plan=plan,
         )
     tree = train_dir if train_dir.is_dir() else root
-    full, names, skipped, f1 = _decode_split(tree, None, opt)
+    full, names, skipped, f1, plan = _decode_split(tree, None, opt)  # one cache: val is not stored apart
     tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
     # views over the decode cache, not copies: the tree may be larger than RAM
     files = [f1] if f1 else []
     return DataSplits(
-        root.name, full.subset(tr), full.subset(va), names, val_name="val", skipped=skipped, cache_files=files
+        root.name,
+        full.subset(tr),
+        full.subset(va),
+        names,
+        val_name="val",
+        skipped=skipped,
+        cache_files=files,
+        plan=dataclasses.replace(plan, eval_side=None) if plan is not None else None,
     )
 
 
@@ -237,6 +322,7 @@ def load_data(
     buffer_bytes: int | None = None,
     min_classes: int = 1,
     eval_only: bool = False,
+    plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -256,6 +342,13 @@ def load_data(
 
     ``eval_only``: a folder with ``train/`` and ``val/`` (or ``test/``) decodes its evaluation split
     alone (``train/`` is scanned for its class names, and the returned ``train`` is empty).
+
+    ``plan`` (a training run's; ``size`` is then unused): a :class:`FolderPlan`, or a function that makes one
+    from ``(width, height) -> count`` of the training split's headers (up to :data:`HEADER_SAMPLE` files,
+    read before anything is decoded). The training images keep their aspect ratio (their shorter side at most
+    the plan's ``store_side``: images of several sizes, :class:`PackedImages`); the evaluation split of a
+    ``train/`` + ``val/`` folder is stored ready for evaluation (the plan's ``eval_side``). The plan is
+    returned as ``DataSplits.plan``, and its ``size`` is ``DataSplits.image_size``.
 
     Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
     held in memory while the cache is built; the splits are then read from the memory-mapped
@@ -280,6 +373,7 @@ def load_data(
             max_pixels=max_image_pixels,
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
             min_classes=min_classes,
+            plan=plan,
         )
         return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)
     if key in ("cifar10", "cifar100"):

@@ -4,6 +4,10 @@ Train: random resized crop, horizontal flip, RandAugment, normalise, random eras
 (per image), then MixUp / CutMix (per batch). Eval: resize + center crop, normalise.
 Normalisation uses the model's ``mean``/``std`` (0.5/0.5 for Google weights, ImageNet
 statistics for timm/DeiT-style ones), stored in the model's config.
+
+Images may differ in size and aspect ratio (a folder of photos is stored so): the crop comes first and
+gives every image the model's size, so everything after it works at the training size, and batches
+are collated after it.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ def channel_stats(
     images: np.ndarray | Sequence[np.ndarray], *, in_chans: int, rows: int = 2048
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and standard deviation (on the 0-1 scale) of uint8 ``(N, H, W, C)`` images as the
-    model sees them (channels matched to ``in_chans``), from ``rows`` evenly spaced images, read in chunks so
-    that a memory-mapped split is never loaded whole. The usual normalisation for training from scratch
-    (the CIFAR scripts of timm and DeiT)."""
+    model sees them (channels matched to ``in_chans``), from ``rows`` evenly spaced images, read in chunks of
+    at most 256 images and about 32 MiB once in float64, so that a memory-mapped split is never loaded whole.
+    Images of several sizes (:class:`~vitlab.data.rows.PackedImages`) are read one at a time. The usual
+    normalisation for training from scratch (the CIFAR scripts of timm and DeiT)."""
     n = len(images)
     if n == 0:
         raise ValueError("channel_stats: no images")
@@ -42,8 +47,15 @@ def channel_stats(
     total = torch.zeros(in_chans, dtype=torch.float64)
     squares = torch.zeros(in_chans, dtype=torch.float64)
     count = 0
-    for lo in range(0, len(idx), 256):
-        chunk = torch.from_numpy(np.stack([np.asarray(images[int(i)]) for i in idx[lo : lo + 256]]))
+    shape = getattr(images, "shape", None)
+    if shape is None:  # a list of arrays
+        per = 256
+    elif None in shape[1:3]:  # images of several sizes
+        per = 1
+    else:
+        per = max(1, min(256, (32 << 20) // max(1, 8 * in_chans * int(np.prod(shape[1:3])))))
+    for lo in range(0, len(idx), per):
+        chunk = torch.from_numpy(np.stack([np.asarray(images[int(i)]) for i in idx[lo : lo + per]]))
         x = match_channels(chunk.permute(0, 3, 1, 2), in_chans).to(torch.float64) / 255.0
         total += x.sum(dim=(0, 2, 3))
         squares += x.square().sum(dim=(0, 2, 3))
@@ -65,13 +77,22 @@ def train_transform(
     randaugment: tuple[int, int] | None = None,
     random_erasing: float = 0.0,
     crop: bool = True,
+    crop_pct: float = 1.0,
 ) -> v2.Compose:
     """Per-image training augmentation (Inception crop as in the paper's pre-training, plus the
     DeiT-style RandAugment and random erasing used for training from scratch on small data).
+    The crop (RandomResizedCrop) is drawn on the image as stored, at its own aspect ratio, and
+    gives the model's size; the other augmentations then work at that size.
+    ``crop_scale=(1, 1)`` is "no crop": RandomResizedCrop then takes the largest centred box within
+    ``crop_ratio`` (a square image whole, a non-square one its centre square). With ``crop_pct < 1``
+    (photos, evaluated with timm's resize + centre crop) it is instead exactly the evaluation's view:
+    the shorter side resized to ``img_size / crop_pct``, then the centre ``img_size`` square.
     ``crop=False``: everything after the crop, for a reader that crops as it decodes
     (:class:`~vitlab.data.stream.TrainDecode`)."""
     t: list[v2.Transform] = []
-    if crop:
+    if crop and tuple(crop_scale) == (1.0, 1.0) and crop_pct < 1 and _square(img_size):
+        t += _resize_crop(img_size, crop_pct)
+    elif crop:
         t.append(v2.RandomResizedCrop(img_size, scale=crop_scale, ratio=crop_ratio, antialias=True))
     if hflip > 0:
         t.append(v2.RandomHorizontalFlip(hflip))
@@ -91,13 +112,26 @@ def eval_transform(
     in_chans: int = 3,
     crop_pct: float = 1.0,
 ) -> v2.Compose:
-    """Resize (shorter side to ``img_size / crop_pct``) + center crop + normalise.
+    """Resize (shorter side to ``img_size / crop_pct``) + center crop + normalise: timm's ``crop_pct``
+    convention, for images of any size and aspect ratio.
 
-    ``crop_pct=1`` (the default here) resizes straight to the model's resolution, which is
-    what fine-tuning at a higher resolution than the data needs."""
+    ``crop_pct=1`` (the default here) resizes the shorter side straight to the model's resolution, which is
+    what fine-tuning at a higher resolution than the data needs. An image already of the resized size
+    (the decode cache stores evaluation images so) is not resized again: only its centre is taken.
+    A non-square ``img_size`` is resized to (``img_size / crop_pct``) whatever the image's aspect ratio."""
+    return v2.Compose([*_resize_crop(img_size, crop_pct), *_normalize(mean, std, in_chans)])
+
+
+def _square(img_size: int | Sequence[int]) -> bool:
+    return isinstance(img_size, int) or img_size[0] == img_size[1]
+
+
+def _resize_crop(img_size: int | Sequence[int], crop_pct: float) -> list[v2.Transform]:
+    """Resize (shorter side to ``img_size / crop_pct``; both sides for a non-square size), centre crop."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     resize = [round(s / crop_pct) for s in size] if crop_pct < 1 else list(size)
-    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(size), *_normalize(mean, std, in_chans)])
+    shorter = resize[:1] if _square(size) else resize  # one value: the shorter side, the aspect ratio kept
+    return [v2.Resize(shorter, antialias=True), v2.CenterCrop(size)]
 
 
 def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0) -> Callable | None:
@@ -114,8 +148,9 @@ def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0) 
 
 
 class ArrayDataset(Dataset):
-    """A map-style dataset over uint8 ``(N, H, W, C)`` images (a memmap is fine): item ``i`` is
-    ``(transform(CHW uint8 tensor), label)``."""
+    """A map-style dataset over uint8 ``(N, H, W, C)`` images (a memmap is fine), or images of several
+    sizes (:class:`~vitlab.data.rows.PackedImages`, or a list): item ``i`` is ``(transform(CHW uint8
+    tensor), label)``; the transform must give every image one size for a batch to be collated."""
 
     def __init__(
         self, images: np.ndarray, labels: np.ndarray, *, transform: Callable | None = None, in_chans: int | None = None

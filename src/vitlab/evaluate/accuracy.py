@@ -106,7 +106,8 @@ def evaluate_batches(
 
 
 def preprocess_for(model: nn.Module):
-    """The evaluation transform a vitlab model's config asks for (resize + center crop + its mean/std)."""
+    """The evaluation transform a vitlab model's config asks for: timm's convention, the shorter side resized
+    to its resolution over its ``crop_pct``, the centre crop at its resolution, its mean/std."""
     from ..data import eval_transform
 
     cfg = model.config
@@ -120,12 +121,18 @@ def preprocess_for(model: nn.Module):
 
 
 def decode_size(model: nn.Module) -> int:
-    """The square side a folder of mixed-size images is decoded to for ``model`` (the decode
-    cache's ``fallback_size``): its resolution over its ``crop_pct`` and over 0.875 (a margin the
-    eval transform then resizes away), at least 32. ``vitlab eval`` and ``vitlab fewshot`` both
-    decode at it, so one image file gives both the same pixels."""
+    """The square side a folder is decoded to for evaluating ``model`` (the decode cache's ``size``): for a
+    square model exactly its resolution over its ``crop_pct``, the side :func:`preprocess_for` resizes the
+    shorter side to, so the stored squares are ready and evaluation only takes their centre (the transform's
+    resize finds the size already right and does nothing); for a non-square one the longer side over
+    ``crop_pct`` and 0.875 (a margin the transform then resizes away), at least 32. ``vitlab eval`` and
+    ``vitlab fewshot`` both decode at it, so one image file gives both the same pixels."""
     cfg = model.config
-    return max(32, round(max(cfg.img_size) / float(cfg.extra.get("crop_pct", 1.0)) / 0.875))
+    crop_pct = float(cfg.extra.get("crop_pct", 1.0))
+    h, w = cfg.img_size
+    if h == w:
+        return round(h / crop_pct) if crop_pct < 1 else h
+    return max(32, round(max(h, w) / crop_pct / 0.875))
 
 
 def eval_dataset(model: nn.Module, images: np.ndarray | Sequence[np.ndarray], labels: np.ndarray) -> ArrayDataset:

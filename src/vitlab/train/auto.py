@@ -29,7 +29,8 @@ sweep chose for short schedules, docs/cifar10.md) and 1e-3 from 10 (at 30 epochs
 docs/training.md), scaled by the square root of the batch (the usual rule for Adam-type optimisers); the
 warmup is 10% of the planned steps (5% from 5,000 steps).
 Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
-will see) with a patch size that gives about an 8 x 8 grid of tokens, the paper's class token and fixed
+will see) with a patch size that gives about an 8 x 8 grid of tokens (photos: the paper's 16 at 224 px,
+:mod:`vitlab.train.image_size` picks their resolution), the paper's class token and fixed
 2-D sine-cosine position embeddings (:data:`PLAIN`) instead of learned ones: Beyer et al. 2022 ("Better
 plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
 better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
@@ -43,6 +44,7 @@ import dataclasses
 import math
 from typing import Any
 
+from .image_size import PHOTO_SIDE
 from .recipes import RECIPES, Recipe
 
 __all__ = ["LEVELS", "MODELS", "PLAIN", "aug_level", "auto_arch", "auto_batch", "auto_recipe", "fit_recipe_to_data"]
@@ -100,17 +102,29 @@ def auto_batch(n_train: int, *, cap: int = 128) -> int:
     return max(1, min(n_train, cap, max(8, b)))
 
 
-def _patch_for(img: tuple[int, int]) -> int:
-    """The patch size giving a grid of tokens closest to 8 x 8 (ties: the larger patch) that divides the image."""
-    ok = [p for p in (32, 16, 14, 8, 7, 4, 2, 1) if img[0] % p == 0 and img[1] % p == 0]
-    return min(ok, key=lambda p: (abs(min(img) // p - 8), -p))
+_PATCHES = (32, 16, 14, 8, 7, 4, 2, 1)
+
+
+def _patch_for(img: tuple[int, int], *, photos: bool = False) -> int:
+    """The patch size: for ``photos`` from :data:`~vitlab.train.image_size.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
+    196 tokens at 224 px); otherwise the one giving a grid of tokens closest to 8 x 8 (ties: the larger patch)
+    among those that divide the image, or, when none of them gives 6 to 10 tokens a side (odd sides: only
+    patch 1 divides them), the closest of all, with the model padding the image to a multiple of it
+    (``dynamic_img_pad``, see :func:`auto_arch`)."""
+    if photos and min(img) >= PHOTO_SIDE:
+        return 16
+    ok = [p for p in _PATCHES if img[0] % p == 0 and img[1] % p == 0]
+    best = min(ok, key=lambda p: (abs(min(img) // p - 8), -p))
+    if abs(min(img) // best - 8) <= 2:
+        return best
+    return min(_PATCHES, key=lambda p: (abs(min(img) // p - 8), -p))
 
 
 def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int, *, token_drop: float = 0.0) -> float:
     """Multiply-accumulates of one forward pass (blocks, attention and patch embedding); the blocks see the
     ``1 - token_drop`` share of the patch tokens that are kept."""
     p, d, n = arch["patch_size"], arch["embed_dim"], arch["depth"]
-    patches = (img[0] // p) * (img[1] // p)
+    patches = math.ceil(img[0] / p) * math.ceil(img[1] / p)
     t = round(patches * (1 - token_drop)) + 1
     return n * (t * (4 * d * d + 2 * d * arch["mlp_dim"]) + 2 * t * t * d) + patches * d * p * p * in_chans
 
@@ -122,13 +136,16 @@ def auto_arch(
     images_seen: float | None = None,
     time_budget: float | None = None,
     device_type: str = "cpu",
+    photos: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """``(name, ViT fields)`` of the :data:`MODELS` entry for the budget: by ``images_seen`` (epochs x images),
     or for a ``time_budget`` in seconds the largest model that sees its share of images in it at an
-    estimated throughput (:data:`_MACS_PER_S`)."""
-    patch = _patch_for(img_size)
+    estimated throughput (:data:`_MACS_PER_S`). The patch size is :func:`_patch_for`'s (``photos``: the data
+    are photos); a patch that does not divide the image adds ``dynamic_img_pad``."""
+    patch = _patch_for(img_size, photos=photos)
+    pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
     for name, least, fields in reversed(MODELS):
-        arch = {"patch_size": patch, **fields}
+        arch = {"patch_size": patch, **fields, **pad}
         seen = images_seen
         if time_budget is not None:
             seen = (
@@ -136,7 +153,7 @@ def auto_arch(
             )
         if seen is not None and seen >= least:
             return name, {**arch, **PLAIN}
-    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2], **PLAIN}
+    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2], **pad, **PLAIN}
 
 
 def auto_recipe(
@@ -150,16 +167,20 @@ def auto_recipe(
     batch_size: int | None = None,
     token_drop: float | None = None,
     device_type: str = "cpu",
+    photos: bool = False,
 ) -> tuple[Recipe, str]:
     """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
     trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
 
     ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
-    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without)."""
+    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the data are photos
+    (the patch, :func:`_patch_for`)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
     if time_budget is not None:
-        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type)
+        model, arch = auto_arch(
+            img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type, photos=photos
+        )
         grid = (img_size[0] // arch["patch_size"]) * (img_size[1] // arch["patch_size"])
         if token_drop is None:
             token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
@@ -171,7 +192,7 @@ def auto_recipe(
         token_drop = token_drop or 0.0
         epochs = epochs or RECIPES["auto"].epochs
         steps = epochs * steps_per_epoch
-        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch)
+        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
     level = aug_level(epochs=passes, n_train=n_train)
@@ -210,7 +231,8 @@ def auto_recipe(
         f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
         f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
         + (f"token drop {token_drop:g} in training; " if token_drop else "")
-        + f"model {model} (patch {arch['patch_size']}, width {arch['embed_dim']}, depth {arch['depth']}, "
+        + f"model {model} (patch {arch['patch_size']}{', padded' if arch.get('dynamic_img_pad') else ''}, "
+        + f"width {arch['embed_dim']}, depth {arch['depth']}, "
         "sin-cos 2-D position embeddings)"
     )
     return recipe, reason
@@ -251,6 +273,7 @@ def fit_recipe_to_data(
             batch_size=given.get("batch_size"),
             token_drop=given.get("token_drop"),
             device_type=device_type,
+            photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
         )
         arch = dict(new.arch)
         user = {k: v for k, v in cfg.arch.items() if v is not None}

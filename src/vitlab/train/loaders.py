@@ -3,8 +3,8 @@ sharded over processes, resumable mid-epoch, and each process's exact share of t
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist, barrier
+from .image_size import folder_plan
 from .loop import ignore_stop_signals
 
 if TYPE_CHECKING:
@@ -35,15 +36,11 @@ __all__ = [
 ]
 
 
-def _cache_size(cfg: TrainConfig) -> int | None:
-    """Folder images of mixed sizes are cached as squares a little larger than the model input."""
-    s = cfg.img_size or cfg.recipe.img_size
-    return None if s is None else max(32, math.ceil(s / 0.875))
-
-
 def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None]) -> DataSplits:
     """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
-    while the others wait; undecodable files are listed in ``out/bad_files.txt``."""
+    while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
+    size the run trains at, decided from its headers first (:func:`~vitlab.train.image_size.folder_plan`),
+    and the choice is the first line logged."""
     from ..data import load_data
     from ..data.sources import DataError
     from ..data.stream import is_shard_spec, open_stream_data
@@ -58,7 +55,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
         return load_data(
             cfg.data,
             val_split=cfg.val_split,
-            size=_cache_size(cfg),
+            plan=functools.partial(folder_plan, cfg),
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and dist.is_main,
@@ -74,6 +71,8 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
         data = get_data()
     from ..data.cache_admin import cache_line
 
+    if data.plan is not None:
+        log(data.plan.line)
     if (line := cache_line(data.cache_files)) is not None:
         log(line)
     if data.skipped:
@@ -263,6 +262,7 @@ def build_loaders(
         hflip=r.hflip,
         randaugment=r.randaugment,
         random_erasing=r.random_erasing,
+        crop_pct=r.crop_pct,
     )
     tf_eval = eval_transform(
         img_size=mcfg.img_size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct

@@ -20,6 +20,7 @@ from .checkpointing import start_position
 from .config import TrainConfig
 from .distill import build_distillation
 from .distributed import Dist
+from .image_size import fit_size_to_data
 from .loaders import build_loaders, load_run_data, run_data_fingerprint
 from .loop import StopSignals, evaluate
 from .resolution import check_sizes
@@ -59,6 +60,7 @@ class TrainerSetup:
                 in_chans=self.data.in_chans,
                 device_type=device.type,
             )
+            self.cfg = cfg = fit_size_to_data(cfg, self.data)  # the size and crop the folder was stored for
             if cfg.resolved:
                 self.log(cfg.resolved)
         self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
