@@ -1,5 +1,8 @@
 """Export a ViT for deployment: ONNX (run it with onnxruntime) or TorchScript, with a dynamic batch size.
 
+This writes and checks ONE model file; :mod:`vitlab.deploy` builds on it the deployable folder (the file,
+its preprocessing config, int8 and token-merging variants, and the agreement report of ``vitlab export``).
+
 Both formats take ``pixel_values`` ``(batch, C, H, W)`` at the model's resolution,
 already normalised with the config's ``mean``/``std``, and return ``logits``
 ``(batch, num_classes)``. :func:`export_model` checks the exported program
@@ -12,8 +15,11 @@ batch dimension frozen by mistake is caught at export time, not in production.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +29,23 @@ from torch import nn
 
 from .errors import VitlabError
 
-__all__ = ["FORMATS", "ExportError", "ExportResult", "export_model", "export_path", "load_exported", "run_exported"]
+__all__ = [
+    "FORMATS",
+    "ONNX_SINGLE_FILE_BYTES",
+    "ExportError",
+    "ExportResult",
+    "export_model",
+    "export_path",
+    "load_exported",
+    "quiet_torchscript",
+    "run_exported",
+]
 
 FORMATS = ("onnx", "torchscript")
 _SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
+ONNX_SINGLE_FILE_BYTES = 2**31 - 2**27
+"""Weights up to this many bytes go inside the ``.onnx`` file (protobuf caps a message at 2 GiB; the rest
+is left for the graph); larger models keep them in ``<file>.data`` beside it, named in :attr:`ExportResult.files`."""
 
 
 class ExportError(VitlabError, RuntimeError):
@@ -40,6 +59,8 @@ class ExportResult:
     max_abs_diff: float | None
     """Largest |exported - PyTorch| logit difference on the check batch (None: not checked)."""
     seconds: float
+    files: list[Path] = field(default_factory=list)
+    """Every file written: the model file, and its external weights (``model.onnx.data``) past 2 GiB."""
 
 
 class _Logits(nn.Module):
@@ -99,10 +120,11 @@ def export_model(
             except ImportError as e:
                 raise ExportError("--format onnx needs onnx and onnxscript: pip install 'vitlab[onnx]'") from e
             batch = torch.export.Dim("batch", min=1, max=65536)
-            torch.onnx.export(
+            external = _param_bytes(model) > ONNX_SINGLE_FILE_BYTES
+            program = torch.onnx.export(
                 wrapped,
                 (x,),
-                str(path),
+                None,
                 dynamo=True,
                 input_names=["pixel_values"],
                 output_names=["logits"],
@@ -110,9 +132,15 @@ def export_model(
                 opset_version=opset,
                 verbose=False,
             )
+            for node in program.model.graph.all_nodes():  # the exporter's debug notes: this machine's source
+                node.metadata_props.clear()  # paths and stack traces in every node (half a small model's file)
+            program.save(str(path), external_data=external)
+            files = [path, *([Path(f"{path}.data")] if external else [])]
         else:
-            traced = torch.jit.trace(wrapped, (x,), check_trace=False)
-            traced.save(str(path))
+            with quiet_torchscript():
+                traced = torch.jit.trace(wrapped, (x,), check_trace=False)
+                traced.save(str(path))
+            files = [path]
     seconds = time.perf_counter() - t0
     diff = None
     if check:
@@ -125,20 +153,43 @@ def export_model(
             raise ExportError(
                 f"export: the {format} model differs from PyTorch by {diff:.2e} (> {tolerance:.0e}) on a batch of 3"
             )
-    return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds)
+    return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds, files=files)
+
+
+def _param_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+@contextlib.contextmanager
+def quiet_torchscript() -> Iterator[None]:
+    """vitlab's own ``torch.jit.trace`` / ``load`` calls without torch's deprecation notices and tracer
+    warnings: the trace is checked against the eager model right after, and the format is chosen by the user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
 
 
 def load_exported(path: str | Path, *, format: str | None = None) -> Any:
-    """An onnxruntime ``InferenceSession`` (CPU) for ``.onnx``, a ``torch.jit.ScriptModule`` otherwise."""
+    """An onnxruntime ``InferenceSession`` (CPU) for ``.onnx`` (or ``format="onnx"``); a
+    ``torch.jit.ScriptModule`` only when ``format="torchscript"`` is given by name: loading TorchScript runs
+    the code in the file, so it is never chosen from a file name."""
     path = Path(path)
-    fmt = format or ("onnx" if path.suffix == ".onnx" else "torchscript")
+    fmt = format or ("onnx" if path.suffix == ".onnx" else None)
+    if fmt not in FORMATS:
+        raise ExportError(
+            f"{path}: not an .onnx file; a TorchScript file runs code when loaded, so it is loaded only when "
+            "format='torchscript' is given by name"
+        )
     if fmt == "onnx":
         try:
             import onnxruntime as ort
         except ImportError as e:
             raise ExportError("running an .onnx model needs onnxruntime: pip install 'vitlab[onnx]'") from e
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return torch.jit.load(str(path), map_location="cpu")
+    with quiet_torchscript():
+        return torch.jit.load(str(path), map_location="cpu")
 
 
 def run_exported(session: Any, pixel_values: np.ndarray) -> np.ndarray:

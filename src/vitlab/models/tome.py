@@ -155,14 +155,15 @@ class TokenMerging:
         self.tome_r = check(self, r)
         return self
 
-    def tome_schedule(self, img_size: tuple[int, int] | None = None) -> list[int]:
-        """Tokens merged per block at ``img_size`` (default: the model's)."""
+    def tome_schedule(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> list[int]:
+        """Tokens merged per block at ``img_size`` (default: the model's) with ``r`` (default: the model's)."""
         gh, gw = self.patch_embed.grid(*(img_size or self.config.img_size))
-        return merge_schedule(gh * gw, len(self.blocks), self.tome_r)
+        return merge_schedule(gh * gw, len(self.blocks), self.tome_r if r is None else r)
 
-    def tome_macs(self, img_size: tuple[int, int] | None = None) -> int:
-        """Multiply-accumulates of a forward with token merging (as :func:`~.flops.count_macs` counts: each
-        block's attention at its input length, its MLP at the merged length)."""
+    def tome_macs(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> int:
+        """Multiply-accumulates of a forward with token merging at ``r`` (default: the model's), as
+        :func:`~.flops.count_macs` counts: each block's attention at its input length, its MLP at the merged
+        length."""
         from .flops import block_macs, count_macs
 
         cfg = self.config
@@ -170,7 +171,7 @@ class TokenMerging:
         gh, gw = self.patch_embed.grid(*size)
         t0 = t = gh * gw + cfg.num_prefix_tokens
         macs = count_macs(cfg, size)
-        for k in self.tome_schedule(size):
+        for k in self.tome_schedule(size, r=r):
             macs += block_macs(cfg, t) - block_macs(cfg, t0) - 2 * k * cfg.embed_dim * cfg.mlp_dim
             t -= k
         return macs
