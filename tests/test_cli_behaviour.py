@@ -137,10 +137,10 @@ def test_fewshot_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch
 
 def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 0
-    assert (run_dir / "model.pt").is_file() and not list(tmp_path.iterdir())
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--no-timing"]) == 0
+    assert (run_dir / "export-torchscript" / "model.pt").is_file() and not list(tmp_path.iterdir())
     assert main(["export", "--model", str(run_dir), "--format", "torchscript"]) == 2  # exists: not replaced silently
-    assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--overwrite"]) == 0
+    assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--overwrite", "--no-timing"]) == 0
 
 
 # --- one rule for a model argument ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def _model() -> torch.nn.Module:
 def test_torchscript_dynamic_batch(tmp_path: Path) -> None:
     m = _model()
     res = export_model(m, tmp_path / "m.pt", format="torchscript")
-    ts = load_exported(res.path, format="torchscript")
+    ts = load_exported(res.path, format="torchscript")  # (TorchScript runs code: loaded only by name)
     x = torch.randn(7, 3, 16, 16)
     got = run_exported(ts, x.numpy())
     with torch.no_grad():

@@ -1,5 +1,8 @@
 """Export a ViT for deployment: ONNX (run it with onnxruntime) or TorchScript, with a dynamic batch size.
 
+This writes and checks ONE model file; :mod:`vitlab.deploy` builds on it the deployable folder (the file,
+its preprocessing config, int8 and token-merging variants, and the agreement report of ``vitlab export``).
+
 Both formats take ``pixel_values`` ``(batch, C, H, W)`` at the model's resolution,
 already normalised with the config's ``mean``/``std``, and return ``logits``
 ``(batch, num_classes)``. :func:`export_model` checks the exported program
@@ -16,7 +19,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +29,23 @@ from torch import nn
 
 from .errors import VitlabError
 
-__all__ = ["FORMATS", "ExportError", "ExportResult", "export_model", "export_path", "load_exported", "run_exported"]
+__all__ = [
+    "FORMATS",
+    "ONNX_SINGLE_FILE_BYTES",
+    "ExportError",
+    "ExportResult",
+    "export_model",
+    "export_path",
+    "load_exported",
+    "quiet_torchscript",
+    "run_exported",
+]
 
 FORMATS = ("onnx", "torchscript")
 _SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
+ONNX_SINGLE_FILE_BYTES = 2**31 - 2**27
+"""Weights up to this many bytes go inside the ``.onnx`` file (protobuf caps a message at 2 GiB; the rest
+is left for the graph); larger models keep them in ``<file>.data`` beside it, named in :attr:`ExportResult.files`."""
 
 
 class ExportError(VitlabError, RuntimeError):
@@ -43,6 +59,8 @@ class ExportResult:
     max_abs_diff: float | None
     """Largest |exported - PyTorch| logit difference on the check batch (None: not checked)."""
     seconds: float
+    files: list[Path] = field(default_factory=list)
+    """Every file written: the model file, and its external weights (``model.onnx.data``) past 2 GiB."""
 
 
 class _Logits(nn.Module):
@@ -102,10 +120,11 @@ def export_model(
             except ImportError as e:
                 raise ExportError("--format onnx needs onnx and onnxscript: pip install 'vitlab[onnx]'") from e
             batch = torch.export.Dim("batch", min=1, max=65536)
-            torch.onnx.export(
+            external = _param_bytes(model) > ONNX_SINGLE_FILE_BYTES
+            program = torch.onnx.export(
                 wrapped,
                 (x,),
-                str(path),
+                None,
                 dynamo=True,
                 input_names=["pixel_values"],
                 output_names=["logits"],
@@ -113,32 +132,42 @@ def export_model(
                 opset_version=opset,
                 verbose=False,
             )
+            for node in program.model.graph.all_nodes():  # the exporter's debug notes: this machine's source
+                node.metadata_props.clear()  # paths and stack traces in every node (half a small model's file)
+            program.save(str(path), external_data=external)
+            files = [path, *([Path(f"{path}.data")] if external else [])]
         else:
-            with _quiet_jit():
+            with quiet_torchscript():
                 traced = torch.jit.trace(wrapped, (x,), check_trace=False)
                 traced.save(str(path))
+            files = [path]
     seconds = time.perf_counter() - t0
     diff = None
     if check:
         x3 = _example(model, 3)
         with torch.inference_mode():
             want = wrapped(x3).float().numpy()
-        with _quiet_jit():  # the file this call just wrote
+        with quiet_torchscript():  # the file this call just wrote
             got = run_exported(load_exported(path, format=format), x3.numpy())
         diff = float(np.abs(got - want).max())
         if not diff <= tolerance:
             raise ExportError(
                 f"export: the {format} model differs from PyTorch by {diff:.2e} (> {tolerance:.0e}) on a batch of 3"
             )
-    return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds)
+    return ExportResult(path=path, format=format, max_abs_diff=diff, seconds=seconds, files=files)
+
+
+def _param_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
 @contextlib.contextmanager
-def _quiet_jit() -> Iterator[None]:
-    """Hide, around vitlab's own TorchScript calls, torch's deprecation notice of ``torch.jit`` and the tracer's
-    notes on shape checks (the export is for the model's resolution; its check runs another batch size)."""
+def quiet_torchscript() -> Iterator[None]:
+    """vitlab's own ``torch.jit.trace`` / ``load`` calls without torch's deprecation notices and tracer
+    warnings: the trace is checked against the eager model right after, and the format is chosen by the user."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.jit")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         yield
 
@@ -163,7 +192,8 @@ def load_exported(path: str | Path, *, format: str | None = None, trust_torchscr
         except ImportError as e:
             raise ExportError("running an .onnx model needs onnxruntime: pip install 'vitlab[onnx]'") from e
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return torch.jit.load(str(path), map_location="cpu")
+    with quiet_torchscript():
+        return torch.jit.load(str(path), map_location="cpu")
 
 
 def run_exported(session: Any, pixel_values: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ Both take the token count from the embedded sequence, so training with token dro
 (``patch_drop_rate``: fewer patch tokens, the class token first) runs them unchanged; the batch is
 then not chunked (:meth:`FastVisionTransformer.drops_tokens`).
 
-Both run only where nobody could tell: no hooks anywhere in the model, the last block exactly as
+Both run only where nobody could tell: no hooks anywhere in the model, no token merging, the last block exactly as
 built, no attention capture, and an eager (not traced or compiled) forward.
 """
 
@@ -61,14 +61,18 @@ class FastVisionTransformer(VisionTransformer):
 
     def accelerable(self, x: torch.Tensor) -> bool:
         """Whether the model-level paths may run on ``x``: the switch is on, the forward is eager,
-        nothing captures attention, and no hook is registered anywhere in the model."""
-        return enabled() and self._captured is None and running_eagerly() and not hooks_anywhere(self)
+        nothing captures attention, no token merging (:mod:`vitlab.models.tome`) changes the sequence,
+        and no hook is registered anywhere in the model."""
+        return (
+            enabled() and self._captured is None and not self.tome_r and running_eagerly() and not hooks_anywhere(self)
+        )
 
     def cls_only_applies(self) -> bool:
         """Whether ``forward`` may run the last block for the class token alone."""
         last = self.blocks[-1] if len(self.blocks) else None
         return (
             self.cls_only_last_block
+            and not self.tome_r
             and self.config.pool == "cls"
             and not self.config.dist_token
             and self.cls_token is not None
@@ -133,7 +137,7 @@ class FastVisionTransformer(VisionTransformer):
     def macs(self, img_size: tuple[int, int] | int | None = None, *, executed: bool = False) -> int:
         """As :meth:`VisionTransformer.macs`; with ``executed``, less the work the class-token-only
         last block skips when it runs."""
-        full = super().macs(img_size)
+        full = super().macs(img_size, executed=executed)
         if not (executed and self.cls_only_applies() and self.config.attention != "axial"):
             return full
         cfg = self.config

@@ -17,6 +17,7 @@ __all__ = [
     "MODEL_HELP",
     "add_device_arg",
     "add_model_arg",
+    "add_serving_args",
     "arch_overrides",
     "close_names",
     "default_output",
@@ -67,7 +68,30 @@ def add_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--model", required=True, help=MODEL_HELP)
 
 
-def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False) -> tuple[Any, Path | None]:
+def add_serving_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--tome`` and ``--trust-torchscript``: how ``predict`` and ``eval`` run a model or an exported folder."""
+    p.add_argument(
+        "--tome",
+        type=int,
+        default=None,
+        metavar="R",
+        help="token merging: R patch tokens merged per block (an exported folder keeps its own)",
+    )
+    p.add_argument(
+        "--trust-torchscript",
+        action="store_true",
+        help="run a TorchScript export (loading it runs the code in the file: only for files you trust)",
+    )
+
+
+def resolve_model(
+    spec: str,
+    *,
+    img_size: int | None = None,
+    fast: bool = False,
+    exported: bool = False,
+    trust_torchscript: bool = False,
+) -> tuple[Any, Path | None]:
     """``(model in eval mode, folder it came from or None)`` for a model argument: the one rule every
     command (``eval``, ``predict``, ``inspect``, ``fewshot``, ``export``; ``convert`` and ``finetune
     --init`` through :func:`vitlab.load`) follows.
@@ -79,9 +103,13 @@ def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False)
     paths of :mod:`vitlab.accel` (eval, predict, few-shot features); otherwise the plain reference
     model (the analyses of ``inspect``, ``export``'s traced graph).
     The folder is the path given when it is one (outputs go there: :func:`default_output`).
+
+    An exported folder (``vitlab export``) is served only where ``exported`` (``predict``, ``eval``): a
+    :class:`vitlab.deploy.ExportedModel` with the folder's preprocessing config; TorchScript only with
+    ``trust_torchscript``. Elsewhere it is an error naming the folder.
     """
     from ..checkpoints import load
-    from ..errors import UnknownModelError, VitlabError
+    from ..errors import ConfigError, UnknownModelError, VitlabError
     from ..models import create_model, list_models
     from ..models.registry import resolve_name
 
@@ -95,6 +123,17 @@ def resolve_model(spec: str, *, img_size: int | None = None, fast: bool = False)
     overrides = {"img_size": img_size} if img_size else {}
     path = Path(spec)
     if path.exists():
+        from ..deploy.folder import is_exported
+
+        if is_exported(path):
+            if not exported:
+                raise ConfigError(
+                    f"--model {spec}: an exported folder (vitlab export) serves predict and eval only; "
+                    "give the vitlab model it was exported from"
+                )
+            from ..deploy import open_exported
+
+            return open_exported(path, trust_torchscript=trust_torchscript), path
         return ready(load(path, **overrides)), path if path.is_dir() else None
     if resolve_name(spec) in list_models():
         return ready(create_model(spec, **overrides)), None

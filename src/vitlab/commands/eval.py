@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_device_arg, add_model_arg
+from ._common import add_device_arg, add_model_arg, add_serving_args
 from .train_args import MEMORY_BUDGET_HELP
 
 
@@ -17,11 +17,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "dataset; print the result and write it as JSON (--output, default MODEL/eval.json).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
-            "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json"
+            "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json\n"
+            "  vitlab eval --model deploy/ --data path/to/cifar10     # a `vitlab export` folder (ONNX, int8 ...)"
         ),
         formatter_class=formatter,
     )
     add_model_arg(p)
+    add_serving_args(p)
     p.add_argument(
         "--data",
         default="digits",
@@ -54,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
     device = resolve_device(args.device)
-    model, _ = resolve_model(args.model, fast=True)
+    model, _ = resolve_model(args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript)
+    if args.tome is not None:
+        model.set_tome(args.tome)
     res = evaluate_model(
         model,
         args.data,

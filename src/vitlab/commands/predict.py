@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_device_arg, add_model_arg
+from ._common import add_device_arg, add_model_arg, add_serving_args
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -12,17 +12,21 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "predict",
         help="top-5 class names with probabilities for image files",
         description=(
-            "Classify image files with a trained model (its own preprocessing: resize, center crop,\n"
-            "mean/std from its config). Folders are searched for images; a file that cannot be read is\n"
-            "reported on stderr and the others are still predicted (exit status 1 when any was skipped).\n\n"
+            "Classify image files with a trained model or a `vitlab export` folder (its own preprocessing:\n"
+            "resize, center crop, mean/std from its config). Folders are searched for images; a file that\n"
+            "cannot be read is reported on stderr and the others are still predicted (exit status 1 when any\n"
+            "was skipped).\n\n"
             "examples:\n"
             "  vitlab predict --model runs/20260101-120000-train/model cat.jpg dog.png\n"
-            "  vitlab predict --model runs/cifar images/ --json"
+            "  vitlab predict --model runs/cifar images/ --json\n"
+            "  vitlab predict --model deploy/ cat.jpg          # a `vitlab export` folder (ONNX, int8 ...)\n"
+            "  vitlab predict --model runs/cifar/model --tome 8 images/   # token merging"
         ),
         formatter_class=formatter,
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
     add_model_arg(p)
+    add_serving_args(p)
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -52,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--top must be >= 1")
     dev = resolve_device(args.device)  # before loading the model: a typo fails fast
     files = image_files(args.images)  # folders searched; a missing path fails here, before the model loads
-    model, _ = resolve_model(args.model, fast=True)
+    model, _ = resolve_model(args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript)
+    if args.tome is not None:
+        model.set_tome(args.tome)
     model.to(dev)
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]

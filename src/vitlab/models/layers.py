@@ -342,10 +342,12 @@ class MAPHead(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim=dim, hidden_dim=mlp_dim, act=act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, T, D)`` -> ``(B, D)``."""
+    def forward(self, x: torch.Tensor, size: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, T, D)`` -> ``(B, D)``; ``size`` ``(B, T, 1)``: how many patches each token stands for after
+        token merging (proportional attention: ``log size`` added to the logits, :mod:`.tome`)."""
         b, t, d = x.shape
         q = self.q(self.latent).view(1, 1, self.num_heads, self.head_dim).transpose(1, 2).expand(b, -1, -1, -1)
         k, v = self.kv(x).view(b, t, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        a = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d))
+        bias = None if size is None else size.log().view(b, 1, 1, t)
+        a = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, 1, d))
         return (a + self.mlp(self.norm(a)))[:, 0]

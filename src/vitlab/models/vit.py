@@ -30,11 +30,13 @@ from .hybrid import HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed
 from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .timm_api import TimmModelApi
+from .tome import TokenMerging, weighted_mean
+from .tome import encode as tome_encode
 
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(TimmModelApi, nn.Module):
+class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
     """ViT with timm's parameter names.
 
     Build it from a :class:`ViTConfig`, keyword overrides, or both::
@@ -240,6 +242,12 @@ class VisionTransformer(TimmModelApi, nn.Module):
         final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
         block's output z_1 .. z_L (``blocks``)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
+        if self.tome_r:  # token merging (.tome): fewer tokens from block to block, each with its size
+            if attention or keep:
+                raise ConfigError("token merging is on (set_tome): attention maps and intermediates need every token")
+            z, out["token_size"] = tome_encode(self.blocks, z, r=self.tome_r, prefix=self.num_prefix_tokens)
+            out["encoded"] = self.norm(z)
+            return out
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
         kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
         if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
@@ -272,17 +280,23 @@ class VisionTransformer(TimmModelApi, nn.Module):
         return (out["encoded"], out["attention"]) if return_attention else out["encoded"]
 
     # -- Eq. 4 and the head --------------------------------------------------------
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, token_size: torch.Tensor | None = None) -> torch.Tensor:
         """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``; attention pooling of the patch
-        tokens for ``map`` (as timm: class and register tokens are not pooled)."""
+        tokens for ``map`` (as timm: class and register tokens are not pooled). ``token_size``: the tokens'
+        sizes after token merging (:mod:`.tome`), which weigh them."""
         if self.config.pool == "cls":
             return x[:, 0]
+        p = self.num_prefix_tokens
+        size = None if token_size is None else token_size[:, p:]
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])
-        return x[:, self.num_prefix_tokens :].mean(dim=1)
+            return self.attn_pool(x[:, p:], size)
+        return x[:, p:].mean(dim=1) if size is None else weighted_mean(x[:, p:], size)
 
-    def forward_head(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
-        """Pool the encoded tokens and classify; ``pre_logits=True`` stops before the classifier."""
+    def forward_head(
+        self, x: torch.Tensor, *, pre_logits: bool = False, token_size: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Pool the encoded tokens (of sizes ``token_size`` after token merging) and classify;
+        ``pre_logits=True`` stops before the classifier."""
         if self.head_dist is not None:  # DeiT: class token -> head, distillation token -> head_dist
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
             if pre_logits:
@@ -291,7 +305,7 @@ class VisionTransformer(TimmModelApi, nn.Module):
             if self.distilled_training and self.training:
                 return x, x_dist  # type: ignore[return-value]
             return (x + x_dist) / 2
-        x = self.fc_norm(self.pool(x))
+        x = self.fc_norm(self.pool(x, token_size))
         x = self.pre_logits(self.head_drop(x))
         return x if pre_logits else self.head(x)
 
@@ -305,6 +319,9 @@ class VisionTransformer(TimmModelApi, nn.Module):
         if return_attention is True:  # `is`: a symbolic trace (torch.fx) passes a proxy for the flag
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns
+        if self.tome_r:  # merged tokens: pooling weighs them by their sizes
+            out = self.encode(self.embed(x), self.grid(x), attention=self._captured is not None)
+            return self.forward_head(out["encoded"], token_size=out["token_size"])
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
     def forward_intermediates(
@@ -387,7 +404,9 @@ class VisionTransformer(TimmModelApi, nn.Module):
     def macs(self, img_size: tuple[int, int] | int | None = None, *, executed: bool = False) -> int:
         """Multiply-accumulates of one forward pass (matmuls only, as fvcore/timm count). With
         ``executed``, those ``forward`` actually runs (the same here; a subclass that skips work
-        counts less)."""
+        counts less: token merging)."""
+        if executed and self.tome_r:
+            return self.tome_macs((img_size, img_size) if isinstance(img_size, int) else img_size)
         return count_macs(self.config, img_size)
 
 

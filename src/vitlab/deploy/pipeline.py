@@ -1,0 +1,245 @@
+"""``vitlab export`` as a function: a float32 model -> an exported folder (:mod:`.folder`) and its agreement
+report (:mod:`.report`), checked on images before anything is trusted."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._version import __version__
+from ..errors import ConfigError
+from ..export import export_model
+from ..models.tome import check as tome_check
+from .folder import (
+    CONFIG_NAME,
+    INT8_MODES,
+    OUR_FILES,
+    QUANT_FORMATS,
+    REPORT_NAME,
+    ExportInfo,
+    is_exported,
+    write_config,
+)
+from .images import CheckImages, folder_images, generated_images
+from .report import agreement, logits_of, timings
+from .runtime import open_exported, save_torch
+
+__all__ = ["ExportOptions", "export_folder"]
+
+
+@dataclass
+class ExportOptions:
+    """Everything ``vitlab export`` can be asked, with its defaults."""
+
+    format: str = "onnx"
+    int8: str | None = None
+    quant_format: str = "qdq"
+    tome: int = 0
+    calib_data: str | None = None
+    calib_limit: int = 256
+    check_data: str | None = None
+    check_limit: int = 500
+    max_disagreement: float = 0.01
+    timing_runs: int = 10
+    """Batch-1 runs per model for the latency (batch 32: a quarter of them); 0: no timing."""
+    opset: int = 18
+    tolerance: float = 1e-4
+    parity_check: bool = True
+    """Check the float graph against PyTorch on a batch before quantising (max |diff| <= tolerance)."""
+    overwrite: bool = False
+    max_image_pixels: int | None = None
+
+    def validate(self) -> None:
+        if self.format not in INT8_MODES:
+            raise ConfigError(f"--format: {self.format!r} is not one of {', '.join(INT8_MODES)}")
+        if self.int8 not in INT8_MODES[self.format]:
+            raise ConfigError(
+                f"--int8 {self.int8}: not available for --format {self.format} (ONNX Runtime's: --format onnx)"
+            )
+        if self.quant_format not in QUANT_FORMATS:
+            raise ConfigError(f"--quant-format: {self.quant_format!r} is not one of {', '.join(QUANT_FORMATS)}")
+        if self.int8 == "static" and not self.calib_data:
+            raise ConfigError("--int8 static: needs --calib-data DIR (a few hundred images like the ones it will see)")
+        if self.calib_data and self.int8 != "static":
+            raise ConfigError("--calib-data: only static int8 calibrates (--int8 static)")
+        if not 0.0 <= self.max_disagreement <= 1.0:
+            raise ConfigError(f"--max-disagreement: {self.max_disagreement} is not a fraction in [0, 1] (e.g. 1%)")
+        for flag, v in (("--check-limit", self.check_limit), ("--calib-limit", self.calib_limit)):
+            if v < 1:
+                raise ConfigError(f"{flag}: must be >= 1, got {v}")
+        if self.timing_runs < 0:
+            raise ConfigError(f"--timing-runs: must be >= 0, got {self.timing_runs}")
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that is a file, holds another program's ``config.json`` (a vitlab model folder: its
+    config would be replaced), or holds an export already (unless ``overwrite``)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; an export is a folder (the model file, config.json, report)")
+    if (out / CONFIG_NAME).exists() and not is_exported(out):
+        raise ConfigError(f"--out {out}: holds a config.json that is not an export's (a model folder?); choose another")
+    if is_exported(out):
+        if not overwrite:
+            raise ConfigError(f"--out {out}: already holds an export; pass --overwrite to replace it")
+        return
+    held = [n for n in OUR_FILES if (out / n).exists()]
+    if held:
+        raise ConfigError(f"--out {out}: holds {', '.join(held)}, not from an export (no config.json); choose another")
+
+
+def _images(model: nn.Module, opts: ExportOptions) -> tuple[CheckImages, CheckImages | None]:
+    px = opts.max_image_pixels
+    check = (
+        folder_images(model, opts.check_data, limit=opts.check_limit, flag="--check-data", max_pixels=px)
+        if opts.check_data
+        else generated_images(model)
+    )
+    calib = None
+    if opts.int8 == "static":
+        calib = folder_images(model, opts.calib_data, limit=opts.calib_limit, flag="--calib-data", max_pixels=px)
+    return check, calib
+
+
+def _write_model(model: nn.Module, stage: Path, opts: ExportOptions, calib: CheckImages | None) -> ExportInfo:
+    """The model file(s) and config.json in ``stage``; returns what was exported."""
+    from .quantize import ort_dynamic, ort_static, torch_dynamic
+
+    deployed = copy.deepcopy(model).set_tome(opts.tome).eval()
+    info = ExportInfo(format=opts.format, int8=opts.int8, tome_r=opts.tome)
+    if opts.format == "onnx":
+        info.opset = opts.opset
+        plain = stage / ("model.onnx" if opts.int8 is None else "float.onnx")
+        res = export_model(
+            deployed, plain, format="onnx", check=opts.parity_check, tolerance=opts.tolerance, opset=opts.opset
+        )
+        info.external_data = len(res.files) > 1 and opts.int8 is None
+        if opts.int8 == "dynamic":
+            ort_dynamic(plain, stage / "model.onnx")
+        elif opts.int8 == "static":
+            info.quant_format = opts.quant_format
+            ort_static(plain, stage / "model.onnx", calib.inputs.numpy(), quant_format=opts.quant_format)
+        if opts.int8 is not None:
+            for f in res.files:
+                f.unlink()
+    else:
+        if opts.int8 == "dynamic":
+            deployed = torch_dynamic(deployed)
+        if opts.format == "torchscript":
+            export_model(
+                deployed, stage / "model.pt", format="torchscript", check=opts.parity_check, tolerance=opts.tolerance
+            )
+        else:
+            save_torch(deployed, stage / "model.safetensors", int8=opts.int8 is not None)
+    return info
+
+
+def _place(stage: Path, out: Path) -> list[str]:
+    """Move the staged files into ``out``; earlier export files there that this export does not write are
+    removed (they are vitlab's own: the folder's config says it is an export). Returns the file names."""
+    names = sorted(p.name for p in stage.iterdir())
+    if is_exported(out):
+        for n in OUR_FILES:  # (the earlier report too: it describes the model replaced now)
+            if n not in names:
+                (out / n).unlink(missing_ok=True)
+    for n in names:
+        os.replace(stage / n, out / n)
+    return names
+
+
+def export_folder(
+    model: nn.Module, out: str | os.PathLike[str], opts: ExportOptions, *, source: str | None = None, command: str = ""
+) -> dict[str, Any]:
+    """Export the float32 ``model`` to the folder ``out`` as ``opts`` asks, then run the exported model beside
+    ``model`` on the check images and write ``out/export_report.json``. Returns the report; ``passed`` is
+    False when the top-1 disagreement exceeds ``opts.max_disagreement`` (the folder is kept, to look at)."""
+    from ..accel import accelerate
+
+    opts.validate()
+    out = Path(out)
+    check_out(out, opts.overwrite)
+    tome_check(model, opts.tome)  # a model that cannot merge tokens fails before any work
+    check, calib = _images(model, opts)
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = out / f".vitlab-export-{os.getpid()}"
+    stage.mkdir()
+    try:
+        info = _write_model(model, stage, opts, calib)
+        info.source = source
+        write_config(stage, model.config, info)
+        files = _place(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # (only this process's staging folder)
+        if made and not any(out.iterdir()):  # a failed export leaves no empty folder it made
+            out.rmdir()
+    exported = open_exported(out, trust_torchscript=True)  # (written by this process a moment ago)
+    reference = accelerate(copy.deepcopy(model)).eval()
+    names = list(model.config.class_names or [str(i) for i in range(model.config.num_classes)])
+    ag = agreement(logits_of(reference, check.inputs), logits_of(exported, check.inputs), check, names)
+    model_bytes = sum((out / f).stat().st_size for f in files if f.startswith("model."))
+    rep: dict[str, Any] = {
+        "command": command,
+        "model": source,
+        "out": str(out),
+        "export": info.describe(),
+        "format": info.format,
+        "int8": info.int8,
+        "quant_format": info.quant_format,
+        "tome_r": info.tome_r,
+        "files": [*files, REPORT_NAME],
+        "check_data": {"source": check.source, "images": len(check.names), "description": check.describe()},
+        "calib_data": None if calib is None else {"source": calib.source, "images": len(calib.names)},
+        "size_bytes": {"fp32": _float_bytes(model), "exported": model_bytes},
+        "max_disagreement": opts.max_disagreement,
+        "vitlab_version": __version__,
+    }
+    if (
+        calib is not None
+        and check.source != "generated"
+        and Path(calib.source).resolve() == Path(check.source).resolve()
+    ):
+        rep["calib_data"]["note"] = "calibrated on the check images: the agreement is optimistic"
+    if opts.tome:
+        r = opts.tome
+        rep["tome"] = {
+            "schedule": model.tome_schedule(r=r),
+            "macs_fp32": model.macs(),
+            "macs_tome": model.tome_macs(r=r),
+        }
+    rep["timing"] = (
+        timings(
+            {"fp32": reference, "exported": exported},
+            (model.config.in_chans, *model.config.img_size),
+            runs=opts.timing_runs,
+        )
+        if opts.timing_runs
+        else None
+    )
+    rep["passed"] = 1.0 - ag["top1_agreement"] <= opts.max_disagreement + 1e-12
+    rep["agreement"] = ag  # (last in the file: it holds the per-image predictions)
+    (out / REPORT_NAME).write_text(_json(rep))
+    return rep
+
+
+def _float_bytes(model: nn.Module) -> int:
+    """Bytes of the float32 weights (what ``model.safetensors`` holds, less its small header)."""
+    return sum(t.numel() * 4 for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    def default(o: Any) -> Any:
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(type(o).__name__)
+
+    return json.dumps(obj, indent=2, default=default) + "\n"

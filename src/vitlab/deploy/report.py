@@ -1,0 +1,124 @@
+"""The agreement report of an export: the exported model run beside the original float32 model on the same
+preprocessed images. Top-1 agreement, top-1 accuracy of both on labelled images, the cosine between their
+logit vectors (mean, and the worst image), the largest logit difference, each model's size on disk, and
+batch-1 latency / batch-32 throughput of both (medians of interleaved runs, in this process, on this
+machine's threads as they are)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .images import CheckImages
+
+__all__ = ["agreement", "format_report", "logits_of", "timings"]
+
+_BATCH = 32
+
+
+def logits_of(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor) -> np.ndarray:
+    """``model``'s float32 logits for ``inputs``, in batches of 32."""
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(inputs), _BATCH):
+            out.append(model(inputs[start : start + _BATCH]).float().cpu().numpy())
+    return np.concatenate(out)
+
+
+def agreement(ref: np.ndarray, got: np.ndarray, images: CheckImages, class_names: list[str]) -> dict[str, Any]:
+    """What the report says about the exported logits ``got`` against the float32 ``ref``."""
+    a, b = ref.argmax(1), got.argmax(1)
+    cos = (ref * got).sum(1) / np.maximum(np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1), 1e-30)
+    out: dict[str, Any] = {
+        "images": len(a),
+        "top1_agreement": float((a == b).mean()),
+        "disagreements": int((a != b).sum()),
+        "logit_cosine_mean": float(cos.mean()),
+        "logit_cosine_min": float(cos.min()),
+        "max_abs_logit_diff": float(np.abs(ref - got).max()),
+    }
+    known = set(class_names)
+    if images.labelled and all(lab in known for lab in images.labels):
+        y = np.asarray([class_names.index(lab) for lab in images.labels])
+        out["top1"] = {"fp32": float((a == y).mean()), "exported": float((b == y).mean())}
+    else:
+        why = "no labels" if not images.labelled else "the class folders are not the model's classes"
+        out["top1"] = None
+        out["top1_note"] = why
+    out["predictions"] = [
+        {"image": n, "label": lab, "fp32": class_names[i], "exported": class_names[j]}
+        for n, lab, i, j in zip(images.names, images.labels, a.tolist(), b.tolist())
+    ]
+    return out
+
+
+def _median_seconds(fn: Callable[[], Any], runs: int) -> float:
+    fn()  # warm-up: first-call allocation, weight packing, session start
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def timings(
+    models: dict[str, Callable[[torch.Tensor], torch.Tensor]], shape: tuple[int, ...], *, runs: int
+) -> dict[str, Any]:
+    """Batch-1 latency (ms, median of ``runs``) and batch-32 throughput (images/s, median of ``max(2, runs //
+    4)`` runs) of each model, on random inputs of ``shape`` ``(C, H, W)``. The models take turns for each
+    measure, so a change of machine load touches both."""
+    g = torch.Generator().manual_seed(0)
+    x1, x32 = torch.randn(1, *shape, generator=g), torch.randn(_BATCH, *shape, generator=g)
+    out: dict[str, Any] = {"threads": torch.get_num_threads(), "runs_batch1": runs, "runs_batch32": max(2, runs // 4)}
+    with torch.inference_mode():
+        for name, m in models.items():
+            out[name] = {"latency_ms_batch1": 1e3 * _median_seconds(lambda m=m: m(x1), runs)}
+        for name, m in models.items():
+            out[name]["images_per_s_batch32"] = _BATCH / _median_seconds(lambda m=m: m(x32), out["runs_batch32"])
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "-"
+
+
+def format_report(rep: dict[str, Any]) -> list[str]:
+    """The report as the lines ``vitlab export`` prints (the verdict line last)."""
+    ag, size = rep["agreement"], rep["size_bytes"]
+    lines = [f"  check: {rep['check_data']['description']}"]
+    if (rep.get("calib_data") or {}).get("note"):
+        lines.append(f"  note: {rep['calib_data']['note']}")
+    lines.append(
+        f"  top-1 agreement with fp32: {100 * ag['top1_agreement']:.2f}% ({ag['disagreements']} of {ag['images']} "
+        f"differ); logit cosine mean {ag['logit_cosine_mean']:.5f}, min {ag['logit_cosine_min']:.5f}; "
+        f"max |diff| {ag['max_abs_logit_diff']:.3g}"
+    )
+    if ag["top1"] is not None:
+        lines.append(f"  top-1: fp32 {100 * ag['top1']['fp32']:.2f}%, exported {100 * ag['top1']['exported']:.2f}%")
+    else:
+        lines.append(f"  top-1: not measured ({ag['top1_note']})")
+    f, e = size["fp32"], size["exported"]
+    than = f"{f / e:.2f}x smaller" if e < f else f"{e / max(f, 1):.2f}x larger: the graph, not the weights"
+    lines.append(f"  size on disk: fp32 {_mb(f)}, exported {_mb(e)} ({than})")
+    t = rep.get("timing")
+    if t:
+        f, e = t["fp32"], t["exported"]
+        lines.append(
+            f"  batch 1: fp32 {f['latency_ms_batch1']:.2f} ms, exported {e['latency_ms_batch1']:.2f} ms "
+            f"({_ratio(f['latency_ms_batch1'], e['latency_ms_batch1'])}); batch 32: fp32 "
+            f"{f['images_per_s_batch32']:.1f} img/s, exported {e['images_per_s_batch32']:.1f} img/s "
+            f"({_ratio(e['images_per_s_batch32'], f['images_per_s_batch32'])}) on {t['threads']} threads"
+        )
+    else:
+        lines.append("  timing: not measured (--no-timing)")
+    return lines
