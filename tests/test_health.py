@@ -196,6 +196,16 @@ def test_hybrid_grid_comes_from_the_stem_and_axial_layers_are_measured():
     assert ax["layers"] == 2 and all(v is not None for v in ax["max_logit"])
 
 
+def test_a_diverged_model_gives_nulls_not_nan():
+    m = _plain(depth=2)
+    with torch.no_grad():
+        m.blocks[1].attn.qkv.weight[0, 0] = float("nan")
+    h = attention_health(m, _images())
+    json.dumps(h, allow_nan=False)
+    assert h["max_logit"][0] is not None and h["max_logit"][1] is None and h["entropy"][1] is None
+    assert h["collapsed_fraction"][1] == 0.0
+
+
 def test_refuses_what_it_cannot_measure():
     m = _plain()
     with pytest.raises(InputError, match="image batch"):
