@@ -95,7 +95,8 @@ class _LogitProbe:
             seen.clear()
             if q is None or k is None:
                 return
-            top = float(((q.double() * attn.scale) @ k.double().transpose(-2, -1)).max())
+            # the product the attention computes, in float32 at least (half-precision q and k are widened first)
+            top = float(((q.float() * attn.scale) @ k.float().transpose(-2, -1)).max())
             prev = self.max_logit[layer]
             self.max_logit[layer] = top if prev is None or top > prev else prev
 
