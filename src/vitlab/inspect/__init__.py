@@ -7,31 +7,46 @@
 
 ``inspect_model`` (in :mod:`vitlab.inspect.report`) runs them all and writes the
 figures and a self-contained ``report.html``; it is what ``vitlab inspect`` calls.
+
+While a model trains, ``attention_health`` (:mod:`vitlab.inspect.health`) measures per layer the attention
+distance, entropy, largest logit and outlier-token norms on a fixed batch, and ``health_alarms``
+(:mod:`vitlab.inspect.alarms`) turns a series of them into plain-word alarms with the flag that helps.
 """
 
 from __future__ import annotations
 
+from .alarms import AlarmThresholds, RunContext, health_alarms
 from .attention import (
     attention_distance,
     attention_rollout,
     output_token_attention,
     patch_centers,
     patch_distance_matrix,
+    pixel_grid,
     rollout_map,
+    uniform_attention_distance,
 )
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
+from .health import attention_entropy, attention_health
 
 __all__ = [
+    "AlarmThresholds",
+    "RunContext",
     "attention_distance",
+    "attention_entropy",
+    "attention_health",
     "attention_rollout",
     "filter_pca",
+    "health_alarms",
     "inspect_model",
     "output_token_attention",
     "patch_centers",
     "patch_distance_matrix",
     "patch_position_embeddings",
+    "pixel_grid",
     "posemb_similarity",
     "rollout_map",
+    "uniform_attention_distance",
 ]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 __all__ = [
     "attention_distance",
@@ -19,7 +20,9 @@ __all__ = [
     "output_token_attention",
     "patch_centers",
     "patch_distance_matrix",
+    "pixel_grid",
     "rollout_map",
+    "uniform_attention_distance",
 ]
 
 
@@ -34,6 +37,20 @@ def patch_distance_matrix(grid: tuple[int, int], patch_size: int) -> torch.Tenso
     """Euclidean pixel distance between every pair of patch centres, ``(N, N)``."""
     centers = patch_centers(grid, patch_size)
     return torch.cdist(centers, centers)
+
+
+def uniform_attention_distance(grid: tuple[int, int], patch_size: float) -> float:
+    """The mean attention distance (pixels) of uniform attention over the patches: the mean pairwise distance
+    of the grid's patch centres, the value a head that attends everywhere alike has (the "global" end of Fig. 7)."""
+    return float(patch_distance_matrix(grid, patch_size).mean())
+
+
+def pixel_grid(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int, int], float]:
+    """The patch grid ``(rows, columns)`` ``model`` makes of an input of ``size`` (height, width) pixels,
+    and the side of one grid cell in pixels. A hybrid's grid comes from its CNN stem (``patch_embed.grid``),
+    so a cell spans the stem's whole downsampling, not the projection's patch size."""
+    gh, gw = model.patch_embed.grid(*size)
+    return (gh, gw), size[0] / gh
 
 
 def _check(attn: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> None:

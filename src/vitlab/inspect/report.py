@@ -24,7 +24,13 @@ from torch import nn
 from .._progress import ProgressLog
 from ..devices import model_device
 from . import figures
-from .attention import attention_distance, output_token_attention, patch_distance_matrix, rollout_map
+from .attention import (
+    attention_distance,
+    output_token_attention,
+    pixel_grid,
+    rollout_map,
+    uniform_attention_distance,
+)
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
 from .images import preprocess
 
@@ -112,16 +118,11 @@ def _readable(v: Any) -> Any:
     return float(f"{v:.4g}") if isinstance(v, float) else v
 
 
-def _grid_and_pixels(model: nn.Module, size: tuple[int, int]) -> tuple[tuple[int, int], float]:
-    gh, gw = model.patch_embed.grid(*size)
-    return (gh, gw), size[0] / gh
-
-
 @torch.no_grad()
 def _mean_distance(model: nn.Module, x: torch.Tensor, *, batch_size: int, progress: bool) -> torch.Tensor:
     """Fig. 7 right over the whole batch ``x``, in chunks (exact attention is memory hungry)."""
     size = tuple(x.shape[-2:])
-    grid, px = _grid_and_pixels(model, size)
+    grid, px = pixel_grid(model, size)
     total, n = None, 0
     starts = range(0, len(x), batch_size)
     log = ProgressLog(total=len(starts), desc="attention distance", unit="batch", enabled=progress and len(starts) > 1)
@@ -232,9 +233,9 @@ def inspect_model(
     x_show, display = preprocess(list(images)[:max_display], **prep)
     x_dist = x_show if distance_images is None else preprocess(list(distance_images), **prep)[0]
     size = tuple(x_show.shape[-2:])
-    grid, px = _grid_and_pixels(model, size)
+    grid, px = pixel_grid(model, size)
     dist = _mean_distance(model, x_dist, batch_size=batch_size, progress=progress)
-    uniform = float(patch_distance_matrix(grid, px).mean())
+    uniform = uniform_attention_distance(grid, px)
     res.numbers["mean_attention_distance"] = {
         "pixels_per_patch": px,
         "num_images": len(x_dist),

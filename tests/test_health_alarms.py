@@ -1,0 +1,199 @@
+"""Alarms over attention-health series (vitlab.inspect.alarms): each fires on a series built to trigger it and
+stays quiet on one just short of it; records read back from files never make them raise."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vitlab.commands.train_args import add_train_args
+from vitlab.inspect import AlarmThresholds, RunContext, attention_health, health_alarms
+from vitlab.inspect.alarms import PENDING_FLAGS, SUGGESTED_FLAGS
+from vitlab.models import VisionTransformer
+
+
+def rec(*, layers: int = 4, heads: int = 4, **over):
+    """A healthy record (what :func:`attention_health` returns) with fields overridden."""
+    r = {
+        "layers": layers,
+        "heads": heads,
+        "tokens": 65,
+        "grid": [8, 8],
+        "pixels_per_patch": 4.0,
+        "uniform_distance": 13.0,
+        "distance": [6.0] * layers,
+        "distance_per_head": [[3.0, 6.0, 9.0, 12.0][:heads] for _ in range(layers)],
+        "max_entropy": 4.17,
+        "entropy": [2.5] * layers,
+        "entropy_per_head": [[2.5] * heads for _ in range(layers)],
+        "collapse_threshold": 0.5,
+        "collapsed_fraction": [0.0] * layers,
+        "max_logit": [2.0] * layers,
+        "token_norm_max": [12.0] * layers,
+        "token_norm_median": [8.0] * layers,
+        "outlier_ratio": [1.5] * layers,
+    }
+    r.update(over)
+    return r
+
+
+SMALL = RunContext(num_train_images=50_000, patch_size=4, lr=1e-3, epochs=10)
+
+
+# -- entropy collapse ------------------------------------------------------------------------------------
+
+
+def test_entropy_collapse_fires_on_half_a_layer_with_the_flags_that_help():
+    hist = [rec(), rec(collapsed_fraction=[0.0, 0.0, 0.5, 1.0])]
+    (msg,) = health_alarms(hist, context=SMALL)
+    assert "entropy collapse in layers 3, 4" in msg and "50%, 100%" in msg
+    assert "--qk-norm" in msg and "--lr (e.g. 0.0005)" in msg and "--warmup-epochs" in msg
+    assert "Zhai" in msg
+    # what the run already does is not suggested again
+    done = RunContext(num_train_images=50_000, qk_norm=True, warmup=True)
+    (msg,) = health_alarms(hist, context=done)
+    assert "--qk-norm" not in msg and "warmup" not in msg and "a lower --lr" in msg
+
+
+def test_entropy_collapse_quiet_below_half_the_heads():
+    assert health_alarms([rec(collapsed_fraction=[0.25, 0.25, 0.0, 0.0])], context=SMALL) == []
+    th = AlarmThresholds(collapsed_fraction=0.25)
+    assert len(health_alarms([rec(collapsed_fraction=[0.25, 0.0, 0.0, 0.0])], context=SMALL, thresholds=th)) == 1
+
+
+# -- logit growth --------------------------------------------------------------------------------------
+
+
+def test_logit_growth_fires_past_the_factor_and_the_floor():
+    hist = [rec(max_logit=[2.0, 3.0, 3.0, 3.0]), rec(), rec(max_logit=[2.5, 45.0, 3.0, 60.0])]
+    (msg,) = health_alarms(hist, context=SMALL)
+    assert "logit growth in layers 2, 4" in msg and "from 3 to 60 (20x)" in msg and "--qk-norm" in msg
+    (msg,) = health_alarms(hist, context=RunContext(qk_norm=True, lr=2e-3))
+    assert "--qk-norm" not in msg and "after qk-norm" in msg and "--lr (e.g. 0.001)" in msg
+
+
+@pytest.mark.parametrize(
+    ("first", "last"),
+    [(2.0, 29.0), (5.0, 45.0), (0.0, 80.0)],
+    ids=["under_the_floor", "under_the_factor", "no_start_value"],
+)
+def test_logit_growth_quiet(first, last):
+    hist = [rec(max_logit=[first] * 4), rec(max_logit=[last] * 4)]
+    assert health_alarms(hist, context=SMALL) == []
+
+
+def test_logit_growth_needs_two_records():
+    assert health_alarms([rec(max_logit=[100.0] * 4)], context=SMALL) == []
+
+
+# -- outlier tokens ------------------------------------------------------------------------------------
+
+
+def test_outlier_tokens_that_appear_fire_with_registers_suggested():
+    hist = [rec(), rec(outlier_ratio=[1.5, 1.5, 6.0, 9.5])]
+    (msg,) = health_alarms(hist, context=SMALL)
+    assert "outlier tokens in layers 3, 4" in msg and "9.5x the median" in msg and "--reg-tokens 4" in msg
+    (msg,) = health_alarms(hist, context=RunContext(reg_tokens=4))
+    assert "--reg-tokens" not in msg and "already has 4 register" in msg
+
+
+def test_outlier_tokens_quiet_under_the_ratio_or_when_present_from_the_start():
+    assert health_alarms([rec(), rec(outlier_ratio=[3.9] * 4)], context=SMALL) == []
+    assert health_alarms([rec(outlier_ratio=[5.0] * 4), rec(outlier_ratio=[6.0] * 4)], context=SMALL) == []
+
+
+# -- no local heads on small data ------------------------------------------------------------------------
+
+
+def _global(n: int, **kw):
+    """``n`` records whose early-layer heads all attend near the uniform distance (13 px)."""
+    kw = {"distance_per_head": [[11.0, 12.0, 12.5, 13.0]] + [[3.0, 13.0, 13.0, 13.0]] * 3, **kw}
+    return [rec(**kw)] * n
+
+
+def test_no_local_heads_fires_on_small_data_once_the_run_is_under_way():
+    (msg,) = health_alarms(_global(5), context=SMALL)
+    assert "no local heads in layer 1 after 5 epochs on 50,000 images" in msg and "85%" in msg
+    assert "--model vit_r_ti16" in msg and "--patch-size 2" in msg and "Raghu" in msg
+    (msg,) = health_alarms(_global(5), context=RunContext(num_train_images=1000, hybrid=True, patch_size=2))
+    assert "hybrid" not in msg and "--patch-size 1" in msg
+
+
+@pytest.mark.parametrize(
+    ("history", "context"),
+    [
+        (_global(4), SMALL),  # not yet half of the 10 planned epochs
+        (_global(2), RunContext(num_train_images=50_000, patch_size=4)),  # under min_epochs
+        (_global(5), RunContext(num_train_images=2_000_000, patch_size=4)),  # not small data
+        (_global(5), RunContext(patch_size=4)),  # data size unknown
+        (_global(5, grid=[3, 3]), SMALL),  # a grid too small for local vs global
+        (_global(5, distance_per_head=[[10.0, 12.0, 13.0, 13.0]] * 4), SMALL),  # one head at 77%: local enough
+        (_global(5), RunContext(num_train_images=1000, hybrid=True, patch_size=1)),  # nothing left to suggest
+    ],
+    ids=["early", "min_epochs", "big_data", "unknown_size", "tiny_grid", "one_local_head", "no_remedy"],
+)
+def test_no_local_heads_quiet(history, context):
+    assert health_alarms(history, context=context) == []
+
+
+def test_early_layers_are_the_first_quarter():
+    hist = [rec(layers=8, distance_per_head=[[12.0] * 4] * 2 + [[2.0] * 4] * 6)] * 5
+    (msg,) = health_alarms(hist, context=SMALL)
+    assert "in layers 1, 2 after" in msg
+
+
+# -- the series as data ----------------------------------------------------------------------------------
+
+
+def test_a_healthy_series_and_an_empty_one_raise_nothing():
+    assert health_alarms([rec()] * 6, context=SMALL) == []
+    assert health_alarms([], context=SMALL) == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=12,
+)
+keys = st.sampled_from(list(rec()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.dictionaries(keys, json_values, max_size=6) | st.builds(rec) | json_values, max_size=4),
+    st.builds(
+        RunContext,
+        num_train_images=st.none() | st.integers(0, 10**7),
+        patch_size=st.none() | st.integers(1, 32),
+        epochs=st.none() | st.integers(0, 50),
+        lr=st.none() | st.floats(1e-6, 1.0),
+    ),
+)
+def test_malformed_records_never_raise(history, context):
+    out = health_alarms(history, context=context)
+    assert isinstance(out, list) and all(isinstance(m, str) and "\n" not in m for m in out)
+
+
+def test_every_flag_an_alarm_names_exists_or_is_pending():
+    p = argparse.ArgumentParser()
+    add_train_args(p, default_recipe=None)
+    have = {s for a in p._actions for s in a.option_strings}
+    assert {f for f in SUGGESTED_FLAGS if f not in have} == set(PENDING_FLAGS)
+    bad = _global(1, collapsed_fraction=[1.0] * 4, max_logit=[50.0] * 4, outlier_ratio=[9.0] * 4)
+    msgs = health_alarms(_global(4) + bad, context=SMALL)
+    named = {f for m in msgs for f in re.findall(r"--[a-z][a-z-]+", m)}
+    assert len(msgs) == 4 and named <= set(SUGGESTED_FLAGS)
+
+
+def test_a_fresh_model_raises_no_alarm():
+    torch.manual_seed(0)
+    m = VisionTransformer(img_size=32, patch_size=4, embed_dim=32, depth=4, num_heads=4, mlp_dim=64, num_classes=10)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    h = attention_health(m, x)
+    ctx = RunContext(num_train_images=2_000_000, patch_size=4)
+    assert health_alarms([h, h, h], context=ctx) == []
