@@ -181,6 +181,35 @@ def test_torchrun_with_truncated_shards_ends_every_rank(packed, tmp_path):
     assert error_lines(err) and all(".tar" in line for line in error_lines(err)), err[-3000:]
 
 
+KEPT_ALIVE = """
+from torch.utils.data import DataLoader
+from vitlab.data.loading import batches
+from vitlab.train.loop import ignore_stop_signals
+
+loader = DataLoader(range(1000), batch_size=2, num_workers=2, worker_init_fn=ignore_stop_signals)
+KEPT = batches(loader)
+next(KEPT)  # a loader still iterating when the program ends, kept alive until the interpreter's exit
+"""
+
+
+def test_workers_of_a_loader_alive_at_exit_do_not_keep_the_process(tmp_path):
+    """multiprocessing's exit handler SIGTERMs daemonic workers and waits for them; these ignore SIGTERM. vitlab's
+    own exit handler, which runs first, kills them."""
+    marker = str(tmp_path / "kept-alive")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", KEPT_ALIVE, marker], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *processes_of(marker)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the process did not exit")
+    assert proc.returncode == 0 and not err, err
+    assert not processes_of(marker)
+
+
 # -- planning a time budget --------------------------------------------------------------------------------------------
 
 

@@ -8,18 +8,22 @@ them while the training process finishes its step and saves). Two consequences a
   message; :func:`batches` turns it into one :class:`~vitlab.errors.DataError` line (the worker's own
   message when it is a vitlab error), and shuts the iterator's workers down (killing any that do not stop)
   as soon as the iteration ends, normally or not.
-- At interpreter exit, :mod:`multiprocessing` terminates daemonic children with SIGTERM and then waits for
-  them: workers that ignore SIGTERM would keep the process from ever exiting. :func:`_end_workers_at_exit`
-  (registered after multiprocessing's own handler, so it runs first) kills the daemonic children still
-  alive; daemonic children are by definition the ones the process ends as it exits.
+- At interpreter exit, :mod:`multiprocessing` terminates daemonic children (DataLoader workers are) with
+  SIGTERM and then waits for them: workers that ignore SIGTERM would keep the process from ever exiting (the
+  workers of an iterator still referenced at exit, whose shutdown PyTorch skips then). :func:`_end_workers_at_exit`,
+  registered after multiprocessing's own handler so that it runs first, kills the workers of the loaders
+  :func:`batches` iterated that are still alive.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing
-import multiprocessing.util  # its exit handler is registered first and so runs after ours
+import contextlib
+import multiprocessing.util  # noqa: F401  (its exit handler is registered first, so it runs after ours)
 import re
+import signal
+import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -59,11 +63,12 @@ def _stop_workers(it: Iterator[Any]) -> None:
     (they ignore SIGTERM, which is what PyTorch's shutdown sends to workers that do not stop)."""
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is not None:
-        shutdown()
-    for w in getattr(it, "_workers", ()):
-        if w.is_alive():
-            w.kill()
-            w.join(timeout=5)
+        shutdown()  # also stops watching the workers for SIGCHLD, so that killing one below raises nothing
+    with contextlib.suppress(Exception):
+        for w in getattr(it, "_workers", ()):
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=5)
 
 
 def batches(loader: Iterable[Any]) -> Iterator[Any]:
@@ -71,6 +76,7 @@ def batches(loader: Iterable[Any]) -> Iterator[Any]:
     :class:`~vitlab.errors.DataError` (:func:`worker_error_line`; the original is its ``__cause__``, shown with
     ``--debug``), and the loader's workers are ended when the iteration ends, whatever ends it."""
     it = iter(loader)
+    _WORKERS.update(getattr(it, "_workers", ()))
     try:
         while True:
             try:
@@ -99,11 +105,22 @@ class Batches:
         return batches(self.loader)
 
 
+_WORKERS: weakref.WeakSet = weakref.WeakSet()
+"""The worker processes of the loaders :func:`batches` iterated (a process object is forgotten with its iterator)."""
+
+
 def _end_workers_at_exit() -> None:
-    for p in multiprocessing.active_children():
-        if p.daemon and p.is_alive():
-            p.kill()
-            p.join(timeout=5)
+    alive = [w for w in list(_WORKERS) if w.is_alive()]
+    if not alive:
+        return
+    if hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # PyTorch's handler would raise at each worker killed
+    for w in alive:
+        with contextlib.suppress(Exception):
+            w.kill()
+    for w in alive:
+        with contextlib.suppress(Exception):
+            w.join(timeout=5)
 
 
 atexit.register(_end_workers_at_exit)
