@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import os
+import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import DataError
 from .decode import decode_encoded, image_size, match_channels, typical_side
+from .loading import batches
+from .seeding import item_seed, seeded
 from .shard_source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_samples, open_shard, open_source
 from .sources import describe_splits
 
@@ -167,14 +170,18 @@ class ShardStream(IterableDataset):
                 label = int(self.label_map[label]) if 0 <= label < len(self.label_map) else -1
             if not 0 <= label < self.num_classes:
                 raise DataError(f"{url}: {key}: class index {label} is not one of the {self.num_classes} classes")
-            with torch.random.fork_rng(devices=[]):
-                if self.shuffle:  # the same augmentation whichever process decodes the sample
-                    torch.manual_seed(int(np.random.SeedSequence([self.seed, self.epoch, p]).generate_state(1)[0]))
+            if self.shuffle:  # the same augmentation whichever process decodes the sample, wherever the run resumed
+                with seeded(item_seed(self.seed, self.epoch, p)):
+                    x = self.transform(image)
+            else:
                 x = self.transform(image)
             return x, label, key, p, ""
         except Exception as e:
             why = e if isinstance(e, DataError) else f"{url}: {key}: cannot decode ({type(e).__name__}: {e})"
             return torch.zeros(self.out_shape), 0, key, p, str(why)
+
+
+_BROKEN = "the shard is truncated, damaged or was removed; restore it (or re-pack the data for a new run) and --resume"
 
 
 class _Cursor:
@@ -185,7 +192,17 @@ class _Cursor:
         self.slot, self.next_index, self.tar, self.it = -1, 0, None, None
 
     def get(self, offset: int) -> tuple[str, str, dict[str, bytes]]:
+        """``(url, key, members)`` of the sample at stream offset ``offset``; a shard that cannot be read (truncated,
+        damaged, removed while the run reads it) is a one-line :class:`DataError` naming it."""
         slot, index = self.order.locate(offset)
+        url = self.shards.shards[int(self.order.shard_order[slot])].url
+        try:
+            return self._get(slot, index, url)
+        except (OSError, EOFError, tarfile.TarError) as e:
+            self.close()
+            raise DataError(f"{url}: cannot read sample {index} ({type(e).__name__}: {e}): {_BROKEN}") from None
+
+    def _get(self, slot: int, index: int, url: str) -> tuple[str, str, dict[str, bytes]]:
         if slot != self.slot or index < self.next_index:
             self.close()
             self.slot, self.next_index = slot, 0
@@ -193,7 +210,6 @@ class _Cursor:
             self.tar = open_shard(shard.url)
             start, count = int(self.order.starts[slot]), shard.samples
             self.it = iter_samples(self.tar, lambda i: i < count and self.owns(start + i), count=count, where=shard.url)
-        url = self.shards.shards[int(self.order.shard_order[slot])].url
         for i, key, parts in self.it:
             self.next_index = i + 1
             if i == index:
@@ -201,7 +217,7 @@ class _Cursor:
                     raise DataError(f"{url}: sample {i} was skipped by the reader (inconsistent ownership)")
                 return url, key, parts
         n = self.shards.shards[int(self.order.shard_order[slot])].samples
-        raise DataError(f"{url}: fewer samples than the {n:,} the manifest (or a first reading) counted")
+        raise DataError(f"{url}: fewer samples than the {n:,} the manifest (or a first reading) counted: {_BROKEN}")
 
     def close(self) -> None:
         if self.tar is not None:
@@ -258,7 +274,7 @@ class StreamBatches:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for x, y, keys, pos, errors in self.loader:
+        for x, y, keys, pos, errors in batches(self.loader):  # a worker's failure: one line, workers ended
             bad = next((e for e in errors if e), None)
             if bad:
                 raise DataError(bad)

@@ -41,15 +41,23 @@ def _budget_reserve(budget: float) -> float:
 
 def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
     """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
-    plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start."""
+    plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start.
+
+    The answer is the largest ``n`` from 1 to ``left / per_step`` whose cost fits (1 when none does). The cost
+    grows with ``n`` (in floating point too: rounding is monotonic), so a bisection finds it in O(log n) steps:
+    a budget of years plans as fast as one of minutes."""
 
     def cost(n: int) -> float:
         return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + 0.5)
 
-    n = max(1, int(left / per_step))
-    while n > 1 and cost(n) > left:
-        n -= 1
-    return n
+    lo, hi = 1, max(1, int(left / per_step))  # cost(lo) fits, or lo is the answer anyway; the answer is <= hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) > left:
+            hi = mid - 1
+        else:
+            lo = mid
+    return lo
 
 
 def _time_steps(probe, opt, xs, ys, *, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:

@@ -25,6 +25,7 @@ __all__ = [
     "RUN_MARKERS",
     "Progress",
     "claim_run_folder",
+    "gather_cuda_rng",
     "gather_torch_rng",
     "restore_checkpoint",
     "save_checkpoint",
@@ -60,7 +61,6 @@ class Progress:
     loss_sum: float = 0.0
     """Their training-loss sum."""
     epoch_start_micro: int = 0
-    epoch_start_loss: float = 0.0
     epoch_start_images: int = 0
 
     steps_this_run: int = 0
@@ -72,7 +72,7 @@ class Progress:
 
     def start_epoch(self) -> None:
         """Remember where the epoch in progress (re)starts: at its beginning, or part-way after a resume."""
-        self.epoch_start_micro, self.epoch_start_loss, self.epoch_start_images = self.micro, self.loss_sum, self.images
+        self.epoch_start_micro, self.epoch_start_images = self.micro, self.images
 
     def finish_epoch(self) -> None:
         self.epoch += 1
@@ -87,7 +87,18 @@ class Progress:
 
 def gather_torch_rng(dist: Dist, device: torch.device) -> list[torch.Tensor]:
     """Every rank's torch CPU generator state (a collective: all ranks call it), rank 0's first."""
-    s = torch.get_rng_state()
+    return _gather(torch.get_rng_state(), dist, device)
+
+
+def gather_cuda_rng(dist: Dist, device: torch.device) -> list[torch.Tensor] | None:
+    """Every rank's generator state of its own GPU (stochastic depth and token dropping draw there), rank 0's
+    first; None off CUDA. A collective on CUDA: all ranks call it."""
+    if device.type != "cuda":
+        return None
+    return _gather(torch.cuda.get_rng_state(device), dist, device)
+
+
+def _gather(s: torch.Tensor, dist: Dist, device: torch.device) -> list[torch.Tensor]:
     if not dist.enabled:
         return [s]
     import torch.distributed as tdist
@@ -111,6 +122,7 @@ def save_checkpoint(
     torch_ranks: list[torch.Tensor],
     data_fingerprint: dict[str, Any] | None = None,
     sharded: str | None = None,
+    cuda_ranks: list[torch.Tensor] | None = None,
 ) -> None:
     """Write ``last.pt`` atomically (rank 0 alone). ``micro_done`` is 0 at the end of an epoch,
     else the micro-batches done in the epoch in progress (a mid-epoch save). ``data_fingerprint``
@@ -129,6 +141,7 @@ def save_checkpoint(
         "ema": opt.ema.state_dict() if opt.ema is not None else None,
         "rng": get_rng_state(),
         "torch_rng_ranks": torch_ranks,
+        **({"cuda_rng_ranks": cuda_ranks} if cuda_ranks is not None else {}),
         "loader_rng": generator.get_state(),
         "epoch": progress.epoch,
         "step": progress.step,
@@ -175,6 +188,9 @@ def restore_checkpoint(
     torch_states = state.get("torch_rng_ranks")
     if torch_states is not None and rank < len(torch_states):
         torch.set_rng_state(torch_states[rank])
+    cuda_states = state.get("cuda_rng_ranks")  # this rank's GPU generator (the one set_rng_state gave is rank 0's)
+    if cuda_states is not None and rank < len(cuda_states) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda_states[rank])
     generator.set_state(state["loader_rng"])
     return Progress(
         epoch=state["epoch"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from ..data.loading import Batches
+from ..data.seeding import SeededItems, item_seed
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist, barrier
@@ -189,8 +191,10 @@ def eval_shard(val: ImageArray, rank: int, world_size: int) -> ImageArray:
 @dataclass(kw_only=True)
 class Loaders:
     """This process's training and evaluation data. The training loader is made per epoch (the
-    sampler's shuffle depends on it) and can start part-way into the epoch; ``generator`` seeds the
-    DataLoader's workers off the global RNG, and its state is part of ``last.pt``."""
+    sampler's shuffle depends on it) and can start part-way into the epoch. Each training sample's
+    augmentation is drawn from its own generator, seeded by ``(seed, epoch, sample)``
+    (:class:`~vitlab.data.seeding.SeededItems`), so that neither the workers nor where a resumed loader
+    starts can change it; ``generator`` seeds the evaluation loader's workers (its state is part of ``last.pt``)."""
 
     train_ds: Dataset
     val_ds: Dataset
@@ -201,28 +205,36 @@ class Loaders:
     steps_per_epoch: int
     workers: int
     generator: torch.Generator
-    eval_loader: DataLoader
+    eval_loader: Iterable
     mix: Callable | None
     """MixUp / CutMix on the device, or None."""
+    seed: int = 0
+    rank: int = 0
 
     @property
     def micro_per_epoch(self) -> int:
         """Micro-batches of one full epoch (whole accumulated steps only)."""
         return self.steps_per_epoch * self.accum_steps
 
-    def train_loader(self, epoch: int, start_micro: int = 0) -> DataLoader:
+    def epoch_generator(self, epoch: int) -> torch.Generator:
+        """The generator of epoch ``epoch``'s training DataLoader (it seeds the workers' own generators, which
+        augmentation does not use): a new one per epoch and rank, so that no saved state feeds it."""
+        return torch.Generator().manual_seed(item_seed(self.seed, epoch, -1 - self.rank))
+
+    def train_loader(self, epoch: int, start_micro: int = 0) -> Iterable:
         """Epoch ``epoch``'s batches from micro-batch ``start_micro`` on."""
         self.sampler.set_epoch(epoch)
-        return DataLoader(
-            self.train_ds,
+        loader = DataLoader(
+            SeededItems(self.train_ds, seed=self.seed, epoch=epoch),
             batch_size=self.micro,
             sampler=_SkipSampler(self.sampler, start_micro * self.micro, self.micro_per_epoch * self.micro),
             drop_last=True,
             num_workers=self.workers,
-            generator=self.generator,
+            generator=self.epoch_generator(epoch),
             persistent_workers=False,
             worker_init_fn=ignore_stop_signals,
         )
+        return Batches(loader)
 
 
 def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
@@ -296,6 +308,8 @@ def build_loaders(
         steps_per_epoch=steps_per_epoch,
         workers=workers,
         generator=generator,
-        eval_loader=eval_loader,
+        eval_loader=Batches(eval_loader),
         mix=mix,
+        seed=cfg.seed,
+        rank=dist.rank,
     )

@@ -65,6 +65,7 @@ def train_one_epoch(
     on_nan: str = "stop",
     resize: Callable[[torch.Tensor], torch.Tensor] | None = None,
     distill: Distillation | None = None,
+    loss_sum: float = 0.0,
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
     micro-batches. ``on_step(result, loss)`` runs after each optimizer step; returning True stops
@@ -74,9 +75,11 @@ def train_one_epoch(
     Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
     an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss.
     ``resize`` (progressive resolution) maps each input batch to the size of the current step.
-    ``distill``: DeiT's loss with a frozen teacher that sees the same (mixed) batch (:mod:`vitlab.train.distill`)."""
+    ``distill``: DeiT's loss with a frozen teacher that sees the same (mixed) batch (:mod:`vitlab.train.distill`).
+    ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch), which ``result.loss_sum`` goes on from: the
+    same additions in the same order as a run that never stopped, so the epoch's mean loss is the same bit for bit."""
     model.train()
-    res = EpochResult()
+    res = EpochResult(loss_sum=loss_sum)
     bad_step = False
     t0 = time.perf_counter()
     running = 0.0
@@ -220,6 +223,6 @@ class StopSignals:
 def ignore_stop_signals(worker_id: int) -> None:
     """``worker_init_fn`` of the DataLoaders: a signal sent to the whole process group (Ctrl-C, a
     scheduler) must not kill the workers while the training process finishes its step and saves;
-    they end with it."""
+    they end with it (:mod:`vitlab.data.loading` ends them, killing those that linger, whatever ends the run)."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)

@@ -68,7 +68,6 @@ class StreamLoaders(Loaders):
 
     shards: ShardSet
     train_tf: Callable
-    seed: int
     window: int
     dist: Dist
     num_classes: int
@@ -96,7 +95,7 @@ class StreamLoaders(Loaders):
             ds,
             batch_size=self.micro,
             num_workers=self.workers,
-            generator=self.generator,
+            generator=self.epoch_generator(epoch),
             worker_init_fn=ignore_stop_signals,
         )
         return StreamBatches(loader, rank=self.dist.rank, epoch=epoch, trace=True)
@@ -163,6 +162,7 @@ def build_stream_loaders(
         shards=data.train,
         train_tf=train_tf,
         seed=cfg.seed,
+        rank=dist.rank,
         window=cfg.shuffle_buffer,
         dist=dist,
         num_classes=data.num_classes,

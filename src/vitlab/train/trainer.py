@@ -28,7 +28,7 @@ from . import report
 from .advice import advice_line
 from .budget import _REPLAN_AT, _plan_budget, _steps_in_budget, warmup_for
 from .build import build_model, micro_batch_estimate
-from .checkpointing import claim_run_folder, gather_torch_rng, save_checkpoint
+from .checkpointing import claim_run_folder, gather_cuda_rng, gather_torch_rng, save_checkpoint
 from .config import TrainConfig, resumed_config, validate_config
 from .dcp import prune, write_sharded
 from .distributed import any_rank, barrier, setup, teardown
@@ -139,6 +139,7 @@ class Trainer(TrainerSetup):
             on_nan=cfg.on_nan,
             resize=self._resize if r.res_schedule else None,
             distill=self.distill,
+            loss_sum=p.loss_sum,
         )
         p.nan_skipped += res.skipped
         p.train_s += res.seconds
@@ -191,7 +192,7 @@ class Trainer(TrainerSetup):
         p.steps_this_run += 1
         p.images = p.epoch_start_images + res.images * d.world_size
         p.micro = p.epoch_start_micro + res.micro_batches
-        p.loss_sum = p.epoch_start_loss + res.loss_sum
+        p.loss_sum = res.loss_sum  # went on from the saved sum: the same additions as an uninterrupted run
         self.bar.set_postfix(
             epoch=f"{p.epoch + 1}/{self.plan['epochs']}",
             loss=f"{loss:.3f}",
@@ -295,6 +296,7 @@ class Trainer(TrainerSetup):
                 device=self.device,
             )
         torch_ranks = gather_torch_rng(self.dist, self.device)
+        cuda_ranks = gather_cuda_rng(self.dist, self.device)
         if self.dist.is_main:
             save_checkpoint(
                 self.out / "last.pt",
@@ -307,6 +309,7 @@ class Trainer(TrainerSetup):
                 wall_s=self._wall_s(),
                 micro_done=micro_done,
                 torch_ranks=torch_ranks,
+                cuda_ranks=cuda_ranks,
                 data_fingerprint=self.data_fingerprint,
                 sharded=sharded,
             )
