@@ -6,7 +6,9 @@ the model, the optimizer or the loaders allocate), the process's peak-RSS mark i
 and its RSS noted; after the run the peak (``VmHWM``) less that RSS is what the run added, which the estimate
 should cover (never more than ~20 % under), for the training steps and for the evaluation that follows them
 (its peak is measured from the RSS at the estimate too). A DataLoader worker's own memory is measured on one more run
-(``Private_*`` of ``/proc/PID/smaps_rollup`` while it works). Each run stays under ~1.5 GiB.
+(``Private_*`` of ``/proc/PID/smaps_rollup`` while it works). Two rows run with glibc's mmap threshold fixed at
+1 MiB (``MALLOC_MMAP_THRESHOLD_``), one of them with the fused CPU blocks off, to show the tensors alive without
+the heap's fragmentation. Each run stays under ~2 GiB.
 
     PYTHONPATH=src python benchmarks/memory_calibration.py [NAME ...]
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 SMALL = {"patch_size": 4, "embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_ratio": 2}
 TINY = {"patch_size": 4, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_ratio": 2}
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "1048576"}  # glibc: every tensor over 1 MiB mmap-ed, returned when freed
 CONFIGS: dict[str, dict] = {  # name -> image size, batch, TrainConfig fields
     "tiny 32px b128": {"img": 32, "batch": 128, "arch": TINY},
     "small 64px b32": {"img": 64, "batch": 32, "arch": SMALL},
@@ -30,6 +33,20 @@ CONFIGS: dict[str, dict] = {  # name -> image size, batch, TrainConfig fields
     "small 64px b32 ema": {"img": 64, "batch": 32, "arch": SMALL, "ema": 0.999},
     "small 64px b32 dropout": {"img": 64, "batch": 32, "arch": SMALL, "dropout": 0.1},
     "small 64px b8 attn-drop": {"img": 64, "batch": 8, "arch": {**SMALL, "attn_drop_rate": 0.1}},
+    "small 64px b8 attn-drop, fixed mmap threshold": {
+        "img": 64,
+        "batch": 8,
+        "arch": {**SMALL, "attn_drop_rate": 0.1},
+        "env": FIXED_MMAP,
+    },
+    "small 64px b32 ckpt, fused blocks off, fixed mmap threshold": {
+        "img": 64,
+        "batch": 32,
+        "arch": SMALL,
+        "grad_checkpointing": True,
+        "unfused": True,
+        "env": FIXED_MMAP,
+    },
     "mpp small 64px b32": {"img": 64, "batch": 32, "arch": SMALL, "objective": "mpp"},
     "vit_ti16 224px b16": {"img": 224, "batch": 16, "model": "vit_ti16"},
     "vit_r_ti16 224px b8": {"img": 224, "batch": 8, "model": "vit_r_ti16"},
@@ -117,9 +134,13 @@ def child(name: str, tmp: Path) -> dict:
         progress=False,
         resolved="calibration",  # the recipe as given: no fitting to the data
     )
+    import contextlib
+
+    from vitlab.accel import fused_block
     from vitlab.train import fit
 
-    fit(cfg, overwrite=True)
+    with fused_block.disabled() if spec.get("unfused") else contextlib.nullcontext():
+        fit(cfg, overwrite=True)
     est = seen["estimate"]
     return {
         "name": name,
@@ -171,7 +192,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vitlab-memcal-") as t:
         for name in [*names, "worker"]:
             cmd = [sys.executable, __file__, "--child", name, t]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=True).stdout
+            env = {**os.environ, **CONFIGS.get(name, {}).get("env", {})}
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
             r = json.loads(next(s for s in out.splitlines() if s.startswith("RESULT "))[7:])
             if name == "worker":
                 print(f"\nDataLoader worker, private memory: {r / mib:.0f} MiB")

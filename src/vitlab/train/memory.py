@@ -69,7 +69,7 @@ PREFETCH = 2  # torch's DataLoader prefetch_factor: batches each worker prepares
 HEAP_SLACK = 2.0
 """On a CPU, autograd's activations of the plain (unfused) path are fresh tensors each step; glibc serves those
 under its mmap threshold (which grows to 32 MiB) from a heap it does not hand back, and the heap fragments: the
-peak measured up to twice the tensors alive (docs/reliability.md)."""
+peak measured 1.6 times that of the same run with the threshold fixed at 1 MiB (docs/reliability.md)."""
 AMP_ACTIVATIONS = 1.25
 """Under autocast on a GPU the residual stream and the LayerNorms' inputs stay fp32: activations are about a
 quarter over a count at 2 bytes a number."""
@@ -411,6 +411,7 @@ def _refusal(one: StepMemory, mc: Any, have: str, *, checkpointing_helps: bool) 
         flags.append("add --grad-checkpointing")
     return (
         f"memory: a step of 1 image at {_size(mc)} needs ~{format_size(one.total)} "
-        f"(model states {format_size(one.states)}, activations {format_size(one.activations)}), "
+        f"(model states {format_size(one.states)}, activations {format_size(one.activations)}, "
+        f"data loading {format_size(one.data)}), "
         f"more than {MARGIN:.0%} of the {have}; {', '.join(flags[:-1])} or {flags[-1]}"
     )
