@@ -124,3 +124,60 @@ def test_plan_bad_input_is_one_line(extra: list[str], capsys: pytest.CaptureFixt
     assert main(["plan", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vitlab plan: error:")
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--peak-tflops", "nan"], "--peak-tflops"),
+        (["--peak-tflops", "inf"], "--peak-tflops"),
+        (["--peak-tflops", "-5"], "--peak-tflops"),
+        (["--peak-tflops", "0"], "--peak-tflops"),
+        (["--mfu", "nan"], "--mfu"),
+        (["--mfu", "0"], "--mfu"),
+        (["--mfu", "1.5"], "--mfu"),
+        (["--img-size", "100000000"], "--img-size"),
+        (["--img-size", "0"], "--img-size"),
+        (["--batch-size", "100000000000000000000000"], "--batch-size"),
+        (["--devices", "1000000000000"], "--devices"),
+        (["--device-memory", "2000000T"], "--device-memory"),
+        (["--accum-steps", "0"], "--accum-steps"),
+        (["--batch-size", "4095"], "--batch-size"),  # not a multiple of 8 devices: train refuses it too
+        (["--batch-size", "64", "--accum-steps", "3"], "--batch-size"),
+    ],
+)
+def test_plan_numbers_are_validated_in_one_line_naming_the_flag(
+    extra: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--model", "vit_b16", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vitlab plan: error:") and flag in err[0], err
+    assert "nan" not in err[0].split(flag, 1)[0]
+
+
+def test_plan_never_plans_a_batch_train_refuses() -> None:
+    """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.loaders.micro_batch`, the same function): for
+    every batch, device count and accumulation, plan refuses exactly what train refuses, with train's message,
+    and plans train's micro-batch."""
+    from vitlab.errors import ConfigError
+    from vitlab.train.loaders import micro_batch
+
+    for batch in (6, 8, 12):
+        for devices in (1, 2, 3):
+            for accum in (1, 2):
+                try:
+                    want = micro_batch(batch, world_size=devices, accum_steps=accum)
+                except ConfigError as e:
+                    with pytest.raises(ConfigError) as got:
+                        _plan(model="vit_ti16", batch_size=batch, devices=devices, accum_steps=accum)
+                    assert str(got.value) == str(e)
+                    continue
+                p = _plan(model="vit_ti16", batch_size=batch, devices=devices, accum_steps=accum)
+                assert p.per_device_batch == want and p.accum_steps == accum
+
+
+def test_plan_reports_finite_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "vit_ti16", "--batch-size", "64", "--devices", "2", "--accum-steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "inf " not in out.lower()
+    assert "x 4 accumulation steps = 8 per device and step" in out

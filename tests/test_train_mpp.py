@@ -16,7 +16,7 @@ from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer
 from vitlab.models.mpp import MaskedPatchPrediction
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.mpp import evaluate_mpp, unwrap, wrap
+from vitlab.train.mpp import evaluate_mpp, fit_mpp_recipe, step_bytes, unwrap, wrap
 from vitlab.train.optim import param_groups
 from vitlab.train.state import load_state
 
@@ -172,3 +172,26 @@ def test_cli_rejects_an_unknown_objective(capsys):
         main(["train", "--objective", "jigsaw"])
     assert e.value.code == 2
     assert "--objective" in capsys.readouterr().err
+
+
+def test_fit_mpp_recipe_keeps_the_cifar_patch_and_what_the_user_gave() -> None:
+    cfg = TrainConfig(recipe=get_recipe("mpp"), objective="mpp")
+    assert fit_mpp_recipe(cfg, n_train=50_000, image_size=(32, 32)) is cfg  # patch 4 at 32 px, batch 128
+    at224 = fit_mpp_recipe(cfg, n_train=50_000, image_size=(224, 224))
+    assert at224.recipe.arch["patch_size"] in (14, 16, 28, 32) and at224.recipe.batch_size == 128
+    assert at224.resolved.startswith("mpp: patch")
+    given = TrainConfig(recipe=get_recipe("mpp"), objective="mpp", arch={"patch_size": 8})
+    assert fit_mpp_recipe(given, n_train=50_000, image_size=(224, 224)) is given  # the patch is the user's
+    few = fit_mpp_recipe(cfg, n_train=40, image_size=(32, 32))
+    assert few.recipe.batch_size == 8
+
+
+def test_step_bytes_count_the_colour_head_on_the_corrupted_patches() -> None:
+    """What the MPP wrapper adds to a step (its share of the memory estimate): linear in the batch, and at least
+    the 512-way logits, log-softmax and gradient of half the patches."""
+    from vitlab.models import ViTConfig
+
+    c = ViTConfig(name="x", img_size=64, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=0)
+    one, four = step_bytes(c, batch=1), step_bytes(c, batch=4)
+    assert four == 4 * one
+    assert one > 256 * 0.5 * 512 * 12

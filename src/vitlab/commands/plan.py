@@ -23,6 +23,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=4096, help="global batch (the paper pre-trains with 4096)")
     p.add_argument("--devices", type=int, default=8, help="number of devices (processes) sharing the batch")
+    p.add_argument(
+        "--accum-steps",
+        type=int,
+        default=1,
+        help="gradient accumulation steps (as vitlab train: the batch must divide by devices x accumulation steps)",
+    )
     p.add_argument("--device-memory", default="80G", help="memory of one device, e.g. 80G, 24G")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed model-FLOPs utilisation, in (0, 1]")
     p.add_argument(
@@ -60,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
         mfu=args.mfu,
         peak_tflops=args.peak_tflops,
         precision=args.precision,
+        accum_steps=args.accum_steps,
     )
     if args.json:
         print(json.dumps(pl.to_dict(), indent=2))
         return 0
     print(
         f"{pl.model} at {pl.img_size} px: {pl.params / 1e6:.1f}M params, {2 * pl.macs / 1e9:.1f} GFLOPs forward; "
-        f"batch {pl.batch_size} over {pl.devices} devices = {pl.per_device_batch} per device, "
+        f"batch {pl.batch_size} over {pl.devices} devices"
+        + (f" x {pl.accum_steps} accumulation steps" if pl.accum_steps > 1 else "")
+        + f" = {pl.per_device_batch} per device{' and step' if pl.accum_steps > 1 else ''}, "
         f"{args.precision} activations"
     )
     print(f"\nper-device memory, GiB (device: {_gb(pl.device_memory)} GiB)")

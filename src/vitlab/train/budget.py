@@ -76,10 +76,25 @@ def _time_steps(probe, opt, xs, ys, *, device, amp_dtype, n_warm: int = 2, n_tim
 
 
 def _plan_budget(
-    cfg, model, run_model, train_ds, val_ds, micro, steps_per_epoch, device, amp_dtype, t_start, d, log, workers
+    cfg,
+    model,
+    run_model,
+    train_ds,
+    val_ds,
+    micro,
+    steps_per_epoch,
+    device,
+    amp_dtype,
+    t_start,
+    d,
+    log,
+    workers,
+    *,
+    eval_batch: int = 256,
 ) -> tuple[int, int, float]:
     """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away
-    steps on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations.
+    steps on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations
+    (timed on up to 256 images, ``eval_batch`` at a time as the run evaluates).
 
     With ``--compile`` the steps run through the real compiled model instead (its compilation is
     then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
@@ -110,8 +125,9 @@ def _plan_budget(
         t0 = time.perf_counter()
         with torch.no_grad():
             n_eval = min(len(val_ds), 256)
-            xe = torch.stack([val_ds[i][0] for i in range(n_eval)]).to(device)
-            evaluator(xe)
+            for start in range(0, n_eval, eval_batch):
+                idx = range(start, min(n_eval, start + eval_batch))
+                evaluator(torch.stack([val_ds[i][0] for i in idx]).to(device))
         eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
     del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
@@ -183,6 +199,7 @@ def make_plan(
             dist,
             log,
             loaders.workers,
+            eval_batch=loaders.eval_batch,
         )
     warm, wanted = warmup_for(cfg.recipe, total_steps=total, steps_per_epoch=spe)
     if warm < wanted:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch.optim.swa_utils import AveragedModel
 
     from ..data.sources import DataSplits
+    from ..models import ViTConfig
 
 __all__ = [
     "HeadWarmup",
@@ -32,8 +33,10 @@ __all__ = [
     "build_optimization",
     "distribute",
     "freeze_all_but_head",
+    "fresh_config",
     "input_norm",
     "micro_batch_estimate",
+    "planned_config",
 ]
 
 
@@ -52,8 +55,7 @@ def build_model(
     when the classes differ or the pre-training MLP head is present, a new zero-initialised linear head.
     ``norm``: the input ``(mean, std)`` of a fresh model (:func:`input_norm`); the config's when None."""
     from ..accel import accelerate
-    from ..models import VisionTransformer, ViTConfig, model_config
-    from ..models.config import mlp_dim_for
+    from ..models import VisionTransformer
 
     r = cfg.recipe
     if cfg.init:
@@ -96,6 +98,27 @@ def build_model(
             model.init_line += f"; patch projection resized {old_patch}x{old_patch} -> {patch}x{patch} (FlexiViT)"
         return model
 
+    c = fresh_config(
+        cfg, num_classes=num_classes, in_chans=in_chans, image_size=image_size, class_names=class_names, norm=norm
+    )
+    return accelerate(VisionTransformer(c))
+
+
+def fresh_config(
+    cfg: TrainConfig,
+    *,
+    num_classes: int,
+    in_chans: int,
+    image_size: tuple[int, int],
+    class_names: list[str],
+    norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+) -> ViTConfig:
+    """The configuration of the fresh model :func:`build_model` builds (no ``--init``), from the recipe, the
+    name and the overrides; nothing is allocated, so the run's memory can be estimated first."""
+    from ..models import ViTConfig, model_config
+    from ..models.config import mlp_dim_for
+
+    r = cfg.recipe
     name = cfg.model or r.model
     base_cfg = model_config(name) if name else ViTConfig(name="vit_custom", **r.arch)
     if not name and r.arch:
@@ -129,7 +152,7 @@ def build_model(
     if custom:  # e.g. vit_p4_d128_l6, or vit_r_p1_d128_l6 for a hybrid (ResNet stem) like vit_r_ti16
         stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
         c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
-    return accelerate(VisionTransformer(c))
+    return c
 
 
 def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -222,28 +245,48 @@ def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool
     return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]
 
 
+def _head(cfg: TrainConfig, data: DataSplits) -> tuple[int, list[str]]:
+    """``(classes, class names)`` of the run's model: MPP pre-trains a headless ViT."""
+    return (0, []) if cfg.objective == "mpp" else (data.num_classes, data.class_names)
+
+
+def planned_config(cfg: TrainConfig, *, data: DataSplits) -> tuple[ViTConfig, nn.Module | None]:
+    """``(configuration, model or None)`` of the run's model before :func:`build_net`: a fresh model's
+    configuration is computed (:func:`fresh_config`; nothing is allocated, so the run's memory is estimated
+    first); an ``--init`` model's is in its file, so that model is loaded (from ``cfg.seed``) and returned for
+    :func:`build_net` to use."""
+    n_cls, names = _head(cfg, data)
+    kw = {"num_classes": n_cls, "in_chans": data.in_chans, "image_size": data.image_size, "class_names": names}
+    if not cfg.init:
+        return fresh_config(cfg, **kw), None
+    seed_all(cfg.seed)
+    model = build_model(cfg, **kw)
+    return model.config, model
+
+
 def build_net(
-    cfg: TrainConfig, *, data: DataSplits, dist: Dist, device: torch.device
+    cfg: TrainConfig, *, data: DataSplits, dist: Dist, device: torch.device, model: nn.Module | None = None
 ) -> tuple[nn.Module, nn.Module, int]:
     """``(model, net, workers)``: the ViT, the module the optimiser trains (the ViT, or the ViT plus the
     MPP [mask] embedding and colour head) on ``device``, and the number of DataLoader workers.
 
     The weights are drawn from ``cfg.seed`` (the same on every rank); afterwards the global generators are
     re-seeded per rank so that each process augments differently. The CPU thread count is set here
-    because it depends on the model's size and decides the default number of workers."""
+    because it depends on the model's size and decides the default number of workers. ``model``: the
+    ``--init`` model :func:`planned_config` loaded (None: built here)."""
     from .mpp import wrap
 
-    mpp = cfg.objective == "mpp"
     seed_all(cfg.seed)
-    n_cls, names = (0, []) if mpp else (data.num_classes, data.class_names)  # MPP pre-trains a headless ViT
-    model = build_model(
-        cfg,
-        num_classes=n_cls,
-        in_chans=data.in_chans,
-        image_size=data.image_size,
-        class_names=names,
-        norm=input_norm(cfg, data),
-    )
+    if model is None:
+        n_cls, names = _head(cfg, data)
+        model = build_model(
+            cfg,
+            num_classes=n_cls,
+            in_chans=data.in_chans,
+            image_size=data.image_size,
+            class_names=names,
+            norm=input_norm(cfg, data),
+        )
     if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
         model.set_distilled_training(True)
     if cfg.recipe.freeze:

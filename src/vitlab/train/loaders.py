@@ -210,6 +210,8 @@ class Loaders:
     """MixUp / CutMix on the device, or None."""
     seed: int = 0
     rank: int = 0
+    eval_batch: int = 256
+    """Images an evaluation pass."""
 
     @property
     def micro_per_epoch(self) -> int:
@@ -248,11 +250,19 @@ def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
 
 
 def build_loaders(
-    cfg: TrainConfig, *, data: DataSplits, model_config: ViTConfig, dist: Dist, device: torch.device, workers: int
+    cfg: TrainConfig,
+    *,
+    data: DataSplits,
+    model_config: ViTConfig,
+    dist: Dist,
+    device: torch.device,
+    workers: int,
+    eval_batch: int | None = None,
 ) -> Loaders:
     """Datasets with the recipe's augmentation (training) and centre crop (evaluation) at the model's
     resolution and normalisation; checks that the global batch divides into processes and accumulation
-    steps and that one epoch holds at least one optimizer step."""
+    steps and that one epoch holds at least one optimizer step. ``eval_batch``: images an evaluation pass
+    (:func:`vitlab.train.memory.fit_memory`; None: the micro-batch, at least 256)."""
     from ..data import ArrayDataset, eval_transform, mix_transform, train_transform
     from ..data.stream import StreamData
 
@@ -260,7 +270,7 @@ def build_loaders(
         from .stream_loaders import build_stream_loaders
 
         return build_stream_loaders(
-            cfg, data=data, model_config=model_config, dist=dist, device=device, workers=workers
+            cfg, data=data, model_config=model_config, dist=dist, device=device, workers=workers, eval_batch=eval_batch
         )
     r, mcfg = cfg.recipe, model_config
     micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
@@ -293,7 +303,7 @@ def build_loaders(
     generator = torch.Generator().manual_seed(cfg.seed + 1000 * dist.rank)
     eval_loader = DataLoader(
         val_ds,
-        batch_size=max(micro, 256),
+        batch_size=eval_batch or max(micro, 256),
         shuffle=False,
         num_workers=workers if device.type == "cuda" else 0,
         generator=generator,
@@ -312,4 +322,5 @@ def build_loaders(
         mix=mix,
         seed=cfg.seed,
         rank=dist.rank,
+        eval_batch=eval_loader.batch_size,
     )

@@ -15,7 +15,7 @@ from torch import nn
 from . import report
 from .auto import fit_recipe_to_data
 from .budget import Replanner, _plan_budget, make_plan
-from .build import HeadWarmup, _amp, build_net, build_optimization, distribute
+from .build import HeadWarmup, _amp, build_net, build_optimization, distribute, planned_config
 from .checkpointing import start_position
 from .config import TrainConfig
 from .distill import build_distillation
@@ -23,6 +23,8 @@ from .distributed import Dist
 from .image_size import fit_size_to_data
 from .loaders import build_loaders, load_run_data, run_data_fingerprint
 from .loop import StopSignals, evaluate
+from .memory import fit_memory
+from .mpp import fit_mpp_recipe
 from .resolution import check_sizes
 from .token_drop import ends_dropping
 
@@ -61,10 +63,10 @@ class TrainerSetup:
                 device_type=device.type,
             )
             self.cfg = cfg = fit_size_to_data(cfg, self.data)  # the size and crop the folder was stored for
+            self.cfg = cfg = fit_mpp_recipe(cfg, n_train=len(self.data.train), image_size=tuple(self.data.image_size))
             if cfg.resolved:
                 self.log(cfg.resolved)
-        self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device)
-        self.distill = build_distillation(
+        self.distill = build_distillation(  # first: the teacher's weights are in memory when it is measured
             cfg,
             num_classes=self.data.num_classes,
             class_names=self.data.class_names,
@@ -73,8 +75,27 @@ class TrainerSetup:
         )
         if self.distill is not None:
             self.log(self.distill.line(token=cfg.distill_token))
+        planned, init_model = planned_config(cfg, data=self.data)
+        self.memory = fit_memory(  # before the model, the optimizer and the loaders allocate
+            cfg,
+            model_config=planned,
+            dist=dist,
+            device=device,
+            num_classes=planned.num_classes,
+            teacher=self.distill.teacher.config if self.distill is not None else None,
+            resumed=state is not None,
+            log=self.log,
+        )
+        self.cfg = cfg = self.memory.cfg
+        self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device, model=init_model)
         self.loaders = build_loaders(
-            cfg, data=self.data, model_config=self.model.config, dist=dist, device=device, workers=workers
+            cfg,
+            data=self.data,
+            model_config=self.model.config,
+            dist=dist,
+            device=device,
+            workers=workers,
+            eval_batch=self.memory.eval_batch,
         )
         if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
             mc = self.model.config

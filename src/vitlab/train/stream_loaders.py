@@ -102,7 +102,14 @@ class StreamLoaders(Loaders):
 
 
 def build_stream_loaders(
-    cfg: TrainConfig, *, data: StreamData, model_config: ViTConfig, dist: Dist, device: torch.device, workers: int
+    cfg: TrainConfig,
+    *,
+    data: StreamData,
+    model_config: ViTConfig,
+    dist: Dist,
+    device: torch.device,
+    workers: int,
+    eval_batch: int | None = None,
 ) -> StreamLoaders:
     """The training and evaluation loaders of shard data with the recipe's augmentation; one epoch is
     ``len(train) // batch_size`` optimizer steps on every rank."""
@@ -132,7 +139,7 @@ def build_stream_loaders(
     resize = [round(s / r.crop_pct) for s in size] if r.crop_pct < 1 else list(size)
     eval_tf = EvalDecode(at_least=(resize[1], resize[0]), in_chans=mcfg.in_chans, tf=tf)
     out_shape = (mcfg.in_chans, *size)
-    eval_batch = max(micro, 256)
+    eval_batch = eval_batch or max(micro, 256)
     val = ShardStream(
         shards=data.val,
         transform=eval_tf,
@@ -167,4 +174,5 @@ def build_stream_loaders(
         dist=dist,
         num_classes=data.num_classes,
         out_shape=out_shape,
+        eval_batch=eval_batch,
     )
