@@ -368,6 +368,46 @@ def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
     assert set(res["images"]) <= {"class0", "class1", "class2"}
 
 
+def _recorded(tmp_path, data):
+    """A run folder whose model/ records ``data`` as the run's ``--data`` (as `vitlab train` writes it)."""
+    import vitlab
+
+    run = tmp_path / "run"
+    m = vitlab.VisionTransformer(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=16)
+    vitlab.save(m, run / "model", extra={} if data is None else {"data": data})
+    return run
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ("GONE", "which is not a folder here"),  # the run's data folder moved away
+        ("photos", "a path relative to the folder training ran in"),  # recorded relative: from where?
+        (None, "records no training data"),  # a model saved from Python: no data of its own
+    ],
+)
+def test_inspect_never_switches_to_other_data_when_the_runs_data_is_missing(tmp_path, capsys, monkeypatch, data, says):
+    """Issue 36: a run's data not found at inspect time is one line naming --data, not figures drawn on the embedded
+    digits with a note; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    run = _recorded(tmp_path / "elsewhere", str(tmp_path / "gone") if data == "GONE" else data)
+    out = tmp_path / "insp"
+    assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab inspect: error: --data: ") and err.count("\n") == 1
+    assert says in err and "--data digits" in err
+    assert not out.exists()
+    # asked for by name, the digits are used, and the report says so
+    assert (
+        main(
+            ["inspect", "--model", str(run), "--data", "digits", "--num-images", "2", "--show", "1", "--out", str(out)]
+        )
+        == 0
+    )
+    assert (out / "report.html").is_file()
+
+
 def test_report_summary_numbers_are_rounded(tmp_path):
     from vitlab.inspect.report import training_artifacts
 
