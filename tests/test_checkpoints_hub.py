@@ -132,3 +132,28 @@ def test_missing_huggingface_hub(monkeypatch):
 def test_unknown_name_suggests_close_ones():
     with pytest.raises(vitlab.CheckpointError, match="did you mean augreg_in21k_ft_in1k/vit_b16"):
         vitlab.load("augreg_in21k_ft_in1k/vit_b61")
+
+
+def test_unknown_name_points_to_the_command_that_lists_names():
+    with pytest.raises(vitlab.CheckpointError) as e:
+        vitlab.load("no_such_checkpoint_name")
+    assert "vitlab models --pretrained" in str(e.value) and "list_names()" not in str(e.value)
+
+
+def test_public_name_carries_its_hub_repo_licence_and_crop(monkeypatch, timm_file):
+    """timm's pretrained_cfg keys for a public checkpoint: hf_hub_id, license and the publisher's crop_pct,
+    which the config.json downloaded beside the weights may state instead."""
+    import json
+
+    path, _ = timm_file
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *, repo_id, filename, **kw: str(path))
+    cfg = vitlab.load("augreg_in21k_ft_in1k/vit_b16").pretrained_cfg
+    assert cfg["hf_hub_id"] == "timm/vit_base_patch16_224.augreg_in21k_ft_in1k"
+    assert (cfg["license"], cfg["crop_pct"]) == ("apache-2.0", 0.9)
+    assert vitlab.load("augreg_in21k_ft_in1k/vit_b16_384", img_size=32).pretrained_cfg["crop_pct"] == 1.0
+    (path.parent / "config.json").write_text(
+        json.dumps({"architecture": "vit_base_patch16_224", "pretrained_cfg": {"crop_pct": 0.95}})
+    )
+    assert vitlab.load("augreg_in21k_ft_in1k/vit_b16").config.crop_pct == 0.95
+    any_repo = vitlab.load("timm/vit_base_patch16_224.some_tag").pretrained_cfg
+    assert any_repo["hf_hub_id"] == "timm/vit_base_patch16_224.some_tag" and "license" not in any_repo

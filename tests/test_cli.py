@@ -66,3 +66,23 @@ def test_bad_input_is_one_line_without_traceback() -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vitlab convert: error:")
     assert "Traceback" not in r.stderr
+
+
+def test_models_lists_timm_names_and_public_checkpoints_and_filters(capsys: pytest.CaptureFixture[str]) -> None:
+    """As ``timm.list_models(pattern, pretrained=...)``: the names vitlab takes, filtered by a shell-style pattern."""
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "deit_small_patch16_224" in out and "augreg_in21k_ft_in1k/vit_b16" in out  # timm's and public names
+    assert main(["models", "*s16*"]) == 0
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert "vit_s16" in names and "augreg_in21k/vit_s16" in names and "vit_b16" not in names
+    assert main(["models", "--pretrained", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["vit_b16"]["pretrained"] == "augreg2_in21k_ft_in1k/vit_b16" and "vit_ti8" not in by_name
+    assert by_name["deit_tiny_patch16_224"]["pretrained"] == "timm/deit_tiny_patch16_224.fb_in1k"
+    assert by_name["google/vit_b16"]["repo"] == "google/vit-base-patch16-224"
+    assert {r["kind"] for r in rows} == {"architecture", "timm", "checkpoint"}
+    assert main(["models", "no_such_*"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab models: error: no model name matches 'no_such_*'") and err.count("\n") == 1

@@ -30,7 +30,7 @@ def test_progress_log_plain_lines_off_a_tty():
     from vitlab._progress import ProgressLog
 
     buf = io.StringIO()  # not a terminal
-    log = ProgressLog(total=20, desc="train", every=5, stream=buf)
+    log = ProgressLog(total=20, desc="train", every=5, stream=buf, quiet_s=0)
     for i in range(20):
         log.set_postfix(loss=f"{1 / (i + 1):.2f}")
         log.update(1)
@@ -39,6 +39,24 @@ def test_progress_log_plain_lines_off_a_tty():
     assert "\r" not in buf.getvalue()
     assert [ln.split()[2] for ln in lines] == ["5/20", "10/20", "15/20", "20/20"]
     assert "loss=0.05" in lines[-1]
+
+
+def test_progress_log_says_nothing_of_a_job_that_ends_at_once():
+    """Issue 36: a loop of 0 s printed 10 count lines off a terminal; it prints none within QUIET_S seconds, and
+    counts as before (the last one at the close) once it has run that long."""
+    from vitlab._progress import QUIET_S, ProgressLog
+
+    buf = io.StringIO()
+    with ProgressLog(total=20, desc="decoding", unit="img", stream=buf) as log:
+        log.update(20)
+    assert buf.getvalue() == ""
+    log = ProgressLog(total=20, desc="decoding", unit="img", stream=buf)
+    log.update(5)
+    log._t0 -= QUIET_S  # as if QUIET_S seconds had passed
+    log.update(5)
+    log.update(3)
+    log.close()
+    assert [ln.split()[2] for ln in buf.getvalue().splitlines()] == ["10/20", "13/20"]
 
 
 def test_progress_log_disabled_prints_nothing_but_lines(capsys):
@@ -63,7 +81,29 @@ def test_train_no_progress_prints_a_line_per_epoch(run_dir, capsys, tmp_path):
     assert "\r" not in cap.err + cap.out
 
 
-def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path):
+def test_counts_agree_with_their_number():
+    from vitlab._units import counted
+
+    assert [counted(1, "epoch"), counted(2, "epoch"), counted(0, "pass"), counted(1.5, "pass")] == [
+        "1 epoch",
+        "2 epochs",
+        "0 passes",
+        "1.5 passes",
+    ]
+    assert counted(1024, "image") == "1,024 images" and counted(3, "class") == "3 classes"
+    assert counted(1.0, "shard") == "1 shard" and counted(2, "patch") == "2 patches"
+    assert counted(2, "child", "children") == "2 children"
+
+
+def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["train", "--epochs", "1", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
+    last = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("top-1 ")][-1]
+    assert " after 1 epoch / " in last and "epochs" not in last
+
+
+def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("vitlab._progress.QUIET_S", 0.0)  # a tiny run may end within the quiet period
     out = tmp_path / "r"
     assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out)]) == 0
     cap = capsys.readouterr()
@@ -366,6 +406,46 @@ def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
     res = json.loads(cap.out)  # the notes went to stderr: stdout is the JSON alone
     assert str(data) in res["notes"][0] and str(data) in cap.err
     assert set(res["images"]) <= {"class0", "class1", "class2"}
+
+
+def _recorded(tmp_path, data):
+    """A run folder whose model/ records ``data`` as the run's ``--data`` (as `vitlab train` writes it)."""
+    import vitlab
+
+    run = tmp_path / "run"
+    m = vitlab.VisionTransformer(img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=16)
+    vitlab.save(m, run / "model", extra={} if data is None else {"data": data})
+    return run
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ("GONE", "which is not a folder here"),  # the run's data folder moved away
+        ("photos", "a path relative to the folder training ran in"),  # recorded relative: from where?
+        (None, "records no training data"),  # a model saved from Python: no data of its own
+    ],
+)
+def test_inspect_never_switches_to_other_data_when_the_runs_data_is_missing(tmp_path, capsys, monkeypatch, data, says):
+    """Issue 36: a run's data not found at inspect time is one line naming --data, not figures drawn on the embedded
+    digits with a note; nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    run = _recorded(tmp_path / "elsewhere", str(tmp_path / "gone") if data == "GONE" else data)
+    out = tmp_path / "insp"
+    assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab inspect: error: --data: ") and err.count("\n") == 1
+    assert says in err and "--data digits" in err
+    assert not out.exists()
+    # asked for by name, the digits are used, and the report says so
+    assert (
+        main(
+            ["inspect", "--model", str(run), "--data", "digits", "--num-images", "2", "--show", "1", "--out", str(out)]
+        )
+        == 0
+    )
+    assert (out / "report.html").is_file()
 
 
 def test_report_summary_numbers_are_rounded(tmp_path):

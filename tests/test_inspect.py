@@ -283,7 +283,8 @@ def test_cli_inspect_on_a_train_run_folder_includes_curves_and_confusion(tmp_pat
     _png(run / "confusion.png", "blue")
     (run / "summary.json").write_text(json.dumps({"best_accuracy": 0.93, "epochs": 5, "history": [1, 2]}))
     out = tmp_path / "out"
-    assert main(["inspect", "--model", str(run), "--num-images", "3", "--show", "2", "--out", str(out)]) == 0
+    args = ["--num-images", "3", "--show", "2", "--out", str(out)]
+    assert main(["inspect", "--model", str(run), "--data", "digits", *args]) == 0  # (its model records no data)
     html = (out / "report.html").read_text()
     _check_html(html, 7)
     assert "Training curves" in html and "Confusion matrix" in html and "best_accuracy" in html

@@ -61,3 +61,12 @@ def test_manifest_catches_damage_and_pack_refuses_to_overwrite(folder, tmp_path,
     assert main(["data", "pack", str(folder), str(tmp_path / "o3"), "--shard-size", "big"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("vitlab data: error:") for e in err)
+
+
+def test_pack_prints_the_manifest_path_once_joined_and_counts_in_agreement(folder, tmp_path, capsys):
+    """Issue 36: `--out shards/` printed `shards//manifest.json`; one shard printed `1 shard(s)`."""
+    out = f"{tmp_path / 'shards'}/"
+    assert main(["data", "pack", str(folder), out, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert f"manifest: {tmp_path / 'shards' / 'manifest.json'};" in printed and "//" not in printed
+    assert "test: 6 samples in 1 shard," in printed and "3 classes;" in printed

@@ -122,7 +122,7 @@ def test_a_folder_of_mixed_aspect_ratios_trains_each_photo_stored_at_its_own_sha
     assert {(h, w) for h, w in zip(train["heights"], train["widths"], strict=True)} == want
     assert val["shape"] == [4, 256, 256, 3] and "heights" not in val  # resized to 256, centre square
     model = json.loads((Path(out) / "model" / "config.json").read_text())
-    assert model["extra"]["crop_pct"] == 0.875 and model["img_size"] == [224, 224]
+    assert model["crop_pct"] == 0.875 and model["img_size"] == [224, 224]
 
 
 def test_training_crops_are_drawn_on_the_photo_not_on_its_centre_square(tmp_path):

@@ -4,6 +4,7 @@ with timm, Hugging Face and Google's checkpoints.
     import vitlab
     model = vitlab.create_model("vit_b16", num_classes=10)
     model = vitlab.load("path/to/checkpoint")     # timm, HF, npz or vitlab folder
+    x = vitlab.transforms_for(model)(pil_image)   # its evaluation preprocessing
     vitlab.save(model, "out/model")
 """
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .checkpoints import save
+    from .evaluate.accuracy import transforms_for
     from .models import VisionTransformer, ViTConfig, list_models, resample_posemb
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "load",
     "resample_posemb",
     "save",
+    "transforms_for",
 ]
 
 
@@ -86,6 +89,7 @@ _LAZY = {
     "ViTConfig": "models",
     "list_models": "models",
     "resample_posemb": "models",
+    "transforms_for": "evaluate.accuracy",
 }
 
 

@@ -8,6 +8,9 @@ git and the Hugging Face CLI choose theirs: a bar only on a TTY.
 
 Lines that must always be seen (one per training epoch) go through :meth:`ProgressLog.line`, which
 prints them above a live bar (``tqdm.write``) or as they are, with or without ``--no-progress``.
+
+A job that ends within :data:`QUIET_S` seconds prints no count lines at all off a terminal: ten lines
+saying ``[0 s]`` tell a reader of the log nothing the next line does not.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, TypeVar
 
-__all__ = ["ProgressLog", "is_tty"]
+__all__ = ["QUIET_S", "ProgressLog", "is_tty"]
+
+QUIET_S = 2.0
+"""Seconds a loop runs before its first count line is printed off a terminal (a bar on a terminal is drawn
+at once); a loop that ends sooner prints none."""
 
 T = TypeVar("T")
 
@@ -37,7 +44,8 @@ class ProgressLog:
     ``enabled=False`` (``--no-progress``) draws nothing, but :meth:`line` still prints. On a TTY
     (``stream``, default stderr) a tqdm bar is drawn; elsewhere a plain line
     ``<desc>: <unit> <done>/<total> (<pct>%) k=v ... [<seconds> s]`` is printed every ``every`` units (default:
-    a tenth of ``total``; 0: never) and, unless just printed, when the loop closes. Used as a
+    a tenth of ``total``; 0: never) and, unless just printed, when the loop closes, once the loop has run for
+    ``quiet_s`` seconds (default :data:`QUIET_S`): a loop that ends sooner prints no count line. Used as a
     context manager, or around an iterable with :meth:`wrap`; the subset of tqdm's interface the
     loops use (``update``, ``set_postfix``, ``total``, ``close``) is kept so a bar and a log are
     interchangeable."""
@@ -53,8 +61,10 @@ class ProgressLog:
         every: int | None = None,
         leave: bool = True,
         stream: TextIO | None = None,
+        quiet_s: float | None = None,
     ) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.quiet_s = QUIET_S if quiet_s is None else quiet_s
         self.enabled = enabled
         self.stream = stream
         self.every = every if every is not None else (max(1, -(-total // 10)) if total else 0)
@@ -104,7 +114,7 @@ class ProgressLog:
         before, self.n = self.n, self.n + n
         if self._bar is not None:
             self._bar.update(n)
-        elif self.plain and self.every and self.n // self.every > before // self.every:
+        elif self.plain and self.every and self.n // self.every > before // self.every and self._speaks():
             self._print_count()
 
     def line(self, msg: str) -> None:
@@ -131,9 +141,13 @@ class ProgressLog:
             self._bar = None
             self.enabled = False  # closed: no further output of either kind
         elif self.plain:
-            if self.every and self.n != self._printed_at:
+            if self.every and self.n != self._printed_at and self._speaks():
                 self._print_count()
             self.enabled = False
+
+    def _speaks(self) -> bool:
+        """Whether count lines are printed yet: the loop has run for ``quiet_s`` seconds."""
+        return time.perf_counter() - self._t0 >= self.quiet_s
 
     def _print_count(self) -> None:
         self._printed_at = self.n

@@ -1,4 +1,5 @@
-"""Parsing of human-written sizes for command-line options (``--memory-budget 2G``).
+"""Quantities as people write them: sizes for command-line options (``--memory-budget 2G``), and counts in
+messages (``1 epoch``, ``2 epochs``).
 
 One parser, so every command accepts the same spellings and rejects the same garbage.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_size", "parse_size", "size_option"]
+__all__ = ["counted", "format_size", "parse_size", "size_option"]
 
 _UNITS = {
     "": 1,
@@ -52,3 +53,13 @@ def format_size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     raise AssertionError
+
+
+def counted(n: float, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in the number they agree with: ``1 epoch``, ``2 epochs``, ``0 passes``, ``1,024 images``
+    (``plural``: when not ``noun + "s"``; a ``noun`` ending in s, x, sh or tch takes ``es``: passes, patches,
+    but epochs). Whole numbers print with thousands separators, others with up to 3 significant digits."""
+    if plural is None:
+        plural = noun + ("es" if noun.endswith(("s", "x", "sh", "tch")) else "s")
+    shown = f"{int(n):,}" if float(n).is_integer() else f"{n:.3g}"
+    return f"{shown} {noun if shown == '1' else plural}"

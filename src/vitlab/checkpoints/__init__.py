@@ -57,6 +57,7 @@ class Checkpoint:
     config: ViTConfig | None = None
     """The full configuration, for formats that store one (vitlab folders)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Metadata for the model config's ``extra`` (a public name's ``hf_hub_id`` and ``license``)."""
     config_file: str | None = None
     """The config file that stated ``fields`` or ``config`` (named in errors about them)."""
     config_names: dict[str, str] = field(default_factory=dict)
@@ -82,7 +83,11 @@ def read_checkpoint(
     p = Path(source)
     if not p.exists():
         if hub.is_hub_name(str(source)):
-            return read_checkpoint(hub.resolve(str(source)), max_unpacked_bytes=max_unpacked_bytes)
+            ckpt = read_checkpoint(hub.resolve(str(source)), max_unpacked_bytes=max_unpacked_bytes)
+            fields, meta = hub.card(str(source))
+            ckpt.fields = {**fields, **ckpt.fields}  # what the downloaded config.json states wins
+            ckpt.extra.update(meta)
+            return ckpt
         hub.resolve(str(source))  # raises: unknown name, with suggestions
     if p.is_dir():
         if is_native(p):
@@ -142,6 +147,8 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
         if "num_heads" not in base and "num_heads" not in overrides:
             base["num_heads"] = guess_num_heads(int(base["embed_dim"]))
         base["extra"] = {"source_format": ckpt.format, **base.get("extra", {})}
+    if ckpt.extra:  # what is known of where the checkpoint came from (a public name's Hub repo and licence)
+        base["extra"] = {**(base.get("extra") or {}), **ckpt.extra}
     names = base.get("class_names")
     if names is not None and (
         len(names) != overrides.get("num_classes", base.get("num_classes")) or "class_names" in overrides

@@ -15,7 +15,8 @@ A ``ViTModel`` saved without pooler returns ``last_hidden_state[:, 0]``.
 
 The config is honoured: ``layer_norm_eps`` (1e-12 in converted Google models)
 becomes ``norm_eps``, ``hidden_act`` selects exact or tanh GELU, ``id2label``
-becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept.
+becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept, and its centre crop as
+``crop_pct`` (``crop_size / size``, 0.875 for DeiT's processor; 1.0 for ViT's, which resizes without cropping).
 """
 
 from __future__ import annotations
@@ -180,4 +181,29 @@ def read_folder(
             except ConfigError as e:
                 raise CheckpointError(f"{pre_path}: image_{e}") from None
             fields["mean"], fields["std"] = norm["mean"], norm["std"]
+        crop = _crop_pct(pre, pre_path)
+        if crop is not None:
+            fields["crop_pct"] = crop
     return state, fields
+
+
+def _side(value: Any, keys: tuple[str, ...]) -> int | None:
+    """The side an image processor's ``size`` or ``crop_size`` states (an int, or a dict with one of ``keys``)."""
+    if isinstance(value, dict):
+        value = next((value[k] for k in keys if k in value), None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _crop_pct(pre: dict[str, Any], source: Path) -> float | None:
+    """timm's ``crop_pct`` of an image processor that resizes then crops the centre (DeiT's: 256 px, then 224),
+    or None for one that resizes straight to the input size (ViT's: vitlab's default, 1.0)."""
+    if pre.get("do_center_crop") is not True:
+        return None
+    crop = _side(pre.get("crop_size"), ("height",))
+    size = _side(pre.get("size"), ("height", "shortest_edge"))
+    if crop is None or size is None or crop > size:
+        raise CheckpointError(
+            f"{source}: do_center_crop with size {pre.get('size')!r:.60} and crop_size {pre.get('crop_size')!r:.60}: "
+            "expected positive sides, the crop no larger than the size"
+        )
+    return crop / size

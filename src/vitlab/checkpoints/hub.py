@@ -24,10 +24,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import CheckpointError, OfflineError
 
-__all__ = ["KNOWN", "HubEntry", "cache_dir", "is_hub_name", "list_names", "pretrained_name", "resolve"]
+__all__ = ["KNOWN", "HubEntry", "cache_dir", "card", "is_hub_name", "list_names", "pretrained_name", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,24 @@ def list_names() -> list[str]:
     return sorted(KNOWN)
 
 
+def card(name: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(config fields, metadata)`` known of the public checkpoint ``name`` beyond its files: the evaluation
+    crop its publisher uses (timm's ``crop_pct``: 0.9 at 224 px, 1.0 at 384 for the timm repos; 1.0 for
+    Hugging Face's conversions, whose preprocessor resizes without cropping), and its Hub repo
+    (``hf_hub_id``) and licence (Apache 2.0 for all of :data:`KNOWN`). A ``config.json`` downloaded with
+    the weights states the crop too and takes precedence."""
+    entry = _entry(name)
+    if entry is None:
+        return {}, {}
+    meta = {"hf_hub_id": entry.repo_id}
+    if name not in KNOWN:
+        return {}, meta
+    meta["license"] = "apache-2.0"
+    if entry.kind == "hf":
+        return {"crop_pct": 1.0}, meta
+    return {"crop_pct": 0.9 if entry.repo_id.split(".")[0].endswith("_224") else 1.0}, meta
+
+
 def _entry(name: str) -> HubEntry | None:
     if name in KNOWN:
         return KNOWN[name]
@@ -186,7 +205,7 @@ def resolve(name: str) -> Path:
     entry = _entry(name)
     if entry is None:
         close = difflib.get_close_matches(name, list(KNOWN), n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see vitlab.checkpoints.hub.list_names()"
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `vitlab models --pretrained` lists the names"
         raise CheckpointError(f"{name}: no such file or folder, and not a known checkpoint name{hint}")
     local = cache_dir() / entry.repo_id.replace("/", "--")
     for files in _files(entry):

@@ -7,8 +7,8 @@ need a small adaptation:
   without rows for the class and register tokens and add it before those are prepended;
   that is the same as rows of zeros for them, which is what we insert.
 * timm Hub folders carry a ``config.json`` with ``global_pool``, sometimes ``model_args``
-  (``num_heads``), and a ``pretrained_cfg`` with the normalisation and label names; they are
-  read when present next to the file.
+  (``num_heads``), and a ``pretrained_cfg`` with the normalisation, the evaluation crop (``crop_pct``)
+  and label names; they are read when present next to the file.
 
 timm's standard ViTs use exact GELU, LayerNorm eps 1e-6 and bicubic resampling
 of position embeddings, the defaults here.
@@ -52,7 +52,8 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
-    """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, label names), or {}.
+    """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, crop_pct, label
+    names), or {}.
 
     A ``config.json`` that is not a small regular JSON file, or whose values have the wrong types,
     is a :class:`CheckpointError` naming it and the key."""
@@ -70,6 +71,8 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if "mean" in pre and "std" in pre:
         fields["mean"], fields["std"] = pre["mean"], pre["std"]
+    if "crop_pct" in pre:
+        fields["crop_pct"] = pre["crop_pct"]
     pool = raw.get("global_pool", "")
     pool = {"token": "cls", "avg": "gap", "map": "map"}.get(pool) if isinstance(pool, str) else None
     if pool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .._units import counted
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         out = save(model, dst, extra={"converted_from": str(args.src)}, overwrite=args.overwrite)
     cfg = model.config
     print(
-        f"wrote {out} ({cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, "
+        f"wrote {out} ({cfg.name}: {counted(cfg.depth, 'layer')}, width {cfg.embed_dim}, "
         f"{sum(p.numel() for p in model.parameters()):,} params)"
     )
     return 0

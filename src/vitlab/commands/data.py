@@ -49,7 +49,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._units import format_size, size_option
+    from pathlib import Path
+
+    from .._units import counted, format_size, size_option
+    from ..data.manifest import MANIFEST
     from ..data.shards import pack_folder
     from ..errors import ConfigError
 
@@ -69,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     )
     for split, s in m["splits"].items():
         total = sum(sh["bytes"] for sh in s["shards"])
-        print(f"{split}: {s['samples']} samples in {len(s['shards'])} shard(s), {format_size(total)}")
-    print(f"{len(m['classes'])} classes; manifest: {args.out}/manifest.json; train from it: --data {args.out}")
+        print(
+            f"{split}: {counted(s['samples'], 'sample')} in {counted(len(s['shards']), 'shard')}, {format_size(total)}"
+        )
+    manifest = Path(args.out) / MANIFEST  # joined as a path: `--out shards/` gives shards/manifest.json
+    print(f"{counted(len(m['classes']), 'class')}; manifest: {manifest}; train from it: --data {args.out}")
     return 0

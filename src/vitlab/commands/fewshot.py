@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._units import counted
 from ._common import add_device_arg, add_model_arg
 
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     for shots, r in result["fewshot"].items():
         print(
             f"  {shots:>3}-shot  {100 * r['mean']:6.2f}% +- {100 * r['std']:.2f}  "
-            f"({args.seeds} seeds, {r['train_size']} train images, l2 {r['l2_reg']:g})"
+            f"({counted(args.seeds, 'seed')}, {counted(r['train_size'], 'train image')}, l2 {r['l2_reg']:g})"
         )
     if "linear_probe" in result:
         lp = result["linear_probe"]

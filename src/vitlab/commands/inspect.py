@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  Fig. 7 right   mean attention distance of every head at every layer\n"
             "  Fig. 6         attention rollout from the output token, and the raw per-layer attention\n"
             "plus the training curves and confusion matrix when --model is a `vitlab train --out` folder.\n"
-            "Without --image or --data, a few embedded scikit-learn digits are used (works offline).\n\n"
+            "Without --image or --data: the data a run was trained on (its config records it; an error naming\n"
+            "--data when that is gone), or for an architecture name a few embedded digits (--data digits).\n\n"
             "examples:\n"
             "  vitlab inspect --model runs/digits --out inspect/\n"
             "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
@@ -58,6 +59,38 @@ def _registered(spec: str) -> bool:
     return resolve_name(spec) in list_models()
 
 
+_ASK = "pass --data with its location, --image FILE ..., or --data digits for the embedded digits"
+
+
+def recorded_data(model, spec: str) -> str:
+    """The ``--data`` value for the data ``model`` was trained on, as its config records it (a run's
+    ``model/``), usable from here: ``digits``, ``cifar10``/``cifar100``, or an absolute folder that exists.
+    Anything else is a :class:`~vitlab.errors.DataError` naming ``--data``: a folder that is gone, a
+    relative path (it named a folder of the directory training ran in, which is not recorded), tar
+    shards (inspect reads image folders), or no record at all. Never another data set in its place."""
+    from ..data.shard_source import is_shard_spec
+    from ..errors import DataError
+
+    recorded = (model.config.extra or {}).get("data")
+    if not isinstance(recorded, str) or not recorded.strip():
+        raise DataError(f"--data: {spec} records no training data; {_ASK}")
+    shown = recorded if len(recorded) <= 200 else recorded[:197] + "..."
+    where = f"{spec} was trained on {shown!r}"
+    key = recorded.strip().lower()
+    path = Path(recorded).expanduser()
+    if key == "digits" or (key in ("cifar10", "cifar100") and not path.is_dir()):
+        return key
+    if is_shard_spec(recorded):
+        raise DataError(f"--data: {where}, tar shards, which inspect does not read; {_ASK}")
+    if not path.is_absolute():
+        raise DataError(
+            f"--data: {where}, a path relative to the folder training ran in, which the run does not record; {_ASK}"
+        )
+    if not path.is_dir():
+        raise DataError(f"--data: {where}, which is not a folder here (moved or on another machine?); {_ASK}")
+    return recorded
+
+
 def _pick(n: int, labels, seed: int = 0):
     import numpy as np
 
@@ -86,17 +119,11 @@ def run(args: argparse.Namespace) -> int:
             "show an untrained network."
         )
     if not args.image and not args.data:
-        recorded = (model.config.extra or {}).get("data")
-        if isinstance(recorded, str) and recorded != "digits" and Path(recorded).is_dir():
-            args.data = recorded
-            notes.append(f"Images: the test split of the data the model was trained on ({recorded}, from its config).")
-        elif isinstance(recorded, str) and recorded != "digits":
-            notes.append(
-                f"Images: the embedded digits, although the model was trained on {recorded} (not found here); "
-                "pass --data or --image for images like its own."
-            )
-        else:
+        if notes:  # a bare architecture: no data of its own
             notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
+        else:
+            args.data = recorded_data(model, args.model)
+            notes.append(f"Images: the test split of the data the model was trained on ({args.data}, from its config).")
     for n in notes:
         print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
     if args.image:

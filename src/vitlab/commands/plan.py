@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .._units import counted
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{pl.model} at {pl.img_size} px: {pl.params / 1e6:.1f}M params, {2 * pl.macs / 1e9:.1f} GFLOPs forward; "
-        f"batch {pl.batch_size} over {pl.devices} devices"
+        f"batch {pl.batch_size} over {counted(pl.devices, 'device')}"
         + (f" x {pl.accum_steps} accumulation steps" if pl.accum_steps > 1 else "")
         + f" = {pl.per_device_batch} per device{' and step' if pl.accum_steps > 1 else ''}, "
         f"{args.precision} activations"
@@ -90,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         f"\nstep: {pl.step_seconds:.3f} s ({pl.step_seconds_checkpointing:.3f} s with checkpointing), "
         f"{pl.images_per_second:,.0f} images/s at MFU {pl.mfu:g} of {pl.peak_tflops:g} TFLOP/s per device"
     )
-    print(f"\nthe paper's pre-training runs (Table 2; TPUv3 core = 61.5 bf16 TFLOP/s), on these {pl.devices} devices:")
+    on = "this device" if pl.devices == 1 else f"these {pl.devices} devices"
+    print(f"\nthe paper's pre-training runs (Table 2; TPUv3 core = 61.5 bf16 TFLOP/s), on {on}:")
     print(
         f"{'model':<9}{'data':<14}{'epochs':>7}{'EFLOP':>8}{'paper core-d':>13}"
         f"{'core-d @MFU':>12}{'implied MFU':>12}{'wall days':>10}"

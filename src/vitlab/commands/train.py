@@ -7,6 +7,7 @@ import re
 import signal
 import sys
 
+from .._units import counted
 from .train_args import add_train_args
 
 EXAMPLES = """examples:
@@ -231,7 +232,8 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
         print(
             f"masked patch prediction: colour top-1 {100 * summary['top1']:.2f}% "
             f"(best {100 * summary['best_top1']:.2f}%), top-5 {100 * summary['top5']:.2f}% "
-            f"after {summary['epochs']} epochs / {summary['steps']} steps; {summary['wall_s']:.1f} s"
+            f"after {counted(summary['epochs'], 'epoch')} / {counted(summary['steps'], 'step')}; "
+            f"{summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
         print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
@@ -240,7 +242,7 @@ def run(args: argparse.Namespace, *, init: str | None = None) -> int:
         top5 = f"top-5 {100 * summary['top5']:.2f}% " if classes > 5 else ""  # <= 5 classes: 100% by construction
         print(
             f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
-            f"{top5}after {summary['epochs']} epochs / {summary['steps']} steps; "
+            f"{top5}after {counted(summary['epochs'], 'epoch')} / {counted(summary['steps'], 'step')}; "
             f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")

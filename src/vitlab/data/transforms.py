@@ -12,6 +12,7 @@ are collated after it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -122,6 +123,13 @@ def eval_transform(
     return v2.Compose([*_resize_crop(img_size, crop_pct), *_normalize(mean, std, in_chans)])
 
 
+def resize_side(side: int, crop_pct: float) -> int:
+    """The side evaluation resizes to before its centre crop of ``side``: ``floor(side / crop_pct)``, timm's
+    ``crop_pct`` rule (``transforms_factory.transforms_imagenet_eval``), so that timm's transform of a vitlab
+    model's ``pretrained_cfg`` gives vitlab's pixels."""
+    return math.floor(side / crop_pct) if crop_pct < 1 else side
+
+
 def _square(img_size: int | Sequence[int]) -> bool:
     return isinstance(img_size, int) or img_size[0] == img_size[1]
 
@@ -129,7 +137,7 @@ def _square(img_size: int | Sequence[int]) -> bool:
 def _resize_crop(img_size: int | Sequence[int], crop_pct: float) -> list[v2.Transform]:
     """Resize (shorter side to ``img_size / crop_pct``; both sides for a non-square size), centre crop."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    resize = [round(s / crop_pct) for s in size] if crop_pct < 1 else list(size)
+    resize = [resize_side(s, crop_pct) for s in size]
     shorter = resize[:1] if _square(size) else resize  # one value: the shorter side, the aspect ratio kept
     return [v2.Resize(shorter, antialias=True), v2.CenterCrop(size)]
 

@@ -109,7 +109,7 @@ def preprocess_config(cfg: ViTConfig) -> dict[str, Any]:
         "mean": list(cfg.mean),
         "std": list(cfg.std),
         "interpolation": INTERPOLATION,
-        "crop_pct": float(cfg.extra.get("crop_pct", 1.0)),
+        "crop_pct": cfg.crop_pct,
         "crop_mode": "center",
         "num_classes": cfg.num_classes,
         "label_names": list(cfg.class_names) if cfg.class_names else None,

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.transforms import resize_side
 from ..devices import autocast, resolve_device
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "evaluate_model",
     "model_inputs",
     "preprocess_for",
+    "transforms_for",
 ]
 
 
@@ -116,8 +118,48 @@ def preprocess_for(model: nn.Module):
         mean=cfg.mean,
         std=cfg.std,
         in_chans=cfg.in_chans,
-        crop_pct=float(cfg.extra.get("crop_pct", 1.0)),
+        crop_pct=cfg.crop_pct,
     )
+
+
+def transforms_for(model: nn.Module, *, training: bool = False):
+    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from a PIL
+    image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1] too) to the
+    normalised float tensor the model takes. Evaluation (default): :func:`preprocess_for`, the transform of
+    ``vitlab eval``; ``training=True``: the paper's Inception crop and a horizontal flip
+    (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are matched to the model as
+    vitlab's decoder does (transparency on white, grey repeated, RGB to luma for one channel)."""
+    from torchvision.transforms import v2
+
+    from ..data import train_transform
+
+    cfg = model.config
+    if training:
+        tf = train_transform(img_size=cfg.img_size, mean=cfg.mean, std=cfg.std, in_chans=cfg.in_chans)
+    else:
+        tf = preprocess_for(model)
+    return v2.Compose([_ModelChannels(cfg.in_chans), *tf.transforms, v2.ToPureTensor()])
+
+
+class _ModelChannels:
+    """Any image :func:`transforms_for` takes -> a uint8 ``(C, H, W)`` image with the model's channel count."""
+
+    def __init__(self, in_chans: int) -> None:
+        self.in_chans = in_chans
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        from PIL import Image
+        from torchvision.transforms import v2
+
+        from ..data.decode import match_channels
+
+        if isinstance(image, Image.Image) and image.mode not in ("RGB", "L"):
+            rgba = image.convert("RGBA")  # palette, alpha, CMYK ...: composited on white, as the decoder does
+            image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+        return match_channels(v2.ToImage()(image), self.in_chans)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(in_chans={self.in_chans})"
 
 
 def decode_size(model: nn.Module) -> int:
@@ -128,10 +170,10 @@ def decode_size(model: nn.Module) -> int:
     ``crop_pct`` and 0.875 (a margin the transform then resizes away), at least 32. ``vitlab eval`` and
     ``vitlab fewshot`` both decode at it, so one image file gives both the same pixels."""
     cfg = model.config
-    crop_pct = float(cfg.extra.get("crop_pct", 1.0))
+    crop_pct = cfg.crop_pct
     h, w = cfg.img_size
     if h == w:
-        return round(h / crop_pct) if crop_pct < 1 else h
+        return resize_side(h, crop_pct)
     return max(32, round(max(h, w) / crop_pct / 0.875))
 
 
@@ -248,8 +290,8 @@ def _evaluate_shards(
             f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model "
             f"(it knows {', '.join(names[:10])} ...)"
         )
-    crop_pct = float(cfg.extra.get("crop_pct", 1.0))
-    at_least = tuple(round(s / crop_pct) if crop_pct < 1 else s for s in cfg.img_size)[::-1]
+    crop_pct = cfg.crop_pct
+    at_least = tuple(resize_side(s, crop_pct) for s in cfg.img_size)[::-1]
     ds = ShardStream(
         shards=sd.train if split == "train" else sd.val,
         transform=EvalDecode(at_least=at_least, in_chans=cfg.in_chans, tf=preprocess_for(model)),

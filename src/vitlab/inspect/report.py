@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .._progress import ProgressLog
+from .._units import counted
 from ..devices import model_device
 from . import figures
 from .attention import (
@@ -296,7 +297,7 @@ def inspect_model(
     page = render_html(
         res.sections,
         title=title or f"vitlab inspect: {cfg.name}",
-        subtitle=f"{cfg.name}: {cfg.depth} layers, width {cfg.embed_dim}, {cfg.num_heads} heads, "
+        subtitle=f"{cfg.name}: {counted(cfg.depth, 'layer')}, width {cfg.embed_dim}, {counted(cfg.num_heads, 'head')}, "
         f"patch {cfg.patch_size}, "
         f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
         "Figure numbers refer to Dosovitskiy et al., ICLR 2021." + "".join(f" {n}" for n in notes),

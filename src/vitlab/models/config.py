@@ -39,7 +39,7 @@ so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
 _BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm", "rope")
 _STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
-_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps", "rope_theta")
+_FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps", "rope_theta", "crop_pct")
 
 
 def _is_int(v: Any) -> bool:
@@ -206,12 +206,19 @@ class ViTConfig:
     """Zero-pad inputs whose size the patch size does not divide, instead of raising."""
     mean: tuple[float, float, float] = INCEPTION_MEAN
     std: tuple[float, float, float] = INCEPTION_STD
+    crop_pct: float = 1.0
+    """Evaluation preprocessing (timm's ``crop_pct``): images are resized to ``img_size / crop_pct``, then
+    the centre ``img_size`` is cropped. 1.0 (resize straight to ``img_size``) for the models vitlab trains
+    (their recipe's value), timm's value for timm's names and checkpoints (0.9 at 224 px for most)."""
     class_names: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata kept with the weights (source checkpoint, training run ...)."""
 
     def __post_init__(self) -> None:
         self._check_types()
+        if "crop_pct" in self.extra:  # a run's model/ records its recipe's crop_pct there (and did before the field)
+            self.extra = dict(self.extra)
+            self.crop_pct = check_fields({"crop_pct": self.extra.pop("crop_pct")})["crop_pct"]
         self.validate()
 
     def _check_types(self) -> None:
@@ -339,6 +346,8 @@ class ViTConfig:
             bad("rope", "2-D RoPE is not supported with axial attention")
         if self.rope and not self.rope_theta > 0:
             bad("rope_theta", f"must be positive, got {self.rope_theta}")
+        if not 0.0 < self.crop_pct <= 1.0:
+            bad("crop_pct", f"must be in (0, 1], got {self.crop_pct}")
         if not self.norm_eps > 0:
             bad("norm_eps", f"must be positive, got {self.norm_eps}")
         if self.patch_drop_rate and self.attention == "axial":

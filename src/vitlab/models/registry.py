@@ -151,15 +151,22 @@ _TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h
 
 def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
     """timm's architecture names -> (our name, the config fields the timm name implies). DeiT
-    (Touvron et al. 2021) is the same architecture trained with ImageNet's normalisation."""
+    (Touvron et al. 2021) is the same architecture trained with ImageNet's normalisation. ``crop_pct``
+    is that of the name's default weights in timm (0.9 at 224 px, 1.0 above, with exceptions noted)."""
     table: dict[str, tuple[str, dict[str, Any]]] = {}
     for size, ours in _TIMM_SIZES.items():
         for patch in _PATCHES[ours]:
             for res in (224, 384):
-                table[f"vit_{size}_patch{patch}_{res}"] = (f"vit_{ours}{patch}", {"img_size": res})
+                crop = {"crop_pct": 0.9 if res == 224 else 1.0}
+                table[f"vit_{size}_patch{patch}_{res}"] = (f"vit_{ours}{patch}", {"img_size": res, **crop})
     for size in ("tiny", "small", "base"):
         for res in (224, 384) if size == "base" else (224,):
-            fields = {"img_size": res, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+            fields = {
+                "img_size": res,
+                "mean": IMAGENET_MEAN,
+                "std": IMAGENET_STD,
+                "crop_pct": 0.9 if res == 224 else 1.0,
+            }
             table[f"deit_{size}_patch16_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
             table[f"deit_{size}_distilled_patch16_{res}"] = (
                 f"vit_{_TIMM_SIZES[size]}16",
@@ -168,21 +175,24 @@ def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
     # DINOv2 (Oquab et al. 2023): layer scale; "_reg4" adds 4 registers (Darcet et al. 2024)
     for size in ("small", "base", "large"):
         fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+        fields["crop_pct"] = 1.0
         table[f"vit_{size}_patch14_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", fields)
         table[f"vit_{size}_patch14_reg4_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", {**fields, "reg_tokens": 4})
     # CLIP (Radford et al. 2021) image towers: pre-norm, LayerNorm eps 1e-5; OpenAI's weights use QuickGELU
     # (OpenAI's "head" is the projection into the joint image-text space, 512 or 768 wide, as timm's defaults)
+    # (timm's default CLIP weights are cropped at 0.9 for B/32, 0.95 for B/16, 1.0 for the QuickGELU B/16 and L, H)
     for size, patches, proj in (("base", (32, 16), 512), ("large", (14,), 768), ("huge", (14,), 1024)):
         for patch in patches:
-            fields = {"pre_norm": True, "norm_eps": 1e-5, "mean": CLIP_MEAN, "std": CLIP_STD}
+            crop = {32: 0.9, 16: 0.95}.get(patch, 1.0)
+            fields = {"pre_norm": True, "norm_eps": 1e-5, "mean": CLIP_MEAN, "std": CLIP_STD, "crop_pct": crop}
             ours = f"vit_{_TIMM_SIZES[size]}{patch}"
             table[f"vit_{size}_patch{patch}_clip_224"] = (ours, fields)
-            quick = {**fields, "act": "quick_gelu", "num_classes": proj}
+            quick = {**fields, "act": "quick_gelu", "num_classes": proj, "crop_pct": 0.9 if patch == 32 else 1.0}
             table[f"vit_{size}_patch{patch}_clip_quickgelu_224"] = (ours, quick)
     # SigLIP (Zhai et al. 2023) image towers: no class token, attention pooling
     for size, resolutions in (("base", (224, 256, 384, 512)), ("large", (256, 384))):
         for res in resolutions:
-            fields = {"img_size": res, "class_token": False, "pool": "map", "num_classes": 0}
+            fields = {"img_size": res, "class_token": False, "pool": "map", "num_classes": 0, "crop_pct": 0.9}
             table[f"vit_{size}_patch16_siglip_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
     return table
 

@@ -11,8 +11,17 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .config import ViTConfig
 
-__all__ = ["TIMM_POOL", "TimmModelApi", "pool_name"]
+__all__ = ["EVAL_CROP_MODE", "EVAL_INTERPOLATION", "TIMM_POOL", "TimmModelApi", "pool_name", "pretrained_cfg"]
+
+EVAL_INTERPOLATION = "bilinear"
+"""How vitlab's evaluation resizes (:func:`vitlab.data.eval_transform`: ``v2.Resize``'s default, antialiased)."""
+EVAL_CROP_MODE = "center"
+"""timm's name for how vitlab's evaluation crops a square input: the shorter side resized to
+``floor(img_size / crop_pct)``, then the centre square (a non-square input: ``squash``, both sides resized)."""
+_CARRIED = ("hf_hub_id", "license", "tag")
+"""``pretrained_cfg`` keys taken from the config's ``extra`` (what is known of a public checkpoint)."""
 
 TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
 """Our pooling names -> timm's ``global_pool`` values."""
@@ -27,9 +36,58 @@ def pool_name(global_pool: str) -> str:
     return ours
 
 
+def _per_channel(values: tuple[float, ...], in_chans: int) -> tuple[float, ...]:
+    """A 3-value mean or std for ``in_chans`` channels, as the evaluation transform normalises: the first
+    ``in_chans`` values, the last one repeated for more channels."""
+    out = list(values)[:in_chans]
+    return tuple(out + [out[-1]] * (in_chans - len(out)))
+
+
+def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
+    """timm's ``pretrained_cfg`` for a model of config ``cfg``: the preprocessing vitlab evaluates it with
+    (its ``img_size``, ``mean``, ``std``, ``crop_pct``; bilinear resizing of the shorter side then a centre
+    crop, timm's ``center`` mode), the classifier's name and, for a public checkpoint, its Hub repo and licence.
+    ``timm.data.resolve_data_config({}, model=model)`` then ``timm.data.create_transform(**config)`` give
+    the pixels of vitlab's evaluation."""
+    c = cfg.in_chans
+    if cfg.hybrid_layers is None:
+        first_conv = "patch_embed.proj"
+    else:  # the ResNet's first convolution (only the stem when no stage is kept)
+        first_conv = "patch_embed.backbone.stem.conv" if cfg.hybrid_layers else "patch_embed.backbone.conv"
+    out: dict[str, Any] = {
+        "architecture": cfg.name,
+        "input_size": (c, *cfg.img_size),
+        "fixed_input_size": False,  # learned position embeddings are resampled to other sizes on the fly
+        "interpolation": EVAL_INTERPOLATION,
+        "crop_pct": cfg.crop_pct,
+        "crop_mode": EVAL_CROP_MODE if cfg.img_size[0] == cfg.img_size[1] else "squash",
+        "mean": _per_channel(cfg.mean, c),
+        "std": _per_channel(cfg.std, c),
+        "num_classes": cfg.num_classes,
+        "pool_size": None,
+        "first_conv": first_conv,
+        "classifier": ("head", "head_dist") if cfg.dist_token else "head",
+    }
+    if cfg.class_names is not None:
+        out["label_names"] = tuple(cfg.class_names)
+    out.update({k: cfg.extra[k] for k in _CARRIED if isinstance(cfg.extra.get(k), str)})
+    return out
+
+
 class TimmModelApi:
     """The timm-named methods of :class:`~vitlab.models.VisionTransformer` (a mixin: it reads the model's
     ``config``, ``blocks``, heads and ``encode``)."""
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's ``pretrained_cfg`` (:func:`pretrained_cfg`), built from the model's config each time it is
+        read, so it follows the config (a new head, another ``img_size``)."""
+        return pretrained_cfg(self.config)
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name for :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg
 
     @property
     def num_features(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..data.decode import too_thin, typical_side
 from ..data.sources import FolderPlan
+from ..data.transforms import resize_side
 
 __all__ = [
     "INIT_SIDE",
@@ -99,7 +100,7 @@ def folder_plan(cfg: Any, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
         keep = store_side(typical)
         to = "training at their own size" if uniform else f"training at {typical} px (the median shorter side)"
     square = size is not None and size[0] == size[1]
-    eval_side = round(size[0] / crop_pct) if square and size and (photos or not uniform) else None
+    eval_side = resize_side(size[0], crop_pct) if square and size and (photos or not uniform) else None
     stored = f"stored with the shorter side at most {keep} px, aspect ratio kept"
     if uniform and min(w, h) <= keep:
         stored = "stored as they are"

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..data.transforms import resize_side
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist
@@ -136,7 +137,7 @@ def build_stream_loaders(
         img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans, rest=rest
     )
     tf = eval_transform(img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
-    resize = [round(s / r.crop_pct) for s in size] if r.crop_pct < 1 else list(size)
+    resize = [resize_side(s, r.crop_pct) for s in size]
     eval_tf = EvalDecode(at_least=(resize[1], resize[0]), in_chans=mcfg.in_chans, tf=tf)
     out_shape = (mcfg.in_chans, *size)
     eval_batch = eval_batch or max(micro, 256)
