@@ -201,6 +201,9 @@ class _Cursor:
         except (OSError, EOFError, tarfile.TarError) as e:
             self.close()
             raise DataError(f"{url}: cannot read sample {index} ({type(e).__name__}: {e}): {_BROKEN}") from None
+        except DataError as e:  # the reader's own checks (a miscounted shard, an oversized member): what to do next
+            self.close()
+            raise DataError(f"{e}; restore the shard (or re-pack the data for a new run) and --resume") from None
 
     def _get(self, slot: int, index: int, url: str) -> tuple[str, str, dict[str, bytes]]:
         if slot != self.slot or index < self.next_index:
