@@ -149,10 +149,16 @@ class Attention(nn.Module):
             self.rope = RotaryPosition2D(self.head_dim, theta=rope_theta)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attention: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``;
-        ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`)."""
+        ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`);
+        ``attn_mask``: boolean ``(B, 1, T, T)``, the keys each query may attend to (packed images: :mod:`.packed`)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -160,10 +166,13 @@ class Attention(nn.Module):
             q, k = self.rope(q, rope), self.rope(k, rope)
         drop = self.attn_drop if self.training else 0.0
         if return_attention:
-            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                logits = logits.masked_fill(~attn_mask, float("-inf"))
+            weights = logits.softmax(dim=-1)
             out = F.dropout(weights, p=drop, training=self.training) @ v
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, d)))
         return (out, weights) if return_attention else out
 
@@ -300,11 +309,18 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attention: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights; ``rope``: the
-        patch tokens' rotary table (with ``rope_theta``)."""
-        kw = {"rope": rope} if rope is not None else {}
+        patch tokens' rotary table (with ``rope_theta``); ``attn_mask``: the keys each query may attend to."""
+        kw: dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {"rope": rope} if rope is not None else {}
+        if attn_mask is not None:
+            kw["attn_mask"] = attn_mask
         if return_attention:
             y, weights = self.attn(self.norm1(x), return_attention=True, **kw)
         else:
