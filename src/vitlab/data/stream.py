@@ -49,6 +49,7 @@ __all__ = [
     "TrainDecode",
     "is_shard_spec",
     "open_stream_data",
+    "sample_seed",
 ]
 
 DEFAULT_SHUFFLE_BUFFER = 8192
@@ -59,6 +60,13 @@ TRACE_ENV = "VITLAB_STREAM_TRACE"
 
 def _rng(*ints: int) -> np.random.Generator:
     return np.random.default_rng([int(i) % (1 << 63) for i in ints])
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of one training sample's random draws (augmentation, a sampled resolution): a function of the
+    run's seed, the epoch and the sample's position in the epoch's order, so the sample gets the same draws
+    whichever process or worker prepares it, and again after a resumption."""
+    return int(np.random.SeedSequence([seed, epoch, position]).generate_state(1)[0])
 
 
 class EpochOrder:
@@ -169,7 +177,7 @@ class ShardStream(IterableDataset):
                 raise DataError(f"{url}: {key}: class index {label} is not one of the {self.num_classes} classes")
             with torch.random.fork_rng(devices=[]):
                 if self.shuffle:  # the same augmentation whichever process decodes the sample
-                    torch.manual_seed(int(np.random.SeedSequence([self.seed, self.epoch, p]).generate_state(1)[0]))
+                    torch.manual_seed(sample_seed(self.seed, self.epoch, p))
                 x = self.transform(image)
             return x, label, key, p, ""
         except Exception as e:
