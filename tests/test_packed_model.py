@@ -18,7 +18,7 @@ from vitlab import accel
 from vitlab.errors import ConfigError, InputError
 from vitlab.models import VisionTransformer
 from vitlab.models.layers import Attention
-from vitlab.models.packed import PackedPatches, block_mask, drop_tokens, pack, patchify
+from vitlab.models.packed import ATTENTION_METHODS, PackedAttention, PackedPatches, drop_tokens, pack, patchify
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
 ARCHS = {
@@ -108,9 +108,11 @@ def test_one_image_packed_is_the_unpacked_model(arch, shape):
         )
 
 
+@pytest.mark.parametrize("method", ATTENTION_METHODS)
 @pytest.mark.parametrize("arch", ARCHS.values(), ids=ARCHS.keys())
-def test_several_images_packed_give_each_its_own_output(arch):
+def test_several_images_packed_give_each_its_own_output(arch, method):
     model = randomised(VisionTransformer(**TINY, **arch))
+    model.packed_attention = method
     shapes = [(32, 32), (16, 40), (48, 24), (8, 8), (8, 64), (24, 16)]
     xs = [image(h, w, seed=i) for i, (h, w) in enumerate(shapes)]
     tok = [patchify(x, 8) for x in xs]
@@ -128,10 +130,13 @@ def test_several_images_packed_give_each_its_own_output(arch):
     per_seq=st.integers(1, 3),
     spare=st.integers(0, 7),
     arch=st.sampled_from(sorted(ARCHS)),
+    method=st.sampled_from(ATTENTION_METHODS),
 )
-def test_any_grids_in_any_sequences(grids, per_seq, spare, arch):
-    """Hypothesis: images of any grids (1 x 1 to 6 x 6 patches), ``per_seq`` to a sequence, any padding."""
+def test_any_grids_in_any_sequences(grids, per_seq, spare, arch, method):
+    """Hypothesis: images of any grids (1 x 1 to 6 x 6 patches), ``per_seq`` to a sequence, any padding, either
+    attention method."""
     model = randomised(VisionTransformer(**TINY, **ARCHS[arch]))
+    model.packed_attention = method
     p = model.num_prefix_tokens
     xs = [image(8 * h, 8 * w, seed=i) for i, (h, w) in enumerate(grids)]
     tok = [patchify(x, 8) for x in xs]
@@ -159,9 +164,11 @@ def test_token_dropping_before_packing_is_patch_dropout(arch):
     assert_close_rel(got, want)
 
 
-def test_gradients_are_those_of_the_images_apart():
-    """Training: the block mask holds in the backward pass too (dropout off, so both runs are deterministic)."""
+@pytest.mark.parametrize("method", ATTENTION_METHODS)
+def test_gradients_are_those_of_the_images_apart(method):
+    """Training: attention stays within each image in the backward pass too (dropout off: deterministic)."""
     model = randomised(VisionTransformer(**TINY, reg_tokens=1)).train()
+    model.packed_attention = method
     twin = copy.deepcopy(model)
     xs = [image(16, 40, seed=1), image(32, 24, seed=2), image(8, 16, seed=3)]
     packed = pack([[patchify(x, 8) for x in xs[:2]], [patchify(xs[2], 8)]], seq_len=30, prefix_tokens=2)
@@ -184,7 +191,7 @@ def test_attention_is_block_diagonal():
     packed = pack([[patchify(image(16, 16), 8), patchify(image(8, 24), 8)]], seq_len=12, prefix_tokens=1)
     with torch.no_grad(), model.capture_attention() as captured:
         _, attns = model(packed, return_attention=True)
-    mask = block_mask(packed)
+    mask = PackedAttention(packed.image_ids).mask()
     assert len(attns) == 2 and len(captured) == 2
     for a in attns:
         assert a.shape == (1, 2, 12, 12)
@@ -239,6 +246,10 @@ def test_refused_options():
         model.train()(packed)
     with pytest.raises(ConfigError, match="token merging"):
         VisionTransformer(**TINY).set_tome(1)(packed)
+    model = VisionTransformer(**TINY)
+    model.packed_attention = "flash"
+    with pytest.raises(ConfigError, match="'flash' is unknown"):
+        model(packed)
 
 
 def test_malformed_layouts_are_one_line_errors():

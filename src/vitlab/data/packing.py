@@ -82,7 +82,7 @@ class Patchify:
     (seeded per sample by the loaders)."""
 
     patch_size: int
-    resolution: tuple[int, int]
+    resolution: tuple[float, float]
     mean: Sequence[float]
     std: Sequence[float]
     in_chans: int = 3

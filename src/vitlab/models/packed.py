@@ -9,8 +9,8 @@ laid end to end in sequences of a fixed length, and the ViT of Eq. 1-4 runs on t
   convolution's weights as one linear map of the flattened ``(C, P, P)`` patch). E_pos is looked up per token
   from its (row, column): the 2-D tables (``learn2d``, NaViT's factorised embedding; ``sincos2d``) directly, the
   paper's 1-D learned table resampled in 2-D to the image's grid (Sec. 3.2), once per distinct grid;
-- **attention is block-diagonal** (Eq. 2): a token attends only to the tokens of its own image, through a
-  boolean mask given to ``F.scaled_dot_product_attention``; padding tokens attend only to each other;
+- **attention is block-diagonal** (Eq. 2): a token attends only to the tokens of its own image
+  (:class:`PackedAttention`: one attention call per image, or one with a block mask);
 - **pooling per image** (Eq. 4): each image's class token, or the mean (or attention pooling) of its own patch
   tokens; padding is never pooled.
 
@@ -22,6 +22,7 @@ dropping inside the model (drop tokens before packing instead: :func:`drop_token
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -31,7 +32,17 @@ import torch.nn.functional as F
 from ..errors import ConfigError, InputError
 from .layers import Attention, Block, PatchEmbed
 
-__all__ = ["PackedInput", "PackedPatches", "PatchTokens", "block_mask", "drop_tokens", "pack", "patchify", "unpack"]
+__all__ = [
+    "ATTENTION_METHODS",
+    "PackedAttention",
+    "PackedInput",
+    "PackedPatches",
+    "PatchTokens",
+    "drop_tokens",
+    "pack",
+    "patchify",
+    "unpack",
+]
 
 
 class PatchTokens(NamedTuple):
@@ -164,6 +175,7 @@ def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor
         (cfg.attention != "global", "axial attention needs a whole grid"),
         (cfg.rope, "2-D RoPE is not packed-aware yet"),
         (bool(model.tome_r), "token merging is on (set_tome(0) first)"),
+        (model.packed_attention not in ATTENTION_METHODS, f"packed_attention {model.packed_attention!r} is unknown"),
         (type(model.patch_embed) is not PatchEmbed, "the hybrid stem needs whole images"),
         (
             model.training and getattr(model.patch_drop, "p", 0.0) > 0,
@@ -210,10 +222,48 @@ def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor
     return start, length
 
 
-def block_mask(packed: PackedPatches) -> torch.Tensor:
-    """``(B, 1, S, S)`` boolean: query token ``i`` may attend to key token ``j`` (same image, or both padding)."""
-    ids = packed.image_ids
-    return (ids[:, :, None] == ids[:, None, :])[:, None]
+ATTENTION_METHODS = ("split", "mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedAttention:
+    """Attention within each image of packed sequences (Eq. 2 per image), handed to every block.
+
+    ``split`` (the default) runs ``F.scaled_dot_product_attention`` once for each image's run of tokens and
+    concatenates (padding runs are not attended: their outputs are zeros); ``mask`` runs it once on the whole
+    batch with a boolean ``(B, 1, S, S)`` block mask, computing the masked pairs too (padding attends to padding).
+    Both compute each image's attention exactly; ``benchmarks/bench_packed_attention.py`` times them."""
+
+    image_ids: torch.Tensor
+    method: str = "split"
+
+    @functools.cached_property
+    def runs(self) -> list[list[tuple[int, int]]]:
+        """Per sequence, ``(image id, length)`` of each run of consecutive tokens of one image (-1: padding)."""
+        out = []
+        for seq in self.image_ids:
+            ids, counts = torch.unique_consecutive(seq, return_counts=True)
+            out.append(list(zip(ids.tolist(), counts.tolist(), strict=True)))
+        return out
+
+    def mask(self) -> torch.Tensor:
+        """``(B, 1, S, S)`` boolean: query ``i`` may attend to key ``j`` (the same image, or both padding)."""
+        ids = self.image_ids
+        return (ids[:, :, None] == ids[:, None, :])[:, None]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(d)) v`` within each image, for ``(B, heads, S, d)`` queries, keys and values."""
+        if self.method == "mask":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(), dropout_p=dropout_p)
+        rows = []
+        for b, runs in enumerate(self.runs):
+            qs, ks, vs = (t[b : b + 1].split([n for _, n in runs], dim=2) for t in (q, k, v))
+            parts = [  # padding (id -1) is not attended
+                F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p) if i >= 0 else torch.zeros_like(qi)
+                for (i, _), qi, ki, vi in zip(runs, qs, ks, vs, strict=True)
+            ]
+            rows.append(torch.cat(parts, dim=2))
+        return torch.cat(rows)
 
 
 def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,6 +278,9 @@ def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> t
 class PackedInput:
     """Packed input for :class:`~.vit.VisionTransformer` (a mixin: it reads ``config``, ``patch_embed``, the
     prefix tokens, ``patch_posemb``, ``encode`` and ``forward_head``). ``model(packed)`` gives ``(n, classes)``."""
+
+    packed_attention: str = "split"
+    """How attention stays within each packed image: one of :data:`ATTENTION_METHODS` (:class:`PackedAttention`)."""
 
     def embed_packed(self, packed: PackedPatches, *, _checked: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Eq. 1 for each packed image: ``(B, S, D)``, each image's segment ``[prefix tokens; x_p E] + E_pos``,
@@ -271,7 +324,8 @@ class PackedInput:
         m: Any = self
         start, length = check(m, packed)
         z = self.embed_packed(packed, _checked=(start, length))
-        out = m.encode(z, m.config.grid_size, attention=attention, mask=block_mask(packed))
+        packing = PackedAttention(packed.image_ids, m.packed_attention)
+        out = m.encode(z, m.config.grid_size, attention=attention, packing=packing)
         return {**out, "start": start, "length": length}
 
     def forward_packed(self, packed: PackedPatches, *, pre_logits: bool = False, return_attention: bool = False) -> Any:

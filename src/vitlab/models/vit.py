@@ -28,7 +28,7 @@ from .config import ViTConfig
 from .flops import count_macs
 from .hybrid import HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed
-from .packed import PackedInput, PackedPatches
+from .packed import PackedAttention, PackedInput, PackedPatches
 from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .timm_api import TimmModelApi
 from .tome import TokenMerging, weighted_mean
@@ -244,11 +244,11 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
         *,
         attention: bool = False,
         keep: bool = False,
-        mask: torch.Tensor | None = None,
+        packing: PackedAttention | None = None,
     ) -> dict[str, Any]:
         """Run the encoder on an embedded sequence ``z_0``: ``encoded`` (``(B, T, D)``, after the
         final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
-        block's output z_1 .. z_L (``blocks``); ``mask``: the attention mask of packed images (:mod:`.packed`)."""
+        block's output z_1 .. z_L (``blocks``); ``packing``: attention within each packed image (:mod:`.packed`)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
         if self.tome_r:  # token merging (.tome): fewer tokens from block to block, each with its size
             if attention or keep:
@@ -260,8 +260,8 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
         kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
         if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
             kw["rope"] = self.blocks[0].attn.rope.table(grid, device=z.device)
-        if mask is not None:
-            kw["attn_mask"] = mask
+        if packing is not None:
+            kw["packing"] = packing
         for blk in self.blocks:
             if attention:
                 z, a = blk(z, return_attention=True, **kw)
