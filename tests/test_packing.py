@@ -20,7 +20,7 @@ from vitlab.data.rows import PackedImages
 from vitlab.data.shard_source import open_source
 from vitlab.data.shards import pack_folder
 from vitlab.data.sources import FolderPlan
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, DataError
 
 SHAPES = [(30, 40), (40, 30), (24, 64), (48, 48), (64, 20), (36, 27), (20, 20), (56, 42)]
 
@@ -228,3 +228,12 @@ def test_tar_shards_pack_every_sample_once_and_resume(shards):
     check_epoch(ref, 21)
     assert same(list(loader(shards, workers=2, **kw)), ref)
     assert same(list(loader(shards, start=ref[1].next_position, **kw)), ref[2:])
+
+
+def test_a_sample_that_cannot_be_prepared_is_one_line_naming_it(shards):
+    def broken(x):
+        raise ValueError("no such augmentation")
+
+    ld = loader(shards, num_classes=3, patchify=patchify(augment=broken))
+    with pytest.raises(DataError, match=r"\.tar: .*cannot decode \(ValueError: no such augmentation\)"):
+        list(ld)
