@@ -282,11 +282,13 @@ class PackedInput:
     packed_attention: str = "split"
     """How attention stays within each packed image: one of :data:`ATTENTION_METHODS` (:class:`PackedAttention`)."""
 
-    def embed_packed(self, packed: PackedPatches, *, _checked: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def embed_packed(self, packed: PackedPatches) -> torch.Tensor:
         """Eq. 1 for each packed image: ``(B, S, D)``, each image's segment ``[prefix tokens; x_p E] + E_pos``,
         zeros at padding."""
+        return self._embed_packed(packed, check(self, packed)[0])
+
+    def _embed_packed(self, packed: PackedPatches, start: torch.Tensor) -> torch.Tensor:
         m: Any = self
-        start, _ = _checked if _checked is not None else check(m, packed)
         cfg = m.config
         proj = m.patch_embed.proj
         tokens = F.linear(packed.patches, proj.weight.flatten(1), proj.bias)
@@ -323,7 +325,7 @@ class PackedInput:
         of each image's tokens; with ``attention``, each layer's (block-diagonal) weights ``(B, heads, S, S)``."""
         m: Any = self
         start, length = check(m, packed)
-        z = self.embed_packed(packed, _checked=(start, length))
+        z = self._embed_packed(packed, start)
         packing = PackedAttention(packed.image_ids, m.packed_attention)
         out = m.encode(z, m.config.grid_size, attention=attention, packing=packing)
         return {**out, "start": start, "length": length}
