@@ -160,6 +160,7 @@ def test_padding_fraction_is_accounted():
     src = synthetic()
     ld = loader(src)
     batches = list(ld)
+    assert ld.num_images == 40
     slots = sum(b.packed.image_ids.numel() for b in batches)
     padded = sum(int((b.packed.image_ids < 0).sum()) for b in batches)
     assert ld.padding_fraction == pytest.approx(padded / slots)

@@ -254,8 +254,9 @@ class PackedLoader:
     def padding_fraction(self) -> float:
         return self.padded / self.slots if self.slots else 0.0
 
-    def __len__(self) -> int:
-        """Images of the epoch (the batches they make depend on their sizes)."""
+    @property
+    def num_images(self) -> int:
+        """Images of the epoch (how many batches they make depends on their sizes: no ``len``)."""
         return len(self.source) if isinstance(self.source, ShardSet) else len(self.source.labels)
 
     def __iter__(self) -> Iterator[PackedBatch]:
