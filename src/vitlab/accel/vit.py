@@ -13,7 +13,8 @@ Both take the token count from the embedded sequence, so training with token dro
 then not chunked (:meth:`FastVisionTransformer.drops_tokens`).
 
 Both run only where nobody could tell: no hooks anywhere in the model, no token merging, the last block exactly as
-built, no attention capture, and an eager (not traced or compiled) forward.
+built, no attention capture, an eager (not traced or compiled) forward, and images in a batch rather than packed
+(:class:`~vitlab.models.packed.PackedPatches`: the blocks then see an attention mask and take the plain forward).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from ..models.flops import block_macs
 from ..models.layers import Block, PatchDropout
+from ..models.packed import PackedPatches
 from ..models.vit import VisionTransformer
 from .blocks import BLOCK_LAYOUT, FastBlock
 from .buffers import share_scratch
@@ -59,12 +61,17 @@ class FastVisionTransformer(VisionTransformer):
         self.cls_only_last_block = True
         """With class-token pooling, ``forward`` runs the last block for the class token only."""
 
-    def accelerable(self, x: torch.Tensor) -> bool:
+    def accelerable(self, x: torch.Tensor | PackedPatches) -> bool:
         """Whether the model-level paths may run on ``x``: the switch is on, the forward is eager,
         nothing captures attention, no token merging (:mod:`vitlab.models.tome`) changes the sequence,
-        and no hook is registered anywhere in the model."""
+        ``x`` is a batch of images (not packed ones), and no hook is registered anywhere in the model."""
         return (
-            enabled() and self._captured is None and not self.tome_r and running_eagerly() and not hooks_anywhere(self)
+            enabled()
+            and self._captured is None
+            and not self.tome_r
+            and not isinstance(x, PackedPatches)
+            and running_eagerly()
+            and not hooks_anywhere(self)
         )
 
     def cls_only_applies(self) -> bool:

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  vitlab predict --model runs/20260101-120000-train/model cat.jpg dog.png\n"
             "  vitlab predict --model runs/cifar images/ --json\n"
             "  vitlab predict --model deploy/ cat.jpg          # a `vitlab export` folder (ONNX, int8 ...)\n"
-            "  vitlab predict --model runs/cifar/model --tome 8 images/   # token merging"
+            "  vitlab predict --model runs/cifar/model --tome 8 images/   # token merging\n"
+            "  vitlab predict --model runs/photos/model --native photos/  # each photo at its own aspect ratio"
         ),
         formatter_class=formatter,
     )
@@ -30,6 +31,19 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="each image at its own aspect ratio (NaViT, packed): resized within the model's token budget, no "
+        "square resize or crop (a vitlab model, not an exported folder)",
+    )
+    p.add_argument(
+        "--native-res",
+        type=float,
+        default=None,
+        metavar="PX",
+        help="with --native: the token budget of a PX x PX image (default: the model's own resolution)",
+    )
     p.add_argument(
         "--max-image-pixels",
         type=int,
@@ -48,17 +62,23 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data.decode import image_files, read_image
     from ..devices import resolve_device
-    from ..errors import InputError
-    from ..evaluate import model_inputs
+    from ..errors import ConfigError, InputError
+    from ..evaluate import model_inputs, native_inputs
     from ._common import resolve_model
 
     if args.top < 1:
         raise ValueError("--top must be >= 1")
+    if args.native_res is not None and not args.native:
+        raise ConfigError("--native-res: only with --native")
+    if args.native and args.tome is not None:
+        raise ConfigError("--native with --tome: token merging does not apply to packed images")
     dev = resolve_device(args.device)  # before loading the model: a typo fails fast
     files = image_files(args.images)  # folders searched; a missing path fails here, before the model loads
     model, _ = resolve_model(args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript)
     if args.tome is not None:
         model.set_tome(args.tome)
+    if args.native and not hasattr(model, "forward_packed"):
+        raise ConfigError(f"--native: {args.model} is an exported folder; pass the vitlab model it was exported from")
     model.to(dev)
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
@@ -74,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
                 results.append({"image": str(f), "error": str(e)})
         if not arrays:
             continue
+        native = args.native
+        x = native_inputs(model, arrays, resolution=args.native_res) if native else model_inputs(model, arrays)
         with torch.no_grad():
-            probs = model(model_inputs(model, arrays).to(dev)).float().softmax(-1).cpu()
+            probs = model(x.to(dev)).float().softmax(-1).cpu()
         for entry, ps, ix in zip(entries, *probs.topk(k, dim=1)):
             top = [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)]
             results.append({**entry, "top": top})

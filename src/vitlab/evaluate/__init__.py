@@ -1,4 +1,5 @@
-"""Evaluation: accuracy (top-1, top-5, per class) of a model on a dataset."""
+"""Evaluation: accuracy (top-1, top-5, per class) of a model on a dataset, the usual way (resize, centre crop) or at
+each image's own aspect ratio (packed: :func:`evaluate_native`)."""
 
 from .accuracy import (
     decode_size,
@@ -9,13 +10,18 @@ from .accuracy import (
     preprocess_for,
     transforms_for,
 )
+from .native import evaluate_native, native_batches, native_inputs, native_patchify
 
 __all__ = [
     "decode_size",
     "eval_dataset",
     "evaluate_batches",
     "evaluate_model",
+    "evaluate_native",
     "model_inputs",
+    "native_batches",
+    "native_inputs",
+    "native_patchify",
     "preprocess_for",
     "transforms_for",
 ]

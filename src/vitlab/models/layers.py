@@ -9,6 +9,7 @@ API: they let the world's weights load without a rename table.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,9 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 from .rope import RotaryPosition2D
+
+if TYPE_CHECKING:
+    from .packed import PackedAttention
 
 __all__ = [
     "Attention",
@@ -149,10 +153,17 @@ class Attention(nn.Module):
             self.rope = RotaryPosition2D(self.head_dim, theta=rope_theta)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attention: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packing: PackedAttention | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``;
-        ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`)."""
+        ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`);
+        ``packing``: the sequences hold packed images, each token attends only to its own image's
+        (:class:`.packed.PackedAttention`)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
@@ -160,8 +171,13 @@ class Attention(nn.Module):
             q, k = self.rope(q, rope), self.rope(k, rope)
         drop = self.attn_drop if self.training else 0.0
         if return_attention:
-            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            logits = (q * self.scale) @ k.transpose(-2, -1)
+            if packing is not None:
+                logits = logits.masked_fill(~packing.mask(), float("-inf"))
+            weights = logits.softmax(dim=-1)
             out = F.dropout(weights, p=drop, training=self.training) @ v
+        elif packing is not None:
+            out = packing.attend(q, k, v, dropout_p=drop)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
         out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, d)))
@@ -300,11 +316,18 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(
-        self, x: torch.Tensor, *, return_attention: bool = False, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        *,
+        return_attention: bool = False,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packing: PackedAttention | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights; ``rope``: the
-        patch tokens' rotary table (with ``rope_theta``)."""
-        kw = {"rope": rope} if rope is not None else {}
+        patch tokens' rotary table (with ``rope_theta``); ``packing``: attention within each packed image."""
+        kw: dict[str, Any] = {"rope": rope} if rope is not None else {}
+        if packing is not None:
+            kw["packing"] = packing
         if return_attention:
             y, weights = self.attn(self.norm1(x), return_attention=True, **kw)
         else:

@@ -28,6 +28,7 @@ from .config import ViTConfig
 from .flops import count_macs
 from .hybrid import HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed
+from .packed import PackedAttention, PackedInput, PackedPatches
 from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .timm_api import TimmModelApi
 from .tome import TokenMerging, weighted_mean
@@ -36,7 +37,7 @@ from .tome import encode as tome_encode
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
+class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
     """ViT with timm's parameter names.
 
     Build it from a :class:`ViTConfig`, keyword overrides, or both::
@@ -46,7 +47,8 @@ class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
 
     ``block_fn`` builds the encoder blocks instead of :class:`Block` (same keyword arguments),
     as in timm. Any input size whose sides the patch size divides is accepted at run time;
-    learned position embeddings are then resampled on the fly (``posemb_resample``).
+    learned position embeddings are then resampled on the fly (``posemb_resample``). Images of several
+    shapes at once come packed (:class:`~.packed.PackedPatches`: ``model(packed)`` gives one row per image).
     """
 
     def __init__(
@@ -236,11 +238,17 @@ class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
 
     # -- Eq. 2-3 and the final LayerNorm: the one block loop ---------------------
     def encode(
-        self, z: torch.Tensor, grid: tuple[int, int], *, attention: bool = False, keep: bool = False
+        self,
+        z: torch.Tensor,
+        grid: tuple[int, int],
+        *,
+        attention: bool = False,
+        keep: bool = False,
+        packing: PackedAttention | None = None,
     ) -> dict[str, Any]:
         """Run the encoder on an embedded sequence ``z_0``: ``encoded`` (``(B, T, D)``, after the
         final LayerNorm); with ``attention`` also each layer's weights, with ``keep`` each
-        block's output z_1 .. z_L (``blocks``)."""
+        block's output z_1 .. z_L (``blocks``); ``packing``: attention within each packed image (:mod:`.packed`)."""
         out: dict[str, Any] = {"blocks": [], "attention": []}
         if self.tome_r:  # token merging (.tome): fewer tokens from block to block, each with its size
             if attention or keep:
@@ -252,6 +260,8 @@ class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
         kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
         if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
             kw["rope"] = self.blocks[0].attn.rope.table(grid, device=z.device)
+        if packing is not None:
+            kw["packing"] = packing
         for blk in self.blocks:
             if attention:
                 z, a = blk(z, return_attention=True, **kw)
@@ -266,13 +276,15 @@ class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
         return out
 
     def forward_features(
-        self, x: torch.Tensor, *, return_attention: bool = False
+        self, x: torch.Tensor | PackedPatches, *, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Eq. 1-3 and the final LayerNorm: ``(B, C, H, W)`` -> ``(B, T, D)``.
 
         With ``return_attention=True`` also returns each layer's attention
         weights ``(B, heads, T, T)``, computed exactly (no fused kernel).
         """
+        if isinstance(x, PackedPatches):  # (B, S, D), each image's tokens where the packing put them
+            return self.encode_packed(x)["encoded"]
         want = return_attention or self._captured is not None
         out = self.encode(self.embed(x), self.grid(x), attention=want)
         if self._captured is not None:
@@ -310,12 +322,15 @@ class VisionTransformer(TimmModelApi, TokenMerging, nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(
-        self, x: torch.Tensor, return_attention: bool = False
+        self, x: torch.Tensor | PackedPatches, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits ``(B, num_classes)``; with ``return_attention`` also the per-layer attention weights.
 
         ``return_attention`` may be passed by position: PyTorch's TorchScript-based ONNX exporter
-        (``torch.onnx.export(..., dynamo=False)``) appends every defaulted parameter positionally."""
+        (``torch.onnx.export(..., dynamo=False)``) appends every defaulted parameter positionally.
+        Packed images (:class:`~.packed.PackedPatches`) give ``(images, num_classes)``."""
+        if isinstance(x, PackedPatches):
+            return self.forward_packed(x, return_attention=return_attention is True)
         if return_attention is True:  # `is`: a symbolic trace (torch.fx) passes a proxy for the flag
             feats, attns = self.forward_features(x, return_attention=True)  # type: ignore[misc]
             return self.forward_head(feats), attns

@@ -1,0 +1,163 @@
+"""Block-diagonal attention over packed images (models/packed.py): which exact method is fastest on this CPU.
+
+Methods, all computing softmax(q k^T / sqrt(d)) v within each image of packed sequences:
+
+- ``split``: one ``F.scaled_dot_product_attention`` call per image (the varlen loop), outputs concatenated
+  (vitlab's default, :class:`vitlab.models.packed.PackedAttention`);
+- ``mask``: one SDPA call with a boolean ``(B, 1, S, S)`` block mask (``model.packed_attention = "mask"``);
+- ``padded``: the images gathered into a ``(n, heads, L, d)`` batch padded to the longest, a key-padding mask,
+  one SDPA call, scattered back;
+- ``flex``: ``torch.nn.attention.flex_attention`` with a block mask, eager (forward only: torch has no CPU
+  backward for it).
+
+Each round times every method in turn (interleaved), forward without autograd and forward + backward; the
+table gives the median over rounds, and the median over rounds of each method's time over ``split``'s in the
+same round (less sensitive to load that changes between rounds). On a machine shared with other jobs the
+numbers are noise: measure alone.
+
+    PYTHONPATH=src python benchmarks/bench_packed_attention.py --rounds 11 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from vitlab.models.packed import PackedAttention
+
+CONFIGS = {  # name: (tokens a sequence, sequences, width, heads, smallest and largest image in tokens)
+    "S512-w192-small": (512, 4, 192, 3, 32, 160),
+    "S1024-w384-photos": (1024, 2, 384, 6, 64, 256),
+    "S1024-w192-many": (1024, 2, 192, 3, 16, 64),
+}
+
+
+def segments(seq_len: int, sequences: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+    """Image lengths per sequence (random in [lo, hi] until the next would not fit), the rest one padding run."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(sequences):
+        lens, used = [], 0
+        while (n := rnd.randint(lo, hi)) + used <= seq_len:
+            lens.append(n)
+            used += n
+        if used < seq_len:
+            lens.append(seq_len - used)
+        out.append(lens)
+    return out
+
+
+def context(segs: list[list[int]], seq_len: int) -> dict:
+    ids = torch.full((len(segs), seq_len), -1)
+    flat, k = [], 0
+    for b, lens in enumerate(segs):
+        o = 0
+        for n in lens:
+            ids[b, o : o + n] = k
+            flat.append((b * seq_len + o, n))
+            k, o = k + 1, o + n
+    longest = max(n for _, n in flat)
+    idx = torch.zeros(len(flat), longest, dtype=torch.long)
+    valid = torch.zeros(len(flat), longest, dtype=torch.bool)
+    for i, (s, n) in enumerate(flat):
+        idx[i, :n], valid[i, :n] = torch.arange(s, s + n), True
+    ctx = {"split": PackedAttention(ids, "split"), "mask": PackedAttention(ids, "mask"), "idx": idx, "valid": valid}
+    assert ctx["split"].runs  # computed once, as in a forward (all blocks share it)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_image(b, h, q, k):
+            return ids[b, q] == ids[b, k]
+
+        ctx["block_mask"] = create_block_mask(same_image, len(segs), None, seq_len, seq_len, device="cpu")
+    except Exception:  # (no flex_attention in this torch)
+        pass
+    return ctx
+
+
+def by_mask(q, k, v, ctx):
+    return ctx["mask"].attend(q, k, v)
+
+
+def by_split(q, k, v, ctx):
+    return ctx["split"].attend(q, k, v)
+
+
+def by_padding(q, k, v, ctx):
+    b, h, s, d = q.shape
+    idx, valid = ctx["idx"], ctx["valid"]
+
+    def gather(t):
+        return t.transpose(1, 2).reshape(b * s, h, d)[idx].transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), attn_mask=valid[:, None, None, :])
+    out = q.new_zeros(b * s, h, d).index_put((idx[valid],), o.transpose(1, 2)[valid])
+    return out.view(b, s, h, d).transpose(1, 2)
+
+
+def by_flex(q, k, v, ctx):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v, block_mask=ctx["block_mask"])
+
+
+METHODS = {"split": by_split, "mask": by_mask, "padded": by_padding, "flex": by_flex}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds (median ms)")
+    print("| config | images | method | forward | fwd / split | forward + backward | f+b / split | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.configs.split(","):
+        seq_len, sequences, width, heads, lo, hi = CONFIGS[name]
+        segs = segments(seq_len, sequences, lo, hi)
+        ctx = context(segs, seq_len)
+        methods = {m: f for m, f in METHODS.items() if m != "flex" or "block_mask" in ctx}
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(sequences, heads, seq_len, width // heads, generator=g) for _ in range(3))
+        real = (ctx["mask"].image_ids >= 0)[:, None, :, None]  # (padding rows differ between methods)
+        with torch.no_grad():
+            ref = by_mask(q, k, v, ctx)
+            diff = {m: float(((f(q, k, v, ctx) - ref) * real).abs().max()) for m, f in methods.items()}
+        times: dict[str, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in methods}
+        for _ in range(args.rounds):
+            for m, f in methods.items():
+                with torch.no_grad():
+                    t = time.perf_counter()
+                    for _ in range(5):
+                        f(q, k, v, ctx)
+                    times[m]["fwd"].append((time.perf_counter() - t) / 5 * 1e3)
+                if m == "flex":
+                    continue
+                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+                t = time.perf_counter()
+                for _ in range(3):
+                    f(qg, kg, vg, ctx).sum().backward()
+                times[m]["bwd"].append((time.perf_counter() - t) / 3 * 1e3)
+        images = sum(len(s) for s in segs)  # (padding runs included)
+        ref = times["split"]
+        for m, tm in times.items():
+            fwd, fwd_r = statistics.median(tm["fwd"]), statistics.median(a / b for a, b in zip(tm["fwd"], ref["fwd"]))
+            if tm["bwd"]:
+                both = f"{statistics.median(tm['bwd']):.2f}"
+                both_r = f"{statistics.median(a / b for a, b in zip(tm['bwd'], ref['bwd'])):.2f}"
+            else:
+                both, both_r = "n/a (no CPU backward)", ""
+            print(f"| {name} | {images} | {m} | {fwd:.2f} | {fwd_r:.2f} | {both} | {both_r} | {diff[m]:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
