@@ -55,7 +55,7 @@ def test_shorter_side_follows_exif_rotation_and_draft_rounding(tmp_path):
     exif[0x0112] = 6
     im.save(tmp_path / "turned.jpg", exif=exif)
     out = decode_image(tmp_path / "turned.jpg", shorter_side=20)
-    assert out.shape == (28, 20, 3)  # 171x123 turned to 123x171, shorter side 20
+    assert out.shape == (27, 20, 3)  # 171x123 turned to 123x171, shorter side 20, int(20 * 171 / 123)
 
 
 def test_mixed_sizes_are_cropped_no_larger_than_the_cap(tmp_path):
@@ -86,7 +86,7 @@ def test_training_caches_at_the_training_size_and_says_where(tmp_path, capsys):
     entries = list_caches(tmp_path / "cache")
     assert len(entries) == 2  # train and val
     side = 55  # ceil(48 / 0.875), ~1.14 x: the cache's margin over the model input for random crops
-    per_image = side * round(320 * side / 240) * 3
+    per_image = side * int(320 * side / 240) * 3  # torchvision's Resize(int) rule for the longer side
     per_eval = 54 * 54 * 3  # evaluation images: resized to floor(48 / crop_pct 0.875) (photos), centre-cropped
     assert sum(e.bytes - e.path.with_suffix(".json").stat().st_size for e in entries) == 12 * per_image + 4 * per_eval
     assert {e.source for e in entries} == {str(tmp_path / "photos" / "train"), str(tmp_path / "photos" / "val")}

@@ -127,8 +127,9 @@ def test_fewshot_and_eval_feed_the_model_the_same_pixels(tmp_path, monkeypatch, 
 
 def test_eval_stores_photos_at_the_resize_side_and_only_crops_them(tmp_path, monkeypatch):
     """``vitlab eval`` (and fewshot, which must see the same pixels) decodes a folder of photos for a model
-    with timm's crop_pct once at the side the evaluation resizes to (32 / 0.875 = 37, shorter side, aspect
-    kept): the transform's resize then finds nothing to do and the model sees the centre 32 x 32."""
+    with timm's crop_pct once at the side the evaluation resizes to (floor(32 / 0.875) = 36, shorter side), as
+    36-px squares placed for the centre crop: the transform's resize then finds nothing to do and the model sees the
+    centre 32 x 32."""
     from vitlab.data.cache_admin import list_caches
     from vitlab.evaluate import decode_size, evaluate_model
     from vitlab.evaluate.fewshot import FewShotConfig, evaluate_fewshot
@@ -145,10 +146,50 @@ def test_eval_stores_photos_at_the_resize_side_and_only_crops_them(tmp_path, mon
     model = vitlab.create_model(
         "vit_ti16", img_size=32, patch_size=8, depth=1, num_classes=2, class_names=["a", "b"], extra={"crop_pct": 0.875}
     ).eval()
-    assert decode_size(model) == 36  # floor(32 / 0.875), timm's crop_pct rule
+    assert decode_size(model) == 36
     evaluated = _inputs_seen(model, lambda: evaluate_model(model, str(tmp_path / "data"), progress=False))
     (val,) = [e for e in list_caches(tmp_path / "cache") if e.path.name.startswith("data-val")]
-    assert val.bytes - val.path.with_suffix(".json").stat().st_size == 6 * 36 * 48 * 3  # 120x160 -> 36x48
+    assert val.bytes - val.path.with_suffix(".json").stat().st_size == 6 * 36 * 36 * 3  # 120x160 -> 36x48 -> 36x36
     cfg = FewShotConfig(shots=(1,), seeds=1, probe=False, batch_size=3)
     fewshot = _inputs_seen(model, lambda: evaluate_fewshot(model, str(tmp_path / "data"), cfg, progress=False))
     assert evaluated.shape == (6, 3, 32, 32) and torch.equal(fewshot[-len(evaluated) :], evaluated)
+
+
+def test_the_decodes_resize_and_crop_are_torchvisions():
+    """The decode cache stores what timm's evaluation transform (torchvision's ``Resize(int)``, ``CenterCrop``)
+    takes of an image: the longer side ``int(size * longer / shorter)``, and a square placed so that the
+    evaluation's centre crop of it is ``CenterCrop(crop)`` of the whole resized image (two crops that each round
+    half to even would not add up: round(0.5) + round(0.5) = 0, round(1.0) = 1)."""
+    from torchvision.transforms.v2 import functional as F
+
+    from vitlab.data.resize import centre_square, resized_shape
+
+    for size in (7, 16, 17, 32):
+        for h in range(1, 41, 3):
+            for w in range(1, 41, 2):
+                resized = F.resize(torch.zeros(1, h, w, dtype=torch.uint8), [size]).shape[1:]
+                assert resized_shape(w, h, size) == (resized[1], resized[0]), (w, h, size)
+    for size in range(5, 19):
+        for long in range(size, size + 9):
+            for crop in range(1, size + 1):
+                index = torch.arange(size * long).view(1, size, long)  # a size x long image of its pixels' indices
+                left, top, right, bottom = centre_square(long, size, size, crop)
+                assert (right - left, bottom - top) == (size, size) and 0 <= left <= long - size and top == 0
+                twice = F.center_crop(index[:, top:bottom, left:right], [crop, crop])
+                assert torch.equal(twice, F.center_crop(index, [crop, crop])), (size, long, crop)
+
+
+def test_evaluation_squares_are_decoded_at_full_scale_and_resized_as_timm_resizes(tmp_path):
+    """A JPEG twice the evaluation's side is not decoded at a reduced DCT scale (PIL's draft mode) for the
+    evaluation squares: PIL opens the whole file for timm's transform, and the squares hold its pixels."""
+    from torchvision.transforms import v2
+
+    rng = np.random.default_rng(5)
+    Image.fromarray(rng.integers(0, 256, (90, 130, 3), dtype=np.uint8)).save(tmp_path / "p.jpg", quality=90)
+    pil = Image.open(tmp_path / "p.jpg").convert("RGB")
+    want = v2.CenterCrop(20)(v2.Resize(23, interpolation=v2.InterpolationMode.BICUBIC)(pil))
+    square = decode_image(tmp_path / "p.jpg", size=23, crop=20)
+    assert square.shape == (23, 23, 3)
+    assert np.array_equal(np.asarray(v2.CenterCrop(20)(Image.fromarray(square))), np.asarray(want))
+    with pytest.raises(ValueError, match="crop 24"):
+        decode_image(tmp_path / "p.jpg", size=23, crop=24)

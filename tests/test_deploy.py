@@ -91,7 +91,7 @@ def test_export_paths(fmt, int8, r, trained, data, tmp_path):
     assert raw["export"]["format"] == fmt and raw["export"]["int8"] == int8 and raw["export"]["tome_r"] == r
     assert raw["mean"] == list(trained.config.mean) and raw["class_names"] == trained.config.class_names
     pre = raw["pretrained_cfg"]
-    assert pre["input_size"] == [3, 32, 32] and pre["interpolation"] == "bilinear" and pre["crop_pct"] == 1.0
+    assert pre["input_size"] == [3, 32, 32] and pre["interpolation"] == "bicubic" and pre["crop_pct"] == 1.0
     assert pre["label_names"] == ["class0", "class1", "class2"]
 
     on_disk = json.loads((tmp_path / "out" / "export_report.json").read_text())

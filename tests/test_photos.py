@@ -139,8 +139,8 @@ def test_training_crops_are_drawn_on_the_photo_not_on_its_centre_square(tmp_path
             im.save(d / f"{i}.png")
     cfg = _cfg(root, img_size=64)
     s = load_data(str(root), val_split=0.34, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
-    portrait = next(s.train.images[i] for i in range(len(s.train)) if s.train.images[i].shape[0] == 99)
-    assert portrait.shape == (99, 74, 3)  # shorter side ceil(64 / 0.875) = 74, the whole photo
+    portrait = next(s.train.images[i] for i in range(len(s.train)) if s.train.images[i].shape[0] == 98)
+    assert portrait.shape == (98, 74, 3)  # shorter side ceil(64 / 0.875) = 74, the whole photo (int(74 * 4 / 3))
     x = torch.from_numpy(np.array(portrait)).permute(2, 0, 1)
     light = train_transform(img_size=64, mean=(0,) * 3, std=(1,) * 3, crop_scale=(0.5, 1), crop_ratio=(3 / 4, 4 / 3))
     torch.manual_seed(0)

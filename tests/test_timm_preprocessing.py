@@ -20,11 +20,21 @@ from timm.data import create_transform, resolve_data_config  # noqa: E402
 MEAN, STD = (0.31, 0.42, 0.63), (0.21, 0.26, 0.33)  # not ImageNet's, not 0.5
 
 
-def _tiny(tmp_path, **kw):
+def _tiny(tmp_path, *, img_size: int = 32, crop_pct: float = 1.0, **kw):
     """A tiny model with its own statistics and crop 1.0 (as `vitlab train` saves one), saved and loaded back."""
     torch.manual_seed(0)
     m = vitlab.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=3, mean=MEAN, std=STD
+        img_size=img_size,
+        patch_size=8,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=3,
+        class_names=["a", "b", "c"],
+        mean=MEAN,
+        std=STD,
+        crop_pct=crop_pct,
     )
     with torch.no_grad():
         m.head.weight.normal_(std=2.0)
@@ -32,30 +42,86 @@ def _tiny(tmp_path, **kw):
     return vitlab.load(tmp_path / "m", **kw)
 
 
-def _images() -> list[np.ndarray]:
-    """Generated uint8 images: the model's size, larger and smaller, square and not."""
+SIZES = ((32, 32), (48, 48), (24, 20), (20, 24), (37, 50), (61, 100), (33, 32), (13, 9))
+"""(height, width) of the generated images: the model's size, larger and smaller, square and not, odd margins."""
+
+
+def _image_folder(root, sizes=SIZES):
+    """``root/{train,val}/a/NN.png``: generated images of ``sizes`` (the fourth grey) to evaluate, and the files."""
     rng = np.random.default_rng(0)
-    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((32, 32), (48, 48), (24, 20), (32, 32))]
+    files = []
+    for i, (h, w) in enumerate(sizes):
+        a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        image = Image.fromarray(a).convert("L") if i == 3 else Image.fromarray(a)
+        for split in ("train", "val"):
+            (root / split / "a").mkdir(parents=True, exist_ok=True)
+            image.save(root / split / "a" / f"{i:02d}.png")
+        files.append(root / "val" / "a" / f"{i:02d}.png")
+    return files
 
 
-def test_resolve_data_config_reproduces_vitlab_eval_pixels_and_predictions(tmp_path):
-    model = _tiny(tmp_path)
+def _inputs_seen(model, run) -> torch.Tensor:
+    """The input batches ``run()`` feeds the model's patch embedding, concatenated."""
+    seen: list[torch.Tensor] = []
+    handle = model.patch_embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach().clone()))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
+@pytest.mark.parametrize(("img_size", "crop_pct"), [(32, 1.0), (48, 0.875)])  # 48 / 0.875: 54, an odd margin
+def test_resolve_data_config_reproduces_vitlab_eval_pixels_and_predictions(tmp_path, img_size, crop_pct):
+    """The files of an ImageFolder through `vitlab eval`'s own path (the decode cache at `decode_size`, then
+    `preprocess_for`) and through timm's transform of `resolve_data_config` on `Image.open(file).convert("RGB")`:
+    the same inputs within 1e-6 for images larger and smaller than the model, square or not; and
+    `vitlab.transforms_for` gives them from the PIL image, its uint8 tensor and `model_inputs` from its array."""
+    from vitlab.evaluate import evaluate_model
+
+    model = _tiny(tmp_path, img_size=img_size, crop_pct=crop_pct)
     cfg = resolve_data_config({}, model=model)
-    assert cfg["input_size"] == (3, 32, 32) and cfg["crop_pct"] == 1.0
+    assert cfg["input_size"] == (3, img_size, img_size) and cfg["crop_pct"] == crop_pct
+    assert cfg["interpolation"] == "bicubic" and cfg["crop_mode"] == "center"
     assert tuple(cfg["mean"]) == MEAN and tuple(cfg["std"]) == STD
     tf = create_transform(**cfg)
-    imgs = _images()
-    theirs = torch.stack([tf(Image.fromarray(a)) for a in imgs])
-    ours = model_inputs(model, imgs)  # what `vitlab eval` feeds the model for these decoded images
-    assert theirs.shape == ours.shape
+    files = _image_folder(tmp_path / "d")
+    theirs = torch.stack([tf(Image.open(f).convert("RGB")) for f in files])
+    cache = tmp_path / "cache"
+    ours = _inputs_seen(model, lambda: evaluate_model(model, str(tmp_path / "d"), cache_dir=cache, progress=False))
+    assert theirs.shape == ours.shape == (len(SIZES), 3, img_size, img_size)
     assert (theirs - ours).abs().max().item() <= 1e-6
     with torch.no_grad():
         assert torch.equal(model(theirs).argmax(1), model(ours).argmax(1))
-    # and vitlab.transforms_for, from PIL images or uint8 tensors, is the same
     plain = vitlab.transforms_for(model)
-    for a, want in zip(imgs, ours):
-        assert (plain(Image.fromarray(a)) - want).abs().max().item() <= 1e-6
-        assert (plain(torch.from_numpy(a).permute(2, 0, 1)) - want).abs().max().item() <= 1e-6
+    for f, want in zip(files, theirs, strict=True):
+        pil = Image.open(f)  # as stored: the grey one is mode L
+        assert (plain(pil) - want).abs().max().item() <= 1e-6
+        rgb = np.asarray(pil.convert("RGB"))
+        # a uint8 tensor or array is resized as a PIL image: the same pixels (a float tensor would be resized by torch)
+        assert (plain(torch.from_numpy(rgb.copy()).permute(2, 0, 1)) - want).abs().max().item() <= 1e-6
+        assert (model_inputs(model, [rgb])[0] - want).abs().max().item() <= 1e-6  # `vitlab predict`'s path
+
+
+def test_evaluation_of_images_at_the_models_size_is_the_identity_up_to_normalisation(tmp_path):
+    """CIFAR-10 and the digits are stored at the model's size and evaluated at crop 1.0: nothing resizes or crops
+    them, in the transform, in `transforms_for` or in the decode cache, so their numbers do not move."""
+    from torchvision.transforms import v2
+
+    from vitlab.data.decode import decode_image
+    from vitlab.evaluate import decode_size, preprocess_for
+    from vitlab.evaluate.accuracy import decode_crop
+
+    model = _tiny(tmp_path)
+    a = np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    x = torch.from_numpy(a).permute(2, 0, 1).contiguous()
+    want = v2.Normalize(MEAN, STD)(v2.ToDtype(torch.float32, scale=True)(x))  # x / 255, then mean and std
+    assert torch.equal(preprocess_for(model)(x), want)
+    assert torch.equal(vitlab.transforms_for(model)(x), want)
+    assert torch.equal(vitlab.transforms_for(model)(Image.fromarray(a)), want)
+    Image.fromarray(a).save(tmp_path / "x.png")
+    assert (decode_size(model), decode_crop(model)) == (32, 32)
+    assert np.array_equal(decode_image(tmp_path / "x.png", size=32, crop=32), a)
 
 
 def test_pretrained_cfg_carries_timms_keys_and_follows_the_config(tmp_path):
@@ -63,10 +129,12 @@ def test_pretrained_cfg_carries_timms_keys_and_follows_the_config(tmp_path):
     cfg = model.pretrained_cfg
     assert model.default_cfg == cfg
     assert cfg["classifier"] == "head" and cfg["first_conv"] == "patch_embed.proj"
-    assert cfg["num_classes"] == 3 and cfg["interpolation"] == "bilinear" and cfg["crop_mode"] == "squash"
+    assert cfg["num_classes"] == 3 and cfg["interpolation"] == "bicubic" and cfg["crop_mode"] == "center"
     assert dict(model.named_modules())[cfg["first_conv"]] is model.patch_embed.proj
     model.reset_classifier(0)
     assert model.pretrained_cfg["num_classes"] == 0
+    wide = vitlab.create_model("vit_ti16", img_size=(32, 48), patch_size=8, depth=1)
+    assert wide.pretrained_cfg["crop_mode"] == "squash"  # both sides resized, as vitlab's transform does
     grey = vitlab.create_model("vit_ti16", img_size=32, in_chans=1, mean=MEAN, std=STD)
     assert grey.pretrained_cfg["input_size"] == (1, 32, 32) and grey.pretrained_cfg["mean"] == MEAN[:1]
     hybrid = vitlab.create_model("vit_r_ti16", img_size=64, depth=1)
@@ -127,12 +195,19 @@ def test_hf_folder_keeps_its_processors_crop(tmp_path):
 
 def test_a_timm_script_scores_a_vitlab_run_as_vitlab_eval(tmp_path, capsys):
     """The issue's check: a run trained on its data's own statistics, scored by `vitlab eval` and by a timm-style
-    script (resolve_data_config + create_transform over the image files): the same inputs, the same confusion
-    matrix (on these easy images timm's ImageNet defaults happen to score the same: the inputs tell them apart)."""
+    script (resolve_data_config + create_transform over the image files, some of them resized): the same inputs,
+    the same confusion matrix and top-1 (on these easy images timm's ImageNet defaults happen to score the same:
+    the inputs tell them apart)."""
     from imagefolder import tiny_folder
     from vitlab.cli import main
 
     data = tiny_folder(tmp_path / "d")
+    rng = np.random.default_rng(1)
+    for c in range(3):  # test images that evaluation resizes: larger, not square
+        for h, w in ((12, 10), (9, 14), (17, 17)):
+            arr = rng.integers(0, 80, (h, w, 3)).astype(np.uint8)
+            arr[..., c] += 150
+            Image.fromarray(arr).save(data / "test" / f"class{c}" / f"{h}x{w}.png")
     run = tmp_path / "r"
     tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
     common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]

@@ -72,7 +72,8 @@ __all__ = [
     "default_cache_dir",
 ]
 
-_VERSION = 5  # 5: aspect kept (images of several sizes), budget in the metadata; 4: strips skipped; 3: CRCs
+_VERSION = 6  # 6: evaluation's resize rule (torchvision's sizes and centre, JPEGs at full scale); 5: aspect kept
+# (images of several sizes), budget in the metadata; 4: strips skipped; 3: CRCs
 _FINGERPRINT_VERSION = 4  # cache_key's: a run's data fingerprint must not change with the cache's format
 DEFAULT_BUFFER_BYTES = 64 << 20
 """The memory budget of building a decode cache (``--memory-budget``'s default), half of it for decoded images."""
@@ -208,6 +209,7 @@ def decode_files(
     paths: Sequence[str],
     *,
     size: int | None = None,
+    crop: int | None = None,
     fallback_size: int | None = None,
     mode: str = "RGB",
     cache_dir: str | os.PathLike[str] | None = None,
@@ -224,6 +226,9 @@ def decode_files(
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
     ``size`` x ``size`` (``fallback_size``, else :func:`~vitlab.data.decode.typical_side`, for mixed sizes).
+    ``crop`` (with ``size``): the centre crop an evaluation will take of the stored squares; each square is
+    placed for it (:func:`~vitlab.data.resize.centre_square`), so the evaluation sees the centre crop of the
+    whole resized image, as timm's transform does.
     ``keep_aspect`` (without ``size``): every image keeps its own aspect ratio and its whole extent, its
     shorter side shrunk to ``max_side`` when longer (never enlarged), whatever sizes the files share; the
     images then differ in size (:class:`~vitlab.data.rows.PackedImages`) unless they all come out alike.
@@ -244,6 +249,8 @@ def decode_files(
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     layout = size if size is not None else f"aspect-{max_side}" if keep_aspect else f"native-or-{fallback_size}"
+    if size is not None and crop not in (None, size):
+        layout = f"{size}-crop{crop}"
     key = _key(
         paths,
         layout,
@@ -292,6 +299,7 @@ def decode_files(
                 paths[i],
                 mode=mode,
                 size=plan.size,
+                crop=crop if plan.size == size else None,
                 max_pixels=max_pixels,
                 max_aspect=MAX_ASPECT,
                 max_bytes=max_bytes,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .decode import DEFAULT_MAX_IMAGE_PIXELS, header_sizes, resized_shape, too_thin, typical_side
+from .decode import DEFAULT_MAX_IMAGE_PIXELS, header_sizes, too_thin, typical_side
+from .resize import resized_shape
 
 __all__ = ["Layout", "plan_layout", "windows"]
 

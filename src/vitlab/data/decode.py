@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from .resize import centre_square, resized_shape
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -27,6 +29,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
     "OverBudget",
+    "convert_mode",
     "decode_encoded",
     "decode_image",
     "file_kind",
@@ -36,7 +39,6 @@ __all__ = [
     "is_image_name",
     "match_channels",
     "read_image",
-    "resized_shape",
     "too_thin",
     "typical_side",
 ]
@@ -85,12 +87,6 @@ def typical_side(sizes: Mapping[tuple[int, int], int]) -> int:
     raise ValueError("typical_side of no images")
 
 
-def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
-    """``(width, height)`` after :func:`decode_image` resizes the shorter side to ``size`` (before its centre crop)."""
-    s = size / min(width, height)
-    return max(size, round(width * s)), max(size, round(height * s))
-
-
 def header_sizes(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[int, int] | None]:
     """:func:`image_size` of each of ``paths`` (``None`` where the header cannot be read): headers only,
     no pixels decoded, so a folder's sizes are known before anything is decoded."""
@@ -135,6 +131,28 @@ def _to_8bit(im: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
 
 
+def convert_mode(im: Image.Image, mode: str = "RGB") -> Image.Image:
+    """A PIL image in ``mode`` (``RGB`` or ``L``) by the decoder's rule: 16-bit and float greyscale scaled to
+    8 bits (:func:`_to_8bit`), palette and alpha composited on white, anything else through ``convert("RGB")``,
+    and ``L`` the luma of that RGB image (grey -> RGB -> grey is the identity). An ``RGB`` image is returned as
+    it is. :func:`vitlab.transforms_for` converts a PIL image so before resizing it."""
+    from PIL import Image
+
+    if mode not in ("RGB", "L"):
+        raise ValueError(f"mode {mode!r}: expected 'RGB' or 'L'")
+    if im.mode in ("I", "F") or im.mode.startswith("I;16"):
+        im = _to_8bit(im)
+    if im.mode in ("P", "LA", "RGBA", "PA"):
+        im = im.convert("RGBA")
+        bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
+        im = Image.alpha_composite(bg, im)
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    if mode == "L":
+        im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
+    return im
+
+
 def _oriented(im: Image.Image) -> Image.Image:
     """``im`` turned as its EXIF orientation tag says (phones store portraits sideways)."""
     from PIL import ImageOps
@@ -153,15 +171,21 @@ def decode_image(
     max_aspect: float | None = None,
     max_bytes: int | None = None,
     shorter_side: int | None = None,
+    crop: int | None = None,
 ) -> np.ndarray:
     """One image file as a ``(H, W, C)`` uint8 array in PIL ``mode`` (``RGB`` or ``L``).
 
     The EXIF orientation is applied; palette and alpha images are composited on white;
     CMYK/YCbCr/greyscale are converted; 16-bit is scaled to 8 bits. ``L`` is the luma of the
     RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
-    grey by libjpeg). ``size`` resizes the shorter side and center-crops a square. ``shorter_side``
-    (without ``size``) shrinks an image whose shorter side is longer to that side, keeping its aspect
-    ratio and its whole extent (no crop), so that random crops later still see the whole picture.
+    grey by libjpeg). ``size``: the evaluation's storage, the shorter side resized to ``size`` as
+    :func:`vitlab.data.eval_transform` and timm's evaluation transform resize it (PIL bicubic, the longer
+    side by :func:`~vitlab.data.resize.resized_shape`, the file decoded at full scale, as PIL opens it for
+    them), then the square of :func:`~vitlab.data.resize.centre_square` for a later centre crop of ``crop``
+    (default ``size``), so that the evaluation's pixels are those of timm's transform of the file.
+    ``shorter_side`` (without ``size``) shrinks an image whose shorter side is longer to that side, keeping
+    its aspect ratio and its whole extent (no crop), so that random crops later still see the whole picture
+    (a JPEG decoded at a reduced DCT scale where one fits).
 
     Raises ``ValueError`` with the reason for an empty file, a path that is not a regular file
     (a FIFO or a device is never opened: reading one would block or never end), an image over
@@ -184,6 +208,7 @@ def decode_image(
         max_aspect=max_aspect,
         max_bytes=max_bytes,
         shorter_side=shorter_side,
+        crop=crop,
     )
 
 
@@ -226,6 +251,7 @@ def _decode(
     max_aspect: float | None = None,
     max_bytes: int | None = None,
     shorter_side: int | None = None,
+    crop: int | None = None,
     at_least: tuple[int, int] | None = None,
     region: Callable[[int, int], tuple[int, int, int, int]] | None = None,
     turbo: bool = False,
@@ -236,6 +262,8 @@ def _decode(
 
     if mode not in ("RGB", "L"):
         raise ValueError(f"mode {mode!r}: expected 'RGB' or 'L'")
+    if crop is not None and (size is None or not 0 < crop <= size):
+        raise ValueError(f"crop {crop}: expected a side in 1..size ({size})")
     limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
     if Image.MAX_IMAGE_PIXELS is not None and limit > Image.MAX_IMAGE_PIXELS:
         # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
@@ -276,28 +304,19 @@ def _decode(
                 fast = _turbo(src, box)  # no DCT scale applies, no rotation: libjpeg-turbo through torchvision
                 if fast is not None:
                     return fast
-        # JPEG: decode at reduced scale when possible (never below the size asked for)
-        im.draft("RGB", (size, size) if size else (ow, oh))
-        im = _oriented(im)
-        if im.mode in ("I", "F") or im.mode.startswith("I;16"):
-            im = _to_8bit(im)
-        if im.mode in ("P", "LA", "RGBA", "PA"):
-            im = im.convert("RGBA")
-            bg = Image.new("RGBA", im.size, (255, 255, 255, 255))  # composite transparency on white
-            im = Image.alpha_composite(bg, im)
-        im = im.convert("RGB")
-        if mode == "L":
-            im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
+        if size is None:  # JPEG: decode at a reduced DCT scale when possible (never below the size asked for)
+            im.draft("RGB", (ow, oh))
+        im = convert_mode(_oriented(im), mode)
         if box is not None:
             sx, sy = im.size[0] / fw, im.size[1] / fh  # the draft scale (1 when none applied)
             x0, y0 = min(im.size[0] - 1, int(box[0] * sx)), min(im.size[1] - 1, int(box[1] * sy))
             im = im.crop((x0, y0, max(x0 + 1, round(box[2] * sx)), max(y0 + 1, round(box[3] * sy))))
         elif size is not None and im.size != (size, size):
-            # Shorter side to `size`, then the central square (what eval does anyway).
-            im = im.resize(resized_shape(*im.size, size), Image.Resampling.BICUBIC)
-            w, h = im.size
-            left, top = (w - size) // 2, (h - size) // 2
-            im = im.crop((left, top, left + size, top + size))
+            # the evaluation's resize (shorter side to `size`, bicubic), then the square whose centre it crops
+            shape = resized_shape(*im.size, size)
+            if shape != im.size:
+                im = im.resize(shape, Image.Resampling.BICUBIC)
+            im = im.crop(centre_square(*im.size, size, crop))
         elif size is None and shorter_side is not None and min(w, h) > shorter_side:
             # the shape from the file's own size (draft mode may have rounded it), turned as EXIF turned it
             turned = (im.size[0] >= im.size[1]) != (w >= h)

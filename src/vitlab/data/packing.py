@@ -5,7 +5,8 @@ Each image of an epoch goes through four steps:
 1. **a resolution**: the side ``R`` of a square of the image's area, drawn uniformly in ``resolution`` (NaViT's
    variable resolution, Sec. 3.2; one value for evaluation), gives a token budget ``floor((R / P)^2)``;
 2. **its grid**: the largest patch grid of the image's aspect ratio within that budget (:func:`native_grid`);
-   the image is resized to it (antialiased, as torchvision resizes), flipped or augmented, normalised;
+   the image is resized to it (the evaluation's bicubic resize, :func:`vitlab.data.transforms.resize_image`),
+   flipped or augmented, normalised;
 3. **its patches** (:func:`~vitlab.models.packed.patchify`), of which token dropping keeps a random subset
    (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`);
 4. **packing**: images in the epoch's order fill a batch of ``sequences`` sequences of ``pack_len`` tokens, each
@@ -35,7 +36,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError, DataError
 from ..models.packed import PackedPatches, PatchTokens, drop_tokens, pack, patchify
@@ -43,7 +43,7 @@ from .decode import decode_encoded, match_channels
 from .seeding import item_seed, seeded
 from .shard_source import ShardSet
 from .stream import EpochOrder, ShardStream
-from .transforms import _normalize
+from .transforms import _normalize, resize_image
 
 __all__ = [
     "PackSample",
@@ -115,7 +115,7 @@ class Patchify:
         p = self.patch_size
         gh, gw = native_grid(x.shape[1], x.shape[2], patch_size=p, max_tokens=token_budget(side, p))
         if (x.shape[1], x.shape[2]) != (gh * p, gw * p):
-            x = TF.resize(x, [gh * p, gw * p], antialias=True)
+            x = resize_image(x, (gh * p, gw * p))
         if self.hflip > 0 and float(torch.rand(())) < self.hflip:
             x = x.flip(-1)
         if self.augment is not None:

@@ -45,9 +45,10 @@ class FolderPlan:
     ``store_side``: training images keep their aspect ratio and whole extent, their shorter side shrunk to at
     most this (never enlarged), so that random crops can be drawn on the original picture; ``None``: their own
     size. ``eval_side``: evaluation images are stored ready for the evaluation (shorter side resized to it, then
-    its centre square: ``size / crop_pct``, timm's convention), so that evaluation only takes their centre;
-    ``None``: stored as the training images are, and resized as they are evaluated. ``typical``: the images'
-    typical shorter side; ``line``: what was chosen and why, for the run's first lines."""
+    the square whose centre ``size`` crop is the whole image's: ``size / crop_pct``, timm's convention), so that
+    evaluation only takes their centre; ``None``: stored as the training images are, and resized as they are
+    evaluated. ``typical``: the images' typical shorter side; ``line``: what was chosen and why, for the run's
+    first lines."""
 
     size: tuple[int, int] | None
     store_side: int | None
@@ -198,6 +199,7 @@ class _Decode:
     buffer_bytes: int
     min_classes: int = 1
     plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None
+    crop: int | None = None
 
 
 def _header_counts(paths: list[str], limit: int = HEADER_SAMPLE) -> dict[tuple[int, int], int]:
@@ -246,11 +248,14 @@ def _decode_split(
         "max_pixels": opt.max_pixels,
         "buffer_bytes": opt.buffer_bytes,
     }
-    if plan is None:
+    if plan is None and opt.crop is not None:  # stored for evaluating a square model: squares, resized as it resizes
+        dec = decode_files(paths, size=opt.size, crop=opt.crop, **common)
+    elif plan is None:
         # never store more pixels than training at this size reads
         dec = decode_files(paths, fallback_size=opt.size, max_side=opt.size, **common)
     elif evaluation and plan.eval_side is not None:
-        dec = decode_files(paths, size=plan.eval_side, **common)
+        crop = plan.size[0] if plan.size is not None else None  # the evaluation's centre crop of the squares
+        dec = decode_files(paths, size=plan.eval_side, crop=crop, **common)
     else:
         dec = decode_files(paths, keep_aspect=True, max_side=plan.store_side, **common)
     # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
@@ -323,6 +328,7 @@ def load_data(
     min_classes: int = 1,
     eval_only: bool = False,
     plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None,
+    crop: int | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
     or a folder: ``root/train/<class>/*`` with ``root/val`` (or ``test``), or one class-folder
@@ -342,6 +348,13 @@ def load_data(
 
     ``eval_only``: a folder with ``train/`` and ``val/`` (or ``test/``) decodes its evaluation split
     alone (``train/`` is scanned for its class names, and the returned ``train`` is empty).
+
+    ``crop`` (with ``size``, without ``plan``): a folder stored for evaluating a square model that centre-crops
+    ``crop`` after resizing the shorter side to ``size`` (:func:`vitlab.evaluate.decode_size`): every image of
+    every split is stored as a ``size`` square, resized as the evaluation resizes (whatever sizes the files
+    share) and placed so that its centre ``crop`` is that of the whole resized image
+    (:func:`~vitlab.data.decode.decode_image`), so the evaluation only crops and its pixels are those of timm's
+    transform of the files.
 
     ``plan`` (a training run's; ``size`` is then unused): a :class:`FolderPlan`, or a function that makes one
     from ``(width, height) -> count`` of the training split's headers (up to :data:`HEADER_SAMPLE` files,
@@ -374,6 +387,7 @@ def load_data(
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
             min_classes=min_classes,
             plan=plan,
+            crop=crop,
         )
         return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)
     if key in ("cifar10", "cifar100"):

@@ -253,9 +253,12 @@ class TrainDecode:
 
 
 class EvalDecode:
-    """Bytes -> the evaluation input: decoded no smaller than ``at_least`` (the eval resize's size), then ``tf``."""
+    """Bytes -> the evaluation input: decoded, then ``tf``. At full scale by default, as PIL opens the file for
+    ``vitlab eval`` on a folder and for timm's transform (the same pixels); ``at_least`` ``(width, height)``
+    lets a JPEG be decoded at a reduced DCT scale that keeps it at least that large (faster for large photos,
+    other pixels)."""
 
-    def __init__(self, *, at_least: tuple[int, int], in_chans: int, tf: Callable) -> None:
+    def __init__(self, *, in_chans: int, tf: Callable, at_least: tuple[int, int] | None = None) -> None:
         self.at_least, self.in_chans, self.tf = at_least, in_chans, tf
 
     def __call__(self, data: bytes) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Augmentation and preprocessing with torchvision.transforms.v2, on uint8 tensors.
 
 Train: random resized crop, horizontal flip, RandAugment, normalise, random erasing
-(per image), then MixUp / CutMix (per batch). Eval: resize + center crop, normalise.
+(per image), then MixUp / CutMix (per batch). Eval: resize (bicubic, PIL's) + center crop, normalise:
+timm's evaluation transform for a ViT, which the decode cache also follows.
 Normalisation uses the model's ``mean``/``std`` (0.5/0.5 for Google weights, ImageNet
 statistics for timm/DeiT-style ones), stored in the model's config.
 
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 from .decode import match_channels
+from .resize import resized_shape
 
 __all__ = ["ArrayDataset", "channel_stats", "eval_transform", "mix_transform", "train_transform"]
 
@@ -113,14 +117,27 @@ def eval_transform(
     in_chans: int = 3,
     crop_pct: float = 1.0,
 ) -> v2.Compose:
-    """Resize (shorter side to ``img_size / crop_pct``) + center crop + normalise: timm's ``crop_pct``
-    convention, for images of any size and aspect ratio.
+    """Resize (shorter side to ``floor(img_size / crop_pct)``, bicubic) + center crop + normalise: timm's
+    evaluation transform for a ViT (``resolve_data_config`` + ``create_transform`` of the model's
+    ``pretrained_cfg``), for images of any size and aspect ratio; the one evaluation resize of vitlab.
 
-    ``crop_pct=1`` (the default here) resizes the shorter side straight to the model's resolution, which is
-    what fine-tuning at a higher resolution than the data needs. An image already of the resized size
-    (the decode cache stores evaluation images so) is not resized again: only its centre is taken.
-    A non-square ``img_size`` is resized to (``img_size / crop_pct``) whatever the image's aspect ratio."""
-    return v2.Compose([*_resize_crop(img_size, crop_pct), *_normalize(mean, std, in_chans)])
+    Takes a PIL image (resized and cropped by PIL, as timm's transform does) or a ``(C, H, W)`` tensor. A uint8
+    tensor of 1 or 3 channels is resized as a PIL image too, so every evaluation input gets PIL's pixels
+    (torch's own uint8 bicubic differs from PIL's by a level here and there); other tensors (float, batches,
+    other channel counts) are resized by torch. ``crop_pct=1`` (the default here) resizes the shorter side
+    straight to the model's resolution, which is what fine-tuning at a higher resolution than the data needs.
+    An image already of the resized size (the decode cache stores evaluation images so, and CIFAR-10 or the
+    digits are stored at the model's size) is not resized at all: only its centre is taken. A non-square
+    ``img_size`` is resized to (``img_size / crop_pct``) whatever the image's aspect ratio (timm's ``squash``).
+    Returns a plain float tensor; channels are the caller's (:func:`~vitlab.data.decode.match_channels`)."""
+    return v2.Compose(
+        [
+            *_resize_crop(img_size, crop_pct),
+            v2.ToImage(),
+            *_normalize(mean, std, in_chans),
+            v2.ToPureTensor(),
+        ]
+    )
 
 
 def resize_side(side: int, crop_pct: float) -> int:
@@ -134,12 +151,46 @@ def _square(img_size: int | Sequence[int]) -> bool:
     return isinstance(img_size, int) or img_size[0] == img_size[1]
 
 
-def _resize_crop(img_size: int | Sequence[int], crop_pct: float) -> list[v2.Transform]:
+def _resize_crop(img_size: int | Sequence[int], crop_pct: float) -> list[Callable]:
     """Resize (shorter side to ``img_size / crop_pct``; both sides for a non-square size), centre crop."""
     size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     resize = [resize_side(s, crop_pct) for s in size]
     shorter = resize[:1] if _square(size) else resize  # one value: the shorter side, the aspect ratio kept
-    return [v2.Resize(shorter, antialias=True), v2.CenterCrop(size)]
+    return [_Resize(shorter), v2.CenterCrop(size)]
+
+
+def resize_image(image: Any, size: tuple[int, int]) -> Any:
+    """``image`` (PIL, or a ``(C, H, W)`` tensor) resized to exactly ``size`` ``(height, width)`` by the
+    evaluation's rule (:class:`_Resize`: bicubic, antialiased, PIL's pixels for uint8 images), for callers that
+    choose their own shape (NaViT's native-aspect grids, :mod:`vitlab.data.packing`)."""
+    return _Resize([int(size[0]), int(size[1])])(image)
+
+
+class _Resize:
+    """``v2.Resize(size)``, bicubic and antialiased, with a uint8 ``(C, H, W)`` CPU tensor of 1 or 3 channels
+    resized as a PIL image (PIL's bicubic, what timm's transform and the decode cache use), and an image of the
+    resized size returned as it is."""
+
+    def __init__(self, size: list[int]) -> None:
+        self.size = list(size)
+        self.resize = v2.Resize(self.size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+
+    def __call__(self, image: Any) -> Any:
+        if not isinstance(image, torch.Tensor) or image.ndim != 3:
+            return self.resize(image)  # a PIL image, or a batch
+        h, w = image.shape[-2:]
+        if len(self.size) == 1:
+            w_to, h_to = resized_shape(w, h, self.size[0])
+        else:
+            h_to, w_to = self.size
+        if (h_to, w_to) == (h, w):
+            return image
+        if image.dtype == torch.uint8 and image.shape[0] in (1, 3) and image.device.type == "cpu":
+            return F.pil_to_tensor(self.resize(F.to_pil_image(image)))
+        return self.resize(image)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, interpolation=bicubic)"
 
 
 def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0) -> Callable | None:

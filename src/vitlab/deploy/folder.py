@@ -24,6 +24,7 @@ from .._version import __version__
 from ..checkpoints.files import read_config_file
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
+from ..models.timm_api import pretrained_cfg
 
 __all__ = [
     "CONFIG_NAME",
@@ -48,8 +49,6 @@ OUR_FILES = (*MODEL_FILES.values(), "model.onnx.data", CONFIG_NAME, REPORT_NAME)
 """Every file an export writes: the only ones ``--overwrite`` replaces."""
 INT8_MODES = {"onnx": (None, "dynamic", "static"), "torchscript": (None, "dynamic"), "torch": (None, "dynamic")}
 QUANT_FORMATS = ("qdq", "qoperator")
-INTERPOLATION = "bilinear"
-"""How vitlab's evaluation transform resizes (``torchvision.transforms.v2.Resize``, antialiased)."""
 
 
 @dataclass
@@ -103,14 +102,16 @@ class ExportInfo:
 
 
 def preprocess_config(cfg: ViTConfig) -> dict[str, Any]:
-    """timm's ``pretrained_cfg`` for ``cfg``: what ``timm.data.resolve_data_config`` reads."""
+    """timm's ``pretrained_cfg`` for ``cfg``: what ``timm.data.resolve_data_config`` reads (the preprocessing keys
+    of the model's own :func:`~vitlab.models.timm_api.pretrained_cfg`, as JSON)."""
+    timm_cfg = pretrained_cfg(cfg)
     return {
-        "input_size": [cfg.in_chans, *cfg.img_size],
+        "input_size": list(timm_cfg["input_size"]),
         "mean": list(cfg.mean),
         "std": list(cfg.std),
-        "interpolation": INTERPOLATION,
-        "crop_pct": cfg.crop_pct,
-        "crop_mode": "center",
+        "interpolation": timm_cfg["interpolation"],
+        "crop_pct": timm_cfg["crop_pct"],
+        "crop_mode": timm_cfg["crop_mode"],
         "num_classes": cfg.num_classes,
         "label_names": list(cfg.class_names) if cfg.class_names else None,
     }

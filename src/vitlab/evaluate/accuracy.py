@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DENSE_CONFUSION_BYTES",
+    "decode_crop",
     "decode_size",
     "eval_dataset",
     "evaluate_batches",
@@ -108,8 +109,9 @@ def evaluate_batches(
 
 
 def preprocess_for(model: nn.Module):
-    """The evaluation transform a vitlab model's config asks for: timm's convention, the shorter side resized
-    to its resolution over its ``crop_pct``, the centre crop at its resolution, its mean/std."""
+    """The evaluation transform a vitlab model's config asks for (:func:`vitlab.data.eval_transform`): timm's
+    convention, the shorter side resized (bicubic) to its resolution over its ``crop_pct``, the centre crop at its
+    resolution, its mean/std; what ``timm.data.create_transform`` makes of its ``pretrained_cfg``."""
     from ..data import eval_transform
 
     cfg = model.config
@@ -125,10 +127,19 @@ def preprocess_for(model: nn.Module):
 def transforms_for(model: nn.Module, *, training: bool = False):
     """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from a PIL
     image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1] too) to the
-    normalised float tensor the model takes. Evaluation (default): :func:`preprocess_for`, the transform of
-    ``vitlab eval``; ``training=True``: the paper's Inception crop and a horizontal flip
+    normalised float tensor the model takes.
+
+    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``. A PIL image stays one until
+    after the crop: its mode is converted first as vitlab's decoder converts it
+    (:func:`~vitlab.data.decode.convert_mode`: transparency on white, 16-bit scaled, ``L`` for a one-channel
+    model), then PIL resizes it (bicubic) and crops it, so the result equals
+    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same image
+    (timm's transform is given RGB; EXIF orientation is the caller's, as in timm: ``ImageOps.exif_transpose``).
+    A uint8 array or tensor of 1 or 3 channels is resized as a PIL image too (the same pixels); a float tensor,
+    or another channel count, is resized by torch (bicubic, antialiased), which may differ from PIL by about
+    one grey level where it resizes. ``training=True``: the paper's Inception crop and a horizontal flip
     (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are matched to the model as
-    vitlab's decoder does (transparency on white, grey repeated, RGB to luma for one channel)."""
+    vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
     from torchvision.transforms import v2
 
     from ..data import train_transform
@@ -136,27 +147,29 @@ def transforms_for(model: nn.Module, *, training: bool = False):
     cfg = model.config
     if training:
         tf = train_transform(img_size=cfg.img_size, mean=cfg.mean, std=cfg.std, in_chans=cfg.in_chans)
-    else:
-        tf = preprocess_for(model)
-    return v2.Compose([_ModelChannels(cfg.in_chans), *tf.transforms, v2.ToPureTensor()])
+        return v2.Compose([_ModelChannels(cfg.in_chans, keep_pil=False), *tf.transforms, v2.ToPureTensor()])
+    return v2.Compose([_ModelChannels(cfg.in_chans, keep_pil=True), *preprocess_for(model).transforms])
 
 
 class _ModelChannels:
-    """Any image :func:`transforms_for` takes -> a uint8 ``(C, H, W)`` image with the model's channel count."""
+    """Any image :func:`transforms_for` takes -> the model's channel count, by the decoder's rule: a uint8
+    ``(C, H, W)`` tensor, or with ``keep_pil`` a PIL image in ``L`` (a one-channel model) or ``RGB`` (three)."""
 
-    def __init__(self, in_chans: int) -> None:
-        self.in_chans = in_chans
+    def __init__(self, in_chans: int, *, keep_pil: bool) -> None:
+        self.in_chans, self.keep_pil = in_chans, keep_pil
 
-    def __call__(self, image: Any) -> torch.Tensor:
+    def __call__(self, image: Any) -> Any:
         from PIL import Image
         from torchvision.transforms import v2
 
-        from ..data.decode import match_channels
+        from ..data.decode import convert_mode, match_channels
 
-        if isinstance(image, Image.Image) and image.mode not in ("RGB", "L"):
-            rgba = image.convert("RGBA")  # palette, alpha, CMYK ...: composited on white, as the decoder does
-            image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-        return match_channels(v2.ToImage()(image), self.in_chans)
+        if isinstance(image, Image.Image):
+            grey = image.mode in ("1", "L", "LA", "La", "I", "F") or image.mode.startswith("I;")
+            image = convert_mode(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
+            if self.keep_pil and self.in_chans in (1, 3):
+                return image
+        return match_channels(v2.ToImage()(image).as_subclass(torch.Tensor), self.in_chans)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(in_chans={self.in_chans})"
@@ -177,6 +190,14 @@ def decode_size(model: nn.Module) -> int:
     return max(32, round(max(h, w) / crop_pct / 0.875))
 
 
+def decode_crop(model: nn.Module) -> int | None:
+    """The centre crop the evaluation of ``model`` takes of the squares decoded at :func:`decode_size` (its
+    resolution; ``load_data``'s ``crop``), so the decode stores every image resized and placed as timm's
+    transform would take it; ``None`` for a non-square model (its transform resizes the squares again)."""
+    h, w = model.config.img_size
+    return h if h == w else None
+
+
 def eval_dataset(model: nn.Module, images: np.ndarray | Sequence[np.ndarray], labels: np.ndarray) -> ArrayDataset:
     """Decoded uint8 ``(H, W, C)`` images as ``model``'s evaluation inputs: channels matched by
     :func:`~vitlab.data.decode.match_channels`, then :func:`preprocess_for` (resize, crop, normalise)."""
@@ -187,7 +208,8 @@ def eval_dataset(model: nn.Module, images: np.ndarray | Sequence[np.ndarray], la
 
 def model_inputs(model: nn.Module, images: np.ndarray | Sequence[np.ndarray]) -> torch.Tensor:
     """A ``(N, C, H, W)`` float batch of ``model``'s evaluation inputs for uint8 ``(H, W, C)`` images
-    (of any sizes): the items of :func:`eval_dataset`, what ``vitlab eval`` feeds the model."""
+    (of any sizes): the items of :func:`eval_dataset`, what ``vitlab eval`` feeds the model (images that need a
+    resize are resized by PIL, as the decode cache and timm's transform resize them)."""
     ds = eval_dataset(model, images, np.zeros(len(images), dtype=np.int64))
     if not len(ds):
         h, w = model.config.img_size
@@ -231,6 +253,7 @@ def evaluate_model(
         data,
         val_split=val_split,
         size=decode_size(model),
+        crop=decode_crop(model),
         cache_dir=cache_dir,
         strict=strict,
         progress=progress,
@@ -290,11 +313,9 @@ def _evaluate_shards(
             f"--data {data}: class(es) {', '.join(missing[:5])} unknown to the model "
             f"(it knows {', '.join(names[:10])} ...)"
         )
-    crop_pct = cfg.crop_pct
-    at_least = tuple(resize_side(s, crop_pct) for s in cfg.img_size)[::-1]
     ds = ShardStream(
         shards=sd.train if split == "train" else sd.val,
-        transform=EvalDecode(at_least=at_least, in_chans=cfg.in_chans, tf=preprocess_for(model)),
+        transform=EvalDecode(in_chans=cfg.in_chans, tf=preprocess_for(model)),  # at full scale, as from a folder
         out_shape=(cfg.in_chans, *cfg.img_size),
         num_classes=len(names),
         shuffle=False,

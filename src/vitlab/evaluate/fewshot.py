@@ -319,11 +319,11 @@ def evaluate_fewshot(
     training images some seed samples (plus the probe's) go through the model.
     """
     from ..inspect.images import labelled_splits
-    from .accuracy import decode_size
+    from .accuracy import decode_crop, decode_size
 
     cfg = config or FewShotConfig()
     if isinstance(data, str):  # decoded as `vitlab eval` decodes it: the same pixels for the same files
-        train, test = labelled_splits(data, size=decode_size(model), progress=progress)
+        train, test = labelled_splits(data, size=decode_size(model), crop=decode_crop(model), progress=progress)
     else:
         train, test = data
     k = int(max(train.labels.max(), test.labels.max()) + 1)

@@ -87,14 +87,15 @@ def preprocess(
 
 
 def labelled_splits(
-    data: str, *, size: int | None = None, progress: bool = True
+    data: str, *, size: int | None = None, crop: int | None = None, progress: bool = True
 ) -> tuple[LabelledSplit, LabelledSplit]:
     """``(train, test)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
     (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes); ``size``
-    is the side a folder of mixed-size images is decoded to (``load_data``'s ``size``)."""
+    is the side a folder of mixed-size images is decoded to, and with ``crop`` every image, stored for the
+    evaluation that crops it (``load_data``'s ``size`` and ``crop``)."""
     from ..data import load_data
 
-    splits = load_data(data, size=size, progress=progress)
+    splits = load_data(data, size=size, crop=crop, progress=progress)
     names = list(splits.class_names)
 
     def split(s) -> LabelledSplit:

@@ -15,8 +15,9 @@ from .config import ViTConfig
 
 __all__ = ["EVAL_CROP_MODE", "EVAL_INTERPOLATION", "TIMM_POOL", "TimmModelApi", "pool_name", "pretrained_cfg"]
 
-EVAL_INTERPOLATION = "bilinear"
-"""How vitlab's evaluation resizes (:func:`vitlab.data.eval_transform`: ``v2.Resize``'s default, antialiased)."""
+EVAL_INTERPOLATION = "bicubic"
+"""How vitlab's evaluation resizes (:func:`vitlab.data.eval_transform` and the decode cache: PIL's bicubic, timm's
+default for its ViTs), so that timm's transform of ``pretrained_cfg`` gives vitlab's pixels."""
 EVAL_CROP_MODE = "center"
 """timm's name for how vitlab's evaluation crops a square input: the shorter side resized to
 ``floor(img_size / crop_pct)``, then the centre square (a non-square input: ``squash``, both sides resized)."""
@@ -45,8 +46,9 @@ def _per_channel(values: tuple[float, ...], in_chans: int) -> tuple[float, ...]:
 
 def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
     """timm's ``pretrained_cfg`` for a model of config ``cfg``: the preprocessing vitlab evaluates it with
-    (its ``img_size``, ``mean``, ``std``, ``crop_pct``; bilinear resizing of the shorter side then a centre
-    crop, timm's ``center`` mode), the classifier's name and, for a public checkpoint, its Hub repo and licence.
+    (its ``img_size``, ``mean``, ``std``, ``crop_pct``; bicubic resizing of the shorter side then a centre
+    crop, timm's ``center`` mode; both sides for a non-square input, ``squash``), the classifier's name and,
+    for a public checkpoint, its Hub repo and licence.
     ``timm.data.resolve_data_config({}, model=model)`` then ``timm.data.create_transform(**config)`` give
     the pixels of vitlab's evaluation."""
     c = cfg.in_chans
