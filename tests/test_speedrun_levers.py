@@ -1,0 +1,219 @@
+"""The speedrun's model- and evaluation-side levers (issue 38): CCT's convolutional tokenizer and sequence pooling,
+patch-whitening initialisation, test-time flip augmentation, and the Muon / AdamW parameter split."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vitlab
+from conftest import assert_close_rel
+from vitlab import ConfigError, VisionTransformer, ViTConfig, accel
+from vitlab.models import create_model
+from vitlab.models.flops import block_macs
+from vitlab.models.hybrid import ConvTokenizer
+
+CCT_TINY = dict(img_size=16, num_classes=5, depth=1, embed_dim=32, num_heads=2, mlp_dim=64)
+TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
+
+
+def randomised(model: nn.Module, seed: int = 0, scale: float = 0.2) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def correlated_images(n: int = 48, size: int = 16, seed: int = 0) -> torch.Tensor:
+    """Images whose neighbouring pixels and channels are correlated (as natural images' are), so whitening has
+    work to do: smoothed noise, a shared grey level per image, plus a little independent noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, size, size, generator=g)
+    x = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="circular"), 3, stride=1)
+    x = x + 0.5 * torch.randn(n, 1, size, size, generator=g) + 0.3 * torch.randn(n, 1, 1, 1, generator=g)
+    return x + 0.05 * torch.randn(x.shape, generator=g)
+
+
+# --- the convolutional tokenizer (CCT) ---------------------------------------------------------------------------
+
+# CCT's CIFAR models at 32 px, 10 classes, as its code builds them: 3x3 convolutions without bias, blocks whose qkv
+# have no bias, learned position embeddings for 32 / 2**n squared tokens, sequence pooling (D + 1), the head.
+# (Hassani et al. 2021, Table 1: CCT-7/3x1 has 3.76 M parameters.)
+CCT_PARAMS = {
+    "vit_cct6_3x1": 3_233_803,
+    "vit_cct6_3x2": 3_326_923,
+    "vit_cct7_3x1": 3_760_139,
+    "vit_cct7_3x2": 3_853_259,
+}
+
+
+@pytest.mark.parametrize("name", list(CCT_PARAMS))
+def test_cct_param_counts(name: str) -> None:
+    with torch.device("meta"):
+        model = create_model(name, img_size=32, num_classes=10)
+    assert model.num_params() == model.config.num_params() == CCT_PARAMS[name]
+    cfg = model.config
+    assert (cfg.stem, cfg.pool, cfg.class_token, cfg.qkv_bias, cfg.patch_size) == ("conv", "seq", False, False, 1)
+
+
+def test_cct_names_are_listed_with_their_counts() -> None:
+    from vitlab.commands.models import model_table
+
+    assert {"vit_cct7_3x1", "vit_cct7_3x2"} <= set(vitlab.list_models())
+    (row,) = model_table(img_size=32, num_classes=10, names=["vit_cct7_3x1"])
+    assert row["params"] == 3_760_139 and row["layers"] == 7 and row["width"] == 256 and row["heads"] == 4
+    assert row["mlp"] == 512
+
+
+@pytest.mark.parametrize(
+    ("fields", "convs"),
+    [
+        (dict(stem_layers=3, stem_width=8), [(8, 3), (8, 8), (32, 8)]),
+        (dict(stem_layers=2, class_token=True, pool="cls", posemb="learn2d"), [(64, 3), (32, 64)]),
+    ],
+)
+def test_conv_stem_config_counts_what_it_builds(fields: dict, convs: list) -> None:
+    cfg = ViTConfig(**{**CCT_TINY, "stem": "conv", "patch_size": 1, "class_token": False, "pool": "seq", **fields})
+    model = VisionTransformer(cfg)
+    assert cfg.num_params() == sum(p.numel() for p in model.parameters())
+    assert [tuple(c.weight.shape[:2]) for c in model.patch_embed.convs] == convs
+
+
+def test_tokenizer_is_conv_relu_and_overlapping_max_pool() -> None:
+    """Each layer: 3x3 convolution (stride 1, zero padding 1, no bias), ReLU, 3x3 max-pool of stride 2 and padding 1,
+    written out here from patches and window maxima."""
+    tok = randomised(ConvTokenizer(layers=2, width=6, in_chans=3, embed_dim=8), scale=0.5)
+    x = torch.randn(2, 3, 12, 10)
+    y = x
+    for conv in tok.convs:
+        b, _, h, w = y.shape
+        cols = F.unfold(y, 3, padding=1)  # (B, C * 9, H * W)
+        y = (conv.weight.reshape(conv.out_channels, -1) @ cols).reshape(b, -1, h, w).clamp(min=0)
+        windows = F.unfold(F.pad(y, (1, 1, 1, 1), value=float("-inf")), 3, stride=2)  # (B, C' * 9, cells)
+        y = windows.reshape(b, y.shape[1], 9, -1).amax(2).reshape(b, y.shape[1], (h + 1) // 2, (w + 1) // 2)
+    assert tok.grid(12, 10) == (3, 3) and tok.grid(13, 9) == (4, 3)
+    assert_close_rel(tok(x), y.flatten(2).transpose(1, 2))
+
+
+def test_cct_runs_at_other_sizes_and_trains() -> None:
+    model = create_model("vit_cct7_3x2", **CCT_TINY)
+    assert model.config.grid_size == (4, 4) and model.pos_embed.shape == (1, 16, 32)
+    out = model(torch.randn(2, 3, 16, 16))
+    out.sum().backward()
+    assert out.shape == (2, 5) and model.patch_embed.convs[0].weight.grad is not None
+    assert model.seq_pool.score.weight.grad is not None
+    with torch.no_grad():
+        assert model.eval()(torch.randn(1, 3, 24, 20)).shape == (1, 5)  # 6 x 5 tokens, position embeddings resampled
+
+
+def test_cct_saves_loads_and_its_config_round_trips(tmp_path) -> None:
+    model = randomised(create_model("vit_cct7_3x1", **CCT_TINY)).eval()
+    again = ViTConfig.from_json(model.config.to_json())
+    assert again == model.config and json.loads(model.config.to_json())["stem"] == "conv"
+    vitlab.save(model, tmp_path / "m")
+    loaded = vitlab.load(tmp_path / "m")
+    assert loaded.config == model.config and type(loaded) is accel.FastVisionTransformer
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert_close_rel(loaded(x), model(x))
+
+
+def test_cct_macs_count_the_tokenizer_not_a_projection() -> None:
+    with torch.device("meta"):
+        model = create_model("vit_cct7_3x1", img_size=32, num_classes=10)
+    cfg = model.config
+    tokenizer = 32 * 32 * 3 * 256 * 9  # one conv at full size, then the pool halves each side: 16 x 16 tokens
+    expected = tokenizer + 7 * block_macs(cfg, 256) + 2 * 256 * 256 + 256 * 10  # blocks, sequence pooling, head
+    assert model.macs() == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        (dict(patch_size=4), "stem: 'conv' makes the tokens itself"),
+        (dict(hybrid_layers=()), "stem: 'conv' makes the tokens itself"),
+        (dict(stem_layers=0), r"stem_layers: must be in 1\.\.6, got 0"),
+        (dict(stem_layers=7), r"stem_layers: must be in 1\.\.6, got 7"),
+        (dict(stem_layers=2**40), "stem_layers: .* out of range"),
+        (dict(stem_width=0), "stem_width: must be positive"),
+        (dict(stem_width="8"), "stem_width: expected an integer"),
+        (dict(stem="resnet"), "stem: 'resnet' is not one of patch, conv"),
+        (dict(pool="seqpool"), "pool: 'seqpool' is not one of cls, gap, map, seq"),
+    ],
+)
+def test_bad_conv_stem_config_names_the_field(fields: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ViTConfig(**{**CCT_TINY, "stem": "conv", "patch_size": 1, "class_token": False, "pool": "seq", **fields})
+
+
+def test_accel_runs_the_cct_as_the_plain_model() -> None:
+    plain = randomised(create_model("vit_cct7_3x1", **{**CCT_TINY, "depth": 2})).eval()
+    fast = accel.accelerate(copy.deepcopy(plain))
+    assert type(fast) is accel.FastVisionTransformer and type(fast.blocks[0]) is accel.FastBlock
+    fast.inference_chunk_bytes = 1  # one image per chunk: the chunked path runs too
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        assert fast.inference_chunk_size(x) == 1
+        assert_close_rel(fast(x), plain(x))
+    plain.train()
+    fast.train()
+    assert_close_rel(fast(x), plain(x))
+
+
+def test_first_conv_is_named_and_other_paths_refuse_the_conv_stem(tmp_path) -> None:
+    from vitlab.checkpoints.npz import write_npz
+    from vitlab.models.mpp import MaskedPatchPrediction
+
+    model = create_model("vit_cct7_3x1", **CCT_TINY)
+    assert model.get_submodule(model.pretrained_cfg["first_conv"]) is model.patch_embed.convs[0]
+    assert model.global_pool == "seq"
+    with pytest.raises(ValueError, match="needs a plain ViT"):
+        MaskedPatchPrediction(model)
+    with pytest.raises(ConfigError, match="stem: 'conv' has no vit_jax .npz layout"):
+        write_npz(model, tmp_path / "m.npz")
+
+
+# --- sequence pooling --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("class_token", [False, True])
+def test_seq_pool_is_the_softmax_weighted_mean_of_the_patch_tokens(class_token: bool) -> None:
+    model = randomised(VisionTransformer(**TINY, pool="seq", class_token=class_token)).eval()
+    assert model.config.num_params() == sum(p.numel() for p in model.parameters())
+    x = torch.randn(2, 16 + class_token, 32)
+    patches = x[:, int(class_token) :]
+    w = torch.softmax(patches @ model.seq_pool.score.weight.T + model.seq_pool.score.bias, dim=1)  # (B, N, 1)
+    assert_close_rel(model.forward_head(x, pre_logits=True), (w * patches).sum(1))
+    assert_close_rel(model.forward_head(x), model.head((w * patches).sum(1)))
+
+
+def test_seq_pool_with_constant_scores_is_gap_and_padding_is_never_pooled() -> None:
+    seq = VisionTransformer(**TINY, pool="seq", class_token=False)
+    gap = VisionTransformer(**TINY, pool="gap", class_token=False)
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        seq.seq_pool.score.weight.zero_()
+        assert_close_rel(seq.pool(x), gap.pool(x))
+        randomised(seq.seq_pool)
+        padded = torch.cat([x, 100 * torch.randn(2, 5, 32)], dim=1)  # (packed input: padding after each image)
+        size = torch.cat([torch.ones(2, 16, 1), torch.zeros(2, 5, 1)], dim=1)
+        assert_close_rel(seq.pool(padded, size), seq.pool(x))
+
+
+def test_seq_pool_in_timms_api() -> None:
+    model = VisionTransformer(**TINY, pool="seq", class_token=False)
+    assert model.global_pool == "seq"
+    model.reset_classifier(7, global_pool="avg")
+    assert model.seq_pool is None and model(torch.randn(1, 3, 16, 16)).shape == (1, 7)
+    with pytest.raises(ConfigError, match="global_pool: 'seq' needs a model built with it"):
+        model.reset_classifier(7, global_pool="seq")
+    tome = VisionTransformer(**TINY, pool="seq").eval()
+    tome.set_tome(4)  # merged tokens weigh the scores by their sizes
+    with torch.no_grad():
+        assert tome(torch.randn(2, 3, 16, 16)).shape == (2, 4)
