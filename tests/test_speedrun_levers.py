@@ -13,10 +13,11 @@ from torch import nn
 
 import vitlab
 from conftest import assert_close_rel
-from vitlab import ConfigError, VisionTransformer, ViTConfig, accel
+from vitlab import ConfigError, InputError, VisionTransformer, ViTConfig, accel
 from vitlab.models import create_model
 from vitlab.models.flops import block_macs
-from vitlab.models.hybrid import ConvTokenizer
+from vitlab.models.hybrid import ConvTokenizer, StdConv2d
+from vitlab.models.whiten import patch_moments, whiten_init_
 
 CCT_TINY = dict(img_size=16, num_classes=5, depth=1, embed_dim=32, num_heads=2, mlp_dim=64)
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
@@ -217,3 +218,73 @@ def test_seq_pool_in_timms_api() -> None:
     tome.set_tome(4)  # merged tokens weigh the scores by their sizes
     with torch.no_grad():
         assert tome(torch.randn(2, 3, 16, 16)).shape == (2, 4)
+
+
+# --- patch-whitening initialisation ------------------------------------------------------------------------------
+
+
+def output_cov(conv: nn.Conv2d, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and covariance of ``conv``'s outputs over every image and position."""
+    with torch.no_grad():
+        y = conv(images).double().transpose(0, 1).reshape(conv.out_channels, -1)
+    return y.mean(1), torch.cov(y, correction=0)
+
+
+def test_whitening_the_patch_embedding_gives_identity_covariance() -> None:
+    images = correlated_images()
+    model = VisionTransformer(**{**TINY, "embed_dim": 64})
+    proj = model.patch_embed.proj  # Eq. 1's E: kernel = stride = 4, so 4 x 4 x 3 = 48 values a patch
+    _, before = output_cov(proj, images)
+    assert (before[:48, :48] - torch.eye(48, dtype=torch.float64)).abs().max() > 0.5
+    untouched = proj.weight[48:].clone()
+    assert whiten_init_(proj, images, eps=1e-6) == 48
+    mean, cov = output_cov(proj, images)
+    assert (cov[:48, :48] - torch.eye(48, dtype=torch.float64)).abs().max() < 1e-2
+    assert mean[:48].abs().max() < 1e-4  # the bias centres the whitened channels
+    assert torch.equal(proj.weight[48:], untouched)
+
+
+def test_whitening_the_cct_tokenizer_with_negated_pairs() -> None:
+    images = correlated_images(n=24)
+    model = create_model("vit_cct7_3x1", **{**CCT_TINY, "embed_dim": 64})
+    conv = model.get_submodule(model.pretrained_cfg["first_conv"])  # 3x3, padding 1: 27 values a patch
+    assert whiten_init_(conv, images, eps=1e-6, negated=True) == 54
+    _, cov = output_cov(conv, images)
+    assert (cov[:27, :27] - torch.eye(27, dtype=torch.float64)).abs().max() < 1e-2
+    assert torch.equal(conv.weight[27:54], -conv.weight[:27])
+    with torch.no_grad():
+        assert model(images[:2]).isfinite().all()
+
+
+def test_whitening_fewer_channels_than_patch_values_keeps_the_largest_directions() -> None:
+    images = correlated_images(n=16)
+    conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+    assert whiten_init_(conv, images, eps=1e-6) == 8
+    _, cov = output_cov(conv, images)
+    assert (cov - torch.eye(8, dtype=torch.float64)).abs().max() < 1e-2
+    _, patches = patch_moments(conv, images)
+    top = torch.linalg.eigvalsh(patches).flip(0)[:8]
+    filters = conv.weight.detach().double().reshape(8, -1)
+    # each filter is an eigenvector scaled by 1 / sqrt(its eigenvalue): its squared norm is 1 / eigenvalue
+    assert_close_rel(1 / filters.pow(2).sum(1), top, rtol=1e-4)
+
+
+def test_patch_moments_do_not_depend_on_the_batch() -> None:
+    images = correlated_images(n=10)
+    conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+    one = patch_moments(conv, images, batch=3)
+    whole = patch_moments(conv, images)
+    assert_close_rel(one[0], whole[0], rtol=1e-12)
+    assert_close_rel(one[1], whole[1], rtol=1e-12)
+
+
+def test_whitening_refuses_what_it_cannot_whiten() -> None:
+    images = correlated_images(n=4)
+    with pytest.raises(ConfigError, match="plain nn.Conv2d, got a StdConv2d"):
+        whiten_init_(StdConv2d(3, 8, 3), images)
+    with pytest.raises(ConfigError, match="ungrouped"):
+        whiten_init_(nn.Conv2d(3, 6, 3, groups=3), images)
+    with pytest.raises(InputError, match=r"float images \(N, 1, H, W\)"):
+        whiten_init_(nn.Conv2d(1, 4, 2), images)
+    with pytest.raises(ConfigError, match="eps: must be a positive number"):
+        whiten_init_(nn.Conv2d(3, 4, 2), images, eps=0.0)
