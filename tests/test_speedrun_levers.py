@@ -14,6 +14,7 @@ from torch import nn
 import vitlab
 from conftest import assert_close_rel
 from vitlab import ConfigError, InputError, VisionTransformer, ViTConfig, accel
+from vitlab.evaluate.accuracy import evaluate_batches, evaluate_model, tta_logits
 from vitlab.models import create_model
 from vitlab.models.flops import block_macs
 from vitlab.models.hybrid import ConvTokenizer, StdConv2d
@@ -288,3 +289,89 @@ def test_whitening_refuses_what_it_cannot_whiten() -> None:
         whiten_init_(nn.Conv2d(1, 4, 2), images)
     with pytest.raises(ConfigError, match="eps: must be a positive number"):
         whiten_init_(nn.Conv2d(3, 4, 2), images, eps=0.0)
+
+
+# --- test-time flip augmentation ---------------------------------------------------------------------------------
+
+
+class MirrorSymmetric(nn.Module):
+    """Logits from the mean of each image row's mirror-symmetric sums: the same for an image and its mirror."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc((x + x.flip(-1))[..., :4].mean(2).flatten(1))
+
+
+class LeftRight(nn.Module):
+    """Two pixels, two classes: logit 0 is the left pixel, logit 1 three times the right one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0, 0] * torch.tensor([1.0, 3.0])
+
+
+def test_flip_tta_leaves_a_mirror_symmetric_model_alone() -> None:
+    model = randomised(MirrorSymmetric(), scale=1.0)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(6, 3, 8, 8, generator=g), torch.randint(0, 3, (6,), generator=g)) for _ in range(2)]
+    plain = evaluate_batches(model, batches, num_classes=3, device=torch.device("cpu"))
+    flip = evaluate_batches(model, batches, num_classes=3, device=torch.device("cpu"), tta="flip")
+    assert plain["top1"] == flip["top1"] and plain["per_class"] == flip["per_class"]
+    assert (plain["confusion"] == flip["confusion"]).all()
+    assert abs(plain["loss"] - flip["loss"]) <= 1e-6 * abs(plain["loss"])
+
+
+def test_flip_tta_averages_the_logits_and_can_change_a_prediction() -> None:
+    x = torch.tensor([[[[1.0, 0.3]]]])  # left 1.0, right 0.3: logits (1.0, 0.9), class 0
+    model = LeftRight()
+    assert model(x).argmax(1).item() == 0 and model(x.flip(-1)).argmax(1).item() == 1  # mirror: (0.3, 3.0)
+    assert_close_rel(tta_logits(model, x, "flip"), torch.tensor([[0.65, 1.95]]))  # logits, not softmaxes, averaged
+    batches = [(x, torch.tensor([1]))]
+    assert evaluate_batches(model, batches, num_classes=2, device=torch.device("cpu"))["top1"] == 0.0
+    res = evaluate_batches(model, batches, num_classes=2, device=torch.device("cpu"), tta="flip")
+    assert res["top1"] == 1.0
+    assert res["loss"] == pytest.approx(F.cross_entropy(torch.tensor([[0.65, 1.95]]), torch.tensor([1])).item())
+    with pytest.raises(ConfigError, match="tta: 'rotate' is not one of flip"):
+        evaluate_batches(model, batches, num_classes=2, device=torch.device("cpu"), tta="rotate")
+
+
+def test_vitlab_eval_tta_flip(tmp_path, capsys) -> None:
+    from imagefolder import tiny_folder
+    from vitlab.cli import main
+
+    data = tiny_folder(tmp_path / "d", per_class=1, test_per_class=4)
+    model = randomised(
+        VisionTransformer(**{**TINY, "img_size": 8, "num_classes": 3}, class_names=["class0", "class1", "class2"])
+    )
+    vitlab.save(model, tmp_path / "m")
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    results = {}
+    for tta in ("none", "flip"):
+        out = tmp_path / f"{tta}.json"
+        assert (
+            main(
+                [
+                    "eval",
+                    "--model",
+                    str(tmp_path / "m"),
+                    "--data",
+                    str(data),
+                    *cache,
+                    "--tta",
+                    tta,
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        results[tta] = json.loads(out.read_text())
+    assert "(flip TTA)" in capsys.readouterr().out
+    assert results["flip"]["tta"] == "flip" and results["none"]["tta"] == "none"
+    assert results["flip"]["loss"] != results["none"]["loss"]  # this model is not mirror-symmetric
+    lib = evaluate_model(
+        vitlab.load(tmp_path / "m"), str(data), cache_dir=str(tmp_path / "c"), progress=False, tta="flip"
+    )
+    assert lib["loss"] == pytest.approx(results["flip"]["loss"], rel=1e-6) and lib["top1"] == results["flip"]["top1"]
