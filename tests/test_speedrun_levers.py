@@ -19,6 +19,7 @@ from vitlab.models import create_model
 from vitlab.models.flops import block_macs
 from vitlab.models.hybrid import ConvTokenizer, StdConv2d
 from vitlab.models.whiten import patch_moments, whiten_init_
+from vitlab.optim_groups import muon_split
 
 CCT_TINY = dict(img_size=16, num_classes=5, depth=1, embed_dim=32, num_heads=2, mlp_dim=64)
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
@@ -375,3 +376,46 @@ def test_vitlab_eval_tta_flip(tmp_path, capsys) -> None:
         vitlab.load(tmp_path / "m"), str(data), cache_dir=str(tmp_path / "c"), progress=False, tta="flip"
     )
     assert lib["loss"] == pytest.approx(results["flip"]["loss"], rel=1e-6) and lib["top1"] == results["flip"]["top1"]
+
+
+# --- Muon on the blocks' matrices, AdamW on the rest -------------------------------------------------------------
+
+
+def test_muon_split_puts_the_block_matrices_to_muon() -> None:
+    model = VisionTransformer(**TINY, pool="map", class_token=False, init_values=1e-4)
+    model.pos_embed.requires_grad_(False)
+    muon, adamw = muon_split(model)
+    names = {n for n, _ in muon}
+    assert names == {
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+    }
+    rest = {n for n, _ in adamw}
+    assert {"patch_embed.proj.weight", "head.weight", "attn_pool.q.weight", "blocks.0.ls1.gamma", "norm.weight"} <= rest
+    assert "pos_embed" not in rest  # frozen: in neither
+    assert names.isdisjoint(rest) and len(names | rest) == sum(1 for p in model.parameters() if p.requires_grad)
+    cct = create_model("vit_cct7_3x1", **CCT_TINY)
+    assert {n for n, _ in muon_split(cct)[1]} >= {"patch_embed.convs.0.weight", "seq_pool.score.weight", "pos_embed"}
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="this torch has no torch.optim.Muon")
+def test_muon_and_adamw_together_train_a_tiny_vit() -> None:
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "img_size": 8, "depth": 1}, pool="gap", class_token=False)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 3, 8, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
+    muon_params, adamw_params = muon_split(model)
+    muon = torch.optim.Muon([p for _, p in muon_params], lr=0.02, weight_decay=0.0)
+    adamw = torch.optim.AdamW([p for _, p in adamw_params], lr=3e-3, weight_decay=0.0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = []
+    for _ in range(20):
+        loss = F.cross_entropy(model(x), y)
+        muon.zero_grad()
+        adamw.zero_grad()
+        loss.backward()
+        muon.step()
+        adamw.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+    for name, p in (*muon_params, *adamw_params):
+        assert not torch.equal(p, before[name]), f"{name} was not updated"
