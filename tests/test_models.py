@@ -120,7 +120,7 @@ def test_forward_intermediates() -> None:
 
 
 @pytest.mark.parametrize("posemb", ["learn", "learn2d", "sincos2d", "none"])
-@pytest.mark.parametrize("pool", ["cls", "gap"])
+@pytest.mark.parametrize("pool", ["cls", "gap", "seq"])
 def test_options_build_train_and_run_at_other_sizes(posemb: str, pool: str) -> None:
     model = VisionTransformer(
         **TINY, posemb=posemb, pool=pool, head="mlp", representation_size=32, act="gelu_tanh", drop_path_rate=0.1

@@ -292,9 +292,9 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     class row inside ``Transformer/posembed_input/pos_embedding``); ``big_vision``: ``params/``
     prefix, sub-modules numbered from 0, ``pos_embedding`` without a class row (the class row is
     folded into ``cls``: big_vision adds no position embedding to the class token) and a
-    ``MAPHead_0`` for attention pooling. Options without a Google layout (hybrid, axial, 2-D learned
-    position embeddings, registers, layer scale, qk-norm, distillation) are refused. The file is
-    written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
+    ``MAPHead_0`` for attention pooling. Options without a Google layout (hybrid and convolutional stems, axial,
+    2-D learned position embeddings, registers, layer scale, qk-norm, distillation, sequence pooling) are refused.
+    The file is written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
     from .._fs import remove_stale, temp_path
     from ..errors import ConfigError
 
@@ -307,6 +307,7 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     cfg = model.config
     unsupported = {
         "hybrid_layers": cfg.hybrid_layers is not None,
+        "stem": cfg.stem != "patch",
         "attention": cfg.attention != "global",
         "posemb": cfg.posemb == "learn2d",
         "reg_tokens": cfg.reg_tokens > 0,
@@ -314,7 +315,7 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         "qk_norm": cfg.qk_norm,
         "pre_norm": cfg.pre_norm,
         "dist_token": cfg.dist_token,
-        "pool": cfg.pool == "map" and layout == "vit_jax",
+        "pool": cfg.pool == "seq" or (cfg.pool == "map" and layout == "vit_jax"),
         "fc_norm": cfg.fc_norm,
     }
     bad = [k for k, v in unsupported.items() if v]

@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
             "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json\n"
+            "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --tta flip   # image and mirror averaged\n"
             "  vitlab eval --model deploy/ --data path/to/cifar10     # a `vitlab export` folder (ONNX, int8 ...)"
         ),
         formatter_class=formatter,
@@ -34,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
     p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument(
+        "--tta",
+        choices=["none", "flip"],
+        default="none",
+        help="test-time augmentation: flip averages the logits of each image and its horizontal mirror",
+    )
     add_device_arg(p)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--strict-data", action="store_true")
@@ -70,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
         strict=args.strict_data,
         buffer_bytes=budget,
         allow_pipe=args.allow_pipe,
+        tta=None if args.tta == "none" else args.tta,
     )
     res["model"] = str(args.model)
+    res["tta"] = args.tta
     for key in ("confusion", "confusion_cells"):  # (the latter: non-zero cells of a matrix too large to hold)
         if key in res:
             res[key] = res[key].tolist()
@@ -83,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
-        f"top-1 {100 * res['top1']:.2f}%" + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
+        f"top-1 {100 * res['top1']:.2f}%"
+        + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
+        + ("  (flip TTA)" if args.tta == "flip" else "")
     )
     width = max(len(n) for n in res["per_class"])
     for name, acc in res["per_class"].items():

@@ -13,12 +13,14 @@ from torch import nn
 
 from ..data.transforms import resize_side
 from ..devices import autocast, resolve_device
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
 
 __all__ = [
     "DENSE_CONFUSION_BYTES",
+    "TTA_MODES",
     "decode_crop",
     "decode_size",
     "eval_dataset",
@@ -27,6 +29,7 @@ __all__ = [
     "model_inputs",
     "preprocess_for",
     "transforms_for",
+    "tta_logits",
 ]
 
 
@@ -34,6 +37,27 @@ DENSE_CONFUSION_BYTES = 64 << 20
 """Largest confusion matrix kept as a dense array (64 MiB of int64 counts: up to 2,896 classes). Beyond it
 only the non-zero cells are counted (at most one per image evaluated): ImageNet-21k's 21,843 classes would
 take 3.8 GB dense."""
+
+
+TTA_MODES = ("flip",)
+"""Test-time augmentations :func:`tta_logits` knows (``vitlab eval --tta``)."""
+
+
+def tta_logits(model: nn.Module, x: torch.Tensor, tta: str | None = None) -> torch.Tensor:
+    """``model``'s float logits for the image batch ``x`` ``(B, C, H, W)``; with ``tta="flip"`` the mean of the
+    logits of ``x`` and of its horizontal mirror (test-time flip augmentation, as the CIFAR-10 speed records
+    evaluate: airbench's ``tta_level=1``). The logits are averaged, not the softmax probabilities, so the loss
+    reported is that of the averaged logits; a model whose logits are mirror-symmetric gives what it gives alone."""
+    _check_tta(tta)
+    logits = model(x).float()
+    if tta == "flip":
+        logits = (logits + model(x.flip(-1)).float()) / 2
+    return logits
+
+
+def _check_tta(tta: str | None) -> None:
+    if tta is not None and tta not in TTA_MODES:
+        raise ConfigError(f"tta: {tta!r} is not one of {', '.join(TTA_MODES)} (or none)")
 
 
 @torch.no_grad()
@@ -45,13 +69,16 @@ def evaluate_batches(
     device: torch.device,
     amp_dtype: torch.dtype | None = None,
     dist=None,
+    tta: str | None = None,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
     class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
+    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`).
 
     Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
     in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
     its non-zero cells, at most one per image); no batch allocates more than its own size."""
+    _check_tta(tta)
     model.eval()
     c = num_classes
     dense = c * c * 8 <= DENSE_CONFUSION_BYTES
@@ -64,8 +91,7 @@ def evaluate_batches(
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
-            logits = model(x)
-        logits = logits.float()
+            logits = tta_logits(model, x, tta)
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=c - 1).cpu()
@@ -230,8 +256,10 @@ def evaluate_model(
     progress: bool = True,
     buffer_bytes: int | None = None,
     allow_pipe: bool = False,
+    tta: str | None = None,
 ) -> dict[str, Any]:
-    """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``.
+    """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``; ``tta="flip"``: with
+    test-time flip augmentation (:func:`tta_logits`).
 
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
@@ -247,7 +275,14 @@ def evaluate_model(
     dev = resolve_device(device)
     if is_shard_spec(data):
         return _evaluate_shards(
-            model, data, split=split, batch_size=batch_size, device=dev, val_split=val_split, allow_pipe=allow_pipe
+            model,
+            data,
+            split=split,
+            batch_size=batch_size,
+            device=dev,
+            val_split=val_split,
+            allow_pipe=allow_pipe,
+            tta=tta,
         )
     splits = load_data(
         data,
@@ -278,7 +313,7 @@ def evaluate_model(
     loader = DataLoader(ds, batch_size=batch_size)
     log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
     batches = log.wrap(loader)
-    res = evaluate_batches(model, batches, num_classes=len(names), device=dev)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta)
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res["class_names"] = names
@@ -297,6 +332,7 @@ def _evaluate_shards(
     device: torch.device,
     val_split: float | None,
     allow_pipe: bool = False,
+    tta: str | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate_model` on tar shards (:mod:`vitlab.data.stream`): read and decoded as they are evaluated."""
     from torch.utils.data import DataLoader
@@ -323,9 +359,8 @@ def _evaluate_shards(
         label_map=np.asarray([names.index(c) for c in sd.class_names], dtype=np.int64),
     )
     model.to(device)
-    res = evaluate_batches(
-        model, StreamBatches(DataLoader(ds, batch_size=batch_size)), num_classes=len(names), device=device
-    )
+    batches = StreamBatches(DataLoader(ds, batch_size=batch_size))
+    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta)
     present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])

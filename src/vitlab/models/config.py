@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import numbers
@@ -27,7 +28,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
 
-_POOLS = ("cls", "gap", "map")
+_POOLS = ("cls", "gap", "map", "seq")
+_STEMS = ("patch", "conv")
+MAX_STEM_LAYERS = 6
+"""The convolutional tokenizer halves the image side per layer: 6 layers already make a 64-pixel cell."""
 _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu")
@@ -37,8 +41,9 @@ _MAX_INT = 1 << 31
 """No size, count or width of a ViT comes near this; bigger values (or JSON's 1e400) are refused,
 so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
+_INTS += ("stem_layers", "stem_width")
 _BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm", "rope")
-_STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention")
+_STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention", "stem")
 _FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps", "rope_theta", "crop_pct")
 
 
@@ -161,7 +166,9 @@ class ViTConfig:
     they take over the global computation that otherwise creates high-norm artefact patches."""
     pool: str = "cls"
     """``cls``: the class token's final state (Eq. 4); ``gap``: mean of the patch tokens; ``map``:
-    multihead attention pooling of all tokens by a learned query (:class:`~.layers.MAPHead`, SigLIP)."""
+    multihead attention pooling of all tokens by a learned query (:class:`~.layers.MAPHead`, SigLIP); ``seq``:
+    CCT's sequence pooling, the patch tokens weighted by a softmax of a learned linear score
+    (:class:`~.layers.SeqPool`; no timm ``global_pool`` name)."""
     init_values: float | None = None
     """Layer scale (Touvron et al. 2021, CaiT, Sec. 2.1; DINOv2): each residual branch multiplied by a
     learned per-channel ``gamma`` initialised to this value; None: no layer scale (the paper)."""
@@ -200,6 +207,14 @@ class ViTConfig:
     hybrid_layers: tuple[int, ...] | None = None
     """Hybrid (Sec. 3.1): ResNet stages whose feature map is cut into patches. ``None`` = plain
     ViT on pixels; ``()`` = the ResNet stem only; ``(3, 4, 9)`` = the paper's R50."""
+    stem: str = "patch"
+    """What makes the tokens: ``patch``, Eq. 1's P x P patches (of the pixels, or of the ResNet's feature map
+    with ``hybrid_layers``); ``conv``, the convolutional tokenizer of CCT (Hassani et al. 2021, "Escaping the
+    Big Data Paradigm with Compact Transformers", Sec. 3): ``stem_layers`` times a 3x3 convolution (stride 1,
+    no bias), ReLU and a 3x3/2 max-pool, the last convolution ``embed_dim`` wide and the others
+    ``stem_width``; each cell of its feature map is a token (``patch_size`` 1, another CNN stem of Sec. 3.1)."""
+    stem_layers: int = 1
+    stem_width: int = 64
     attention: str = "global"
     """``global`` self-attention, or ``axial`` (Appendix D.6: attention along rows, then columns)."""
     dynamic_img_pad: bool = False
@@ -236,7 +251,10 @@ class ViTConfig:
         block += (2 * d if self.init_values is not None else 0) + (4 * (d // self.num_heads) if self.qk_norm else 0)
         tokens = self.num_patches + self.num_prefix_tokens
         posemb = {"learn": tokens * d, "learn2d": (sum(self.grid_size)) * d // 2}.get(self.posemb, 0)
-        if self.hybrid_layers is None:
+        if self.stem == "conv":  # 3x3 convolutions without bias: in_chans -> stem_width ... -> embed_dim
+            widths = [self.in_chans] + [self.stem_width] * (self.stem_layers - 1) + [d]
+            patch = sum(9 * a * b for a, b in itertools.pairwise(widths))
+        elif self.hybrid_layers is None:
             patch = d * self.in_chans * self.patch_size**2 + (0 if self.pre_norm else d)
         else:  # the stem (7x7 conv to 64, GroupNorm), then bottleneck stages of widths 256 * 2**i
             patch, chs = 64 * self.in_chans * 49 + 2 * 64, 64
@@ -251,6 +269,7 @@ class ViTConfig:
         rep = self.pre_logits_dim
         head = (d * rep + rep if self.head == "mlp" else 0) + (rep * self.num_classes + self.num_classes)
         head *= 2 if self.dist_token else 1
+        head += d + 1 if self.pool == "seq" else 0  # the score layer
         if self.pool == "map":  # latent, q, kv, proj, norm, MLP
             head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * m + m + m * d + d
         norms = 2 * d * (2 if self.pre_norm else 1)
@@ -258,7 +277,9 @@ class ViTConfig:
 
     @property
     def stem_stride(self) -> int:
-        """Pixels per feature-map cell before patching: 1 for a plain ViT, the ResNet's stride for a hybrid."""
+        """Pixels per feature-map cell before patching: 1 for a plain ViT, the CNN's stride for a hybrid."""
+        if self.stem == "conv":
+            return 2**self.stem_layers
         if self.hybrid_layers is None:
             return 1
         return 4 * 2 ** max(len(self.hybrid_layers) - 1, 0)
@@ -303,10 +324,11 @@ class ViTConfig:
             ("head", self.head, _HEADS),
             ("act", self.act, _ACTS),
             ("posemb_resample", self.posemb_resample, _RESAMPLE),
+            ("stem", self.stem, _STEMS),
         ):
             if val not in allowed:
                 bad(opt, f"{val!r} is not one of {', '.join(allowed)}")
-        for opt in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim"):
+        for opt in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim", "stem_width"):
             if int(getattr(self, opt)) <= 0:
                 bad(opt, f"must be positive, got {getattr(self, opt)}")
         if self.num_classes < 0:
@@ -317,13 +339,17 @@ class ViTConfig:
             bad("num_heads", f"the width {self.embed_dim} is not divisible by {self.num_heads} heads")
         if self.attention not in ("global", "axial"):
             bad("attention", f"{self.attention!r} is not one of global, axial")
+        if not 1 <= self.stem_layers <= MAX_STEM_LAYERS:
+            bad("stem_layers", f"must be in 1..{MAX_STEM_LAYERS}, got {self.stem_layers}")
+        if self.stem == "conv" and (self.hybrid_layers is not None or self.patch_size != 1 or self.pre_norm):
+            bad("stem", "'conv' makes the tokens itself: it needs hybrid_layers None, patch_size 1 and no pre_norm")
         h, w = self.img_size
         p = self.patch_size * self.stem_stride
         if not self.dynamic_img_pad and (h % p or w % p):
             bad(
                 "img_size",
                 f"{h}x{w} is not divisible by the patch size {p}"
-                f"{' (ResNet stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
+                f"{' (the stem stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
                 f"(e.g. {max(p, h // p * p)}) or dynamic_img_pad=True",
             )
         if self.pool == "cls" and not self.class_token:

@@ -4,7 +4,7 @@ for GFLOPs in ``vitlab models`` and GFLOP/s in ``vitlab bench``."""
 from __future__ import annotations
 
 from .config import ViTConfig
-from .hybrid import backbone_macs
+from .hybrid import backbone_macs, conv_stem_macs
 
 __all__ = ["block_macs", "count_macs"]
 
@@ -21,10 +21,13 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) ->
     macs, chans = 0, cfg.in_chans
     if cfg.hybrid_layers is not None:
         macs, chans, (h, w) = backbone_macs(cfg.hybrid_layers, in_chans=cfg.in_chans, height=h, width=w)
+    if cfg.stem == "conv":  # CCT's tokenizer: its last convolution makes the tokens, no projection after it
+        dims = dict(layers=cfg.stem_layers, width=cfg.stem_width, in_chans=cfg.in_chans, embed_dim=d)
+        macs, (h, w) = conv_stem_macs(**dims, height=h, width_px=w)
     gh, gw = -(-h // p), -(-w // p)
     n = gh * gw
     t = n + cfg.num_prefix_tokens
-    macs += n * p * p * chans * d  # patch projection
+    macs += 0 if cfg.stem == "conv" else n * p * p * chans * d  # patch projection
     per_block = block_macs(cfg, t)
     if cfg.attention == "axial":  # two half-blocks; each token attends to its row (column) and the class token
         pre = cfg.num_prefix_tokens
@@ -33,6 +36,8 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) ->
     macs += cfg.depth * per_block
     if cfg.head == "mlp":
         macs += d * cfg.pre_logits_dim
+    if cfg.pool == "seq":  # the score of every patch token, then their weighted sum
+        macs += 2 * n * d
     return macs + cfg.pre_logits_dim * cfg.num_classes
 
 

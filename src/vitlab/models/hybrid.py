@@ -9,10 +9,15 @@ have spatial size 1x1." The CNN is the paper's BiT ResNet (Kolesnikov et al.,
 Module names follow timm's ``ResNetV2`` inside ``HybridEmbed``
 (``patch_embed.backbone.stem.conv``, ``...stages.0.blocks.0.conv1`` ...), so
 timm's ``vit_*_r50_*`` weights load directly.
+
+:class:`ConvTokenizer` is another CNN stem, the convolutional tokenizer of the Compact Convolutional Transformer
+(Hassani et al. 2021, "Escaping the Big Data Paradigm with Compact Transformers", Sec. 3): a few 3x3
+convolutions, each followed by ReLU and an overlapping 3x3/2 max-pool, whose last feature map's cells are the tokens.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -21,7 +26,16 @@ from torch import nn
 
 from ..errors import InputError
 
-__all__ = ["GroupNormAct", "HybridEmbed", "ResNetStem", "ResNetV2", "StdConv2d", "same_pad_amount"]
+__all__ = [
+    "ConvTokenizer",
+    "GroupNormAct",
+    "HybridEmbed",
+    "ResNetStem",
+    "ResNetV2",
+    "StdConv2d",
+    "conv_stem_macs",
+    "same_pad_amount",
+]
 
 
 def same_pad_amount(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -195,6 +209,57 @@ class HybridEmbed(nn.Module):
                 f"the model takes {self.in_chans}-channel images of shape (B, C, H, W), got shape {tuple(x.shape)}"
             )
         return self.proj(self.backbone(x)).flatten(2).transpose(1, 2)
+
+
+class ConvTokenizer(nn.Module):
+    """CCT's convolutional tokenizer: ``layers`` times [3x3 convolution (stride 1, padding 1, no bias), ReLU,
+    3x3 max-pool of stride 2 and padding 1], widths ``in_chans -> width ... -> embed_dim``; ``(B, C, H, W)`` ->
+    ``(B, ceil(H / 2**layers) * ceil(W / 2**layers), embed_dim)``, one token per cell of the last feature map.
+
+    Unlike Eq. 1's patches the receptive fields overlap, and the tokens carry the convolutions' inductive bias
+    (CCT, Sec. 3.3). The convolutions are ``convs.0``, ``convs.1`` ..., initialised Kaiming-normal as in CCT; the
+    first can be whitened instead (:func:`~.whiten.whiten_init_`)."""
+
+    def __init__(self, *, layers: int, width: int, in_chans: int, embed_dim: int) -> None:
+        super().__init__()
+        self.in_chans = in_chans
+        self.layers = layers
+        widths = [in_chans] + [width] * (layers - 1) + [embed_dim]
+        self.convs = nn.ModuleList(
+            nn.Conv2d(a, b, kernel_size=3, stride=1, padding=1, bias=False) for a, b in itertools.pairwise(widths)
+        )
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        for conv in self.convs:
+            nn.init.kaiming_normal_(conv.weight)
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """The token grid (rows, columns): each max-pool gives ``ceil(side / 2)``."""
+        s = 2**self.layers
+        return -(-height // s), -(-width // s)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_chans:
+            raise InputError(
+                f"the model takes {self.in_chans}-channel images of shape (B, C, H, W), got shape {tuple(x.shape)}"
+            )
+        for conv in self.convs:
+            x = F.max_pool2d(F.relu(conv(x)), kernel_size=3, stride=2, padding=1)
+        return x.flatten(2).transpose(1, 2)
+
+
+def conv_stem_macs(
+    *, layers: int, width: int, in_chans: int, embed_dim: int, height: int, width_px: int
+) -> tuple[int, tuple[int, int]]:
+    """Multiply-accumulates of :class:`ConvTokenizer`'s convolutions and its token grid ``(rows, columns)``."""
+    h, w, macs = height, width_px, 0
+    widths = [in_chans] + [width] * (layers - 1) + [embed_dim]
+    for a, b in itertools.pairwise(widths):
+        macs += h * w * a * b * 9  # stride 1, padding 1: the conv keeps the size; the pool then halves it (ceil)
+        h, w = -(-h // 2), -(-w // 2)
+    return macs, (h, w)
 
 
 def backbone_macs(

@@ -31,6 +31,7 @@ __all__ = [
     "PatchDropout",
     "PatchEmbed",
     "QuickGELU",
+    "SeqPool",
     "make_act",
 ]
 
@@ -374,3 +375,21 @@ class MAPHead(nn.Module):
         bias = None if size is None else size.log().view(b, 1, 1, t)
         a = self.proj(F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, 1, d))
         return (a + self.mlp(self.norm(a)))[:, 0]
+
+
+class SeqPool(nn.Module):
+    """Sequence pooling (Hassani et al. 2021, "Escaping the Big Data Paradigm with Compact Transformers",
+    Sec. 3.2, CCT's ``attention_pool``): a learned linear score per token, softmax over the sequence, and the
+    tokens' mean weighted by it, ``softmax(x w + b)^T x``. It replaces Eq. 4's class token; timm has no such pooling."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor, size: torch.Tensor | None = None) -> torch.Tensor:
+        """``(B, T, D)`` -> ``(B, D)``; ``size`` ``(B, T, 1)``: how many patches each token stands for after token
+        merging (``log size`` added to the scores, as proportional attention; a size of 0 is never pooled)."""
+        s = self.score(x)
+        if size is not None:
+            s = s + size.log()
+        return (s.softmax(dim=1) * x).sum(dim=1)

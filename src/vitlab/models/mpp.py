@@ -65,7 +65,7 @@ class MaskedPatchPrediction(nn.Module):
         bits: int = 3,
     ) -> None:
         super().__init__()
-        if model.config.hybrid_layers is not None:
+        if model.config.hybrid_layers is not None or model.config.stem != "patch":
             raise ValueError("masked patch prediction needs a plain ViT: a hybrid's patches are not pixel patches")
         if model.config.patch_drop_rate:
             raise ConfigError("masked patch prediction predicts every patch: it cannot drop tokens (patch_drop_rate)")

@@ -79,9 +79,24 @@ HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
 }
 
 
+# Compact Convolutional Transformers (Hassani et al. 2021, Table 1's CIFAR models): CCT-L/KxN is L blocks behind
+# N convolutional tokenizer layers of kernel K (3 here; stem="conv"), sequence pooling, no class token, learned
+# position embeddings, and no bias on the queries, keys and values (as CCT). Dropout and stochastic depth are the
+# training recipe's.
+_CCT = dict(stem="conv", patch_size=1, class_token=False, pool="seq", qkv_bias=False, posemb="learn")
+CCTS: dict[str, dict[str, Any]] = {
+    f"vit_cct{depth}_3x{n}": dict(_CCT, depth=depth, embed_dim=256, num_heads=4, mlp_dim=512, stem_layers=n)
+    for depth in (6, 7)
+    for n in (1, 2)
+}
+
+
 def model_config(name: str, /, **overrides: Any) -> ViTConfig:
-    """The :class:`ViTConfig` of a registered ViT or hybrid name such as ``vit_b16``, ``B/16`` or ``vit_r50_b16``."""
+    """The :class:`ViTConfig` of a registered ViT, hybrid or CCT name such as ``vit_b16``, ``B/16``, ``vit_r50_b16``
+    or ``vit_cct7_3x1``."""
     canon = resolve_name(name)
+    if canon in CCTS:
+        return ViTConfig(**{"name": canon, **CCTS[canon], **overrides})
     if canon in HYBRIDS:
         base, layers, patch = HYBRIDS[canon]
         return model_config(base, **{"name": canon, "hybrid_layers": layers, "patch_size": patch, **overrides})
@@ -105,7 +120,7 @@ def _vit_builder(name: str) -> Builder:
 for _v, _ps in _PATCHES.items():
     for _p in _ps:
         register(f"vit_{_v}{_p}", _vit_builder(f"vit_{_v}{_p}"))
-for _name in HYBRIDS:
+for _name in (*HYBRIDS, *CCTS):
     register(_name, _vit_builder(_name))
 for _p in (16, 32):  # Axial-ViT (Appendix D.6)
     register(
@@ -128,6 +143,8 @@ def _order(name: str) -> tuple[int, int]:
         return len(keys) + 2, int(name[len("axial_vit_b") :])
     if name in HYBRIDS:
         return len(keys) + 1, keys.index(HYBRIDS[name][0].split("_")[1].rstrip("0123456789"))
+    if name in CCTS:
+        return len(keys) + 1, len(keys)
     if m and m.group(1) in keys:
         return keys.index(m.group(1)), int(m.group(2))
     return len(keys), 0

@@ -25,14 +25,15 @@ _CARRIED = ("hf_hub_id", "license", "tag")
 """``pretrained_cfg`` keys taken from the config's ``extra`` (what is known of a public checkpoint)."""
 
 TIMM_POOL = {"cls": "token", "gap": "avg", "map": "map"}
-"""Our pooling names -> timm's ``global_pool`` values."""
+"""Our pooling names -> timm's ``global_pool`` values. (CCT's sequence pooling, ``seq``, has no timm name.)"""
+_POOL_NAMES = (*TIMM_POOL, "seq")
 
 
 def pool_name(global_pool: str) -> str:
     """Our pooling name for timm's ``global_pool`` (``token`` -> ``cls``, ``avg`` -> ``gap``) or ours."""
     ours = {v: k for k, v in TIMM_POOL.items()}.get(global_pool, global_pool)
-    if ours not in TIMM_POOL:
-        names = sorted({*TIMM_POOL, *TIMM_POOL.values()})
+    if ours not in _POOL_NAMES:
+        names = sorted({*_POOL_NAMES, *TIMM_POOL.values()})
         raise ConfigError(f"global_pool: {global_pool!r} is not one of {', '.join(names)}")
     return ours
 
@@ -52,7 +53,9 @@ def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
     ``timm.data.resolve_data_config({}, model=model)`` then ``timm.data.create_transform(**config)`` give
     the pixels of vitlab's evaluation."""
     c = cfg.in_chans
-    if cfg.hybrid_layers is None:
+    if cfg.stem == "conv":
+        first_conv = "patch_embed.convs.0"
+    elif cfg.hybrid_layers is None:
         first_conv = "patch_embed.proj"
     else:  # the ResNet's first convolution (only the stem when no stage is kept)
         first_conv = "patch_embed.backbone.stem.conv" if cfg.hybrid_layers else "patch_embed.backbone.conv"
@@ -107,8 +110,8 @@ class TimmModelApi:
 
     @property
     def global_pool(self) -> str:
-        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map``."""
-        return TIMM_POOL[self.config.pool]
+        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map`` (``seq``: ours only)."""
+        return TIMM_POOL.get(self.config.pool, self.config.pool)
 
     def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
         """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
@@ -124,11 +127,16 @@ class TimmModelApi:
         changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
         if global_pool is not None:
             changes["pool"] = pool_name(global_pool)
-            if changes["pool"] == "map" and self.attn_pool is None:
-                raise ConfigError("global_pool: 'map' needs a model built with it (its attention pool is trained)")
+            trained = {"map": self.attn_pool, "seq": self.seq_pool}
+            if changes["pool"] in trained and trained[changes["pool"]] is None:
+                raise ConfigError(
+                    f"global_pool: {changes['pool']!r} needs a model built with it (its pooling is trained)"
+                )
         self.config = self.config.replace(**changes)
         if self.config.pool != "map":
             self.attn_pool = None
+        if self.config.pool != "seq":
+            self.seq_pool = None
         ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
         if num_classes > 0:
             self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)

@@ -26,8 +26,8 @@ from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
 from .flops import count_macs
-from .hybrid import HybridEmbed
-from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed
+from .hybrid import ConvTokenizer, HybridEmbed
+from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool
 from .packed import PackedAttention, PackedInput, PackedPatches
 from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .timm_api import TimmModelApi
@@ -86,6 +86,7 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.attn_pool = self._make_map_head(cfg) if cfg.pool == "map" else None
+        self.seq_pool = SeqPool(d) if cfg.pool == "seq" else None
         self.head_drop = nn.Dropout(cfg.drop_rate)
         if cfg.head == "mlp":  # pre-training: one hidden tanh layer (Sec. 3.1)
             self.pre_logits = nn.Sequential()
@@ -104,6 +105,10 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
 
     # -- construction (the hybrid and axial variants differ here) ----------------
     def _make_stem(self, cfg: ViTConfig) -> nn.Module:
+        if cfg.stem == "conv":
+            return ConvTokenizer(
+                layers=cfg.stem_layers, width=cfg.stem_width, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim
+            )
         if cfg.hybrid_layers is not None:
             return HybridEmbed(
                 layers=cfg.hybrid_layers, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=cfg.embed_dim
@@ -189,6 +194,10 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
             nn.init.normal_(self.reg_token, std=1e-6)
         if self.attn_pool is not None:
             nn.init.trunc_normal_(self.attn_pool.latent, std=self.config.embed_dim**-0.5)
+        if self.seq_pool is not None:  # as CCT
+            nn.init.trunc_normal_(self.seq_pool.score.weight, std=0.02)
+        if isinstance(self.patch_embed, ConvTokenizer):
+            self.patch_embed.reset_parameters()
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -294,14 +303,16 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
     # -- Eq. 4 and the head --------------------------------------------------------
     def pool(self, x: torch.Tensor, token_size: torch.Tensor | None = None) -> torch.Tensor:
         """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``; attention pooling of the patch
-        tokens for ``map`` (as timm: class and register tokens are not pooled). ``token_size``: the tokens'
-        sizes after token merging (:mod:`.tome`), which weigh them."""
+        tokens for ``map`` (as timm: class and register tokens are not pooled), sequence pooling of them for
+        ``seq``. ``token_size``: the tokens' sizes after token merging (:mod:`.tome`), which weigh them."""
         if self.config.pool == "cls":
             return x[:, 0]
         p = self.num_prefix_tokens
         size = None if token_size is None else token_size[:, p:]
         if self.attn_pool is not None:
             return self.attn_pool(x[:, p:], size)
+        if self.seq_pool is not None:
+            return self.seq_pool(x[:, p:], size)
         return x[:, p:].mean(dim=1) if size is None else weighted_mean(x[:, p:], size)
 
     def forward_head(
