@@ -145,8 +145,8 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
 
 
 def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
-    from vitlab.commands.train import config_from_args
     from vitlab.train import fit  # noqa: F401  (the CLI's own path)
+    from vitlab.train.spec.parser import config_from_args
 
     parser = _parser()
     cfg = config_from_args(parser.parse_args(["train", "--data", "some/folder"]))

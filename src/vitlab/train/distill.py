@@ -31,7 +31,7 @@ from ..errors import ConfigError, VitlabError
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["DISTILL_KINDS", "Distillation", "build_distillation", "check_distill_config", "distillation_loss"]
+__all__ = ["DISTILL_KINDS", "Distillation", "build_distillation", "distillation_loss"]
 
 DISTILL_KINDS = ("hard", "soft")
 
@@ -99,20 +99,6 @@ class Distillation:
             f"distillation ({self.kind}{tau}, DeiT) from {self.spec} ({c.name}, {c.num_classes} classes, "
             f"{c.img_size[0]}x{c.img_size[1]} px), frozen; the student's {how} takes the teacher's target"
         )
-
-
-def check_distill_config(cfg: TrainConfig) -> None:
-    """The distillation options, checked before any data is decoded."""
-    if cfg.teacher is None:
-        if cfg.distill is not None or cfg.distill_token:
-            raise ConfigError("--distill / --distill-token need a teacher: --teacher MODEL_OR_RUN")
-        return
-    if cfg.objective != "classify":
-        raise ConfigError(f"--teacher distils a classifier; --objective {cfg.objective} has no classes")
-    if cfg.distill is not None and cfg.distill not in DISTILL_KINDS:
-        raise ConfigError(f"--distill {cfg.distill!r}: choose {' or '.join(DISTILL_KINDS)}")
-    if not cfg.distill_tau > 0:
-        raise ConfigError(f"--distill-tau {cfg.distill_tau:g}: must be positive")
 
 
 def build_distillation(

@@ -30,31 +30,9 @@ import torch
 from torch import nn
 
 from ..devices import autocast
-from ..errors import ConfigError
-from .config import TrainConfig
 from .distributed import Dist, any_rank
 
-__all__ = ["check_fsdp_config", "ddp_memory_hint", "full_model", "lockstep", "shard", "shard_line"]
-
-
-def check_fsdp_config(cfg: TrainConfig) -> None:
-    """One-line errors for what ``--fsdp`` does not combine with (before any data is read)."""
-    r = cfg.recipe
-    refused = {
-        "--ema": "the averaged copy would be a second, unsharded model",
-        "--time-budget": "its plan times steps on an unsharded copy of the model; give --epochs",
-        "--head-warmup": "it switches weights' requires_grad after sharding; use --freeze, then fine-tune",
-        "--precision fp16": "float16 needs a sharded gradient scaler; use bf16 (the default on GPU)",
-    }
-    given = {
-        "--ema": bool(r.ema),
-        "--time-budget": cfg.time_budget is not None,
-        "--head-warmup": r.head_warmup > 0,
-        "--precision fp16": cfg.precision == "fp16",
-    }
-    for flag, why in refused.items():
-        if given[flag]:
-            raise ConfigError(f"--fsdp with {flag}: not supported ({why})")
+__all__ = ["ddp_memory_hint", "full_model", "lockstep", "shard", "shard_line"]
 
 
 def ddp_memory_hint(params: int, *, world_size: int, device_memory: int) -> str | None:

@@ -19,7 +19,6 @@ is stored resized and centre-cropped for the evaluation, which then only takes i
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +26,16 @@ from typing import Any
 from ..data.decode import too_thin, typical_side
 from ..data.sources import FolderPlan
 from ..data.transforms import resize_side
+from .spec.image_size import (
+    CROP_MARGIN,
+    INIT_SIDE,
+    PHOTO_CROP_PCT,
+    PHOTO_SIDE,
+    PHOTO_SIZE,
+    fit_size_to_data,
+    photo_size,
+    store_side,
+)
 
 __all__ = [
     "INIT_SIDE",
@@ -38,31 +47,6 @@ __all__ = [
     "photo_size",
     "store_side",
 ]
-
-PHOTO_SIDE = 160
-"""A typical shorter side (px) from which a folder holds photos: trained at :data:`PHOTO_SIZE`, patch 16."""
-PHOTO_SIZE = 224
-"""The training resolution of photos without ``--img-size`` (the paper's ImageNet size, timm's default)."""
-PHOTO_CROP_PCT = 0.875
-"""timm's ``crop_pct``: photos are evaluated on the centre 87.5% of the resized shorter side."""
-CROP_MARGIN = 0.875
-"""Training images are stored with their shorter side at least ``img_size / 0.875`` (~1.14x): room for crops."""
-INIT_SIDE = 384
-"""An ``--init`` model's size is not known before the data is decoded: photos are stored for up to this
-(the paper's fine-tuning resolution), so that any fine-tuning size up to it has the pixels it needs."""
-
-
-def photo_size(typical: int) -> int:
-    """The training side for photos of ``typical`` shorter side: :data:`PHOTO_SIZE`, or the typical side
-    rounded down to a multiple of 16 (the patch) when smaller."""
-    return min(PHOTO_SIZE, max(16, typical // 16 * 16))
-
-
-def store_side(img: int, crop_pct: float = 1.0) -> int:
-    """The shorter side (at most) training images are stored with for a model of ``img`` px evaluated with
-    ``crop_pct``: what the evaluation resizes to (``img / crop_pct``) and at least :data:`CROP_MARGIN`'s margin
-    over the input; at least 32."""
-    return max(32, math.ceil(img / min(CROP_MARGIN, crop_pct)))
 
 
 def folder_plan(cfg: Any, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
@@ -107,19 +91,3 @@ def folder_plan(cfg: Any, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
     line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
     return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
-
-
-def fit_size_to_data(cfg: Any, data: Any) -> Any:
-    """``cfg`` with the size and evaluation crop its folder was stored for (``data.plan``) in its recipe, so
-    that the model, the evaluation, the saved model's ``crop_pct`` and a resumed run all follow them: the
-    ``crop_pct`` always, the ``img_size`` when chosen for photos (small images keep the data's own size, as the
-    recipe's ``None`` says). Unchanged without a plan (built-in data sets, tar shards)."""
-    plan = getattr(data, "plan", None)
-    if plan is None:
-        return cfg
-    r, changes = cfg.recipe, {}
-    if plan.crop_pct != r.crop_pct:
-        changes["crop_pct"] = plan.crop_pct
-    if not cfg.img_size and not r.img_size and plan.size is not None and plan.typical >= PHOTO_SIDE:
-        changes["img_size"] = plan.size[0]
-    return dataclasses.replace(cfg, recipe=r.replace(**changes)) if changes else cfg

@@ -21,6 +21,7 @@ from .config import TrainConfig
 from .distributed import Dist, barrier
 from .image_size import folder_plan
 from .loop import ignore_stop_signals
+from .spec.rules import micro_batch
 
 if TYPE_CHECKING:
     from ..data.sources import DataSplits, ImageArray
@@ -237,16 +238,6 @@ class Loaders:
             worker_init_fn=ignore_stop_signals,
         )
         return Batches(loader)
-
-
-def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
-    """Images per forward pass on each process; the global batch must split evenly over both."""
-    micro = batch_size // (world_size * accum_steps)
-    if micro < 1 or micro * world_size * accum_steps != batch_size:
-        raise ConfigError(
-            f"--batch-size {batch_size} must be a multiple of processes x --accum-steps = {world_size * accum_steps}"
-        )
-    return micro
 
 
 def build_loaders(

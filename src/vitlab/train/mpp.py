@@ -9,14 +9,13 @@ for resuming), so ``vitlab finetune --init run/model`` starts from it like from 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..devices import autocast
-from .auto import _patch_for, auto_batch
+from .spec.fitting import fit_mpp_recipe
 
 __all__ = ["OBJECTIVES", "evaluate_mpp", "fit_mpp_recipe", "step_bytes", "unwrap", "wrap"]
 
@@ -34,38 +33,6 @@ def wrap(model: nn.Module, objective: str) -> nn.Module:
     from ..errors import ConfigError
 
     raise ConfigError(f"--objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
-
-
-def fit_mpp_recipe(cfg: Any, *, n_train: int, image_size: tuple[int, int]) -> Any:
-    """``cfg`` (a :class:`~vitlab.train.TrainConfig` with ``--objective mpp``) with its recipe fitted to the data
-    once, as the ``auto`` recipe fits classification (:mod:`vitlab.train.auto`): the patch size from the image
-    size by the rule classification uses (16 for photos, as the paper's B/16; else about 8 x 8 tokens: the
-    recipe's patch 4 is for 32 px images, and at 224 px it would give 3,136 tokens an image), unless a patch, a
-    ``--model`` or an ``--init`` model is given; the batch at most 1/16 of the training set (the recipe's batch
-    at most; the LR scales with it linearly). Fields the user set are kept. ``cfg.resolved`` then holds the line
-    saying what was chosen; a resolved config is returned as is."""
-    r = cfg.recipe
-    if cfg.objective != "mpp" or cfg.resolved is not None:
-        return cfg
-    img = (cfg.img_size, cfg.img_size) if cfg.img_size else (r.img_size, r.img_size) if r.img_size else image_size
-    h, w = int(img[0]), int(img[1])
-    changes: dict[str, Any] = {}
-    notes = []
-    patch = cfg.arch.get("patch_size") or r.arch.get("patch_size")
-    if patch and not cfg.arch.get("patch_size") and not (cfg.model or r.model or cfg.init):
-        fitted = _patch_for((h, w), photos=True)  # the paper pre-trained B/16 this way at 224 px
-        if fitted != patch:
-            changes["arch"] = {**r.arch, "patch_size": fitted}
-            notes.append(f"patch {fitted} for {h}x{w} px ({(h // fitted) * (w // fitted):,} tokens an image)")
-            patch = fitted
-    if "batch_size" not in cfg.recipe_given and (b := auto_batch(n_train, cap=r.batch_size)) != r.batch_size:
-        changes["batch_size"] = b
-        notes.append(f"batch {b} (at most 1/16 of the {n_train:,} images)")
-    if not changes:
-        return cfg
-    new = dataclasses.replace(r, **changes)
-    line = f"mpp: {', '.join(notes)}, lr {new.scaled_lr(new.batch_size):.2g}"
-    return dataclasses.replace(cfg, recipe=new, resolved=line)
 
 
 def step_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4, corrupt_prob: float = 0.5) -> int:

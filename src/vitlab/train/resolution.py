@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from .spec.kinds import Schedule, check_res_schedule
+from .spec.options import parse_res_schedule
+from .spec.rules import check_res_sizes as check_sizes
 
 __all__ = [
     "check_res_schedule",
@@ -24,58 +26,6 @@ __all__ = [
     "size_at",
     "step_cost",
 ]
-
-Schedule = tuple[tuple[int, float], ...]
-"""``((size, end fraction), ...)``: ``size`` px until ``end`` of the planned steps; the last end is 1."""
-
-
-def parse_res_schedule(text: str, *, option: str = "--res-schedule") -> Schedule:
-    """``"24:0.5,32:1.0"`` -> ``((24, 0.5), (32, 1.0))``: 24 px for the first half of the steps, then 32.
-    Sizes are positive integers, the fractions increase and the last is 1."""
-    out: list[tuple[int, float]] = []
-    for part in str(text).split(","):
-        size, sep, end = part.strip().partition(":")
-        try:
-            item = (int(size), float(end))
-        except ValueError:
-            item = None
-        if not sep or item is None:
-            raise ConfigError(f"{option}: expected SIZE:FRACTION[,SIZE:FRACTION...] (e.g. 24:0.5,32:1.0), got {text!r}")
-        out.append(item)
-    return check_res_schedule(out, option=option)
-
-
-def check_res_schedule(schedule: object, *, option: str = "res_schedule") -> Schedule:
-    """``schedule`` (pairs, e.g. from a saved recipe's JSON) as a validated tuple of ``(size, end)``."""
-    try:
-        pairs = tuple((int(s), float(e)) for s, e in schedule)  # type: ignore[union-attr, misc]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{option}: expected pairs of (size, end fraction), got {schedule!r}") from None
-    if not pairs:
-        raise ConfigError(f"{option}: empty")
-    prev = 0.0
-    for size, end in pairs:
-        if not 0 < size < 1 << 16:
-            raise ConfigError(f"{option}: size {size} is out of range [1, 65536)")
-        if not prev < end <= 1.0:
-            raise ConfigError(f"{option}: the fractions must increase within (0, 1], got {end} after {prev}")
-        prev = end
-    if pairs[-1][1] != 1.0:
-        raise ConfigError(f"{option}: the last fraction must be 1.0 (the end of training), got {pairs[-1][1]}")
-    return pairs
-
-
-def check_sizes(schedule: Schedule, *, final: tuple[int, int], multiple: int, dynamic_pad: bool = False) -> None:
-    """Refuse a schedule whose last size is not the model's (evaluation) size ``final``, or with a size the
-    patch size (times a hybrid's stride) ``multiple`` does not divide."""
-    if (schedule[-1][0],) * 2 != tuple(final):
-        raise ConfigError(
-            f"--res-schedule: ends at {schedule[-1][0]} px but the model is built for {final[0]}x{final[1]}; "
-            f"end the schedule at {final[0]} or pass --img-size {schedule[-1][0]}"
-        )
-    for size, _ in schedule:
-        if size % multiple and not dynamic_pad:
-            raise ConfigError(f"--res-schedule: {size} px is not divisible by the patch size {multiple}")
 
 
 def size_at(schedule: Schedule, *, step: int, total_steps: int) -> int:

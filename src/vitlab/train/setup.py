@@ -20,12 +20,12 @@ from .checkpointing import start_position
 from .config import TrainConfig
 from .distill import build_distillation
 from .distributed import Dist
-from .image_size import fit_size_to_data
 from .loaders import build_loaders, load_run_data, run_data_fingerprint
 from .loop import StopSignals, evaluate
 from .memory import fit_memory
-from .mpp import fit_mpp_recipe
-from .resolution import check_sizes
+from .spec.fitting import fit_mpp_recipe
+from .spec.image_size import fit_size_to_data
+from .spec.rules import check_res_sizes as check_sizes
 from .token_drop import ends_dropping
 
 __all__ = ["TrainerSetup"]
@@ -53,7 +53,7 @@ class TrainerSetup:
             out.mkdir(parents=True, exist_ok=True)
         self.data_fingerprint = run_data_fingerprint(cfg, state=state, log=self.log)  # resumed: data unchanged
         self.data = load_run_data(cfg, dist=dist, out=out, log=self.log)
-        if state is None:  # a resumed run keeps the recipe it was fitted to
+        if state is None and cfg.objective == "classify":  # a resumed run keeps the recipe it was fitted to
             self.cfg = cfg = fit_recipe_to_data(
                 cfg,
                 n_train=len(self.data.train),
@@ -62,8 +62,12 @@ class TrainerSetup:
                 in_chans=self.data.in_chans,
                 device_type=device.type,
             )
+        if state is None:
             self.cfg = cfg = fit_size_to_data(cfg, self.data)  # the size and crop the folder was stored for
-            self.cfg = cfg = fit_mpp_recipe(cfg, n_train=len(self.data.train), image_size=tuple(self.data.image_size))
+            if cfg.objective == "mpp":
+                self.cfg = cfg = fit_mpp_recipe(
+                    cfg, n_train=len(self.data.train), image_size=tuple(self.data.image_size)
+                )
             if cfg.resolved:
                 self.log(cfg.resolved)
         self.distill = build_distillation(  # first: the teacher's weights are in memory when it is measured

@@ -29,13 +29,15 @@ from .advice import advice_line
 from .budget import _REPLAN_AT, _plan_budget, _steps_in_budget, warmup_for
 from .build import build_model, micro_batch_estimate
 from .checkpointing import claim_run_folder, gather_cuda_rng, gather_torch_rng, save_checkpoint
-from .config import TrainConfig, resumed_config, validate_config
 from .dcp import prune, write_sharded
 from .distributed import any_rank, barrier, setup, teardown
 from .loaders import eval_shard
 from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
 from .resolution import resize_batch, size_at
 from .setup import TrainerSetup
+from .spec.config import TrainConfig
+from .spec.resume import resumed_config
+from .spec.rules import check_init, validate
 from .state import load_state
 from .token_drop import ends_dropping, rate_at, set_rate
 
@@ -68,11 +70,11 @@ def fit(
     if resume:
         state = load_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
-    validate_config(cfg)
-    from .mpp import OBJECTIVES
+    validate(cfg)
+    if cfg.init:
+        import vitlab
 
-    if cfg.objective not in OBJECTIVES:
-        raise ConfigError(f"--objective {cfg.objective!r}: choose one of {', '.join(OBJECTIVES)}")
+        check_init(cfg, vitlab.load(cfg.init).config)
     d, device = setup(cfg.device, group=cfg.fsdp)
     try:
         with StopSignals(single_process=not d.enabled) as stop, contextlib.ExitStack() as held:
