@@ -1,4 +1,4 @@
-"""``vitlab plan`` and :mod:`vitlab.train.capacity`: memory per device, step time, the paper's runs,
+"""``vitlab plan`` and :mod:`vitlab.capacity`: memory per device, step time, the paper's runs,
 and the activation estimate checked against what autograd really saves."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitlab.capacity import activation_bytes, plan, train_flops_per_image
 from vitlab.cli import main
 from vitlab.models import count_macs, create_model
-from vitlab.train.capacity import activation_bytes, plan, train_flops_per_image
 
 B16_PARAMS = 86_567_656  # DESIGN.md, 224 px, 1000 classes
 

@@ -19,7 +19,7 @@ import vitlab
 from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import loop as loop_mod
+from vitlab.train.objectives import classify as classify_mod
 from vitlab.train.state import load_state
 
 EPOCHS = 20  # 3 steps per epoch: 60 steps
@@ -167,7 +167,7 @@ def _nan_at(monkeypatch, calls: set[int]):
         loss = real.cross_entropy(*a, **k)
         return loss * float("nan") if n["calls"] in calls else loss
 
-    monkeypatch.setattr(loop_mod, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
+    monkeypatch.setattr(classify_mod, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
 
 
 def test_nan_loss_stops_by_default_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..devices import autocast
@@ -60,15 +59,13 @@ def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoc
     return lo
 
 
-def _time_steps(probe, opt, xs, ys, *, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:
+def _time_steps(probe, opt, xs, ys, *, objective, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:
     """Seconds per training step of ``probe`` on the batch ``(xs, ys)``: the mean of ``n_time`` after ``n_warm``."""
     for i in range(n_warm + n_time):
         if i == n_warm:
             t0 = time.perf_counter()
         with autocast(device, amp_dtype):
-            res = probe(xs)
-            res = res[0] if isinstance(res, tuple) else res  # a distilled student's (class, distillation)
-            loss = F.cross_entropy(res.float(), ys) if isinstance(res, torch.Tensor) else res.loss
+            loss = objective.loss(probe, xs, ys)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -90,6 +87,7 @@ def _plan_budget(
     log,
     workers,
     *,
+    objective,
     eval_batch: int = 256,
 ) -> tuple[int, int, float]:
     """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away
@@ -108,10 +106,11 @@ def _plan_budget(
         xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
         ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)
         probe.train()
-        step_s = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype) * r.accum_steps
+        timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
+        step_s = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
         if unmasked:  # time the steps on every token too (and compile them, with --compile)
             set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
-            full_over_dropped = _time_steps(probe, opt, xs, ys, device=device, amp_dtype=amp_dtype)
+            full_over_dropped = _time_steps(probe, opt, xs, ys, **timed)
             full_over_dropped *= r.accum_steps / step_s
             set_rate(probe, r.token_drop)
             step_s *= token_drop_cost(r, full_over_dropped=full_over_dropped)
@@ -176,6 +175,7 @@ def make_plan(
     dist: Dist,
     log: Callable[[str], None],
     lr: float,
+    objective,
     measure: Callable[..., tuple[int, int, float]] = _plan_budget,
 ) -> tuple[dict[str, Any], Replanner]:
     """A new run's plan (epochs, optimizer steps, warmup steps, peak LR; saved in ``last.pt``) and its
@@ -199,6 +199,7 @@ def make_plan(
             dist,
             log,
             loaders.workers,
+            objective=objective,
             eval_batch=loaders.eval_batch,
         )
     warm, wanted = warmup_for(cfg.recipe, total_steps=total, steps_per_epoch=spe)

@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import ConfigError
 from .config import TrainConfig
 from .distributed import Dist
+from .objectives import Objective
 from .recipes import Recipe
 from .token_drop import ends_dropping
 
@@ -245,17 +246,12 @@ def _amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool
     return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]
 
 
-def _head(cfg: TrainConfig, data: DataSplits) -> tuple[int, list[str]]:
-    """``(classes, class names)`` of the run's model: MPP pre-trains a headless ViT."""
-    return (0, []) if cfg.objective == "mpp" else (data.num_classes, data.class_names)
-
-
-def planned_config(cfg: TrainConfig, *, data: DataSplits) -> tuple[ViTConfig, nn.Module | None]:
+def planned_config(cfg: TrainConfig, *, data: DataSplits, objective: Objective) -> tuple[ViTConfig, nn.Module | None]:
     """``(configuration, model or None)`` of the run's model before :func:`build_net`: a fresh model's
     configuration is computed (:func:`fresh_config`; nothing is allocated, so the run's memory is estimated
     first); an ``--init`` model's is in its file, so that model is loaded (from ``cfg.seed``) and returned for
     :func:`build_net` to use."""
-    n_cls, names = _head(cfg, data)
+    n_cls, names = objective.head(data)
     kw = {"num_classes": n_cls, "in_chans": data.in_chans, "image_size": data.image_size, "class_names": names}
     if not cfg.init:
         return fresh_config(cfg, **kw), None
@@ -265,7 +261,13 @@ def planned_config(cfg: TrainConfig, *, data: DataSplits) -> tuple[ViTConfig, nn
 
 
 def build_net(
-    cfg: TrainConfig, *, data: DataSplits, dist: Dist, device: torch.device, model: nn.Module | None = None
+    cfg: TrainConfig,
+    *,
+    data: DataSplits,
+    dist: Dist,
+    device: torch.device,
+    objective: Objective,
+    model: nn.Module | None = None,
 ) -> tuple[nn.Module, nn.Module, int]:
     """``(model, net, workers)``: the ViT, the module the optimiser trains (the ViT, or the ViT plus the
     MPP [mask] embedding and colour head) on ``device``, and the number of DataLoader workers.
@@ -274,11 +276,9 @@ def build_net(
     re-seeded per rank so that each process augments differently. The CPU thread count is set here
     because it depends on the model's size and decides the default number of workers. ``model``: the
     ``--init`` model :func:`planned_config` loaded (None: built here)."""
-    from .mpp import wrap
-
     seed_all(cfg.seed)
     if model is None:
-        n_cls, names = _head(cfg, data)
+        n_cls, names = objective.head(data)
         model = build_model(
             cfg,
             num_classes=n_cls,
@@ -293,7 +293,7 @@ def build_net(
         freeze_all_but_head(model)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    net = wrap(model, cfg.objective)
+    net = objective.wrap(model)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     elif device.type == "cpu" and model.macs() * micro_batch_estimate(cfg, dist) * 3 < 2e9:
@@ -308,7 +308,14 @@ def build_net(
 
 
 def distribute(
-    net: nn.Module, cfg: TrainConfig, *, dist: Dist, device: torch.device, amp_dtype: torch.dtype | None = None
+    net: nn.Module,
+    cfg: TrainConfig,
+    *,
+    dist: Dist,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    blocks: list[nn.Module] | None = None,
+    unused: bool = False,
 ) -> nn.Module:
     """The module the training steps call: ``net`` sharded in place with ``--fsdp``
     (:func:`vitlab.train.fsdp.shard`; ``amp_dtype`` picks its precision), else inside
@@ -317,12 +324,10 @@ def distribute(
     if cfg.fsdp:
         from .fsdp import shard
 
-        run_model = shard(net, device=device, amp_dtype=amp_dtype)
-    elif dist.enabled:  # MPP leaves the ViT's pooling/head path unused
+        run_model = shard(net, device=device, amp_dtype=amp_dtype, blocks=blocks)
+    elif dist.enabled:  # ``unused``: the objective leaves parameters without gradients (MPP: the ViT's head)
         run_model = nn.parallel.DistributedDataParallel(
-            net,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=cfg.objective == "mpp",
+            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused
         )
     if not cfg.compile:
         return run_model

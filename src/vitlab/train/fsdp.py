@@ -50,20 +50,20 @@ def ddp_memory_hint(params: int, *, world_size: int, device_memory: int) -> str 
     )
 
 
-def _blocks(net: nn.Module) -> list[nn.Module]:
-    from .mpp import unwrap
-
-    return list(getattr(unwrap(net), "blocks", []))
-
-
 def _bf16(device: torch.device, amp_dtype: torch.dtype | None) -> bool:
     """Whether the sharded weights are gathered in bfloat16 (CUDA, ``--precision auto`` or ``bf16``)."""
     return device.type == "cuda" and amp_dtype == torch.bfloat16
 
 
-def shard(net: nn.Module, *, device: torch.device, amp_dtype: torch.dtype | None) -> nn.Module:
-    """Apply ``fully_shard`` to each encoder block of ``net`` (the ViT, or the ViT inside an objective
-    wrapper), then to ``net`` itself; in place, and returned. ``amp_dtype`` bfloat16 on CUDA: bf16
+def shard(
+    net: nn.Module,
+    *,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    blocks: list[nn.Module] | None = None,
+) -> nn.Module:
+    """Apply ``fully_shard`` to each encoder block (``blocks``: those of the ViT inside an objective's module;
+    None: ``net``'s own), then to ``net`` itself; in place, and returned. ``amp_dtype`` bfloat16 on CUDA: bf16
     weights and compute, float32 gradient reduction."""
     import torch.distributed as tdist
     from torch.distributed.device_mesh import init_device_mesh
@@ -73,20 +73,17 @@ def shard(net: nn.Module, *, device: torch.device, amp_dtype: torch.dtype | None
     policy = MixedPrecisionPolicy()
     if _bf16(device, amp_dtype):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in _blocks(net):
+    for block in list(net.blocks) if blocks is None else blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(net, mesh=mesh, mp_policy=policy)
     return net
 
 
-def shard_line(net: nn.Module, d: Dist, *, device: torch.device, amp_dtype: torch.dtype | None) -> str:
+def shard_line(net: nn.Module, d: Dist, *, device: torch.device, amp_dtype: torch.dtype | None, blocks: int) -> str:
     """What :func:`shard` did, in one line for the run's log."""
     n = sum(p.numel() for p in net.parameters())  # DTensors count their global size
     precision = "bf16 weights and compute, fp32 gradient reduction" if _bf16(device, amp_dtype) else "fp32"
-    return (
-        f"FSDP2: {n:,} parameters sharded over {d.world_size} process(es), "
-        f"{len(_blocks(net))} blocks + root, {precision}"
-    )
+    return f"FSDP2: {n:,} parameters sharded over {d.world_size} process(es), {blocks} blocks + root, {precision}"
 
 
 def full_model(model: nn.Module, d: Dist) -> nn.Module | None:
@@ -108,15 +105,19 @@ def full_model(model: nn.Module, d: Dist) -> nn.Module | None:
 
 
 def lockstep(
-    batches: Iterable[Any], *, net: nn.Module, d: Dist, device: torch.device, amp_dtype: torch.dtype | None
+    batches: Iterable[Any],
+    *,
+    net: nn.Module,
+    d: Dist,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    config: Any = None,
 ) -> Iterator[Any]:
     """``batches`` (this rank's shard of the evaluation split), kept in step with the other ranks: a
     sharded forward gathers weights from every rank, so a rank that has run out of batches runs
     throw-away forwards of one blank image through ``net`` until every rank is done. The global RNG
-    is left as it was (an objective wrapper draws its masks from it)."""
-    from .mpp import unwrap
-
-    cfg = unwrap(net).config
+    is left as it was (an objective's module draws its masks from it). ``config``: the ViT's (None: ``net``'s)."""
+    cfg = net.config if config is None else config
     it = iter(batches)
     while True:
         batch = next(it, None)

@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 
-def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None]) -> DataSplits:
+def load_run_data(
+    cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True
+) -> DataSplits:
     """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
     while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
     size the run trains at, decided from its headers first (:func:`~vitlab.train.image_size.folder_plan`),
@@ -64,7 +66,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
             progress=cfg.progress and dist.is_main,
             max_image_pixels=cfg.max_image_pixels,
             buffer_bytes=cfg.memory_budget,
-            min_classes=1 if cfg.allow_single_class or cfg.objective == "mpp" else 2,  # MPP ignores labels
+            min_classes=1 if cfg.allow_single_class or not labels else 2,  # an objective without labels: 1
         )
 
     if dist.is_main:
@@ -82,7 +84,7 @@ def load_run_data(cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str
         log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
         if dist.is_main:
             (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
-    if data.num_classes == 1 and cfg.objective != "mpp":
+    if data.num_classes == 1 and labels:
         log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
@@ -249,6 +251,7 @@ def build_loaders(
     device: torch.device,
     workers: int,
     eval_batch: int | None = None,
+    labels: bool = True,
 ) -> Loaders:
     """Datasets with the recipe's augmentation (training) and centre crop (evaluation) at the model's
     resolution and normalisation; checks that the global batch divides into processes and accumulation
@@ -261,7 +264,14 @@ def build_loaders(
         from .stream_loaders import build_stream_loaders
 
         return build_stream_loaders(
-            cfg, data=data, model_config=model_config, dist=dist, device=device, workers=workers, eval_batch=eval_batch
+            cfg,
+            data=data,
+            model_config=model_config,
+            dist=dist,
+            device=device,
+            workers=workers,
+            eval_batch=eval_batch,
+            labels=labels,
         )
     r, mcfg = cfg.recipe, model_config
     micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
@@ -289,8 +299,7 @@ def build_loaders(
     steps_per_epoch = len(sampler) // micro // r.accum_steps
     if steps_per_epoch < 1:
         raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
-    mpp = cfg.objective == "mpp"
-    mix = None if mpp else mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix)
+    mix = mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix) if labels else None
     generator = torch.Generator().manual_seed(cfg.seed + 1000 * dist.rank)
     eval_loader = DataLoader(
         val_ds,

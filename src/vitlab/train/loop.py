@@ -15,13 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..devices import autocast
 from ..errors import NonFiniteLossError
 from ..evaluate.accuracy import evaluate_batches as evaluate
-from .distill import Distillation
+from .objectives import Objective
 
 __all__ = [
     "STOP_SIGNALS",
@@ -54,7 +53,7 @@ def train_one_epoch(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
-    label_smoothing: float = 0.0,
+    objective: Objective,
     mix: Callable | None = None,
     accum_steps: int = 1,
     clip_grad: float | None = None,
@@ -64,7 +63,6 @@ def train_one_epoch(
     on_step: Callable[[EpochResult, float], bool] | None = None,
     on_nan: str = "stop",
     resize: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    distill: Distillation | None = None,
     loss_sum: float = 0.0,
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps``
@@ -72,10 +70,8 @@ def train_one_epoch(
     the epoch there (time budget, ``--stop-after``, periodic checkpoints are the caller's business).
     A NaN/Inf loss raises :class:`~vitlab.errors.NonFiniteLossError` before the update
     (``on_nan="stop"``) or skips that optimizer step and counts it in ``skipped`` (``"skip"``).
-    Cross-entropy takes MixUp/CutMix's soft targets and label smoothing directly; a model that returns
-    an object with a ``.loss`` (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) is trained on that loss.
+    The loss is the ``objective``'s (:mod:`vitlab.train.objectives`), which the loop does not look into.
     ``resize`` (progressive resolution) maps each input batch to the size of the current step.
-    ``distill``: DeiT's loss with a frozen teacher that sees the same (mixed) batch (:mod:`vitlab.train.distill`).
     ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch), which ``result.loss_sum`` goes on from: the
     same additions in the same order as a run that never stopped, so the epoch's mean loss is the same bit for bit."""
     model.train()
@@ -93,16 +89,7 @@ def train_one_epoch(
         sync = contextlib.nullcontext() if last_micro or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
             with autocast(device, amp_dtype):
-                out = model(x)
-                teacher = distill.teacher_logits(x) if distill is not None else None
-            # an objective wrapper (masked patch prediction) returns its own loss and ignores the labels
-            loss = (
-                distill.loss(out, teacher, y, label_smoothing=label_smoothing)
-                if distill is not None
-                else F.cross_entropy(out.float(), y, label_smoothing=label_smoothing)
-                if isinstance(out, torch.Tensor)
-                else out.loss.float()
-            )
+                loss = objective.loss(model, x, y)
             (scaler.scale(loss / accum_steps) if scaler else loss / accum_steps).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):

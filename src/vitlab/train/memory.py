@@ -2,19 +2,19 @@
 process may use, and split the batch into accumulation steps, or refuse in one line, before anything big is
 allocated (the model, the optimizer, the loaders).
 
-The estimate is :mod:`vitlab.train.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
+The estimate is :mod:`vitlab.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
 
-* **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.train.capacity.state_bytes`,
+* **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.capacity.state_bytes`,
   sharded with ``--fsdp``), an EMA copy of the weights, the ``--time-budget`` probe's copy of the model, and
   autocast's low-precision copy of the weights on a GPU;
-* **activations** of one micro-batch (:func:`~vitlab.train.capacity.activation_bytes`: token dropping, prefix
+* **activations** of one micro-batch (:func:`~vitlab.capacity.activation_bytes`: token dropping, prefix
   tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused), plus one block's
   temporaries in the backward pass. On a CPU the fused training blocks (:mod:`vitlab.accel.fused_block`) keep
   every block's activations in buffers, with ``--grad-checkpointing`` too (its recomputed forward writes them
   again), so checkpointing saves nothing there; the plain path's fresh tensors fragment glibc's heap
   (:data:`HEAP_SLACK`);
 * **the objective**: the class head's logits and their gradient; masked patch prediction's colour head on every
-  corrupted patch (:func:`vitlab.train.mpp.step_bytes`); a distillation teacher's forward pass;
+  corrupted patch (:func:`vitlab.train.objectives.mpp.step_bytes`); a distillation teacher's forward pass;
 * **evaluation**: a forward pass of the whole evaluation batch, while the fused CPU blocks keep their training
   buffers (:mod:`vitlab.accel.buffers`). A classifier's CPU inference runs in chunks and needs less: the
   over-count only ever lowers the evaluation batch, never the training batch, which is fitted with an
@@ -41,12 +41,14 @@ from typing import Any
 
 import torch
 
+from .. import capacity
 from .._units import format_size
 from ..errors import ConfigError
-from . import capacity
+from ..models.vit import VisionTransformer
 from .config import TrainConfig
 from .distributed import Dist
-from .loaders import micro_batch
+from .objectives import Objective, objective_for
+from .spec.rules import micro_batch
 
 __all__ = [
     "MARGIN",
@@ -210,10 +212,9 @@ def estimate(
     """The peak of training ``model_config``'s ViT as ``cfg`` says with ``micro`` images a forward pass and
     ``eval_batch`` images an evaluation pass (see the module notes). ``teacher``: the distillation teacher's
     model config; ``num_classes``: the head's classes (0 for MPP); ``counts``: :func:`parameter_counts`."""
-    from .mpp import step_bytes
-
     r, mc = cfg.recipe, model_config
-    params, block, root = counts or parameter_counts(mc, objective=cfg.objective)
+    kind = objective_for(cfg)
+    params, block, root = counts or parameter_counts(mc, objective=kind)
     strategy = "FSDP" if cfg.fsdp else "DDP"
     st = capacity.state_bytes(
         params, strategy=strategy, optimizer=r.optimizer, devices=world_size, block=block, root=root
@@ -242,18 +243,10 @@ def estimate(
     acts = int(acts * factor)
     evaluation = int(capacity.inference_bytes(mc, batch=eval_batch, **kw) * factor)
     pixels = mc.in_chans * img[0] * img[1] * 4
-    if cfg.objective == "mpp":
-        objective = step_bytes(mc, batch=micro, bytes_per_value=bpv)
-        evaluation += step_bytes(mc, batch=eval_batch, bytes_per_value=bpv)
-    else:
-        objective = micro * num_classes * (bpv + 8)  # logits, log-softmax, their gradient
-        evaluation += eval_batch * num_classes * 8
-        if r.mixup or r.cutmix:
-            objective += micro * (pixels + 2 * num_classes * 4)  # the mixed batch and its soft targets
-        if teacher is not None:
-            t_img = tuple(teacher.img_size)
-            objective += capacity.inference_bytes(teacher, img_size=t_img, batch=micro, bytes_per_value=bpv)
-            objective += micro * (teacher.in_chans * t_img[0] * t_img[1] * 4 + num_classes * 4)
+    objective, objective_eval = kind.step_bytes(
+        r, mc, micro=micro, eval_batch=eval_batch, bytes_per_value=bpv, num_classes=num_classes, teacher=teacher
+    )
+    evaluation += objective_eval
     prefetch = PREFETCH * workers * micro * pixels
     data = prefetch + workers * WORKER_BYTES + (cfg.memory_budget or 64 << 20)
     held = acts if fused else 0
@@ -284,17 +277,15 @@ def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
     )
 
 
-def parameter_counts(model_config: Any, *, objective: str) -> tuple[int, int, int]:
+def parameter_counts(model_config: Any, *, objective: type[Objective]) -> tuple[int, int, int]:
     """``(parameters, the largest block's, those outside the blocks)`` of the module the run trains (the ViT or
     its objective wrapper), counted on the meta device: nothing is allocated."""
-    from ..models import VisionTransformer
-    from .mpp import unwrap, wrap
-
     with torch.device("meta"):
-        net = wrap(VisionTransformer(model_config), objective)
-    block, vit_root = capacity.block_params(unwrap(net))
+        net = objective.wrap(VisionTransformer(model_config))
+    vit = objective.exported(net)
+    block, vit_root = capacity.block_params(vit)
     params = sum(p.numel() for p in net.parameters())
-    return params, block, vit_root + params - sum(p.numel() for p in unwrap(net).parameters())
+    return params, block, vit_root + params - sum(p.numel() for p in vit.parameters())
 
 
 def _shared_available(device: torch.device, dist: Dist) -> tuple[int, str] | None:
@@ -351,7 +342,7 @@ def fit_memory(
     w = dist.world_size
     micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # train's rule, before any work
     workers = cfg.workers if cfg.workers >= 0 else 1
-    counts = parameter_counts(model_config, objective=cfg.objective)
+    counts = parameter_counts(model_config, objective=objective_for(cfg))
 
     def need(micro: int, eval_batch: int, run: TrainConfig = cfg) -> StepMemory:
         return estimate(

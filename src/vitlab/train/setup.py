@@ -13,18 +13,15 @@ import torch
 from torch import nn
 
 from . import report
-from .auto import fit_recipe_to_data
 from .budget import Replanner, _plan_budget, make_plan
 from .build import HeadWarmup, _amp, build_net, build_optimization, distribute, planned_config
 from .checkpointing import start_position
 from .config import TrainConfig
-from .distill import build_distillation
 from .distributed import Dist
 from .loaders import build_loaders, load_run_data, run_data_fingerprint
-from .loop import StopSignals, evaluate
+from .loop import StopSignals
 from .memory import fit_memory
-from .spec.fitting import fit_mpp_recipe
-from .spec.image_size import fit_size_to_data
+from .objectives import build_objective, objective_for
 from .spec.rules import check_res_sizes as check_sizes
 from .token_drop import ends_dropping
 
@@ -52,46 +49,32 @@ class TrainerSetup:
         if dist.is_main:
             out.mkdir(parents=True, exist_ok=True)
         self.data_fingerprint = run_data_fingerprint(cfg, state=state, log=self.log)  # resumed: data unchanged
-        self.data = load_run_data(cfg, dist=dist, out=out, log=self.log)
-        if state is None and cfg.objective == "classify":  # a resumed run keeps the recipe it was fitted to
-            self.cfg = cfg = fit_recipe_to_data(
-                cfg,
-                n_train=len(self.data.train),
-                image_size=tuple(self.data.image_size),
-                num_classes=self.data.num_classes,
-                in_chans=self.data.in_chans,
-                device_type=device.type,
-            )
-        if state is None:
-            self.cfg = cfg = fit_size_to_data(cfg, self.data)  # the size and crop the folder was stored for
-            if cfg.objective == "mpp":
-                self.cfg = cfg = fit_mpp_recipe(
-                    cfg, n_train=len(self.data.train), image_size=tuple(self.data.image_size)
-                )
+        kind = objective_for(cfg)
+        self.data = load_run_data(cfg, dist=dist, out=out, log=self.log, labels=kind.uses_labels)
+        if state is None:  # a resumed run keeps the recipe it was fitted to
+            self.cfg = cfg = kind.fit_recipe(cfg, self.data, device_type=device.type)
             if cfg.resolved:
                 self.log(cfg.resolved)
-        self.distill = build_distillation(  # first: the teacher's weights are in memory when it is measured
-            cfg,
-            num_classes=self.data.num_classes,
-            class_names=self.data.class_names,
-            in_chans=self.data.in_chans,
-            device=device,
-        )
-        if self.distill is not None:
-            self.log(self.distill.line(token=cfg.distill_token))
-        planned, init_model = planned_config(cfg, data=self.data)
+        # first: a teacher's weights are in memory when the memory is measured
+        self.objective = build_objective(cfg, self.data, device=device)
+        if line := self.objective.start_line():
+            self.log(line)
+        teacher = getattr(self.objective, "teacher", None)
+        planned, init_model = planned_config(cfg, data=self.data, objective=self.objective)
         self.memory = fit_memory(  # before the model, the optimizer and the loaders allocate
             cfg,
             model_config=planned,
             dist=dist,
             device=device,
             num_classes=planned.num_classes,
-            teacher=self.distill.teacher.config if self.distill is not None else None,
+            teacher=teacher.config if teacher is not None else None,
             resumed=state is not None,
             log=self.log,
         )
         self.cfg = cfg = self.memory.cfg
-        self.model, self.net, workers = build_net(cfg, data=self.data, dist=dist, device=device, model=init_model)
+        self.model, self.net, workers = build_net(
+            cfg, data=self.data, dist=dist, device=device, model=init_model, objective=self.objective
+        )
         self.loaders = build_loaders(
             cfg,
             data=self.data,
@@ -100,6 +83,7 @@ class TrainerSetup:
             device=device,
             workers=workers,
             eval_batch=self.memory.eval_batch,
+            labels=self.objective.uses_labels,
         )
         if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
             mc = self.model.config
@@ -109,11 +93,19 @@ class TrainerSetup:
                 multiple=mc.patch_size * mc.stem_stride,
                 dynamic_pad=mc.dynamic_img_pad,
             )
-        self.run_model = distribute(self.net, cfg, dist=dist, device=device, amp_dtype=self.amp_dtype)
+        self.run_model = distribute(
+            self.net,
+            cfg,
+            dist=dist,
+            device=device,
+            amp_dtype=self.amp_dtype,
+            blocks=list(self.model.blocks),
+            unused=self.objective.leaves_parameters_unused,
+        )
         if cfg.fsdp:
             from .fsdp import shard_line
 
-            self.log(shard_line(self.net, dist, device=device, amp_dtype=self.amp_dtype))
+            self.log(shard_line(self.net, dist, device=device, amp_dtype=self.amp_dtype, blocks=len(self.model.blocks)))
         elif dist.enabled and device.type == "cuda":
             from .fsdp import ddp_memory_hint
 
@@ -137,6 +129,7 @@ class TrainerSetup:
                 dist=dist,
                 log=self.log,
                 lr=self.lr,
+                objective=self.objective,
                 measure=_plan_budget,  # read at call time: tests stand in for vitlab.train.setup._plan_budget
             )
             if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
@@ -172,7 +165,7 @@ class TrainerSetup:
             self.stop.training()  # ready: from now on a stop signal saves (the first step then stops)
         if getattr(self.model, "init_line", None):
             self.log(self.model.init_line)
-            if state is None and cfg.objective != "mpp":
+            if state is None and self.objective.uses_labels:
                 self.log(self._before_training_line())
         start = report.start_line(
             self.model, self.data, cfg.recipe, self.plan, self.lr, dist.world_size, device, time_budget=cfg.time_budget
@@ -188,13 +181,8 @@ class TrainerSetup:
     def _before_training_line(self) -> str:
         """The started-from model's accuracy on the evaluation split at the new size, before any step
         (a collective under torchrun: every rank evaluates its shard)."""
-        ev = evaluate(
-            self.eval_model,
-            self._eval_batches(),
-            num_classes=self.data.num_classes,
-            device=self.device,
-            amp_dtype=self.amp_dtype,
-            dist=self.dist,
+        ev = self.objective.evaluate(
+            self.eval_model, self._eval_batches(), device=self.device, amp_dtype=self.amp_dtype, dist=self.dist
         )
         h, w = self.model.config.img_size
         return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
@@ -207,16 +195,19 @@ class TrainerSetup:
         from .fsdp import lockstep
 
         return lockstep(
-            self.loaders.eval_loader, net=self.eval_model, d=self.dist, device=self.device, amp_dtype=self.amp_dtype
+            self.loaders.eval_loader,
+            net=self.eval_model,
+            d=self.dist,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            config=self.model.config,
         )
 
     def _exportable(self) -> nn.Module | None:
         """The model ``model/`` is written from: the trained ViT; with ``--fsdp`` its full weights gathered
         to rank 0 as a plain model (a collective; None on the other ranks)."""
-        from .mpp import unwrap
-
         if not self.cfg.fsdp:
-            return unwrap(self.eval_model)
+            return self.objective.exported(self.eval_model)
         from .fsdp import full_model
 
-        return full_model(unwrap(self.eval_model), self.dist)
+        return full_model(self.objective.exported(self.eval_model), self.dist)

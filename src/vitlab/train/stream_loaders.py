@@ -111,6 +111,7 @@ def build_stream_loaders(
     device: torch.device,
     workers: int,
     eval_batch: int | None = None,
+    labels: bool = True,
 ) -> StreamLoaders:
     """The training and evaluation loaders of shard data with the recipe's augmentation; one epoch is
     ``len(train) // batch_size`` optimizer steps on every rank."""
@@ -155,7 +156,6 @@ def build_stream_loaders(
     eval_loader = DataLoader(
         val, batch_size=eval_batch, num_workers=workers, generator=generator, worker_init_fn=ignore_stop_signals
     )
-    mpp = cfg.objective == "mpp"
     return StreamLoaders(
         train_ds=_Head(data.train, train_tf, len(data.train) // dist.world_size),
         val_ds=_Head(data.val, eval_tf, len(val)),
@@ -166,7 +166,7 @@ def build_stream_loaders(
         workers=workers,
         generator=generator,
         eval_loader=StreamBatches(eval_loader),
-        mix=None if mpp else mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix),
+        mix=mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix) if labels else None,
         shards=data.train,
         train_tf=train_tf,
         seed=cfg.seed,

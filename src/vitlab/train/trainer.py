@@ -32,7 +32,7 @@ from .checkpointing import claim_run_folder, gather_cuda_rng, gather_torch_rng, 
 from .dcp import prune, write_sharded
 from .distributed import any_rank, barrier, setup, teardown
 from .loaders import eval_shard
-from .loop import EpochResult, StopSignals, evaluate, train_one_epoch
+from .loop import EpochResult, StopSignals, train_one_epoch
 from .resolution import resize_batch, size_at
 from .setup import TrainerSetup
 from .spec.config import TrainConfig
@@ -130,7 +130,7 @@ class Trainer(TrainerSetup):
             optimizer=self.opt.optimizer,
             scheduler=self.opt.scheduler,
             device=self.device,
-            label_smoothing=r.label_smoothing,
+            objective=self.objective,
             mix=lo.mix,
             accum_steps=r.accum_steps,
             clip_grad=r.clip_grad,
@@ -140,7 +140,6 @@ class Trainer(TrainerSetup):
             on_step=self._on_step,
             on_nan=cfg.on_nan,
             resize=self._resize if r.res_schedule else None,
-            distill=self.distill,
             loss_sum=p.loss_sum,
         )
         p.nan_skipped += res.skipped
@@ -243,14 +242,10 @@ class Trainer(TrainerSetup):
     def _end_epoch(self, res: EpochResult) -> None:
         """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
         with ``--keep last``) and ``last.pt``, redraw the figures now and then."""
-        from .mpp import evaluate_mpp
-
         p, cfg, d = self.progress, self.cfg, self.dist
-        kw: dict[str, Any] = {"device": self.device, "amp_dtype": self.amp_dtype, "dist": d}
-        if cfg.objective == "mpp":
-            ev = evaluate_mpp(self.eval_model, self._eval_batches(), seed=cfg.seed, **kw)
-        else:
-            ev = evaluate(self.eval_model, self._eval_batches(), num_classes=self.data.num_classes, **kw)
+        ev = self.objective.evaluate(
+            self.eval_model, self._eval_batches(), device=self.device, amp_dtype=self.amp_dtype, dist=d
+        )
         self.last_eval = ev
         row = {
             "epoch": p.epoch + 1,
@@ -340,7 +335,7 @@ class Trainer(TrainerSetup):
         )
         if p.interrupted and self.stop.requested:
             summary["signal"] = self.stop.name
-        if not p.interrupted and self.cfg.objective == "classify":
+        if not p.interrupted and self.objective.uses_labels:
             r, budget = self.cfg.recipe, self.cfg.time_budget
             summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan["epochs"], time_budget=budget)
         if d.is_main:

@@ -21,13 +21,17 @@ What ``vitlab plan`` prints. Memory is counted the way the training engines lay 
 A hybrid's ResNet stem is counted by its feature maps (:func:`_hybrid_values`), an axial block as two
 half-blocks. The numbers are estimates for planning: allocator fragmentation, the CUDA context, data-loader memory
 and communication buffers are not counted here (leave ~10-20 % of the device free); ``vitlab train`` adds what a
-run holds besides (:mod:`vitlab.train.memory`) to the same arithmetic before it allocates anything.
+run holds besides (:mod:`vitlab.train.engine.memory`) to the same arithmetic before it allocates anything.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+
+from ._units import format_size
+from .errors import ConfigError
+from .train.spec.rules import micro_batch
 
 __all__ = [
     "PAPER_RUNS",
@@ -260,9 +264,6 @@ def check_plan_numbers(
 ) -> None:
     """One :class:`~vitlab.errors.ConfigError` naming the flag for a number no plan can take: a size under 1 or over
     :data:`LIMITS`, an MFU outside (0, 1], a peak throughput that is not a positive finite number (nan, inf)."""
-    from .._units import format_size
-    from ..errors import ConfigError
-
     for flag, v in (
         ("--img-size", img_size),
         ("--batch-size", batch_size),
@@ -296,13 +297,11 @@ def plan(
 ) -> Plan:
     """The plan for training registered model ``model`` at ``img_size`` with a global ``batch_size``
     split over ``devices`` devices of ``device_memory`` bytes each and ``accum_steps`` accumulation steps (by
-    ``vitlab train``'s rule, :func:`~vitlab.train.loaders.micro_batch`: the batch must split evenly), at ``mfu`` of
+    ``vitlab train``'s rule, :func:`~vitlab.train.spec.rules.micro_batch`: the batch must split evenly), at ``mfu`` of
     ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
-    import torch
+    import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 
-    from ..errors import ConfigError
-    from ..models import count_macs, create_model
-    from .loaders import micro_batch
+    from .models import count_macs, create_model
 
     check_plan_numbers(
         img_size=img_size,
@@ -358,9 +357,9 @@ def paper_run(run: PaperRun, *, mfu: float, peak_tflops: float, devices: int) ->
     """One of the paper's runs: its total FLOPs, the TPUv3-core-days it would take at 100 % and at
     ``mfu``, the MFU that the paper's core-days imply, and the days on ``devices`` devices of
     ``peak_tflops`` at ``mfu``."""
-    import torch
+    import torch  # lazy: as in plan()
 
-    from ..models import count_macs, create_model
+    from .models import count_macs, create_model
 
     with torch.device("meta"):
         m = create_model(run.model, img_size=run.img_size)
