@@ -76,7 +76,7 @@ def default_signals():
 @pytest.fixture
 def step_lrs(monkeypatch) -> list[float]:
     """The LR after each optimizer step of the runs a test makes (read in ``Trainer._on_step``)."""
-    from vitlab.train import trainer
+    from vitlab.train.engine import trainer
 
     lrs: list[float] = []
     on_step = trainer.Trainer._on_step

@@ -15,7 +15,7 @@ from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.train import setup as setup_mod
+from vitlab.train.engine import run as setup_mod
 from vitlab.train.objectives.distill import distillation_loss
 
 S = [[2.0, -1.0, 0.5], [0.1, 0.3, -0.4]]  # student logits, 2 images x 3 classes

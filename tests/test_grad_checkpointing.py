@@ -12,7 +12,7 @@ import vitlab.models.vit as vit_module
 from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train.objectives import classify as classify_mod
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 EPOCHS = 20  # 3 steps per epoch: 60 steps
 
@@ -199,7 +199,7 @@ def test_half_written_files_of_killed_processes_are_removed(tmp_path):
     """A SIGKILL mid-write leaves ``.last.pt.tmp<pid>`` or a dataset-sized ``<cache>.tmp<pid>``: the next writer deletes
     those whose process is gone, never those of a live process."""
     from vitlab.data.cache import decode_files
-    from vitlab.train.state import atomic_torch_save
+    from vitlab.train.persist.state import atomic_torch_save
 
     dead = 999_999_999  # beyond any pid_max: no such process
     (tmp_path / f".last.pt.tmp{dead}").write_bytes(b"x" * 1000)

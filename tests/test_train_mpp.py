@@ -16,12 +16,12 @@ from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer
 from vitlab.models.mpp import MaskedPatchPrediction
 from vitlab.train import TrainConfig, fit, get_recipe
+from vitlab.train.engine.optim import param_groups
 from vitlab.train.objectives import MPP, Classify
 from vitlab.train.objectives.mpp import evaluate_mpp, step_bytes
-from vitlab.train.optim import param_groups
+from vitlab.train.persist.state import load_state
 from vitlab.train.spec.fitting import fit_mpp_recipe
 from vitlab.train.spec.rules import validate
-from vitlab.train.state import load_state
 
 TINY_ARCH = {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "mlp_ratio": 2}
 TINY_FLAGS = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--workers", "0"]

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
     from ..train import fit
-    from ..train.loop import StoppedBeforeTraining
+    from ..train.engine.signals import StoppedBeforeTraining
     from ..train.spec.config import build_config
     from ..train.spec.parser import namespace_values
 

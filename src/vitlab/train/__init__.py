@@ -31,8 +31,8 @@ _WHERE = {
     "get_recipe": "spec.recipes",
     "list_recipes": "spec.recipes",
     "TrainConfig": "spec.config",
-    "fit": "trainer",
-    "build_model": "trainer",
+    "fit": "engine.run",
+    "build_model": "engine.model",
 }
 
 

@@ -65,7 +65,7 @@ class TrainConfig:
     for less activation memory and one more forward pass a step."""
     fsdp: bool = False
     """Shard parameters, gradients and optimizer state over the processes with FSDP2 (per encoder block
-    and at the root; :mod:`vitlab.train.engine.fsdp`) instead of replicating them with DDP; ``last.pt`` then
+    and at the root; :mod:`vitlab.train.engine.parallel`) instead of replicating them with DDP; ``last.pt`` then
     points to a ``torch.distributed.checkpoint`` folder that resumes on any number of processes."""
     threads: int = 0
     """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels

@@ -1,17 +1,20 @@
-"""Optimisers with parameter groups: no weight decay on norms, biases, position embeddings
-and the class token (``model.no_weight_decay()``), as in timm and big_vision; optionally a
-per-layer learning rate (layer-wise LR decay, for fine-tuning)."""
+"""What changes the weights: optimisers with parameter groups (no weight decay on norms, biases, position
+embeddings and the class token, ``model.no_weight_decay()``, as in timm and big_vision; optionally a per-layer
+learning rate, layer-wise LR decay, for fine-tuning), the LR schedule, the gradient scaler and the EMA."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from .recipes import Recipe
+from ..spec.recipes import Recipe
+from .schedule import LRFactor
 
-__all__ = ["build_optimizer", "layer_id", "param_groups"]
+__all__ = ["Optimization", "build_optimization", "build_optimizer", "layer_id", "param_groups"]
 
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 _EMBEDDING = ("cls_token", "pos_embed", "patch_embed", "reg_token", "dist_token", "mask_token")
@@ -90,3 +93,42 @@ def _fused_ok(model: nn.Module) -> bool | None:
         p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in ps
     )
     return True if ok else None
+
+
+@dataclass(kw_only=True)
+class Optimization:
+    """The objects that change the weights, each with its own state in ``last.pt``; ``lr_factor``: the
+    learning-rate schedule every parameter group follows (the ``scheduler``'s lambda, which
+    :class:`~vitlab.train.engine.schedule.StepSchedule` re-fits)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    lr_factor: LRFactor
+    scaler: torch.amp.GradScaler | None
+    ema: AveragedModel | None
+
+
+def build_optimization(
+    net: nn.Module,
+    *,
+    recipe: Recipe,
+    lr: float,
+    device: torch.device,
+    use_scaler: bool,
+    total_steps: int = 0,
+    warmup_steps: int = 0,
+    lr_factor: LRFactor | None = None,
+) -> Optimization:
+    """Optimizer at peak ``lr``, its LR schedule (a ``LambdaLR`` stepped once per optimizer step: ``lr_factor``,
+    the run's :class:`~vitlab.train.engine.schedule.StepSchedule`'s, or the recipe's over ``total_steps``), a
+    GradScaler for float16, the recipe's EMA."""
+    optimizer = build_optimizer(net, recipe, lr)
+    factor = lr_factor or LRFactor(
+        total_steps=total_steps, warmup_steps=warmup_steps, schedule=recipe.schedule, min_ratio=recipe.min_lr_ratio
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    ema = None
+    if recipe.ema:
+        ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(recipe.ema), use_buffers=True)
+    scaler = torch.amp.GradScaler(device.type) if use_scaler else None
+    return Optimization(optimizer=optimizer, scheduler=scheduler, lr_factor=factor, scaler=scaler, ema=ema)

@@ -8,37 +8,33 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ..devices import autocast
-from .distributed import Dist, broadcast_ints
-from .resolution import mean_step_cost
-from .token_drop import ends_dropping, set_rate
-from .token_drop import mean_step_cost as token_drop_cost
+from ...devices import autocast
+from ...distributed import Dist, broadcast_ints
+from ..objectives import Objective
+from ..persist.position import RunPlan
+from ..spec.config import TrainConfig
+from .loaders import RunLoaders
+from .schedule import StepSchedule, ends_dropping, set_rate, warmup_for
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
-    from .loaders import Loaders
-    from .recipes import Recipe
+__all__ = ["REPLAN_AT", "Replanner", "budget_reserve", "measure_budget", "plan_run", "steps_in_budget"]
 
-__all__ = ["Replanner", "_budget_reserve", "_plan_budget", "_steps_in_budget", "make_plan", "warmup_for"]
-
-_REPLAN_FROM, _REPLAN_AT = 5, 45
+REPLAN_FROM, REPLAN_AT = 5, 45
 """A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
 _LATE_TOLERANCE = 0.03
 """An epoch-end correction moves the plan only when it would cut the steps still to go by more than this share:
 the pace of one epoch to the next varies by a little, and every move re-shapes the rest of the cosine."""
 
 
-def _budget_reserve(budget: float) -> float:
+def budget_reserve(budget: float) -> float:
     """Seconds kept back from a time budget for the final save and figures."""
     return min(5.0, 0.1 * budget)
 
 
-def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
+def steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
     """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
     plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start.
 
@@ -59,8 +55,11 @@ def _steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoc
     return lo
 
 
-def _time_steps(probe, opt, xs, ys, *, objective, device, amp_dtype, n_warm: int = 2, n_time: int = 5) -> float:
-    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``: the mean of ``n_time`` after ``n_warm``."""
+def _time_steps(
+    probe, opt, xs, ys, *, objective: Objective, device, amp_dtype, n_warm: int = 2, n_time: int = 5
+) -> float:
+    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the mean of
+    ``n_time`` after ``n_warm``."""
     for i in range(n_warm + n_time):
         if i == n_warm:
             t0 = time.perf_counter()
@@ -72,69 +71,58 @@ def _time_steps(probe, opt, xs, ys, *, objective, device, amp_dtype, n_warm: int
     return (time.perf_counter() - t0) / n_time
 
 
-def _plan_budget(
-    cfg,
-    model,
-    run_model,
-    train_ds,
-    val_ds,
-    micro,
-    steps_per_epoch,
-    device,
-    amp_dtype,
-    t_start,
-    d,
-    log,
-    workers,
+def measure_budget(
+    cfg: TrainConfig,
     *,
-    objective,
-    eval_batch: int = 256,
+    net: nn.Module,
+    run_net: nn.Module,
+    loaders: RunLoaders,
+    objective: Objective,
+    schedule: StepSchedule,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    t_start: float,
+    log: Callable[[str], None],
 ) -> tuple[int, int, float]:
-    """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away
-    steps on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations
-    (timed on up to 256 images, ``eval_batch`` at a time as the run evaluates).
+    """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away steps of the
+    objective on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations
+    (timed on up to 256 images, an evaluation batch at a time as the run evaluates). The step time is multiplied by
+    the schedule's mean cost (:meth:`~vitlab.train.engine.schedule.StepSchedule.mean_cost`): the probe times the
+    final size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too.
 
-    With ``--compile`` the steps run through the real compiled model instead (its compilation is
-    then paid, and counted, here, and the per-step time is the compiled one), with a zero-LR
-    optimizer of its own: a step of AdamW at LR 0 leaves every weight bit-identical."""
-
-    r = cfg.recipe
-    probe = run_model if cfg.compile else copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters() if cfg.compile else probe.parameters(), lr=0.0)
+    With ``--compile`` the steps run through the real compiled model instead (its compilation is then paid, and
+    counted, here, and the per-step time is the compiled one), with a zero-LR optimizer of its own: a step of AdamW
+    at LR 0 leaves every weight bit-identical."""
+    r, micro, spe = cfg.recipe, loaders.micro, loaders.steps_per_epoch
+    probe = run_net if cfg.compile else copy.deepcopy(net)
+    opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
     with torch.random.fork_rng(devices=[]):
-        xs = torch.stack([train_ds[i % len(train_ds)][0] for i in range(micro)]).to(device)
-        ys = torch.randint(0, max(1, int(train_ds.labels.max()) + 1), (micro,), device=device)
+        xs = torch.stack([x for x, _ in loaders.train_items(micro)]).to(device)
+        ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
         probe.train()
         timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
         step_s = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
         if unmasked:  # time the steps on every token too (and compile them, with --compile)
             set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
-            full_over_dropped = _time_steps(probe, opt, xs, ys, **timed)
-            full_over_dropped *= r.accum_steps / step_s
+            full_over_dropped = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
             set_rate(probe, r.token_drop)
-            step_s *= token_drop_cost(r, full_over_dropped=full_over_dropped)
-        # data loading + augmentation of one step, done in this process when workers=0
-        t0 = time.perf_counter()
-        for i in range(micro):
-            train_ds[i % len(train_ds)]
-        aug_s = (time.perf_counter() - t0) * r.accum_steps if workers == 0 else 0.0
-        evaluator = model if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+        t0 = time.perf_counter()  # data loading + augmentation of one step, done in this process when workers=0
+        loaders.train_items(micro)
+        aug_s = (time.perf_counter() - t0) * r.accum_steps if loaders.workers == 0 else 0.0
+        evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
         evaluator.eval()
         t0 = time.perf_counter()
         with torch.no_grad():
-            n_eval = min(len(val_ds), 256)
-            for start in range(0, n_eval, eval_batch):
-                idx = range(start, min(n_eval, start + eval_batch))
-                evaluator(torch.stack([val_ds[i][0] for i in idx]).to(device))
-        eval_s = (time.perf_counter() - t0) * len(val_ds) / n_eval
+            n_eval = min(loaders.eval_size, 256)
+            for start in range(0, n_eval, loaders.eval_batch):
+                evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
+        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval
     del probe, opt, evaluator
-    per_step = (step_s + aug_s) * 1.03  # a little margin for logging and the bar
-    if r.res_schedule:  # the probe timed the final size; earlier, smaller steps cost less
-        per_step *= mean_step_cost(r.res_schedule)
-    left = cfg.time_budget - (time.perf_counter() - t_start) - _budget_reserve(cfg.time_budget)
-    total = _steps_in_budget(left, per_step, eval_s, steps_per_epoch)
-    epochs = max(1, math.ceil(total / steps_per_epoch))
+    per_step = (step_s + aug_s) * 1.03 * schedule.mean_cost(full_over_dropped=full_over_dropped)  # 3 %: logging
+    left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
+    total = steps_in_budget(left, per_step, eval_s, spe)
+    epochs = max(1, math.ceil(total / spe))
     log(
         f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step"
         + (" on average over the resolution schedule" if r.res_schedule else "")
@@ -150,63 +138,36 @@ def _plan_budget(
     return total, epochs, eval_s
 
 
-def warmup_for(recipe: Recipe, *, total_steps: int, steps_per_epoch: int) -> tuple[int, int]:
-    """``(warmup steps, steps the recipe asks for)`` in a run of ``total_steps``: the recipe's
-    ``warmup_steps``, else ``warmup_epochs``, else ``warmup_fraction`` of the run, capped at half the
-    run so that the schedule always decays. A re-plan calls it again with its new total, so that
-    the warmup ends where it should in the run that will actually happen."""
-    wanted = (
-        recipe.warmup_steps
-        or round(recipe.warmup_epochs * steps_per_epoch)
-        or round(recipe.warmup_fraction * total_steps)
-    )
-    return min(wanted, total_steps // 2), wanted
-
-
-def make_plan(
+def plan_run(
     cfg: TrainConfig,
     *,
-    loaders: Loaders,
     net: nn.Module,
-    run_model: nn.Module,
+    run_net: nn.Module,
+    loaders: RunLoaders,
+    objective: Objective,
+    schedule: StepSchedule,
+    lr: float,
+    dist: Dist,
     device: torch.device,
     amp_dtype: torch.dtype | None,
     t_start: float,
-    dist: Dist,
     log: Callable[[str], None],
-    lr: float,
-    objective,
-    measure: Callable[..., tuple[int, int, float]] = _plan_budget,
-) -> tuple[dict[str, Any], Replanner]:
-    """A new run's plan (epochs, optimizer steps, warmup steps, peak LR; saved in ``last.pt``) and its
-    :class:`Replanner`: the recipe's epochs, or as many steps as ``--time-budget`` allows by ``measure``
-    (:func:`_plan_budget`). The warmup is capped at half the run; every rank gets rank 0's plan."""
+) -> tuple[RunPlan, Replanner]:
+    """A new run's plan (saved in ``last.pt``) and its :class:`Replanner`: the recipe's epochs, or as many steps as
+    ``--time-budget`` allows (:func:`measure_budget`). The warmup is capped at half the run; every rank gets rank
+    0's plan. ``t_start``: ``time.perf_counter()`` when this process started the run."""
     spe = loaders.steps_per_epoch
-    epochs, total = cfg.recipe.epochs, cfg.recipe.epochs * spe
-    eval_s = 0.0
+    epochs, total, eval_s = cfg.recipe.epochs, cfg.recipe.epochs * spe, 0.0
     if cfg.time_budget:
-        total, epochs, eval_s = measure(
-            cfg,
-            net,
-            run_model,
-            loaders.train_ds,
-            loaders.val_ds,
-            loaders.micro,
-            spe,
-            device,
-            amp_dtype,
-            t_start,
-            dist,
-            log,
-            loaders.workers,
-            objective=objective,
-            eval_batch=loaders.eval_batch,
-        )
+        total, epochs, eval_s = measure_budget(
+            cfg, net=net, run_net=run_net, loaders=loaders, objective=objective, schedule=schedule, device=device,
+            amp_dtype=amp_dtype, t_start=t_start, log=log,
+        )  # fmt: skip
     warm, wanted = warmup_for(cfg.recipe, total_steps=total, steps_per_epoch=spe)
     if warm < wanted:
         log(f"note: warmup {wanted} steps capped at half the run ({warm} steps)")
     epochs, total, warm = broadcast_ints([epochs, total, warm], dist, device)
-    plan = {"epochs": epochs, "total_steps": total, "steps_per_epoch": spe, "warmup_steps": warm, "lr": lr}
+    plan = RunPlan(epochs=epochs, total_steps=total, steps_per_epoch=spe, warmup_steps=warm, lr=lr)
     replan = Replanner()
     if cfg.time_budget:  # due or not from the shared plan: its re-plan is a collective
         replan = Replanner.for_plan(
@@ -219,7 +180,7 @@ def make_plan(
 class Replanner:
     """The planning probe times bare steps on a fixed batch; the run's own steps add data loading,
     clipping, the real optimizer and the machine's load of the moment. A long time-budgeted run
-    times its own steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` of this process and re-fits the schedule
+    times its own steps ``REPLAN_FROM`` to ``REPLAN_AT`` of this process and re-fits the schedule
     to that pace once, still inside the warmup, so that it ends on time. The pace can still drift
     later (the machine's load, a slower phase of the data), so at each epoch's end the steps still
     to go are cut to what the pace and end-of-epoch work leave room for. A cut cannot be undone, so
@@ -245,7 +206,7 @@ class Replanner:
     def for_plan(cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int):
         """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough)."""
         return cls(
-            due=total_steps >= 2 * _REPLAN_AT,
+            due=total_steps >= 2 * REPLAN_AT,
             late=True,
             budget=budget,
             t_start=t_start,
@@ -260,16 +221,16 @@ class Replanner:
         the plan should change (by more than 2 %), else None."""
         if not self.due:
             return None
-        if steps_this_run == _REPLAN_FROM:
+        if steps_this_run == REPLAN_FROM:
             self.t0 = time.perf_counter()
             return None
-        if steps_this_run != _REPLAN_AT:
+        if steps_this_run != REPLAN_AT:
             return None
         now = time.perf_counter()
-        per_step = (now - self.t0) / (_REPLAN_AT - _REPLAN_FROM) * 1.02
+        per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
         self.last_pace = per_step
-        left = self.budget - (now - self.t_start) - _budget_reserve(self.budget)
-        total = step + _steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
+        left = self.budget - (now - self.t_start) - budget_reserve(self.budget)
+        total = step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
         (total,) = broadcast_ints([total], dist, device)
         self.due = False
         if abs(total - planned) <= 0.02 * planned:
@@ -289,9 +250,9 @@ class Replanner:
             return None
         pace = per_step if self.last_pace is None else min(per_step, self.last_pace)
         self.last_pace = per_step
-        left = self.budget - (time.perf_counter() - self.t_start) - _budget_reserve(self.budget)
+        left = self.budget - (time.perf_counter() - self.t_start) - budget_reserve(self.budget)
         eval_s = max(0.0, overhead_s - 0.5)  # _steps_in_budget adds 0.5 s of saving to each evaluation
-        more = 0 if left < pace + eval_s else _steps_in_budget(left, pace, eval_s, self.steps_per_epoch, step)
+        more = 0 if left < pace + eval_s else steps_in_budget(left, pace, eval_s, self.steps_per_epoch, step)
         (total,) = broadcast_ints([step + more], dist, device)
         if planned - total <= _LATE_TOLERANCE * (planned - step):
             return None

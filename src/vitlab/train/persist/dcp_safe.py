@@ -1,4 +1,4 @@
-"""Reading a sharded checkpoint (:mod:`vitlab.train.dcp`) without unpickling what its files say.
+"""Reading a sharded checkpoint (:mod:`vitlab.train.persist.dcp`) without unpickling what its files say.
 
 ``torch.distributed.checkpoint`` (DCP) stores a folder's table of contents, ``.metadata``, as a
 pickle and reads it with ``pickle.load``; the values of its non-tensor items (the optimizer's
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 __all__ = ["ALLOWED", "MAX_METADATA_BYTES", "SafeLoadPlanner", "SafeReader", "read_metadata"]
 

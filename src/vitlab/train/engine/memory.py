@@ -40,15 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 
-from .. import capacity
-from .._units import format_size
-from ..errors import ConfigError
-from ..models.vit import VisionTransformer
-from .config import TrainConfig
-from .distributed import Dist
-from .objectives import Objective, objective_for
-from .spec.rules import micro_batch
+from ... import capacity
+from ..._units import format_size
+from ...distributed import Dist
+from ...errors import ConfigError
+from ...models.vit import VisionTransformer
+from ..objectives import Objective, objective_for
+from ..spec.config import TrainConfig
+from ..spec.rules import micro_batch
 
 __all__ = [
     "MARGIN",
@@ -298,8 +299,6 @@ def _shared_available(device: torch.device, dist: Dist) -> tuple[int, str] | Non
         if local > 1:
             n, why = n // local, f"{why}, shared by {local} processes"
     if dist.enabled:
-        import torch.distributed as tdist
-
         t = torch.tensor([n if n >= 0 else 1 << 62], dtype=torch.int64)
         tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
         n = int(t.item())

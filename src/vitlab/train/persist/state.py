@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._fs import fsync_dir, remove_stale, temp_path
-from ..checkpoints.files import torch_load_safe
-from ..errors import CheckpointError
+from ..._fs import fsync_dir, remove_stale, temp_path
+from ...checkpoints.files import torch_load_safe
+from ...errors import CheckpointError
 
 __all__ = ["atomic_torch_save", "get_rng_state", "load_state", "set_rng_state"]
 

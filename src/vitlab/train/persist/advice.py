@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .recipes import Recipe
+    from ..spec.recipes import Recipe
 
 __all__ = ["OVERFIT_RATIO", "RISE_POINTS", "UNDERFIT_RATIO", "advice_line"]
 

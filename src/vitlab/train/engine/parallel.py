@@ -1,4 +1,5 @@
-"""``--fsdp``: parameters, gradients and optimizer state sharded over the processes with PyTorch's FSDP2.
+"""The processes' parallelism around the trained module (:func:`distribute`): DistributedDataParallel by default,
+or with ``--fsdp`` parameters, gradients and optimizer state sharded over the processes with PyTorch's FSDP2.
 
 ``torch.distributed.fsdp.fully_shard`` is applied to every encoder block and then to the root (the
 stem, position embeddings, final norm and head: the parameters no block holds), as PyTorch's FSDP2
@@ -10,11 +11,11 @@ recomputed in the backward pass while its weights are gathered for the backward 
 Precision: on CUDA (``--precision auto`` or ``bf16``) a :class:`MixedPrecisionPolicy` gathers the weights
 in bfloat16 and reduces the gradients in float32, over float32 shards and float32 optimizer state; on
 the CPU everything stays float32. A run with ``--fsdp`` and one process shards over a group of one
-(:func:`vitlab.train.distributed.setup`): the same code path, and the same checkpoint format.
+(:func:`vitlab.distributed.setup`): the same code path, and the same checkpoint format.
 
 What the sharded model changes for the rest of the run, and where it is handled:
 
-- checkpoints: ``torch.distributed.checkpoint`` folders (:mod:`vitlab.train.dcp`), not ``last.pt``'s tensors;
+- checkpoints: ``torch.distributed.checkpoint`` folders (:mod:`vitlab.train.persist.dcp`), not ``last.pt``'s tensors;
 - the exported ``model/``: the full weights gathered to rank 0 as a plain model (:func:`full_model`);
 - evaluation: every forward is a collective, so ranks whose shard of the evaluation split has fewer
   batches run throw-away forwards until all are done (:func:`lockstep`);
@@ -29,10 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import autocast
-from .distributed import Dist, any_rank
+from ...devices import autocast
+from ...distributed import Dist, any_rank
+from ..spec.config import TrainConfig
+from .schedule import ends_dropping
 
-__all__ = ["ddp_memory_hint", "full_model", "lockstep", "shard", "shard_line"]
+__all__ = ["ddp_memory_hint", "distribute", "full_model", "lockstep", "shard", "shard_line"]
 
 
 def ddp_memory_hint(params: int, *, world_size: int, device_memory: int) -> str | None:
@@ -129,3 +132,31 @@ def lockstep(
         blank = torch.zeros(1, cfg.in_chans, *cfg.img_size, device=device)
         with torch.no_grad(), torch.random.fork_rng(devices=[]), autocast(device, amp_dtype):
             net(blank)
+
+
+def distribute(
+    net: nn.Module,
+    cfg: TrainConfig,
+    *,
+    dist: Dist,
+    device: torch.device,
+    amp_dtype: torch.dtype | None = None,
+    blocks: list[nn.Module] | None = None,
+    unused: bool = False,
+) -> nn.Module:
+    """The module the training steps call: ``net`` sharded in place with ``--fsdp``
+    (:func:`shard`; ``amp_dtype`` picks its precision), else inside
+    DistributedDataParallel when there are several processes; compiled with ``--compile``."""
+    run_model: nn.Module = net
+    if cfg.fsdp:
+        run_model = shard(net, device=device, amp_dtype=amp_dtype, blocks=blocks)
+    elif dist.enabled:  # ``unused``: the objective leaves parameters without gradients (MPP: the ViT's head)
+        run_model = nn.parallel.DistributedDataParallel(
+            net, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused
+        )
+    if not cfg.compile:
+        return run_model
+    # a resolution schedule changes the input size once or twice, ending token dropping the sequence length once:
+    # one static graph per shape, since inductor's symbolic-shape code generation did not finish for the hybrid
+    # stem's backward (docs/speedrun.md)
+    return torch.compile(run_model, dynamic=False if cfg.recipe.res_schedule or ends_dropping(cfg.recipe) else None)

@@ -9,7 +9,7 @@ on any number of processes, each loading the slices its own shards need: save wi
 A save is a collective and never leaves a half-written folder that could be taken for a complete
 one: every rank writes into ``sharded/.<name>.tmp``; when all have finished (DCP's own final
 collective, after which the metadata is written), rank 0 renames it to ``sharded/<name>``, then
-writes ``last.pt`` naming it (:func:`~vitlab.train.state.atomic_torch_save`), and only then deletes
+writes ``last.pt`` naming it (:func:`~vitlab.train.persist.state.atomic_torch_save`), and only then deletes
 the folders ``last.pt`` no longer names (:func:`prune`). A kill at any moment leaves ``last.pt``
 naming a complete folder: the previous one until the new ``last.pt`` is in place. Temporary folders
 of killed saves are deleted by the next save (the run folder's lock keeps out other writers).
@@ -21,7 +21,7 @@ and hold the marker file vitlab writes into each folder first (:data:`MARKER`), 
 folder's token (:data:`TOKEN_FILE`, random, kept in the run folder).
 
 Reading is as safe as reading ``last.pt``: DCP's pickled ``.metadata`` and the pickled non-tensor items
-inside its shards are read by :mod:`vitlab.train.dcp_safe` (a restricted unpickler and
+inside its shards are read by :mod:`vitlab.train.persist.dcp_safe` (a restricted unpickler and
 ``torch.load(weights_only=True)``), never by ``pickle.load``; the folder ``last.pt`` names must be
 ``sharded/step-<digits>-<hex>`` and a real folder (:func:`sharded_folder`).
 """
@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._fs import fsync_dir
-from ..errors import CheckpointError
-from .distributed import Dist, barrier, broadcast_ints
+from ..._fs import fsync_dir
+from ...distributed import Dist, barrier, broadcast_ints
+from ...errors import CheckpointError
 
 __all__ = ["MARKER", "SHARDED_DIR", "TOKEN_FILE", "clear", "prune", "read_sharded", "sharded_folder", "write_sharded"]
 

@@ -1,70 +1,60 @@
 """A run's loaders over tar shards (:mod:`vitlab.data.stream`): the epoch's global order from the sample the run
-has consumed, this rank's share of it, and the evaluation split split over ranks."""
+has consumed, this rank's share of it, and the evaluation split split over ranks (:class:`ShardLoaders`, one of the
+:class:`~vitlab.train.engine.loaders.RunLoaders`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ..data.transforms import resize_side
-from ..errors import ConfigError
-from .config import TrainConfig
-from .distributed import Dist
-from .loaders import Loaders, micro_batch
-from .loop import ignore_stop_signals
+from ...data import eval_transform, mix_transform, train_transform
+from ...data.shard_source import ShardSet, image_and_label, iter_samples, open_shard
+from ...data.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
+from ...data.transforms import resize_side
+from ...distributed import Dist
+from ..spec.config import TrainConfig
+from ..spec.rules import micro_batch
+from .loaders import EpochPlan, too_few_images
+from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:
-    from ..data.shard_source import ShardSet
-    from ..data.stream import StreamBatches, StreamData
-    from ..models import ViTConfig
+    from ...models import ViTConfig
 
-__all__ = ["StreamLoaders", "build_stream_loaders"]
+__all__ = ["FirstSamples", "ShardLoaders", "build_shard_loaders"]
 
 
-class _Head(Dataset):
-    """The first samples of a split, read when first indexed and decoded per item, for ``--time-budget``'s probe
-    (which times a few items); ``len()`` is the split's (this rank's share), as the probe scales by it."""
+@dataclass(kw_only=True)
+class FirstSamples:
+    """The first ``k`` samples of a split's shards, read when first asked for and decoded per item by
+    ``transform``: what the time budget's probe times (it takes a few items, cycling through these)."""
 
-    def __init__(self, shards: ShardSet, transform: Callable, length: int, k: int = 32) -> None:
-        self.shards, self.transform, self.length, self.k = shards, transform, length, k
-        self.items: list[tuple[bytes, int]] = []
+    shards: ShardSet
+    transform: Callable
+    k: int = 32
+    _items: list[tuple[bytes, int]] = field(default_factory=list, init=False, repr=False)
 
-    @property
-    def labels(self) -> np.ndarray:
-        self._read()
-        return np.asarray([y for _, y in self.items], dtype=np.int64)
-
-    def _read(self) -> None:
-        from ..data.shard_source import image_and_label, iter_samples, open_shard
-
-        for sh in self.shards.shards:
-            if len(self.items) >= self.k:
-                break
-            with open_shard(sh.url) as tar:
-                for _, key, parts in iter_samples(tar, lambda i: True):
-                    self.items.append(image_and_label(parts, where=f"{sh.url}: {key}"))
-                    if len(self.items) >= self.k:
-                        break
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        if not self.items:
-            self._read()
-        data, y = self.items[i % len(self.items)]
+    def get(self, i: int) -> tuple[torch.Tensor, int]:
+        if not self._items:
+            for sh in self.shards.shards:
+                with open_shard(sh.url) as tar:
+                    for _, key, parts in iter_samples(tar, lambda i: True):
+                        self._items.append(image_and_label(parts, where=f"{sh.url}: {key}"))
+                        if len(self._items) >= self.k:
+                            break
+                if len(self._items) >= self.k:
+                    break
+        data, y = self._items[i % len(self._items)]
         return self.transform(data), y
 
 
 @dataclass(kw_only=True)
-class StreamLoaders(Loaders):
-    """:class:`~vitlab.train.loaders.Loaders` over shards: :meth:`train_loader` starts epoch ``epoch`` at global
-    sample ``start_micro x micro x world`` (the samples all ranks have consumed), so a run resumes exactly on any
+class ShardLoaders(EpochPlan):
+    """This process's loaders over shards: :meth:`train_batches` starts epoch ``epoch`` at global sample
+    ``start_micro x micro x world`` (the samples all ranks have consumed), so a run resumes exactly on any
     number of processes."""
 
     shards: ShardSet
@@ -73,10 +63,16 @@ class StreamLoaders(Loaders):
     dist: Dist
     num_classes: int
     out_shape: tuple[int, ...]
+    workers: int
+    generator: torch.Generator
+    eval_loader: Iterable[Any]
+    mix: Callable | None
+    eval_size: int
+    probe_train: FirstSamples
+    probe_eval: FirstSamples
+    eval_batch: int = 256
 
-    def train_loader(self, epoch: int, start_micro: int = 0) -> StreamBatches:
-        from ..data.stream import ShardStream, StreamBatches
-
+    def train_batches(self, epoch: int, start_micro: int = 0) -> StreamBatches:
         per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
         ds = ShardStream(
             shards=self.shards,
@@ -101,8 +97,17 @@ class StreamLoaders(Loaders):
         )
         return StreamBatches(loader, rank=self.dist.rank, epoch=epoch, trace=True)
 
+    def eval_batches(self) -> Iterable[Any]:
+        return self.eval_loader
 
-def build_stream_loaders(
+    def train_items(self, n: int) -> list[tuple[torch.Tensor, int]]:
+        return [self.probe_train.get(i) for i in range(n)]
+
+    def eval_items(self, start: int, stop: int) -> list[torch.Tensor]:
+        return [self.probe_eval.get(i)[0] for i in range(start, stop)]
+
+
+def build_shard_loaders(
     cfg: TrainConfig,
     *,
     data: StreamData,
@@ -112,17 +117,14 @@ def build_stream_loaders(
     workers: int,
     eval_batch: int | None = None,
     labels: bool = True,
-) -> StreamLoaders:
+) -> ShardLoaders:
     """The training and evaluation loaders of shard data with the recipe's augmentation; one epoch is
     ``len(train) // batch_size`` optimizer steps on every rank."""
-    from ..data import eval_transform, mix_transform, train_transform
-    from ..data.stream import EvalDecode, ShardStream, StreamBatches, TrainDecode
-
     r, mcfg = cfg.recipe, model_config
     micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
     steps_per_epoch = len(data.train) // r.batch_size
     if steps_per_epoch < 1:
-        raise ConfigError(f"--batch-size {r.batch_size} is larger than the training set ({len(data.train)} images)")
+        raise too_few_images(r.batch_size, len(data.train))
     size = (mcfg.img_size, mcfg.img_size) if isinstance(mcfg.img_size, int) else tuple(mcfg.img_size)
     rest = train_transform(
         img_size=size,
@@ -156,10 +158,10 @@ def build_stream_loaders(
     eval_loader = DataLoader(
         val, batch_size=eval_batch, num_workers=workers, generator=generator, worker_init_fn=ignore_stop_signals
     )
-    return StreamLoaders(
-        train_ds=_Head(data.train, train_tf, len(data.train) // dist.world_size),
-        val_ds=_Head(data.val, eval_tf, len(val)),
-        sampler=None,
+    return ShardLoaders(
+        probe_train=FirstSamples(shards=data.train, transform=train_tf),
+        probe_eval=FirstSamples(shards=data.val, transform=eval_tf),
+        eval_size=len(val),
         micro=micro,
         accum_steps=r.accum_steps,
         steps_per_epoch=steps_per_epoch,
