@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   vitlab train --data path/to/imagefolder --model vit_ti16 --img-size 64 --epochs 30
   vitlab train --data path/to/cifar10 --recipe small-data --dim 192 --depth 6 --time-budget 20m
   vitlab train --out runs/cifar --resume         # continue a stopped run at the same step
+  vitlab train --config runs/cifar/config.yaml --out runs/again   # that run again, from its config file
   vitlab train --data path/to/cifar10 --objective mpp --out runs/mpp --time-budget 10m
                                                  # self-supervised: masked patch prediction, labels unused
   vitlab finetune --init runs/mpp/model --data path/to/cifar10 --recipe small-data --time-budget 10m
@@ -30,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="train a ViT from scratch (no arguments: the embedded digits, < 60 s)",
         description=(
             "Train a Vision Transformer and write metrics.jsonl, summary.json, curves.png, confusion.png,\n"
-            "model/ (vitlab folder) and last.pt (exact resume) under --out. Ctrl-C, SIGTERM and SIGHUP save and stop.\n"
+            "model/ (vitlab folder), last.pt (exact resume) and config.yaml (--config re-creates the run) under\n"
+            "--out. Ctrl-C, SIGTERM and SIGHUP save and stop.\n"
             "Recipes: auto (the default for --data DIR: fitted to the data's size and the budget), digits (default\n"
             "job), small-data (from scratch on small datasets), pretrain (paper), finetune (paper); every flag\n"
             "overrides its recipe.\n\n" + EXAMPLES
@@ -42,21 +44,29 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._fs import removed_if_unused
     from ..errors import ConfigError
     from ..train import fit
     from ..train.engine.signals import StoppedBeforeTraining
     from ..train.spec.config import build_config
+    from ..train.spec.files import Sources, merge, read_config_file
+    from ..train.spec.options import OptionError
     from ..train.spec.parser import namespace_values
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
+    if args.resume and args.config:
+        raise ConfigError("--config with --resume: a resumed run is the one saved in --out; drop --config")
     values, given = namespace_values(args, command=args.command)
-    cfg = build_config(values, given=given)
-    from .._fs import removed_if_unused
-
+    sources = Sources()
+    if args.config:  # the flags given over the file's values
+        values, given, sources = merge(values, given, read_config_file(args.config), path=args.config)
     try:
+        cfg = build_config(values, given=given)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
             summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+    except OptionError as e:  # named as the user gave it: the flag, or the config file's key
+        raise ConfigError(sources.explain(e)) from None
     except StoppedBeforeTraining as e:
         print(f"vitlab: {e}", file=sys.stderr)
         return 128 + e.signum

@@ -21,7 +21,7 @@ from ...errors import NonFiniteLossError
 from ..objectives import Objective
 from ..persist.advice import advice_line
 from ..persist.figures import draw_figures
-from ..persist.outputs import append_metrics, read_metrics, run_summary, write_json
+from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json
 from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
 from ..spec.config import TrainConfig
@@ -116,6 +116,8 @@ class Trainer:
             self.log(self.init_line)
             if not self.resumed and self.objective.uses_labels:
                 self.log(self._before_training_line())
+        if self.dist.is_main:
+            write_config(self.cfg, self.out)
         lr = self.plan.lr or self.cfg.recipe.scaled_lr(self.cfg.recipe.batch_size)
         r, d = self.cfg.recipe, self.dist
         self.log(

@@ -1,5 +1,6 @@
 """A run's folder and what it writes there besides checkpoints: ``metrics.jsonl`` (one line per epoch),
-``summary.json``, and the claim of the folder by a new run (:func:`claim_run_folder`)."""
+``summary.json``, ``config.yaml`` (what re-creates the run), and the claim of the folder by a new run
+(:func:`claim_run_folder`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._fs import atomic_write_text
 from ...errors import ConfigError
+from ..spec.files import config_text
 from .dcp import SHARDED_DIR, clear
 from .position import RunPlan, RunPosition
 
@@ -31,12 +33,13 @@ __all__ = [
     "read_metrics",
     "run_summary",
     "truncate_metrics",
+    "write_config",
     "write_json",
 ]
 
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
-RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt")
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml")
 """Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
 
 
@@ -81,6 +84,12 @@ def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
     """Atomic JSON write."""
     p = Path(path)
     atomic_write_text(p, json.dumps(obj, indent=2) + "\n")
+
+
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    """``out/config.yaml``: the run's resolved configuration, which ``vitlab train --config`` reads back
+    (:func:`~vitlab.train.spec.files.config_text`); written atomically."""
+    atomic_write_text(out / "config.yaml", config_text(cfg))
 
 
 def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:

@@ -108,12 +108,12 @@ class Kind:
 
     what: str
     check: Callable[[Any], bool]
-    sep: str = ": "
-    """Between the option's name and what is wrong with its text: ``--res-schedule: expected ...``,
-    ``--memory-budget '64X' is not a size ...``."""
     convert: Callable[[Any], Any] = lambda v: v
     parse: Callable[[str], Any] | None = None
     late: Callable[[str], Any] | None = None
+    sep: str = ": "
+    """Between the option's name and what is wrong with its text: ``--res-schedule: expected ...``,
+    ``--memory-budget '64X' is not a size ...``."""
 
     def from_file(self, value: Any) -> Any:
         """A config file's value as the option holds it; ``ValueError`` (its message) when it is none."""
@@ -122,6 +122,10 @@ class Kind:
                 value = (self.parse or self.late)(value)  # type: ignore[misc]
             except argparse.ArgumentTypeError as e:
                 raise ValueError(str(e)) from None
+            except ValueError as e:  # int("many"): say what was expected; a parser of ours says what is wrong
+                raise ValueError(
+                    f"expected {self.what}, got {value!r}" if self.parse in (int, float) else str(e)
+                ) from None
         if not self.check(value):
             raise ValueError(f"expected {self.what}, got {_describe(value)}")
         return self.convert(value)
@@ -141,7 +145,9 @@ FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 INT = Kind("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool), parse=int)
 FLOAT = Kind("a number", _number, float, parse=float)
 DURATION = Kind("seconds or a duration like 20m", lambda v: _number(v) and v > 0, float, parse=parse_duration)
-SIZE = Kind("bytes or a size like 64M", lambda v: isinstance(v, int) and not isinstance(v, bool), " ", late=parse_size)
+SIZE = Kind(
+    "bytes or a size like 64M", lambda v: isinstance(v, int) and not isinstance(v, bool), late=parse_size, sep=" "
+)
 PAIR = Kind("two numbers", _is_pair, lambda v: (float(v[0]), float(v[1])), parse=_pair)
 RANDAUGMENT = Kind(
     "NUM_OPS,MAGNITUDE or none",

@@ -142,7 +142,10 @@ class Option:
         if value is None and (self.nullable or (self.default is None and not self.path.startswith("recipe."))):
             return None
         try:
-            return self.value(self.kind.from_file(value))
+            value = self.kind.from_file(value)
+            if self.choices is not None and value not in self.choices:
+                raise ValueError(f"expected one of {', '.join(map(str, self.choices))}, got {value!r}")
+            return self.value(value)
         except ValueError as e:
             raise OptionError(Ref(self.path), f": {e}") from None
 
@@ -167,6 +170,9 @@ data, model, recipe, dist, run = "data", "model", "recipe", "distillation", "run
 OPTIONS: tuple[Option, ...] = (
     O(path="init", flag="--init", commands=("finetune",), required=True, resume="fixed",
       help="the model to start from: a model folder, a run folder, a checkpoint file or a public name"),
+    O(path=None, flag="--config", metavar="FILE",
+      help="a config file (YAML or JSON) of options, which the flags given override; every run writes its own as "
+      "config.yaml: --config runs/X/config.yaml --out runs/Y re-creates run X"),
     # -- data ------------------------------------------------------------------------------------------------
     O(path="data", flag="--data", group=data, default="digits",
       help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
