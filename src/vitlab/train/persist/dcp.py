@@ -199,7 +199,7 @@ def read_sharded(folder: Path, *, net: nn.Module, optimizer: torch.optim.Optimiz
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    from .dcp_safe import SafeLoadPlanner, SafeReader, read_metadata
+    from .dcp_safe import SafeLoadPlanner, SafeReader, read_metadata  # lazy: DCP's reader, for sharded resumes only
 
     if not (folder / ".metadata").is_file():
         raise CheckpointError(
