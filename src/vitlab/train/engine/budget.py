@@ -173,6 +173,10 @@ def plan_run(
         replan = Replanner.for_plan(
             total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
         )
+        if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
+            replan.due = replan.late = False
+        if ends_dropping(cfg.recipe):
+            replan.due = False  # its first steps drop tokens; the epoch-end cuts see the unmasked pace later
     return plan, replan
 
 

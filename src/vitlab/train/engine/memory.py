@@ -327,7 +327,6 @@ def fit_memory(
     teacher: Any = None,
     resumed: bool = False,
     log: Callable[[str], None] = print,
-    available: Callable[[torch.device, Dist], tuple[int, str] | None] | None = None,
 ) -> MemoryFit:
     """Check the run fits in memory before it allocates, and make it fit by accumulation when it does not.
 
@@ -336,7 +335,7 @@ def fit_memory(
     the same (one line says so). When a micro-batch of one image does not fit, a
     :class:`~vitlab.errors.ConfigError` names the flags that shrink the run. A resumed run keeps its
     micro-batch (its saved position counts micro-batches) and only warns. The evaluation batch is the largest of
-    ``max(micro, 256)`` halved until it fits. ``available``: the probe (tests stand in for it)."""
+    ``max(micro, 256)`` halved until it fits."""
     r = cfg.recipe
     w = dist.world_size
     micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # train's rule, before any work
@@ -357,7 +356,7 @@ def fit_memory(
             counts=counts,
         )
 
-    found = (available or _shared_available)(device, dist)
+    found = _shared_available(device, dist)
     if found is None:
         return MemoryFit(cfg=cfg, eval_batch=max(micro0, 256), estimate=need(micro0, max(micro0, 256)), available=None)
     avail, where = found

@@ -22,7 +22,7 @@ from ..._fs import FolderLock
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
-from ..objectives import build_objective, objective_for
+from ..objectives import Objective, build_objective, objective_for
 from ..persist.outputs import claim_run_folder, truncate_metrics
 from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
@@ -37,7 +37,7 @@ from .memory import fit_memory
 from .model import InitModel, amp, build_net, planned_config
 from .optim import Optimization, build_optimization
 from .parallel import ddp_memory_hint, distribute, shard_line
-from .schedule import StepSchedule, ends_dropping
+from .schedule import StepSchedule
 from .shards import build_shard_loaders
 from .signals import StopSignals
 from .trainer import Trainer
@@ -104,15 +104,9 @@ def prepare(
         out.mkdir(parents=True, exist_ok=True)
     # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
-    kind = objective_for(cfg)
-    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
-    if state is None:
-        cfg = kind.fit_recipe(cfg, data, device_type=device.type)
-        if cfg.resolved:
-            log(cfg.resolved)
-    objective = build_objective(cfg, data, device=device)  # a teacher: in memory when the memory is measured
-    if line := objective.start_line():
-        log(line)
+    cfg, data, objective = _data_and_objective(
+        cfg, fitted=state is not None, dist=dist, device=device, out=out, log=log
+    )
     # -- the model, its memory first -----------------------------------------------------------------------------
     teacher = getattr(objective, "teacher", None)
     memory = fit_memory(
@@ -145,10 +139,6 @@ def prepare(
             cfg, net=net, run_net=train_net, loaders=loaders, objective=objective, schedule=schedule, lr=lr,
             dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, log=log,
         )  # fmt: skip
-        if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
-            replan.due = replan.late = False
-        if ends_dropping(cfg.recipe):
-            replan.due = False  # its first steps drop tokens; the epoch-end cuts see the unmasked pace later
     schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)
     opt = build_optimization(net, recipe=cfg.recipe, lr=lr, device=device, use_scaler=use_scaler,
                              lr_factor=schedule.lr)  # fmt: skip
@@ -161,6 +151,23 @@ def prepare(
         amp_dtype=amp_dtype, stop=stop, log=log, t_start=t_start, data_fingerprint=fingerprint, init_line=init_line,
         resumed=state is not None,
     )  # fmt: skip
+
+
+def _data_and_objective(
+    cfg: TrainConfig, *, fitted: bool, dist: Dist, device: torch.device, out: Path, log: Callable[..., None]
+) -> tuple[TrainConfig, Any, Objective]:
+    """``(cfg, data, objective)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run keeps
+    its own) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
+    kind = objective_for(cfg)
+    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
+    if not fitted:
+        cfg = kind.fit_recipe(cfg, data, device_type=device.type)
+        if cfg.resolved:
+            log(cfg.resolved)
+    objective = build_objective(cfg, data, device=device)
+    if line := objective.start_line():
+        log(line)
+    return cfg, data, objective
 
 
 def _log_parallelism(

@@ -222,30 +222,31 @@ def auto_recipe(
         **_COMMON,
         **aug,
     )
-    ra = f"RandAugment{aug['randaugment']}" if aug["randaugment"] else "no RandAugment"
-    mix = f"MixUp {aug['mixup']:g} / CutMix {aug['cutmix']:g}" if aug["mixup"] or aug["cutmix"] else "no MixUp/CutMix"
-    crop = "no crop" if aug["crop_scale"][0] == 1 else f"crop {aug['crop_scale'][0]:g}-1"
-    crop += " square" if aug["crop_ratio"] == _SQUARE and aug["crop_scale"][0] < 1 else ""
-    why = {
-        "minimal": "short schedule",
-        "mild": "medium schedule",
-        "light": "medium schedule",
-        "medium": "long schedule",
-        "strong": "long schedule",
-    }[aug_level(epochs=passes, n_train=0)]
-    if level != aug_level(epochs=passes, n_train=0):
-        why += f", lighter for {n_train:,} images"
-    reason = (
-        f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes), "
-        f"{passes:.0f} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
-        f"random erasing {aug['random_erasing']:g}, stochastic depth {aug['drop_path']:g}, wd 0.05; "
-        f"batch {batch} (<= 1/16 of the data), lr {lr:.2g}, warmup {warm:.0%} of the steps; "
-        + (f"token drop {token_drop:g} in training; " if token_drop else "")
+    head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
+    reason = head + _auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model)
+    return recipe, reason
+
+
+def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str) -> str:
+    """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
+    batch, LR and warmup, token dropping and the model."""
+    ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
+    mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
+    crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
+    crop += " square" if r.crop_ratio == _SQUARE and r.crop_scale[0] < 1 else ""
+    plain = aug_level(epochs=passes, n_train=0)
+    why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
+    why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
+    arch = r.arch
+    return (
+        f", {passes:.0f} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
+        f"random erasing {r.random_erasing:g}, stochastic depth {r.drop_path:g}, wd 0.05; "
+        f"batch {r.batch_size} (<= 1/16 of the data), lr {r.lr:.2g}, warmup {r.warmup_fraction:.0%} of the steps; "
+        + (f"token drop {r.token_drop:g} in training; " if r.token_drop else "")
         + f"model {model} (patch {arch['patch_size']}{', padded' if arch.get('dynamic_img_pad') else ''}, "
         + f"width {arch['embed_dim']}, depth {arch['depth']}, "
         "sin-cos 2-D position embeddings)"
     )
-    return recipe, reason
 
 
 def fit_recipe_to_data(
