@@ -16,6 +16,7 @@ from torch import nn
 from ...devices import autocast
 from ...errors import NonFiniteLossError
 from ..objectives import Objective
+from ..spec.recipes import Recipe
 from .optim import Optimization
 from .schedule import resize_batch
 
@@ -38,16 +39,15 @@ class EpochResult:
 @dataclass(kw_only=True)
 class StepParts:
     """What one optimizer step needs: ``net`` (the module the steps call: DDP, FSDP or compiled around the trained
-    one), the ``objective`` (the loss), ``opt`` (optimizer, LR scheduler, gradient scaler, EMA), the recipe's
-    ``accum_steps``, ``clip_grad`` and MixUp/CutMix (``mix``), and what a NaN/Inf loss does (``on_nan``)."""
+    one), the ``objective`` (the loss), ``opt`` (optimizer, LR scheduler, gradient scaler, EMA), the ``recipe``
+    (its accumulation steps and clipping), MixUp/CutMix (``mix``), and what a NaN/Inf loss does (``on_nan``)."""
 
     net: nn.Module
     objective: Objective
     opt: Optimization
+    recipe: Recipe
     device: torch.device
     amp_dtype: torch.dtype | None = None
-    accum_steps: int = 1
-    clip_grad: float | None = None
     mix: Callable | None = None
     on_nan: str = "stop"
 
@@ -67,7 +67,7 @@ def train_epoch(
     and counts it in ``skipped`` (``"skip"``). ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch),
     which ``result.loss_sum`` goes on from: the same additions in the same order as a run that never stopped, so
     the epoch's mean loss is the same bit for bit."""
-    p, net, opt = parts, parts.net, parts.opt
+    p, net, opt, accum = parts, parts.net, parts.opt, parts.recipe.accum_steps
     net.train()
     res = EpochResult(loss_sum=loss_sum)
     bad_step = False
@@ -79,12 +79,12 @@ def train_epoch(
             x = resize_batch(x, side)
         if p.mix is not None:
             x, y = p.mix(x, y)
-        last_micro = (i + 1) % p.accum_steps == 0
+        last_micro = (i + 1) % accum == 0
         sync = contextlib.nullcontext() if last_micro or not hasattr(net, "no_sync") else net.no_sync()
         with sync:
             with autocast(p.device, p.amp_dtype):
                 loss = p.objective.loss(net, x, y)
-            (opt.scaler.scale(loss / p.accum_steps) if opt.scaler else loss / p.accum_steps).backward()
+            (opt.scaler.scale(loss / accum) if opt.scaler else loss / accum).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):
             if p.on_nan != "skip":  # before the optimizer step: the weights are still the last good ones
@@ -105,7 +105,7 @@ def train_epoch(
         _update(parts)
         res.steps += 1
         res.seconds = time.perf_counter() - t0
-        if on_step is not None and on_step(res, running / p.accum_steps):
+        if on_step is not None and on_step(res, running / accum):
             res.stopped = True
             break
         running = 0.0
@@ -119,8 +119,8 @@ def _update(parts: StepParts) -> None:
     opt = parts.opt
     if opt.scaler:
         opt.scaler.unscale_(opt.optimizer)
-    if parts.clip_grad:
-        nn.utils.clip_grad_norm_(parts.net.parameters(), parts.clip_grad)
+    if parts.recipe.clip_grad:
+        nn.utils.clip_grad_norm_(parts.net.parameters(), parts.recipe.clip_grad)
     if opt.scaler:
         opt.scaler.step(opt.optimizer)
         opt.scaler.update()

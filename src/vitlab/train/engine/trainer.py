@@ -134,11 +134,11 @@ class Trainer:
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
-        p, cfg, lo, r = self.position, self.cfg, self.loaders, self.cfg.recipe
+        p, cfg, lo = self.position, self.cfg, self.loaders
         p.start_epoch()
         parts = StepParts(
-            net=self.train_net, objective=self.objective, opt=self.opt, device=self.device, amp_dtype=self.amp_dtype,
-            accum_steps=r.accum_steps, clip_grad=r.clip_grad, mix=lo.mix, on_nan=cfg.on_nan,
+            net=self.train_net, objective=self.objective, opt=self.opt, recipe=cfg.recipe, device=self.device,
+            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan,
         )  # fmt: skip
         res = train_epoch(
             parts,
