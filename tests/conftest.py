@@ -89,6 +89,23 @@ def step_lrs(monkeypatch) -> list[float]:
     return lrs
 
 
+@pytest.fixture
+def step_losses(monkeypatch) -> list[float]:
+    """The loss of every optimizer step (the mean over its micro-batches) of the runs a test makes, as the
+    trainer sees it (read in ``Trainer._on_step``)."""
+    from vitlab.train.engine import trainer
+
+    seen: list[float] = []
+    on_step = trainer.Trainer._on_step
+
+    def record(self, res, loss):
+        seen.append(loss)
+        return on_step(self, res, loss)
+
+    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    return seen
+
+
 @pytest.fixture(autouse=True)
 def _no_network_probe(monkeypatch):
     """Tests never touch the network: the Hub counts as reachable (downloads are mocked per test);

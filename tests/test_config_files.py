@@ -12,7 +12,6 @@ import yaml
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.errors import ConfigError
-from vitlab.train.engine.trainer import Trainer
 from vitlab.train.spec.config import build_config
 from vitlab.train.spec.files import MAX_BYTES, read_config_file
 
@@ -24,18 +23,6 @@ def folder(tmp_path_factory):
     return tiny_folder(tmp_path_factory.mktemp("cfgdata") / "data", per_class=8, size=16)
 
 
-def _first_losses(monkeypatch) -> list[float]:
-    seen: list[float] = []
-    real = Trainer._on_step
-
-    def on_step(self, res, loss):
-        seen.append(loss)
-        return real(self, res, loss)
-
-    monkeypatch.setattr(Trainer, "_on_step", on_step)
-    return seen
-
-
 def _one_line_error(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -43,11 +30,11 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
-def test_a_run_is_recreated_from_its_config_yaml(folder, tmp_path, monkeypatch, capsys) -> None:
+def test_a_run_is_recreated_from_its_config_yaml(folder, tmp_path, step_losses, capsys) -> None:
     """The run's config.yaml holds its resolved configuration (the auto recipe as fitted, the data's absolute path,
     nothing about the process); a run from it has the same configuration and, on one process, the same first
     steps."""
-    losses = _first_losses(monkeypatch)
+    losses = step_losses
     x, y = tmp_path / "x", tmp_path / "y"
     common = ["--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0", "--stop-after", "2"]
     assert main(["train", "--data", os.path.relpath(folder), "--out", str(x), "--epochs", "2", *TINY, *common]) == 0

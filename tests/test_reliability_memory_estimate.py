@@ -25,7 +25,6 @@ from vitlab.distributed import Dist
 from vitlab.errors import ConfigError
 from vitlab.models import ViTConfig
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.engine.trainer import Trainer
 from vitlab.train.persist.state import load_state
 
 TINY = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2}
@@ -55,24 +54,11 @@ def _cfg(folder: Path, out: Path, **kw) -> TrainConfig:
     )
 
 
-def _losses(monkeypatch) -> list[float]:
-    """The loss of every optimizer step (the mean over its micro-batches), as the trainer sees it."""
-    seen: list[float] = []
-    real = Trainer._on_step
-
-    def on_step(self, res, loss):
-        seen.append(loss)
-        return real(self, res, loss)
-
-    monkeypatch.setattr(Trainer, "_on_step", on_step)
-    return seen
-
-
-def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_path, monkeypatch, capsys):
+def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_path, monkeypatch, capsys, step_losses):
     """With room for a micro-batch of 4 but not 8, a batch of 16 trains as 4 accumulation steps of 4: the same
     global batch, the same first-step loss and the same second-step loss (the first update equal), up to float
     reduction order."""
-    losses = _losses(monkeypatch)
+    losses = step_losses
     monkeypatch.setattr(memory, "available_memory", _available(1 << 50))
     whole = fit(_cfg(folder, tmp_path / "whole", stop_after=2))
     assert whole["steps"] == 2
