@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from vitlab.bench import benchmark
 from vitlab.data import ArrayDataset, load_data, mix_transform, train_transform
-from vitlab.train.recipes import get_recipe
+from vitlab.train.spec.recipes import get_recipe
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

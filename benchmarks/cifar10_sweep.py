@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from vitlab.data import load_data
 from vitlab.models import create_model
-from vitlab.train.optim import param_groups
+from vitlab.train.engine.optim import param_groups
 
 DEFAULTS = dict(
     dim=128, depth=6, heads=4, mlp=2.0, patch=4, bs=128, lr=2e-3, wd=0.05, warm=0.03, ls=0.1, posemb="learn",

@@ -1,4 +1,5 @@
-"""The run's memory estimate (vitlab.train.memory) against the peak resident memory of real training runs, on CPU.
+"""The run's memory estimate (vitlab.train.engine.memory) against the peak resident memory of real training runs,
+on CPU.
 
 Each configuration trains one epoch of 4 optimizer steps and one evaluation of 256 images in its own process
 (data loader workers off: the main process is measured), from generated images. When the estimate is made (before
@@ -75,8 +76,8 @@ def _status(key: str) -> int:
 
 def child(name: str, tmp: Path) -> dict:
     """One run in this process: the estimate and the measured peak over the RSS at the estimate."""
-    import vitlab.train.memory as memory
-    import vitlab.train.setup as setup
+    import vitlab.train.engine.memory as memory
+    import vitlab.train.engine.run as setup
     from vitlab.train import TrainConfig, get_recipe
 
     spec = CONFIGS[name]
@@ -97,7 +98,7 @@ def child(name: str, tmp: Path) -> dict:
         seen["estimate"] = got.estimate
         return got
 
-    import vitlab.train.trainer as trainer
+    import vitlab.train.engine.trainer as trainer
 
     real_end = trainer.Trainer._end_epoch
 

@@ -103,8 +103,8 @@ def subset_folder(data: str, dest: Path, *, train_per_class: int, test_per_class
 
 def train_variant(name: str, data: str, n_train: int, args: argparse.Namespace) -> dict:
     """One ``fit`` with the shared recipe and this variant's architecture."""
-    from vitlab.commands.train_args import parse_duration
     from vitlab.train import TrainConfig, fit, get_recipe
+    from vitlab.train.spec.kinds import parse_duration
 
     steps_per_epoch = n_train // args.batch_size
     if steps_per_epoch < 1:

@@ -76,7 +76,7 @@ def default_signals():
 @pytest.fixture
 def step_lrs(monkeypatch) -> list[float]:
     """The LR after each optimizer step of the runs a test makes (read in ``Trainer._on_step``)."""
-    from vitlab.train import trainer
+    from vitlab.train.engine import trainer
 
     lrs: list[float] = []
     on_step = trainer.Trainer._on_step
@@ -87,6 +87,23 @@ def step_lrs(monkeypatch) -> list[float]:
 
     monkeypatch.setattr(trainer.Trainer, "_on_step", record)
     return lrs
+
+
+@pytest.fixture
+def step_losses(monkeypatch) -> list[float]:
+    """The loss of every optimizer step (the mean over its micro-batches) of the runs a test makes, as the
+    trainer sees it (read in ``Trainer._on_step``)."""
+    from vitlab.train.engine import trainer
+
+    seen: list[float] = []
+    on_step = trainer.Trainer._on_step
+
+    def record(self, res, loss):
+        seen.append(loss)
+        return on_step(self, res, loss)
+
+    monkeypatch.setattr(trainer.Trainer, "_on_step", record)
+    return seen
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,9 @@ import argparse
 
 import pytest
 
-from vitlab.commands._common import arch_overrides
-from vitlab.commands.train import config_from_args
-from vitlab.commands.train_args import add_train_args
 from vitlab.errors import ConfigError
 from vitlab.models.config import ViTConfig, mlp_dim_for
+from vitlab.train.spec.parser import add_options, arch_overrides, config_from_args
 
 
 def test_mlp_dim_for_and_its_inverse():
@@ -35,7 +33,7 @@ def test_arch_overrides_names_config_fields_and_skips_unset_flags():
 
 def test_train_flags_reach_the_train_config():
     p = argparse.ArgumentParser()
-    add_train_args(p, default_recipe=None)
+    add_options(p, command="train")
     args = p.parse_args(["--dim", "64", "--depth", "2", "--heads", "4", "--mlp-ratio", "2", "--pool", "gap"])
     arch = config_from_args(args).arch
     assert arch == dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, pool="gap", class_token=False)

@@ -367,7 +367,8 @@ def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
         matplotlib.axes.Axes, "plot", lambda self, *a, **k: labels.append(k.get("label")) or real(self, *a, **k)
     )
-    from vitlab.train.report import plot_curves, read_metrics
+    from vitlab.train.persist.figures import plot_curves
+    from vitlab.train.persist.outputs import read_metrics
 
     plot_curves(read_metrics(out / "metrics.jsonl"), tmp_path / "c3.png", num_classes=3)
     assert "top-1" in labels and "top-5" not in labels

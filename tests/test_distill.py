@@ -15,8 +15,8 @@ from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.train import distill as distill_mod
-from vitlab.train.distill import distillation_loss
+from vitlab.train.engine import run as setup_mod
+from vitlab.train.objectives.distill import distillation_loss
 
 S = [[2.0, -1.0, 0.5], [0.1, 0.3, -0.4]]  # student logits, 2 images x 3 classes
 T = [[0.2, 1.5, -1.0], [3.0, 0.0, 1.0]]  # teacher logits: argmax 1 and 0
@@ -93,7 +93,7 @@ def test_one_epoch_with_a_frozen_teacher(tmp_path, capsys, monkeypatch, kind, to
     data = tiny_folder(tmp_path / "data", per_class=8, test_per_class=2)
     teacher = _teacher(tmp_path / "teacher", img=12)  # another input size: the batch is resized for it
     seen = {}
-    real = distill_mod.build_distillation
+    real = setup_mod.build_objective
 
     def spy(*a, **k):
         d = real(*a, **k)
@@ -109,7 +109,7 @@ def test_one_epoch_with_a_frozen_teacher(tmp_path, capsys, monkeypatch, kind, to
         d.teacher_logits = counted
         return d
 
-    monkeypatch.setattr("vitlab.train.setup.build_distillation", spy)
+    monkeypatch.setattr(setup_mod, "build_objective", spy)
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--cache-dir", str(tmp_path / "cache"), *TINY, "--epochs", "1"]
     args += ["--batch-size", "8", "--teacher", str(teacher), "--distill", kind, "--out", str(out)]

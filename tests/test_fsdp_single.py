@@ -21,11 +21,11 @@ from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.accel import FastVisionTransformer, blocks, inference_path, training_path
 from vitlab.cli import main
+from vitlab.distributed import setup, teardown
 from vitlab.models import VisionTransformer
-from vitlab.train import fsdp
-from vitlab.train.distributed import setup, teardown
-from vitlab.train.fsdp import ddp_memory_hint, shard
-from vitlab.train.state import load_state
+from vitlab.train.engine import parallel as fsdp
+from vitlab.train.engine.parallel import ddp_memory_hint, shard
+from vitlab.train.persist.state import load_state
 
 TINY = ["--recipe", "digits", "--batch-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "2"]
 TINY += ["--heads", "2", "--crop-scale", "1,1", "--no-progress", "--workers", "0", "--threads", "1"]
@@ -117,7 +117,7 @@ def test_ddp_suggests_fsdp_when_the_model_states_fill_half_a_device():
 def test_lockstep_runs_blank_forwards_until_every_rank_is_done(monkeypatch):
     """A rank whose evaluation shard has fewer batches keeps calling the sharded forward (a collective) while
     another rank still has batches; what it yields is only its own batches, and the global RNG is untouched."""
-    from vitlab.train.distributed import Dist
+    from vitlab.distributed import Dist
 
     others = iter([True, True, True, False])  # after this rank's one batch, another has three more
     monkeypatch.setattr(fsdp, "any_rank", lambda flags, d: [flags[0] or next(others)])

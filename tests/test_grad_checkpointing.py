@@ -12,7 +12,7 @@ import vitlab.models.vit as vit_module
 from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +85,11 @@ def test_checkpointed_gradients_match_on_the_fast_model() -> None:
 
 def test_flag_is_parsed_and_honoured_on_resume() -> None:
     from vitlab.cli import build_parser
-    from vitlab.commands.train import config_from_args
-    from vitlab.train.config import _HONOURED
+    from vitlab.train.spec.options import option
+    from vitlab.train.spec.parser import config_from_args
 
     args = build_parser().parse_args(["train", "--grad-checkpointing"])
     assert config_from_args(args).grad_checkpointing is True
     assert config_from_args(build_parser().parse_args(["train"])).grad_checkpointing is False
-    assert _HONOURED["--grad-checkpointing"] == "grad_checkpointing"  # a memory setting, not a different run
+    row = option("--grad-checkpointing")
+    assert (row.resume, row.path) == ("honoured", "grad_checkpointing")  # a memory setting, not a different run

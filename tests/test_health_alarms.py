@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vitlab.commands.train_args import add_train_args
 from vitlab.inspect import AlarmThresholds, RunContext, attention_health, health_alarms
 from vitlab.inspect.alarms import PENDING_FLAGS, SUGGESTED_FLAGS
 from vitlab.models import VisionTransformer
+from vitlab.train.spec.parser import add_options
 
 
 def rec(*, layers: int = 4, heads: int = 4, **over):
@@ -181,7 +181,7 @@ def test_malformed_records_never_raise(history, context):
 
 def test_every_flag_an_alarm_names_exists_or_is_pending():
     p = argparse.ArgumentParser()
-    add_train_args(p, default_recipe=None)
+    add_options(p, command="train")
     have = {s for a in p._actions for s in a.option_strings}
     assert {f for f in SUGGESTED_FLAGS if f not in have} == set(PENDING_FLAGS)
     bad = _global(1, collapsed_fraction=[1.0] * 4, max_logit=[50.0] * 4, outlier_ratio=[9.0] * 4)

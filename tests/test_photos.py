@@ -20,8 +20,9 @@ from vitlab.data import ArrayDataset, PackedImages, eval_transform, load_data, t
 from vitlab.data.cache import decode_files
 from vitlab.data.cache_admin import list_caches
 from vitlab.train import TrainConfig, get_recipe
-from vitlab.train.auto import fit_recipe_to_data
-from vitlab.train.image_size import fit_size_to_data, folder_plan
+from vitlab.train.engine.data import folder_plan
+from vitlab.train.spec.fitting import fit_recipe_to_data
+from vitlab.train.spec.image_size import fit_size_to_data
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2"]  # the default size and patch, a small model
 

@@ -1,4 +1,4 @@
-"""``vitlab plan`` and :mod:`vitlab.train.capacity`: memory per device, step time, the paper's runs,
+"""``vitlab plan`` and :mod:`vitlab.capacity`: memory per device, step time, the paper's runs,
 and the activation estimate checked against what autograd really saves."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitlab.capacity import activation_bytes, plan, train_flops_per_image
 from vitlab.cli import main
 from vitlab.models import count_macs, create_model
-from vitlab.train.capacity import activation_bytes, plan, train_flops_per_image
 
 B16_PARAMS = 86_567_656  # DESIGN.md, 224 px, 1000 classes
 
@@ -156,11 +156,11 @@ def test_plan_numbers_are_validated_in_one_line_naming_the_flag(
 
 
 def test_plan_never_plans_a_batch_train_refuses() -> None:
-    """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.loaders.micro_batch`, the same function): for
+    """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.spec.rules.micro_batch`, the same function): for
     every batch, device count and accumulation, plan refuses exactly what train refuses, with train's message,
     and plans train's micro-batch."""
     from vitlab.errors import ConfigError
-    from vitlab.train.loaders import micro_batch
+    from vitlab.train.spec.rules import micro_batch
 
     for batch in (6, 8, 12):
         for devices in (1, 2, 3):

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.errors import CheckpointError
-from vitlab.train.dcp import MARKER, sharded_folder
-from vitlab.train.dcp_safe import read_metadata
-from vitlab.train.state import load_state
+from vitlab.train.persist.dcp import MARKER, sharded_folder
+from vitlab.train.persist.dcp_safe import read_metadata
+from vitlab.train.persist.state import load_state
 
 TINY = ["--recipe", "digits", "--batch-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "2"]
 TINY += ["--heads", "2", "--crop-scale", "1,1", "--no-progress", "--workers", "0", "--threads", "1"]
@@ -544,8 +544,8 @@ def test_sparse_confusion_cells_count_what_the_dense_matrix_counts(monkeypatch):
     matrix's, also through the distributed reduction (a process group of one)."""
     import numpy as np
 
+    from vitlab.distributed import setup, teardown
     from vitlab.evaluate import accuracy
-    from vitlab.train.distributed import setup, teardown
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 7))
@@ -569,7 +569,7 @@ def test_sparse_confusion_cells_count_what_the_dense_matrix_counts(monkeypatch):
 
 
 def test_the_confusion_figure_is_drawn_only_when_readable(tmp_path, capsys):
-    from vitlab.train.report import draw_figures
+    from vitlab.train.persist.figures import draw_figures
 
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 1.0, "top1": 0.5, "top5": 0.9, "lr": 0.1}\n')
     draw_figures(tmp_path, [f"c{i}" for i in range(3)], {"per_class": [0.5] * 3, "confusion": torch.eye(3).numpy()})

@@ -19,8 +19,8 @@ import vitlab
 from conftest import assert_close_rel, sigkill_after
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import loop as loop_mod
-from vitlab.train.state import load_state
+from vitlab.train.objectives import classify as classify_mod
+from vitlab.train.persist.state import load_state
 
 EPOCHS = 20  # 3 steps per epoch: 60 steps
 
@@ -167,7 +167,7 @@ def _nan_at(monkeypatch, calls: set[int]):
         loss = real.cross_entropy(*a, **k)
         return loss * float("nan") if n["calls"] in calls else loss
 
-    monkeypatch.setattr(loop_mod, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
+    monkeypatch.setattr(classify_mod, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
 
 
 def test_nan_loss_stops_by_default_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
@@ -199,7 +199,7 @@ def test_half_written_files_of_killed_processes_are_removed(tmp_path):
     """A SIGKILL mid-write leaves ``.last.pt.tmp<pid>`` or a dataset-sized ``<cache>.tmp<pid>``: the next writer deletes
     those whose process is gone, never those of a live process."""
     from vitlab.data.cache import decode_files
-    from vitlab.train.state import atomic_torch_save
+    from vitlab.train.persist.state import atomic_torch_save
 
     dead = 999_999_999  # beyond any pid_max: no such process
     (tmp_path / f".last.pt.tmp{dead}").write_bytes(b"x" * 1000)

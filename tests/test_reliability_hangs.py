@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train.budget import _steps_in_budget
+from vitlab.train.engine.budget import steps_in_budget as _steps_in_budget
 
 ARCH = ["--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--threads", "1"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -184,7 +184,7 @@ def test_torchrun_with_truncated_shards_ends_every_rank(packed, tmp_path):
 KEPT_ALIVE = """
 from torch.utils.data import DataLoader
 from vitlab.data.loading import batches
-from vitlab.train.loop import ignore_stop_signals
+from vitlab.train.engine.signals import ignore_stop_signals
 
 loader = DataLoader(range(1000), batch_size=2, num_workers=2, worker_init_fn=ignore_stop_signals)
 KEPT = batches(loader)

@@ -27,8 +27,8 @@ from vitlab.data.cache import decode_files
 from vitlab.data.scan import scan_classes
 from vitlab.data.sources import stratified_split
 from vitlab.train import TrainConfig
-from vitlab.train.state import load_state
-from vitlab.train.trainer import eval_shard
+from vitlab.train.engine.loaders import eval_shard
+from vitlab.train.persist.state import load_state
 
 N, SIDE = 240, 64  # 240 x 64 x 64 x 3 = 2.9 MB decoded
 DATASET_BYTES = N * SIDE * SIDE * 3

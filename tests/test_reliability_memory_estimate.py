@@ -1,8 +1,8 @@
-"""Memory before the run (:mod:`vitlab.train.memory`): every run estimates its peak from its configuration before it
-allocates, splits the batch into accumulation steps when the step would not fit (same global batch, same losses),
-refuses in one line when one image does not fit, and fits ``--objective mpp`` to photos; what is available is read
-from ``/proc/meminfo`` and the cgroup's limit. The probe of available memory is stood in for: these tests test the
-estimate and the decision, not the kernel."""
+"""Memory before the run (:mod:`vitlab.train.engine.memory`): every run estimates its peak from its configuration
+before it allocates, splits the batch into accumulation steps when the step would not fit (same global batch, same
+losses), refuses in one line when one image does not fit, and fits ``--objective mpp`` to photos; what is available
+is read from ``/proc/meminfo`` and the cgroup's limit. The probe of available memory is stood in for: these tests
+test the estimate and the decision, not the kernel."""
 
 from __future__ import annotations
 
@@ -18,15 +18,14 @@ import torch
 from PIL import Image
 
 import vitlab
-import vitlab.train.memory as memory
+import vitlab.train.engine.memory as memory
 from imagefolder import tiny_folder
 from vitlab.cli import main
+from vitlab.distributed import Dist
 from vitlab.errors import ConfigError
 from vitlab.models import ViTConfig
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.distributed import Dist
-from vitlab.train.state import load_state
-from vitlab.train.trainer import Trainer
+from vitlab.train.persist.state import load_state
 
 TINY = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2}
 GiB = 2**30
@@ -55,24 +54,11 @@ def _cfg(folder: Path, out: Path, **kw) -> TrainConfig:
     )
 
 
-def _losses(monkeypatch) -> list[float]:
-    """The loss of every optimizer step (the mean over its micro-batches), as the trainer sees it."""
-    seen: list[float] = []
-    real = Trainer._on_step
-
-    def on_step(self, res, loss):
-        seen.append(loss)
-        return real(self, res, loss)
-
-    monkeypatch.setattr(Trainer, "_on_step", on_step)
-    return seen
-
-
-def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_path, monkeypatch, capsys):
+def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_path, monkeypatch, capsys, step_losses):
     """With room for a micro-batch of 4 but not 8, a batch of 16 trains as 4 accumulation steps of 4: the same
     global batch, the same first-step loss and the same second-step loss (the first update equal), up to float
     reduction order."""
-    losses = _losses(monkeypatch)
+    losses = step_losses
     monkeypatch.setattr(memory, "available_memory", _available(1 << 50))
     whole = fit(_cfg(folder, tmp_path / "whole", stop_after=2))
     assert whole["steps"] == 2
@@ -147,7 +133,7 @@ def test_mpp_on_224_px_photos_fits_its_patch_and_batch_and_stays_in_memory(tmp_p
         fits.append(got)
         return got
 
-    monkeypatch.setattr("vitlab.train.setup.fit_memory", spy)
+    monkeypatch.setattr("vitlab.train.engine.run.fit_memory", spy)
     out = tmp_path / "mpp"
     argv = ["train", "--objective", "mpp", "--data", str(photos), "--out", str(out), "--epochs", "1"]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0", "--dim", "32", "--depth", "1"]

@@ -23,8 +23,8 @@ from vitlab._fs import FolderLock, temp_path
 from vitlab.checkpoints import native
 from vitlab.cli import main
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.train.loop import StoppedBeforeTraining, StopSignals
-from vitlab.train.state import load_state
+from vitlab.train.engine.signals import StoppedBeforeTraining, StopSignals
+from vitlab.train.persist.state import load_state
 
 EPOCHS = 10  # 3 steps per epoch
 SRC = str(Path(vitlab.__file__).parents[1])
@@ -218,7 +218,7 @@ def test_convert_refuses_an_existing_folder_and_its_own_input(tmp_path, capsys):
 # The run sleeps after each step, so that the signal surely arrives while it trains; --resume runs at full speed.
 SLOW = """
 import sys, time
-from vitlab.train import trainer
+from vitlab.train.engine import trainer
 on_step = trainer.Trainer._on_step
 trainer.Trainer._on_step = lambda self, res, loss: (time.sleep({sleep}), on_step(self, res, loss))[1]
 from vitlab.cli import main

@@ -13,7 +13,7 @@ from PIL import Image
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 ARCH = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
 

@@ -21,8 +21,8 @@ import torch
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import trainer
-from vitlab.train.state import load_state
+from vitlab.train.engine import trainer
+from vitlab.train.persist.state import load_state
 
 # 24 training images of 16 px: the auto recipe picks a batch of 8, i.e. 3 steps an epoch, 9 in all
 RUN = ["--epochs", "3", "--dim", "16", "--depth", "1", "--heads", "2", "--seed", "3", "--threads", "1"]
@@ -83,7 +83,7 @@ def sigterm_at_step(monkeypatch, default_signals):
     on_step = trainer.Trainer._on_step
 
     def send(self, res, loss):
-        if self.progress.step == STOP - 1 and self.progress.steps_this_run == STOP - 1:
+        if self.position.step == STOP - 1 and self.position.steps_this_run == STOP - 1:
             os.kill(os.getpid(), signal.SIGTERM)
         return on_step(self, res, loss)
 

@@ -18,7 +18,7 @@ import vitlab
 from vitlab.checkpoints.files import TORCH_SUFFIXES
 from vitlab.cli import main
 from vitlab.errors import CheckpointError
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 
 class _Payload:

@@ -1,4 +1,5 @@
-"""Progressive resolution: ``vitlab train --res-schedule 4:0.5,8:1.0`` (:mod:`vitlab.train.resolution`)."""
+"""Progressive resolution: ``vitlab train --res-schedule 4:0.5,8:1.0``
+(:class:`vitlab.train.engine.schedule.StepSchedule`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,20 @@ import torch
 
 from conftest import assert_close_rel
 from imagefolder import tiny_folder
+from vitlab import train as trainer_mod
 from vitlab.accel import FastVisionTransformer
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
-from vitlab.train import trainer as trainer_mod
-from vitlab.train.resolution import mean_step_cost, parse_res_schedule, resize_batch, size_at, step_cost
+from vitlab.train.engine import loop as loop_mod
+from vitlab.train.engine.budget import REPLAN_AT
+from vitlab.train.engine.schedule import StepSchedule, resize_batch, size_at, step_cost
+from vitlab.train.spec.options import parse_res_schedule
+
+
+def mean_step_cost(schedule) -> float:
+    """The schedule's mean step cost relative to a step at its last size (what the time budget multiplies by)."""
+    return StepSchedule(trainer_mod.get_recipe("digits", res_schedule=schedule)).mean_cost()
 
 
 def test_parse_and_size_at() -> None:
@@ -56,14 +65,14 @@ def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) 
 def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_path, monkeypatch, capsys) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[tuple[bool, tuple[int, int]]] = []
-    from vitlab.train import setup as setup_mod
+    from vitlab.train.engine import run as setup_mod
 
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        model, net, workers = build(*a, **k)
-        model.register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, tuple(inp[0].shape[-2:]))))
-        return model, net, workers
+        net, workers, line = build(*a, **k)
+        net.register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, tuple(inp[0].shape[-2:]))))
+        return net, workers, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     out = tmp_path / "run"
@@ -87,16 +96,16 @@ def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> No
     over-plan the run, so a scheduled run keeps the plan timed at the final size."""
     from vitlab.train import get_recipe
 
-    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (120, 60, 0.05))
+    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (120, 60, 0.05))
     sizes: list[int] = []
-    resize = trainer_mod.Trainer._resize
+    resize = loop_mod.resize_batch
 
-    def record(self, x):
-        y = resize(self, x)
+    def record(x, size):
+        y = resize(x, size)
         sizes.append(y.shape[-1])
         return y
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_resize", record)
+    monkeypatch.setattr(loop_mod, "resize_batch", record)
     cfg = trainer_mod.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, res_schedule=((4, 0.25), (8, 1.0))),
         arch={"embed_dim": 16, "depth": 1, "num_heads": 2},
@@ -106,16 +115,20 @@ def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> No
         progress=False,
     )
     s = trainer_mod.fit(cfg)
-    assert s["steps"] == s["planned_steps"] == 120 > 2 * trainer_mod._REPLAN_AT
+    assert s["steps"] == s["planned_steps"] == 120 > 2 * REPLAN_AT
     assert sizes == [4] * 30 + [8] * 90  # a quarter of the planned steps at 4 px
 
 
 def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypatch, capsys) -> None:
     """The probe times the final size; the plan multiplies its step time by ``mean_step_cost``."""
-    from vitlab.train import budget
-
     seen: list[tuple] = []
-    monkeypatch.setattr(budget, "mean_step_cost", lambda s: seen.append(s) or mean_step_cost(s))
+    mean_cost = StepSchedule.mean_cost
+
+    def spy(self, **kw):
+        seen.append(self.recipe.res_schedule)
+        return mean_cost(self, **kw)
+
+    monkeypatch.setattr(StepSchedule, "mean_cost", spy)
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s"]
     args += ["--res-schedule", "8:0.5,16:1.0", "--cache-dir", str(tmp_path / "cache"), "--workers", "0"]
@@ -134,7 +147,7 @@ def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, sch
     backward once a second size was seen."""
     from types import SimpleNamespace
 
-    from vitlab.train import build
+    from vitlab.train.engine import parallel as build
 
     seen = {}
     monkeypatch.setattr(build.torch, "compile", lambda m, **kw: seen.update(kw) or m)

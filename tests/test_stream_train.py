@@ -14,7 +14,7 @@ import torch
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.data.stream import TRACE_ENV
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 ARGS = ["--epochs", "2", "--batch-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "2", "--heads", "2"]
 ARGS += ["--img-size", "8", "--shuffle-buffer", "10", "--seed", "1", "--no-progress"]

@@ -1,4 +1,5 @@
-"""Unmasked tuning: ``vitlab train --token-drop R --token-drop-until F`` (:mod:`vitlab.train.token_drop`)."""
+"""Unmasked tuning: ``vitlab train --token-drop R --token-drop-until F``
+(:class:`vitlab.train.engine.schedule.StepSchedule`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,24 @@ from vitlab.accel import FastVisionTransformer
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.train.recipes import get_recipe
-from vitlab.train.token_drop import mean_step_cost, rate_at, set_rate, switch_step
+from vitlab.train.engine.schedule import LRFactor, StepSchedule, set_rate
+from vitlab.train.spec.recipes import get_recipe
+
+
+def _steps(recipe, total_steps: int) -> StepSchedule:
+    return StepSchedule(recipe, lr=LRFactor(total_steps=total_steps, warmup_steps=0, schedule="cosine", min_ratio=0))
+
+
+def switch_step(recipe, *, total_steps: int) -> int | None:
+    return _steps(recipe, total_steps).token_drop_switch()
+
+
+def rate_at(recipe, *, step: int, total_steps: int) -> float:
+    return _steps(recipe, total_steps).lookup(step).token_drop_rate
+
+
+def mean_step_cost(recipe, *, full_over_dropped: float) -> float:
+    return _steps(recipe, 1).mean_cost(full_over_dropped=full_over_dropped)
 
 
 def test_switch_step_and_rate_follow_the_plan() -> None:
@@ -61,14 +78,14 @@ def test_set_rate_switches_the_models_token_dropping(cls) -> None:
 def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_path, capsys, monkeypatch) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[tuple[bool, int]] = []
-    from vitlab.train import setup as setup_mod
+    from vitlab.train.engine import run as setup_mod
 
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        model, net, workers = build(*a, **k)
-        model.blocks[0].register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, inp[0].shape[1])))
-        return model, net, workers
+        net, workers, line = build(*a, **k)
+        net.blocks[0].register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, inp[0].shape[1])))
+        return net, workers, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--dim", "16", "--depth", "1"]
@@ -86,12 +103,14 @@ def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_pa
 def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path, monkeypatch, capsys) -> None:
     """The probe times a step on every token as well, plans with the mean cost, and the run does not re-plan
     from its first (dropping, cheaper) steps."""
-    from vitlab.train import budget
+    from vitlab.train.engine import budget
 
     rates: list[float] = []
     monkeypatch.setattr(budget, "set_rate", lambda m, r: rates.append(r) or set_rate(m, r))
     costs: list[float] = []  # the measured ratio, and the plan multiplied by a cost that leaves room for 1 step
-    monkeypatch.setattr(budget, "token_drop_cost", lambda r, full_over_dropped: costs.append(full_over_dropped) or 1e6)
+    monkeypatch.setattr(
+        StepSchedule, "mean_cost", lambda self, full_over_dropped: costs.append(full_over_dropped) or 1e6
+    )
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s", "--patch-size", "4"]
     args += ["--token-drop", "0.5", "--token-drop-until", "0.8", "--cache-dir", str(tmp_path / "cache")]
@@ -106,16 +125,14 @@ def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path,
 def test_a_resumed_run_past_the_switch_trains_on_every_token(tmp_path, capsys, monkeypatch) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[int] = []
-    from vitlab.train import setup as setup_mod
+    from vitlab.train.engine import run as setup_mod
 
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        model, net, workers = build(*a, **k)
-        model.blocks[0].register_forward_pre_hook(
-            lambda mod, inp: seen.append(inp[0].shape[1]) if mod.training else None
-        )
-        return model, net, workers
+        net, workers, line = build(*a, **k)
+        net.blocks[0].register_forward_pre_hook(lambda mod, inp: seen.append(inp[0].shape[1]) if mod.training else None)
+        return net, workers, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     out = str(tmp_path / "run")

@@ -10,9 +10,11 @@ import pytest
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import advice, get_recipe, report
-from vitlab.train.advice import advice_line
-from vitlab.train.report import WallEstimate
+from vitlab.train import get_recipe
+from vitlab.train.engine import messages as report
+from vitlab.train.engine.messages import WallEstimate
+from vitlab.train.persist import advice
+from vitlab.train.persist.advice import advice_line
 
 
 def _rows(top1, train=1.0, ev=1.0):

@@ -13,9 +13,9 @@ import vitlab
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train import get_recipe
-from vitlab.train.auto import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe
-from vitlab.train.optim import build_optimizer, layer_id
-from vitlab.train.schedule import lr_factor
+from vitlab.train.engine.optim import build_optimizer, layer_id
+from vitlab.train.engine.schedule import lr_factor
+from vitlab.train.spec.fitting import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe
 
 # n_train, epochs -> batch, steps, level, model
 RULES = [
@@ -116,7 +116,7 @@ def _train(args, tmp_path, capsys):
 
 
 def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_path, capsys, monkeypatch):
-    from vitlab.train import auto
+    from vitlab.train.spec import fitting as auto
 
     data = tiny_folder(tmp_path / "data", per_class=16, size=16)
     out = tmp_path / "run"
@@ -145,8 +145,8 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
 
 
 def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
-    from vitlab.commands.train import config_from_args
     from vitlab.train import fit  # noqa: F401  (the CLI's own path)
+    from vitlab.train.spec.parser import config_from_args
 
     parser = _parser()
     cfg = config_from_args(parser.parse_args(["train", "--data", "some/folder"]))
@@ -173,12 +173,13 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
     """A probe far too optimistic plans 100k steps, a warmup of 10k; the run's own pace (faked, so that the
     test does not depend on the machine's load) re-plans to 120. The warmup is re-fitted with the cosine:
     the LR peaks early and decays over the run's end."""
-    from vitlab.train import budget, trainer
+    from vitlab import train as trainer
+    from vitlab.train.engine import budget
 
-    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.05))
 
     def measured(self, *, steps_this_run, **_):  # the run's own pace, without a real clock: 120 steps fit
-        return (120, 0.05) if self.due and steps_this_run == budget._REPLAN_AT else None
+        return (120, 0.05) if self.due and steps_this_run == budget.REPLAN_AT else None
 
     monkeypatch.setattr(budget.Replanner, "after_step", measured)
     lrs = step_lrs
@@ -203,7 +204,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
 
 
 def test_warmup_fraction_follows_the_re_planned_length():
-    from vitlab.train.budget import warmup_for
+    from vitlab.train.engine.schedule import warmup_for
 
     r = get_recipe("auto", warmup_fraction=0.1)
     assert warmup_for(r, total_steps=514, steps_per_epoch=50) == (51, 51)

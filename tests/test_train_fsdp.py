@@ -136,11 +136,11 @@ def test_saved_by_two_processes_resumed_by_one(runs):
         get_optimizer_state_dict,
     )
 
-    from vitlab.train.build import build_optimization
-    from vitlab.train.config import TrainConfig
-    from vitlab.train.dcp import read_sharded
-    from vitlab.train.distributed import setup, teardown
-    from vitlab.train.fsdp import shard
+    from vitlab.distributed import setup, teardown
+    from vitlab.train.engine.optim import build_optimization
+    from vitlab.train.engine.parallel import shard
+    from vitlab.train.persist.dcp import read_sharded
+    from vitlab.train.spec.config import TrainConfig
 
     saved_dir = root / "two_to_one_saved"
     state = torch.load(saved_dir / "last.pt", weights_only=True)

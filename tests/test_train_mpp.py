@@ -16,9 +16,12 @@ from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer
 from vitlab.models.mpp import MaskedPatchPrediction
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.mpp import evaluate_mpp, fit_mpp_recipe, step_bytes, unwrap, wrap
-from vitlab.train.optim import param_groups
-from vitlab.train.state import load_state
+from vitlab.train.engine.optim import param_groups
+from vitlab.train.objectives import MPP, Classify
+from vitlab.train.objectives.mpp import evaluate_mpp, step_bytes
+from vitlab.train.persist.state import load_state
+from vitlab.train.spec.fitting import fit_mpp_recipe
+from vitlab.train.spec.rules import validate
 
 TINY_ARCH = {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "mlp_ratio": 2}
 TINY_FLAGS = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--workers", "0"]
@@ -61,9 +64,9 @@ def test_no_weight_decay_covers_the_wrapper_and_the_vit() -> None:
     ids = {id(p) for p in no_decay["params"]}
     assert id(net.mask_token) in ids and id(vit.pos_embed) in ids and id(vit.cls_token) in ids
     assert id(net.mpp_head.weight) in {id(p) for p in decay["params"]}
-    assert wrap(vit, "classify") is vit and unwrap(wrap(vit, "mpp")) is vit
+    assert Classify.wrap(vit) is vit and MPP.exported(MPP.wrap(vit)) is vit
     with pytest.raises(ConfigError, match="objective"):
-        wrap(vit, "jigsaw")
+        validate(TrainConfig(objective="jigsaw"))
 
 
 def test_evaluate_mpp_is_repeatable_and_leaves_the_global_rng_alone() -> None:

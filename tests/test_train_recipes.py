@@ -12,9 +12,15 @@ import torch
 from vitlab import create_model
 from vitlab.errors import ConfigError
 from vitlab.train import RECIPES, Recipe, get_recipe
-from vitlab.train.optim import build_optimizer, param_groups
-from vitlab.train.schedule import build_scheduler, lr_factor
-from vitlab.train.state import atomic_torch_save, get_rng_state, load_state, set_rng_state
+from vitlab.train.engine.optim import build_optimizer, param_groups
+from vitlab.train.engine.schedule import LRFactor, lr_factor
+from vitlab.train.persist.state import atomic_torch_save, get_rng_state, load_state, set_rng_state
+
+
+def build_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule: str = "cosine"):
+    """The run's LR schedule: a LambdaLR whose lambda is the step schedule's LR factor (engine.optim)."""
+    factor = LRFactor(total_steps=total_steps, warmup_steps=warmup_steps, schedule=schedule, min_ratio=0.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def test_presets_follow_their_sources():
@@ -138,10 +144,15 @@ def test_checkpoint_is_weights_only_and_atomic(tmp_path, monkeypatch):
 
 def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical():
     """With --compile the budget planner times the real (compiled) model; its zero-LR steps must not move a weight."""
+    from types import SimpleNamespace
+
     import numpy as np
 
     from vitlab.data import ArrayDataset
-    from vitlab.train.trainer import TrainConfig, _plan_budget
+    from vitlab.train import TrainConfig
+    from vitlab.train.engine.budget import measure_budget
+    from vitlab.train.engine.schedule import StepSchedule
+    from vitlab.train.objectives import Classify
 
     torch.manual_seed(0)
     model = create_model("vit_ti16", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=3)
@@ -162,9 +173,16 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
 
     import time
 
-    steps, epochs, _ = _plan_budget(
-        cfg, model, Compiled(model), ds, ds, 4, 2, torch.device("cpu"), None, time.perf_counter(), None, print, 0
-    )
+    loaders = SimpleNamespace(  # the loaders' interface the probe reads (engine.loaders.RunLoaders)
+        micro=4, steps_per_epoch=2, workers=0, eval_batch=256, num_classes=3, eval_size=len(ds),
+        train_items=lambda n: [ds[i % len(ds)] for i in range(n)],
+        eval_items=lambda start, stop: [ds[i][0] for i in range(start, stop)],
+    )  # fmt: skip
+    steps, epochs, _ = measure_budget(
+        cfg, net=model, run_net=Compiled(model), loaders=loaders, objective=Classify(num_classes=3),
+        schedule=StepSchedule(cfg.recipe), device=torch.device("cpu"), amp_dtype=None, t_start=time.perf_counter(),
+        log=print,
+    )  # fmt: skip
     assert steps >= 1 and epochs >= 1
     assert calls == [4] * 7, "the training probe must run through the compiled model, evaluation must not"
     for k, v in model.state_dict().items():
@@ -173,7 +191,7 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
 
 
 def test_custom_architectures_are_named_after_what_they_are():
-    from vitlab.train.trainer import TrainConfig, build_model
+    from vitlab.train import TrainConfig, build_model
 
     def name(**kw):
         cfg = TrainConfig(recipe=get_recipe("small-data"), **kw)
@@ -192,10 +210,11 @@ def test_custom_architectures_are_named_after_what_they_are():
 def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
     """A planning probe that is far too optimistic (here: faked) must not make the run overrun its
     budget: the run re-times its own steps early, shortens the schedule, and the cosine still ends at 0."""
-    from vitlab.train import trainer
-    from vitlab.train.report import read_metrics
+    from vitlab import train as trainer
+    from vitlab.train.engine.budget import REPLAN_AT
+    from vitlab.train.persist.outputs import read_metrics
 
-    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.05))
     budget = 6.0
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=10),
@@ -206,7 +225,7 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
         progress=False,
     )
     s = trainer.fit(cfg)
-    assert trainer._REPLAN_AT < s["steps"] < 100_000
+    assert REPLAN_AT < s["steps"] < 100_000
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert (
         rows[-1]["step"] == s["steps"] and rows[-1]["lr"] < 0.02 * rows[0]["lr"]
@@ -215,7 +234,7 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
 
 
 def test_steps_in_budget_counts_the_evaluations_still_to_come():
-    from vitlab.train.trainer import _steps_in_budget
+    from vitlab.train.engine.budget import steps_in_budget as _steps_in_budget
 
     assert _steps_in_budget(100.0, 1.0, 0.0, 10) == 95  # 95 steps + 10 evaluations of 0.5 s (saving) = 100 s
     assert _steps_in_budget(100.0, 1.0, 9.5, 10) == 50  # 5 epochs of 10 steps + 5 evaluations of 10 s
@@ -228,8 +247,8 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
     still to go are cut to what the last epoch's pace and end-of-epoch work leave room for, so the run ends on
     time; a drift inside the tolerance or a faster pace leaves the plan alone, and nothing moves before the
     early re-plan."""
-    from vitlab.train import budget
-    from vitlab.train.distributed import Dist
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
 
     clock = [1000.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
@@ -242,7 +261,7 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
     clock[0] = 910.0  # 10 s spent, 90 s left: 900 more steps at 0.11 s do not fit, fewer do
     r.last_pace = None  # (the previous reading, 0.1 s, would hold the cut back: see the next test)
     new = r.after_epoch(step=100, planned=1000, per_step=0.11, overhead_s=1.5, **kw)
-    assert new == 100 + budget._steps_in_budget(90.0, 0.11, 1.0, 100, 100) and 700 < new < 900
+    assert new == 100 + budget.steps_in_budget(90.0, 0.11, 1.0, 100, 100) and 700 < new < 900
     evals = math.ceil(new / 100) - 1
     assert (new - 100) * 0.11 + evals * 1.5 <= 90 < (new - 99) * 0.11 + evals * 1.5  # as many as fit, no more
     assert r.after_epoch(step=100, planned=new + 10, per_step=0.11, overhead_s=1.5, **kw) is None  # within 3 %
@@ -253,8 +272,8 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
 def test_one_slow_epoch_does_not_cut_the_run_two_do(monkeypatch):
     """A cut cannot be undone, so it waits for a second slow reading: a load that slows one epoch and goes away
     leaves the plan alone; a pace that stays slow is cut at the next epoch's end."""
-    from vitlab.train import budget
-    from vitlab.train.distributed import Dist
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
 
     clock = [910.0]  # 10 s of 105 spent
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
@@ -268,16 +287,17 @@ def test_one_slow_epoch_does_not_cut_the_run_two_do(monkeypatch):
     assert r.after_epoch(step=300, planned=900, per_step=0.12, **kw) is None  # slow again, once
     clock[0] = 943.0
     new = r.after_epoch(step=400, planned=900, per_step=0.12, **kw)  # twice in a row: cut at that pace
-    assert new == 400 + budget._steps_in_budget(105.0 - 43.0 - 5.0, 0.12, 1.0, 100, 400) < 900
+    assert new == 400 + budget.steps_in_budget(105.0 - 43.0 - 5.0, 0.12, 1.0, 100, 400) < 900
 
 
 def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end(tmp_path, monkeypatch, step_lrs):
     """A time-budgeted run planned at 300 steps (warmup 10 %: 30) is cut to 200 at its first epoch's end
     (faked, after its warmup): the warmup stays at 30 steps, the LR decays from where it was, without a jump
     up, and the cosine ends at the new end."""
-    from vitlab.train import budget, trainer
+    from vitlab.train import fit
+    from vitlab.train.engine import budget, trainer
 
-    monkeypatch.setattr("vitlab.train.setup._plan_budget", lambda *a, **k: (300, 7, 0.05))
+    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (300, 7, 0.05))
     monkeypatch.setattr(budget.Replanner, "after_step", lambda self, **_: None)
     calls = []
 
@@ -291,7 +311,7 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
     checkpoint = trainer.Trainer._checkpoint
 
     def record_plan(self, *, micro_done):
-        saved.append((self.progress.step, self.plan["total_steps"]))
+        saved.append((self.position.step, self.plan.total_steps))
         return checkpoint(self, micro_done=micro_done)
 
     monkeypatch.setattr(trainer.Trainer, "_checkpoint", record_plan)
@@ -303,7 +323,7 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
         workers=0,
         progress=False,
     )
-    s = trainer.fit(cfg)
+    s = fit(cfg)
     first_epoch, planned = calls[0]
     assert planned == 300 and 30 < first_epoch < 200
     assert [t for st, t in saved if st == first_epoch][-1] == 200  # a resume after the cut keeps the cut plan

@@ -9,7 +9,7 @@ import torch
 
 from imagefolder import tiny_folder
 from vitlab.train import TrainConfig, fit, get_recipe
-from vitlab.train.state import load_state
+from vitlab.train.persist.state import load_state
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,19 @@ class VitlabError(Exception):
 
 
 class ConfigError(VitlabError, ValueError):
-    """An invalid option; the message names it."""
+    """An invalid option; the message names it. Made by :meth:`at`, it also says which option and what is wrong
+    apart (``option``, ``problem``), so that a caller can name the option in its own terms (a command-line
+    flag, a config file's key) without taking the message apart."""
+
+    option: str | None = None
+    problem: str | None = None
+
+    @classmethod
+    def at(cls, option: str, problem: str) -> ConfigError:
+        """``"{option}: {problem}"``, with ``option`` and ``problem`` kept."""
+        e = cls(f"{option}: {problem}")
+        e.option, e.problem = option, problem
+        return e
 
 
 class InputError(VitlabError, ValueError):

@@ -35,7 +35,16 @@ from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .native import is_native, load_folder, save
 
-__all__ = ["MAX_PARAMS", "MAX_PARAMS_ENV", "Checkpoint", "load", "load_state", "read_checkpoint", "save"]
+__all__ = [
+    "MAX_PARAMS",
+    "MAX_PARAMS_ENV",
+    "Checkpoint",
+    "checkpoint_config",
+    "load",
+    "load_state",
+    "read_checkpoint",
+    "save",
+]
 
 MAX_PARAMS = 4_000_000_000
 """Largest model :func:`load` builds (16 GB of float32; ViT-H/14 has 632M, ViT-G/14 1.8B)."""
@@ -166,6 +175,12 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
         raise CheckpointError(f"{ckpt.blame(option)}{str(e)[len(option) :]}") from None
 
 
+def checkpoint_config(ckpt: Checkpoint, **overrides: Any) -> ViTConfig:
+    """The configuration :func:`load` gives the model of the read checkpoint ``ckpt`` with ``overrides``: nothing
+    is allocated (a training run estimates its memory from it before building the model)."""
+    return _config_for(ckpt, overrides)
+
+
 def _max_params(max_params: int | None) -> int:
     if max_params is not None:
         return int(max_params)
@@ -290,7 +305,7 @@ def _fit(
 
 
 def load(
-    source: str | os.PathLike[str] | Mapping[str, torch.Tensor],
+    source: str | os.PathLike[str] | Mapping[str, torch.Tensor] | Checkpoint,
     *,
     strict: bool = True,
     max_params: int | None = None,
@@ -302,7 +317,8 @@ def load(
     ``source`` is a vitlab folder, a run folder (``vitlab train --out``: its ``model/``), a Hugging
     Face ``save_pretrained`` folder, a timm state dict file (``.pth``/``.bin``/``.safetensors``), a
     Google ``.npz`` (vit_jax or big_vision), a public name such as ``"augreg_in21k_ft_in1k/vit_b16"`` (see
-    :mod:`vitlab.checkpoints.hub`), or an in-memory state dict.
+    :mod:`vitlab.checkpoints.hub`), an in-memory state dict, or a :class:`Checkpoint` already read
+    (:func:`read_checkpoint`: a file read once serves :func:`checkpoint_config` and the model).
 
     ``overrides`` change the configuration (``img_size=384``, ``act="gelu"``,
     ``num_heads=6`` ...). Another ``patch_size`` resizes the patch projection as FlexiViT does
@@ -320,7 +336,7 @@ def load(
     those of the model built on the ``meta`` device. ``max_unpacked_bytes`` bounds what
     compressed archives may unpack to (:func:`.files.unpacked_limit`; ``$VITLAB_MAX_UNPACKED_BYTES``).
     """
-    ckpt = read_checkpoint(source, max_unpacked_bytes=max_unpacked_bytes)
+    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, max_unpacked_bytes=max_unpacked_bytes)
     cfg = _config_for(ckpt, overrides)
     _check_before_building(ckpt, cfg, overrides, max_params=_max_params(max_params))
     state = dict(ckpt.state)
@@ -337,7 +353,9 @@ def load(
     if drop_pre_logits or cfg.num_classes != old_classes:
         fresh = ("head.", "head_dist.")  # (DeiT's distillation head is a classifier too)
         state = {k: v for k, v in state.items() if not k.startswith(fresh)}
-    src = str(source) if not isinstance(source, Mapping) else "state dict"
+    src = (
+        "state dict" if isinstance(source, Mapping) else "checkpoint" if isinstance(source, Checkpoint) else str(source)
+    )
     if strict:  # every shape checked on a model that holds no memory, before the real one is built
         with torch.device("meta"):
             problems = _fit(VisionTransformer(cfg), state, fresh)[1]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..train.spec.options import MEMORY_BUDGET_HELP
 from ._common import add_device_arg, add_model_arg, add_serving_args
-from .train_args import MEMORY_BUDGET_HELP
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:

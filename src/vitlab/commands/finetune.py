@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .train import run as run_train
-from .train_args import add_train_args
+from ..train.spec.parser import add_options
+from .train import run
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -27,14 +27,5 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument(
-        "--init",
-        required=True,
-        help="the model to start from: a model folder, a run folder, a checkpoint file or a public name",
-    )
-    add_train_args(p, default_recipe="finetune")
+    add_options(p, command="finetune")
     p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_train(args, init=args.init)

@@ -1,7 +1,7 @@
 """Every failure of a DataLoader ends the run: a worker's error becomes one line, and no worker outlives it.
 
 The training DataLoaders' workers ignore SIGINT, SIGTERM and SIGHUP
-(:func:`vitlab.train.loop.ignore_stop_signals`: a stop signal sent to the whole process group must not kill
+(:func:`vitlab.train.engine.signals.ignore_stop_signals`: a stop signal sent to the whole process group must not kill
 them while the training process finishes its step and saves). Two consequences are handled here:
 
 - PyTorch re-raises a worker's exception in the training process with the worker's whole traceback as its

@@ -39,7 +39,7 @@ HEADER_SAMPLE = 1024
 @dataclass(frozen=True, kw_only=True)
 class FolderPlan:
     """How a folder's images are stored in the decode cache for a run, decided from the files' headers before
-    anything is decoded (:func:`vitlab.train.image_size.folder_plan` makes it).
+    anything is decoded (:func:`vitlab.train.engine.data.folder_plan` makes it).
 
     ``size``: the resolution the model trains at, ``(height, width)`` (``None``: the ``--init`` model's own).
     ``store_side``: training images keep their aspect ratio and whole extent, their shorter side shrunk to at

@@ -54,10 +54,10 @@ def _is_int(v: Any) -> bool:
 def _int(option: str, v: Any, *, low: int = 1) -> int:
     """``v`` as an int in ``[low, 2**31)``, or a :class:`ConfigError` naming ``option``."""
     if not _is_int(v):
-        raise ConfigError(f"{option}: expected an integer, got {_describe(v)}")
+        raise ConfigError.at(option, f"expected an integer, got {_describe(v)}")
     if not low <= int(v) < _MAX_INT:
         shown = int(v) if abs(int(v)).bit_length() <= 64 else f"a {abs(int(v)).bit_length()}-bit number"
-        raise ConfigError(f"{option}: {shown} is out of range [{low}, {_MAX_INT})")
+        raise ConfigError.at(option, f"{shown} is out of range [{low}, {_MAX_INT})")
     return int(v)
 
 
@@ -69,19 +69,19 @@ def _describe(v: Any) -> str:
 def _ints(option: str, v: Any, *, length: int | None = None, low: int = 1) -> tuple[int, ...]:
     if not isinstance(v, (list, tuple)) or (length is not None and len(v) != length):
         shape = f"a list of {length} integers" if length else "a list of integers"
-        raise ConfigError(f"{option}: expected {shape}, got {_describe(v)}")
+        raise ConfigError.at(option, f"expected {shape}, got {_describe(v)}")
     return tuple(_int(f"{option}[{i}]", x, low=low) for i, x in enumerate(v))
 
 
 def _floats(option: str, v: Any, length: int) -> tuple[float, ...]:
     if not isinstance(v, (list, tuple)) or len(v) != length:
-        raise ConfigError(f"{option}: expected a list of {length} numbers, got {_describe(v)}")
+        raise ConfigError.at(option, f"expected a list of {length} numbers, got {_describe(v)}")
     return tuple(_float(f"{option}[{i}]", x) for i, x in enumerate(v))
 
 
 def _float(option: str, v: Any) -> float:
     if not isinstance(v, numbers.Real) or isinstance(v, bool) or not math.isfinite(float(v)):
-        raise ConfigError(f"{option}: expected a finite number, got {_describe(v)}")
+        raise ConfigError.at(option, f"expected a finite number, got {_describe(v)}")
     return float(v)
 
 
@@ -90,7 +90,7 @@ def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
     width ``embed_dim``, 4 in the paper), rounded to the nearest integer. The one place a ratio
     becomes a :attr:`ViTConfig.mlp_dim`, which is what the config stores."""
     if not mlp_ratio > 0:
-        raise ConfigError(f"mlp_ratio: must be positive, got {mlp_ratio}")
+        raise ConfigError.at("mlp_ratio", f"must be positive, got {mlp_ratio}")
     return round(embed_dim * mlp_ratio)
 
 
@@ -98,7 +98,7 @@ def _pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if _is_int(x):
         return (_int("img_size", x, low=0),) * 2
     if not isinstance(x, (list, tuple)) or len(x) != 2:
-        raise ConfigError(f"img_size: expected an int or a (height, width) pair, got {_describe(x)}")
+        raise ConfigError.at("img_size", f"expected an int or a (height, width) pair, got {_describe(x)}")
     return _ints("img_size", x, length=2, low=0)  # type: ignore[return-value]  # positive: validate()
 
 
@@ -116,9 +116,9 @@ def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
         elif opt in _INTS:
             out[opt] = _int(opt, v, low=0)
         elif opt in _BOOLS and not isinstance(v, bool):
-            raise ConfigError(f"{opt}: expected true or false, got {_describe(v)}")
+            raise ConfigError.at(opt, f"expected true or false, got {_describe(v)}")
         elif opt in _STRS and not isinstance(v, str):
-            raise ConfigError(f"{opt}: expected a string, got {_describe(v)}")
+            raise ConfigError.at(opt, f"expected a string, got {_describe(v)}")
         elif opt in _FLOATS or (opt == "init_values" and v is not None):
             out[opt] = _float(opt, v)
         elif opt == "representation_size" and v is not None:
@@ -129,10 +129,10 @@ def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
             out[opt] = _floats(opt, v, 3)
         elif opt == "class_names" and v is not None:
             if not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
-                raise ConfigError(f"class_names: expected a list of strings, got {_describe(v)}")
+                raise ConfigError.at("class_names", f"expected a list of strings, got {_describe(v)}")
             out[opt] = list(v)
         elif opt == "extra" and not isinstance(v, dict):
-            raise ConfigError(f"extra: expected an object, got {_describe(v)}")
+            raise ConfigError.at("extra", f"expected an object, got {_describe(v)}")
     return out
 
 
@@ -316,7 +316,7 @@ class ViTConfig:
         """Raise ``ValueError`` naming the offending option."""
 
         def bad(option: str, msg: str) -> None:
-            raise ConfigError(f"{option}: {msg}")
+            raise ConfigError.at(option, msg)
 
         for opt, val, allowed in (
             ("pool", self.pool, _POOLS),
@@ -407,7 +407,7 @@ class ViTConfig:
         kwargs = {k: v for k, v in d.items() if k in known}
         extra = kwargs.pop("extra", None) or {}
         if not isinstance(extra, dict):
-            raise ConfigError(f"extra: expected an object, got {_describe(extra)}")
+            raise ConfigError.at("extra", f"expected an object, got {_describe(extra)}")
         extra = dict(extra)
         extra.update({k: v for k, v in d.items() if k not in known})
         return cls(**kwargs, extra=extra)

@@ -1,4 +1,4 @@
-"""Named model variants: the paper's Table 1 and the sizes that followed it.
+"""Building the named models: each registered name (:mod:`vitlab.models.variants`) has a builder.
 
 ``create_model("vit_b16")`` and ``create_model("B/16")`` are the same model.
 Other families (hybrid, axial) register their own builders with :func:`register`.
@@ -6,20 +6,31 @@ Other families (hybrid, axial) register their own builders with :func:`register`
 
 from __future__ import annotations
 
-import difflib
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from ..errors import ConfigError, UnknownModelError
-from .config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, mlp_dim_for
+from .config import mlp_dim_for
 from .timm_api import pool_name
+from .variants import (
+    _PATCHES,
+    CCTS,
+    HYBRIDS,
+    TIMM_ALIASES,
+    VARIANTS,
+    Variant,
+    add_name,
+    close_names,
+    list_models,
+    model_config,
+    resolve_name,
+)
 from .vit import VisionTransformer
 
 __all__ = [
+    "HYBRIDS",
     "TIMM_ALIASES",
     "VARIANTS",
     "Variant",
@@ -28,37 +39,8 @@ __all__ = [
     "model_config",
     "register",
     "resolve_name",
+    "timm_kwargs",
 ]
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One row of Table 1 (plus the later Ti, S and g sizes)."""
-
-    width: int
-    depth: int
-    mlp_dim: int
-    heads: int
-
-
-VARIANTS: dict[str, Variant] = {
-    "ti": Variant(192, 12, 768, 3),
-    "s": Variant(384, 12, 1536, 6),
-    "b": Variant(768, 12, 3072, 12),
-    "l": Variant(1024, 24, 4096, 16),
-    "h": Variant(1280, 32, 5120, 16),
-    "g": Variant(1408, 40, 6144, 16),
-}
-
-# Width x patch combinations for which weights or published results exist.
-_PATCHES: dict[str, tuple[int, ...]] = {
-    "ti": (8, 16, 32),
-    "s": (8, 14, 16, 32),
-    "b": (8, 14, 16, 32),
-    "l": (14, 16, 32),
-    "h": (14, 16),
-    "g": (14,),
-}
 
 Builder = Callable[..., nn.Module]
 _BUILDERS: dict[str, Builder] = {}
@@ -67,47 +49,7 @@ _BUILDERS: dict[str, Builder] = {}
 def register(name: str, builder: Builder) -> None:
     """Make ``create_model(name, ...)`` call ``builder(num_classes=..., img_size=..., **overrides)``."""
     _BUILDERS[name] = builder
-
-
-# Hybrids (Sec. 3.1): name -> (transformer variant, ResNet stages, patch size on the feature map).
-# "R+Ti/16" is the ResNet stem (stride 4) with 8x8 patches; the others use 1x1 patches of the ResNet's output.
-HYBRIDS: dict[str, tuple[str, tuple[int, ...], int]] = {
-    "vit_r_ti16": ("vit_ti16", (), 8),
-    "vit_r26_s32": ("vit_s32", (2, 2, 2, 2), 1),
-    "vit_r50_b16": ("vit_b16", (3, 4, 9), 1),
-    "vit_r50_l32": ("vit_l32", (3, 4, 6, 3), 1),
-}
-
-
-# Compact Convolutional Transformers (Hassani et al. 2021, Table 1's CIFAR models): CCT-L/KxN is L blocks behind
-# N convolutional tokenizer layers of kernel K (3 here; stem="conv"), sequence pooling, no class token, learned
-# position embeddings, and no bias on the queries, keys and values (as CCT). Dropout and stochastic depth are the
-# training recipe's.
-_CCT = dict(stem="conv", patch_size=1, class_token=False, pool="seq", qkv_bias=False, posemb="learn")
-CCTS: dict[str, dict[str, Any]] = {
-    f"vit_cct{depth}_3x{n}": dict(_CCT, depth=depth, embed_dim=256, num_heads=4, mlp_dim=512, stem_layers=n)
-    for depth in (6, 7)
-    for n in (1, 2)
-}
-
-
-def model_config(name: str, /, **overrides: Any) -> ViTConfig:
-    """The :class:`ViTConfig` of a registered ViT, hybrid or CCT name such as ``vit_b16``, ``B/16``, ``vit_r50_b16``
-    or ``vit_cct7_3x1``."""
-    canon = resolve_name(name)
-    if canon in CCTS:
-        return ViTConfig(**{"name": canon, **CCTS[canon], **overrides})
-    if canon in HYBRIDS:
-        base, layers, patch = HYBRIDS[canon]
-        return model_config(base, **{"name": canon, "hybrid_layers": layers, "patch_size": patch, **overrides})
-    m = re.fullmatch(r"vit_([a-z]+)(\d+)", canon)
-    if not m or m.group(1) not in VARIANTS:
-        raise UnknownModelError(f"{name!r} is not a plain ViT name")
-    v = VARIANTS[m.group(1)]
-    base = dict(
-        name=canon, patch_size=int(m.group(2)), embed_dim=v.width, depth=v.depth, mlp_dim=v.mlp_dim, num_heads=v.heads
-    )
-    return ViTConfig(**{**base, **overrides})
+    add_name(name)
 
 
 def _vit_builder(name: str) -> Builder:
@@ -129,93 +71,6 @@ for _p in (16, 32):  # Axial-ViT (Appendix D.6)
             model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw})
         ),
     )
-
-
-def list_models() -> list[str]:
-    """All registered names."""
-    return sorted(_BUILDERS, key=lambda n: (_order(n), n))
-
-
-def _order(name: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(?:[a-z0-9]+_)*?([a-z]+)(\d+)", name.split("_", 1)[-1])
-    keys = list(VARIANTS)
-    if name.startswith("axial_"):
-        return len(keys) + 2, int(name[len("axial_vit_b") :])
-    if name in HYBRIDS:
-        return len(keys) + 1, keys.index(HYBRIDS[name][0].split("_")[1].rstrip("0123456789"))
-    if name in CCTS:
-        return len(keys) + 1, len(keys)
-    if m and m.group(1) in keys:
-        return keys.index(m.group(1)), int(m.group(2))
-    return len(keys), 0
-
-
-def resolve_name(name: str) -> str:
-    """Canonical name: ``"B/16"``, ``"ViT-B/16"`` and ``"vit_b16"`` all give ``"vit_b16"``; timm's
-    names give ours (``"vit_base_patch16_224"`` -> ``"vit_b16"``, see :data:`TIMM_ALIASES`)."""
-    n = name.strip()
-    m = re.fullmatch(r"(?i)(?:vit[-_])?(ti|s|b|l|h|g)/(\d+)", n)
-    if m:
-        return f"vit_{m.group(1).lower()}{m.group(2)}"
-    alias = TIMM_ALIASES.get(n.lower().split(".", 1)[0])
-    return alias[0] if alias else n.lower()
-
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-_TIMM_SIZES = {"tiny": "ti", "small": "s", "base": "b", "large": "l", "huge": "h", "giant": "g"}
-
-
-def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
-    """timm's architecture names -> (our name, the config fields the timm name implies). DeiT
-    (Touvron et al. 2021) is the same architecture trained with ImageNet's normalisation. ``crop_pct``
-    is that of the name's default weights in timm (0.9 at 224 px, 1.0 above, with exceptions noted)."""
-    table: dict[str, tuple[str, dict[str, Any]]] = {}
-    for size, ours in _TIMM_SIZES.items():
-        for patch in _PATCHES[ours]:
-            for res in (224, 384):
-                crop = {"crop_pct": 0.9 if res == 224 else 1.0}
-                table[f"vit_{size}_patch{patch}_{res}"] = (f"vit_{ours}{patch}", {"img_size": res, **crop})
-    for size in ("tiny", "small", "base"):
-        for res in (224, 384) if size == "base" else (224,):
-            fields = {
-                "img_size": res,
-                "mean": IMAGENET_MEAN,
-                "std": IMAGENET_STD,
-                "crop_pct": 0.9 if res == 224 else 1.0,
-            }
-            table[f"deit_{size}_patch16_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
-            table[f"deit_{size}_distilled_patch16_{res}"] = (
-                f"vit_{_TIMM_SIZES[size]}16",
-                {**fields, "dist_token": True},
-            )
-    # DINOv2 (Oquab et al. 2023): layer scale; "_reg4" adds 4 registers (Darcet et al. 2024)
-    for size in ("small", "base", "large"):
-        fields = {"img_size": 518, "init_values": 1e-5, "num_classes": 0, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
-        fields["crop_pct"] = 1.0
-        table[f"vit_{size}_patch14_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", fields)
-        table[f"vit_{size}_patch14_reg4_dinov2"] = (f"vit_{_TIMM_SIZES[size]}14", {**fields, "reg_tokens": 4})
-    # CLIP (Radford et al. 2021) image towers: pre-norm, LayerNorm eps 1e-5; OpenAI's weights use QuickGELU
-    # (OpenAI's "head" is the projection into the joint image-text space, 512 or 768 wide, as timm's defaults)
-    # (timm's default CLIP weights are cropped at 0.9 for B/32, 0.95 for B/16, 1.0 for the QuickGELU B/16 and L, H)
-    for size, patches, proj in (("base", (32, 16), 512), ("large", (14,), 768), ("huge", (14,), 1024)):
-        for patch in patches:
-            crop = {32: 0.9, 16: 0.95}.get(patch, 1.0)
-            fields = {"pre_norm": True, "norm_eps": 1e-5, "mean": CLIP_MEAN, "std": CLIP_STD, "crop_pct": crop}
-            ours = f"vit_{_TIMM_SIZES[size]}{patch}"
-            table[f"vit_{size}_patch{patch}_clip_224"] = (ours, fields)
-            quick = {**fields, "act": "quick_gelu", "num_classes": proj, "crop_pct": 0.9 if patch == 32 else 1.0}
-            table[f"vit_{size}_patch{patch}_clip_quickgelu_224"] = (ours, quick)
-    # SigLIP (Zhai et al. 2023) image towers: no class token, attention pooling
-    for size, resolutions in (("base", (224, 256, 384, 512)), ("large", (256, 384))):
-        for res in resolutions:
-            fields = {"img_size": res, "class_token": False, "pool": "map", "num_classes": 0, "crop_pct": 0.9}
-            table[f"vit_{size}_patch16_siglip_{res}"] = (f"vit_{_TIMM_SIZES[size]}16", fields)
-    return table
-
-
-TIMM_ALIASES: dict[str, tuple[str, dict[str, Any]]] = _timm_aliases()
-"""timm's names that ``create_model`` accepts (with or without a ``.pretrained_tag``)."""
 
 
 def timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -243,8 +98,7 @@ def create_model(
     canon = resolve_name(name)
     builder = _BUILDERS.get(canon)
     if builder is None:
-        names = [*_BUILDERS, *TIMM_ALIASES]
-        close = difflib.get_close_matches(canon.split(".", 1)[0], names, n=3, cutoff=0.5)
+        close = close_names(canon, also=tuple(TIMM_ALIASES))
         hint = f"; did you mean {', '.join(close)}?" if close else "; run `vitlab models` for the list"
         raise UnknownModelError(f"unknown model {name!r}{hint}")
     implied = dict(TIMM_ALIASES.get(name.strip().lower().split(".", 1)[0], ("", {}))[1])

@@ -1,11 +1,48 @@
-"""Training and fine-tuning: recipes, the loop, optimiser groups, schedules, checkpoints
-that resume exactly, and DistributedDataParallel.
+"""Training and fine-tuning, in four rooms (see docs/training.md):
+
+- :mod:`.spec`: WHAT the run is: the option table, the configuration and config files, the recipes, the
+  architecture rule, every validation, the auto recipe (no torch);
+- :mod:`.objectives`: WHAT is learned: classification, masked patch prediction, distillation;
+- :mod:`.engine`: HOW one process runs it: the trainer, the loop, the step schedule, the time budget, DDP/FSDP;
+- :mod:`.persist`: WHAT survives the process: the run's position, ``last.pt``, sharded checkpoints, outputs.
 
     from vitlab.train import TrainConfig, fit, get_recipe
     summary = fit(TrainConfig(recipe=get_recipe("digits", epochs=10), out="runs/digits"))
+
+The names below are imported when first used (PEP 562): ``import vitlab.train.spec`` does not import torch.
 """
 
-from .recipes import RECIPES, Recipe, get_recipe, list_recipes
-from .trainer import TrainConfig, build_model, fit
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine.model import build_model
+    from .engine.run import fit
+    from .spec.config import TrainConfig
+    from .spec.recipes import RECIPES, Recipe, get_recipe, list_recipes
 
 __all__ = ["RECIPES", "Recipe", "TrainConfig", "build_model", "fit", "get_recipe", "list_recipes"]
+
+_WHERE = {
+    "RECIPES": "spec.recipes",
+    "Recipe": "spec.recipes",
+    "get_recipe": "spec.recipes",
+    "list_recipes": "spec.recipes",
+    "TrainConfig": "spec.config",
+    "fit": "engine.run",
+    "build_model": "engine.model",
+}
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,185 @@
+"""A run's data: the splits (rank 0 builds the decode cache first), stored at the size the run trains at
+(:func:`folder_plan`: decided from the files' headers before anything is decoded, see
+:mod:`vitlab.train.spec.image_size`), and their fingerprint, which ``--resume`` checks."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ...data import load_data
+from ...data.cache import cache_key
+from ...data.cache_admin import cache_line
+from ...data.decode import too_thin, typical_side
+from ...data.scan import scan_classes
+from ...data.shard_source import is_shard_spec, open_source
+from ...data.sources import DataError, DataSplits, FolderPlan
+from ...data.stream import open_stream_data
+from ...data.transforms import resize_side
+from ...distributed import Dist, barrier
+from ..spec.config import TrainConfig
+from ..spec.image_size import CROP_MARGIN, INIT_SIDE, PHOTO_CROP_PCT, PHOTO_SIDE, PHOTO_SIZE, photo_size, store_side
+
+__all__ = ["check_data_unchanged", "data_fingerprint", "folder_plan", "load_run_data", "run_data_fingerprint"]
+
+
+def load_run_data(
+    cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True
+) -> DataSplits:
+    """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
+    while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
+    size the run trains at, decided from its headers first (:func:`folder_plan`),
+    and the choice is the first line logged."""
+    if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
+        data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
+        if len(data.train) == 0 or len(data.val) == 0:
+            raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+        return data
+
+    def get_data():
+        return load_data(
+            cfg.data,
+            val_split=cfg.val_split,
+            plan=functools.partial(folder_plan, cfg),
+            cache_dir=cfg.cache_dir,
+            strict=cfg.strict_data,
+            progress=cfg.progress and dist.is_main,
+            max_image_pixels=cfg.max_image_pixels,
+            buffer_bytes=cfg.memory_budget,
+            min_classes=1 if cfg.allow_single_class or not labels else 2,  # an objective without labels: 1
+        )
+
+    if dist.is_main:
+        data = get_data()
+    barrier(dist)
+    if not dist.is_main:
+        data = get_data()
+    if data.plan is not None:
+        log(data.plan.line)
+    if (line := cache_line(data.cache_files)) is not None:
+        log(line)
+    if data.skipped:
+        log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
+        if dist.is_main:
+            (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+    if data.num_classes == 1 and labels:
+        log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
+    if len(data.train) == 0 or len(data.val) == 0:
+        raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+    return data
+
+
+def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
+    """What a folder run trains on, kept in ``last.pt`` so that ``--resume`` can tell whether the data changed:
+    the class names and, per split folder, its number of image files and the decode cache's key of their
+    paths, sizes and modification times (:func:`vitlab.data.cache.cache_key`). The files are listed as
+    :func:`vitlab.data.load_data` lists them (only their metadata is read). None for the built-in
+    datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
+    if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
+        return open_source(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
+    root = Path(cfg.data).expanduser()
+    if not root.is_dir():
+        return None
+    train = root / "train"
+    val = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
+    if train.is_dir() and val is not None and cfg.val_split is None:  # load_data's choice of split folders
+        dirs = {"train": train, val.name: val}
+    else:
+        dirs = {train.name if train.is_dir() else ".": train if train.is_dir() else root}
+    classes: list[str] | None = None
+    splits = {}
+    for name, d in dirs.items():
+        paths, _, found = scan_classes(d, classes)
+        classes = classes or found
+        splits[name] = {"files": len(paths), "key": cache_key(paths, None, "fingerprint")}
+    return {"classes": classes, "splits": splits}
+
+
+def run_data_fingerprint(
+    cfg: TrainConfig, *, state: dict[str, Any] | None, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The data fingerprint a run keeps in ``last.pt`` (:func:`data_fingerprint`, taken before decoding):
+    a new run's, now. A resumed run keeps the one saved when it started, after checking that the data
+    still matches it (:func:`check_data_unchanged`); a checkpoint from before fingerprints resumes as it
+    did, with a note, and keeps today's from then on."""
+    now = data_fingerprint(cfg)
+    if state is None:
+        return now
+    if "data_fingerprint" not in state:
+        log("note: this last.pt predates data fingerprints: the data is not checked against the run's start")
+        return now
+    saved = json.loads(state["data_fingerprint"])
+    check_data_unchanged(saved, now, data=cfg.data)
+    return saved
+
+
+def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | None, *, data: str) -> None:
+    """Refuse to resume on data other than the run started with (``saved`` and ``now`` are fingerprints
+    of :func:`data_fingerprint`): one :class:`~vitlab.data.sources.DataError` that lists what changed.
+    A resumed run on other files would train a different model (or stop early: fewer steps per epoch)
+    or fail to load its weights (a class added)."""
+    if saved is None or now is None:  # a built-in dataset; a --data folder that is gone fails as it loads
+        return
+    changes = [f"class {c!r} added" for c in now["classes"] if c not in saved["classes"]]
+    changes += [f"class {c!r} removed" for c in saved["classes"] if c not in now["classes"]]
+    for name in {**saved["splits"], **now["splits"]}:
+        a, b = saved["splits"].get(name), now["splits"].get(name)
+        if a is None or b is None:
+            changes.append(f"split folder {name!r} {'added' if a is None else 'removed'}")
+        elif b["files"] != a["files"]:
+            n = b["files"] - a["files"]
+            changes.append(f"{abs(n)} file(s) {'added to' if n > 0 else 'removed from'} {name}")
+        elif b["key"] != a["key"]:
+            changes.append(f"files in {name} renamed, replaced or modified ({a['files']} files either way)")
+    if changes:
+        raise DataError(
+            f"--resume: the data changed since the run started ({data}): {', '.join(changes)}; "
+            "start a new run (--out elsewhere or --overwrite)"
+        )
+
+
+def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
+    """How a run stores a folder whose training split's headers give ``counts`` (``(width, height) -> count``; the
+    conventions: :mod:`vitlab.train.spec.image_size`), with the line that says what was chosen and why."""
+    pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
+    typical = typical_side(pictures)
+    w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
+    uniform = len(pictures) == 1
+    photos = typical >= PHOTO_SIDE
+    r = cfg.recipe
+    crop_pct = r.crop_pct if r.crop_pct < 1 else PHOTO_CROP_PCT if photos else 1.0
+    given = cfg.img_size or r.img_size
+    seen = f"images: {w}x{h}" if uniform else f"images: typical {w}x{h} (mixed sizes)"
+    if given:
+        side = given
+        why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
+    elif cfg.init:
+        side, why = None, ""
+    elif photos:
+        side = photo_size(typical)
+        why = "photos: the usual ViT input; --img-size to change" if side == PHOTO_SIZE else "their own size"
+    else:
+        side, why = None, ""
+    if side is not None:
+        size: tuple[int, int] | None = (side, side)
+        keep = store_side(side, crop_pct)
+        to = f"training at {side} px ({why})"
+    elif cfg.init:
+        size, keep = None, math.ceil(INIT_SIDE / CROP_MARGIN) if photos else store_side(typical)
+        to = "training at the --init model's size"
+    else:  # small images: their own size, or the median shorter side of mixed sizes
+        size = (h, w) if uniform else (typical, typical)
+        keep = store_side(typical)
+        to = "training at their own size" if uniform else f"training at {typical} px (the median shorter side)"
+    square = size is not None and size[0] == size[1]
+    eval_side = resize_side(size[0], crop_pct) if square and size and (photos or not uniform) else None
+    stored = f"stored with the shorter side at most {keep} px, aspect ratio kept"
+    if uniform and min(w, h) <= keep:
+        stored = "stored as they are"
+    how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
+    line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
+    return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)

@@ -1,0 +1,132 @@
+"""One training epoch: for each micro-batch, the objective's loss (at the size the step schedule gives), backward;
+every ``accum_steps`` micro-batches one optimizer step (clipped, scaled, averaged into the EMA) and one step of the
+LR schedule, then the trainer's callback. A NaN or Inf loss stops before the update or skips it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...devices import autocast
+from ...errors import NonFiniteLossError
+from ..objectives import Objective
+from ..spec.recipes import Recipe
+from .optim import Optimization
+from .schedule import resize_batch
+
+__all__ = ["EpochResult", "StepParts", "train_epoch"]
+
+
+@dataclass
+class EpochResult:
+    loss_sum: float = 0.0
+    micro_batches: int = 0
+    images: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    stopped: bool = False
+    """True when ``on_step`` asked to stop before the end of the epoch."""
+    skipped: int = 0
+    """Optimizer steps skipped because the loss was NaN or Inf (``on_nan="skip"``)."""
+
+
+@dataclass(kw_only=True)
+class StepParts:
+    """What one optimizer step needs: ``net`` (the module the steps call: DDP, FSDP or compiled around the trained
+    one), the ``objective`` (the loss), ``opt`` (optimizer, LR scheduler, gradient scaler, EMA), the ``recipe``
+    (its accumulation steps and clipping), MixUp/CutMix (``mix``), and what a NaN/Inf loss does (``on_nan``)."""
+
+    net: nn.Module
+    objective: Objective
+    opt: Optimization
+    recipe: Recipe
+    device: torch.device
+    amp_dtype: torch.dtype | None = None
+    mix: Callable | None = None
+    on_nan: str = "stop"
+
+
+def train_epoch(
+    parts: StepParts,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    size: Callable[[], int | None] = lambda: None,
+    on_step: Callable[[EpochResult, float], bool] | None = None,
+    loss_sum: float = 0.0,
+) -> EpochResult:
+    """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps`` micro-batches.
+    ``size()``: the image side of the coming step (a resolution schedule; None: as loaded). ``on_step(result,
+    loss)`` runs after each optimizer step; returning True stops the epoch there. A NaN/Inf loss raises
+    :class:`~vitlab.errors.NonFiniteLossError` before the update (``on_nan="stop"``) or skips that optimizer step
+    and counts it in ``skipped`` (``"skip"``). ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch),
+    which ``result.loss_sum`` goes on from: the same additions in the same order as a run that never stopped, so
+    the epoch's mean loss is the same bit for bit."""
+    p, net, opt, accum = parts, parts.net, parts.opt, parts.recipe.accum_steps
+    net.train()
+    res = EpochResult(loss_sum=loss_sum)
+    bad_step = False
+    t0 = time.perf_counter()
+    running = 0.0
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(p.device, non_blocking=True), y.to(p.device, non_blocking=True)
+        if (side := size()) is not None:
+            x = resize_batch(x, side)
+        if p.mix is not None:
+            x, y = p.mix(x, y)
+        last_micro = (i + 1) % accum == 0
+        sync = contextlib.nullcontext() if last_micro or not hasattr(net, "no_sync") else net.no_sync()
+        with sync:
+            with autocast(p.device, p.amp_dtype):
+                loss = p.objective.loss(net, x, y)
+            (opt.scaler.scale(loss / accum) if opt.scaler else loss / accum).backward()
+        lv = float(loss.detach())
+        if not np.isfinite(lv):
+            if p.on_nan != "skip":  # before the optimizer step: the weights are still the last good ones
+                raise NonFiniteLossError(f"the training loss is {lv} (step {res.steps + 1} of this epoch)")
+            bad_step = True
+        else:
+            res.loss_sum += lv
+            running += lv
+        res.micro_batches += 1
+        res.images += x.shape[0]
+        if not last_micro:
+            continue
+        if bad_step:  # skip the update, keep the schedule and the step count (as GradScaler does with fp16 overflows)
+            if opt.scaler is None:
+                opt.optimizer.zero_grad(set_to_none=True)  # params without gradients are not updated
+            res.skipped += 1
+            bad_step = False
+        _update(parts)
+        res.steps += 1
+        res.seconds = time.perf_counter() - t0
+        if on_step is not None and on_step(res, running / accum):
+            res.stopped = True
+            break
+        running = 0.0
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _update(parts: StepParts) -> None:
+    """The optimizer step from the accumulated gradients: unscaled, clipped, stepped; the LR schedule's step and
+    the EMA's update."""
+    opt = parts.opt
+    if opt.scaler:
+        opt.scaler.unscale_(opt.optimizer)
+    if parts.recipe.clip_grad:
+        nn.utils.clip_grad_norm_(parts.net.parameters(), parts.recipe.clip_grad)
+    if opt.scaler:
+        opt.scaler.step(opt.optimizer)
+        opt.scaler.update()
+    else:
+        opt.optimizer.step()
+    opt.optimizer.zero_grad(set_to_none=True)
+    opt.scheduler.step()
+    if opt.ema is not None:
+        opt.ema.update_parameters(parts.net)

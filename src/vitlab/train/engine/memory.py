@@ -1,0 +1,406 @@
+"""Memory before the run: estimate a training step's peak from the configuration, compare it with the memory this
+process may use, and split the batch into accumulation steps, or refuse in one line, before anything big is
+allocated (the model, the optimizer, the loaders).
+
+The estimate is :mod:`vitlab.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
+
+* **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.capacity.state_bytes`,
+  sharded with ``--fsdp``), an EMA copy of the weights, the ``--time-budget`` probe's copy of the model, and
+  autocast's low-precision copy of the weights on a GPU;
+* **activations** of one micro-batch (:func:`~vitlab.capacity.activation_bytes`: token dropping, prefix
+  tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused), plus one block's
+  temporaries in the backward pass. On a CPU the fused training blocks (:mod:`vitlab.accel.fused_block`) keep
+  every block's activations in buffers, with ``--grad-checkpointing`` too (its recomputed forward writes them
+  again), so checkpointing saves nothing there; the plain path's fresh tensors fragment glibc's heap
+  (:data:`HEAP_SLACK`);
+* **the objective**: the class head's logits and their gradient; masked patch prediction's colour head on every
+  corrupted patch (:func:`vitlab.train.objectives.mpp.step_bytes`); a distillation teacher's forward pass;
+* **evaluation**: a forward pass of the whole evaluation batch, while the fused CPU blocks keep their training
+  buffers (:mod:`vitlab.accel.buffers`). A classifier's CPU inference runs in chunks and needs less: the
+  over-count only ever lowers the evaluation batch, never the training batch, which is fitted with an
+  evaluation batch of one;
+* **data**: the DataLoader workers' prefetched batches and their processes, and the decode budget
+  (``--memory-budget``).
+
+What is available is the smaller of ``MemAvailable`` (``/proc/meminfo``) and what the cgroup's limit leaves
+(v2 ``memory.max``, v1 ``memory.limit_in_bytes``, less the usage that is not reclaimable file cache), shared by
+the processes of a node on a CPU; a GPU's free memory on CUDA. A plan must fit in :data:`MARGIN` of it. What is
+already allocated when it is measured (the decoded data, a teacher's weights) is counted there, not here.
+docs/reliability.md has the calibration against measured peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from ... import capacity
+from ..._units import format_size
+from ...distributed import Dist
+from ...errors import ConfigError
+from ...models.vit import VisionTransformer
+from ..objectives import Objective, objective_for
+from ..spec.config import TrainConfig
+from ..spec.rules import micro_batch
+
+__all__ = [
+    "MARGIN",
+    "MemoryFit",
+    "StepMemory",
+    "available_memory",
+    "cgroup_available",
+    "estimate",
+    "fit_memory",
+    "parameter_counts",
+]
+
+MARGIN = 0.8
+"""The share of the available memory a run may plan to use: the rest covers the allocator's slack and what the
+estimate does not see."""
+WORKER_BYTES = 64 << 20
+"""Memory of one DataLoader worker process besides its batches: its own pages after the fork, 16 MiB measured
+(docs/reliability.md), taken four times over for the pages a longer run touches."""
+PREFETCH = 2  # torch's DataLoader prefetch_factor: batches each worker prepares ahead
+HEAP_SLACK = 2.0
+"""On a CPU, autograd's activations of the plain (unfused) path are fresh tensors each step; glibc serves those
+under its mmap threshold (which grows to 32 MiB) from a heap it does not hand back, and the heap fragments: the
+peak measured 1.6 times that of the same run with the threshold fixed at 1 MiB (docs/reliability.md)."""
+AMP_ACTIVATIONS = 1.25
+"""Under autocast on a GPU the residual stream and the LayerNorms' inputs stay fp32: activations are about a
+quarter over a count at 2 bytes a number."""
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Peak bytes of a training run, by what holds them (see the module notes)."""
+
+    states: int
+    activations: int
+    objective: int
+    evaluation: int
+    data: int
+    held_in_evaluation: int
+    """Of ``activations``: what stays allocated while evaluating (the fused CPU blocks' buffers)."""
+
+    @property
+    def total(self) -> int:
+        train = self.activations + self.objective
+        return self.states + max(train, self.held_in_evaluation + self.evaluation) + self.data
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """What :func:`fit_memory` decided: the run's config (its micro-batch perhaps split into more accumulation
+    steps), the evaluation batch, the estimate and the bytes available (None: not measurable here)."""
+
+    cfg: TrainConfig
+    eval_batch: int
+    estimate: StepMemory
+    available: int | None
+
+
+def _read(path: str | Path, limit: int = 1 << 16) -> str | None:
+    """A small kernel file's text (bounded), or None when it cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def _int_file(path: Path) -> int | None:
+    text = _read(path, 64)
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:  # "max": no limit
+        return None
+
+
+def _stat(path: Path, key: str) -> int:
+    for line in (_read(path) or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _meminfo_available() -> int | None:
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * 1024
+    return None
+
+
+def _cgroup_dirs(base: Path, path: str) -> list[Path]:
+    """``base/path`` and its parents up to ``base``: a limit on any of them applies."""
+    d, dirs = base / path.strip("/"), []
+    while True:
+        if d.is_dir():
+            dirs.append(d)
+        if d == base or base not in d.parents:
+            return dirs
+        d = d.parent
+
+
+def cgroup_available(
+    *, proc: str | Path = "/proc/self/cgroup", root: str | Path = "/sys/fs/cgroup"
+) -> list[tuple[int, str]]:
+    """``(bytes left, which limit)`` for every cgroup memory limit over this process (``proc`` lists its cgroups,
+    ``root`` is where they are mounted): the limit less the usage, where the usage leaves out inactive file
+    cache (the kernel reclaims it before it kills)."""
+    found = []
+    for line in (_read(proc) or "").splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            base, files = Path(root), ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base = Path(root) / "memory"
+            files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        for d in _cgroup_dirs(base, path):
+            limit = _int_file(d / files[0])
+            if limit is None or limit >= 1 << 60:  # v1 writes "no limit" as a number near 2**63
+                continue
+            used = (_int_file(d / files[1]) or 0) - _stat(d / "memory.stat", files[2])
+            found.append((max(0, limit - max(0, used)), f"cgroup {files[0]} {format_size(limit)}"))
+    return found
+
+
+def available_memory(device: torch.device) -> tuple[int, str] | None:
+    """``(bytes, where from)`` this process may still allocate: a GPU's free memory, or on a CPU the smaller of
+    ``MemAvailable`` and the cgroup limits' room; None where neither can be read."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {device}"
+    found = cgroup_available()
+    if (avail := _meminfo_available()) is not None:
+        found.append((avail, "MemAvailable"))
+    return min(found) if found else None
+
+
+def _bytes_per_value(cfg: TrainConfig, device_type: str) -> tuple[int, float]:
+    """``(bytes a value, factor)`` of the activations: fp32 on a CPU (autocast computes much of a block in fp32
+    there), 2 bytes with ``AMP_ACTIVATIONS`` under autocast on a GPU."""
+    amp = device_type == "cuda" and cfg.precision in ("auto", "bf16", "fp16")
+    return (2, AMP_ACTIVATIONS) if amp else (4, 1.0)
+
+
+def estimate(
+    cfg: TrainConfig,
+    model_config: Any,
+    *,
+    micro: int,
+    eval_batch: int,
+    device_type: str,
+    world_size: int = 1,
+    workers: int = 1,
+    teacher: Any = None,
+    num_classes: int = 0,
+    counts: tuple[int, int, int] | None = None,
+) -> StepMemory:
+    """The peak of training ``model_config``'s ViT as ``cfg`` says with ``micro`` images a forward pass and
+    ``eval_batch`` images an evaluation pass (see the module notes). ``teacher``: the distillation teacher's
+    model config; ``num_classes``: the head's classes (0 for MPP); ``counts``: :func:`parameter_counts`."""
+    r, mc = cfg.recipe, model_config
+    kind = objective_for(cfg)
+    params, block, root = counts or parameter_counts(mc, objective=kind)
+    strategy = "FSDP" if cfg.fsdp else "DDP"
+    st = capacity.state_bytes(
+        params, strategy=strategy, optimizer=r.optimizer, devices=world_size, block=block, root=root
+    )
+    copies = (r.ema is not None) + bool(cfg.time_budget and not cfg.compile)  # EMA, the budget probe's model
+    states = st.weights + st.gradients + st.optimizer + copies * st.weights
+    bpv, factor = _bytes_per_value(cfg, device_type)
+    if bpv == 2:
+        states += params * 2  # autocast's cast of the weights
+    img = tuple(mc.img_size)
+    keep = 1.0 - r.token_drop if r.token_drop and r.token_drop_until >= 1 else 1.0
+    fused = _fused_cpu_blocks(cfg, mc, device_type)
+    kw = {"img_size": img, "bytes_per_value": bpv}
+    acts = capacity.activation_bytes(
+        mc,
+        batch=micro,
+        checkpointing=cfg.grad_checkpointing and not fused,  # the fused blocks' buffers hold every block's
+        keep=keep,
+        math_attention=device_type == "cpu" and mc.attn_drop_rate > 0,
+        **kw,
+    )
+    temporaries = 1 + (cfg.grad_checkpointing and fused)  # the backward's: about one block; and the recomputed one
+    acts += temporaries * capacity.inference_bytes(mc, batch=micro, **kw)
+    if device_type == "cpu" and not fused:
+        factor *= HEAP_SLACK
+    acts = int(acts * factor)
+    evaluation = int(capacity.inference_bytes(mc, batch=eval_batch, **kw) * factor)
+    pixels = mc.in_chans * img[0] * img[1] * 4
+    objective, objective_eval = kind.step_bytes(
+        r, mc, micro=micro, eval_batch=eval_batch, bytes_per_value=bpv, num_classes=num_classes, teacher=teacher
+    )
+    evaluation += objective_eval
+    prefetch = PREFETCH * workers * micro * pixels
+    data = prefetch + workers * WORKER_BYTES + (cfg.memory_budget or 64 << 20)
+    held = acts if fused else 0
+    return StepMemory(
+        states=states,
+        activations=acts,
+        objective=objective,
+        evaluation=evaluation,
+        data=data,
+        held_in_evaluation=held,
+    )
+
+
+def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
+    """Whether the training blocks run as :mod:`vitlab.accel.fused_block`'s one autograd node (its conditions: a
+    CPU, float32 without autocast, eager, no dropout inside the block, a qkv bias, a GELU MLP, global attention).
+    Those blocks keep their activations in buffers from one step to the next (:mod:`vitlab.accel.buffers`), also
+    while evaluating and also under ``--grad-checkpointing``, whose recomputed forward writes them again."""
+    return (
+        device_type == "cpu"
+        and cfg.precision in ("auto", "fp32")
+        and not cfg.compile
+        and mc.attn_drop_rate == 0
+        and mc.drop_rate == 0
+        and mc.qkv_bias
+        and mc.act in ("gelu", "gelu_tanh")
+        and mc.attention == "global"
+    )
+
+
+def parameter_counts(model_config: Any, *, objective: type[Objective]) -> tuple[int, int, int]:
+    """``(parameters, the largest block's, those outside the blocks)`` of the module the run trains (the ViT or
+    its objective wrapper), counted on the meta device: nothing is allocated."""
+    with torch.device("meta"):
+        net = objective.wrap(VisionTransformer(model_config))
+    vit = objective.exported(net)
+    block, vit_root = capacity.block_params(vit)
+    params = sum(p.numel() for p in net.parameters())
+    return params, block, vit_root + params - sum(p.numel() for p in vit.parameters())
+
+
+def _shared_available(device: torch.device, dist: Dist) -> tuple[int, str] | None:
+    """:func:`available_memory` for one process: on a CPU divided among the node's processes
+    (``LOCAL_WORLD_SIZE``); the smallest over the ranks, so that every rank decides the same."""
+    found = available_memory(device)
+    n, why = found if found is not None else (-1, "unknown")
+    if n >= 0 and device.type == "cpu":
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        if local > 1:
+            n, why = n // local, f"{why}, shared by {local} processes"
+    if dist.enabled:
+        t = torch.tensor([n if n >= 0 else 1 << 62], dtype=torch.int64)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MIN)
+        n = int(t.item())
+        if n >= 1 << 62:
+            return None
+    return (n, why) if n >= 0 else None
+
+
+def _divisors_down(n: int, start: int) -> list[int]:
+    """Divisors of ``n`` from ``start`` down to 1."""
+    return [m for m in range(min(start, n), 0, -1) if n % m == 0]
+
+
+def _size(mc: Any) -> str:
+    h, w = mc.img_size
+    return f"{h} px" if h == w else f"{h}x{w} px"
+
+
+def fit_memory(
+    cfg: TrainConfig,
+    *,
+    model_config: Any,
+    dist: Dist,
+    device: torch.device,
+    num_classes: int,
+    teacher: Any = None,
+    resumed: bool = False,
+    log: Callable[[str], None] = print,
+) -> MemoryFit:
+    """Check the run fits in memory before it allocates, and make it fit by accumulation when it does not.
+
+    The micro-batch is the largest divisor of the per-process batch whose step fits in :data:`MARGIN` of the
+    memory available; the recipe's ``accum_steps`` grows so that the global batch, and so the recipe, stays
+    the same (one line says so). When a micro-batch of one image does not fit, a
+    :class:`~vitlab.errors.ConfigError` names the flags that shrink the run. A resumed run keeps its
+    micro-batch (its saved position counts micro-batches) and only warns. The evaluation batch is the largest of
+    ``max(micro, 256)`` halved until it fits."""
+    r = cfg.recipe
+    w = dist.world_size
+    micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # train's rule, before any work
+    workers = cfg.workers if cfg.workers >= 0 else 1
+    counts = parameter_counts(model_config, objective=objective_for(cfg))
+
+    def need(micro: int, eval_batch: int, run: TrainConfig = cfg) -> StepMemory:
+        return estimate(
+            run,
+            model_config,
+            micro=micro,
+            eval_batch=eval_batch,
+            device_type=device.type,
+            world_size=w,
+            workers=workers,
+            teacher=teacher,
+            num_classes=num_classes,
+            counts=counts,
+        )
+
+    found = _shared_available(device, dist)
+    if found is None:
+        return MemoryFit(cfg=cfg, eval_batch=max(micro0, 256), estimate=need(micro0, max(micro0, 256)), available=None)
+    avail, where = found
+    usable = int(avail * MARGIN)
+    have = f"{format_size(avail)} available ({where})"
+    first = need(micro0, 1)
+    step = f"a step of {micro0} image{'s' if micro0 > 1 else ''} at {_size(model_config)}"
+    if resumed and first.total > usable:
+        log(
+            f"warning: memory: {step} needs ~{format_size(first.total)}, {have}: "
+            "the resumed run keeps its batch and may run out of memory"
+        )
+    micros = _divisors_down(r.batch_size // w, micro0)
+    micro = micro0 if resumed else next((m for m in micros if need(m, 1).total <= usable), None)
+    if micro is None:
+        one = need(1, 1)
+        ckpt = not cfg.grad_checkpointing and need(1, 1, dataclasses.replace(cfg, grad_checkpointing=True)).total < (
+            0.9 * one.total
+        )
+        raise ConfigError(_refusal(one, model_config, have, checkpointing_helps=ckpt))
+    if micro != micro0:
+        accum = r.batch_size // (w * micro)
+        micro_batch(r.batch_size, world_size=w, accum_steps=accum)  # the same rule the loaders apply
+        log(
+            f"memory: {step} needs ~{format_size(first.total)}, {have} -> {accum} accumulation steps of "
+            f"{micro} image{'s' if micro > 1 else ''}{' per process' if w > 1 else ''} (the batch of "
+            f"{r.batch_size} and the recipe unchanged)"
+        )
+        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(r, accum_steps=accum))
+    eval_batch = max(micro, 256)
+    while eval_batch > 1 and need(micro, eval_batch).total > usable:
+        eval_batch = math.ceil(eval_batch / 2)
+    return MemoryFit(cfg=cfg, eval_batch=eval_batch, estimate=need(micro, eval_batch), available=avail)
+
+
+def _refusal(one: StepMemory, mc: Any, have: str, *, checkpointing_helps: bool) -> str:
+    """The one line refusing a run whose step of one image (``one``) does not fit, naming the flags that shrink
+    it (``--grad-checkpointing`` only where it would: not on a CPU's fused blocks)."""
+    flags = ["lower --img-size", "raise --patch-size", "choose a smaller --model"]
+    if checkpointing_helps:
+        flags.append("add --grad-checkpointing")
+    return (
+        f"memory: a step of 1 image at {_size(mc)} needs ~{format_size(one.total)} "
+        f"(model states {format_size(one.states)}, activations {format_size(one.activations)}, "
+        f"data loading {format_size(one.data)}), "
+        f"more than {MARGIN:.0%} of the {have}; {', '.join(flags[:-1])} or {flags[-1]}"
+    )

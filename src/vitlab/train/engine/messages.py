@@ -1,0 +1,128 @@
+"""What a run prints: the line it starts with, one line per epoch, what fine-tuning started from, and the
+expected wall time from its first steps."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...data.sources import DataSplits
+    from ...models import VisionTransformer
+    from ..persist.position import RunPlan
+    from ..spec.recipes import Recipe
+
+__all__ = ["WallEstimate", "epoch_line", "init_line", "start_line"]
+
+
+def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
+    """The plain line each epoch prints (a log file, a scheduler or ``tee`` reads one per epoch):
+    ``epoch 3/10 step 120: loss 0.512, top-1 91.20%, ...``. Top-5 only with more than 5 classes
+    (otherwise it is 100% by construction)."""
+    top5 = f", top-5 {100 * row['top5']:.2f}%" if num_classes > 5 and row.get("top5") is not None else ""
+    return (
+        f"epoch {row['epoch']}/{epochs} step {row['step']}: train loss {row['train_loss']:.4f}, "
+        f"eval loss {row['eval_loss']:.4f}, top-1 {100 * row['top1']:.2f}%{top5}, lr {row['lr']:.2e}, "
+        f"{row['images_per_sec']:.0f} img/s, {row['wall_s']:.1f} s"
+    )
+
+
+def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
+    """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
+    resampled to the new patch grid, and whether the head was kept or replaced by a zero one."""
+
+    def grid(c: Any) -> str:
+        return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))
+
+    pos = (
+        f"position embeddings resampled {grid(old)} -> {grid(new)} (2-D interpolation)"
+        if grid(old) != grid(new)
+        else f"position embeddings kept ({grid(new)} patches)"
+    )
+    why = "other classes" if old.num_classes != new.num_classes else "the pre-training MLP head dropped"
+    head = (
+        f"head replaced by a zero-initialised one for {new.num_classes} classes ({why})"
+        if new_head
+        else f"head kept ({new.num_classes} classes)"
+    )
+    px = "x".join(map(str, old.img_size))
+    return f"fine-tuning from {init} ({old.name}, {old.num_classes} classes, {px} px): {pos}; {head}"
+
+
+def start_line(
+    model: VisionTransformer,
+    data: DataSplits,
+    recipe: Recipe,
+    plan: RunPlan,
+    lr: float,
+    processes: int,
+    device: torch.device,
+    *,
+    time_budget: float | None = None,
+) -> str:
+    """The line a run starts with: what is trained on what, with which recipe and plan, where; with
+    ``--time-budget`` the wall time it was planned to take (otherwise :class:`WallEstimate` times the first steps)."""
+    m = model.config
+    wall = f"; expected wall time ~{_duration(time_budget)} (--time-budget)" if time_budget else ""
+    return (
+        f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
+        f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
+        f"images, {data.num_classes} classes; recipe {recipe.name}, {plan.epochs} epochs = "
+        f"{plan.total_steps} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+        + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
+        + (f" for the first {recipe.token_drop_until:.0%} of the steps" if recipe.token_drop_until < 1 else "")
+        + f"; inputs normalised by mean {_triple(m.mean)}, std {_triple(m.std)}"
+        + (
+            "; resolution " + ", ".join(f"{s} px to {e:.0%}" for s, e in recipe.res_schedule) + " of the steps"
+            if recipe.res_schedule
+            else ""
+        )
+        + wall
+    )
+
+
+def _triple(values: tuple[float, ...]) -> str:
+    """``0.491/0.482/0.447``; one value when all are equal."""
+    return f"{values[0]:.3g}" if len(set(values)) == 1 else "/".join(f"{v:.3g}" for v in values)
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``3.2 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+class WallEstimate:
+    """The expected wall time of a run without ``--time-budget``, from a quick timing of its own first
+    optimizer steps (data loading and augmentation included): steps 1 to ``1 + k`` of this process, ``k``
+    a tenth of the steps left, 1 to 10. Each evaluation is counted as a forward pass over the evaluation
+    split at a third of a training step's cost per image (no backward pass, no optimizer)."""
+
+    def __init__(self, *, total_steps: int, steps_per_epoch: int, batch_size: int, n_eval: int) -> None:
+        self.total, self.spe, self.batch, self.n_eval = total_steps, max(1, steps_per_epoch), batch_size, n_eval
+        self.t0 = 0.0
+        self.until: int | None = None
+
+    def after_step(self, *, steps_this_run: int, step: int, wall_s: float) -> str | None:
+        """Called after every optimizer step (``step``: of the run, ``wall_s``: the run's wall seconds so far);
+        the line to print once the timing window is over, else None."""
+        if steps_this_run == 1:
+            left = self.total - step
+            self.until = 1 + min(10, left // 10) if left >= 4 else None
+            self.t0 = time.perf_counter()
+            return None
+        if self.until is None or steps_this_run != self.until:
+            return None
+        per_step = (time.perf_counter() - self.t0) / (self.until - 1)
+        left = self.total - step
+        evals = math.ceil(self.total / self.spe) - step // self.spe
+        eval_s = per_step / 3 * self.n_eval / max(1, self.batch)
+        total_s = wall_s + left * per_step + evals * eval_s
+        return (
+            f"expected wall time ~{_duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
+            f"{step - self.until + 2}-{step}, {left} steps and {evals} evaluation(s) to go)"
+        )

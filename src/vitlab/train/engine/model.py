@@ -1,0 +1,231 @@
+"""The model a run trains: fresh from the architecture rule (:func:`~vitlab.train.spec.arch.fresh_config`), or the
+``--init`` model adapted for fine-tuning through :func:`vitlab.load`'s overrides (a new resolution: position
+embeddings resampled, Sec. 3.2; another ``--patch-size``: the patch projection resized as FlexiViT does, Beyer et
+al. 2023; other classes or the pre-training MLP head: a new zero-initialised linear head), with the checkpoint read
+once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only phase, the precision, the
+seeds, CPU threads and DataLoader workers."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...accel import accelerate
+from ...checkpoints import Checkpoint, checkpoint_config, load, read_checkpoint
+from ...data import ImageArray, channel_stats
+from ...distributed import Dist
+from ...errors import VitlabError
+from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
+from ..objectives import Objective
+from ..spec.arch import fresh_config
+from ..spec.config import TrainConfig
+from ..spec.options import OptionError, ref
+from ..spec.rules import check_init
+from .messages import init_line
+
+if TYPE_CHECKING:
+    from ...data.sources import DataSplits
+
+__all__ = ["HeadOnly", "InitModel", "amp", "build_model", "build_net", "input_norm", "planned_config", "seed_all"]
+
+
+@dataclass(frozen=True)
+class InitModel:
+    """The ``--init`` checkpoint, read once before the data (its architecture is checked against the options);
+    ``config``: what it states."""
+
+    path: str
+    checkpoint: Checkpoint
+    config: ViTConfig
+
+    @classmethod
+    def read(cls, cfg: TrainConfig) -> InitModel | None:
+        """The run's ``--init`` checkpoint, checked against its options (None without ``--init``)."""
+        if not cfg.init:
+            return None
+        ckpt = read_checkpoint(cfg.init)
+        have = checkpoint_config(ckpt)
+        check_init(cfg, have)
+        return cls(cfg.init, ckpt, have)
+
+    def overrides(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> dict[str, Any]:
+        """What fine-tuning changes in the checkpoint's model (:func:`vitlab.load`'s overrides)."""
+        r = cfg.recipe
+        patch = cfg.arch.get("patch_size")
+        img = cfg.img_size or r.img_size
+        return {
+            "num_classes": num_classes,
+            "head": "linear",
+            "representation_size": None,
+            "class_names": list(class_names),
+            "drop_path_rate": r.drop_path,
+            "drop_rate": r.dropout,
+            "patch_drop_rate": r.token_drop,
+            **({"img_size": img} if img else {}),
+            **({"patch_size": patch} if patch and patch != self.config.patch_size else {}),
+        }
+
+    def build(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> tuple[nn.Module, str]:
+        """``(the fine-tuned model, the line saying what it started from)``."""
+        changes = self.overrides(cfg, num_classes=num_classes, class_names=class_names)
+        try:
+            model = accelerate(load(self.checkpoint, **changes))
+        except VitlabError as e:
+            raise OptionError(ref("init"), f" {self.path}: weights do not fit the model ({e})") from None
+        old, new = self.config, model.config
+        line = init_line(self.path, old, new, new_head=old.num_classes != num_classes or old.head != "linear")
+        if "patch_size" in changes:
+            p, q = old.patch_size, new.patch_size
+            line += f"; patch projection resized {p}x{p} -> {q}x{q} (FlexiViT)"
+        return model, line
+
+
+def build_model(
+    cfg: TrainConfig,
+    *,
+    num_classes: int,
+    in_chans: int,
+    image_size: tuple[int, int],
+    class_names: list[str],
+    norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+) -> nn.Module:
+    """The run's model: fresh from the recipe / name / options (``norm``: the input ``(mean, std)``, see
+    :func:`input_norm`; None: the config's), or the ``--init`` model adapted for fine-tuning (:class:`InitModel`)."""
+    init = InitModel.read(cfg)
+    if init is not None:
+        return init.build(cfg, num_classes=num_classes, class_names=class_names)[0]
+    c = fresh_config(
+        cfg, image_size=image_size, in_chans=in_chans, num_classes=num_classes, class_names=class_names, norm=norm
+    )
+    return accelerate(VisionTransformer(c))
+
+
+def planned_config(cfg: TrainConfig, data: DataSplits, *, objective: Objective, init: InitModel | None) -> ViTConfig:
+    """The configuration of the run's model before it is built: computed, so that the run's memory is estimated
+    before anything big is allocated (a fresh model's from the options, an ``--init`` model's from its file)."""
+    n, names = objective.head(data)
+    if init is not None:
+        return checkpoint_config(init.checkpoint, **init.overrides(cfg, num_classes=n, class_names=names))
+    return fresh_config(cfg, image_size=data.image_size, in_chans=data.in_chans, num_classes=n, class_names=names)
+
+
+def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The input ``(mean, std)`` of a model trained from scratch (``--norm-stats``; None: the model's own).
+
+    By default the training set's per-channel statistics, as timm's and DeiT's CIFAR scripts normalise: inputs
+    of unit variance train faster than Google's 0.5 / 0.5 scaling, which leaves them at about half that
+    (docs/speedrun.md). A fine-tuned ``--init`` model keeps its own normalisation, and so does tar-shard data,
+    whose images are not at hand before training."""
+    if cfg.init:
+        return None
+    if cfg.norm_stats == "inception":
+        return INCEPTION_MEAN, INCEPTION_STD
+    if cfg.norm_stats == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    train = getattr(data, "train", None)
+    if not isinstance(train, ImageArray) or len(train) == 0 or data.in_chans not in (1, 3):
+        return None  # the config holds three values: one channel is stored repeated, others keep the defaults
+    mean, std = channel_stats(train.images, in_chans=data.in_chans)
+    return (mean * 3, std * 3) if data.in_chans == 1 else (mean, std)
+
+
+def build_net(
+    cfg: TrainConfig, data: DataSplits, *, objective: Objective, init: InitModel | None, dist: Dist,
+    device: torch.device,
+) -> tuple[nn.Module, int, str | None]:  # fmt: skip
+    """``(net, workers, init line)``: the module the optimiser trains (the ViT inside the objective's module) on
+    ``device``, the number of DataLoader workers, and what fine-tuning started from (None: a fresh model).
+
+    The weights are drawn from ``cfg.seed`` (the same on every rank); afterwards the global generators are
+    re-seeded per rank so that each process augments differently. The CPU thread count is set here
+    because it depends on the model's size and decides the default number of workers."""
+    seed_all(cfg.seed)
+    n, names = objective.head(data)
+    line = None
+    if init is not None:
+        model, line = init.build(cfg, num_classes=n, class_names=names)
+    else:
+        norm = input_norm(cfg, data)
+        kw = {"in_chans": data.in_chans, "image_size": data.image_size, "class_names": names, "norm": norm}
+        model = build_model(cfg, num_classes=n, **kw)
+    if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
+        model.set_distilled_training(True)
+    if cfg.recipe.freeze:
+        _freeze_all_but_head(model)
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    net = objective.wrap(model)
+    micro = max(1, cfg.recipe.batch_size // (dist.world_size * cfg.recipe.accum_steps))
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    elif device.type == "cpu" and model.macs() * micro * 3 < 2e9:
+        torch.set_num_threads(1)
+    workers = cfg.workers
+    if workers < 0:
+        spare_cores = torch.get_num_threads() == 1 and (os.cpu_count() or 1) >= 2
+        workers = 1 if device.type == "cuda" or spare_cores else 0
+    net.to(device)
+    seed_all(cfg.seed + dist.rank)
+    return net, workers, line
+
+
+def _freeze_all_but_head(model: nn.Module) -> None:
+    """A linear probe: only the classifier head (``head.*``) keeps ``requires_grad``; every other
+    parameter is left out of the optimiser and so stays bit-identical through training."""
+    if getattr(model, "head", None) is None or not any(True for _ in model.head.parameters()):
+        raise OptionError(ref("recipe.freeze"), " trains only the classifier head, and this model has none")
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("head."))
+
+
+@dataclass(kw_only=True)
+class HeadOnly:
+    """LP-FT's head-only phase (``--head-warmup``): the non-head parameters that were trainable are held back
+    (``requires_grad`` off) until :meth:`release`. The optimizer was built with them, so nothing is rebuilt: while
+    held back they get no gradient, and torch's optimizers skip a parameter without one (no update, no weight
+    decay, no state), so they stay bit-identical."""
+
+    held: list[nn.Parameter]
+
+    @classmethod
+    def hold(cls, model: nn.Module, *, distributed: bool) -> HeadOnly:
+        """Hold ``model``'s non-head parameters back (one process: DDP registers the trainable parameters once)."""
+        if distributed:
+            raise OptionError(ref("recipe.head_warmup"), " runs in one process; under torchrun use ",
+                              ref("recipe.freeze"), ", then fine-tune")  # fmt: skip
+        if getattr(model, "head", None) is None or not any(True for _ in model.head.parameters()):
+            raise OptionError(ref("recipe.head_warmup"), " trains only the classifier head first, and this model "
+                              "has none")  # fmt: skip
+        held = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
+        for p in held:
+            p.requires_grad_(False)
+        return cls(held=held)
+
+    def release(self) -> None:
+        for p in self.held:
+            p.requires_grad_(True)
+
+
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def amp(precision: str, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """``--precision`` on ``device`` -> ``(autocast dtype or None for float32, whether a GradScaler is needed)``.
+
+    float16 is refused on the CPU here, before any data is read, rather than at the first
+    forward pass (:func:`vitlab.devices.autocast` has no CPU float16)."""
+    if precision == "auto":
+        return (torch.bfloat16 if device.type == "cuda" else None), False
+    if precision == "fp16" and device.type != "cuda":
+        raise OptionError(ref("precision"), f" fp16 is for CUDA; use bf16 or fp32 on {device.type}")
+    return {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, True)}[precision]

@@ -1,0 +1,206 @@
+"""Everything that changes with the optimizer step, in one object (modded-nanogpt's ``TrainingSchedule.lookup``):
+:class:`StepSchedule` answers "what does step s look like" (:class:`Step`):
+
+- **the learning rate**: linear warmup, then cosine or linear decay (Appendix B.1), or constant;
+- **the resolution** (``--res-schedule 24:0.5,32:1.0``): coarser images, so fewer tokens, early in training and the
+  full grid late. A ViT takes any grid at run time: learned position embeddings are resampled on the fly
+  (:func:`vitlab.models.resample_posemb`, Sec. 3.2), so one model trains at every size. Training below the test
+  resolution is the FixRes effect (Touvron et al. 2019); growing it is fast.ai's progressive resizing and
+  EfficientNetV2's progressive learning (Tan & Le 2021). Evaluation and the saved model use the final size;
+- **token dropping** (``--token-drop R --token-drop-until F``): PatchDropout (Liu et al. 2022) for the first
+  fraction ``F`` of the steps, every token for the rest: FLIP's unmasked tuning (Li et al. 2023), so that the model
+  meets the full sequences it is evaluated on before training ends;
+- **the head-only phase** (``--head-warmup STEPS``, LP-FT, Kumar et al. 2022): the first steps train the head only.
+
+Every phase is a fraction (or a count) of the planned steps: when a time budget re-plans the run
+(:meth:`StepSchedule.refit`), each moves with the plan's end. The trainer applies what :meth:`~StepSchedule.lookup`
+says: the LR through a ``LambdaLR`` whose lambda is the schedule's :class:`LRFactor` (its numbers are the
+scheduler's state in ``last.pt``), the size to each batch, the rest after each step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...models.layers import PatchDropout
+from ..spec.kinds import Schedule
+from ..spec.recipes import Recipe
+
+__all__ = [
+    "FIXED_COST",
+    "LRFactor",
+    "Step",
+    "StepSchedule",
+    "ends_dropping",
+    "lr_factor",
+    "resize_batch",
+    "set_rate",
+    "size_at",
+    "step_cost",
+    "warmup_for",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """What optimizer step ``s`` (0-based) looks like."""
+
+    lr_factor: float
+    """The multiplier of the peak LR."""
+    img_size: int | None
+    """The side of the training images (None: the model's own, no resolution schedule)."""
+    token_drop_rate: float
+    """The share of patch tokens dropped in training."""
+    head_only: bool
+    """Whether only the classifier head trains."""
+
+
+def lr_factor(
+    step: int, *, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_ratio: float = 0.0
+) -> float:
+    """Multiplier of the peak LR at ``step`` (0-based): ``(step + 1) / warmup`` during warmup,
+    then cosine / linear from 1 down to ``min_ratio`` at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    shape = 0.5 * (1 + math.cos(math.pi * t)) if schedule == "cosine" else 1.0 - t
+    return min_ratio + (1 - min_ratio) * shape
+
+
+class LRFactor:
+    """:func:`lr_factor` as the lambda of a ``LambdaLR``, which keeps its ``__dict__`` (plain numbers) in its
+    ``state_dict``: ``last.pt`` holds the schedule, and a resumed run reads it back."""
+
+    def __init__(self, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> None:
+        self.total_steps, self.warmup_steps, self.schedule, self.min_ratio = (
+            total_steps,
+            warmup_steps,
+            schedule,
+            min_ratio,
+        )
+
+    def __call__(self, step: int) -> float:
+        return lr_factor(
+            step,
+            total_steps=self.total_steps,
+            warmup_steps=self.warmup_steps,
+            schedule=self.schedule,
+            min_ratio=self.min_ratio,
+        )
+
+
+def warmup_for(recipe: Recipe, *, total_steps: int, steps_per_epoch: int) -> tuple[int, int]:
+    """``(warmup steps, steps the recipe asks for)`` in a run of ``total_steps``: the recipe's
+    ``warmup_steps``, else ``warmup_epochs``, else ``warmup_fraction`` of the run, capped at half the
+    run so that the schedule always decays. A re-plan calls it again with its new total, so that
+    the warmup ends where it should in the run that will actually happen."""
+    wanted = (
+        recipe.warmup_steps
+        or round(recipe.warmup_epochs * steps_per_epoch)
+        or round(recipe.warmup_fraction * total_steps)
+    )
+    return min(wanted, total_steps // 2), wanted
+
+
+def size_at(schedule: Schedule, *, step: int, total_steps: int) -> int:
+    """The image size for optimizer step ``step`` (0-based) of ``total_steps``."""
+    frac = step / max(total_steps, 1)
+    for size, end in schedule:
+        if frac < end:
+            return size
+    return schedule[-1][0]
+
+
+FIXED_COST = 0.25
+"""The share of a full-size training step that does not shrink with the image (data, the optimizer, launch
+overheads) in :func:`step_cost`'s model, set from the speedrun's 24 px and 32 px steps (docs/speedrun.md) and
+erring towards fewer steps, so that a budgeted run ends on time."""
+
+
+def step_cost(size: int, *, final: int) -> float:
+    """The cost of a training step at ``size`` px relative to one at ``final`` px: the fixed share plus the rest
+    in proportion to the pixels (the number of tokens)."""
+    return FIXED_COST + (1 - FIXED_COST) * (size / final) ** 2
+
+
+def ends_dropping(recipe: Recipe) -> bool:
+    """Whether the recipe drops tokens and stops before the end (``token_drop_until`` < 1)."""
+    return bool(recipe.token_drop) and recipe.token_drop_until < 1
+
+
+def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
+    """``x`` ``(B, C, H, W)`` resized to ``size`` x ``size`` (bilinear, antialiased when shrinking); as is when
+    it already has that size."""
+    if x.shape[-2:] == (size, size):
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+
+
+def set_rate(model: nn.Module, rate: float) -> bool:
+    """Set the token-drop rate of every :class:`~vitlab.models.layers.PatchDropout` in ``model`` (a ViT, or a module
+    around one); True when one changed. A model built without token dropping has none to set (its rate stays 0).
+    Every forward reads the rate, so a resumed run picks it up again from its step."""
+    changed = False
+    for layer in model.modules():
+        if isinstance(layer, PatchDropout) and layer.p != rate:
+            layer.p, changed = rate, True
+    return changed
+
+
+class StepSchedule:
+    """The run's steps (see the module's notes): the ``recipe``'s phases over ``lr.total_steps`` planned optimizer
+    steps; ``lr``: the learning-rate factor the optimizer's ``LambdaLR`` calls (None: the recipe's, fitted to the
+    plan by :meth:`refit` before the optimizer is built)."""
+
+    def __init__(self, recipe: Recipe, *, lr: LRFactor | None = None) -> None:
+        self.recipe = recipe
+        self.lr = lr or LRFactor(total_steps=0, warmup_steps=0, schedule=recipe.schedule, min_ratio=recipe.min_lr_ratio)
+
+    @property
+    def total_steps(self) -> int:
+        return self.lr.total_steps
+
+    def refit(self, total_steps: int, *, warmup_steps: int | None = None) -> None:
+        """Stretch or shrink every phase so that the run ends at optimizer step ``total_steps`` (and, when given,
+        the LR warmup ends at ``warmup_steps``)."""
+        self.lr.total_steps = total_steps
+        if warmup_steps is not None:
+            self.lr.warmup_steps = warmup_steps
+
+    def lookup(self, step: int) -> Step:
+        """What optimizer step ``step`` (0-based) looks like."""
+        r, total = self.recipe, self.total_steps
+        size = size_at(r.res_schedule, step=step, total_steps=total) if r.res_schedule else None
+        dropping = not ends_dropping(r) or step < round(r.token_drop_until * total)
+        return Step(
+            lr_factor=self.lr(step),
+            img_size=size,
+            token_drop_rate=r.token_drop if dropping else 0.0,
+            head_only=step < r.head_warmup,
+        )
+
+    def token_drop_switch(self) -> int | None:
+        """The first step (0-based) that trains on every token; None when tokens are dropped throughout (or never)."""
+        return round(self.recipe.token_drop_until * self.total_steps) if ends_dropping(self.recipe) else None
+
+    def mean_cost(self, *, full_over_dropped: float = 1.0) -> float:
+        """The mean cost of the planned steps relative to the step a time budget's probe times (at the final size,
+        dropping tokens): what the budget multiplies that step's time by to plan the run's length.
+        ``full_over_dropped``: the measured cost of a step on every token relative to one that drops."""
+        r, cost = self.recipe, 1.0
+        if r.res_schedule:
+            final, start, mean = r.res_schedule[-1][0], 0.0, 0.0
+            for size, end in r.res_schedule:
+                mean += (end - start) * step_cost(size, final=final)
+                start = end
+            cost *= mean
+        if ends_dropping(r):
+            cost *= r.token_drop_until + (1 - r.token_drop_until) * full_over_dropped
+        return cost

@@ -1,0 +1,354 @@
+"""The :class:`Trainer`: one process's part of one run, from its first step to its summary. Everything it trains
+with is built before (:mod:`.run`); it trains the planned epochs (or until asked to stop), evaluates, saves and
+writes the run's outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._progress import ProgressLog
+from ...distributed import Dist, any_rank
+from ...errors import NonFiniteLossError
+from ..objectives import Objective
+from ..persist.advice import advice_line
+from ..persist.figures import draw_figures
+from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json
+from ..persist.position import RunPlan, RunPosition
+from ..persist.saver import CheckpointSaver
+from ..spec.config import TrainConfig
+from .budget import Replanner
+from .loaders import RunLoaders
+from .loop import EpochResult, StepParts, train_epoch
+from .messages import WallEstimate, epoch_line, start_line
+from .model import HeadOnly
+from .optim import Optimization
+from .parallel import full_model, lockstep
+from .schedule import Step, StepSchedule, set_rate, warmup_for
+from .signals import StopSignals
+
+__all__ = ["Trainer"]
+
+
+@dataclass(kw_only=True)
+class Trainer:
+    """One process's part of one run. ``net`` is what the optimiser trains and ``last.pt`` saves (the ViT, or the
+    objective's module around it); ``train_net`` is how the steps call it (inside DDP or FSDP, compiled);
+    ``eval_net`` is what evaluation and ``model/`` read (the EMA's average, or ``net``). Where the run is, is one
+    object: :attr:`position`."""
+
+    cfg: TrainConfig
+    dist: Dist
+    device: torch.device
+    out: Path
+    data: Any
+    objective: Objective
+    net: nn.Module
+    train_net: nn.Module
+    loaders: RunLoaders
+    opt: Optimization
+    schedule: StepSchedule
+    plan: RunPlan
+    replan: Replanner
+    position: RunPosition
+    saver: CheckpointSaver
+    amp_dtype: torch.dtype | None = None
+    stop: StopSignals | None = None
+    log: Callable[..., None] = print
+    t_start: float = field(default_factory=time.perf_counter)
+    data_fingerprint: dict[str, Any] | None = None
+    init_line: str | None = None
+    resumed: bool = False
+    # what the run keeps track of as it goes
+    eval_net: nn.Module = field(init=False)
+    bar: ProgressLog = field(init=False)
+    eta: WallEstimate = field(init=False)
+    head: HeadOnly | None = field(init=False, default=None)
+    last_eval: dict[str, Any] | None = field(init=False, default=None)
+    last_save: float = field(init=False, default_factory=time.perf_counter)
+    last_plot: float = field(init=False, default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
+
+    @property
+    def vit(self) -> nn.Module:
+        """The ViT the run trains."""
+        return self.objective.exported(self.net)
+
+    def run(self) -> dict[str, Any]:
+        """Train the planned epochs (or until stopped), then write the summary and figures."""
+        p, plan = self.position, self.plan
+        with contextlib.ExitStack() as scope:
+            if self.stop is None:  # constructed on its own, not by fit()
+                self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
+            self._begin()
+            self.bar = ProgressLog(
+                total=plan.total_steps, initial=p.step, desc="train", enabled=self.cfg.progress and self.dist.is_main
+            )
+            self._enter(self.schedule.lookup(p.step))
+            try:
+                while p.epoch < plan.epochs and p.step < plan.total_steps and self._epoch():
+                    pass
+            except NonFiniteLossError as e:
+                raise NonFiniteLossError(
+                    f"{e}, global step {p.step + 1}: stopped before that update; {p.kept(self.saver.last)}. "
+                    "Lower --lr, set --clip-grad, or pass --on-nan skip"
+                ) from None
+            finally:
+                self.bar.close()
+        return self._finish()
+
+    def _begin(self) -> None:
+        """Ready: from now on a stop signal saves (the first step then stops). The lines a run starts with."""
+        self.stop.training()  # type: ignore[union-attr]
+        if self.schedule.lookup(self.position.step).head_only:  # after the optimizer, which holds every parameter
+            self.head = HeadOnly.hold(self.vit, distributed=self.dist.enabled)
+        if self.init_line:
+            self.log(self.init_line)
+            if not self.resumed and self.objective.uses_labels:
+                self.log(self._before_training_line())
+        if self.dist.is_main:
+            write_config(self.cfg, self.out)
+        lr = self.plan.lr or self.cfg.recipe.scaled_lr(self.cfg.recipe.batch_size)
+        r, d = self.cfg.recipe, self.dist
+        self.log(
+            start_line(
+                self.vit, self.data, r, self.plan, lr, d.world_size, self.device, time_budget=self.cfg.time_budget
+            )
+        )
+        self.eta = WallEstimate(
+            total_steps=self.plan.total_steps if not self.cfg.time_budget else 0,  # a budgeted run knows its end
+            steps_per_epoch=self.loaders.steps_per_epoch,
+            batch_size=r.batch_size,
+            n_eval=len(self.data.val),
+        )
+
+    def _epoch(self) -> bool:
+        """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
+        p, cfg, lo = self.position, self.cfg, self.loaders
+        p.start_epoch()
+        parts = StepParts(
+            net=self.train_net, objective=self.objective, opt=self.opt, recipe=cfg.recipe, device=self.device,
+            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan,
+        )  # fmt: skip
+        res = train_epoch(
+            parts,
+            lo.train_batches(p.epoch, p.micro),
+            size=lambda: self.schedule.lookup(p.step).img_size,
+            on_step=self._on_step,
+            loss_sum=p.loss_sum,
+        )
+        p.nan_skipped += res.skipped
+        p.train_s += res.seconds
+        if res.stopped and p.micro < lo.micro_per_epoch and p.step < self.plan.total_steps:
+            p.interrupted = True  # stopped mid-epoch: _on_step saved the exact position
+            return False
+        t_end = time.perf_counter()
+        self._end_epoch(res)
+        if res.steps and not res.stopped:
+            per_step = res.seconds / res.steps
+            new = self.replan.after_epoch(
+                step=p.step,
+                planned=self.plan.total_steps,
+                per_step=per_step,
+                overhead_s=time.perf_counter() - t_end,
+                dist=self.dist,
+                device=self.device,
+            )
+            if new is not None:
+                self._replanned(new, per_step, late=True)
+                self._checkpoint(micro_done=0)  # last.pt was written with the plan before the cut
+        if res.stopped and p.step < self.plan.total_steps:
+            p.interrupted = True
+            return False
+        return True
+
+    def _on_step(self, res: EpochResult, loss: float) -> bool:
+        """After each optimizer step: count it, re-plan a time budget once, enter the next step of the schedule,
+        decide whether to stop, save mid-epoch when stopping or when ``--save-every`` is due. True: stop the
+        epoch here."""
+        p, cfg, d = self.position, self.cfg, self.dist
+        p.step += 1
+        p.steps_this_run += 1
+        p.images = p.epoch_start_images + res.images * d.world_size
+        p.micro = p.epoch_start_micro + res.micro_batches
+        p.loss_sum = res.loss_sum  # went on from the saved sum: the same additions as an uninterrupted run
+        self.bar.set_postfix(
+            epoch=f"{p.epoch + 1}/{self.plan.epochs}",
+            loss=f"{loss:.3f}",
+            img_s=f"{res.images * d.world_size / max(res.seconds, 1e-9):.0f}",
+            lr=f"{self.opt.scheduler.get_last_lr()[0]:.2e}",
+        )
+        self.bar.update(1)
+        eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
+        if eta and d.is_main:
+            self.bar.line(eta)
+        new = self.replan.after_step(
+            steps_this_run=p.steps_this_run, step=p.step, planned=self.plan.total_steps, dist=d, device=self.device
+        )
+        if new is not None:
+            self._replanned(*new)
+        self._enter(self.schedule.lookup(p.step))
+        stop = p.step >= self.plan.total_steps
+        stop |= cfg.stop_after is not None and p.steps_this_run >= cfg.stop_after
+        periodic = cfg.save_every is not None and time.perf_counter() - self.last_save >= 60 * cfg.save_every
+        signalled, periodic = any_rank([self.stop.requested, periodic], d)  # ranks' clocks differ: decide together
+        stop |= signalled
+        if (stop or periodic) and p.micro < self.loaders.micro_per_epoch:  # mid-epoch: save the exact position
+            self._checkpoint(micro_done=p.micro)
+        return stop
+
+    def _enter(self, step: Step) -> None:
+        """Apply what the step schedule says for the coming step: the end of the head-only phase and of token
+        dropping (each said once; the LR is the scheduler's, the image size the loop's)."""
+        p = self.position
+        if self.head is not None and not step.head_only:
+            self.head.release()
+            self.head = None
+            self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
+        switch = self.schedule.token_drop_switch()
+        if switch is not None and set_rate(self.vit, step.token_drop_rate) and p.step >= switch and self.dist.is_main:
+            self.bar.line(
+                f"token dropping ends after step {p.step} of {self.plan.total_steps}: "
+                "every token from here (--token-drop-until)"
+            )
+
+    def _replanned(self, total: int, per_step: float, *, late: bool = False) -> None:
+        """Re-fit the schedule to end at ``total``: the warmup with the cosine, unless the run has finished its
+        warmup (at an epoch's end, ``late``): then it is kept, at most half the run, and the LR decays faster
+        from where it is."""
+        plan = self.plan
+        warm, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
+        if late and self.position.step >= (plan.warmup_steps or 0):
+            warm = min(plan.warmup_steps or 0, total // 2)
+        which = "the last epoch's steps took" if late else "the run's own steps take"
+        self.log(
+            f"\ntime budget: {which} {per_step * 1000:.0f} ms -> re-planned to {total} steps "
+            f"(was {plan.total_steps}), warmup {warm} steps"
+        )
+        plan.total_steps, plan.warmup_steps = total, warm
+        plan.epochs = max(1, math.ceil(total / self.loaders.steps_per_epoch))
+        self.schedule.refit(total, warmup_steps=warm)  # warmup and cosine re-fitted together to the new end
+        self.bar.set_total(total)
+
+    def _end_epoch(self, res: EpochResult) -> None:
+        """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
+        with ``--keep last``) and ``last.pt``, redraw the figures now and then."""
+        p, cfg, d = self.position, self.cfg, self.dist
+        ev = self._evaluate()
+        self.last_eval = ev
+        row = {
+            "epoch": p.epoch + 1,
+            "step": p.step,
+            "train_loss": p.loss_sum / max(p.micro, 1),
+            "lr": self.opt.scheduler.get_last_lr()[0],
+            "top1": ev["top1"],
+            "top5": ev["top5"],
+            "eval_loss": ev["loss"],
+            "images_per_sec": res.images * d.world_size / max(res.seconds, 1e-9),
+            "wall_s": self._wall_s(),
+        }
+        if res.skipped:
+            row["nan_skipped"] = res.skipped
+        improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
+        exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
+        p.best = max(p.best, ev["top1"])
+        p.finish_epoch()
+        self.bar.set_postfix(
+            epoch=f"{p.epoch}/{self.plan.epochs}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}"
+        )
+        if d.is_main:
+            self.bar.line(epoch_line(row, epochs=self.plan.epochs, num_classes=self.data.num_classes))
+            append_metrics(row, self.out / "metrics.jsonl")
+            if exported is not None:
+                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch)
+        self._checkpoint(micro_done=0)
+        if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
+            draw_figures(self.out, self.data.class_names, ev)
+            self.last_plot = time.perf_counter()
+
+    def _checkpoint(self, *, micro_done: int) -> None:
+        """Save ``last.pt`` (a collective): ``micro_done`` micro-batches into the current epoch (0: at its start)."""
+        self.saver.save(
+            net=self.net,
+            opt=self.opt,
+            generator=self.loaders.generator,
+            position=self.position,
+            plan=self.plan,
+            cfg=self.cfg,
+            wall_s=self._wall_s(),
+            micro_done=micro_done,
+            data_fingerprint=self.data_fingerprint,
+        )
+        self.last_save = time.perf_counter()
+
+    def _evaluate(self) -> dict[str, Any]:
+        return self.objective.evaluate(
+            self.eval_net, self._eval_batches(), device=self.device, amp_dtype=self.amp_dtype, dist=self.dist
+        )
+
+    def _before_training_line(self) -> str:
+        """The started-from model's accuracy on the evaluation split at the new size, before any step
+        (a collective under torchrun: every rank evaluates its shard)."""
+        ev = self._evaluate()
+        h, w = self.vit.config.img_size
+        return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
+
+    def _eval_batches(self) -> Iterable[Any]:
+        """This rank's evaluation batches; with ``--fsdp`` kept in step with the other ranks'
+        (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective)."""
+        if not self.cfg.fsdp:
+            return self.loaders.eval_batches()
+        return lockstep(
+            self.loaders.eval_batches(),
+            net=self.eval_net,
+            d=self.dist,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+            config=self.vit.config,
+        )
+
+    def _exportable(self) -> nn.Module | None:
+        """The model ``model/`` is written from: the trained ViT; with ``--fsdp`` its full weights gathered
+        to rank 0 as a plain model (a collective; None on the other ranks)."""
+        vit = self.objective.exported(self.eval_net)
+        return full_model(vit, self.dist) if self.cfg.fsdp else vit
+
+    def _wall_s(self) -> float:
+        """Wall seconds of the whole run: earlier processes' and this one's."""
+        return self.position.wall_before + time.perf_counter() - self.t_start
+
+    def _finish(self) -> dict[str, Any]:
+        p, d, out = self.position, self.dist, self.out
+        rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
+        summary = run_summary(
+            position=p, plan=self.plan, cfg=self.cfg, model=self.vit, data=self.data, processes=d.world_size,
+            device=self.device, out=out, wall_s=self._wall_s(), rows=rows,
+        )  # fmt: skip
+        if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
+            summary["signal"] = self.stop.name  # type: ignore[union-attr]
+        if not p.interrupted and self.objective.uses_labels:
+            r, budget = self.cfg.recipe, self.cfg.time_budget
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget)
+        if d.is_main:
+            write_json(summary, out / "summary.json")
+            if summary.get("advice"):
+                self.log(summary["advice"])
+            if self.last_eval is not None:
+                draw_figures(out, self.data.class_names, self.last_eval)
+            if p.interrupted:
+                by = f" by {self.stop.name}" if self.stop.requested else ""  # type: ignore[union-attr]
+                self.log(
+                    f"stopped{by} at epoch {p.epoch + 1}, step {p.step}; saved {self.saver.last}. "
+                    f"Continue with: vitlab train --out {out} --resume"
+                )
+        return summary

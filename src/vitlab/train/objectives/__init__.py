@@ -1,0 +1,43 @@
+"""WHAT a run learns (timm's ``task/``): one :class:`~vitlab.train.objectives.base.Objective` per objective, which
+builds the trained module around the ViT, computes the loss, evaluates, says what ``model/`` saves and what it adds
+to the memory estimate. The loop, the time budget's probe, the memory estimate and the outputs ask it.
+
+- :class:`~.classify.Classify`: the paper's classification (cross-entropy, label smoothing, MixUp/CutMix targets);
+- :class:`~.mpp.MPP`: masked patch prediction (Sec. 4.6), labels unused;
+- :class:`~.distill.Distill`: classification with a frozen teacher (DeiT), when ``--teacher`` is given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .base import Objective
+from .classify import Classify
+from .distill import Distill
+from .mpp import MPP
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...data.sources import DataSplits
+    from ..spec.config import TrainConfig
+
+__all__ = ["MPP", "Classify", "Distill", "Objective", "build_objective", "objective_for"]
+
+_BY_NAME: dict[str, type[Objective]] = {"classify": Classify, "mpp": MPP}
+
+
+def objective_for(cfg: TrainConfig) -> type[Objective]:
+    """The objective ``cfg`` trains (its class: what is known before the data)."""
+    return Distill if cfg.teacher is not None else _BY_NAME[cfg.objective]
+
+
+def build_objective(cfg: TrainConfig, data: DataSplits, *, device: torch.device) -> Objective:
+    """The objective of the run ``cfg`` on ``data`` (its recipe fitted: the label smoothing is read here); a
+    teacher is loaded onto ``device``."""
+    kind = objective_for(cfg)
+    if kind is Distill:
+        return Distill.build(cfg, data, device=device)
+    if kind is MPP:
+        return MPP(seed=cfg.seed)
+    return Classify(num_classes=data.num_classes, label_smoothing=cfg.recipe.label_smoothing)

@@ -1,0 +1,81 @@
+"""What an objective is (timm's ``task/``): the one object the training loop, the time budget's probe, the memory
+estimate and the run's ``model/`` ask about what is learned. The loop does not know which objective runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..spec.image_size import fit_size_to_data
+
+if TYPE_CHECKING:
+    from ...data.sources import DataSplits
+    from ...models import ViTConfig
+    from ...train.engine.distributed import Dist
+    from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
+
+__all__ = ["Objective"]
+
+
+class Objective:
+    """One training objective. Class attributes and class methods are what a run needs before the objective is
+    built (the data, the recipe, the memory estimate); an instance (:func:`~vitlab.train.objectives.build_objective`,
+    once the data and the recipe are known) computes the loss and evaluates."""
+
+    name: ClassVar[str]
+    uses_labels: ClassVar[bool] = True
+    """Whether the labels are learned: the data needs two classes or more, MixUp/CutMix mix them, evaluation
+    reports top-1 over classes (and the advice and the accuracy before fine-tuning read it)."""
+    leaves_parameters_unused: ClassVar[bool] = False
+    """Whether a step leaves some of the module's parameters without a gradient (DDP must look for them)."""
+
+    @classmethod
+    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+        """``cfg`` with its recipe fitted to the data (a new run, once): the size and evaluation crop the data was
+        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`)."""
+        return fit_size_to_data(cfg, data)
+
+    @classmethod
+    def step_bytes(
+        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
+        num_classes: int, teacher: ViTConfig | None = None,
+    ) -> tuple[int, int]:  # fmt: skip
+        """``(training, evaluation)``: bytes the objective adds to a step of ``micro`` images and to an evaluation
+        pass of ``eval_batch``, beyond the ViT's own activations (:mod:`vitlab.train.engine.memory`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def head(cls, data: DataSplits) -> tuple[int, list[str]]:
+        """``(classes, class names)`` of the ViT's head."""
+        return data.num_classes, list(data.class_names)
+
+    @classmethod
+    def wrap(cls, model: nn.Module) -> nn.Module:
+        """The module the optimiser trains around the ViT ``model`` (the ViT itself unless the objective adds
+        parameters)."""
+        return model
+
+    @classmethod
+    def exported(cls, net: nn.Module) -> nn.Module:
+        """The ViT inside ``net`` (what :meth:`wrap` made, or a copy of it): what ``model/`` saves."""
+        return net
+
+    def loss(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of the batch ``(x, y)`` through ``net`` (a float32 scalar; under autocast)."""
+        raise NotImplementedError
+
+    def evaluate(
+        self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
+        dist: Dist | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``top1``, ``top5`` and ``loss`` over ``batches`` (and what the figures read: ``confusion``,
+        ``per_class``); in DDP every rank passes its shard and the counts are summed."""
+        raise NotImplementedError
+
+    def start_line(self) -> str | None:
+        """What the run prints about the objective when it starts (None: nothing)."""
+        return None

@@ -1,0 +1,82 @@
+"""Classification (the paper's objective): cross-entropy of the class logits with the labels, or with
+MixUp/CutMix's soft targets, with the recipe's label smoothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...capacity import inference_bytes
+from ...evaluate.accuracy import evaluate_batches
+from ..spec.fitting import fit_recipe_to_data
+from .base import Objective
+
+if TYPE_CHECKING:
+    from ...data.sources import DataSplits
+    from ...models import ViTConfig
+    from ..engine.distributed import Dist
+    from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
+
+__all__ = ["Classify", "head_bytes"]
+
+
+class Classify(Objective):
+    """Cross-entropy on the class head; ``num_classes``: the data's (evaluation's top-5 and confusion)."""
+
+    name = "classify"
+
+    def __init__(self, *, num_classes: int, label_smoothing: float = 0.0) -> None:
+        self.num_classes, self.label_smoothing = num_classes, label_smoothing
+
+    @classmethod
+    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+        """The ``auto`` or ``finetune`` recipe fitted to the data
+        (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`), then the size the data was stored for."""
+        cfg = fit_recipe_to_data(
+            cfg,
+            n_train=len(data.train),
+            image_size=tuple(data.image_size),
+            num_classes=data.num_classes,
+            in_chans=data.in_chans,
+            device_type=device_type,
+        )
+        return super().fit_recipe(cfg, data, device_type=device_type)
+
+    @classmethod
+    def step_bytes(
+        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
+        num_classes: int, teacher: ViTConfig | None = None,
+    ) -> tuple[int, int]:  # fmt: skip
+        """The logits, their log-softmax and gradient; MixUp/CutMix's mixed batch and soft targets; a distillation
+        teacher's forward pass (its activations, the batch at its size and its logits)."""
+        train = micro * num_classes * (bytes_per_value + 8)
+        h, w = model_config.img_size
+        if recipe.mixup or recipe.cutmix:
+            train += micro * (model_config.in_chans * h * w * 4 + 2 * num_classes * 4)
+        if teacher is not None:
+            train += head_bytes(teacher, micro=micro, bytes_per_value=bytes_per_value, num_classes=num_classes)
+        return train, eval_batch * num_classes * 8
+
+    def loss(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net(x).float(), y, label_smoothing=self.label_smoothing)
+
+    def evaluate(
+        self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
+        dist: Dist | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return evaluate_batches(
+            net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist
+        )
+
+
+def head_bytes(teacher: ViTConfig, *, micro: int, bytes_per_value: int, num_classes: int) -> int:
+    """Bytes of a frozen teacher's forward pass over ``micro`` images: its activations without autograd, the batch
+    resized to its input and its logits."""
+    h, w = teacher.img_size
+    acts = inference_bytes(teacher, img_size=(h, w), batch=micro, bytes_per_value=bytes_per_value)
+    return acts + micro * (teacher.in_chans * h * w * 4 + num_classes * 4)

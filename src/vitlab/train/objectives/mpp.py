@@ -1,0 +1,125 @@
+"""Masked patch prediction (paper Sec. 4.6, Appendix B.1.2): ``vitlab train --objective mpp``.
+
+The run trains :class:`~vitlab.models.mpp.MaskedPatchPrediction` around a headless ViT: labels are ignored, the
+loss is the 512-way cross-entropy of the corrupted patches' 3-bit mean colours, and "top-1" is the
+colour-prediction accuracy. Only the wrapped ViT is saved in ``model/`` (the [mask] embedding and the colour head
+live in ``last.pt`` for resuming), so ``vitlab finetune --init run/model`` starts from it like from any ViT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from ...capacity import grid_tokens
+from ...devices import autocast
+from ...models.mpp import MaskedPatchPrediction
+from ..spec.fitting import fit_mpp_recipe
+from .base import Objective
+
+if TYPE_CHECKING:
+    from ...data.sources import DataSplits
+    from ...models import ViTConfig
+    from ..engine.distributed import Dist
+    from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
+
+__all__ = ["MPP", "evaluate_mpp", "step_bytes"]
+
+
+class MPP(Objective):
+    """Masked patch prediction; ``seed``: the evaluation's corruption (the same patches every epoch)."""
+
+    name = "mpp"
+    uses_labels = False
+    leaves_parameters_unused = True  # the ViT's pooling and head
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = seed
+
+    @classmethod
+    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+        """The size the data was stored for, then the patch and batch for it
+        (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`)."""
+        cfg = super().fit_recipe(cfg, data, device_type=device_type)
+        return fit_mpp_recipe(cfg, n_train=len(data.train), image_size=tuple(data.image_size))
+
+    @classmethod
+    def step_bytes(
+        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
+        num_classes: int, teacher: ViTConfig | None = None,
+    ) -> tuple[int, int]:  # fmt: skip
+        train = step_bytes(model_config, batch=micro, bytes_per_value=bytes_per_value)
+        return train, step_bytes(model_config, batch=eval_batch, bytes_per_value=bytes_per_value)
+
+    @classmethod
+    def head(cls, data: DataSplits) -> tuple[int, list[str]]:
+        return 0, []  # a headless ViT
+
+    @classmethod
+    def wrap(cls, model: nn.Module) -> nn.Module:
+        return MaskedPatchPrediction(model)
+
+    @classmethod
+    def exported(cls, net: nn.Module) -> nn.Module:
+        return net.model if isinstance(net, MaskedPatchPrediction) else net
+
+    def loss(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return net(x).loss.float()
+
+    def evaluate(
+        self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
+        dist: Dist | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return evaluate_mpp(net, batches, device=device, amp_dtype=amp_dtype, dist=dist, seed=self.seed)
+
+
+def step_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4, corrupt_prob: float = 0.5) -> int:
+    """Bytes the MPP wrapper (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) adds to a step of ``batch`` images
+    of ``model_config``'s ViT, beyond the ViT's own (:func:`vitlab.capacity.activation_bytes`): the [0, 1]
+    pixel copy the colour targets are read from, the corruption's draws, indices, targets and token copies, and the
+    512-way colour head on every corrupted patch (its input, logits, log-softmax and their gradient). Evaluation
+    holds the same. ``corrupt_prob``: the share of patches corrupted (the paper's 50%), with a margin."""
+    c = model_config
+    h, w = c.img_size
+    n = grid_tokens(c, (h, w))
+    pixels = 2 * c.in_chans * h * w * 4  # images * std + mean, then clamped
+    corrupt = n * (2 * 4 + 3 * 8 + 3 * c.embed_dim * bytes_per_value + 2)  # two draws, indices, targets, copies
+    hit = int(n * min(1.0, corrupt_prob * 1.1)) + 1
+    head = hit * (c.embed_dim * bytes_per_value + 512 * (bytes_per_value + 4 + 4) + 8)
+    return int(batch * (pixels + corrupt + head))
+
+
+@torch.no_grad()
+def evaluate_mpp(
+    net: nn.Module, batches, *, device: torch.device, amp_dtype: torch.dtype | None = None, dist=None, seed: int = 0
+) -> dict[str, Any]:
+    """Colour-prediction top-1 / top-5 and mean loss over the corrupted patches of ``batches``.
+
+    The corruption is drawn from its own generator seeded with ``seed``: every evaluation of a
+    run corrupts the same patches (epochs are comparable) and the global RNG, which resume
+    restores exactly, is left untouched. Labels are ignored. In DDP the counts are summed."""
+    net.eval()
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(3, dtype=torch.float64)  # top-1 hits, top-5 hits, loss sum
+    n = torch.zeros((), dtype=torch.int64)
+    for x, _ in batches:
+        x = x.to(device, non_blocking=True)
+        with autocast(device, amp_dtype):
+            out = net(x, generator=gen)
+        logits, tgt = out.logits.float(), out.targets
+        if tgt.numel() == 0:
+            continue
+        counts[0] += float((logits.argmax(-1) == tgt).sum())
+        counts[1] += float((logits.topk(5, dim=-1).indices == tgt[:, None]).any(-1).sum())
+        counts[2] += float(torch.nn.functional.cross_entropy(logits, tgt, reduction="sum"))
+        n += tgt.numel()
+    if dist is not None and dist.enabled:
+        for t in (counts, n):
+            tdist.all_reduce(t)
+    k = max(int(n), 1)
+    return {"top1": float(counts[0]) / k, "top5": float(counts[1]) / k, "loss": float(counts[2]) / k, "count": int(n)}

@@ -1,0 +1,81 @@
+"""The one line of advice at the end of a finished run (issue 18): what its per-epoch curves say about the
+run's length and its regularisation, and the flag to change. Rules, not a model: each fires on a documented
+threshold and names the flags a timm user would reach for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..spec.recipes import Recipe
+
+__all__ = ["OVERFIT_RATIO", "RISE_POINTS", "UNDERFIT_RATIO", "advice_line"]
+
+RISE_POINTS = 3.0
+"""Top-1 is "still rising steeply" when the last 20% of the epochs (at least one) gained more than this many
+percentage points: a longer run would very likely end higher."""
+UNDERFIT_RATIO, UNDERFIT_MARGIN = 1.25, 0.1
+"""Train loss is "far above" the evaluation loss when ``train > UNDERFIT_RATIO * eval + UNDERFIT_MARGIN``: more
+than label smoothing 0.1 alone adds, so the training-time augmentation and regularisation (MixUp/CutMix,
+RandAugment, random erasing, stochastic depth) make the task much harder than the test: underfitting."""
+OVERFIT_RATIO = 1.15
+"""The run overfits when its last evaluation loss is more than this times the lowest of the run while the train
+loss has kept falling since that epoch: the model memorises the training images (the mild level and MixUp of
+``docs/training.md`` were measured against exactly this)."""
+
+
+def _lighter(recipe: Recipe) -> list[str]:
+    """The flags that switch off each regulariser the recipe has on."""
+    on = (
+        ("--mixup 0", recipe.mixup > 0),
+        ("--cutmix 0", recipe.cutmix > 0),
+        ("--randaugment none", recipe.randaugment is not None),
+        ("--random-erasing 0", recipe.random_erasing > 0),
+        ("--drop-path 0", recipe.drop_path > 0),
+    )
+    return [flag for flag, yes in on if yes]
+
+
+def _stronger(recipe: Recipe) -> list[str]:
+    """The two mildest additions against memorising, for a recipe that has neither: a random crop, MixUp."""
+    off = (("--crop-scale 0.8,1", recipe.crop_scale[0] >= 1.0), ("--mixup 0.2", recipe.mixup == 0))
+    return [flag for flag, yes in off if yes]
+
+
+def advice_line(
+    rows: Sequence[dict[str, Any]], *, recipe: Recipe, epochs: int, time_budget: float | None = None
+) -> str | None:
+    """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
+
+    - top-1 still rising steeply (:data:`RISE_POINTS`): train longer (``--epochs`` or ``--time-budget`` doubled);
+    - train loss far above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises: the flags
+      that lighten it (a named recipe other than ``auto`` also gets ``--recipe auto``, fitted to the run's length);
+    - evaluation loss risen from its lowest while the train loss fell (:data:`OVERFIT_RATIO`): a random crop and
+      MixUp where the recipe has none, else as many epochs (or that share of the budget) as reached the lowest loss.
+
+    Needs three epochs or more (``rows``: ``metrics.jsonl``'s)."""
+    if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
+        return None
+    why, fix = [], []
+    k = max(1, round(0.2 * len(rows)))
+    gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
+    if gain > RISE_POINTS:
+        of = f"the last {k} of {len(rows)} epochs" if k > 1 else f"the last of {len(rows)} epochs"
+        why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of})")
+        fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
+    train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
+    lighter = _lighter(recipe)
+    if lighter and train > UNDERFIT_RATIO * ev + UNDERFIT_MARGIN:
+        why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
+        fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))
+    low = min(range(len(rows)), key=lambda i: rows[i]["eval_loss"])
+    if ev > OVERFIT_RATIO * rows[low]["eval_loss"] and train < rows[low]["train_loss"]:
+        best = rows[low].get("epoch", low + 1)
+        why.append(
+            f"eval loss up from {rows[low]['eval_loss']:.2f} (epoch {best}) to {ev:.2f} while train loss fell "
+            f"to {train:.2f} (overfitting)"
+        )
+        shorter = f"--time-budget {time_budget * (low + 1) / len(rows) / 60:.3g}m" if time_budget else ""
+        fix.append(" ".join(_stronger(recipe)) or shorter or f"--epochs {best}")
+    return f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None

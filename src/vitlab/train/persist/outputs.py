@@ -1,0 +1,175 @@
+"""A run's folder and what it writes there besides checkpoints: ``metrics.jsonl`` (one line per epoch),
+``summary.json``, ``config.yaml`` (what re-creates the run), and the claim of the folder by a new run
+(:func:`claim_run_folder`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..._fs import atomic_write_text
+from ...errors import ConfigError
+from ..spec.files import config_text
+from .dcp import SHARDED_DIR, clear
+from .position import RunPlan, RunPosition
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...data.sources import DataSplits
+    from ...models import VisionTransformer, ViTConfig
+    from ..spec.config import TrainConfig
+
+__all__ = [
+    "RUN_MARKERS",
+    "RUN_OUTPUTS",
+    "append_metrics",
+    "claim_run_folder",
+    "model_summary",
+    "read_metrics",
+    "run_summary",
+    "truncate_metrics",
+    "write_config",
+    "write_json",
+]
+
+RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
+"""What a run leaves in its folder: a folder holding any of them holds a run."""
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml")
+"""Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
+
+
+def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Callable[[str], None]) -> None:
+    """Make ``out`` ready for a new run (not a resumed one); the caller holds its lock.
+
+    A folder that holds another run (:data:`RUN_MARKERS`: finished, stopped or foreign) is refused
+    in one line, unless ``overwrite``: then the previous run's outputs are removed before the new
+    run writes anything, so that the folder holds only the new run. Other files are left alone. An
+    empty or new folder is fine."""
+    found = [n for n in RUN_MARKERS if (out / n).exists() or (out / n).is_symlink()]
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"{out}: holds another run ({', '.join(found)}); pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --out"
+        )
+    if init is not None and Path(init).exists() and out.resolve() in Path(init).resolve().parents:
+        raise ConfigError(f"--init {init}: is inside {out}, which --overwrite would clear; copy it elsewhere first")
+    removed, kept = [], []
+    for name in RUN_OUTPUTS:
+        p = out / name
+        if name == SHARDED_DIR:  # only the checkpoints vitlab wrote there; a link the user made stays
+            if p.exists() or p.is_symlink():
+                kept = clear(out)
+                removed.append(name if not (p.exists() or p.is_symlink()) else f"checkpoints in {name}/")
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()  # (a link is removed, never what it points to)
+        else:
+            continue
+        removed.append(name)
+    log(f"{out}: --overwrite: removed the previous run's {', '.join(removed)}")
+    if kept:
+        log(f"{out / SHARDED_DIR}: kept {len(kept)} entries vitlab did not write ({', '.join(kept[:5])})")
+
+
+def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Atomic JSON write."""
+    p = Path(path)
+    atomic_write_text(p, json.dumps(obj, indent=2) + "\n")
+
+
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    """``out/config.yaml``: the run's resolved configuration, which ``vitlab train --config`` reads back
+    (:func:`~vitlab.train.spec.files.config_text`); written atomically."""
+    atomic_write_text(out / "config.yaml", config_text(cfg))
+
+
+def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by a kill
+            break
+    return rows
+
+
+def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[dict[str, Any]]:
+    """Keep the rows of epochs ``<= last_epoch`` (those the resume checkpoint has seen)."""
+    rows = [r for r in read_metrics(path) if r.get("epoch", 0) <= last_epoch]
+    p = Path(path)
+    atomic_write_text(p, "".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def model_summary(mcfg: ViTConfig, init: str | None) -> dict[str, Any]:
+    """The trained architecture as ``summary.json`` describes it."""
+    return {
+        "name": mcfg.name,
+        "img_size": list(mcfg.img_size),
+        "patch_size": mcfg.patch_size,
+        "embed_dim": mcfg.embed_dim,
+        "depth": mcfg.depth,
+        "num_heads": mcfg.num_heads,
+        "mlp_dim": mcfg.mlp_dim,
+        "init": init,
+    }
+
+
+def run_summary(
+    *,
+    position: RunPosition,
+    plan: RunPlan,
+    cfg: TrainConfig,
+    model: VisionTransformer,
+    data: DataSplits,
+    processes: int,
+    device: torch.device,
+    out: Path,
+    wall_s: float,
+    rows: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """``summary.json``: the last epoch's accuracy (from the ``metrics.jsonl`` ``rows``), the best one,
+    how far the run got against its plan, its throughput, the model, the data and the recipe."""
+    p = position
+    return {
+        "top1": rows[-1]["top1"] if rows else None,
+        "top5": rows[-1]["top5"] if rows else None,
+        "best_top1": p.best if p.best >= 0 else None,
+        "epochs": p.epoch,
+        "steps": p.step,
+        "images_per_sec": p.images / max(p.train_s, 1e-9),
+        "wall_s": wall_s,
+        "params": model.num_params(),
+        "model": model_summary(model.config, cfg.init),
+        "data": data.describe(),
+        "recipe": cfg.recipe.name,
+        "recipe_config": cfg.recipe.to_dict(),
+        "recipe_chosen": cfg.resolved,
+        "objective": cfg.objective,
+        "processes": processes,
+        "device": device.type,
+        "out": str(out),
+        "interrupted": p.interrupted,
+        "nan_skipped": p.nan_skipped,
+        "planned_epochs": plan.epochs,
+        "planned_steps": plan.total_steps,
+    }

@@ -1,0 +1,81 @@
+"""Where a run is (:class:`RunPosition`) and what it plans (:class:`RunPlan`): the two dataclasses ``last.pt``
+keeps as plain numbers (it loads with ``torch.load(weights_only=True)``), so that ``--resume`` continues exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunPlan", "RunPosition"]
+
+
+@dataclass(kw_only=True)
+class RunPlan:
+    """The run's length: the plan of a new run (the recipe's epochs, or as many steps as ``--time-budget`` allows),
+    saved in ``last.pt``, re-planned by a time budget and by ``--resume --epochs``."""
+
+    epochs: int
+    total_steps: int
+    """Optimizer steps planned (the LR schedule ends there)."""
+    steps_per_epoch: int
+    warmup_steps: int | None = None
+    """The LR warmup's steps (None: a ``last.pt`` from before they were saved: the schedule's own)."""
+    lr: float = 0.0
+    """The peak LR (the recipe's, scaled to the batch)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunPlan:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(kw_only=True)
+class RunPosition:
+    """Where the run is. The first group is saved in ``last.pt`` (as plain numbers) and restored on resume; the
+    second describes the epoch in progress; the last counts what this process did."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    step: int = 0
+    """Optimizer steps completed (all epochs)."""
+    best: float = -1.0
+    """Best evaluation top-1 so far (-1: none yet)."""
+    wall_before: float = 0.0
+    """Wall seconds of the processes that ran this run before this one."""
+    images: int = 0
+    """Training images seen, all processes together."""
+    train_s: float = 0.0
+    """Seconds spent in training epochs (not evaluation): ``images / train_s`` is the throughput."""
+
+    micro: int = 0
+    """Micro-batches done in the epoch in progress."""
+    loss_sum: float = 0.0
+    """Their training-loss sum."""
+    epoch_start_micro: int = 0
+    epoch_start_images: int = 0
+
+    steps_this_run: int = 0
+    nan_skipped: int = 0
+    """Optimizer steps skipped for a NaN/Inf loss in this process (``--on-nan skip``)."""
+    saved_step: int | None = None
+    """The step ``last.pt`` holds (None: nothing saved yet)."""
+    interrupted: bool = False
+
+    def start_epoch(self) -> None:
+        """Remember where the epoch in progress (re)starts: at its beginning, or part-way after a resume."""
+        self.epoch_start_micro, self.epoch_start_images = self.micro, self.images
+
+    def finish_epoch(self) -> None:
+        self.epoch += 1
+        self.micro, self.loss_sum = 0, 0.0
+
+    def kept(self, path: Path) -> str:
+        """What a run stopped by an error leaves to resume from, for the error's message."""
+        if self.saved_step is None:
+            return "no checkpoint was saved yet"
+        return f"{path} (step {self.saved_step}) holds the last good state"

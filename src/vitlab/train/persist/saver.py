@@ -1,0 +1,182 @@
+"""The one owner of a run's checkpoint files (timm's ``CheckpointSaver``): ``last.pt`` (everything needed to resume
+exactly, written atomically, with every process's random generators), the sharded folder of an ``--fsdp`` run and
+its pruning (:mod:`.dcp`), and ``model/`` (the best or the last weights, as a vitlab folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from ...checkpoints import save
+from ...distributed import Dist
+from ..spec.config import TrainConfig
+from .dcp import prune, read_sharded, sharded_folder, write_sharded
+from .position import RunPlan, RunPosition
+from .state import atomic_torch_save, get_rng_state, set_rng_state
+
+__all__ = ["CheckpointSaver", "Weights"]
+
+
+class Weights(Protocol):
+    """What changes the weights, each with its state in ``last.pt``
+    (:class:`~vitlab.train.engine.optim.Optimization`)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    ema: Any
+
+
+class CheckpointSaver:
+    """The checkpoint files of the run in ``out`` for this process (``dist``, ``device``); ``sharded``: an ``--fsdp``
+    run, whose weights and optimizer state ``last.pt`` names in a sharded folder instead of holding them."""
+
+    def __init__(self, out: Path, *, dist: Dist, device: torch.device, sharded: bool = False) -> None:
+        self.out, self.dist, self.device, self.sharded = out, dist, device, sharded
+
+    @property
+    def last(self) -> Path:
+        return self.out / "last.pt"
+
+    def save(
+        self,
+        *,
+        net: nn.Module,
+        opt: Weights,
+        generator: torch.Generator,
+        position: RunPosition,
+        plan: RunPlan,
+        cfg: TrainConfig,
+        wall_s: float,
+        micro_done: int,
+        data_fingerprint: dict[str, Any] | None = None,
+    ) -> None:
+        """Save ``last.pt``: ``micro_done`` micro-batches into the current epoch (0: at its start). A collective:
+        every rank calls it (their RNG states are gathered; with ``--fsdp`` every rank first writes its shards of
+        the weights and optimizer state into the folder ``last.pt`` then names), rank 0 writes the file and deletes
+        the sharded folders it no longer names. ``data_fingerprint``
+        (:func:`~vitlab.train.engine.data.data_fingerprint`) lets ``--resume`` detect changed data."""
+        d = self.dist
+        sharded = None
+        if self.sharded:
+            sharded = write_sharded(self.out, net=net, optimizer=opt.optimizer, step=position.step, d=d,
+                                    device=self.device)  # fmt: skip
+        torch_ranks = _gather(torch.get_rng_state(), d, self.device)
+        cuda_ranks = (
+            _gather(torch.cuda.get_rng_state(self.device), d, self.device) if self.device.type == "cuda" else None
+        )
+        if not d.is_main:
+            return
+        weights: dict[str, Any] = (
+            {"model": net.state_dict(), "optimizer": opt.optimizer.state_dict()}
+            if sharded is None
+            else {"sharded": sharded}
+        )
+        blob = {
+            **weights,
+            "scheduler": opt.scheduler.state_dict(),
+            "scaler": opt.scaler.state_dict() if opt.scaler is not None else None,
+            "ema": opt.ema.state_dict() if opt.ema is not None else None,
+            "rng": get_rng_state(),
+            "torch_rng_ranks": torch_ranks,
+            **({"cuda_rng_ranks": cuda_ranks} if cuda_ranks is not None else {}),
+            "loader_rng": generator.get_state(),
+            "epoch": position.epoch,
+            "step": position.step,
+            "micro_in_epoch": micro_done,
+            # the samples all processes consumed in the epoch: a shard reader resumes there on any number of processes
+            "samples_in_epoch": micro_done * (cfg.recipe.batch_size // cfg.recipe.accum_steps),
+            "epoch_loss_sum": position.loss_sum if micro_done else 0.0,
+            "best_top1": position.best,
+            "plan": plan.to_dict(),
+            "wall_s": wall_s,
+            "train_images": position.images,
+            "train_s": position.train_s,
+            "config": json.dumps(cfg.to_dict()),
+            "data_fingerprint": json.dumps(data_fingerprint),
+            "vitlab_checkpoint": 1,
+        }
+        atomic_torch_save(blob, self.last)
+        position.saved_step = position.step
+        if sharded is not None:
+            prune(self.out, keep=sharded)
+
+    def restore(
+        self, state: dict[str, Any], *, net: nn.Module, opt: Weights, generator: torch.Generator
+    ) -> RunPosition:
+        """Load ``state`` (a read ``last.pt``) into the run's objects and generators; the saved position. The
+        weights and optimizer state of a sharded run are read from the folder ``last.pt`` names (a collective:
+        :func:`~vitlab.train.persist.dcp.read_sharded`)."""
+        rank = self.dist.rank
+        if state.get("sharded"):
+            read_sharded(sharded_folder(self.out, state["sharded"]), net=net, optimizer=opt.optimizer)
+        else:
+            net.load_state_dict(state["model"])
+            opt.optimizer.load_state_dict(state["optimizer"])
+        opt.scheduler.load_state_dict(state["scheduler"])
+        if opt.scaler is not None and state.get("scaler"):
+            opt.scaler.load_state_dict(state["scaler"])
+        if opt.ema is not None and state.get("ema"):
+            opt.ema.load_state_dict(state["ema"])
+        set_rng_state(state["rng"])
+        torch_states = state.get("torch_rng_ranks")
+        if torch_states is not None and rank < len(torch_states):
+            torch.set_rng_state(torch_states[rank])
+        cuda_states = state.get("cuda_rng_ranks")  # this rank's GPU generator (the one set_rng_state gave is rank 0's)
+        if cuda_states is not None and rank < len(cuda_states) and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda_states[rank])
+        generator.set_state(state["loader_rng"])
+        return RunPosition(
+            epoch=state["epoch"],
+            step=state["step"],
+            micro=_micro_in_epoch(state),
+            loss_sum=state.get("epoch_loss_sum", 0.0),
+            best=state["best_top1"],
+            wall_before=state["wall_s"],
+            images=state["train_images"],
+            train_s=state["train_s"],
+            saved_step=state["step"],
+        )
+
+    def save_model(self, model: nn.Module, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int) -> None:
+        """``model/``: ``model`` as a vitlab folder with what produced it (recipe, data, epoch, accuracy, ``--init``).
+        It replaces the run's own earlier ``model/`` (the run folder was checked when the run started)."""
+        r = cfg.recipe
+        save(
+            model,
+            self.out / "model",
+            overwrite=True,
+            extra={
+                "crop_pct": r.crop_pct,
+                "recipe": r.name,
+                "data": cfg.data,
+                "epoch": epoch,
+                "top1": ev["top1"],
+                "top5": ev["top5"],
+                "init": cfg.init,
+                "objective": cfg.objective,
+            },
+        )
+
+
+def _gather(s: torch.Tensor, dist: Dist, device: torch.device) -> list[torch.Tensor]:
+    """Every rank's ``s`` (a generator's state; a collective: all ranks call it), rank 0's first."""
+    if not dist.enabled:
+        return [s]
+    got = [torch.empty_like(s) for _ in range(dist.world_size)]
+    tdist.all_gather(got, s) if device.type == "cpu" else tdist.all_gather_object(got, s)
+    return got
+
+
+def _micro_in_epoch(state: dict[str, Any]) -> int:
+    """Micro-batches per process done in the saved epoch, from the global sample count where the checkpoint has
+    one (the same number on any number of processes: a micro-batch is ``batch_size / accum_steps`` samples)."""
+    if "samples_in_epoch" not in state:
+        return int(state["micro_in_epoch"])
+    cfg = json.loads(state["config"])["recipe"]
+    return int(state["samples_in_epoch"]) // (int(cfg["batch_size"]) // int(cfg["accum_steps"]))

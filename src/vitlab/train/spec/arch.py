@@ -1,0 +1,137 @@
+"""THE architecture rule: the run's model (a registered ``--model`` name, or the recipe's ``arch`` fields) with the
+architecture options (``--patch-size``, ``--dim``, ``--depth``, ``--heads``, ``--mlp-ratio``, ``--pool``,
+``--posemb``) and the image size, as the :class:`~vitlab.models.config.ViTConfig` of a fresh model. Validation
+(:func:`check`), the comparison of a resumed run (:func:`compared`), the memory estimate and the model that is built
+(:func:`fresh_config`) all ask it, so they agree. A field the model refuses is named by its option."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigError
+from ...models.config import ViTConfig, mlp_dim_for
+from ...models.variants import model_config
+from .options import OPTIONS, OptionError, Ref, ref
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+__all__ = ["FIELD_PATHS", "base_config", "check", "compared", "fresh_config"]
+
+FIELD_PATHS: dict[str, str] = {
+    "img_size": "img_size",
+    "mlp_dim": "arch.mlp_ratio",
+    "drop_path_rate": "recipe.drop_path",
+    "drop_rate": "recipe.dropout",
+    "patch_drop_rate": "recipe.token_drop",
+    **{o.path.removeprefix("arch."): o.path for o in OPTIONS if o.path and o.path.startswith("arch.")},
+}
+"""A :class:`ViTConfig` field -> the option that sets it (for the error that names it)."""
+_FIELDS = {f.name for f in dataclasses.fields(ViTConfig)}
+
+
+@contextmanager
+def _named() -> Iterator[None]:
+    """A field the model refuses, named by its option (``num_heads: ...`` -> ``--heads: ...``)."""
+    try:
+        yield
+    except OptionError:
+        raise
+    except ConfigError as e:
+        if e.option not in FIELD_PATHS:
+            raise
+        raise OptionError(Ref(FIELD_PATHS[e.option]), f": {e.problem}") from None
+
+
+def base_config(cfg: TrainConfig) -> ViTConfig:
+    """The model before the options: ``--model`` (else the recipe's ``model``), or the recipe's ``arch`` fields."""
+    name = cfg.model or cfg.recipe.model
+    if name:
+        return model_config(name)
+    unknown = sorted(set(cfg.recipe.arch) - _FIELDS)
+    if unknown:
+        raise OptionError(ref("recipe.arch"), f": {unknown[0]!r} is no model field (ViTConfig)")
+    with _named():
+        return ViTConfig(name="vit_custom", **cfg.recipe.arch)
+
+
+def _changes(cfg: TrainConfig, base: ViTConfig) -> dict[str, Any]:
+    """The fields the architecture options change; ``--mlp-ratio`` (or a new width) gives ``mlp_dim``."""
+    arch = dict(cfg.arch)
+    ratio = arch.pop("mlp_ratio", None) or base.mlp_dim / base.embed_dim
+    changes = {k: v for k, v in arch.items() if v is not None}
+    if "embed_dim" in changes or cfg.arch.get("mlp_ratio"):
+        with _named():
+            changes["mlp_dim"] = mlp_dim_for(changes.get("embed_dim", base.embed_dim), ratio)
+    return changes
+
+
+def fresh_config(
+    cfg: TrainConfig,
+    *,
+    image_size: int | tuple[int, int],
+    in_chans: int,
+    num_classes: int,
+    class_names: list[str],
+    norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+) -> ViTConfig:
+    """The configuration of the fresh model ``cfg`` trains (no ``--init``): the size is ``--img-size``, else the
+    recipe's, else the data's ``image_size``; the head, dropout rates and token dropping are the recipe's; ``norm``:
+    the input ``(mean, std)`` (None: the model's own). A model the options change is named by its shape
+    (``vit_p4_d128_l6``; a hybrid ``vit_r_p1_d128_l6``). Nothing is allocated."""
+    r = cfg.recipe
+    base = base_config(cfg)
+    changes = _changes(cfg, base)
+    custom = bool(changes) or not (cfg.model or r.model)
+    with _named():
+        c = base.replace(
+            **changes,
+            img_size=cfg.img_size or r.img_size or image_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            head=r.head,
+            drop_path_rate=r.drop_path,
+            drop_rate=r.dropout,
+            patch_drop_rate=r.token_drop,
+            class_names=list(class_names),
+            **({"mean": norm[0], "std": norm[1]} if norm else {}),
+        )
+    if cfg.distill_token and not c.dist_token:
+        if c.pool != "cls" or c.head != "linear" or not c.class_token:
+            raise OptionError(
+                ref("distill_token"),
+                ": DeiT's distillation token needs a class token, ",
+                ref("arch.pool"),
+                f" cls and a linear head (this model: pool {c.pool}, head {c.head}); add ",
+                ref("arch.pool"),
+                " cls",
+            )
+        c = c.replace(dist_token=True)
+    if custom:
+        stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
+        c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
+    return c
+
+
+def check(cfg: TrainConfig) -> None:
+    """Refuse an architecture no model can have, before the data's size is known (the size then is the options'
+    or the recipe's, else four patches: the data's own is checked when the model is built)."""
+    base = base_config(cfg)
+    patch = (cfg.arch.get("patch_size") or base.patch_size) * base.stem_stride
+    fresh_config(cfg, image_size=4 * patch, in_chans=base.in_chans, num_classes=0, class_names=[])
+
+
+def compared(cfg: TrainConfig) -> dict[str, Any]:
+    """The architecture fields the options set, as the model is built (a flag equal to the recipe's value is no
+    change): what a resumed run compares. An ``--init`` run's, or an unknown ``--model``'s, are the options'."""
+    arch = {k: v for k, v in cfg.arch.items() if v is not None}
+    try:
+        base = base_config(cfg)
+    except (ConfigError, KeyError, TypeError, ValueError):  # an unknown --model: compared by its name
+        return arch
+    ratio = arch.get("mlp_ratio") or base.mlp_dim / base.embed_dim
+    fields = ("patch_size", "embed_dim", "depth", "num_heads", "pool", "posemb")
+    return {**{f: arch.get(f, getattr(base, f)) for f in fields}, "mlp_ratio": ratio}

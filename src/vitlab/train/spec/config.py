@@ -1,0 +1,156 @@
+"""The run's configuration (:class:`TrainConfig`, with its :class:`~vitlab.train.spec.recipes.Recipe`) and how
+it is built from option values keyed by config path (:func:`build_config`): the command line's
+(:func:`~vitlab.train.spec.parser.namespace_values`) over a config file's (:mod:`.files`) over the defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .options import OPTIONS, default_recipe_name, ref
+from .options import OptionError as OptionError
+from .recipes import Recipe, get_recipe
+
+__all__ = ["NORM_STATS", "TrainConfig", "arch_values", "build_config", "option_paths"]
+
+
+NORM_STATS = ("data", "inception", "imagenet")
+"""The choices of ``--norm-stats`` (:attr:`TrainConfig.norm_stats`)."""
+
+
+@dataclass
+class TrainConfig:
+    """One run: data, model choices, recipe (with overrides already applied) and run options."""
+
+    recipe: Recipe = field(default_factory=lambda: get_recipe("digits"))
+    data: str = "digits"
+    out: str = "runs/default"
+    model: str | None = None
+    """Registered name; overrides ``recipe.model``/``recipe.arch``."""
+    arch: dict[str, Any] = field(default_factory=dict)
+    """Architecture overrides: ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_ratio``."""
+    img_size: int | None = None
+    norm_stats: str | None = None
+    """Input normalisation of a model trained from scratch: ``data`` (the training set's per-channel mean and
+    std, :func:`vitlab.data.channel_stats`), ``inception`` (0.5 / 0.5) or ``imagenet``; None: ``data``. An
+    ``--init`` model keeps the normalisation it was trained with."""
+    init: str | None = None
+    """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    objective: str = "classify"
+    """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
+    a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy
+    (:mod:`vitlab.train.objectives.mpp`)."""
+    teacher: str | None = None
+    """Distil from this classifier (DeiT): a vitlab run or model folder, a checkpoint file or a public name
+    (:mod:`vitlab.train.objectives.distill`)."""
+    distill: str | None = None
+    """``hard`` (the teacher's argmax; the default with a teacher) or ``soft`` (KL at ``distill_tau``)."""
+    distill_token: bool = False
+    """Build the student with DeiT's distillation token; its head takes the teacher's target."""
+    distill_tau: float = 3.0
+    """The soft distillation's temperature."""
+    seed: int = 0
+    workers: int = -1
+    """DataLoader worker processes; -1: one worker when the model runs single-threaded on a
+    machine with spare cores (augmentation then overlaps the step), else none."""
+    device: str = "auto"
+    precision: str = "auto"
+    """``auto`` (bf16 autocast on GPU, fp32 on CPU), ``fp32``, ``bf16`` or ``fp16`` (CUDA only, with a GradScaler)."""
+    compile: bool = False
+    grad_checkpointing: bool = False
+    """Activation checkpointing per encoder block (``model.set_grad_checkpointing``): the same gradients
+    for less activation memory and one more forward pass a step."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state over the processes with FSDP2 (per encoder block
+    and at the root; :mod:`vitlab.train.engine.parallel`) instead of replicating them with DDP; ``last.pt`` then
+    points to a ``torch.distributed.checkpoint`` folder that resumes on any number of processes."""
+    threads: int = 0
+    """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
+    lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
+    val_split: float | None = None
+    cache_dir: str | None = None
+    strict_data: bool = False
+    max_image_pixels: int | None = None
+    """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
+    allow_single_class: bool = False
+    """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
+    shuffle_buffer: int = 8192
+    """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
+    allow_pipe: bool = False
+    """``--allow-pipe``: ``data`` may hold ``pipe:`` URLs, which run a shell command. Trust given on this command
+    line only: a resumed run never takes it from ``last.pt`` (:func:`~vitlab.train.spec.resume.resumed_config`)."""
+    memory_budget: int | None = None
+    """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
+    images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
+    on_nan: str = "stop"
+    """A NaN/Inf loss: ``stop`` before the update (``last.pt`` keeps the last good state, exit 2)
+    or ``skip`` the step and count it."""
+    time_budget: float | None = None
+    """Seconds for the whole run; the number of steps is planned from a measured step time."""
+    save_every: float | None = None
+    """Minutes between mid-epoch checkpoints (the end of each epoch always saves)."""
+    stop_after: int | None = None
+    """Save and exit after this many optimizer steps in this process (pre-emption drills, tests)."""
+    keep: str = "best"
+    """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
+    progress: bool = True
+    recipe_given: list[str] = field(default_factory=list)
+    """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data
+    keeps them."""
+    resolved: str | None = None
+    """How the recipe was fitted to the data (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`), the line
+    the run printed; ``None``: not fitted (yet). A resumed run keeps its fitted recipe unchanged."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["recipe"] = self.recipe.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        d["recipe"] = Recipe.from_dict(d["recipe"])
+        return cls(**d)
+
+
+def build_config(values: Mapping[str, Any], *, given: Collection[str] = ()) -> TrainConfig:
+    """The configuration ``values`` describe (config path -> value, e.g. ``{"data": "f", "recipe.lr": 0.01}``).
+
+    Top-level paths are :class:`TrainConfig` fields (the dataclass's default where absent); ``recipe.*`` change the
+    recipe ``recipe.name`` names (by default :func:`~vitlab.train.spec.options.default_recipe_name`'s), ``arch.*``
+    the model (``arch.pool`` sets ``arch.class_token`` too unless it is given). Without ``img_size`` a resolution
+    schedule's last size is the training size. ``given``: the paths the user set; fitting the recipe to the data
+    keeps the recipe's (:attr:`TrainConfig.recipe_given`)."""
+    top = {p: v for p, v in values.items() if "." not in p}
+    arch = arch_values(values)
+    changes = {p.removeprefix("recipe."): v for p, v in values.items() if p.startswith("recipe.")}
+    name = changes.pop("name", None) or default_recipe_name(top)
+    recipe = dataclasses.replace(get_recipe(name), **changes) if changes else get_recipe(name)
+    schedule = changes.get("res_schedule")
+    if schedule and top.get("img_size") is None:
+        top["img_size"] = schedule[-1][0]
+    elif schedule and top["img_size"] != schedule[-1][0]:
+        raise OptionError(ref("recipe.res_schedule"), f" ends at {schedule[-1][0]} px but ", ref("img_size"),
+                          f" is {top['img_size']}")  # fmt: skip
+    if top.get("out") is None:
+        top["out"] = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{'finetune' if top.get('init') else 'train'}"
+    fields = {f.name for f in dataclasses.fields(Recipe)}
+    given_fields = sorted({p.removeprefix("recipe.") for p in given if p.startswith("recipe.")} & fields - {"name"})
+    return TrainConfig(recipe=recipe, arch=arch, recipe_given=given_fields, **top)
+
+
+def arch_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The architecture overrides among ``values`` (``arch.*`` paths, not None), keyed by model field; ``pool``
+    asks for a class token (``cls``) or none (``gap``), as the pooling needs, unless ``class_token`` is given."""
+    arch = {p.removeprefix("arch."): v for p, v in values.items() if p.startswith("arch.") and v is not None}
+    if "pool" in arch and "class_token" not in arch:
+        arch["class_token"] = arch["pool"] == "cls"
+    return arch
+
+
+def option_paths() -> list[str]:
+    """Every config path a config file may hold."""
+    return [o.path for o in OPTIONS if o.path is not None and o.file]

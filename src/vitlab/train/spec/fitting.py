@@ -1,0 +1,348 @@
+"""``--recipe auto``: fit the recipe to the data and the budget, the default for data a user passes.
+
+The rule follows Steiner et al. 2021, "How to train your ViT? Data, Augmentation, and Regularization in
+Vision Transformers" (AugReg): the best amount of augmentation and regularisation grows with the number
+of epochs and shrinks with the amount of data; on short schedules or large data it hurts. The scale
+(:data:`LEVELS`, chosen by :func:`aug_level`):
+
+==========  ==========================  ============  ==================  =====  ======  ===========
+level       when (E epochs, n images)   crop scale    RandAugment(N, M)   MixUp  CutMix  other
+==========  ==========================  ============  ==================  =====  ======  ===========
+minimal     E < 10                      no crop       none                0      0       -
+mild        (one below light)           0.8-1 square  none                0      0       -
+light       10 <= E < 50                0.5-1         (2, 7)              0      0       SD 0.05
+medium      50 <= E < 100               0.35-1        (2, 10)             0.2    0       RE 0.1, SD 0.1
+strong      E >= 100                    0.35-1        (2, 15)             0.8    1.0     RE 0.25, SD 0.1
+==========  ==========================  ============  ==================  =====  ======  ===========
+
+every level: horizontal flip 0.5, label smoothing 0.1, AdamW, weight decay 0.05, cosine decay. One
+level lighter from 10k training images, two from 1M (more data needs less regularisation); "mild" is
+reached only by that shift. The "strong" level is the ``small-data`` recipe's DeiT regularisation, which is
+meant for 100-300 epochs. The minimal level does not crop at all; the mild one crops squares of 80-100% of
+the image (a small change of scale and position). These choices were measured on held-out CIFAR-10
+training images (docs/training.md): under 10 epochs even a 0.8-1 crop cost accuracy; on 10k images the
+light level lost to no crop at 15 epochs, and at 30 epochs no crop overfit where the 0.8-1 crop did not.
+
+The batch is at most 1/16 of the training set (a power of two, 8 to 128), so that small data gets enough
+optimiser steps per epoch; the AdamW LR at batch 128 is 2e-3 under 10 epochs (the LR this project's CIFAR-10
+sweep chose for short schedules, docs/cifar10.md) and 1e-3 from 10 (at 30 epochs on 10k images 2e-3 overfit,
+docs/training.md), scaled by the square root of the batch (the usual rule for Adam-type optimisers); the
+warmup is 10% of the planned steps (5% from 5,000 steps).
+Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
+will see) with a patch size that gives about an 8 x 8 grid of tokens (photos: the paper's 16 at 224 px,
+:mod:`vitlab.train.spec.image_size` picks their resolution), the paper's class token and fixed
+2-D sine-cosine position embeddings (:data:`PLAIN`) instead of learned ones: Beyer et al. 2022 ("Better
+plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
+better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
+measurements behind keeping the class token. A ``--time-budget`` run also drops half the patch tokens in
+training (:data:`BUDGET_TOKEN_DROP`), which buys it about twice the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .image_size import PHOTO_SIDE
+from .recipes import RECIPES, Recipe
+
+__all__ = [
+    "LEVELS",
+    "MODELS",
+    "PLAIN",
+    "aug_level",
+    "auto_arch",
+    "auto_batch",
+    "auto_recipe",
+    "fit_mpp_recipe",
+    "fit_recipe_to_data",
+]
+
+_FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
+_ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
+LEVELS: dict[str, dict[str, Any]] = {
+    name: dict(zip(_FIELDS, values, strict=True))
+    for name, values in (  # crop scale, crop ratio, RandAugment (N, M), MixUp, CutMix, erasing, stochastic depth
+        ("minimal", ((1.0, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),  # scale and ratio 1: the whole image
+        ("mild", ((0.8, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),
+        ("light", ((0.5, 1.0), _ANY_RATIO, (2, 7), 0.0, 0.0, 0.0, 0.05)),
+        ("medium", ((0.35, 1.0), _ANY_RATIO, (2, 10), 0.2, 0.0, 0.1, 0.1)),
+        ("strong", ((0.35, 1.0), _ANY_RATIO, (2, 15), 0.8, 1.0, 0.25, 0.1)),
+    )
+}
+"""Augmentation and regularisation per level (the fields of :data:`_FIELDS`), lightest first (after AugReg's none /
+light / medium / heavy)."""
+_COMMON = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
+
+MODELS: list[tuple[str, int, dict[str, int]]] = [
+    ("tiny", 0, {"embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}),
+    ("small", 1_000_000, {"embed_dim": 192, "depth": 6, "num_heads": 3, "mlp_dim": 384}),
+    ("base", 2_500_000, {"embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_dim": 384}),
+]
+"""``(name, images seen from which it is chosen, ViT fields)``; "base" is the ``small-data`` recipe's
+CIFAR model (the SPT/LSA paper's plain-ViT baseline), the others are its shallower, narrower versions.
+"small" starts at 1M images seen: at 300k (10k images, 30 epochs) it did far worse with the light level
+than "tiny" with the minimal one (docs/training.md; the two changes were not measured apart)."""
+
+PLAIN: dict[str, Any] = {"posemb": "sincos2d"}
+"""The position embeddings of every model ``auto`` picks (``--posemb learn`` overrides them)."""
+
+BUDGET_TOKEN_DROP = 0.5
+"""The share of patch tokens dropped in training (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023) when the
+run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
+outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
+
+_MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
+"""A rough training throughput (multiply-accumulates per second) to estimate how many images a
+``--time-budget`` run will see before its model is built and timed; only the model size and the
+augmentation level depend on it, the run's own plan is measured."""
+
+
+def aug_level(*, epochs: float, n_train: int) -> str:
+    """The augmentation level (a :data:`LEVELS` key) for ``epochs`` passes over ``n_train`` images."""
+    i = 0 if epochs < 10 else 2 if epochs < 50 else 3 if epochs < 100 else 4
+    i -= (n_train >= 10_000) + (n_train >= 1_000_000)  # from the light level down, one level per shift
+    return list(LEVELS)[max(0, i)]
+
+
+def auto_batch(n_train: int, *, cap: int = 128) -> int:
+    """At most 1/16 of the training set, a power of two from 8 to ``cap`` (and never above ``n_train``)."""
+    b = 2 ** int(math.log2(max(1, n_train // 16)))
+    return max(1, min(n_train, cap, max(8, b)))
+
+
+_PATCHES = (32, 16, 14, 8, 7, 4, 2, 1)
+
+
+def _patch_for(img: tuple[int, int], *, photos: bool = False) -> int:
+    """The patch size: for ``photos`` from :data:`~vitlab.train.spec.image_size.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
+    196 tokens at 224 px); otherwise the one giving a grid of tokens closest to 8 x 8 (ties: the larger patch)
+    among those that divide the image, or, when none of them gives 6 to 10 tokens a side (odd sides: only
+    patch 1 divides them), the closest of all, with the model padding the image to a multiple of it
+    (``dynamic_img_pad``, see :func:`auto_arch`)."""
+    if photos and min(img) >= PHOTO_SIDE:
+        return 16
+    ok = [p for p in _PATCHES if img[0] % p == 0 and img[1] % p == 0]
+    best = min(ok, key=lambda p: (abs(min(img) // p - 8), -p))
+    if abs(min(img) // best - 8) <= 2:
+        return best
+    return min(_PATCHES, key=lambda p: (abs(min(img) // p - 8), -p))
+
+
+def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int, *, token_drop: float = 0.0) -> float:
+    """Multiply-accumulates of one forward pass (blocks, attention and patch embedding); the blocks see the
+    ``1 - token_drop`` share of the patch tokens that are kept."""
+    p, d, n = arch["patch_size"], arch["embed_dim"], arch["depth"]
+    patches = math.ceil(img[0] / p) * math.ceil(img[1] / p)
+    t = round(patches * (1 - token_drop)) + 1
+    return n * (t * (4 * d * d + 2 * d * arch["mlp_dim"]) + 2 * t * t * d) + patches * d * p * p * in_chans
+
+
+def auto_arch(
+    *,
+    img_size: tuple[int, int],
+    in_chans: int,
+    images_seen: float | None = None,
+    time_budget: float | None = None,
+    device_type: str = "cpu",
+    photos: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """``(name, ViT fields)`` of the :data:`MODELS` entry for the budget: by ``images_seen`` (epochs x images),
+    or for a ``time_budget`` in seconds the largest model that sees its share of images in it at an
+    estimated throughput (:data:`_MACS_PER_S`). The patch size is :func:`_patch_for`'s (``photos``: the data
+    are photos); a patch that does not divide the image adds ``dynamic_img_pad``."""
+    patch = _patch_for(img_size, photos=photos)
+    pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
+    for name, least, fields in reversed(MODELS):
+        arch = {"patch_size": patch, **fields, **pad}
+        seen = images_seen
+        if time_budget is not None:
+            seen = (
+                time_budget * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
+            )
+        if seen is not None and seen >= least:
+            return name, {**arch, **PLAIN}
+    return MODELS[0][0], {"patch_size": patch, **MODELS[0][2], **pad, **PLAIN}
+
+
+def auto_recipe(
+    *,
+    n_train: int,
+    img_size: tuple[int, int],
+    num_classes: int,
+    in_chans: int = 3,
+    epochs: int | None = None,
+    time_budget: float | None = None,
+    batch_size: int | None = None,
+    token_drop: float | None = None,
+    device_type: str = "cpu",
+    photos: bool = False,
+) -> tuple[Recipe, str]:
+    """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
+    trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
+
+    ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
+    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the data are photos
+    (the patch, :func:`_patch_for`)."""
+    batch = batch_size or auto_batch(n_train)
+    steps_per_epoch = max(1, n_train // batch)
+    if time_budget is not None:
+        model, arch = auto_arch(
+            img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type, photos=photos
+        )
+        grid = (img_size[0] // arch["patch_size"]) * (img_size[1] // arch["patch_size"])
+        if token_drop is None:
+            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+        macs = _macs(arch, img_size, in_chans, token_drop=token_drop)
+        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
+        steps = max(1, int(time_budget * rate / batch))
+        how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
+    else:
+        token_drop = token_drop or 0.0
+        epochs = epochs or RECIPES["auto"].epochs
+        steps = epochs * steps_per_epoch
+        model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
+        how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
+    passes = epochs if time_budget is None else steps * batch / n_train
+    level = aug_level(epochs=passes, n_train=n_train)
+    aug = LEVELS[level]
+    warm = 0.1 if steps < 5000 else 0.05
+    lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
+    recipe = dataclasses.replace(
+        RECIPES["auto"],
+        arch=arch,
+        batch_size=batch,
+        base_batch=batch,
+        lr=lr,
+        warmup_steps=0,
+        warmup_epochs=0.0,
+        warmup_fraction=warm,
+        token_drop=token_drop,
+        **_COMMON,
+        **aug,
+    )
+    head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
+    reason = head + _auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model)
+    return recipe, reason
+
+
+def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str) -> str:
+    """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
+    batch, LR and warmup, token dropping and the model."""
+    ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
+    mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
+    crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
+    crop += " square" if r.crop_ratio == _SQUARE and r.crop_scale[0] < 1 else ""
+    plain = aug_level(epochs=passes, n_train=0)
+    why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
+    why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
+    arch = r.arch
+    return (
+        f", {passes:.0f} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
+        f"random erasing {r.random_erasing:g}, stochastic depth {r.drop_path:g}, wd 0.05; "
+        f"batch {r.batch_size} (<= 1/16 of the data), lr {r.lr:.2g}, warmup {r.warmup_fraction:.0%} of the steps; "
+        + (f"token drop {r.token_drop:g} in training; " if r.token_drop else "")
+        + f"model {model} (patch {arch['patch_size']}{', padded' if arch.get('dynamic_img_pad') else ''}, "
+        + f"width {arch['embed_dim']}, depth {arch['depth']}, "
+        "sin-cos 2-D position embeddings)"
+    )
+
+
+def fit_recipe_to_data(
+    cfg: Any,
+    *,
+    n_train: int,
+    image_size: tuple[int, int],
+    num_classes: int,
+    in_chans: int,
+    device_type: str,
+) -> Any:
+    """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
+    ``auto`` recipe resolved (:func:`auto_recipe`), or the ``finetune`` recipe's batch scaled down to the
+    data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512), its LR
+    with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
+    docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user
+    set (``cfg.recipe_given``) are kept. ``cfg.resolved`` then holds the line that says what was chosen; a
+    config already resolved (a resumed run) is returned unchanged."""
+    r = cfg.recipe
+    if cfg.resolved is not None:
+        return cfg
+    given = {f: getattr(r, f) for f in cfg.recipe_given}
+    if r.name == "auto":
+        img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(image_size)
+        new, reason = auto_recipe(
+            n_train=n_train,
+            img_size=img,
+            num_classes=num_classes,
+            in_chans=in_chans,
+            epochs=r.epochs if "epochs" in given else None,
+            time_budget=cfg.time_budget,
+            batch_size=given.get("batch_size"),
+            token_drop=given.get("token_drop"),
+            device_type=device_type,
+            photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
+        )
+        arch = dict(new.arch)
+        user = {k: v for k, v in cfg.arch.items() if v is not None}
+        if cfg.model or cfg.init:
+            reason = reason.rsplit("; model", 1)[0] + f"; model {cfg.model or cfg.init} as given"
+        elif "embed_dim" in user and "num_heads" not in user:  # keep 32-64 channels a head for the width given
+            arch["num_heads"] = next(h for h in (12, 8, 6, 4, 3, 2, 1) if user["embed_dim"] % h == 0)
+            arch["mlp_dim"] = 2 * user["embed_dim"]
+        if user and not cfg.model:
+            reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
+        new = dataclasses.replace(new, arch=arch, **given)
+        kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
+        if kept:
+            reason += f"; kept as given: {', '.join(kept)}"
+        return dataclasses.replace(cfg, recipe=new, resolved=reason)
+    if r.name == "finetune" and cfg.init:
+        changes: dict[str, Any] = {}
+        if "batch_size" not in given:
+            changes["batch_size"] = b = auto_batch(n_train, cap=r.batch_size)
+            if "lr" not in given and r.base_batch:  # a smaller batch, fewer examples: the LR by the square root
+                changes.update(lr=r.lr * math.sqrt(b / r.base_batch), base_batch=b)
+        if not {"warmup_steps", "warmup_epochs"} & set(given):
+            changes.update(warmup_steps=0, warmup_epochs=0.0, warmup_fraction=0.05)
+        new = r.replace(**changes)
+        reason = (
+            f"finetune on {n_train:,} images: batch {new.batch_size} (at most 1/16 of the data, up to 512), "
+            f"lr {new.scaled_lr(new.batch_size):.2g} (0.03 at batch 512, scaled by the square root of the batch), "
+            f"{new.epochs} epochs, "
+            f"warmup {'as given' if 'warmup_fraction' not in changes else '5% of the steps'}"
+        )
+        return dataclasses.replace(cfg, recipe=new, resolved=reason)
+    return cfg
+
+
+def fit_mpp_recipe(cfg: Any, *, n_train: int, image_size: tuple[int, int]) -> Any:
+    """``cfg`` (a :class:`~vitlab.train.TrainConfig` with ``--objective mpp``) with its recipe fitted to the data
+    once, as the ``auto`` recipe fits classification (:func:`fit_recipe_to_data`): the patch size from the image
+    size by the rule classification uses (16 for photos, as the paper's B/16; else about 8 x 8 tokens: the
+    recipe's patch 4 is for 32 px images, and at 224 px it would give 3,136 tokens an image), unless a patch, a
+    ``--model`` or an ``--init`` model is given; the batch at most 1/16 of the training set (the recipe's batch
+    at most; the LR scales with it linearly). Fields the user set are kept. ``cfg.resolved`` then holds the line
+    saying what was chosen; a resolved config is returned as is."""
+    r = cfg.recipe
+    if cfg.resolved is not None:
+        return cfg
+    img = (cfg.img_size, cfg.img_size) if cfg.img_size else (r.img_size, r.img_size) if r.img_size else image_size
+    h, w = int(img[0]), int(img[1])
+    changes: dict[str, Any] = {}
+    notes = []
+    patch = cfg.arch.get("patch_size") or r.arch.get("patch_size")
+    if patch and not cfg.arch.get("patch_size") and not (cfg.model or r.model or cfg.init):
+        fitted = _patch_for((h, w), photos=True)  # the paper pre-trained B/16 this way at 224 px
+        if fitted != patch:
+            changes["arch"] = {**r.arch, "patch_size": fitted}
+            notes.append(f"patch {fitted} for {h}x{w} px ({(h // fitted) * (w // fitted):,} tokens an image)")
+            patch = fitted
+    if "batch_size" not in cfg.recipe_given and (b := auto_batch(n_train, cap=r.batch_size)) != r.batch_size:
+        changes["batch_size"] = b
+        notes.append(f"batch {b} (at most 1/16 of the {n_train:,} images)")
+    if not changes:
+        return cfg
+    new = dataclasses.replace(r, **changes)
+    line = f"mpp: {', '.join(notes)}, lr {new.scaled_lr(new.batch_size):.2g}"
+    return dataclasses.replace(cfg, recipe=new, resolved=line)

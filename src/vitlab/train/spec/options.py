@@ -1,0 +1,382 @@
+"""THE option table of ``vitlab train`` and ``vitlab finetune``: one :class:`Option` row per option.
+
+A row says where the value lives in the run's configuration (its config path: ``data``, ``recipe.lr``,
+``arch.embed_dim``), how it is spelled on the command line (flag, type, choices, metavar, help, group) and in a
+config file (:class:`Kind`), and how ``--resume`` treats it. Everything else is generated from the rows: the
+argparse parser (:mod:`.parser`), the configuration built from the command line or a config file (:mod:`.config`),
+the flag an error names (:func:`flag_for`, :class:`OptionError`), the resume rules (:mod:`.resume`) and the recipe
+fields a user set. Rows without a flag are set by config files only (``recipe.momentum``); a test fails when a
+field of :class:`~vitlab.train.spec.config.TrainConfig` or :class:`~vitlab.train.spec.recipes.Recipe` has no row
+and is not in :data:`INTERNAL`.
+
+Resume rules (:attr:`Option.resume`): ``fixed``: a resumed run refuses a change (it would be another run, or not
+load); ``honoured``: applied when given (how and where the run is driven); ``process``: always this process's
+value (it describes the process or the machine, never the run); ``saved``: the saved run's value, the flag unread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import ConfigError
+from .kinds import (
+    DURATION,
+    FLAG,
+    FLOAT,
+    INT,
+    MAPPING,
+    PAIR,
+    RANDAUGMENT,
+    RES_SCHEDULE,
+    SIZE,
+    TEXT,
+    Kind,
+    Schedule,
+    read_res_schedule,
+)
+
+__all__ = [
+    "GROUPS",
+    "INTERNAL",
+    "MEMORY_BUDGET_HELP",
+    "OPTIONS",
+    "Option",
+    "OptionError",
+    "Ref",
+    "default_recipe_name",
+    "flag_for",
+    "option",
+    "parse_res_schedule",
+    "path_of",
+    "ref",
+]
+
+
+class Ref(str):
+    """A config path inside an :class:`OptionError`'s message, rendered as a flag or a config key."""
+
+
+class OptionError(ConfigError):
+    """A bad option, as text and references to options (:class:`Ref`, config paths). Its message names each
+    option by its flag where it has one (``--lr: must be positive``); :meth:`render` names them otherwise (a
+    config file's keys: ``recipe.lr: must be positive``), so that no caller takes the message apart. The first
+    reference is the option at fault (:attr:`path`)."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+        super().__init__(self.render(flag_for))
+        self.option = self.path
+        self.problem = self.render(flag_for, lead=False)
+
+    @property
+    def path(self) -> str:
+        return next(p for p in self.parts if isinstance(p, Ref))
+
+    def render(self, name: Callable[[str], str], *, lead: bool = True) -> str:
+        """The message with each option named by ``name(path)``; without ``lead``, from after the first option."""
+        parts = self.parts if lead else self.parts[self.parts.index(self.path) + 1 :]
+        return "".join(name(p) if isinstance(p, Ref) else p for p in parts).lstrip(": " if not lead else "")
+
+
+def ref(path: str) -> Ref:
+    """The reference to option ``path`` in an :class:`OptionError` (a path without a row is a bug: KeyError)."""
+    option(path)
+    return Ref(path)
+
+
+# -- the rows -----------------------------------------------------------------------------------------------------
+
+BOTH = ("train", "finetune")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One option: see the module's notes."""
+
+    path: str | None
+    """Where its value lives in the configuration (``recipe.lr``); None: an instruction to the command itself
+    (``--resume``), no part of the run's configuration."""
+    flag: str | None = None
+    aliases: tuple[str, ...] = ()
+    kind: Kind = TEXT
+    default: Any = None
+    """The command line's default (shown by ``--help``); None on a recipe's field: the recipe's value."""
+    command_default: Mapping[str, Any] = field(default_factory=dict)
+    """Another default for some commands (``finetune``'s ``--recipe finetune``)."""
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    group: str | None = None
+    """The ``--help`` group (:data:`GROUPS`); None: the command's own options."""
+    help: str | None = None
+    resume: str = "fixed"
+    commands: tuple[str, ...] = BOTH
+    required: bool = False
+    zero_off: bool = False
+    """0 (or less) turns the recipe's value off: None (``--clip-grad 0``)."""
+    invert: bool = False
+    """The flag says the opposite of the value (``--no-progress`` -> ``progress``)."""
+    file: bool = True
+    """Whether a config file may set it (``allow_pipe`` may not: it lets ``data`` run a shell command)."""
+    nullable: bool = False
+    """Whether None is a value of it (a config file's ``null``)."""
+
+    def value(self, given: Any) -> Any:
+        """The configuration's value for a value argparse parsed (or a config file's, already checked)."""
+        if given is None:
+            return None
+        if self.kind.late is not None and isinstance(given, str):
+            try:
+                given = self.kind.late(given)
+            except ValueError as e:
+                raise OptionError(Ref(self.path), f"{self.kind.sep}{e}") from None
+        if self.invert:
+            return not given
+        if (self.zero_off and given <= 0) or (self.kind is RANDAUGMENT and given == "none"):
+            return None
+        return given
+
+    def from_file(self, value: Any) -> Any:
+        """A config file's value, checked by the option's kind (:class:`OptionError` naming the path)."""
+        if value is None and (self.nullable or (self.default is None and not self.path.startswith("recipe."))):
+            return None
+        try:
+            value = self.kind.from_file(value)
+            if self.choices is not None and value not in self.choices:
+                raise ValueError(f"expected one of {', '.join(map(str, self.choices))}, got {value!r}")
+            return self.value(value)
+        except ValueError as e:
+            raise OptionError(Ref(self.path), f": {e}") from None
+
+
+MEMORY_BUDGET_HELP = (
+    "memory for building the decode cache (at most half of it holds decoded images), e.g. 512M, 2G, 64MiB or bytes "
+    "(K/M/G = KiB/MiB/GiB; kB/MB/GB are SI); images are then read through a memory map"
+)
+
+GROUPS = {
+    "data": "data",
+    "model": "model (defaults: the recipe's)",
+    "recipe": "recipe (each flag overrides the recipe's value)",
+    "distillation": "distillation (DeiT, Touvron et al. 2021)",
+    "run": "run",
+}
+"""``--help`` group -> its title, in the order they are printed."""
+
+
+O = Option  # noqa: E741  (a table reads better with short rows)
+data, model, recipe, dist, run = "data", "model", "recipe", "distillation", "run"
+OPTIONS: tuple[Option, ...] = (
+    O(path="init", flag="--init", commands=("finetune",), required=True, resume="fixed",
+      help="the model to start from: a model folder, a run folder, a checkpoint file or a public name"),
+    O(path=None, flag="--config", metavar="FILE",
+      help="a config file (YAML or JSON) of options, which the flags given override; every run writes its own as "
+      "config.yaml: --config runs/X/config.yaml --out runs/Y re-creates run X"),
+    # -- data ------------------------------------------------------------------------------------------------
+    O(path="data", flag="--data", group=data, default="digits",
+      help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
+      "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached)"),
+    O(path="allow_pipe", flag="--allow-pipe", group=data, kind=FLAG, default=False, resume="process", file=False,
+      help="let --data hold pipe: URLs ('pipe:curl -sfL https://host/train-{000000..000099}.tar'), which run a "
+      "shell command; never taken from a resumed run's last.pt: give it, and the same --data, again"),
+    O(path="shuffle_buffer", flag="--shuffle-buffer", group=data, kind=INT, default=8192, metavar="N",
+      help="tar shards: samples shuffled together (the window of each epoch's order; bounds the reader's memory)"),
+    O(path="val_split", flag="--val-split", group=data, kind=FLOAT,
+      help="fraction held out when the folder has no val/ or test/ (stratified)"),
+    O(path="cache_dir", flag="--cache-dir", group=data, resume="honoured",
+      help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)"),
+    O(path="strict_data", flag="--strict-data", group=data, kind=FLAG, default=False, resume="honoured",
+      help="stop on files that cannot be decoded instead of skipping them"),
+    O(path="max_image_pixels", flag="--max-image-pixels", group=data, kind=INT, default=89_478_485, metavar="N",
+      nullable=True, help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb "
+      "guard (PIL's limit)"),
+    O(path="memory_budget", flag="--memory-budget", group=data, kind=SIZE, default="64M", metavar="SIZE",
+      resume="process", nullable=True, help=MEMORY_BUDGET_HELP),
+    O(path="allow_single_class", flag="--allow-single-class", group=data, kind=FLAG, default=False,
+      resume="saved",
+      help="train on a folder with one class folder (with a warning): its top-1 is 100%% by construction"),
+    O(path="workers", flag="--workers", group=data, kind=INT, default=-1, resume="process",
+      help="DataLoader worker processes (0: augment in the training process; -1: 1 for tiny models or on GPU)"),
+    # -- model -----------------------------------------------------------------------------------------------
+    O(path="model", flag="--model", group=model, help="registered name, e.g. vit_ti16 (see `vitlab models`)"),
+    O(path="img_size", flag="--img-size", group=model, kind=INT,
+      help="input resolution (default: the recipe's or the data's)"),
+    O(path="arch.patch_size", flag="--patch-size", group=model, kind=INT,
+      help="patch side P (finetune: resizes the --init model's patch projection as FlexiViT does)"),
+    O(path="arch.embed_dim", flag="--dim", group=model, kind=INT, help="width D"),
+    O(path="arch.depth", flag="--depth", group=model, kind=INT, help="number of blocks L"),
+    O(path="arch.num_heads", flag="--heads", group=model, kind=INT),
+    O(path="arch.mlp_ratio", flag="--mlp-ratio", group=model, kind=FLOAT, help="MLP width / D"),
+    O(path="arch.pool", flag="--pool", group=model, choices=("cls", "gap"),
+      help="class token (the paper) or global average pooling without one"),
+    O(path="arch.class_token", kind=FLAG, help="a class token (--pool cls sets it, --pool gap clears it)"),
+    O(path="arch.posemb", flag="--posemb", group=model, choices=("learn", "learn2d", "sincos2d", "none"),
+      help="position embedding: learned 1-D (the paper), learned 2-D, fixed 2-D sine-cosine, none (Appendix D.4)"),
+    O(path="norm_stats", flag="--norm-stats", group=model, choices=("data", "inception", "imagenet"),
+      help="input normalisation of a model trained from scratch: the training set's per-channel mean/std "
+      "(default), 0.5/0.5 (Google's checkpoints) or ImageNet's; an --init model keeps its own"),
+    O(path="recipe.drop_path", flag="--drop-path", group=model, kind=FLOAT, help="stochastic depth rate"),
+    O(path="recipe.dropout", flag="--dropout", group=model, kind=FLOAT),
+    O(path="recipe.token_drop", flag="--token-drop", group=model, kind=FLOAT, metavar="R",
+      help="training only: drop a random fraction R of each image's patch tokens after the position "
+      "embeddings (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023); evaluation sees every token"),
+    O(path="recipe.token_drop_until", flag="--token-drop-until", group=model, kind=FLOAT, metavar="F",
+      help="with --token-drop: drop tokens for the first fraction F of the steps and train the rest on every "
+      "token (FLIP's unmasked tuning), e.g. 0.9"),
+    O(path="recipe.res_schedule", flag="--res-schedule", group=model, kind=RES_SCHEDULE, metavar="SIZE:FRAC,...",
+      nullable=True,
+      help="progressive resolution: e.g. 24:0.5,32:1.0 trains at 24 px for the first half of the steps, then "
+      "32 (position embeddings resampled on the fly); evaluation and the model at the last size"),
+    # -- recipe ----------------------------------------------------------------------------------------------
+    O(path="recipe.name", flag="--recipe", group=recipe, command_default={"finetune": "finetune"},
+      help="preset (default: mpp for --objective mpp, digits for --data digits, else auto: fitted to the data's "
+      "size and the number of steps, printed when the run starts)"),
+    O(path="recipe.epochs", flag="--epochs", group=recipe, kind=INT, resume="honoured",
+      help="passes over the training data (default: the recipe's; --time-budget plans its own)"),
+    O(path="recipe.batch_size", flag="--batch-size", group=recipe, kind=INT,
+      help="global batch (all processes, all accumulation steps)"),
+    O(path="recipe.lr", flag="--lr", group=recipe, kind=FLOAT,
+      help="peak LR at the recipe's base batch (scaled linearly with --batch-size)"),
+    O(path="recipe.optimizer", flag="--optimizer", group=recipe, choices=("adamw", "adam", "sgd")),
+    O(path="recipe.weight_decay", flag="--weight-decay", group=recipe, kind=FLOAT),
+    O(path="recipe.warmup_epochs", flag="--warmup-epochs", group=recipe, kind=FLOAT),
+    O(path="recipe.warmup_steps", flag="--warmup-steps", group=recipe, kind=INT),
+    O(path="recipe.schedule", flag="--schedule", group=recipe, choices=("cosine", "linear", "constant")),
+    O(path="recipe.clip_grad", flag="--clip-grad", group=recipe, kind=FLOAT, zero_off=True, nullable=True,
+      help="global-norm clipping (0: off)"),
+    O(path="recipe.accum_steps", flag="--accum-steps", group=recipe, kind=INT, help="gradient accumulation steps"),
+    O(path="recipe.ema", flag="--ema", group=recipe, kind=FLOAT, zero_off=True, nullable=True,
+      help="EMA decay of the weights, e.g. 0.999 (0: off)"),
+    O(path="recipe.label_smoothing", flag="--label-smoothing", group=recipe, kind=FLOAT),
+    O(path="recipe.mixup", flag="--mixup", group=recipe, kind=FLOAT, help="MixUp alpha (0: off)"),
+    O(path="recipe.cutmix", flag="--cutmix", group=recipe, kind=FLOAT, help="CutMix alpha (0: off)"),
+    O(path="recipe.randaugment", flag="--randaugment", group=recipe, kind=RANDAUGMENT, metavar="N,M",
+      nullable=True, help="RandAugment ops,magnitude or none"),
+    O(path="recipe.random_erasing", flag="--random-erasing", group=recipe, kind=FLOAT),
+    O(path="recipe.hflip", flag="--hflip", group=recipe, kind=FLOAT, help="horizontal flip probability"),
+    O(path="recipe.crop_scale", flag="--crop-scale", group=recipe, kind=PAIR, metavar="MIN,MAX",
+      help="random resized crop area range"),
+    O(path="recipe.layer_decay", flag="--layer-decay", group=recipe, kind=FLOAT, metavar="D", nullable=True,
+      help="layer-wise LR decay (BEiT, timm): block i of L at D**(L-i) x the LR, embeddings lowest, head 1 x"),
+    O(path="recipe.freeze", flag="--freeze", aliases=("--linear-probe",), group=recipe, kind=FLAG,
+      help="train only the classifier head (a linear probe); every other weight stays as it was"),
+    O(path="recipe.head_warmup", flag="--head-warmup", group=recipe, kind=INT, metavar="STEPS",
+      help="LP-FT: train only the head for the first STEPS optimizer steps, then every weight"),
+    # -- the recipe's fields without a flag: config files only ----------------------------------------------
+    O(path="recipe.source", help="where the recipe's numbers come from"),
+    O(path="recipe.expected", help="what result to expect, and at what cost"),
+    O(path="recipe.model", nullable=True, help="a registered name; none: recipe.arch alone"),
+    O(path="recipe.arch", kind=MAPPING, help="ViTConfig fields of the recipe's model"),
+    O(path="recipe.img_size", kind=INT, nullable=True, help="the training resolution; none: the data's"),
+    O(path="recipe.head", choices=("linear", "mlp"), help="the classifier head"),
+    O(path="recipe.base_batch", kind=INT, nullable=True, help="the batch recipe.lr is for (scaled linearly)"),
+    O(path="recipe.momentum", kind=FLOAT, help="SGD's momentum"),
+    O(path="recipe.betas", kind=PAIR, help="Adam's betas"),
+    O(path="recipe.warmup_fraction", kind=FLOAT, help="warmup as a fraction of the planned steps"),
+    O(path="recipe.min_lr_ratio", kind=FLOAT, help="the LR at the end, as a fraction of the peak"),
+    O(path="recipe.crop_ratio", kind=PAIR, help="random resized crop aspect-ratio range"),
+    O(path="recipe.crop_pct", kind=FLOAT, help="evaluation: resize to img_size / crop_pct, then centre crop"),
+    # -- distillation ----------------------------------------------------------------------------------------
+    O(path="teacher", flag="--teacher", group=dist, metavar="MODEL_OR_RUN",
+      help="distil from this trained classifier on the same classes (run or model folder, checkpoint, public "
+      "name); frozen, it sees the same augmented images"),
+    O(path="distill", flag="--distill", group=dist, choices=("hard", "soft"),
+      help="hard: cross-entropy with the teacher's argmax (default); soft: KL at --distill-tau x tau^2; "
+      "either averaged with the label cross-entropy"),
+    O(path="distill_token", flag="--distill-token", group=dist, kind=FLAG, default=False,
+      help="give the student DeiT's distillation token: its own head takes the teacher's target, the class head "
+      "the labels (evaluation averages both)"),
+    O(path="distill_tau", flag="--distill-tau", group=dist, kind=FLOAT, default=3.0, metavar="TAU",
+      help="soft distillation's temperature"),
+    # -- run -------------------------------------------------------------------------------------------------
+    O(path="out", flag="--out", group=run, resume="process",
+      help="output folder (default: runs/<timestamp>-train)"),
+    O(path="seed", flag="--seed", group=run, kind=INT, default=0),
+    O(path="device", flag="--device", group=run, default="auto", resume="honoured",
+      help="auto, cpu, cuda, cuda:1 ..."),
+    O(path="precision", flag="--precision", group=run, choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+      resume="honoured", help="auto: bf16 autocast on GPU, fp32 on CPU"),
+    O(path="compile", flag="--compile", group=run, kind=FLAG, default=False, resume="honoured",
+      help="torch.compile the model"),
+    O(path="grad_checkpointing", flag="--grad-checkpointing", group=run, kind=FLAG, default=False,
+      resume="honoured",
+      help="activation checkpointing per block: recompute each block in the backward pass, "
+      "keeping only its input (less memory, one more forward; same gradients; see vitlab plan)"),
+    O(path="fsdp", flag="--fsdp", group=run, kind=FLAG, default=False,
+      help="shard weights, gradients and optimizer state over the processes (FSDP2, per block; bf16 on GPU) "
+      "instead of DDP; checkpoints resume on any number of processes. Under torchrun, or alone: "
+      "torchrun --nproc_per_node 8 -m vitlab train --fsdp --grad-checkpointing ... (see docs/scale.md)"),
+    O(path="threads", flag="--threads", group=run, kind=INT, default=0, resume="honoured",
+      help="CPU threads (0: 1 when a step is tiny, else torch's default)"),
+    O(path="time_budget", flag="--time-budget", group=run, kind=DURATION, metavar="DURATION",
+      help="plan the schedule to end in e.g. 20m"),
+    O(path="save_every", flag="--save-every", group=run, kind=FLOAT, metavar="MIN", resume="honoured",
+      help="also checkpoint every MIN minutes mid-epoch"),
+    O(path="stop_after", flag="--stop-after", group=run, kind=INT, metavar="STEPS", resume="process",
+      help="save and stop after STEPS steps (resume later)"),
+    O(path="keep", flag="--keep", group=run, choices=("best", "last"), default="best", resume="honoured",
+      help="which weights model/ holds"),
+    O(path="on_nan", flag="--on-nan", group=run, choices=("stop", "skip"), default="stop", resume="honoured",
+      help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), "
+      "or skip the step and count it in metrics.jsonl"),
+    O(path=None, flag="--resume", group=run, kind=FLAG, default=False,
+      help="continue the run in --out from its last.pt"),
+    O(path=None, flag="--overwrite", group=run, kind=FLAG, default=False,
+      help="replace the run already in --out (its metrics, summary, last.pt, model/ and figures are deleted "
+      "first)"),
+    O(path="progress", flag="--no-progress", group=run, kind=FLAG, default=False, invert=True, resume="process",
+      help="no progress bar or step lines (one line per epoch is still printed); off a terminal, plain lines "
+      "replace the bar"),
+    O(path="objective", flag="--objective", commands=("train",), choices=("classify", "mpp"), default="classify",
+      help="classify (labels, cross-entropy) or mpp: masked patch prediction (paper Sec. 4.6), labels unused; "
+      "model/ is then a headless ViT for `vitlab finetune --init`"),
+    # -- written by the run, read back from its config.yaml --------------------------------------------------
+    O(path="resolved", nullable=True,
+      help="how the recipe was fitted to the data (the line the run printed); set: the recipe is used as is"),
+)  # fmt: skip
+"""Every option, in ``--help`` order."""
+del O, data, model, recipe, dist, run
+_BY_PATH = {o.path: o for o in OPTIONS if o.path is not None}
+_BY_FLAG = {f: o for o in OPTIONS for f in (o.flag, *o.aliases) if f is not None}
+
+INTERNAL = {"recipe", "arch", "recipe_given"}
+"""Fields of the configuration that are no option: the two containers, and what the command line derives."""
+
+
+def default_recipe_name(values: Mapping[str, Any]) -> str:
+    """The recipe without ``--recipe`` (``values``: top-level options by path): ``finetune`` with ``--init``,
+    ``mpp`` for ``--objective mpp``, ``digits`` for ``--data digits``, else ``auto`` (fitted to the data)."""
+    if values.get("init"):
+        return "finetune"
+    if values.get("objective") == "mpp":
+        return "mpp"
+    return "digits" if str(values.get("data", "digits")).strip().lower() == "digits" else "auto"
+
+
+def parse_res_schedule(text: str) -> Schedule:
+    """``--res-schedule``'s text (``"24:0.5,32:1.0"``) as ``((24, 0.5), (32, 1.0))``; an :class:`OptionError`
+    naming it when it is none."""
+    try:
+        return read_res_schedule(text)
+    except ValueError as e:
+        raise OptionError(ref("recipe.res_schedule"), f": {e}") from None
+
+
+def option(name: str) -> Option:
+    """The row of a config path (``recipe.lr``) or a flag (``--lr``)."""
+    return _BY_FLAG[name] if name.startswith("-") else _BY_PATH[name]
+
+
+def path_of(name: str) -> str | None:
+    """The config path of a flag (None: a flag of no option, or one that sets none, ``--resume``) or a path."""
+    if not name.startswith("-"):
+        return name
+    row = _BY_FLAG.get(name)
+    return None if row is None else row.path
+
+
+def flag_for(path: str) -> str:
+    """How the command line names the option at ``path``: its flag, or the path itself when it has none."""
+    row = _BY_PATH.get(path)
+    return row.flag if row is not None and row.flag else path

@@ -1,0 +1,158 @@
+"""Every check of a run's options, made before any data is decoded or any model built (or, for what needs them,
+as soon as they are known: the ``--init`` checkpoint's config, the model's size): a wrong option fails in a second,
+in one line that names it (:class:`~vitlab.train.spec.options.OptionError`). A recipe's own fields are checked when
+it is made (:meth:`~vitlab.train.spec.recipes.Recipe.validate`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...models.config import ViTConfig
+from ...models.variants import close_names, list_models, model_config, resolve_name
+from . import arch
+from .config import NORM_STATS, TrainConfig
+from .options import OptionError, option, ref
+
+if TYPE_CHECKING:
+    from .kinds import Schedule
+
+__all__ = [
+    "check_distillation",
+    "check_fsdp",
+    "check_init",
+    "check_res_sizes",
+    "micro_batch",
+    "validate",
+]
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Refuse impossible options (see the module's notes)."""
+    if cfg.model and resolve_name(cfg.model) not in list_models():
+        hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
+        raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
+    if cfg.objective not in option("objective").choices:  # type: ignore[operator]
+        raise OptionError(ref("objective"), f" {cfg.objective!r}: choose one of classify, mpp")
+    _check_run(cfg)
+    check_distillation(cfg)
+    if cfg.fsdp:
+        check_fsdp(cfg)
+    if cfg.norm_stats not in (None, *NORM_STATS):
+        raise OptionError(ref("norm_stats"), f" {cfg.norm_stats}: expected one of {', '.join(NORM_STATS)}")
+    if cfg.init and cfg.norm_stats:
+        raise OptionError(
+            ref("norm_stats"),
+            f" {cfg.norm_stats}: an ",
+            ref("init"),
+            " model keeps the normalisation it was trained with (its weights expect it); drop the flag",
+        )
+    if not cfg.init:  # an --init model's architecture is in its file: check_init, once it is read
+        arch.check(cfg)
+
+
+def _check_run(cfg: TrainConfig) -> None:
+    if cfg.on_nan not in ("stop", "skip"):
+        raise OptionError(ref("on_nan"), f" {cfg.on_nan!r}: choose stop or skip")
+    for path, v, ok in (
+        ("save_every", cfg.save_every, lambda x: x > 0),
+        ("stop_after", cfg.stop_after, lambda x: x >= 1),
+        ("time_budget", cfg.time_budget, lambda x: x > 0),
+        ("max_image_pixels", cfg.max_image_pixels, lambda x: x >= 1),
+        ("memory_budget", cfg.memory_budget, lambda x: x >= 1),
+        ("img_size", cfg.img_size, lambda x: x >= 1),
+        ("val_split", cfg.val_split, lambda x: 0 < x < 1),
+        ("shuffle_buffer", cfg.shuffle_buffer, lambda x: x >= 1),
+    ):
+        if v is not None and not ok(v):
+            raise OptionError(ref(path), f" {v}: out of range")
+    if cfg.workers < -1 or cfg.threads < 0:
+        raise OptionError(ref("workers"), f" {cfg.workers} / ", ref("threads"), f" {cfg.threads}: must be >= -1 / >= 0")
+
+
+def check_distillation(cfg: TrainConfig) -> None:
+    """The distillation options (DeiT): a teacher for a classifier, a known kind, a positive temperature."""
+    if cfg.teacher is None:
+        if cfg.distill is not None or cfg.distill_token:
+            raise OptionError(ref("distill"), " / ", ref("distill_token"), " need a teacher: ", ref("teacher"),
+                              " MODEL_OR_RUN")  # fmt: skip
+        return
+    if cfg.objective != "classify":
+        raise OptionError(
+            ref("teacher"), " distils a classifier; ", ref("objective"), f" {cfg.objective} has no classes"
+        )
+    if cfg.distill is not None and cfg.distill not in option("distill").choices:  # type: ignore[operator]
+        raise OptionError(ref("distill"), f" {cfg.distill!r}: choose hard or soft")
+    if not cfg.distill_tau > 0:
+        raise OptionError(ref("distill_tau"), f" {cfg.distill_tau:g}: must be positive")
+
+
+def check_fsdp(cfg: TrainConfig) -> None:
+    """What ``--fsdp`` does not combine with."""
+    r = cfg.recipe
+    for refused, why, path, shown in (
+        (bool(r.ema), "the averaged copy would be a second, unsharded model", "recipe.ema", ""),
+        (cfg.time_budget is not None, "its plan times steps on an unsharded copy of the model; give --epochs",
+         "time_budget", ""),
+        (r.head_warmup > 0, "it switches weights' requires_grad after sharding; use --freeze, then fine-tune",
+         "recipe.head_warmup", ""),
+        (cfg.precision == "fp16", "float16 needs a sharded gradient scaler; use bf16 (the default on GPU)",
+         "precision", " fp16"),
+    ):  # fmt: skip
+        if refused:
+            raise OptionError(ref("fsdp"), " with ", ref(path), f"{shown}: not supported ({why})")
+
+
+_INIT_FIELDS = ("patch_size", "embed_dim", "depth", "num_heads")
+
+
+def check_init(cfg: TrainConfig, have: ViTConfig) -> None:
+    """``--init`` takes the architecture from its checkpoint (``have``, its configuration): options that contradict
+    it are refused, except ``--patch-size``, which resizes the patch projection as FlexiViT does (Beyer et al. 2023);
+    and a distillation token must be in the checkpoint to be trained."""
+    wanted = {k: v for k, v in cfg.arch.items() if k in _INIT_FIELDS[1:] and v is not None}
+    if cfg.model:
+        m = model_config(cfg.model)
+        named = {k: getattr(m, k) for k in _INIT_FIELDS if k != "patch_size" or not cfg.arch.get("patch_size")}
+        wanted = {**named, **wanted}
+    for k, v in wanted.items():
+        if getattr(have, k) != v:
+            what = ("model", f" {cfg.model}") if cfg.model and k not in cfg.arch else (f"arch.{k}", f" {v}")
+            raise OptionError(
+                ref(what[0]),
+                f"{what[1]} does not match the ",
+                ref("init"),
+                f" checkpoint {cfg.init} ({k} = {getattr(have, k)}); drop the flag or pick another checkpoint",
+            )
+    if cfg.distill_token and not have.dist_token:
+        raise OptionError(
+            ref("distill_token"),
+            ": the ",
+            ref("init"),
+            f" model {cfg.init} has no distillation token; drop the flag (the class head then takes the teacher's "
+            "target)",
+        )
+
+
+def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
+    """Images per forward pass on each process; the global batch must split evenly over both."""
+    micro = batch_size // (world_size * accum_steps)
+    if micro < 1 or micro * world_size * accum_steps != batch_size:
+        raise OptionError(ref("recipe.batch_size"), f" {batch_size} must be a multiple of processes x ",
+                          ref("recipe.accum_steps"), f" = {world_size * accum_steps}")  # fmt: skip
+    return micro
+
+
+def check_res_sizes(schedule: Schedule, *, final: tuple[int, int], multiple: int, dynamic_pad: bool = False) -> None:
+    """Refuse a resolution schedule whose last size is not the model's (evaluation) size ``final``, or with a size
+    the patch size (times a hybrid's stride) ``multiple`` does not divide."""
+    if (schedule[-1][0],) * 2 != tuple(final):
+        raise OptionError(
+            ref("recipe.res_schedule"),
+            f": ends at {schedule[-1][0]} px but the model is built for {final[0]}x{final[1]}; "
+            f"end the schedule at {final[0]} or pass ",
+            ref("img_size"),
+            f" {schedule[-1][0]}",
+        )
+    for size, _ in schedule:
+        if size % multiple and not dynamic_pad:
+            raise OptionError(ref("recipe.res_schedule"), f": {size} px is not divisible by the patch size {multiple}")

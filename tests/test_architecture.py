@@ -1,0 +1,212 @@
+"""The layout's rules, checked on the source: the import graph of ``src/vitlab`` (every import, at module level
+and inside functions; relative imports resolved; ``from pkg import name`` counts ``pkg.name`` when that is a
+module) has no cycle, and the directions hold: ``models/`` imports nothing of vitlab but errors; ``accel/`` is
+imported by its allowed callers only; ``train/`` never imports ``commands/``; ``train/spec`` never imports torch;
+``train/spec``, ``objectives`` and ``persist`` never import ``train/engine``. Imports under ``if TYPE_CHECKING:`` are
+left out: they never run. Imports of vitlab modules inside functions of ``train/`` stay few, each with a
+``# lazy: <reason>`` comment."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+ACCEL_CALLERS = {
+    "vitlab",  # create_model / load: the public API with the speed paths
+    "vitlab.bench",  # ours against the references
+    "vitlab.commands",  # a model argument served fast (eval, predict, few-shot)
+    "vitlab.deploy",  # the exported graph's own runtime
+    "vitlab.train.engine.model",  # the model a run trains
+}
+"""Packages (and modules) whose modules may import :mod:`vitlab.accel`: the one-way seam's callers."""
+MAX_LAZY_IN_TRAIN = 15
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in sorted((SRC / "vitlab").rglob("*.py"))}
+
+
+def _type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, *, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
+    """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` blocks skipped."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            yield from _imports(ast.Module(body=node.orelse, type_ignores=[]), in_function=in_function)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, in_function
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from _imports(node, in_function=inner)
+
+
+def _targets(module: str, node: ast.AST) -> list[str]:
+    """The modules an import statement of ``module`` loads (vitlab's and third parties', by name)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:
+        base = module.split(".") if MODULES[module].name == "__init__.py" else module.split(".")[:-1]
+        base = base[: len(base) - node.level + 1]
+        pkg = ".".join(base + ([node.module] if node.module else []))
+    else:
+        pkg = node.module or ""
+    subs = [f"{pkg}.{a.name}" for a in node.names]
+    mods = [s for s in subs if s in MODULES]
+    return mods + ([pkg] if len(mods) < len(subs) else [])
+
+
+def _owner(name: str) -> str | None:
+    """The vitlab module ``name`` is (or is inside), or None for a third party's."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        graph[module] = {
+            owner
+            for node, _ in _imports(tree)
+            for t in _targets(module, node)
+            if (owner := _owner(t)) is not None and owner != module
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+GRAPH = _graph()
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_models_import_nothing_of_vitlab_but_errors() -> None:
+    bad = {
+        m: sorted(d for d in deps if not _inside(d, "vitlab.models") and d not in ("vitlab.errors", "vitlab"))
+        for m, deps in GRAPH.items()
+        if _inside(m, "vitlab.models")
+    }
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_accel_is_imported_by_its_callers_only() -> None:
+    bad = {
+        m
+        for m, deps in GRAPH.items()
+        if any(_inside(d, "vitlab.accel") for d in deps)
+        and not _inside(m, "vitlab.accel")
+        and not any(_inside(m, c) if c != "vitlab" else m == "vitlab" for c in ACCEL_CALLERS)
+    }
+    assert bad == set()
+
+
+@pytest.mark.parametrize(
+    ("room", "never"),
+    [
+        ("vitlab.train", "vitlab.commands"),
+        ("vitlab.train.spec", "vitlab.train.engine"),
+        ("vitlab.train.objectives", "vitlab.train.engine"),
+        ("vitlab.train.persist", "vitlab.train.engine"),
+        ("vitlab.train.spec", "vitlab.train.objectives"),
+        ("vitlab.train.spec", "vitlab.train.persist"),
+    ],
+)
+def test_one_direction_between_the_rooms(room: str, never: str) -> None:
+    bad = {m: sorted(d for d in deps if _inside(d, never)) for m, deps in GRAPH.items() if _inside(m, room)}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_spec_imports_no_torch() -> None:
+    """Statically (no module of train/spec imports torch) and when it runs (importing it loads no torch)."""
+    static = {
+        m
+        for m, path in MODULES.items()
+        if _inside(m, "vitlab.train.spec")
+        for node, _ in _imports(ast.parse(path.read_text()))
+        for t in _targets(m, node)
+        if t == "torch" or t.startswith("torch.")
+    }
+    assert static == set()
+    code = "import sys, vitlab.train.spec.rules, vitlab.train.spec.parser; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_few_lazy_imports_in_train_each_with_its_reason() -> None:
+    lazy = []
+    for m, path in MODULES.items():
+        if not _inside(m, "vitlab.train"):
+            continue
+        lines = path.read_text().splitlines()
+        for node, in_function in _imports(ast.parse(path.read_text())):
+            if in_function and any(_owner(t) for t in _targets(m, node)):
+                lazy.append((m, node.lineno, lines[node.lineno - 1]))
+    assert len(lazy) <= MAX_LAZY_IN_TRAIN, lazy
+    assert [x for x in lazy if "# lazy: " not in x[2]] == []
