@@ -16,22 +16,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _speedrun():
+def _speedrun(name: str = "speedrun"):
+    """benchmarks/speedrun.py (or its records table, ``speedrun_records``) as a module."""
+    import importlib
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import speedrun
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return speedrun
 
 
 @pytest.mark.parametrize(
     "track, extra",
-    [("vit", []), ("vit", ["--from", "recipe", "--token-drop", "0.5"]), ("hybrid", []), ("cct", [])],
+    [("vit", []), ("hybrid", ["--levers", "cct,tta-flip"])],
 )
 def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None:
-    """Without a lever flag a run is the track's current record (its flags after the recipe's)."""
-    record = list(_speedrun().RECORDS[track].flags)
+    """Without a flag a run is the track's current record (its flags after the recipe's); named levers follow it."""
+    sr = _speedrun()
+    record = list(sr.current(track).flags)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, *extra]
     # a few seconds on a quiet machine; the generous timeout is for a loaded one
@@ -44,13 +47,14 @@ def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None
     assert row["command"].startswith("vitlab train ") and "--time-budget 6s" in row["command"]
     assert ("--patch-size 4" in row["command"]) == (track == "vit")
     assert ("--model vit_r_ti16" in row["command"]) == (track == "hybrid")
-    assert ("--model vit_cct7_3x2" in row["command"]) == (track == "cct")
-    assert ("--dim 128" in row["command"]) == (track != "cct")  # a vit_cct name keeps its own shape
-    assert ("--norm-stats inception" in row["command"]) == (track == "hybrid")  # the others: the data's
-    assert row["levers"] == ({"--token-drop": 0.5} if extra else {})
-    assert row["record"] == (None if extra else record) and row["hardware_verified"] is True
-    if not extra:
-        assert row["command"].endswith(shlex.join(["--no-progress", *record]))
+    assert ("--norm-stats inception" in row["command"]) == (track == "hybrid")  # the vit track: the data's
+    assert row["levers"] == {} and row["record"] == record and row["hardware_verified"] is True
+    levers = ["--model", "vit_cct7_3x2", "--patch-size", "1", "--tta", "flip"] if track == "hybrid" else []
+    assert row["named_levers"] == (["cct", "tta-flip"] if levers else [])
+    assert row["command"].endswith(shlex.join(["--no-progress", *record, *levers]))
+    assert row["reproduce"].startswith(f"python benchmarks/speedrun.py --track {track} --minutes 0.1 --smoke --seed 0")
+    assert (" --levers cct,tta-flip" in row["reproduce"]) == bool(levers)
+    assert " --from record" in row["reproduce"]
     summary = sorted(Path(tempfile.gettempdir()).glob("speedrun-*"))  # the temporary run folder is gone
     assert not any(str(x) in row["command"] for x in summary)
 
@@ -75,7 +79,14 @@ def test_minutes_to_target_is_the_first_epoch_that_reached_it() -> None:
 
 def _args(**kw) -> argparse.Namespace:
     base = {"track": "vit", "smoke": False, "minutes": 20.0, "seed": 0, "device": "cpu", "compile": True}
-    base |= {"threads": 0, "start": "record", "token_drop": None, "token_drop_until": None, "res_schedule": None}
+    base |= {
+        "threads": 0,
+        "start": "record",
+        "levers": None,
+        "token_drop": None,
+        "token_drop_until": None,
+        "res_schedule": None,
+    }
     return argparse.Namespace(**(base | {"ema": None, "train_args": None} | kw))
 
 
@@ -95,6 +106,11 @@ def test_train_args_come_last_so_that_they_override_the_recipe_and_the_record() 
     assert sr.levers(_args(train_args="")) == {}
     bare = build_parser().parse_args(sr.train_command(_args(start="recipe"), "data", "out"))
     assert (bare.token_drop, bare.res_schedule) == (None, None)
+    again = sr.reproduce(_args(start="recipe", token_drop=0.5, train_args="--pool cls", data="D", compile=False))
+    assert again == (
+        "python benchmarks/speedrun.py --track vit --minutes 20 --data D --seed 0 --from recipe --token-drop 0.5 "
+        "--train-args '--pool cls' --no-compile"
+    )
 
 
 def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> None:
@@ -120,23 +136,83 @@ def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> 
         2,
     )
     assert c.mean == (0.5, 0.5, 0.5)  # the hybrid track's inputs stay
-    c = model(track="cct")
-    assert (c.name, c.embed_dim, c.depth) == ("vit_cct7_3x2", 256, 7)
+    c = model(track="hybrid", levers="cct")  # the lever: the tokenizer alone, in the recipe's shape
+    assert (c.name, c.embed_dim, c.depth, c.pool, c.posemb, c.stem, c.hybrid_layers) == (
+        "vit_cct_3x2_p1_d128_l6",
+        128,
+        6,
+        "gap",
+        "sincos2d",
+        "conv",
+        None,
+    )
     c = model(track="vit", train_args="--model vit_cct7_3x1 --dim 128 --depth 6 --heads 4")
     assert (c.name, c.embed_dim, c.depth, c.stem, c.patch_size) == ("vit_cct_3x1_p1_d128_l6", 128, 6, "conv", 1)
     c = model(track="vit", train_args="--pool seq")
     assert (c.name, c.pool, c.class_token, c.patch_size) == ("vit_p4_d128_l6", "seq", False, 4)
 
 
-def test_every_track_has_a_record_and_the_gpu_track_says_it_is_unverified() -> None:
-    sr = _speedrun()
-    assert set(sr.RECORDS) == set(sr.ARCH) == {"vit", "hybrid", "cct"}
-    assert sr.RECORDS["vit"].top1 == 71.48 and sr.RECORDS["hybrid"].top1 == 74.59
-    assert sr.RECORDS["cct"].top1 is None and sr.RECORDS["cct"].flags == ()
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit", "--device", "cuda"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)  # refused for want of --data first
-    assert proc.returncode == 2
+def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() -> None:
+    """docs/speedrun.md holds the records and levers tables speedrun_records.py writes, verbatim: the table the
+    default recipe comes from and the page cannot disagree."""
+    sr, rec = _speedrun(), _speedrun("speedrun_records")
+    assert set(sr.TRACKS) == set(sr.ARCH) == set(sr.INPUTS) == {"vit", "hybrid"}
+    assert sr.current("vit").top1 == 71.48 and sr.current("vit").flags == ("--token-drop", "0.5", *RS)
+    assert sr.current("hybrid").top1 == 74.59 and sr.current("hybrid").flags == ("--token-drop", "0.5")
+    (longest,) = [r for r in rec.RECORDS if r.minutes == 40]
+    assert (longest.track, longest.runs, longest.verified) == ("hybrid", (77.43,), False)
+    for r in rec.RECORDS:  # each command ran the record's flags: --track T --minutes M --data D FLAGS --seed S
+        words = shlex.split(r.command)
+        assert words[2:6] == ["--track", r.track, "--minutes", f"{r.minutes:g}"] and words[-2:] == ["--seed", "S"]
+        assert tuple(words[8:-2]) == r.flags
+    assert rec.adds(sr.current("vit")) == RS
+    page = (ROOT / "docs" / "speedrun.md").read_text()
+    assert sr.records_markdown() in page, "docs/speedrun.md: paste `python benchmarks/speedrun.py --records`"
+    assert sr.levers_markdown() in page, "docs/speedrun.md: paste `python benchmarks/speedrun.py --records`"
     assert "has not been verified on hardware" in sr.GPU_NOTE
+
+
+RS = ("--res-schedule", "24:0.5,32:1.0")
+
+
+def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_path) -> None:
+    from vitlab.cli import build_parser
+    from vitlab.train.spec.parser import config_from_args
+    from vitlab.train.spec.rules import validate
+
+    sr, rec = _speedrun(), _speedrun("speedrun_records")
+    assert rec.lever_flags("vit", "seq-pool, muon,mpp=0.25") == [
+        "--pool",
+        "seq",
+        "--optimizer",
+        "muon",
+        "--mpp-warmup",
+        "0.25",
+    ]
+    for spec, why in (
+        ("nope", "no lever 'nope'"),
+        ("cct", "does not apply to the vit track"),
+        ("muon=2", "muon takes no value"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            rec.lever_flags("vit", spec)
+    with pytest.raises(ValueError, match="needs cct"):
+        rec.lever_flags("hybrid", "whiten")
+    with pytest.raises(ValueError, match="does not apply to the hybrid track"):
+        rec.lever_flags("hybrid", "mpp")
+    for name, lever in rec.LEVERS.items():
+        for track in lever.tracks:
+            spec = "cct,whiten" if (name, track) == ("whiten", "hybrid") else name
+            cmd = sr.train_command(_args(track=track, levers=spec), str(tmp_path), "out")
+            assert cmd[-len(lever.flags) :] == list(lever.flags)
+            validate(config_from_args(build_parser().parse_args(cmd)))  # vitlab train would start it
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit", "--smoke", "--levers", "cct"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "cct does not apply to the vit track" in proc.stderr
 
 
 def test_timm_baseline_smoke_run() -> None:
