@@ -27,16 +27,19 @@ def _speedrun(name: str = "speedrun"):
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
-@pytest.mark.parametrize(
-    "track, extra",
-    [("vit", []), ("hybrid", ["--levers", "cct,tta-flip"])],
-)
-def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None:
-    """Without a flag a run is the track's current record (its flags after the recipe's); named levers follow it."""
+VIT_LEVERS = "seq-pool,muon,whiten,tta-flip,mpp=0.5"
+VIT_FLAGS = ["--pool", "seq", "--optimizer", "muon", "--whiten-init", "--tta", "flip", "--mpp-warmup", "0.5"]
+HYBRID_FLAGS = ["--model", "vit_cct7_3x2", "--patch-size", "1", "--whiten-init"]
+
+
+@pytest.mark.parametrize("track, levers", [("vit", VIT_LEVERS), ("hybrid", "cct,whiten")])
+def test_smoke_run_ends_with_one_json_line(track: str, levers: str) -> None:
+    """A run is the track's current record (its flags after the recipe's), the named levers after it: every lever
+    of its track trains end to end."""
     sr = _speedrun()
     record = list(sr.current(track).flags)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, *extra]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, "--levers", levers]
     # a few seconds on a quiet machine; the generous timeout is for a loaded one
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -49,12 +52,12 @@ def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None
     assert ("--model vit_r_ti16" in row["command"]) == (track == "hybrid")
     assert ("--norm-stats inception" in row["command"]) == (track == "hybrid")  # the vit track: the data's
     assert row["levers"] == {} and row["record"] == record and row["hardware_verified"] is True
-    levers = ["--model", "vit_cct7_3x2", "--patch-size", "1", "--tta", "flip"] if track == "hybrid" else []
-    assert row["named_levers"] == (["cct", "tta-flip"] if levers else [])
-    assert row["command"].endswith(shlex.join(["--no-progress", *record, *levers]))
-    assert row["reproduce"].startswith(f"python benchmarks/speedrun.py --track {track} --minutes 0.1 --smoke --seed 0")
-    assert (" --levers cct,tta-flip" in row["reproduce"]) == bool(levers)
-    assert " --from record" in row["reproduce"]
+    assert row["named_levers"] == levers.split(",")
+    flags = VIT_FLAGS if track == "vit" else HYBRID_FLAGS
+    assert row["command"].endswith(shlex.join(["--no-progress", *record, *flags]))
+    assert row["reproduce"] == (
+        f"python benchmarks/speedrun.py --track {track} --minutes 0.1 --smoke --seed 0 --from record --levers {levers}"
+    )
     summary = sorted(Path(tempfile.gettempdir()).glob("speedrun-*"))  # the temporary run folder is gone
     assert not any(str(x) in row["command"] for x in summary)
 
