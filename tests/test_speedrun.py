@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,23 +16,50 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("track, extra", [("vit", ["--token-drop", "0.5"]), ("hybrid", [])])
-def test_smoke_run_ends_with_one_json_line(track: str, extra: list[str]) -> None:
+def _speedrun(name: str = "speedrun"):
+    """benchmarks/speedrun.py (or its records table, ``speedrun_records``) as a module."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+VIT_LEVERS = "seq-pool,muon,whiten,tta-flip,mpp=0.5"
+VIT_FLAGS = ["--pool", "seq", "--optimizer", "muon", "--whiten-init", "--tta", "flip", "--mpp-warmup", "0.5"]
+HYBRID_FLAGS = ["--model", "vit_cct7_3x2", "--patch-size", "1", "--whiten-init"]
+
+
+@pytest.mark.parametrize("track, levers", [("vit", VIT_LEVERS), ("hybrid", "cct,whiten")])
+def test_smoke_run_ends_with_one_json_line(track: str, levers: str) -> None:
+    """A run is the track's current record (its flags after the recipe's), the named levers after it: every lever
+    of its track trains end to end."""
+    sr = _speedrun()
+    record = list(sr.current(track).flags)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, *extra]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--smoke", "--track", track, "--levers", levers]
     # a few seconds on a quiet machine; the generous timeout is for a loaded one
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {"track", "minutes", "top1", "steps", "images_per_sec", "command", "minutes_to"} <= set(row)
-    assert set(row["minutes_to"]) == {"60", "70"} and len(row["epoch_top1"]) >= 1
+    assert {"track", "minutes", "top1", "steps", "images_per_sec", "command", "minutes_to", "record"} <= set(row)
+    assert set(row["minutes_to"]) == {"60", "70", "80"} and len(row["epoch_top1"]) >= 1
     assert row["track"] == track and row["minutes"] == 0.1 and row["steps"] > 0 and 0 <= row["top1"] <= 1
     assert row["command"].startswith("vitlab train ") and "--time-budget 6s" in row["command"]
     assert ("--patch-size 4" in row["command"]) == (track == "vit")
     assert ("--model vit_r_ti16" in row["command"]) == (track == "hybrid")
     assert ("--norm-stats inception" in row["command"]) == (track == "hybrid")  # the vit track: the data's
-    assert row["levers"] == ({"--token-drop": 0.5} if extra else {})
-    assert ("--token-drop 0.5" in row["command"]) == bool(extra)
+    assert row["levers"] == {} and row["record"] == record and row["hardware_verified"] is True
+    assert row["named_levers"] == levers.split(",")
+    flags = VIT_FLAGS if track == "vit" else HYBRID_FLAGS
+    assert row["command"].endswith(shlex.join(["--no-progress", *record, *flags]))
+    assert row["reproduce"] == (
+        f"python benchmarks/speedrun.py --track {track} --minutes 0.1 --smoke --seed 0 --from record --levers {levers}"
+    )
+    summary = sorted(Path(tempfile.gettempdir()).glob("speedrun-*"))  # the temporary run folder is gone
+    assert not any(str(x) in row["command"] for x in summary)
 
 
 def test_real_runs_need_data() -> None:
@@ -46,34 +76,146 @@ def test_minutes_to_target_is_the_first_epoch_that_reached_it() -> None:
         sys.path.remove(str(ROOT / "benchmarks"))
     rows = [{"top1": 0.5, "wall_s": 60}, {"top1": 0.61, "wall_s": 120}, {"top1": 0.59, "wall_s": 180}]
     rows.append({"top1": 0.72, "wall_s": 240})
-    assert minutes_to(rows) == {"60": 2.0, "70": 4.0}
-    assert minutes_to(rows[:3]) == {"60": 2.0, "70": None}
+    assert minutes_to(rows) == {"60": 2.0, "70": 4.0, "80": None}
+    assert minutes_to(rows[:3]) == {"60": 2.0, "70": None, "80": None}
 
 
-def test_train_args_come_last_so_that_they_override_the_recipe() -> None:
-    import argparse
+def _args(**kw) -> argparse.Namespace:
+    base = {"track": "vit", "smoke": False, "minutes": 20.0, "seed": 0, "device": "cpu", "compile": True}
+    base |= {
+        "threads": 0,
+        "start": "record",
+        "levers": None,
+        "token_drop": None,
+        "token_drop_until": None,
+        "res_schedule": None,
+    }
+    return argparse.Namespace(**(base | {"ema": None, "train_args": None} | kw))
 
+
+def test_train_args_come_last_so_that_they_override_the_recipe_and_the_record() -> None:
     from vitlab.cli import build_parser
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from speedrun import levers, train_command
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    sr = _speedrun()
     given = "--pool cls --dim 192 --depth 3 --heads 6"
-    kw = {"track": "vit", "smoke": False, "minutes": 20.0, "seed": 0, "device": "cpu", "compile": True, "threads": 0}
-    args = argparse.Namespace(
-        **kw, token_drop=0.5, token_drop_until=None, res_schedule=None, ema=None, train_args=given
-    )
-    cmd = train_command(args, "data", "out")
+    args = _args(token_drop=0.3, train_args=given)
+    cmd = sr.train_command(args, "data", "out")
     assert cmd[-8:] == given.split() and cmd.count("--pool") == 2
-    assert levers(args) == {"--token-drop": 0.5, "train_args": given}
+    assert cmd[-10:-8] == ["--token-drop", "0.3"] and cmd.count("--token-drop") == 2  # after the record's 0.5
+    assert sr.levers(args) == {"--token-drop": 0.3, "train_args": given}
     parsed = build_parser().parse_args(cmd)
-    assert (parsed.pool, parsed.dim, parsed.depth, parsed.heads) == ("cls", 192, 3, 6)
-    assert (
-        levers(argparse.Namespace(token_drop=None, token_drop_until=None, res_schedule=None, ema=None, train_args=""))
-        == {}
+    assert (parsed.pool, parsed.dim, parsed.depth, parsed.heads, parsed.token_drop) == ("cls", 192, 3, 6, 0.3)
+    assert parsed.res_schedule == "24:0.5,32:1.0"  # the record's, not overridden
+    assert sr.levers(_args(train_args="")) == {}
+    bare = build_parser().parse_args(sr.train_command(_args(start="recipe"), "data", "out"))
+    assert (bare.token_drop, bare.res_schedule) == (None, None)
+    again = sr.reproduce(_args(start="recipe", token_drop=0.5, train_args="--pool cls", data="D", compile=False))
+    assert again == (
+        "python benchmarks/speedrun.py --track vit --minutes 20 --data D --seed 0 --from recipe --token-drop 0.5 "
+        "--train-args '--pool cls' --no-compile"
     )
+
+
+def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> None:
+    """The recipe's width and depth do not override a vit_cct name's own shape; those given in --train-args do, and
+    the run's model is then named by its stem."""
+    from vitlab.cli import build_parser
+    from vitlab.train.spec.arch import fresh_config
+    from vitlab.train.spec.parser import config_from_args
+
+    sr = _speedrun()
+
+    def model(**kw):
+        cfg = config_from_args(build_parser().parse_args(sr.train_command(_args(**kw), str(tmp_path), "out")))
+        return fresh_config(cfg, image_size=32, in_chans=3, num_classes=10, class_names=list("abcdefghij"))
+
+    c = model(track="hybrid", train_args="--model vit_cct7_3x2")
+    assert (c.name, c.embed_dim, c.depth, c.pool, c.posemb, c.stem_layers) == (
+        "vit_cct7_3x2",
+        256,
+        7,
+        "seq",
+        "learn",
+        2,
+    )
+    assert c.mean == (0.5, 0.5, 0.5)  # the hybrid track's inputs stay
+    c = model(track="hybrid", levers="cct")  # the lever: the tokenizer alone, in the recipe's shape
+    assert (c.name, c.embed_dim, c.depth, c.pool, c.posemb, c.stem, c.hybrid_layers) == (
+        "vit_cct_3x2_p1_d128_l6",
+        128,
+        6,
+        "gap",
+        "sincos2d",
+        "conv",
+        None,
+    )
+    c = model(track="vit", train_args="--model vit_cct7_3x1 --dim 128 --depth 6 --heads 4")
+    assert (c.name, c.embed_dim, c.depth, c.stem, c.patch_size) == ("vit_cct_3x1_p1_d128_l6", 128, 6, "conv", 1)
+    c = model(track="vit", train_args="--pool seq")
+    assert (c.name, c.pool, c.class_token, c.patch_size) == ("vit_p4_d128_l6", "seq", False, 4)
+
+
+def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() -> None:
+    """docs/speedrun.md holds the records and levers tables speedrun_records.py writes, verbatim: the table the
+    default recipe comes from and the page cannot disagree."""
+    sr, rec = _speedrun(), _speedrun("speedrun_records")
+    assert set(sr.TRACKS) == set(sr.ARCH) == set(sr.INPUTS) == {"vit", "hybrid"}
+    assert sr.current("vit").top1 == 71.48 and sr.current("vit").flags == ("--token-drop", "0.5", *RS)
+    assert sr.current("hybrid").top1 == 74.59 and sr.current("hybrid").flags == ("--token-drop", "0.5")
+    (longest,) = [r for r in rec.RECORDS if r.minutes == 40]
+    assert (longest.track, longest.runs, longest.verified) == ("hybrid", (77.43,), False)
+    for r in rec.RECORDS:  # each command ran the record's flags: --track T --minutes M --data D FLAGS --seed S
+        words = shlex.split(r.command)
+        assert words[2:6] == ["--track", r.track, "--minutes", f"{r.minutes:g}"] and words[-2:] == ["--seed", "S"]
+        assert tuple(words[8:-2]) == r.flags
+    assert rec.adds(sr.current("vit")) == RS
+    page = (ROOT / "docs" / "speedrun.md").read_text()
+    assert sr.records_markdown() in page, "docs/speedrun.md: paste `python benchmarks/speedrun.py --records`"
+    assert sr.levers_markdown() in page, "docs/speedrun.md: paste `python benchmarks/speedrun.py --records`"
+    assert "has not been verified on hardware" in sr.GPU_NOTE
+
+
+RS = ("--res-schedule", "24:0.5,32:1.0")
+
+
+def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_path) -> None:
+    from vitlab.cli import build_parser
+    from vitlab.train.spec.parser import config_from_args
+    from vitlab.train.spec.rules import validate
+
+    sr, rec = _speedrun(), _speedrun("speedrun_records")
+    assert rec.lever_flags("vit", "seq-pool, muon,mpp=0.25") == [
+        "--pool",
+        "seq",
+        "--optimizer",
+        "muon",
+        "--mpp-warmup",
+        "0.25",
+    ]
+    for spec, why in (
+        ("nope", "no lever 'nope'"),
+        ("cct", "does not apply to the vit track"),
+        ("muon=2", "muon takes no value"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            rec.lever_flags("vit", spec)
+    with pytest.raises(ValueError, match="needs cct"):
+        rec.lever_flags("hybrid", "whiten")
+    with pytest.raises(ValueError, match="does not apply to the hybrid track"):
+        rec.lever_flags("hybrid", "mpp")
+    for name, lever in rec.LEVERS.items():
+        for track in lever.tracks:
+            spec = "cct,whiten" if (name, track) == ("whiten", "hybrid") else name
+            cmd = sr.train_command(_args(track=track, levers=spec), str(tmp_path), "out")
+            assert cmd[-len(lever.flags) :] == list(lever.flags)
+            validate(config_from_args(build_parser().parse_args(cmd)))  # vitlab train would start it
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit", "--smoke", "--levers", "cct"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "cct does not apply to the vit track" in proc.stderr
 
 
 def test_timm_baseline_smoke_run() -> None:

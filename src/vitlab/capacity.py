@@ -18,10 +18,11 @@ What ``vitlab plan`` prints. Memory is counted the way the training engines lay 
   forward and backward passes (x 4 with checkpointing: one more forward), divided by the devices'
   peak throughput times an assumed model-FLOPs utilisation (MFU).
 
-A hybrid's ResNet stem is counted by its feature maps (:func:`_hybrid_values`), an axial block as two
-half-blocks. The numbers are estimates for planning: allocator fragmentation, the CUDA context, data-loader memory
-and communication buffers are not counted here (leave ~10-20 % of the device free); ``vitlab train`` adds what a
-run holds besides (:mod:`vitlab.train.engine.memory`) to the same arithmetic before it allocates anything.
+A hybrid's ResNet stem and CCT's convolutional tokenizer are counted by their feature maps
+(:func:`_hybrid_values`, :func:`_conv_stem_values`), an axial block as two half-blocks. The numbers are estimates
+for planning: allocator fragmentation, the CUDA context, data-loader memory and communication buffers are not
+counted here (leave ~10-20 % of the device free); ``vitlab train`` adds what a run holds besides
+(:mod:`vitlab.train.engine.memory`) to the same arithmetic before it allocates anything.
 """
 
 from __future__ import annotations
@@ -150,6 +151,23 @@ def _hybrid_values(cfg: object, h: int, w: int) -> int:
     return values
 
 
+def _conv_stem_values(cfg: object, h: int, w: int) -> int:
+    """Numbers CCT's convolutional tokenizer (:class:`~vitlab.models.hybrid.ConvTokenizer`: per layer a 3x3
+    convolution at the input's size, ReLU, 3x3/2 max-pool) saves for backward per image, besides the input image and
+    the tokens: per layer the ReLU's output (the pool's input), the pool's int64 indices (two numbers each) and,
+    but for the last layer, the pooled map the next convolution takes."""
+    if getattr(cfg, "stem", "patch") != "conv":
+        return 0
+    layers = cfg.stem_layers  # type: ignore[attr-defined]
+    widths = [cfg.stem_width] * (layers - 1) + [cfg.embed_dim]  # type: ignore[attr-defined]
+    values = 0
+    for i, c in enumerate(widths):
+        h2, w2 = math.ceil(h / 2), math.ceil(w / 2)
+        values += c * h * w + (2 + (i < layers - 1)) * c * h2 * w2
+        h, w = h2, w2
+    return values
+
+
 ATTENTION_MATH_BYTES = 13
 """Bytes per attention weight (per head, query and key) that the unfused ("math") attention saves for backward:
 the fp32 softmax output, the fp32 weights after dropout and the dropout mask (measured: 12.75 on CPU, also under
@@ -169,7 +187,8 @@ def _parts(
     block = halves * tokens * (8 * d + 2 * mlp + heads) * bytes_per_value
     if math_attention and halves == 1:
         block += heads * tokens * tokens * ATTENTION_MATH_BYTES
-    stem = cfg.in_chans * h * w + 3 * (patches + prefix) * d + _hybrid_values(cfg, h, w)  # type: ignore[attr-defined]
+    stem = cfg.in_chans * h * w + 3 * (patches + prefix) * d  # type: ignore[attr-defined]
+    stem += _hybrid_values(cfg, h, w) + _conv_stem_values(cfg, h, w)
     return stem * bytes_per_value, block, tokens * d * bytes_per_value
 
 
@@ -186,8 +205,9 @@ def activation_bytes(
     """Bytes autograd saves for the backward pass of ``batch`` images of a ViT (see the module notes).
 
     Besides the blocks: the input image (saved by the patch projection), the embedded tokens and
-    the final LayerNorm's input and output, and a hybrid's ResNet stem. With ``checkpointing`` the blocks keep
-    only their inputs, plus one block's activations while it is recomputed in the backward pass. ``keep``: the
+    the final LayerNorm's input and output, and a hybrid's ResNet stem or a conv stem's feature maps. With
+    ``checkpointing`` the blocks keep only their inputs, plus one block's activations while it is recomputed in the
+    backward pass. ``keep``: the
     share of patch tokens the blocks see (token dropping); ``math_attention``: the attention runs unfused (with
     attention dropout on a CPU) and saves its ``T x T`` weights per head (:data:`ATTENTION_MATH_BYTES`). An
     axial block is two half-blocks (Appendix D.6), each with its own attention and MLP."""
@@ -206,8 +226,9 @@ def inference_bytes(cfg: object, *, img_size: int | tuple[int, int], batch: int,
     return int(batch * (stem + block))
 
 
-OPTIMIZER_BYTES = {"adamw": 8, "adam": 8, "sgd": 4}
-"""Optimizer state per parameter: Adam's two fp32 moments; SGD's fp32 momentum buffer."""
+OPTIMIZER_BYTES = {"adamw": 8, "adam": 8, "sgd": 4, "muon": 8}
+"""Optimizer state per parameter: Adam's two fp32 moments; SGD's fp32 momentum buffer; Muon + AdamW at most Adam's
+(Muon keeps one momentum buffer for the encoder's matrices, AdamW two moments for the rest)."""
 
 
 def state_bytes(

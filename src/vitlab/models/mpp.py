@@ -63,11 +63,15 @@ class MaskedPatchPrediction(nn.Module):
         mask_prob: float = 0.8,
         random_prob: float = 0.1,
         bits: int = 3,
+        switched_token_drop: bool = False,
     ) -> None:
+        """``switched_token_drop``: ``model`` may be built with token dropping (``patch_drop_rate``), which the
+        caller sets to 0 for the forwards of this wrapper (a warm start before classification that drops tokens);
+        a training forward that would drop tokens is refused. Otherwise such a model is refused here."""
         super().__init__()
         if model.config.hybrid_layers is not None or model.config.stem != "patch":
             raise ValueError("masked patch prediction needs a plain ViT: a hybrid's patches are not pixel patches")
-        if model.config.patch_drop_rate:
+        if model.config.patch_drop_rate and not switched_token_drop:
             raise ConfigError("masked patch prediction predicts every patch: it cannot drop tokens (patch_drop_rate)")
         if not 0.0 < corrupt_prob <= 1.0 or mask_prob + random_prob > 1.0:
             raise ValueError("corrupt_prob must be in (0, 1] and mask_prob + random_prob <= 1")
@@ -110,6 +114,8 @@ class MaskedPatchPrediction(nn.Module):
         (derived from the model's mean/std when omitted)."""
         vit = self.model
         cfg = vit.config
+        if self.training and getattr(vit.patch_drop, "p", 0.0) > 0:
+            raise ConfigError("masked patch prediction predicts every patch: set the token-drop rate to 0 first")
         if pixels is None:
             mean = torch.tensor(cfg.mean, device=images.device).view(1, -1, 1, 1)
             std = torch.tensor(cfg.std, device=images.device).view(1, -1, 1, 1)

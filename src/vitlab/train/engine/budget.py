@@ -18,7 +18,7 @@ from ..objectives import Objective
 from ..persist.position import RunPlan
 from ..spec.config import TrainConfig
 from .loaders import RunLoaders
-from .schedule import StepSchedule, ends_dropping, set_rate, warmup_for
+from .schedule import StepSchedule, ends_dropping, set_rate, unmasked_phases, warmup_for
 
 __all__ = ["REPLAN_AT", "Replanner", "budget_reserve", "measure_budget", "plan_run", "steps_in_budget"]
 
@@ -117,7 +117,7 @@ def measure_budget(
             n_eval = min(loaders.eval_size, 256)
             for start in range(0, n_eval, loaders.eval_batch):
                 evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
-        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval
+        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval * objective.eval_passes  # flip TTA: 2
     del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03 * schedule.mean_cost(full_over_dropped=full_over_dropped)  # 3 %: logging
     left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
@@ -127,7 +127,7 @@ def measure_budget(
         f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step"
         + (" on average over the resolution schedule" if r.res_schedule else "")
         + (
-            f" with every token for the last {1 - r.token_drop_until:.0%} of the steps, at "
+            f" with every token for {unmasked_phases(r)} of the steps, at "
             f"{full_over_dropped:.2f}x the time of a step that drops tokens"
             if unmasked
             else ""

@@ -50,6 +50,7 @@ from ...models.vit import VisionTransformer
 from ..objectives import Objective, objective_for
 from ..spec.config import TrainConfig
 from ..spec.rules import micro_batch
+from .schedule import ends_dropping
 
 __all__ = [
     "MARGIN",
@@ -226,7 +227,7 @@ def estimate(
     if bpv == 2:
         states += params * 2  # autocast's cast of the weights
     img = tuple(mc.img_size)
-    keep = 1.0 - r.token_drop if r.token_drop and r.token_drop_until >= 1 else 1.0
+    keep = 1.0 - r.token_drop if r.token_drop and not ends_dropping(r) else 1.0  # some steps see every token
     fused = _fused_cpu_blocks(cfg, mc, device_type)
     kw = {"img_size": img, "bytes_per_value": bpv}
     acts = capacity.activation_bytes(

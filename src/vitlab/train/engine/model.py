@@ -18,10 +18,11 @@ from torch import nn
 
 from ...accel import accelerate
 from ...checkpoints import Checkpoint, checkpoint_config, load, read_checkpoint
-from ...data import ImageArray, channel_stats
+from ...data import ArrayDataset, ImageArray, channel_stats, eval_transform
 from ...distributed import Dist
 from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
+from ...models.whiten import whiten_init_
 from ..objectives import Objective
 from ..spec.arch import fresh_config
 from ..spec.config import TrainConfig
@@ -32,7 +33,18 @@ from .messages import init_line
 if TYPE_CHECKING:
     from ...data.sources import DataSplits
 
-__all__ = ["HeadOnly", "InitModel", "amp", "build_model", "build_net", "input_norm", "planned_config", "seed_all"]
+__all__ = [
+    "WHITEN_IMAGES",
+    "HeadOnly",
+    "InitModel",
+    "amp",
+    "build_model",
+    "build_net",
+    "input_norm",
+    "planned_config",
+    "seed_all",
+    "whiten_first_conv",
+]
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,8 @@ def build_net(
         norm = input_norm(cfg, data)
         kw = {"in_chans": data.in_chans, "image_size": data.image_size, "class_names": names, "norm": norm}
         model = build_model(cfg, num_classes=n, **kw)
+    if cfg.recipe.whiten_init:
+        whiten_first_conv(model, data, seed=cfg.seed, crop_pct=cfg.recipe.crop_pct)
     if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
         model.set_distilled_training(True)
     if cfg.recipe.freeze:
@@ -173,6 +187,30 @@ def build_net(
     net.to(device)
     seed_all(cfg.seed + dist.rank)
     return net, workers, line
+
+
+WHITEN_IMAGES = 2048
+"""The most training images ``--whiten-init`` reads (airbench whitens from 5,000; the covariance of a first layer's
+few dozen input values is well estimated from far fewer patches)."""
+
+
+def whiten_first_conv(model: nn.Module, data: DataSplits, *, seed: int, crop_pct: float) -> int:
+    """``--whiten-init``: set ``model``'s first convolution (``pretrained_cfg["first_conv"]``: the patch embedding, or
+    the conv stem's first layer, whose ReLU takes the negated filters too) to whiten its input patches
+    (:func:`~vitlab.models.whiten.whiten_init_`) in up to :data:`WHITEN_IMAGES` training images as the model sees
+    them (the evaluation transform: resized, normalised), drawn from ``seed`` by a generator of their own: the
+    same images and filters for the same seed, and the global generators untouched. Returns the filters set."""
+    train = getattr(data, "train", None)
+    if not isinstance(train, ImageArray) or len(train) == 0:
+        raise OptionError(ref("recipe.whiten_init"), " reads training images before training, and tar shards are "
+                          "streamed; give an image folder, or drop the flag")  # fmt: skip
+    c = model.config
+    tf = eval_transform(img_size=c.img_size, mean=c.mean, std=c.std, in_chans=c.in_chans, crop_pct=crop_pct)
+    images = ArrayDataset(train.images, train.labels, transform=tf, in_chans=c.in_chans)
+    picked = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:WHITEN_IMAGES].sort().values
+    x = torch.stack([images[int(i)][0] for i in picked])
+    conv = model.get_submodule(model.pretrained_cfg["first_conv"])
+    return whiten_init_(conv, x, negated=c.stem == "conv")
 
 
 def _freeze_all_but_head(model: nn.Module) -> None:

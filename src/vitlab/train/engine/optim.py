@@ -1,6 +1,7 @@
 """What changes the weights: optimisers with parameter groups (no weight decay on norms, biases, position
 embeddings and the class token, ``model.no_weight_decay()``, as in timm and big_vision; optionally a per-layer
-learning rate, layer-wise LR decay, for fine-tuning), the LR schedule, the gradient scaler and the EMA."""
+learning rate, layer-wise LR decay, for fine-tuning; or Muon for the encoder's matrices and AdamW for the rest,
+:class:`MuonAdamW`), the LR schedule, the gradient scaler and the EMA."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from ...optim_groups import muon_split
+from ..spec.options import OptionError, ref
 from ..spec.recipes import Recipe
 from .schedule import LRFactor
 
-__all__ = ["Optimization", "build_optimization", "build_optimizer", "layer_id", "param_groups"]
+__all__ = ["MuonAdamW", "Optimization", "build_optimization", "build_optimizer", "layer_id", "param_groups"]
 
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 _EMBEDDING = ("cls_token", "pos_embed", "patch_embed", "reg_token", "dist_token", "mask_token")
@@ -62,8 +65,11 @@ def _empty(weight_decay: float) -> dict:
 
 def build_optimizer(model: nn.Module, recipe: Recipe, lr: float) -> torch.optim.Optimizer:
     """``adamw`` / ``adam`` (decoupled weight decay, i.e. AdamW, in both: the paper's "Adam with
-    weight decay" scales the decay by the learning rate) or ``sgd`` with momentum. Each group
+    weight decay" scales the decay by the learning rate), ``sgd`` with momentum, or ``muon`` (:class:`MuonAdamW`,
+    :func:`_muon_adamw`). Each group
     starts at ``lr`` times its ``lr_scale``; the schedule then scales every group alike."""
+    if recipe.optimizer == "muon":
+        return _muon_adamw(model, recipe, lr)
     depth = _depth(model) if recipe.layer_decay is not None else None
     groups = param_groups(model, recipe.weight_decay, layer_decay=recipe.layer_decay, depth=depth)
     for g in groups:
@@ -73,6 +79,66 @@ def build_optimizer(model: nn.Module, recipe: Recipe, lr: float) -> torch.optim.
             groups, lr=lr, betas=recipe.betas, weight_decay=recipe.weight_decay, fused=_fused_ok(model)
         )
     return torch.optim.SGD(groups, lr=lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Two optimisers as one: ``torch.optim.Muon`` for the encoder blocks' matrices and AdamW for every other
+    parameter (:func:`vitlab.optim_groups.muon_split`). Its ``param_groups`` are the two optimisers' own groups
+    (the same dicts), so that one ``LambdaLR`` schedules both, and clipping and a gradient scaler see every
+    parameter; its ``state_dict`` holds both optimisers' states (``last.pt`` resumes both)."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        self.muon, self.adamw = muon, adamw
+        every = [p for opt in (muon, adamw) for g in opt.param_groups for p in g["params"]]
+        super().__init__(every, {})  # the base class's hooks and bookkeeping; its own group is replaced below
+        self._share_groups()
+
+    def _share_groups(self) -> None:
+        self.param_groups = [*self.muon.param_groups, *self.adamw.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            raise ValueError("MuonAdamW.step takes no closure")
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:  # type: ignore[override]
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
+        if set(state_dict) != {"muon", "adamw"}:
+            raise ValueError("not the state of a Muon + AdamW optimizer")
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
+        self._share_groups()  # loading replaced the optimisers' group dicts
+
+
+def _muon_adamw(model: nn.Module, recipe: Recipe, lr: float) -> MuonAdamW:
+    """Muon (Jordan et al. 2024) for the 2-D weights of the encoder blocks, AdamW (the recipe's betas, with
+    :func:`param_groups`' decay split) for the rest, both at ``lr``. Muon's update is scaled to AdamW's RMS
+    (``adjust_lr_fn="match_rms_adamw"``; Liu et al. 2025, "Muon is Scalable for LLM Training"), so that one
+    learning rate and one weight decay serve both; Muon's momentum is its default, 0.95 (Nesterov)."""
+    if not hasattr(torch.optim, "Muon"):
+        raise OptionError(ref("recipe.optimizer"), f" muon: this torch ({torch.__version__}) has no torch.optim.Muon;"
+                          " upgrade torch, or use adamw")  # fmt: skip
+    matrices = [p for _, p in muon_split(model)[0]]
+    if not matrices:
+        raise OptionError(ref("recipe.optimizer"), " muon: the model has no trainable encoder-block matrix")
+    taken = {id(p) for p in matrices}
+    groups = [
+        {**g, "params": [p for p in g["params"] if id(p) not in taken], "lr": lr}
+        for g in param_groups(model, recipe.weight_decay)
+    ]
+    muon = torch.optim.Muon(matrices, lr=lr, weight_decay=recipe.weight_decay, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW(
+        groups, lr=lr, betas=recipe.betas, weight_decay=recipe.weight_decay, fused=_fused_ok(model)
+    )
+    return MuonAdamW(muon, adamw)
 
 
 def _depth(model: nn.Module) -> int:

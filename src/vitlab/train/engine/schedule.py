@@ -11,6 +11,8 @@
   fraction ``F`` of the steps, every token for the rest: FLIP's unmasked tuning (Li et al. 2023), so that the model
   meets the full sequences it is evaluated on before training ends;
 - **the head-only phase** (``--head-warmup STEPS``, LP-FT, Kumar et al. 2022): the first steps train the head only.
+- **the warm start** (``--mpp-warmup F``): masked patch prediction (Sec. 4.6) for the first fraction ``F`` of the
+  steps, on every token, then classification (:mod:`vitlab.train.objectives.warmstart`).
 
 Every phase is a fraction (or a count) of the planned steps: when a time budget re-plans the run
 (:meth:`StepSchedule.refit`), each moves with the plan's end. The trainer applies what :meth:`~StepSchedule.lookup`
@@ -42,6 +44,7 @@ __all__ = [
     "set_rate",
     "size_at",
     "step_cost",
+    "unmasked_phases",
     "warmup_for",
 ]
 
@@ -58,6 +61,8 @@ class Step:
     """The share of patch tokens dropped in training."""
     head_only: bool
     """Whether only the classifier head trains."""
+    warm_start: bool = False
+    """Whether the step is in the masked-patch-prediction warm start (``--mpp-warmup``)."""
 
 
 def lr_factor(
@@ -131,8 +136,18 @@ def step_cost(size: int, *, final: int) -> float:
 
 
 def ends_dropping(recipe: Recipe) -> bool:
-    """Whether the recipe drops tokens and stops before the end (``token_drop_until`` < 1)."""
-    return bool(recipe.token_drop) and recipe.token_drop_until < 1
+    """Whether the recipe drops tokens but not in every planned step: it stops before the end
+    (``token_drop_until`` < 1), or starts after a masked-patch-prediction warm start, which sees every token."""
+    return bool(recipe.token_drop) and (recipe.token_drop_until < 1 or recipe.mpp_warmup > 0)
+
+
+def unmasked_phases(recipe: Recipe) -> str:
+    """Which planned steps see every token in a recipe that drops tokens (:func:`ends_dropping`), in words: "the
+    first 10% (the warm start)", "the last 20%", or both."""
+    phases = [f"the first {recipe.mpp_warmup:.0%} (the warm start)"] if recipe.mpp_warmup else []
+    if recipe.token_drop_until < 1:
+        phases.append(f"the last {1 - recipe.token_drop_until:.0%}")
+    return " and ".join(phases)
 
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -178,17 +193,25 @@ class StepSchedule:
         """What optimizer step ``step`` (0-based) looks like."""
         r, total = self.recipe, self.total_steps
         size = size_at(r.res_schedule, step=step, total_steps=total) if r.res_schedule else None
-        dropping = not ends_dropping(r) or step < round(r.token_drop_until * total)
+        warm = step < self.warm_start_switch()
+        dropping = not warm and (r.token_drop_until >= 1 or step < round(r.token_drop_until * total))
         return Step(
             lr_factor=self.lr(step),
             img_size=size,
             token_drop_rate=r.token_drop if dropping else 0.0,
             head_only=step < r.head_warmup,
+            warm_start=warm,
         )
 
     def token_drop_switch(self) -> int | None:
-        """The first step (0-based) that trains on every token; None when tokens are dropped throughout (or never)."""
-        return round(self.recipe.token_drop_until * self.total_steps) if ends_dropping(self.recipe) else None
+        """The first step (0-based) that trains on every token after dropping them (``--token-drop-until``); None
+        when tokens are dropped to the end (or never)."""
+        r = self.recipe
+        return round(r.token_drop_until * self.total_steps) if r.token_drop and r.token_drop_until < 1 else None
+
+    def warm_start_switch(self) -> int:
+        """The first step (0-based) after the masked-patch-prediction warm start (0: none)."""
+        return round(self.recipe.mpp_warmup * self.total_steps)
 
     def mean_cost(self, *, full_over_dropped: float = 1.0) -> float:
         """The mean cost of the planned steps relative to the step a time budget's probe times (at the final size,
@@ -201,6 +224,7 @@ class StepSchedule:
                 mean += (end - start) * step_cost(size, final=final)
                 start = end
             cost *= mean
-        if ends_dropping(r):
-            cost *= r.token_drop_until + (1 - r.token_drop_until) * full_over_dropped
+        if ends_dropping(r):  # the steps from the warm start's end to token_drop_until drop, the others do not
+            dropped = max(0.0, r.token_drop_until - r.mpp_warmup)
+            cost *= dropped + (1 - dropped) * full_over_dropped
         return cost

@@ -32,7 +32,7 @@ from .messages import WallEstimate, epoch_line, start_line
 from .model import HeadOnly
 from .optim import Optimization
 from .parallel import full_model, lockstep
-from .schedule import Step, StepSchedule, set_rate, warmup_for
+from .schedule import Step, StepSchedule, ends_dropping, set_rate, warmup_for
 from .signals import StopSignals
 
 __all__ = ["Trainer"]
@@ -208,19 +208,23 @@ class Trainer:
         return stop
 
     def _enter(self, step: Step) -> None:
-        """Apply what the step schedule says for the coming step: the end of the head-only phase and of token
-        dropping (each said once; the LR is the scheduler's, the image size the loop's)."""
+        """Apply what the step schedule says for the coming step: the end of the head-only phase, the token-drop
+        rate, and the objective's phase (the warm start's end; each end said once; the LR is the scheduler's, the
+        image size the loop's)."""
         p = self.position
         if self.head is not None and not step.head_only:
             self.head.release()
             self.head = None
             self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         switch = self.schedule.token_drop_switch()
-        if switch is not None and set_rate(self.vit, step.token_drop_rate) and p.step >= switch and self.dist.is_main:
+        changed = ends_dropping(self.cfg.recipe) and set_rate(self.vit, step.token_drop_rate)
+        if changed and switch is not None and p.step >= switch and self.dist.is_main:
             self.bar.line(
                 f"token dropping ends after step {p.step} of {self.plan.total_steps}: "
                 "every token from here (--token-drop-until)"
             )
+        if (line := self.objective.enter(self.net, step=p.step, warm_start=step.warm_start)) and self.dist.is_main:
+            self.bar.line(f"{line} (of {self.plan.total_steps} steps)")
 
     def _replanned(self, total: int, per_step: float, *, late: bool = False) -> None:
         """Re-fit the schedule to end at ``total``: the warmup with the cosine, unless the run has finished its
@@ -257,6 +261,8 @@ class Trainer:
             "images_per_sec": res.images * d.world_size / max(res.seconds, 1e-9),
             "wall_s": self._wall_s(),
         }
+        if ev.get("tta"):
+            row["tta"] = ev["tta"]
         if res.skipped:
             row["nan_skipped"] = res.skipped
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks

@@ -4,7 +4,8 @@ to the memory estimate. The loop, the time budget's probe, the memory estimate a
 
 - :class:`~.classify.Classify`: the paper's classification (cross-entropy, label smoothing, MixUp/CutMix targets);
 - :class:`~.mpp.MPP`: masked patch prediction (Sec. 4.6), labels unused;
-- :class:`~.distill.Distill`: classification with a frozen teacher (DeiT), when ``--teacher`` is given.
+- :class:`~.distill.Distill`: classification with a frozen teacher (DeiT), when ``--teacher`` is given;
+- :class:`~.warmstart.WarmStart`: classification after a masked-patch-prediction warm start (``--mpp-warmup``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .base import Objective
 from .classify import Classify
 from .distill import Distill
 from .mpp import MPP
+from .warmstart import WarmStart
 
 if TYPE_CHECKING:
     import torch
@@ -22,13 +24,15 @@ if TYPE_CHECKING:
     from ...data.sources import DataSplits
     from ..spec.config import TrainConfig
 
-__all__ = ["MPP", "Classify", "Distill", "Objective", "build_objective", "objective_for"]
+__all__ = ["MPP", "Classify", "Distill", "Objective", "WarmStart", "build_objective", "objective_for"]
 
 _BY_NAME: dict[str, type[Objective]] = {"classify": Classify, "mpp": MPP}
 
 
 def objective_for(cfg: TrainConfig) -> type[Objective]:
     """The objective ``cfg`` trains (its class: what is known before the data)."""
+    if cfg.teacher is None and cfg.objective == "classify" and cfg.recipe.mpp_warmup:
+        return WarmStart
     return Distill if cfg.teacher is not None else _BY_NAME[cfg.objective]
 
 
@@ -40,4 +44,9 @@ def build_objective(cfg: TrainConfig, data: DataSplits, *, device: torch.device)
         return Distill.build(cfg, data, device=device)
     if kind is MPP:
         return MPP(seed=cfg.seed)
-    return Classify(num_classes=data.num_classes, label_smoothing=cfg.recipe.label_smoothing)
+    r = cfg.recipe
+    if kind is WarmStart:
+        return WarmStart(
+            num_classes=data.num_classes, warmup=r.mpp_warmup, label_smoothing=r.label_smoothing, tta=r.tta
+        )
+    return Classify(num_classes=data.num_classes, label_smoothing=r.label_smoothing, tta=r.tta)

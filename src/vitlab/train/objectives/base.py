@@ -76,6 +76,18 @@ class Objective:
         ``per_class``); in DDP every rank passes its shard and the counts are summed."""
         raise NotImplementedError
 
+    @property
+    def eval_passes(self) -> int:
+        """Forward passes an evaluation makes of each image (2 with flip TTA): what the time budget's plan
+        multiplies its timed evaluation by."""
+        return 1
+
+    def enter(self, net: nn.Module, *, step: int, warm_start: bool) -> str | None:
+        """Before optimizer step ``step`` (0-based): switch ``net`` (:meth:`wrap`'s module) to what the step
+        schedule says the step trains (``warm_start``: the masked-patch-prediction warm start); the line to print
+        when that ends here (None: nothing to say)."""
+        return None
+
     def start_line(self) -> str | None:
         """What the run prints about the objective when it starts (None: nothing)."""
         return None

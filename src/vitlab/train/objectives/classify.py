@@ -26,12 +26,17 @@ __all__ = ["Classify", "head_bytes"]
 
 
 class Classify(Objective):
-    """Cross-entropy on the class head; ``num_classes``: the data's (evaluation's top-5 and confusion)."""
+    """Cross-entropy on the class head; ``num_classes``: the data's (evaluation's top-5 and confusion); ``tta``:
+    ``flip`` evaluates each image averaged with its mirror (:func:`~vitlab.evaluate.accuracy.tta_logits`)."""
 
     name = "classify"
 
-    def __init__(self, *, num_classes: int, label_smoothing: float = 0.0) -> None:
-        self.num_classes, self.label_smoothing = num_classes, label_smoothing
+    def __init__(self, *, num_classes: int, label_smoothing: float = 0.0, tta: str = "none") -> None:
+        self.num_classes, self.label_smoothing, self.tta = num_classes, label_smoothing, tta
+
+    @property
+    def eval_passes(self) -> int:
+        return 2 if self.tta == "flip" else 1
 
     @classmethod
     def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
@@ -69,9 +74,11 @@ class Classify(Objective):
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
         dist: Dist | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        return evaluate_batches(
-            net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist
+        tta = None if self.tta == "none" else self.tta
+        res = evaluate_batches(
+            net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist, tta=tta
         )
+        return {**res, "tta": tta} if tta else res
 
 
 def head_bytes(teacher: ViTConfig, *, micro: int, bytes_per_value: int, num_classes: int) -> int:

@@ -76,9 +76,9 @@ class Distill(Classify):
 
     def __init__(
         self, teacher: nn.Module, *, kind: str, tau: float, token: bool = False, spec: str = "teacher",
-        num_classes: int, label_smoothing: float = 0.0,
+        num_classes: int, label_smoothing: float = 0.0, tta: str = "none",
     ) -> None:  # fmt: skip
-        super().__init__(num_classes=num_classes, label_smoothing=label_smoothing)
+        super().__init__(num_classes=num_classes, label_smoothing=label_smoothing, tta=tta)
         self.teacher = teacher.eval().requires_grad_(False)
         self.kind, self.tau, self.token, self.spec = kind, tau, token, spec
         self.size = tuple(teacher.config.img_size)
@@ -107,6 +107,7 @@ class Distill(Classify):
             spec=spec,  # type: ignore[arg-type]
             num_classes=data.num_classes,
             label_smoothing=cfg.recipe.label_smoothing,
+            tta=cfg.recipe.tta,
         )
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -81,7 +81,8 @@ def fresh_config(
     """The configuration of the fresh model ``cfg`` trains (no ``--init``): the size is ``--img-size``, else the
     recipe's, else the data's ``image_size``; the head, dropout rates and token dropping are the recipe's; ``norm``:
     the input ``(mean, std)`` (None: the model's own). A model the options change is named by its shape
-    (``vit_p4_d128_l6``; a hybrid ``vit_r_p1_d128_l6``). Nothing is allocated."""
+    (``vit_p4_d128_l6``; a hybrid ``vit_r_p1_d128_l6``; with CCT's conv stem of two layers
+    ``vit_cct_3x2_p1_d128_l6``). Nothing is allocated."""
     r = cfg.recipe
     base = base_config(cfg)
     changes = _changes(cfg, base)
@@ -112,6 +113,7 @@ def fresh_config(
         c = c.replace(dist_token=True)
     if custom:
         stem = "" if c.hybrid_layers is None else "r" + "".join(str(n) for n in c.hybrid_layers) + "_"
+        stem = f"cct_3x{c.stem_layers}_" if c.stem == "conv" else stem
         c = c.replace(name=f"vit_{stem}p{c.patch_size}_d{c.embed_dim}_l{c.depth}")
     return c
 

@@ -208,9 +208,10 @@ OPTIONS: tuple[Option, ...] = (
     O(path="arch.depth", flag="--depth", group=model, kind=INT, help="number of blocks L"),
     O(path="arch.num_heads", flag="--heads", group=model, kind=INT),
     O(path="arch.mlp_ratio", flag="--mlp-ratio", group=model, kind=FLOAT, help="MLP width / D"),
-    O(path="arch.pool", flag="--pool", group=model, choices=("cls", "gap"),
-      help="class token (the paper) or global average pooling without one"),
-    O(path="arch.class_token", kind=FLAG, help="a class token (--pool cls sets it, --pool gap clears it)"),
+    O(path="arch.pool", flag="--pool", group=model, choices=("cls", "gap", "seq"),
+      help="class token (the paper), global average pooling without one, or CCT's sequence pooling (seq: a "
+      "learned softmax-weighted mean of the patch tokens, without one)"),
+    O(path="arch.class_token", kind=FLAG, help="a class token (--pool cls sets it, --pool gap or seq clears it)"),
     O(path="arch.posemb", flag="--posemb", group=model, choices=("learn", "learn2d", "sincos2d", "none"),
       help="position embedding: learned 1-D (the paper), learned 2-D, fixed 2-D sine-cosine, none (Appendix D.4)"),
     O(path="norm_stats", flag="--norm-stats", group=model, choices=("data", "inception", "imagenet"),
@@ -238,7 +239,8 @@ OPTIONS: tuple[Option, ...] = (
       help="global batch (all processes, all accumulation steps)"),
     O(path="recipe.lr", flag="--lr", group=recipe, kind=FLOAT,
       help="peak LR at the recipe's base batch (scaled linearly with --batch-size)"),
-    O(path="recipe.optimizer", flag="--optimizer", group=recipe, choices=("adamw", "adam", "sgd")),
+    O(path="recipe.optimizer", flag="--optimizer", group=recipe, choices=("adamw", "adam", "sgd", "muon"),
+      help="muon: torch.optim.Muon for the encoder blocks' matrices, AdamW for every other weight, one schedule"),
     O(path="recipe.weight_decay", flag="--weight-decay", group=recipe, kind=FLOAT),
     O(path="recipe.warmup_epochs", flag="--warmup-epochs", group=recipe, kind=FLOAT),
     O(path="recipe.warmup_steps", flag="--warmup-steps", group=recipe, kind=INT),
@@ -263,6 +265,16 @@ OPTIONS: tuple[Option, ...] = (
       help="train only the classifier head (a linear probe); every other weight stays as it was"),
     O(path="recipe.head_warmup", flag="--head-warmup", group=recipe, kind=INT, metavar="STEPS",
       help="LP-FT: train only the head for the first STEPS optimizer steps, then every weight"),
+    # -- the speedrun's levers (issue 38) ------------------------------------------------------------------------
+    O(path="recipe.whiten_init", flag="--whiten-init", group=model, kind=FLAG, commands=("train",),
+      help="before training, set the first convolution (the patch embedding, or a conv stem's first layer) to "
+      "whiten the patches of up to 2048 training images (hlb-CIFAR10, airbench)"),
+    O(path="recipe.mpp_warmup", flag="--mpp-warmup", group=recipe, kind=FLOAT, metavar="F", commands=("train",),
+      help="masked patch prediction (paper Sec. 4.6) on the same images for the first fraction F of the steps, "
+      "then classification from those weights, in the same run and budget"),
+    O(path="recipe.tta", flag="--tta", group=recipe, choices=("none", "flip"),
+      help="the run's evaluations (each epoch's and the last): flip averages the logits of each image and its "
+      "mirror"),
     # -- the recipe's fields without a flag: config files only ----------------------------------------------
     O(path="recipe.source", help="where the recipe's numbers come from"),
     O(path="recipe.expected", help="what result to expect, and at what cost"),

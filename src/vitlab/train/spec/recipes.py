@@ -49,6 +49,8 @@ class Recipe:
     token (FLIP's unmasked tuning, :class:`vitlab.train.engine.schedule.StepSchedule`). 1: dropping throughout."""
     # -- optimisation ------------------------------------------------------------
     optimizer: str = "adamw"
+    """``adamw``, ``adam``, ``sgd``, or ``muon``: ``torch.optim.Muon`` for the encoder blocks' matrices and AdamW
+    for the rest (:func:`vitlab.optim_groups.muon_split`), both on the one LR schedule."""
     lr: float = 1e-3
     base_batch: int | None = None
     """``lr`` is for this batch size (scaled linearly); ``None``: no scaling."""
@@ -77,6 +79,12 @@ class Recipe:
     head_warmup: int = 0
     """LP-FT (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): the first ``head_warmup``
     optimizer steps train the head only, the rest of the run trains everything."""
+    whiten_init: bool = False
+    """Before training, the first convolution whitens the patches of a sample of training images
+    (:func:`vitlab.models.whiten.whiten_init_`; hlb-CIFAR10, airbench)."""
+    mpp_warmup: float = 0.0
+    """A masked-patch-prediction warm start (Sec. 4.6) for this fraction of the planned steps, on the same images;
+    classification for the rest (:class:`vitlab.train.objectives.warmstart.WarmStart`). 0: none."""
     # -- data and loss -----------------------------------------------------------
     crop_scale: tuple[float, float] = (0.08, 1.0)
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -89,6 +97,8 @@ class Recipe:
     label_smoothing: float = 0.0
     crop_pct: float = 1.0
     """Eval: resize to ``img_size / crop_pct`` then center crop."""
+    tta: str = "none"
+    """Eval: ``flip`` averages the logits of each image and its mirror (:func:`vitlab.evaluate.accuracy.tta_logits`)."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -107,8 +117,12 @@ class Recipe:
         def bad(opt: str, msg: str) -> None:
             raise OptionError(Ref(f"recipe.{opt}"), f": {msg}")
 
-        if self.optimizer not in ("adamw", "adam", "sgd"):
-            bad("optimizer", f"{self.optimizer!r} is not adamw, adam or sgd")
+        if self.optimizer not in ("adamw", "adam", "sgd", "muon"):
+            bad("optimizer", f"{self.optimizer!r} is not adamw, adam, sgd or muon")
+        if self.tta not in ("none", "flip"):
+            bad("tta", f"{self.tta!r} is not none or flip")
+        if not 0 <= self.mpp_warmup < 1:
+            bad("mpp_warmup", f"must be in [0, 1), got {self.mpp_warmup}")
         if self.schedule not in ("cosine", "linear", "constant"):
             bad("schedule", f"{self.schedule!r} is not cosine, linear or constant")
         if self.head not in ("linear", "mlp"):

@@ -20,6 +20,7 @@ __all__ = [
     "check_distillation",
     "check_fsdp",
     "check_init",
+    "check_levers",
     "check_res_sizes",
     "micro_batch",
     "validate",
@@ -48,6 +49,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     if not cfg.init:  # an --init model's architecture is in its file: check_init, once it is read
         arch.check(cfg)
+    check_levers(cfg)
 
 
 def _check_run(cfg: TrainConfig) -> None:
@@ -67,6 +69,41 @@ def _check_run(cfg: TrainConfig) -> None:
             raise OptionError(ref(path), f" {v}: out of range")
     if cfg.workers < -1 or cfg.threads < 0:
         raise OptionError(ref("workers"), f" {cfg.workers} / ", ref("threads"), f" {cfg.threads}: must be >= -1 / >= 0")
+
+
+def check_levers(cfg: TrainConfig) -> None:
+    """The speedrun's training levers (issue 38), refused where they cannot apply: Muon not with ``--fsdp``,
+    layer-wise LR decay or a linear probe (whether torch has it is asked when the optimizer is built: spec/ does
+    not import torch); flip TTA for a classifier; the whitening initialisation and the masked-patch-prediction
+    warm start for a fresh model whose first layer is a plain convolution (the warm start: a plain ViT's pixel
+    patches, classification without a teacher)."""
+    r = cfg.recipe
+    if r.optimizer == "muon":
+        for refused, path, why in (
+            (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
+            (r.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
+            (r.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
+        ):
+            if refused:
+                raise OptionError(ref("recipe.optimizer"), " muon with ", ref(path), f": not supported ({why})")
+    if r.tta == "flip" and cfg.objective != "classify":
+        raise OptionError(ref("recipe.tta"), " flip averages class logits; ", ref("objective"),
+                          f" {cfg.objective} has no classes")  # fmt: skip
+    if not (r.whiten_init or r.mpp_warmup):
+        return
+    lever = "recipe.whiten_init" if r.whiten_init else "recipe.mpp_warmup"
+    if cfg.init:
+        raise OptionError(ref(lever), " starts a fresh model; an ", ref("init"), " model has trained weights")
+    base = arch.base_config(cfg)
+    if r.whiten_init and base.hybrid_layers is not None:
+        raise OptionError(ref("recipe.whiten_init"), f": {base.name}'s ResNet stem standardises its weights, which "
+                          "would undo the whitening; use a patch embedding or the conv stem (vit_cct*)")  # fmt: skip
+    if r.mpp_warmup and (cfg.objective != "classify" or cfg.teacher is not None):
+        other = ("teacher", cfg.teacher) if cfg.teacher is not None else ("objective", cfg.objective)
+        raise OptionError(ref("recipe.mpp_warmup"), " warms up a classifier: not with ", ref(other[0]), f" {other[1]}")
+    if r.mpp_warmup and (base.hybrid_layers is not None or base.stem != "patch"):
+        raise OptionError(ref("recipe.mpp_warmup"), ": masked patch prediction predicts pixel patches, and "
+                          f"{base.name}'s stem is convolutional; use a patch embedding")  # fmt: skip
 
 
 def check_distillation(cfg: TrainConfig) -> None:
