@@ -39,7 +39,8 @@ __all__ = [
 
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
-RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml")
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "health.png",
+               "scalars.csv", "scalars_config.json")  # fmt: skip
 """Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
 
 
