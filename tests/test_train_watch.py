@@ -117,3 +117,18 @@ def test_qk_norm_and_registers_reach_the_model_only_when_given():
     assert c == plain.replace(qk_norm=True, reg_tokens=4)
     m = VisionTransformer(c)
     assert isinstance(m.blocks[0].attn.q_norm, torch.nn.LayerNorm) and m.reg_token.shape == (1, 4, c.embed_dim)
+
+
+def test_a_missing_logger_library_is_refused_before_the_data(tmp_path, capsys, monkeypatch):
+    import vitlab.track as track
+
+    real = track.importlib.util.find_spec
+    monkeypatch.setattr(track.importlib.util, "find_spec", lambda n, *a: None if n == "tensorboard" else real(n, *a))
+    missing = tmp_path / "no-such-data"
+    argv = ["train", "--data", str(missing), "--out", str(tmp_path / "run"), "--log", "tensorboard"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "vitlab train: error: --log tensorboard: the tensorboard package is not installed; "
+        "pip install 'vitlab[tensorboard]'"
+    ]
