@@ -132,3 +132,19 @@ def test_a_missing_logger_library_is_refused_before_the_data(tmp_path, capsys, m
         "vitlab train: error: --log tensorboard: the tensorboard package is not installed; "
         "pip install 'vitlab[tensorboard]'"
     ]
+
+
+def test_the_measured_copy_is_plain_equal_and_separate_and_draws_no_random_number():
+    from vitlab.accel.vit import FastVisionTransformer
+
+    torch.manual_seed(0)
+    fast = FastVisionTransformer(
+        img_size=16, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3
+    )
+    state = torch.get_rng_state()
+    copy = watch.plain_copy(fast)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert type(copy) is VisionTransformer and not copy.training
+    mine, theirs = copy.state_dict(), fast.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert all(mine[k].data_ptr() != theirs[k].data_ptr() for k in mine)

@@ -24,7 +24,7 @@ from torch import nn
 from ...distributed import Dist
 from ...inspect.alarms import RunContext, named_alarms
 from ...inspect.health import attention_health
-from ...models import ViTConfig
+from ...models import VisionTransformer, ViTConfig
 from ..persist.health import alarm_history, compact
 from ..persist.position import RunPlan
 from ..spec.config import TrainConfig
@@ -111,8 +111,10 @@ class AttentionWatch:
         if sharded and mode == "auto":
             mode = "off"
         images = _images(loaders, vit.config) if mode != "off" else None
-        return cls(mode=mode if images is not None else "off", images=images, context=context,
-                   history=alarm_history(rows))  # fmt: skip
+        history = alarm_history(rows)
+        fired = {name for name, _ in named_alarms(history, context=context)}  # a resumed run said these already
+        return cls(mode=mode if images is not None else "off", images=images, context=context, history=history,
+                   fired=fired)  # fmt: skip
 
     @property
     def due(self) -> bool:
@@ -193,16 +195,18 @@ def run_context(cfg: TrainConfig, *, config: ViTConfig, data: Any, plan: RunPlan
 
 
 def plain_copy(vit: nn.Module) -> nn.Module:
-    """A fresh model of ``vit``'s class (under any ``torch.compile``/DDP wrapper) holding a detached copy of its
-    weights, on their device: built on the meta device and handed the copied tensors, so no initialisation runs
+    """A plain :class:`~vitlab.models.VisionTransformer` of ``vit``'s configuration (under any ``torch.compile`` or
+    DDP wrapper; ``vitlab.accel``'s class gives the plain one) holding a detached copy of its weights, on their
+    device: built on the meta device and handed the copied tensors, so no initialisation runs
     and the run's random state is untouched."""
     for _ in range(4):  # the ViT under a compile or DDP wrapper
         inner = getattr(vit, "_orig_mod", None) or getattr(vit, "module", None)
         if not isinstance(inner, nn.Module):
             break
         vit = inner
+    cls = VisionTransformer if isinstance(vit, VisionTransformer) else type(vit)  # not accel's speed paths
     with torch.device("meta"):
-        copy = type(vit)(vit.config)
+        copy = cls(vit.config)
     copy.load_state_dict({k: v.detach().clone() for k, v in vit.state_dict().items()}, assign=True)
     return copy.eval()
 
