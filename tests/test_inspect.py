@@ -281,13 +281,15 @@ def test_cli_inspect_on_a_train_run_folder_includes_curves_and_confusion(tmp_pat
     vitlab.save(_tiny(), run / "model")
     _png(run / "curves.png", "red")
     _png(run / "confusion.png", "blue")
+    _png(run / "health.png", "green")  # vitlab train --watch-attention
     (run / "summary.json").write_text(json.dumps({"best_accuracy": 0.93, "epochs": 5, "history": [1, 2]}))
     out = tmp_path / "out"
     args = ["--num-images", "3", "--show", "2", "--out", str(out)]
     assert main(["inspect", "--model", str(run), "--data", "digits", *args]) == 0  # (its model records no data)
     html = (out / "report.html").read_text()
-    _check_html(html, 7)
+    _check_html(html, 8)
     assert "Training curves" in html and "Confusion matrix" in html and "best_accuracy" in html
+    assert html.index("Training curves") < html.index("Attention health") < html.index("Confusion matrix")
     assert "report.html" in capsys.readouterr().out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from .._units import counted
 from ..train.spec.parser import add_options
@@ -87,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
             f"{top5}after {counted(summary['epochs'], 'epoch')} / {counted(summary['steps'], 'step')}; "
             f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
         )
-        print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png confusion.png model/ last.pt")
+        health = "health.png " if (Path(summary["out"]) / "health.png").is_file() else ""  # --watch-attention
+        print(
+            f"results in {summary['out']}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ last.pt"
+        )
     if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
         return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
     return 0

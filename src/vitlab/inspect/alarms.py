@@ -14,14 +14,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PENDING_FLAGS", "SUGGESTED_FLAGS", "AlarmThresholds", "RunContext", "health_alarms"]
+__all__ = [
+    "ALARMS",
+    "PENDING_FLAGS",
+    "SUGGESTED_FLAGS",
+    "AlarmThresholds",
+    "RunContext",
+    "health_alarms",
+    "named_alarms",
+]
 
 SUGGESTED_FLAGS = ("--qk-norm", "--lr", "--warmup-epochs", "--reg-tokens", "--model", "--patch-size")
 """The ``vitlab train`` flags the alarms name."""
 
-PENDING_FLAGS = frozenset({"--qk-norm", "--reg-tokens"})
-"""Of :data:`SUGGESTED_FLAGS`, those ``vitlab train`` does not have yet (the model options
-``qk_norm`` and ``reg_tokens`` of :class:`~vitlab.models.ViTConfig` exist)."""
+PENDING_FLAGS: frozenset[str] = frozenset()
+"""Of :data:`SUGGESTED_FLAGS`, those ``vitlab train`` does not have yet (none: ``--qk-norm`` and ``--reg-tokens``
+came with issue 39)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,10 @@ class AlarmThresholds:
     min_epochs: int = 3
     """No-local-heads waits this many records, and half the planned epochs when they are known: at
     initialisation every head is near uniform."""
+    min_steps: int = 1000
+    """...and this many optimizer steps when the run's step is known (:attr:`RunContext.steps`): Raghu et al.
+    describe fully trained models, and a run of a few hundred steps (a test's, or ``vitlab train``'s default
+    digits run) has not trained long enough to say what its heads became."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,8 @@ class RunContext:
     lr: float | None = None
     epochs: int | None = None
     """Planned epochs, when known."""
+    steps: int | None = None
+    """Optimizer steps the run has taken at the last record, when known."""
 
 
 def _floats(rec: Mapping[str, Any], key: str) -> list[float | None] | None:
@@ -178,7 +192,7 @@ def _no_local_heads(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: A
     if n is None or n >= th.small_data:
         return []
     need = max(th.min_epochs, math.ceil(ctx.epochs / 2) if ctx.epochs else 0)
-    if len(history) < need:
+    if len(history) < need or (ctx.steps is not None and ctx.steps < th.min_steps):
         return []
     last = history[-1]
     per_head, uniform, grid = last.get("distance_per_head"), _number(last, "uniform_distance"), last.get("grid")
@@ -207,6 +221,27 @@ def _no_local_heads(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: A
     ]
 
 
+ALARMS = {
+    "entropy_collapse": _collapse,
+    "logit_growth": _logit_growth,
+    "outlier_tokens": _outliers,
+    "no_local_heads": _no_local_heads,
+}
+"""Each alarm's name and check, in the order they are reported."""
+
+
+def named_alarms(
+    history: Sequence[Mapping[str, Any]], *, context: RunContext, thresholds: AlarmThresholds | None = None
+) -> list[tuple[str, str]]:
+    """:func:`health_alarms` with each sentence's alarm name (a key of :data:`ALARMS`): ``[(name, sentence)]``,
+    so that a caller can say each alarm once while its numbers change."""
+    th = thresholds or AlarmThresholds()
+    recs = [r for r in history if isinstance(r, Mapping)]
+    if not recs:
+        return []
+    return [(name, msg) for name, check in ALARMS.items() for msg in check(recs, context, th)]
+
+
 def health_alarms(
     history: Sequence[Mapping[str, Any]], *, context: RunContext, thresholds: AlarmThresholds | None = None
 ) -> list[str]:
@@ -219,11 +254,4 @@ def health_alarms(
     - *no local heads* in the early layers on a small training set, once the run is under way: a hybrid
       stem or smaller patches.
     """
-    th = thresholds or AlarmThresholds()
-    recs = [r for r in history if isinstance(r, Mapping)]
-    if not recs:
-        return []
-    out: list[str] = []
-    for check in (_collapse, _logit_growth, _outliers, _no_local_heads):
-        out += check(recs, context, th)
-    return out
+    return [msg for _, msg in named_alarms(history, context=context, thresholds=thresholds)]

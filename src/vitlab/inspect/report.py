@@ -105,7 +105,12 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
         if isinstance(data, dict):
             flat = {k: _readable(v) for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
             sections.append(Section(title="Training summary", text=f"From {summary}.", table=flat))
-    for name, title in (("curves.png", "Training curves"), ("confusion.png", "Confusion matrix")):
+    figures = (
+        ("curves.png", "Training curves"),
+        ("health.png", "Attention health"),
+        ("confusion.png", "Confusion matrix"),
+    )
+    for name, title in figures:
         f = run / name
         if f.is_file():
             sections.append(

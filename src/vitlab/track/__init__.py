@@ -13,6 +13,7 @@ and so on); a missing library is one :class:`~vitlab.errors.ConfigError` line na
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError
 
-__all__ = ["BACKENDS", "FanOut", "Tracker", "make_trackers"]
+__all__ = ["BACKENDS", "FanOut", "Tracker", "check_trackers", "make_trackers"]
 
 BACKENDS = ("csv", "tensorboard", "wandb", "mlflow")
 """The names ``make_trackers`` (and ``--log``) accept."""
@@ -78,6 +79,16 @@ def _names(names: Iterable[str]) -> list[str]:
                 raise ConfigError(f"--log: unknown logger {name!r}; choose from {', '.join(BACKENDS)}")
             if name not in out:
                 out.append(name)
+    return out
+
+
+def check_trackers(names: Iterable[str]) -> list[str]:
+    """The backend names of ``names`` (checked, split at commas, deduplicated), each library found without
+    importing it: a run refuses a missing one before it loads its data, in the line :func:`make_trackers` gives."""
+    out = _names(names)
+    for name in out:
+        if name != "csv" and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"--log {name}: the {name} package is not installed; pip install 'vitlab[{name}]'")
     return out
 
 

@@ -3,7 +3,8 @@
 the objective -> the memory -> the model -> the loaders -> the plan -> the optimiser -> the position -> the
 :class:`~vitlab.train.engine.trainer.Trainer` -> the summary.
 
-Outputs under ``out``: ``metrics.jsonl``, ``summary.json``, ``curves.png``, ``confusion.png``, ``model/`` (vitlab
+Outputs under ``out``: ``metrics.jsonl``, ``summary.json``, ``curves.png``, ``confusion.png``, ``health.png`` (the
+attention health, :mod:`.watch`), what ``--log`` asks for (:mod:`vitlab.track`), ``model/`` (vitlab
 folder: best or last weights, class names, preprocessing) and ``last.pt`` (everything needed to resume: model,
 optimizer, scheduler, scaler, EMA, RNG states, epoch and step, the run's configuration)."""
 
@@ -22,6 +23,7 @@ from ..._fs import FolderLock
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
+from ...track import check_trackers
 from ..objectives import Objective, build_objective, objective_for
 from ..persist.outputs import claim_run_folder, truncate_metrics
 from ..persist.position import RunPlan, RunPosition
@@ -70,6 +72,7 @@ def fit(
         state = load_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
     validate(cfg)
+    check_trackers(cfg.log)  # a missing logger library before any data is read
     init = InitModel.read(cfg)  # read once; its architecture checked against the options before any data
     d, device = setup(cfg.device, group=cfg.fsdp)
     try:

@@ -18,9 +18,11 @@ from torch import nn
 from ..._progress import ProgressLog
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
+from ...track import FanOut, make_trackers
 from ..objectives import Objective
 from ..persist.advice import advice_line
 from ..persist.figures import draw_figures
+from ..persist.health import row_scalars
 from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json
 from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
@@ -34,6 +36,7 @@ from .optim import Optimization
 from .parallel import full_model, lockstep
 from .schedule import Step, StepSchedule, ends_dropping, set_rate, warmup_for
 from .signals import StopSignals
+from .watch import AttentionWatch, measure_epoch, run_context
 
 __all__ = ["Trainer"]
 
@@ -75,6 +78,8 @@ class Trainer:
     last_eval: dict[str, Any] | None = field(init=False, default=None)
     last_save: float = field(init=False, default_factory=time.perf_counter)
     last_plot: float = field(init=False, default_factory=time.perf_counter)
+    watch: AttentionWatch = field(init=False)
+    tracker: FanOut = field(init=False, default_factory=FanOut)
 
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
@@ -91,6 +96,7 @@ class Trainer:
             if self.stop is None:  # constructed on its own, not by fit()
                 self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
             self._begin()
+            scope.callback(self.tracker.close)
             self.bar = ProgressLog(
                 total=plan.total_steps, initial=p.step, desc="train", enabled=self.cfg.progress and self.dist.is_main
             )
@@ -118,6 +124,10 @@ class Trainer:
                 self.log(self._before_training_line())
         if self.dist.is_main:
             write_config(self.cfg, self.out)
+        rows = read_metrics(self.out / "metrics.jsonl") if self.dist.is_main else []
+        context = run_context(self.cfg, config=self.vit.config, data=self.data, plan=self.plan)
+        self.watch = AttentionWatch.start(self.cfg.watch_attention, loaders=self.loaders, vit=self.vit,
+                                          context=context, rows=rows, sharded=self.cfg.fsdp)  # fmt: skip
         lr = self.plan.lr or self.cfg.recipe.scaled_lr(self.cfg.recipe.batch_size)
         r, d = self.cfg.recipe, self.dist
         self.log(
@@ -131,11 +141,14 @@ class Trainer:
             batch_size=r.batch_size,
             n_eval=len(self.data.val),
         )
+        if self.dist.is_main:  # last: closed by run() from here on
+            self.tracker = make_trackers(self.cfg.log, out=self.out, config=self.cfg.to_dict())
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
         p, cfg, lo = self.position, self.cfg, self.loaders
         p.start_epoch()
+        self.watch.epoch_began()
         parts = StepParts(
             net=self.train_net, objective=self.objective, opt=self.opt, recipe=cfg.recipe, device=self.device,
             amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan,
@@ -265,6 +278,10 @@ class Trainer:
             row["tta"] = ev["tta"]
         if res.skipped:
             row["nan_skipped"] = res.skipped
+        health, watch_lines = measure_epoch(self.watch, self.vit, dist=d, sharded=cfg.fsdp, epoch=p.epoch + 1,
+                                            step=p.step)  # fmt: skip
+        if health is not None:
+            row["attention"] = health
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
         exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
         p.best = max(p.best, ev["top1"])
@@ -274,7 +291,10 @@ class Trainer:
         )
         if d.is_main:
             self.bar.line(epoch_line(row, epochs=self.plan.epochs, num_classes=self.data.num_classes))
+            for line in watch_lines:
+                self.bar.line(line)
             append_metrics(row, self.out / "metrics.jsonl")
+            self.tracker.log(row["step"], row_scalars(row))
             if exported is not None:
                 self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch)
         self._checkpoint(micro_done=0)
@@ -342,9 +362,10 @@ class Trainer:
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
+        summary["attention"] = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
-            r, budget = self.cfg.recipe, self.cfg.time_budget
-            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget)
+            r, budget, alarms = self.cfg.recipe, self.cfg.time_budget, summary["attention"]["alarms"]
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget, alarms=alarms)
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):

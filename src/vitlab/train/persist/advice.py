@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .health import with_alarms
+
 if TYPE_CHECKING:
     from ..spec.recipes import Recipe
 
@@ -44,7 +46,12 @@ def _stronger(recipe: Recipe) -> list[str]:
 
 
 def advice_line(
-    rows: Sequence[dict[str, Any]], *, recipe: Recipe, epochs: int, time_budget: float | None = None
+    rows: Sequence[dict[str, Any]],
+    *,
+    recipe: Recipe,
+    epochs: int,
+    time_budget: float | None = None,
+    alarms: Sequence[str] = (),
 ) -> str | None:
     """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
 
@@ -54,9 +61,10 @@ def advice_line(
     - evaluation loss risen from its lowest while the train loss fell (:data:`OVERFIT_RATIO`): a random crop and
       MixUp where the recipe has none, else as many epochs (or that share of the budget) as reached the lowest loss.
 
-    Needs three epochs or more (``rows``: ``metrics.jsonl``'s)."""
+    Needs three epochs or more (``rows``: ``metrics.jsonl``'s). The attention-health ``alarms`` (issue 39) follow,
+    one ``advice:`` line each (:func:`.health.with_alarms`)."""
     if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
-        return None
+        return with_alarms(None, alarms)
     why, fix = [], []
     k = max(1, round(0.2 * len(rows)))
     gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
@@ -78,4 +86,4 @@ def advice_line(
         )
         shorter = f"--time-budget {time_budget * (low + 1) / len(rows) / 60:.3g}m" if time_budget else ""
         fix.append(" ".join(_stronger(recipe)) or shorter or f"--epochs {best}")
-    return f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None
+    return with_alarms(f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None, alarms)

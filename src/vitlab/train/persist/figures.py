@@ -1,4 +1,5 @@
-"""A run's figures: ``curves.png`` (loss, accuracy and learning rate against epochs) and ``confusion.png``."""
+"""A run's figures: ``curves.png`` (loss, accuracy and learning rate against epochs), ``health.png`` (the attention
+health per layer against epochs, when the run watched it) and ``confusion.png``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from .health import health_records
 from .outputs import read_metrics
 
-__all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "plot_confusion", "plot_curves"]
+__all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "plot_confusion", "plot_curves", "plot_health"]
 
 
 def plot_curves(
@@ -41,6 +43,59 @@ def plot_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+_HEALTH_PANELS = (
+    ("distance", "mean attention distance (px)", "uniform_distance", "uniform attention"),
+    ("entropy", "attention entropy (nats)", "max_entropy", "uniform (log tokens)"),
+    ("collapsed_fraction", "heads collapsed (entropy < threshold)", None, None),
+    ("max_logit", "largest attention logit", None, None),
+    ("outlier_ratio", "largest / median token norm", None, None),
+)
+
+
+def plot_health(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> bool:
+    """``health.png``: each attention-health measure of the rows (:mod:`.health`) against epochs, one curve per
+    layer (dark: the first layer, light: the last), with the uniform-attention scale where it has one. False
+    (nothing drawn) when no row has a record."""
+    recs = health_records(rows)
+    if not recs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    layers = max(len(r.get("distance") or []) for _, r in recs)
+    colours = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(layers, 1)))
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7))
+    axes = list(grid.flat)
+    for ax, (key, title, scale, scale_name) in zip(axes, _HEALTH_PANELS):
+        for i in range(layers):
+            pts = [(ep, r[key][i]) for ep, r in recs if isinstance(r.get(key), list) and len(r[key]) > i]
+            pts = [(ep, v) for ep, v in pts if isinstance(v, (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), marker=".", color=colours[i], label=f"layer {i + 1}")
+        ref = [r.get(scale) for _, r in recs] if scale else []
+        if ref and isinstance(ref[-1], (int, float)):
+            ax.axhline(ref[-1], color="grey", linestyle="--", linewidth=1, label=scale_name)
+        if key == "collapsed_fraction":
+            ax.set_ylim(-0.05, 1.05)
+        ax.set(title=title, xlabel="epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if layers > 8:  # the first, the middle and the last layer name the colours
+        keep = {0, layers // 2, layers - 1}
+        handles = [h for j, h in enumerate(handles) if j not in range(layers) or j in keep]
+        labels = [x for j, x in enumerate(labels) if j not in range(layers) or j in keep]
+    axes[-1].axis("off")  # the sixth cell names the layers
+    axes[-1].legend(handles, labels, loc="center", fontsize=8, title=f"{layers} layers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str]) -> None:
@@ -83,12 +138,14 @@ MAX_CONFUSION_FIGURE = 100
 
 
 def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> None:
-    """``curves.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation ``ev`` (for at most
-    :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise); a failure is a warning, because a
-    figure must never kill a training run."""
+    """``curves.png`` and ``health.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation
+    ``ev`` (for at most :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise); a failure is a warning,
+    because a figure must never kill a training run."""
     try:
         classes = len(class_names) if "per_class" in ev else None  # MPP's top-5 is over 512 colours
-        plot_curves(read_metrics(out / "metrics.jsonl"), out / "curves.png", num_classes=classes)
+        rows = read_metrics(out / "metrics.jsonl")
+        plot_curves(rows, out / "curves.png", num_classes=classes)
+        plot_health(rows, out / "health.png")
         if classes is not None and classes > MAX_CONFUSION_FIGURE:
             print(
                 f"note: no confusion.png: {classes:,} classes are too many to read in one figure (it is drawn for "

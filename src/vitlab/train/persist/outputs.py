@@ -39,8 +39,10 @@ __all__ = [
 
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
-RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml")
-"""Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes."""
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "health.png",
+               "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns")  # fmt: skip
+"""Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes (with the folders of the
+``--log`` trackers, :mod:`vitlab.track.backends`, so that an overwritten run's curves do not mix with the new)."""
 
 
 def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Callable[[str], None]) -> None:

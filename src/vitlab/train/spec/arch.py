@@ -1,8 +1,9 @@
 """THE architecture rule: the run's model (a registered ``--model`` name, or the recipe's ``arch`` fields) with the
 architecture options (``--patch-size``, ``--dim``, ``--depth``, ``--heads``, ``--mlp-ratio``, ``--pool``,
-``--posemb``) and the image size, as the :class:`~vitlab.models.config.ViTConfig` of a fresh model. Validation
-(:func:`check`), the comparison of a resumed run (:func:`compared`), the memory estimate and the model that is built
-(:func:`fresh_config`) all ask it, so they agree. A field the model refuses is named by its option."""
+``--posemb``, ``--qk-norm``, ``--reg-tokens``) and the image size, as the :class:`~vitlab.models.config.ViTConfig`
+of a fresh model. Validation (:func:`check`), the comparison of a resumed run (:func:`compared`), the memory
+estimate and the model that is built (:func:`fresh_config`) all ask it, so they agree. A field the model
+refuses is named by its option."""
 
 from __future__ import annotations
 
@@ -135,5 +136,5 @@ def compared(cfg: TrainConfig) -> dict[str, Any]:
     except (ConfigError, KeyError, TypeError, ValueError):  # an unknown --model: compared by its name
         return arch
     ratio = arch.get("mlp_ratio") or base.mlp_dim / base.embed_dim
-    fields = ("patch_size", "embed_dim", "depth", "num_heads", "pool", "posemb")
+    fields = ("patch_size", "embed_dim", "depth", "num_heads", "pool", "posemb", "qk_norm", "reg_tokens")
     return {**{f: arch.get(f, getattr(base, f)) for f in fields}, "mlp_ratio": ratio}

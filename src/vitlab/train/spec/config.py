@@ -97,6 +97,11 @@ class TrainConfig:
     keep: str = "best"
     """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
     progress: bool = True
+    watch_attention: str = "auto"
+    """Attention health after each evaluation (:mod:`vitlab.train.engine.watch`): ``on``, ``off``, or ``auto``: while
+    its measured share of the run's time stays at most 5%."""
+    log: list[str] = field(default_factory=list)
+    """Where each epoch's metrics also go (:mod:`vitlab.track`): ``csv``, ``tensorboard``, ``wandb``, ``mlflow``."""
     recipe_given: list[str] = field(default_factory=list)
     """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data
     keeps them."""

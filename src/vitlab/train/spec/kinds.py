@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._units import parse_size
+from ...track import BACKENDS
 
 __all__ = [
     "DURATION",
     "FLAG",
     "FLOAT",
     "INT",
+    "LOGGERS",
     "MAPPING",
     "PAIR",
     "RANDAUGMENT",
@@ -53,6 +55,15 @@ def _randaugment(text: str) -> tuple[int, int] | str:
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NUM_OPS,MAGNITUDE like 2,9 (or 'none')")
     return int(parts[0]), int(parts[1])
+
+
+def _loggers(text: str) -> list[str]:
+    """``--log``'s text (``csv,tensorboard``) as the logger names, lower-cased, in order, each once."""
+    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
+    for n in names:
+        if n not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"unknown logger {n!r}; choose from {', '.join(BACKENDS)}")
+    return list(dict.fromkeys(names))
 
 
 def _number(v: Any) -> bool:
@@ -160,6 +171,11 @@ RES_SCHEDULE = Kind(
     lambda v: isinstance(v, (list, tuple)),
     check_res_schedule,
     late=read_res_schedule,
+)
+LOGGERS = Kind(
+    "logger names (" + ", ".join(BACKENDS) + ")",
+    lambda v: isinstance(v, list) and all(isinstance(n, str) and n in BACKENDS for n in v),
+    parse=_loggers,
 )
 MAPPING = Kind(
     "a mapping of model fields", lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v), dict

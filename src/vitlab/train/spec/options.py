@@ -26,6 +26,7 @@ from .kinds import (
     FLAG,
     FLOAT,
     INT,
+    LOGGERS,
     MAPPING,
     PAIR,
     RANDAUGMENT,
@@ -121,6 +122,9 @@ class Option:
     """Whether a config file may set it (``allow_pipe`` may not: it lets ``data`` run a shell command)."""
     nullable: bool = False
     """Whether None is a value of it (a config file's ``null``)."""
+    repeat: bool = False
+    """The flag may be given several times; the lists each gives are joined in order, each item once
+    (``--log csv --log tensorboard,wandb``)."""
 
     def value(self, given: Any) -> Any:
         """The configuration's value for a value argparse parsed (or a config file's, already checked)."""
@@ -131,6 +135,8 @@ class Option:
                 given = self.kind.late(given)
             except ValueError as e:
                 raise OptionError(Ref(self.path), f"{self.kind.sep}{e}") from None
+        if self.repeat and isinstance(given, list):
+            given = list(dict.fromkeys(x for g in given for x in (g if isinstance(g, list) else [g])))
         if self.invert:
             return not given
         if (self.zero_off and given <= 0) or (self.kind is RANDAUGMENT and given == "none"):
@@ -214,6 +220,13 @@ OPTIONS: tuple[Option, ...] = (
     O(path="arch.class_token", kind=FLAG, help="a class token (--pool cls sets it, --pool gap or seq clears it)"),
     O(path="arch.posemb", flag="--posemb", group=model, choices=("learn", "learn2d", "sincos2d", "none"),
       help="position embedding: learned 1-D (the paper), learned 2-D, fixed 2-D sine-cosine, none (Appendix D.4)"),
+    # (issue 39: the remedies the attention-health alarms name)
+    O(path="arch.qk_norm", flag="--qk-norm", group=model, kind=FLAG,
+      help="LayerNorm on each head's queries and keys before the attention (ViT-22B, Dehghani et al. 2023): bounds the "
+      "attention logits against entropy collapse"),
+    O(path="arch.reg_tokens", flag="--reg-tokens", group=model, kind=INT, metavar="N",
+      help="N register tokens (Darcet et al. 2024): extra learned tokens that take over the high-norm outlier "
+      "tokens, e.g. 4"),
     O(path="norm_stats", flag="--norm-stats", group=model, choices=("data", "inception", "imagenet"),
       help="input normalisation of a model trained from scratch: the training set's per-channel mean/std "
       "(default), 0.5/0.5 (Google's checkpoints) or ImageNet's; an --init model keeps its own"),
@@ -332,6 +345,17 @@ OPTIONS: tuple[Option, ...] = (
     O(path="on_nan", flag="--on-nan", group=run, choices=("stop", "skip"), default="stop", resume="honoured",
       help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), "
       "or skip the step and count it in metrics.jsonl"),
+    # -- seeing inside a run (issue 39): attention health and the loggers -----------------------------------
+    O(path="watch_attention", flag="--watch-attention", group=run, choices=("auto", "on", "off"), default="auto",
+      resume="honoured",
+      help="after each evaluation, measure the attention per layer on a fixed batch of evaluation images (distance, "
+      "entropy, largest logit, outlier tokens) into metrics.jsonl and health.png, with alarms in plain words; "
+      "auto: while it costs at most 5%% of the run's time (measured), not with --fsdp"),
+    O(path="log", flag="--log", group=run, kind=LOGGERS, default=[], repeat=True, resume="honoured",
+      metavar="NAMES",
+      help="also log each epoch's metrics (and the attention health, LR, throughput) to csv (scalars.csv), "
+      "tensorboard, wandb (offline without an API key) or mlflow (a file store in --out), comma-separated or "
+      "repeated; none by default; each but csv needs its library (pip install 'vitlab[tensorboard]' ...)"),
     O(path=None, flag="--resume", group=run, kind=FLAG, default=False,
       help="continue the run in --out from its last.pt"),
     O(path=None, flag="--overwrite", group=run, kind=FLAG, default=False,

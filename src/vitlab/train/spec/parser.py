@@ -33,7 +33,7 @@ def _note_given_flags(p: argparse.ArgumentParser) -> None:
     """Make the options added to ``p`` from now on record their flag in ``args.given_flags`` when they
     appear on the command line: argparse calls an action only for an option that is given; defaults are set
     without it."""
-    for name in (None, "store", "store_true"):
+    for name in (None, "store", "store_true", "append"):
         base = p._registry_get("action", name, None)
         p.register("action", name, type(f"Noted{base.__name__}", (_NoteGiven, base), {}))
 
@@ -60,7 +60,7 @@ def add_options(p: argparse.ArgumentParser, *, command: str) -> None:
         if row.kind is FLAG:
             kw["action"] = "store_true"
         else:
-            kw.update(type=row.kind.parse, metavar=row.metavar)
+            kw.update(type=row.kind.parse, metavar=row.metavar, **({"action": "append"} if row.repeat else {}))
             kw["choices"] = list(RECIPES) if row.path == "recipe.name" else row.choices
         if row.required:
             kw["required"] = True

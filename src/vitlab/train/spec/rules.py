@@ -140,13 +140,15 @@ def check_fsdp(cfg: TrainConfig) -> None:
 
 
 _INIT_FIELDS = ("patch_size", "embed_dim", "depth", "num_heads")
+_INIT_ONLY = ("qk_norm", "reg_tokens")
+"""Fields an ``--init`` checkpoint fixes, compared when their flag is given (a ``--model`` name does not set them)."""
 
 
 def check_init(cfg: TrainConfig, have: ViTConfig) -> None:
     """``--init`` takes the architecture from its checkpoint (``have``, its configuration): options that contradict
     it are refused, except ``--patch-size``, which resizes the patch projection as FlexiViT does (Beyer et al. 2023);
     and a distillation token must be in the checkpoint to be trained."""
-    wanted = {k: v for k, v in cfg.arch.items() if k in _INIT_FIELDS[1:] and v is not None}
+    wanted = {k: v for k, v in cfg.arch.items() if k in (*_INIT_FIELDS[1:], *_INIT_ONLY) and v is not None}
     if cfg.model:
         m = model_config(cfg.model)
         named = {k: getattr(m, k) for k in _INIT_FIELDS if k != "patch_size" or not cfg.arch.get("patch_size")}
