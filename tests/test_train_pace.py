@@ -125,6 +125,29 @@ def test_a_re_plan_moves_the_schedules_end_without_a_jump_both_ways():
     assert w(50) == pytest.approx(reached) and w(80) == pytest.approx(1.0) and w(499) < 0.01
 
 
+def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
+    """In epochs of 160 steps or more the pace is also checked every quarter epoch: a stretch slower than planned
+    shortens the plan, a faster one lengthens it, and a stretch on pace leaves it alone."""
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
+
+    clock = [1000.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    r = budget.Replanner.for_plan(total_steps=2000, budget=207.5, t_start=1000.0, eval_s=0.0, steps_per_epoch=400)
+    assert r.check_every == 100
+    r.due, r.mark = False, (0, 1000.0)  # the early re-plan happened at step 0 (as if), on a 0.1 s pace
+    clock[0] = 1010.0  # 100 steps at 0.1 s: on pace (1,900 steps and 5 saves in the 192.5 s left after 5 kept back)
+    assert r.after_step(steps_this_run=100, step=100, planned=2000, **kw) is None
+    assert r.after_step(steps_this_run=150, step=150, planned=2000, **kw) is None  # not a quarter epoch yet
+    clock[0] = 1030.0  # 100 steps at 0.2 s: shorter
+    short, pace = r.after_step(steps_this_run=200, step=200, planned=2000, **kw) or (0, 0.0)
+    assert pace == pytest.approx(0.2) and short == 200 + steps_in_budget(172.5, 0.2, 0.0, 400, 200) < 2000
+    clock[0] = 1035.0  # 100 steps at 0.05 s: longer again
+    longer, _ = r.after_step(steps_this_run=300, step=300, planned=short, **kw) or (0, 0.0)
+    assert longer == 300 + steps_in_budget(167.5, 0.05, 0.0, 400, 300) > short
+
+
 # -- measure, then choose ------------------------------------------------------------------------------------------
 
 

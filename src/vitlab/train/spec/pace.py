@@ -109,7 +109,8 @@ def short_budget_line(
     why = f"{passes:.2f} passes over the training data" if passes < 1 else f"{passes:.1f} passes"
     line = (
         f"warning: --time-budget {_duration(budget)} buys only {why}, and evaluation takes {evals:.0f} s of "
-        f"the {left:.0f} s left ({eval_s:.1f} s each, {steps_per_epoch} steps an epoch at {per_step * 1000:.0f} ms): "
+        f"the {max(0.0, left):.0f} s left ({eval_s:.1f} s each, {steps_per_epoch} steps an epoch at "
+        f"{per_step * 1000:.0f} ms): "
         f"--time-budget {minutes}m buys about 3 epochs"
     )
     if evals > 0.5 * left and eval_s > 0:
