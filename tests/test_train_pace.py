@@ -69,7 +69,8 @@ def test_thread_cap_reads_the_cgroup_quota_and_omp_num_threads(monkeypatch):
 
 def test_the_thread_watch_lowers_the_threads_when_the_pace_collapses_and_restores_them(monkeypatch):
     """An epoch at under half the previous pace samples the free cores again and lowers the threads when fewer are
-    free; a recovered pace samples again and goes back up, never above the start's choice; --threads never moves."""
+    free; a recovered pace samples again and goes back up to the free cores, never above the cap (also after a start
+    on a busy machine); --threads never moves."""
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     free, set_to = [1.0], []
     w = cores.ThreadWatch(threads=2, chosen=2, step_macs=1e12, cap=2, sample=lambda: free[0], set_threads=set_to.append)
@@ -80,7 +81,12 @@ def test_the_thread_watch_lowers_the_threads_when_the_pace_collapses_and_restore
     assert w.after_epoch(0.29) is None
     free[0] = 2.0
     assert "-> 2 torch thread(s) (was 1)" in (w.after_epoch(0.15) or "") and set_to == [1, 2]
-    assert w.after_epoch(0.05) is None  # faster again, already at the start's choice
+    assert w.after_epoch(0.05) is None  # faster again, already at the cap
+    busy_start = cores.ThreadWatch(
+        threads=1, chosen=1, step_macs=1e12, cap=2, sample=lambda: 2.0, set_threads=lambda n: None
+    )
+    assert busy_start.after_epoch(0.3) is None  # started on a busy machine at 1 thread: the load leaves, faster
+    assert "-> 2 torch thread(s) (was 1)" in (busy_start.after_epoch(0.1) or "") and busy_start.threads == 2
     fixed = cores.ThreadWatch(threads=2, chosen=2, fixed=True, sample=lambda: 0.0, set_threads=set_to.append)
     assert fixed.after_epoch(0.1) is None and fixed.after_epoch(1.0) is None and set_to == [1, 2]
 

@@ -134,6 +134,8 @@ def _time_eval(
                         crop_pct=crop_pct)  # fmt: skip
     ds = ArrayDataset(val.images, val.labels, transform=tf, in_chans=in_chans)
     n = min(EVAL_ITEMS, len(ds))
+    if n == 0:  # no evaluation split: nothing to time
+        return 0.0
     model.eval()
     t0 = clock()
     with torch.no_grad():

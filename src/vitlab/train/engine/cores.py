@@ -13,8 +13,9 @@ one thread kept 62%: issue 34). So the thread count follows the cores that are f
   ``torchrun`` node (the run's first lines say what was chosen and why, :func:`threads_line`);
 - one DataLoader worker when the model runs on one thread and another core is free (on a GPU: always one);
 - re-checked at an epoch's end (:class:`ThreadWatch`): when the epoch ran at under half the previous one's pace,
-  the free cores are sampled again and the threads lowered if fewer are free now; after a lowering, an epoch at
-  1.5x the previous pace samples again and goes back up (never above the first choice).
+  the free cores are sampled again and the threads lowered if fewer are free now; with fewer threads than the cap
+  (a lowering, or a start on a busy machine), an epoch at over 1.5x the previous pace samples again and goes up to
+  the cores free then (never above the cap).
 """
 
 from __future__ import annotations
@@ -189,11 +190,12 @@ class ThreadWatch:
     threads: int
     """Threads now."""
     chosen: int
-    """The start's choice: a recovery goes back up to it, no further."""
+    """The start's choice."""
     fixed: bool = False
     """``--threads`` given, or not on the CPU: never changed."""
     step_macs: float = math.inf
     cap: int = 1
+    """The most threads (:func:`thread_cap`): a recovery goes up to the free cores, no further than this."""
     last_pace: float | None = None
     """Seconds per step of the previous epoch."""
     sample: Callable[[], float | None] = free_cores
@@ -213,11 +215,11 @@ class ThreadWatch:
         if self.fixed or last is None or per_step <= 0:
             return None
         collapsed = per_step > last / COLLAPSE
-        recovered = per_step < last / RECOVER and self.threads < self.chosen
+        recovered = per_step < last / RECOVER and self.threads < self.cap
         if not (collapsed or recovered):
             return None
         free = self.sample()
-        want = min(self.chosen, choose_threads(cap=self.cap, free=free, step_macs=self.step_macs))
+        want = choose_threads(cap=self.cap, free=free, step_macs=self.step_macs)
         if (collapsed and want >= self.threads) or (recovered and want <= self.threads):
             return None
         old, self.threads = self.threads, want
@@ -254,7 +256,7 @@ def threads_line(cfg: TrainConfig, *, device: torch.device, workers: int, step_m
     if cfg.threads > 0:
         why = "--threads"
     elif step_macs < TINY_STEP_MACS:
-        why = "a small step loses more to synchronising threads than it gains"
+        why = "a small step loses more to synchronising threads than it gains; --threads N to choose"
     else:
         free = _memo[0][1] if _memo else None
         why = f"{free:.1f} of {cpus} core(s) free at start" if free is not None else "the free cores unknown"
