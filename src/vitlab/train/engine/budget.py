@@ -1,5 +1,6 @@
-"""``--time-budget``: plan the number of optimizer steps from a measured step time, re-plan once
-from the run's own steps, then correct the plan at each epoch's end, so that the run ends on time."""
+"""``--time-budget``: plan the number of optimizer steps from a measured step time, re-plan once from the run's own
+steps, then follow the pace both ways (a slower stretch shortens the plan, a faster one lengthens it), so that the
+run ends on time, neither early nor late. The arithmetic is :mod:`vitlab.train.spec.pace`'s."""
 
 from __future__ import annotations
 
@@ -12,63 +13,40 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...devices import autocast
 from ...distributed import Dist, broadcast_ints
 from ..objectives import Objective
 from ..persist.position import RunPlan
 from ..spec.config import TrainConfig
+from ..spec.pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budget_line, steps_in_budget
+from . import calibrate
 from .loaders import RunLoaders
 from .schedule import StepSchedule, ends_dropping, set_rate, unmasked_phases, warmup_for
 
 __all__ = ["REPLAN_AT", "Replanner", "budget_reserve", "measure_budget", "plan_run", "steps_in_budget"]
 
 REPLAN_FROM, REPLAN_AT = 5, 45
-"""A time-budgeted run times its own optimizer steps ``_REPLAN_FROM`` to ``_REPLAN_AT`` and re-plans once from that."""
-_LATE_TOLERANCE = 0.03
-"""An epoch-end correction moves the plan only when it would cut the steps still to go by more than this share:
-the pace of one epoch to the next varies by a little, and every move re-shapes the rest of the cosine."""
+"""A time-budgeted run times its own optimizer steps ``REPLAN_FROM`` to ``REPLAN_AT`` and re-plans once from that."""
+_TOLERANCE = 0.03
+"""A later correction moves the plan only when it changes the steps still to go by more than this share (and by
+more than 1% of the budget's time): the pace of one epoch to the next varies by a little, and every move re-shapes
+the rest of the decay."""
 
 
-def budget_reserve(budget: float) -> float:
-    """Seconds kept back from a time budget for the final save and figures."""
-    return min(5.0, 0.1 * budget)
-
-
-def steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
-    """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
-    plus one evaluation (``eval_s``, plus 0.5 s for saving) at the end of every epoch they finish or start.
-
-    The answer is the largest ``n`` from 1 to ``left / per_step`` whose cost fits (1 when none does). The cost
-    grows with ``n`` (in floating point too: rounding is monotonic), so a bisection finds it in O(log n) steps:
-    a budget of years plans as fast as one of minutes."""
-
-    def cost(n: int) -> float:
-        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + 0.5)
-
-    lo, hi = 1, max(1, int(left / per_step))  # cost(lo) fits, or lo is the answer anyway; the answer is <= hi
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if cost(mid) > left:
-            hi = mid - 1
-        else:
-            lo = mid
-    return lo
-
-
-def _time_steps(
-    probe, opt, xs, ys, *, objective: Objective, device, amp_dtype, n_warm: int = 2, n_time: int = 5
-) -> float:
-    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the mean of
-    ``n_time`` after ``n_warm``."""
-    for i in range(n_warm + n_time):
-        if i == n_warm:
-            t0 = time.perf_counter()
-        with autocast(device, amp_dtype):
-            loss = objective.loss(probe, xs, ys)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return (time.perf_counter() - t0) / n_time
+def _reusable(pace: Pace | None, cfg: TrainConfig, loaders: RunLoaders) -> bool:
+    """Whether the recipe's probe timed this run's very step (the same model, batch and token dropping, in eager
+    mode, one step a batch): its step time is then reused rather than measured again."""
+    r = cfg.recipe
+    return (
+        pace is not None
+        and not cfg.compile
+        and not ends_dropping(r)
+        and not cfg.model
+        and not cfg.init
+        and r.accum_steps == 1
+        and pace.batch == loaders.micro
+        and dict(r.arch) == pace.arch
+        and not any(v is not None for v in cfg.arch.values())
+    )
 
 
 def measure_budget(
@@ -83,48 +61,43 @@ def measure_budget(
     amp_dtype: torch.dtype | None,
     t_start: float,
     log: Callable[[str], None],
+    pace: Pace | None = None,
 ) -> tuple[int, int, float]:
     """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away steps of the
     objective on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations
     (timed on up to 256 images, an evaluation batch at a time as the run evaluates). The step time is multiplied by
     the schedule's mean cost (:meth:`~vitlab.train.engine.schedule.StepSchedule.mean_cost`): the probe times the
-    final size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too.
+    final size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too. When the
+    recipe's own probe (``pace``, :mod:`~vitlab.train.engine.calibrate`) timed this very step, its step and
+    evaluation times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is
+    timed on the run's transform: added to each step without workers, beside it with them.
+    When the plan is no meaningful run, a line says so and proposes a budget (:func:`~.pace.short_budget_line`).
 
     With ``--compile`` the steps run through the real compiled model instead (its compilation is then paid, and
     counted, here, and the per-step time is the compiled one), with a zero-LR optimizer of its own: a step of AdamW
     at LR 0 leaves every weight bit-identical."""
     r, micro, spe = cfg.recipe, loaders.micro, loaders.steps_per_epoch
-    probe = run_net if cfg.compile else copy.deepcopy(net)
-    opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
+    reuse = _reusable(pace, cfg, loaders)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
     with torch.random.fork_rng(devices=[]):
-        xs = torch.stack([x for x, _ in loaders.train_items(micro)]).to(device)
-        ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
-        probe.train()
-        timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
-        step_s = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
-        if unmasked:  # time the steps on every token too (and compile them, with --compile)
-            set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
-            full_over_dropped = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
-            set_rate(probe, r.token_drop)
-        t0 = time.perf_counter()  # data loading + augmentation of one step, done in this process when workers=0
-        loaders.train_items(micro)
-        aug_s = (time.perf_counter() - t0) * r.accum_steps if loaders.workers == 0 else 0.0
-        evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
-        evaluator.eval()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            n_eval = min(loaders.eval_size, 256)
-            for start in range(0, n_eval, loaders.eval_batch):
-                evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
-        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval * objective.eval_passes  # flip TTA: 2
-    del probe, opt, evaluator
-    per_step = (step_s + aug_s) * 1.03 * schedule.mean_cost(full_over_dropped=full_over_dropped)  # 3 %: logging
+        t0 = time.perf_counter()  # data loading + augmentation of one micro-batch
+        items = loaders.train_items(micro)
+        aug_s = (time.perf_counter() - t0) * r.accum_steps
+        if reuse:
+            step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes  # type: ignore[union-attr]
+        else:
+            step_s, full_over_dropped, eval_s = _probe(
+                cfg, net=net, run_net=run_net, loaders=loaders, items=items, objective=objective, device=device,
+                amp_dtype=amp_dtype, unmasked=unmasked,
+            )  # fmt: skip
+    compute = step_s * schedule.mean_cost(full_over_dropped=full_over_dropped)
+    per_step = (compute + aug_s if loaders.workers == 0 else max(compute, aug_s / loaders.workers)) * LOGGING_SHARE
     left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
     total = steps_in_budget(left, per_step, eval_s, spe)
     epochs = max(1, math.ceil(total / spe))
     log(
-        f"time budget {cfg.time_budget:.0f} s: measured {per_step * 1000:.0f} ms per step"
+        f"time budget {cfg.time_budget:.0f} s: {'the recipe probe measured' if reuse else 'measured'} "
+        f"{per_step * 1000:.0f} ms per step"
         + (" on average over the resolution schedule" if r.res_schedule else "")
         + (
             f" with every token for {unmasked_phases(r)} of the steps, at "
@@ -135,7 +108,43 @@ def measure_budget(
         + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
         f"-> {total} steps, {epochs} epoch(s)"
     )
+    short = short_budget_line(
+        budget=cfg.time_budget, left=left, per_step=per_step, eval_s=eval_s, steps_per_epoch=spe, steps=total,  # type: ignore[arg-type]
+        n_eval=loaders.eval_size,
+    )  # fmt: skip
+    if short:
+        log(short)
     return total, epochs, eval_s
+
+
+def _probe(
+    cfg: TrainConfig, *, net: nn.Module, run_net: nn.Module, loaders: RunLoaders, items: list, objective: Objective,
+    device: torch.device, amp_dtype: torch.dtype | None, unmasked: bool,
+) -> tuple[float, float, float]:  # fmt: skip
+    """``(seconds per optimizer step, cost of an unmasked step over a dropping one, seconds per evaluation)``,
+    timed on a copy of the model (the compiled model itself with ``--compile``)."""
+    r, micro = cfg.recipe, loaders.micro
+    probe = run_net if cfg.compile else copy.deepcopy(net)
+    opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
+    xs = torch.stack([x for x, _ in items]).to(device)
+    ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
+    probe.train()
+    timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
+    step_s = calibrate.time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
+    full_over_dropped = 1.0
+    if unmasked:  # time the steps on every token too (and compile them, with --compile)
+        set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
+        full_over_dropped = calibrate.time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
+        set_rate(probe, r.token_drop)
+    evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+    evaluator.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        n_eval = min(loaders.eval_size, 256)
+        for start in range(0, n_eval, loaders.eval_batch):
+            evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
+    eval_s = (time.perf_counter() - t0) * loaders.eval_size / max(1, n_eval) * objective.eval_passes  # flip TTA: 2
+    return step_s, full_over_dropped, eval_s
 
 
 def plan_run(
@@ -152,16 +161,18 @@ def plan_run(
     amp_dtype: torch.dtype | None,
     t_start: float,
     log: Callable[[str], None],
+    pace: Pace | None = None,
 ) -> tuple[RunPlan, Replanner]:
     """A new run's plan (saved in ``last.pt``) and its :class:`Replanner`: the recipe's epochs, or as many steps as
-    ``--time-budget`` allows (:func:`measure_budget`). The warmup is capped at half the run; every rank gets rank
-    0's plan. ``t_start``: ``time.perf_counter()`` when this process started the run."""
+    ``--time-budget`` allows (:func:`measure_budget`; ``pace``: the recipe's probe, when there was one). The warmup
+    is capped at half the run; every rank gets rank 0's plan. ``t_start``: ``time.perf_counter()`` when this process
+    started the run."""
     spe = loaders.steps_per_epoch
     epochs, total, eval_s = cfg.recipe.epochs, cfg.recipe.epochs * spe, 0.0
     if cfg.time_budget:
         total, epochs, eval_s = measure_budget(
             cfg, net=net, run_net=run_net, loaders=loaders, objective=objective, schedule=schedule, device=device,
-            amp_dtype=amp_dtype, t_start=t_start, log=log,
+            amp_dtype=amp_dtype, t_start=t_start, log=log, pace=pace,
         )  # fmt: skip
     warm, wanted = warmup_for(cfg.recipe, total_steps=total, steps_per_epoch=spe)
     if warm < wanted:
@@ -176,35 +187,40 @@ def plan_run(
         if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
             replan.due = replan.late = False
         if ends_dropping(cfg.recipe):
-            replan.due = False  # its first steps drop tokens; the epoch-end cuts see the unmasked pace later
+            replan.due = False  # its first steps drop tokens; the later corrections see the unmasked pace
     return plan, replan
 
 
 @dataclass(kw_only=True)
 class Replanner:
-    """The planning probe times bare steps on a fixed batch; the run's own steps add data loading,
-    clipping, the real optimizer and the machine's load of the moment. A long time-budgeted run
-    times its own steps ``REPLAN_FROM`` to ``REPLAN_AT`` of this process and re-fits the schedule
-    to that pace once, still inside the warmup, so that it ends on time. The pace can still drift
-    later (the machine's load, a slower phase of the data), so at each epoch's end the steps still
-    to go are cut to what the pace and end-of-epoch work leave room for. A cut cannot be undone, so
-    the pace it uses is the faster of the last two readings (the early re-plan's and each epoch's):
-    a load that slows one epoch and goes away does not shorten the rest of the run; one that stays
-    is acted on an epoch later."""
+    """Keeps a time-budgeted run's plan on its budget. The planning probe times bare steps on a fixed batch; the
+    run's own steps add data loading, clipping, the real optimizer and the machine's load of the moment. So a long
+    run times its own steps ``REPLAN_FROM`` to ``REPLAN_AT`` of this process and re-fits the schedule to that pace
+    once. After that the pace is followed both ways: at each epoch's end (and, in epochs of many steps, every
+    :attr:`check_every` steps) the steps still to go are re-fitted to what the latest pace, the evaluations still
+    to come and the time left allow, shorter when the machine slowed, longer when it recovered, when that moves
+    the plan by more than :data:`_TOLERANCE`. The time left is read from the clock, so time lost to a slow stretch
+    is made up by the steps that follow at the recovered pace, and the run ends on its budget. Each move re-fits
+    the LR schedule from the current step without a jump (:meth:`~vitlab.train.engine.schedule.LRFactor.refit_from`)."""
 
     due: bool = False
-    """False for runs without a time budget, short ones and resumed ones."""
+    """Whether the early re-plan is still to come: False for runs without a time budget, short ones and resumed
+    ones."""
     late: bool = False
-    """Whether to correct the plan at epoch ends: fresh time-budgeted runs without a resolution schedule (whose
-    step cost changes along the run, so one epoch's pace does not predict the next)."""
+    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs without a resolution schedule
+    (whose step cost changes along the run, so one stretch's pace does not predict the next)."""
     budget: float = 0.0
     t_start: float = 0.0
     """``time.perf_counter()`` when this process started the run."""
     eval_s: float = 0.0
+    """Seconds of an evaluation (the probe's, then each epoch's end-of-epoch work as measured)."""
     steps_per_epoch: int = 1
+    check_every: int = 0
+    """Steps between the checks within an epoch (0: at epoch ends only)."""
     t0: float = 0.0
-    last_pace: float | None = None
-    """Seconds per step of the previous reading (the early re-plan, then each epoch), for :meth:`after_epoch`."""
+    mark: tuple[int, float] | None = None
+    """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
+    epoch's end-of-epoch work)."""
 
     @classmethod
     def for_plan(cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int):
@@ -216,15 +232,29 @@ class Replanner:
             t_start=t_start,
             eval_s=eval_s,
             steps_per_epoch=steps_per_epoch,
+            check_every=max(REPLAN_AT - REPLAN_FROM, steps_per_epoch // 4) if steps_per_epoch >= 160 else 0,
         )
 
     def after_step(
         self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
     ) -> tuple[int, float] | None:
-        """Called after every optimizer step: ``(new total steps, measured seconds per step)`` when
-        the plan should change (by more than 2 %), else None."""
-        if not self.due:
+        """Called after every optimizer step: ``(new total steps, measured seconds per step)`` when the plan should
+        change (the early re-plan by more than 2 %; a check within an epoch as :meth:`after_epoch`), else None."""
+        if self.due:
+            return self._early(steps_this_run=steps_this_run, step=step, planned=planned, dist=dist, device=device)
+        if not (self.late and self.check_every and self.mark is not None and step < planned):
             return None
+        if step - self.mark[0] < self.check_every:
+            return None
+        now = time.perf_counter()
+        per_step = (now - self.mark[1]) / (step - self.mark[0])
+        self.mark = (step, now)
+        total = self._refit(step=step, planned=planned, per_step=per_step, now=now, dist=dist, device=device)
+        return None if total is None else (total, per_step)
+
+    def _early(
+        self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
+    ) -> tuple[int, float] | None:
         if steps_this_run == REPLAN_FROM:
             self.t0 = time.perf_counter()
             return None
@@ -232,7 +262,7 @@ class Replanner:
             return None
         now = time.perf_counter()
         per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
-        self.last_pace = per_step
+        self.mark = (step, now)
         left = self.budget - (now - self.t_start) - budget_reserve(self.budget)
         total = step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
         (total,) = broadcast_ints([total], dist, device)
@@ -245,19 +275,29 @@ class Replanner:
         self, *, step: int, planned: int, per_step: float, overhead_s: float, dist: Dist, device: torch.device
     ) -> int | None:
         """Called at each epoch's end, after its evaluation and saving (``overhead_s`` for them, ``per_step``
-        seconds for each of its optimizer steps): the new, shorter total when fewer steps than planned still
-        fit in the budget at the faster of this epoch's pace and the previous reading's (by more than
-        :data:`_LATE_TOLERANCE`), else None. Not before the early re-plan,
-        nor once the plan is done. It never lengthens the run: moving the cosine's end later would raise an
-        LR that is already decaying, and ending a little early loses little."""
-        if not self.late or self.due or step >= planned:
+        seconds for each of its optimizer steps): the new total when the steps that fit in the budget at this
+        epoch's pace differ from the plan's by more than :data:`_TOLERANCE` of the steps still to go (and by 1% of
+        the budget's time), shorter or longer, else None. Not before the early re-plan, nor once the plan is done
+        (its decay has ended: more steps would train at its last LR)."""
+        now = time.perf_counter()
+        if not self.late or self.due:
             return None
-        pace = per_step if self.last_pace is None else min(per_step, self.last_pace)
-        self.last_pace = per_step
-        left = self.budget - (time.perf_counter() - self.t_start) - budget_reserve(self.budget)
-        eval_s = max(0.0, overhead_s - 0.5)  # _steps_in_budget adds 0.5 s of saving to each evaluation
-        more = 0 if left < pace + eval_s else steps_in_budget(left, pace, eval_s, self.steps_per_epoch, step)
-        (total,) = broadcast_ints([step + more], dist, device)
-        if planned - total <= _LATE_TOLERANCE * (planned - step):
+        self.mark = (step, now)
+        self.eval_s = max(0.0, overhead_s - SAVE_S)  # steps_in_budget adds the saving to each evaluation
+        if step >= planned:
+            return None
+        return self._refit(step=step, planned=planned, per_step=per_step, now=now, dist=dist, device=device)
+
+    def _refit(
+        self, *, step: int, planned: int, per_step: float, now: float, dist: Dist, device: torch.device
+    ) -> int | None:
+        """The new total at ``per_step`` seconds a step from ``now`` on (rank 0's, on every rank), or None when it
+        is within the tolerance of ``planned``."""
+        left = self.budget - (now - self.t_start) - budget_reserve(self.budget)
+        more = 0 if left < per_step + self.eval_s else steps_in_budget(left, per_step, self.eval_s,
+                                                                       self.steps_per_epoch, step)  # fmt: skip
+        total, pace_us = broadcast_ints([step + more, round(per_step * 1e6)], dist, device)
+        slack = max(_TOLERANCE * (planned - step), 0.01 * self.budget / max(pace_us / 1e6, 1e-9))
+        if abs(total - planned) <= slack:
             return None
         return total

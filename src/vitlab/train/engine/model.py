@@ -7,7 +7,6 @@ seeds, CPU threads and DataLoader workers."""
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from ..spec.arch import fresh_config
 from ..spec.config import TrainConfig
 from ..spec.options import OptionError, ref
 from ..spec.rules import check_init
+from .cores import set_threads, workers_for
 from .messages import init_line
 
 if TYPE_CHECKING:
@@ -156,7 +156,8 @@ def build_net(
 
     The weights are drawn from ``cfg.seed`` (the same on every rank); afterwards the global generators are
     re-seeded per rank so that each process augments differently. The CPU thread count is set here
-    because it depends on the model's size and decides the default number of workers."""
+    (:func:`~vitlab.train.engine.cores.set_threads`: from the model's size and the free cores) because it decides
+    the default number of workers."""
     seed_all(cfg.seed)
     n, names = objective.head(data)
     line = None
@@ -176,14 +177,8 @@ def build_net(
         model.set_grad_checkpointing(True)
     net = objective.wrap(model)
     micro = max(1, cfg.recipe.batch_size // (dist.world_size * cfg.recipe.accum_steps))
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    elif device.type == "cpu" and model.macs() * micro * 3 < 2e9:
-        torch.set_num_threads(1)
-    workers = cfg.workers
-    if workers < 0:
-        spare_cores = torch.get_num_threads() == 1 and (os.cpu_count() or 1) >= 2
-        workers = 1 if device.type == "cuda" or spare_cores else 0
+    set_threads(cfg, device=device, step_macs=model.macs() * micro * 3)  # from the free cores (engine.cores)
+    workers = workers_for(cfg, device=device)
     net.to(device)
     seed_all(cfg.seed + dist.rank)
     return net, workers, line

@@ -30,9 +30,12 @@ from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
 from ..persist.state import load_state
 from ..spec.config import TrainConfig
+from ..spec.pace import Pace
 from ..spec.resume import resumed_config
 from ..spec.rules import check_res_sizes, validate
 from .budget import Replanner, plan_run
+from .calibrate import measure_pace, wants_pace
+from .cores import threads_line
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
 from .memory import fit_memory
@@ -107,9 +110,10 @@ def prepare(
         out.mkdir(parents=True, exist_ok=True)
     # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
-    cfg, data, objective = _data_and_objective(
-        cfg, fitted=state is not None, dist=dist, device=device, out=out, log=log
-    )
+    cfg, data, objective, pace = _data_and_objective(
+        cfg, fitted=state is not None, dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, out=out,
+        log=log,
+    )  # fmt: skip
     # -- the model, its memory first -----------------------------------------------------------------------------
     teacher = getattr(objective, "teacher", None)
     memory = fit_memory(
@@ -120,6 +124,9 @@ def prepare(
     cfg = memory.cfg
     net, workers, init_line = build_net(cfg, data, objective=objective, init=init, dist=dist, device=device)
     vit = objective.exported(net)
+    micro = max(1, cfg.recipe.batch_size // (dist.world_size * cfg.recipe.accum_steps))
+    if line := threads_line(cfg, device=device, workers=workers, step_macs=vit.macs() * micro * 3):
+        log(line)
     build = build_shard_loaders if isinstance(data, StreamData) else build_folder_loaders
     loaders = build(
         cfg, data=data, model_config=vit.config, dist=dist, device=device, workers=workers,
@@ -140,7 +147,7 @@ def prepare(
     else:
         plan, replan = plan_run(
             cfg, net=net, run_net=train_net, loaders=loaders, objective=objective, schedule=schedule, lr=lr,
-            dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, log=log,
+            dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, log=log, pace=pace,
         )  # fmt: skip
     schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)
     opt = build_optimization(net, recipe=cfg.recipe, lr=lr, device=device, use_scaler=use_scaler,
@@ -157,20 +164,26 @@ def prepare(
 
 
 def _data_and_objective(
-    cfg: TrainConfig, *, fitted: bool, dist: Dist, device: torch.device, out: Path, log: Callable[..., None]
-) -> tuple[TrainConfig, Any, Objective]:
-    """``(cfg, data, objective)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run keeps
-    its own) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
+    cfg: TrainConfig, *, fitted: bool, dist: Dist, device: torch.device, amp_dtype: torch.dtype | None,
+    t_start: float, out: Path, log: Callable[..., None],
+) -> tuple[TrainConfig, Any, Objective, Pace | None]:  # fmt: skip
+    """``(cfg, data, objective, pace)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run
+    keeps its own; a time-budgeted ``auto`` recipe is chosen from a pace measured on the data first,
+    :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace`` is None) and the objective (a teacher is
+    loaded now: in memory when the memory is measured)."""
     kind = objective_for(cfg)
     data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
+    pace = None
     if not fitted:
-        cfg = kind.fit_recipe(cfg, data, device_type=device.type)
+        if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):
+            pace = measure_pace(cfg, data, device=device, amp_dtype=amp_dtype, t_start=t_start)
+        cfg = kind.fit_recipe(cfg, data, device_type=device.type, pace=pace)
         if cfg.resolved:
             log(cfg.resolved)
     objective = build_objective(cfg, data, device=device)
     if line := objective.start_line():
         log(line)
-    return cfg, data, objective
+    return cfg, data, objective, pace
 
 
 def _log_parallelism(

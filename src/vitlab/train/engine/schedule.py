@@ -81,7 +81,21 @@ def lr_factor(
 
 class LRFactor:
     """:func:`lr_factor` as the lambda of a ``LambdaLR``, which keeps its ``__dict__`` (plain numbers) in its
-    ``state_dict``: ``last.pt`` holds the schedule, and a resumed run reads it back."""
+    ``state_dict``: ``last.pt`` holds the schedule, and a resumed run reads it back.
+
+    A time budget's re-plan moves the end of a running schedule (:meth:`refit_from`) without a jump in the LR: from
+    the step it is made at (the *anchor*), a warmup still running goes on linearly from the factor it had reached to
+    1 at its new end, and a decay goes on from where it was (the cosine's phase at the anchor) to its end at the new
+    total, stretched or squeezed. So the LR is continuous at every re-plan, and never rises after the warmup."""
+
+    anchor_step: int = 0
+    """The step of the last re-plan (0: none; class defaults, so that a schedule saved without them reads back)."""
+    anchor_factor: float = 0.0
+    """The factor at :attr:`anchor_step` (what a re-fitted warmup starts from)."""
+    anchor_t: float = 0.0
+    """The decay's progress (0 at its start, 1 at its end) at :attr:`anchor_step`."""
+    peak: float = 1.0
+    """The factor the decay starts from: 1, or less when a re-plan ended the warmup before it reached the peak."""
 
     def __init__(self, *, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> None:
         self.total_steps, self.warmup_steps, self.schedule, self.min_ratio = (
@@ -92,13 +106,45 @@ class LRFactor:
         )
 
     def __call__(self, step: int) -> float:
-        return lr_factor(
-            step,
-            total_steps=self.total_steps,
-            warmup_steps=self.warmup_steps,
-            schedule=self.schedule,
-            min_ratio=self.min_ratio,
-        )
+        if self.anchor_step <= 0:  # never re-planned: the plain schedule
+            return lr_factor(
+                step,
+                total_steps=self.total_steps,
+                warmup_steps=self.warmup_steps,
+                schedule=self.schedule,
+                min_ratio=self.min_ratio,
+            )
+        a, w = self.anchor_step, self.warmup_steps
+        if step < w:
+            if step >= a:  # the re-fitted warmup: from the factor reached at the anchor to 1 at its new end
+                return self.anchor_factor + (1 - self.anchor_factor) * (step - a) / max(1, w - a)
+            return (step + 1) / w
+        if self.schedule == "constant":
+            return self.peak
+        t = self._progress(step)
+        shape = 0.5 * (1 + math.cos(math.pi * t)) if self.schedule == "cosine" else 1.0 - t
+        return self.min_ratio + (self.peak - self.min_ratio) * shape
+
+    def _progress(self, step: int) -> float:
+        """The decay's progress at ``step`` (0 at its start, 1 at the end), from the anchor when it is in the decay."""
+        a, w = self.anchor_step, self.warmup_steps
+        t0, s0 = (self.anchor_t, a) if a > 0 and a >= w else (0.0, w)
+        return min(1.0, t0 + (1 - t0) * (step - s0) / max(1, self.total_steps - s0))
+
+    def refit_from(self, step: int, total_steps: int, *, warmup_steps: int) -> None:
+        """Re-plan at ``step`` (the next step's index) to end at ``total_steps``, the LR continuous at ``step``.
+        ``warmup_steps``: the warmup the new plan asks for, used only while the warmup is still running: it then
+        ends there (from the factor reached, linearly), or here, at a lower peak, when the new plan's warmup has
+        already passed. After the warmup, the warmup is kept and the decay re-fitted from its progress here."""
+        now = self(step)
+        if step < self.warmup_steps:  # still warming up
+            if warmup_steps > step:
+                self.warmup_steps, self.anchor_t = warmup_steps, 0.0
+            else:  # the new plan's warmup is over: decay from here, from the factor reached
+                self.warmup_steps, self.anchor_t, self.peak = step, 0.0, now
+        else:
+            self.anchor_t = self._progress(step)
+        self.anchor_step, self.anchor_factor, self.total_steps = step, now, total_steps
 
 
 def warmup_for(recipe: Recipe, *, total_steps: int, steps_per_epoch: int) -> tuple[int, int]:
@@ -181,6 +227,13 @@ class StepSchedule:
     @property
     def total_steps(self) -> int:
         return self.lr.total_steps
+
+    def refit_from(self, step: int, total_steps: int, *, warmup_steps: int) -> int:
+        """Re-plan a running schedule at ``step`` to end at ``total_steps``, the LR continuous there
+        (:meth:`LRFactor.refit_from`; ``warmup_steps``: the new plan's, used while the warmup runs); every phase
+        moves with the new end. Returns the warmup's length from now on."""
+        self.lr.refit_from(step, total_steps, warmup_steps=warmup_steps)
+        return self.lr.warmup_steps
 
     def refit(self, total_steps: int, *, warmup_steps: int | None = None) -> None:
         """Stretch or shrink every phase so that the run ends at optimizer step ``total_steps`` (and, when given,

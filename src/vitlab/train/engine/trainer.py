@@ -28,6 +28,7 @@ from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
 from ..spec.config import TrainConfig
 from .budget import Replanner
+from .cores import ThreadWatch
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, epoch_line, start_line
@@ -74,6 +75,7 @@ class Trainer:
     eval_net: nn.Module = field(init=False)
     bar: ProgressLog = field(init=False)
     eta: WallEstimate = field(init=False)
+    threads: ThreadWatch = field(init=False)
     head: HeadOnly | None = field(init=False, default=None)
     last_eval: dict[str, Any] | None = field(init=False, default=None)
     last_save: float = field(init=False, default_factory=time.perf_counter)
@@ -83,6 +85,9 @@ class Trainer:
 
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
+        self.threads = ThreadWatch.for_run(
+            self.cfg, device=self.device, step_macs=self.vit.macs() * self.loaders.micro * 3
+        )
 
     @property
     def vit(self) -> nn.Module:
@@ -179,7 +184,9 @@ class Trainer:
             )
             if new is not None:
                 self._replanned(new, per_step, late=True)
-                self._checkpoint(micro_done=0)  # last.pt was written with the plan before the cut
+                self._checkpoint(micro_done=0)  # last.pt was written with the plan before the move
+            if line := self.threads.after_epoch(per_step):
+                self.log(line)
         if res.stopped and p.step < self.plan.total_steps:
             p.interrupted = True
             return False
@@ -240,13 +247,13 @@ class Trainer:
             self.bar.line(f"{line} (of {self.plan.total_steps} steps)")
 
     def _replanned(self, total: int, per_step: float, *, late: bool = False) -> None:
-        """Re-fit the schedule to end at ``total``: the warmup with the cosine, unless the run has finished its
-        warmup (at an epoch's end, ``late``): then it is kept, at most half the run, and the LR decays faster
-        from where it is."""
+        """Re-fit the schedule to end at ``total`` from the current step, the LR continuous there
+        (:meth:`~vitlab.train.engine.schedule.StepSchedule.refit_from`): a warmup still running ends where the new
+        plan's would, going on from the LR it reached; a finished one is kept and the decay re-fitted from where it
+        is. ``late``: at an epoch's end (the line says so)."""
         plan = self.plan
-        warm, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
-        if late and self.position.step >= (plan.warmup_steps or 0):
-            warm = min(plan.warmup_steps or 0, total // 2)
+        wanted, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
+        warm = self.schedule.refit_from(self.position.step, total, warmup_steps=wanted)
         which = "the last epoch's steps took" if late else "the run's own steps take"
         self.log(
             f"\ntime budget: {which} {per_step * 1000:.0f} ms -> re-planned to {total} steps "
@@ -254,7 +261,6 @@ class Trainer:
         )
         plan.total_steps, plan.warmup_steps = total, warm
         plan.epochs = max(1, math.ceil(total / self.loaders.steps_per_epoch))
-        self.schedule.refit(total, warmup_steps=warm)  # warmup and cosine re-fitted together to the new end
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ...models import ViTConfig
     from ...train.engine.distributed import Dist
     from ..spec.config import TrainConfig
+    from ..spec.pace import Pace
     from ..spec.recipes import Recipe
 
 __all__ = ["Objective"]
@@ -34,9 +35,12 @@ class Objective:
     """Whether a step leaves some of the module's parameters without a gradient (DDP must look for them)."""
 
     @classmethod
-    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+    def fit_recipe(
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
+    ) -> TrainConfig:
         """``cfg`` with its recipe fitted to the data (a new run, once): the size and evaluation crop the data was
-        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`)."""
+        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`). ``pace``: what a probe measured on
+        the data for a time budget (:class:`~vitlab.train.spec.pace.Pace`), for a recipe fitted to it."""
         return fit_size_to_data(cfg, data)
 
     @classmethod

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ...models import ViTConfig
     from ..engine.distributed import Dist
     from ..spec.config import TrainConfig
+    from ..spec.pace import Pace
     from ..spec.recipes import Recipe
 
 __all__ = ["Classify", "head_bytes"]
@@ -39,7 +40,9 @@ class Classify(Objective):
         return 2 if self.tta == "flip" else 1
 
     @classmethod
-    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+    def fit_recipe(
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
+    ) -> TrainConfig:
         """The ``auto`` or ``finetune`` recipe fitted to the data
         (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`), then the size the data was stored for."""
         cfg = fit_recipe_to_data(
@@ -49,6 +52,7 @@ class Classify(Objective):
             num_classes=data.num_classes,
             in_chans=data.in_chans,
             device_type=device_type,
+            pace=pace,
         )
         return super().fit_recipe(cfg, data, device_type=device_type)
 

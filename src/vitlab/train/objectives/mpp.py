@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ...models import ViTConfig
     from ..engine.distributed import Dist
     from ..spec.config import TrainConfig
+    from ..spec.pace import Pace
     from ..spec.recipes import Recipe
 
 __all__ = ["MPP", "evaluate_mpp", "step_bytes"]
@@ -42,9 +43,11 @@ class MPP(Objective):
         self.seed = seed
 
     @classmethod
-    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+    def fit_recipe(
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
+    ) -> TrainConfig:
         """The size the data was stored for, then the patch and batch for it
-        (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`)."""
+        (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`; ``pace`` is not used)."""
         cfg = super().fit_recipe(cfg, data, device_type=device_type)
         return fit_mpp_recipe(cfg, n_train=len(data.train), image_size=tuple(data.image_size))
 

@@ -69,7 +69,8 @@ class TrainConfig:
     points to a ``torch.distributed.checkpoint`` folder that resumes on any number of processes."""
     threads: int = 0
     """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
-    lose more to thread synchronisation than they gain, badly so on a busy machine), else torch's default."""
+    lose more to thread synchronisation than they gain, badly so on a busy machine), else the cores that are free
+    at start (:mod:`vitlab.train.engine.cores`)."""
     val_split: float | None = None
     cache_dir: str | None = None
     strict_data: bool = False

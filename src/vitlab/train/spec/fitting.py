@@ -45,6 +45,7 @@ import math
 from typing import Any
 
 from .image_size import PHOTO_SIDE
+from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "auto_recipe",
     "fit_mpp_recipe",
     "fit_recipe_to_data",
+    "forward_macs",
 ]
 
 _FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
@@ -94,9 +96,9 @@ run has a ``--time-budget``: each step then costs about half, so the budget buys
 outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
 
 _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
-"""A rough training throughput (multiply-accumulates per second) to estimate how many images a
-``--time-budget`` run will see before its model is built and timed; only the model size and the
-augmentation level depend on it, the run's own plan is measured."""
+"""A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
+be probed before the recipe is chosen (tar shards, several processes): only the model size and the augmentation
+level depend on it, the run's own plan is measured. Runs on a folder choose from a measured :class:`~.pace.Pace`."""
 
 
 def aug_level(*, epochs: float, n_train: int) -> str:
@@ -130,7 +132,7 @@ def _patch_for(img: tuple[int, int], *, photos: bool = False) -> int:
     return min(_PATCHES, key=lambda p: (abs(min(img) // p - 8), -p))
 
 
-def _macs(arch: dict[str, int], img: tuple[int, int], in_chans: int, *, token_drop: float = 0.0) -> float:
+def forward_macs(arch: dict[str, int], img: tuple[int, int], in_chans: int, *, token_drop: float = 0.0) -> float:
     """Multiply-accumulates of one forward pass (blocks, attention and patch embedding); the blocks see the
     ``1 - token_drop`` share of the patch tokens that are kept."""
     p, d, n = arch["patch_size"], arch["embed_dim"], arch["depth"]
@@ -159,7 +161,9 @@ def auto_arch(
         seen = images_seen
         if time_budget is not None:
             seen = (
-                time_budget * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * _macs(arch, img_size, in_chans))
+                time_budget
+                * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"])
+                / (3 * forward_macs(arch, img_size, in_chans))
             )
         if seen is not None and seen >= least:
             return name, {**arch, **PLAIN}
@@ -178,23 +182,32 @@ def auto_recipe(
     token_drop: float | None = None,
     device_type: str = "cpu",
     photos: bool = False,
+    pace: Pace | None = None,
 ) -> tuple[Recipe, str]:
     """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
     trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
 
     ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
     :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the data are photos
-    (the patch, :func:`_patch_for`)."""
+    (the patch, :func:`_patch_for`); ``pace``: what a probe measured on the data (with a ``time_budget``, the
+    model, level and passes are chosen from it, :func:`_fit_to_pace`; without one, from :data:`_MACS_PER_S`)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
-    if time_budget is not None:
+    level = None
+    if time_budget is not None and pace is not None:
+        model, arch, token_drop, level, steps, per_step = _fit_to_pace(
+            pace, time_budget=time_budget, n_train=n_train, img_size=img_size, in_chans=in_chans, batch=batch,
+            token_drop=token_drop, photos=photos,
+        )  # fmt: skip
+        how = f"~{steps:,} steps of {per_step * 1000:.0f} ms in {time_budget:.0f} s (measured: {pace.probe})"
+    elif time_budget is not None:
         model, arch = auto_arch(
             img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type, photos=photos
         )
         grid = (img_size[0] // arch["patch_size"]) * (img_size[1] // arch["patch_size"])
         if token_drop is None:
             token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
-        macs = _macs(arch, img_size, in_chans, token_drop=token_drop)
+        macs = forward_macs(arch, img_size, in_chans, token_drop=token_drop)
         rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(time_budget * rate / batch))
         how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
@@ -205,7 +218,7 @@ def auto_recipe(
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
-    level = aug_level(epochs=passes, n_train=n_train)
+    level = level or aug_level(epochs=passes, n_train=n_train)
     aug = LEVELS[level]
     warm = 0.1 if steps < 5000 else 0.05
     lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
@@ -227,6 +240,36 @@ def auto_recipe(
     return recipe, reason
 
 
+def _fit_to_pace(
+    pace: Pace, *, time_budget: float, n_train: int, img_size: tuple[int, int], in_chans: int, batch: int,
+    token_drop: float | None, photos: bool,
+) -> tuple[str, dict[str, Any], float, str, int, float]:  # fmt: skip
+    """``(model, ViT fields, token drop, level, steps, seconds a step)`` for a time budget, from a measured pace:
+    the steps are counted as the run's plan counts them (:func:`~.pace.steps_in_budget`, with the evaluations),
+    each candidate model's step scaled from the probed one by its multiply-accumulates, with its level's
+    augmentation. The level is the heaviest whose own cost still leaves the passes it asks for (a level's
+    augmentation slows the steps, so fewer passes might ask for a lighter one), the model the largest whose
+    images seen reach its :data:`MODELS` threshold, else the smallest."""
+    spe, order = max(1, n_train // batch), list(LEVELS)
+    left = time_budget - pace.elapsed_s - budget_reserve(time_budget)
+    patch = _patch_for(img_size, photos=photos)
+    pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
+    grid = (img_size[0] // patch) * (img_size[1] // patch)
+    drop = token_drop if token_drop is not None else BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+    for name, least, fields in reversed(MODELS):
+        arch = {"patch_size": patch, **fields, **pad}
+        step_macs = 3 * forward_macs(arch, img_size, in_chans, token_drop=drop) * batch
+        eval_s = pace.evaluation_s(forward_macs(arch, img_size, in_chans))
+        for level in reversed(order):
+            per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
+            steps = steps_in_budget(left, per_step, eval_s, spe)
+            if order.index(aug_level(epochs=steps * batch / n_train, n_train=n_train)) >= order.index(level):
+                break
+        if steps * batch >= least or name == MODELS[0][0]:
+            return name, {**arch, **PLAIN}, drop, level, steps, per_step
+    raise AssertionError("unreachable: the smallest model is always chosen")
+
+
 def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str) -> str:
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
     batch, LR and warmup, token dropping and the model."""
@@ -235,11 +278,12 @@ def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: s
     crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
     crop += " square" if r.crop_ratio == _SQUARE and r.crop_scale[0] < 1 else ""
     plain = aug_level(epochs=passes, n_train=0)
+    passes_text = f"{passes:.0f}" if passes >= 10 or passes == int(passes) else f"{passes:.1f}"
     why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
     why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
     arch = r.arch
     return (
-        f", {passes:.0f} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
+        f", {passes_text} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
         f"random erasing {r.random_erasing:g}, stochastic depth {r.drop_path:g}, wd 0.05; "
         f"batch {r.batch_size} (<= 1/16 of the data), lr {r.lr:.2g}, warmup {r.warmup_fraction:.0%} of the steps; "
         + (f"token drop {r.token_drop:g} in training; " if r.token_drop else "")
@@ -257,9 +301,11 @@ def fit_recipe_to_data(
     num_classes: int,
     in_chans: int,
     device_type: str,
+    pace: Pace | None = None,
 ) -> Any:
     """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
-    ``auto`` recipe resolved (:func:`auto_recipe`), or the ``finetune`` recipe's batch scaled down to the
+    ``auto`` recipe resolved (:func:`auto_recipe`; ``pace``: measured on the data for a time budget), or the
+    ``finetune`` recipe's batch scaled down to the
     data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512), its LR
     with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
     docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user
@@ -282,6 +328,7 @@ def fit_recipe_to_data(
             token_drop=given.get("token_drop"),
             device_type=device_type,
             photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
+            pace=pace if cfg.time_budget else None,
         )
         arch = dict(new.arch)
         user = {k: v for k, v in cfg.arch.items() if v is not None}

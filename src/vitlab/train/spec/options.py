@@ -333,7 +333,7 @@ OPTIONS: tuple[Option, ...] = (
       "instead of DDP; checkpoints resume on any number of processes. Under torchrun, or alone: "
       "torchrun --nproc_per_node 8 -m vitlab train --fsdp --grad-checkpointing ... (see docs/scale.md)"),
     O(path="threads", flag="--threads", group=run, kind=INT, default=0, resume="honoured",
-      help="CPU threads (0: 1 when a step is tiny, else torch's default)"),
+      help="CPU threads (default 0: 1 when a step is tiny, else the cores free at start)"),
     O(path="time_budget", flag="--time-budget", group=run, kind=DURATION, metavar="DURATION",
       help="plan the schedule to end in e.g. 20m"),
     O(path="save_every", flag="--save-every", group=run, kind=FLOAT, metavar="MIN", resume="honoured",

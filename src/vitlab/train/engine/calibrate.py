@@ -1,0 +1,143 @@
+"""Measure, then choose: before a time-budgeted ``auto`` recipe picks its augmentation level, batch and model, a
+probe times what they cost on this machine, on the run's own data (:func:`measure_pace`): a few training steps of
+the smallest model the recipe would pick (with the token dropping it would train with), each augmentation level's
+transform on real training items, and an evaluation pass. :func:`vitlab.train.spec.fitting.auto_recipe` then
+counts the steps of each candidate from that (:class:`~vitlab.train.spec.pace.Pace`), as the run's plan will, so
+that the passes its line states are the passes the run plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...data import ArrayDataset, eval_transform, train_transform
+from ...data.seeding import seeded
+from ...data.sources import ImageArray
+from ...devices import autocast
+from ...distributed import Dist
+from ..objectives import Objective
+from ..objectives.classify import Classify
+from ..spec.config import TrainConfig
+from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs
+from ..spec.image_size import PHOTO_SIDE
+from ..spec.pace import Pace
+from .cores import set_threads, workers_for
+from .model import build_model
+
+__all__ = ["measure_pace", "time_steps", "wants_pace"]
+
+AUG_ITEMS = 16
+"""Training items each level's transform is timed on."""
+EVAL_ITEMS = 128
+"""Evaluation items timed (the whole split's time is scaled from them)."""
+
+
+def time_steps(
+    probe: nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor, *, objective: Objective,
+    device: torch.device, amp_dtype: torch.dtype | None, n_warm: int = 2, n_time: int = 5,
+) -> float:  # fmt: skip
+    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the mean of
+    ``n_time`` after ``n_warm``."""
+    for i in range(n_warm + n_time):
+        if i == n_warm:
+            t0 = time.perf_counter()
+        with autocast(device, amp_dtype):
+            loss = objective.loss(probe, xs, ys)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return (time.perf_counter() - t0) / n_time
+
+
+def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
+    """Whether a new run's recipe is chosen from a measured pace: a time budget, the ``auto`` recipe, a labelled
+    objective, training images in memory (a folder or a built-in set; tar shards are read as they train) and one
+    process (several would each measure their own, and must choose one recipe)."""
+    train = getattr(data, "train", None)
+    return (
+        bool(cfg.time_budget)
+        and cfg.recipe.name == "auto"
+        and uses_labels
+        and not dist.enabled
+        and isinstance(train, ImageArray)
+        and len(train) > 0
+    )
+
+
+def measure_pace(
+    cfg: TrainConfig, data: Any, *, device: torch.device, amp_dtype: torch.dtype | None, t_start: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Pace:  # fmt: skip
+    """The :class:`~vitlab.train.spec.pace.Pace` of this run on this machine (see the module's notes). The probe
+    model is thrown away; the random draws are made in a fork of the generators (:func:`~vitlab.data.seeding.seeded`),
+    so the run's own weights and augmentation do not depend on it. Sets torch's threads as the run will
+    (:func:`~vitlab.train.engine.cores.set_threads`). ``t_start``: ``clock()`` when the run started."""
+    n_train, in_chans = len(data.train), data.in_chans
+    img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(int(s) for s in data.image_size)
+    given = set(cfg.recipe_given)
+    batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
+    drop = cfg.recipe.token_drop if "token_drop" in given else None
+    recipe, _ = auto_recipe(  # the smallest candidate: what a tiny budget picks
+        n_train=n_train, img_size=img, num_classes=data.num_classes, in_chans=in_chans, time_budget=1e-9,
+        batch_size=batch, token_drop=drop, photos=min(img) >= PHOTO_SIDE,
+    )  # fmt: skip
+    plan = getattr(data, "plan", None)
+    crop_pct = plan.crop_pct if plan is not None else 1.0
+    probe_cfg = dataclasses.replace(cfg, recipe=recipe, arch={}, model=None)
+    with seeded(cfg.seed):
+        model = build_model(probe_cfg, num_classes=data.num_classes, in_chans=in_chans, image_size=img,
+                            class_names=list(data.class_names)).to(device)  # fmt: skip
+        image_macs = float(forward_macs(recipe.arch, img, in_chans))
+        step_macs = 3.0 * forward_macs(recipe.arch, img, in_chans, token_drop=recipe.token_drop) * batch
+        threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as build_net
+        workers = workers_for(cfg, device=device)
+        aug_s, items = {}, []
+        for level, fields in LEVELS.items():
+            tf = train_transform(img_size=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
+                                 crop_scale=fields["crop_scale"], crop_ratio=fields["crop_ratio"], hflip=0.5,
+                                 randaugment=fields["randaugment"], random_erasing=fields["random_erasing"],
+                                 crop_pct=crop_pct)  # fmt: skip
+            ds = ArrayDataset(data.train.images, data.train.labels, transform=tf, in_chans=in_chans)
+            k = min(AUG_ITEMS, n_train)
+            t0 = clock()
+            xs_level = [ds[i * n_train // k][0] for i in range(k)]
+            aug_s[level] = (clock() - t0) / k
+            items = items or xs_level
+        xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
+        ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        model.train()
+        objective = Classify(num_classes=data.num_classes, label_smoothing=0.1)
+        step_s = time_steps(model, opt, xs, ys, objective=objective, device=device, amp_dtype=amp_dtype,
+                            n_warm=1, n_time=2)  # fmt: skip
+        eval_s = _time_eval(model, data.val, img=img, in_chans=in_chans, crop_pct=crop_pct, device=device,
+                            clock=clock)  # fmt: skip
+    return Pace(
+        step_s=step_s, step_macs=step_macs, batch=batch, aug_s=aug_s, workers=workers, eval_s=eval_s,
+        eval_image_macs=image_macs, n_eval=len(data.val), elapsed_s=clock() - t_start, arch=dict(recipe.arch),
+        probe=f"{step_s * 1000:.0f} ms a step of {batch} for the tiny model on {threads} thread(s), "
+        f"the augmentation on {len(items)} of the training images",
+    )  # fmt: skip
+
+
+def _time_eval(
+    model: nn.Module, val: Any, *, img: tuple[int, int], in_chans: int, crop_pct: float, device: torch.device,
+    clock: Callable[[], float],
+) -> float:  # fmt: skip
+    """Seconds of one evaluation of ``val`` (transform and forward), from up to :data:`EVAL_ITEMS` of it."""
+    tf = eval_transform(img_size=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
+                        crop_pct=crop_pct)  # fmt: skip
+    ds = ArrayDataset(val.images, val.labels, transform=tf, in_chans=in_chans)
+    n = min(EVAL_ITEMS, len(ds))
+    if n == 0:  # no evaluation split: nothing to time
+        return 0.0
+    model.eval()
+    t0 = clock()
+    with torch.no_grad():
+        model(torch.stack([ds[i][0] for i in range(n)]).to(device))
+    return (clock() - t0) * len(ds) / max(1, n)

@@ -1,0 +1,234 @@
+"""Issue 34: measure, then choose (a measured pace chooses the auto recipe), a time budget's plan that follows the
+pace both ways (an LR schedule re-fitted without a jump), a budget too small said in one line, and CPU threads from
+the cores that are free. Every timing here is faked or irrelevant: the tests check decisions, not speed."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from vitlab.train.engine import cores
+from vitlab.train.engine.schedule import LRFactor
+from vitlab.train.spec.config import TrainConfig
+from vitlab.train.spec.fitting import LEVELS, auto_recipe
+from vitlab.train.spec.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
+
+# -- threads from the free cores -------------------------------------------------------------------------------------
+
+
+def _stat(*cpus: tuple[int, int]) -> str:
+    """A ``/proc/stat`` text whose ``cpuN`` lines have ``idle`` and ``busy`` ticks (busy as user time)."""
+    lines = ["cpu  1 2 3 4 5 6 7 8"] + [f"cpu{i} {busy} 0 0 {idle} 0 0 0 0" for i, (idle, busy) in enumerate(cpus)]
+    return "\n".join([*lines, "intr 1 2 3"])
+
+
+def test_free_cores_counts_each_cores_idle_share_between_two_readings():
+    """One core busy the whole interval, the other idle: one free core; iowait counts as idle, unknown CPUs and an
+    unreadable ``/proc/stat`` give None (the caller then keeps torch's default)."""
+    texts = iter([_stat((100, 100), (100, 100)), _stat((100, 200), (200, 100))])
+    free = cores.free_cores(read=lambda: next(texts), sleep=lambda s: None, cpus={0, 1})
+    assert free == pytest.approx(1.0)
+    assert cores.cpu_times("cpu0 1 2 3 4 5 6 7 8\ncpuX 1\ncpu1 a b c d") == {0: (4 + 5, 36)}
+    assert cores.free_cores(read=lambda: None, sleep=lambda s: None, cpus={0}) is None
+    texts = iter([_stat((1, 1)), _stat((2, 2))])
+    assert cores.free_cores(read=lambda: next(texts), sleep=lambda s: None, cpus={5}) is None
+
+
+def test_threads_follow_the_free_cores_within_the_cap(monkeypatch):
+    """A small step: one thread whatever is free. Otherwise the free cores (a core counts from 75% idle), at least
+    one, at most the cap; unknown: the cap. Under torchrun the free cores are shared among the node's processes."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    big = 10 * cores.TINY_STEP_MACS
+    assert cores.choose_threads(cap=2, free=2.0, step_macs=cores.TINY_STEP_MACS / 2) == 1
+    assert cores.choose_threads(cap=2, free=1.0, step_macs=big) == 1  # one of two cores busy: 1, not 2
+    assert cores.choose_threads(cap=2, free=1.8, step_macs=big) == 2
+    assert cores.choose_threads(cap=2, free=1.7, step_macs=big) == 1
+    assert cores.choose_threads(cap=2, free=0.1, step_macs=big) == 1  # all busy: still one
+    assert cores.choose_threads(cap=4, free=8.0, step_macs=big) == 4
+    assert cores.choose_threads(cap=3, free=None, step_macs=big) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert cores.choose_threads(cap=8, free=4.0, step_macs=big) == 2
+
+
+def test_thread_cap_reads_the_cgroup_quota_and_omp_num_threads(monkeypatch):
+    monkeypatch.setattr(cores, "allowed_cpus", lambda: set(range(8)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cores.cgroup_cores(read=lambda: "150000 100000\n") == 1.5
+    assert cores.cgroup_cores(read=lambda: "max 100000\n") is None
+    assert cores.cgroup_cores(read=lambda: None) is None
+    assert cores.cgroup_cores(read=lambda: "garbage") is None
+    assert cores.thread_cap(quota=1.5) == 2
+    assert cores.thread_cap(quota=100.0) == 8
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cores.thread_cap(quota=100.0) == 3
+
+
+def test_the_thread_watch_lowers_the_threads_when_the_pace_collapses_and_restores_them(monkeypatch):
+    """An epoch at under half the previous pace samples the free cores again and lowers the threads when fewer are
+    free; a recovered pace samples again and goes back up to the free cores, never above the cap (also after a start
+    on a busy machine); --threads never moves."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    free, set_to = [1.0], []
+    w = cores.ThreadWatch(threads=2, chosen=2, step_macs=1e12, cap=2, sample=lambda: free[0], set_threads=set_to.append)
+    assert w.after_epoch(0.10) is None  # the first reading
+    assert w.after_epoch(0.12) is None  # a little slower: nothing
+    line = w.after_epoch(0.30)  # collapsed, one core free
+    assert line and "-> 1 torch thread(s) (was 2)" in line and w.threads == 1 and set_to == [1]
+    assert w.after_epoch(0.29) is None
+    free[0] = 2.0
+    assert "-> 2 torch thread(s) (was 1)" in (w.after_epoch(0.15) or "") and set_to == [1, 2]
+    assert w.after_epoch(0.05) is None  # faster again, already at the cap
+    busy_start = cores.ThreadWatch(
+        threads=1, chosen=1, step_macs=1e12, cap=2, sample=lambda: 2.0, set_threads=lambda n: None
+    )
+    assert busy_start.after_epoch(0.3) is None  # started on a busy machine at 1 thread: the load leaves, faster
+    assert "-> 2 torch thread(s) (was 1)" in (busy_start.after_epoch(0.1) or "") and busy_start.threads == 2
+    fixed = cores.ThreadWatch(threads=2, chosen=2, fixed=True, sample=lambda: 0.0, set_threads=set_to.append)
+    assert fixed.after_epoch(0.1) is None and fixed.after_epoch(1.0) is None and set_to == [1, 2]
+
+
+def test_threads_flag_wins_and_the_first_lines_say_so(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        w = cores.set_threads(TrainConfig(threads=1), device=torch.device("cpu"), step_macs=1e15)
+        assert w.fixed and torch.get_num_threads() == 1
+        line = cores.threads_line(TrainConfig(threads=1), device=torch.device("cpu"), workers=0, step_macs=1e15)
+        assert line == "cpu: 1 torch thread(s) (--threads), 0 DataLoader worker(s)"
+        monkeypatch.setattr(cores, "_memo", [(1e18, 1.0)])  # a sample of one free core, recent
+        monkeypatch.setattr(cores, "allowed_cpus", lambda: {0, 1})
+        monkeypatch.setattr(cores, "cgroup_cores", lambda: None)
+        line = cores.threads_line(TrainConfig(), device=torch.device("cpu"), workers=1, step_macs=1e15)
+        assert "1.0 of 2 core(s) free at start; --threads N to choose" in (line or "")
+        assert cores.threads_line(TrainConfig(), device=torch.device("cuda"), workers=1, step_macs=1e15) is None
+    finally:
+        torch.set_num_threads(before)
+
+
+# -- the LR schedule re-fitted from the current step -----------------------------------------------------------------
+
+
+def test_a_re_plan_moves_the_schedules_end_without_a_jump_both_ways():
+    """Mid-decay, a longer plan and then a shorter one: the LR is continuous at each re-plan, never rises after the
+    warmup, and the decay still ends at its floor on the new last step; a re-plan inside the warmup goes on from the
+    factor reached."""
+    f = LRFactor(total_steps=1000, warmup_steps=100, schedule="cosine", min_ratio=0.0)
+    lrs = [f(s) for s in range(400)]
+    f.refit_from(400, 2000, warmup_steps=200)  # longer: the warmup (over) is kept, the decay stretched
+    assert f(400) == pytest.approx(lrs[-1] + (lrs[-1] - lrs[-2]), abs=2e-3)
+    lrs += [f(s) for s in range(400, 900)]
+    f.refit_from(900, 1200, warmup_steps=120)  # shorter again
+    lrs += [f(s) for s in range(900, 1200)]
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(lrs[100:]))
+    assert max(abs(b - a) for a, b in itertools.pairwise(lrs[100:])) < 0.01
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-4)
+    w = LRFactor(total_steps=1000, warmup_steps=100, schedule="cosine", min_ratio=0.0)
+    reached = w(50)
+    w.refit_from(50, 500, warmup_steps=80)  # inside the warmup: on from the factor reached to 1 at step 80
+    assert w(50) == pytest.approx(reached) and w(80) == pytest.approx(1.0) and w(499) < 0.01
+
+
+def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
+    """In epochs of 160 steps or more the pace is also checked every quarter epoch: a stretch slower than planned
+    shortens the plan, a faster one lengthens it, and a stretch on pace leaves it alone."""
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
+
+    clock = [1000.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    r = budget.Replanner.for_plan(total_steps=2000, budget=207.5, t_start=1000.0, eval_s=0.0, steps_per_epoch=400)
+    assert r.check_every == 100
+    r.due, r.mark = False, (0, 1000.0)  # the early re-plan happened at step 0 (as if), on a 0.1 s pace
+    clock[0] = 1010.0  # 100 steps at 0.1 s: on pace (1,900 steps and 5 saves in the 192.5 s left after 5 kept back)
+    assert r.after_step(steps_this_run=100, step=100, planned=2000, **kw) is None
+    assert r.after_step(steps_this_run=150, step=150, planned=2000, **kw) is None  # not a quarter epoch yet
+    clock[0] = 1030.0  # 100 steps at 0.2 s: shorter
+    short, pace = r.after_step(steps_this_run=200, step=200, planned=2000, **kw) or (0, 0.0)
+    assert pace == pytest.approx(0.2) and short == 200 + steps_in_budget(172.5, 0.2, 0.0, 400, 200) < 2000
+    clock[0] = 1035.0  # 100 steps at 0.05 s: longer again
+    longer, _ = r.after_step(steps_this_run=300, step=300, planned=short, **kw) or (0, 0.0)
+    assert longer == 300 + steps_in_budget(167.5, 0.05, 0.0, 400, 300) > short
+
+
+# -- measure, then choose ------------------------------------------------------------------------------------------
+
+
+def _pace(step_s: float, **kw) -> Pace:
+    """A probe's reading: ``step_s`` for a step of 1e9 multiply-accumulates of 64 images, cheap augmentation."""
+    base = {"step_macs": 1e9, "batch": 64, "aug_s": dict.fromkeys(LEVELS, 1e-5), "eval_s": 0.5}
+    return Pace(step_s=step_s, eval_image_macs=1e6, n_eval=500, **{**base, **kw})
+
+
+def test_the_auto_recipe_states_the_passes_its_measured_pace_buys():
+    """With a measured pace, the steps the auto line states are those the run's plan counts for the chosen model
+    (the same steps_in_budget, with its evaluations), and a faster machine buys more passes and never a lighter
+    augmentation level; without a pace it still falls back to the fixed estimate."""
+    kw = {"n_train": 5000, "img_size": (32, 32), "num_classes": 10, "in_chans": 3, "time_budget": 300.0}
+    levels = list(LEVELS)
+    chosen = []
+    for step_s in (0.5, 0.05, 0.005):
+        pace = _pace(step_s)
+        recipe, line = auto_recipe(**kw, pace=pace)
+        assert "measured" in line
+        from vitlab.train.spec.fitting import forward_macs
+
+        a = recipe.arch
+        per_step = pace.per_step(
+            level=next(k for k in LEVELS if line.split(" aug")[0].endswith(k)),
+            step_macs=3 * forward_macs(a, (32, 32), 3, token_drop=recipe.token_drop) * recipe.batch_size,
+            batch=recipe.batch_size,
+        )
+        eval_s = pace.evaluation_s(forward_macs(a, (32, 32), 3))
+        steps = steps_in_budget(300.0 - budget_reserve(300.0), per_step, eval_s, 5000 // recipe.batch_size)
+        assert f"~{steps:,} steps" in line
+        chosen.append((steps * recipe.batch_size, levels.index(line.split(" aug")[0].rsplit(" ", 1)[1])))
+    assert chosen[0][0] < chosen[1][0] and chosen[0][1] <= chosen[1][1] <= chosen[2][1]
+    _, line = auto_recipe(**kw)
+    assert "estimated for 300 s" in line
+
+
+def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_epochs():
+    line = short_budget_line(
+        budget=60.0, left=50.0, per_step=0.5, eval_s=2.0, steps_per_epoch=200, steps=96, n_eval=500
+    )
+    assert line and line.startswith("warning: --time-budget 1m buys only 0.48 passes")
+    # 5 s spent before the plan, 3 epochs of 200 steps at 0.5 s and an evaluation of 2.5 s, 5 s kept back: 317.5 s
+    assert "--time-budget 6m buys about 3 epochs" in line and "evaluate on fewer" not in line
+    evals = short_budget_line(
+        budget=120.0, left=110.0, per_step=0.01, eval_s=30.0, steps_per_epoch=100, steps=300, n_eval=10_000
+    )
+    assert evals and "or evaluate on fewer images (an evaluation folder of ~83 of the 10,000)" in evals
+    assert "--time-budget 4m buys about 3 epochs" in evals  # 3 evaluations of 30.5 s in at most half of it
+    assert (
+        short_budget_line(
+            budget=600.0, left=590.0, per_step=0.1, eval_s=1.0, steps_per_epoch=100, steps=5000, n_eval=500
+        )
+        is None
+    )
+
+
+def test_the_probe_measures_every_level_on_the_runs_own_images():
+    """measure_pace times real steps of the smallest auto model (here tiny: 16 px, 48 images) and every level's
+    transform, in a fork of the random generators (the run's own draws do not depend on it)."""
+    from vitlab.data.sources import DataSplits, ImageArray
+    from vitlab.train.engine.calibrate import measure_pace
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8)
+    labels = np.arange(48, dtype=np.int64) % 4
+    data = DataSplits("x", ImageArray(images[:40], labels[:40]), ImageArray(images[40:], labels[40:]), list("abcd"))
+    cfg = TrainConfig(time_budget=60.0, threads=1)
+    before, state = torch.get_num_threads(), torch.random.get_rng_state()
+    try:
+        pace = measure_pace(cfg, data, device=torch.device("cpu"), amp_dtype=None, t_start=0.0)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert pace.step_s > 0 and pace.step_macs > 0 and pace.eval_s > 0 and pace.n_eval == 8
+    assert set(pace.aug_s) == set(LEVELS) and all(v > 0 for v in pace.aug_s.values())
+    recipe, line = auto_recipe(n_train=40, img_size=(16, 16), num_classes=4, in_chans=3, time_budget=60.0, pace=pace)
+    assert "measured" in line and recipe.arch["patch_size"] == pace.arch["patch_size"]
