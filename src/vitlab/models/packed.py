@@ -41,6 +41,7 @@ __all__ = [
     "drop_tokens",
     "pack",
     "patchify",
+    "refusal",
     "unpack",
 ]
 
@@ -166,10 +167,8 @@ def segments(packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
     return start, length
 
 
-def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(start, length)`` of each image (:func:`segments`) once ``packed`` is known to fit ``model`` and to be
-    laid out as :class:`PackedPatches` says; else an :class:`InputError` (the input) or :class:`ConfigError`
-    (a model option that does not apply to packed images)."""
+def refusal(model: Any) -> str | None:
+    """Why ``model`` cannot take packed images (a model option that needs whole square grids), or None."""
     cfg = model.config
     refused = [
         (cfg.attention != "global", "axial attention needs a whole grid"),
@@ -186,9 +185,16 @@ def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor
         (not isinstance(blk, Block) or type(blk.attn) is not Attention, f"block {i} is a {type(blk).__name__}")
         for i, blk in enumerate(model.blocks)
     ]
-    why = next((msg for bad, msg in refused if bad), None)
-    if why:
+    return next((msg for bad, msg in refused if bad), None)
+
+
+def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(start, length)`` of each image (:func:`segments`) once ``packed`` is known to fit ``model`` and to be
+    laid out as :class:`PackedPatches` says; else an :class:`InputError` (the input) or :class:`ConfigError`
+    (a model option that does not apply to packed images: :func:`refusal`)."""
+    if why := refusal(model):
         raise ConfigError(f"packed input: {why}")
+    cfg = model.config
     x, ids = packed.patches, packed.image_ids
     if x.ndim != 3 or ids.shape != x.shape[:2] or packed.rows.shape != ids.shape or packed.cols.shape != ids.shape:
         raise InputError(f"packed input: patches (B, S, K) and ids/rows/cols (B, S) expected, got {tuple(x.shape)}")
