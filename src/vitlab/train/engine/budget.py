@@ -98,15 +98,19 @@ def measure_budget(
     opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
     with torch.random.fork_rng(devices=[]):
-        xs = torch.stack([x for x, _ in loaders.train_items(micro)]).to(device)
+        items = [x for x, _ in loaders.train_items(micro)]
+        xs = loaders.collate_train(items).to(device)  # a packed batch for --pack, its tokens dropped as the run's
         ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
         probe.train()
         timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
         step_s = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
         if unmasked:  # time the steps on every token too (and compile them, with --compile)
             set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
+            if loaders.set_token_drop(0.0):  # --pack: the loader drops them
+                xs = loaders.collate_train(items).to(device)
             full_over_dropped = _time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
             set_rate(probe, r.token_drop)
+            loaders.set_token_drop(r.token_drop)
         t0 = time.perf_counter()  # data loading + augmentation of one step, done in this process when workers=0
         loaders.train_items(micro)
         aug_s = (time.perf_counter() - t0) * r.accum_steps if loaders.workers == 0 else 0.0
@@ -117,7 +121,7 @@ def measure_budget(
             n_eval = min(loaders.eval_size, 256)
             for start in range(0, n_eval, loaders.eval_batch):
                 evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
-        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval
+        eval_s = (time.perf_counter() - t0) * loaders.eval_size / n_eval * loaders.evaluations  # --pack: two
     del probe, opt, evaluator
     per_step = (step_s + aug_s) * 1.03 * schedule.mean_cost(full_over_dropped=full_over_dropped)  # 3 %: logging
     left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
