@@ -5,7 +5,9 @@ sequence length."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,3 +121,20 @@ def test_the_memory_estimate_follows_the_packed_sequence_length():
 
     # 17 tokens a sequence hold one image, 170 ten: 32 images take 32 or 4 sequences (40 images' room)
     assert activations(pack=True, pack_len=170) > activations(pack=True, pack_len=17) == activations()
+
+
+def test_the_pack_vs_square_benchmark_runs_both_arms_and_writes_its_table(sources, tmp_path):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pack_vs_square.py"
+    spec = importlib.util.spec_from_file_location("pack_vs_square", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "table.md"
+    argv = ["--data", sources["folder"][1], "--cache-dir", sources["folder"][3], "--out", str(out), "--seeds", "0"]
+    argv += ["--runs", str(tmp_path / "runs"), "--epochs", "1", "--img-size", "12", "--patch-size", "2"]
+    argv += ["--pack-res", "8,16", "--eval-res", "8,16", "--dim", "16", "--depth", "1", "--heads", "2"]
+    assert bench.main([*argv, "--threads", "1", "--workers", "0", "--no-progress"]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["arm"] for r in rows] == ["square", "pack"]
+    assert rows[0]["padding"] is None and 0 <= rows[1]["padding"] < 1
+    assert all(set(r["native_at"]) == {"8", "16"} for r in rows)
+    assert "| pack | 0 |" in out.read_text()
