@@ -13,8 +13,10 @@ resolutions; :func:`vitlab.evaluate.evaluate_native`), on the folder's evaluatio
     python benchmarks/pack_vs_square.py --data ../shared/data/clothing --budget 2m --seeds 0 --arms pack
 
 Runs go under ``--runs`` (one folder per arm and seed); the markdown table goes to ``--out`` and the raw numbers as
-JSON next to it. The arms run one after the other in this process: time them on an otherwise idle machine.
-``--epochs N`` instead of ``--budget`` gives every run N epochs (a quick check that everything runs).
+JSON next to it. The arms run one after the other in this process: time them on an otherwise idle machine. With
+``--budget``, a one-step run of each arm first fills its decode cache (the arms store the photos differently), so
+that no arm's budget pays for decoding. ``--epochs N`` instead of ``--budget`` gives every run N epochs and skips
+that (a quick check that everything runs).
 """
 
 from __future__ import annotations
@@ -67,13 +69,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train_argv(arm: str, seed: int, args: argparse.Namespace) -> list[str]:
-    """``vitlab train``'s arguments for one run."""
-    argv = ["train", "--data", args.data, "--out", str(Path(args.runs) / f"{arm}-s{seed}"), "--overwrite"]
+def train_argv(arm: str, seed: int, args: argparse.Namespace, *, warm: bool = False) -> list[str]:
+    """``vitlab train``'s arguments for one run (``warm``: the one step that fills the arm's decode cache)."""
+    out = Path(args.runs) / (f"warm-{arm}" if warm else f"{arm}-s{seed}")
+    argv = ["train", "--data", args.data, "--out", str(out), "--overwrite"]
     argv += ["--seed", str(seed), "--img-size", str(args.img_size), "--patch-size", str(args.patch_size)]
     argv += ["--dim", str(args.dim), "--depth", str(args.depth), "--heads", str(args.heads), "--keep", "last"]
     argv += ["--threads", str(args.threads), "--workers", str(args.workers)]
-    argv += ["--epochs", str(args.epochs)] if args.epochs else ["--time-budget", args.budget]
+    if warm:
+        argv += ["--epochs", "1", "--stop-after", "1"]
+    else:
+        argv += ["--epochs", str(args.epochs)] if args.epochs else ["--time-budget", args.budget]
     argv += ["--batch-size", str(args.batch_size)] if args.batch_size else []
     argv += ["--cache-dir", args.cache_dir] if args.cache_dir else []
     argv += ["--no-progress"] if args.no_progress else []
@@ -184,6 +190,13 @@ def markdown(rows: list[dict], args: argparse.Namespace, load_before: tuple[floa
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     Path(args.runs).mkdir(parents=True, exist_ok=True)
+    if not args.epochs:
+        from vitlab.cli import main as vitlab
+
+        for arm in args.arms:
+            print(f"== {arm}: filling the decode cache (one step, untimed)", file=sys.stderr)
+            if vitlab(train_argv(arm, args.seeds[0], args, warm=True)) != 0:
+                raise SystemExit(f"the {arm} arm's first step failed (its error is above)")
     load_before = os.getloadavg()
     rows = []
     for seed in args.seeds:
