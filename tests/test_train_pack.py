@@ -16,6 +16,7 @@ from PIL import Image
 
 from vitlab.cli import main
 from vitlab.models import model_config
+from vitlab.train.engine import trainer
 from vitlab.train.engine.memory import estimate
 from vitlab.train.persist.state import load_state
 from vitlab.train.spec.config import TrainConfig
@@ -28,6 +29,12 @@ RUN += ["--no-progress"]
 STOP = 4  # one step into the second epoch
 KEYS = ("epoch", "step", "train_loss", "lr", "top1", "top1_native", "eval_loss_native", "padding")
 SHAPES = [(16, 12), (12, 16), (16, 16), (9, 16)]
+
+
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch):
+    """The runs here draw no figures (matplotlib is most of a tiny run's time; the figures have their own tests)."""
+    monkeypatch.setattr(trainer, "draw_figures", lambda *a, **k: None)
 
 
 def _folder(root):
