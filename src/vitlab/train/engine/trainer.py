@@ -129,7 +129,7 @@ class Trainer:
             total_steps=self.plan.total_steps if not self.cfg.time_budget else 0,  # a budgeted run knows its end
             steps_per_epoch=self.loaders.steps_per_epoch,
             batch_size=r.batch_size,
-            n_eval=len(self.data.val),
+            n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
         )
 
     def _epoch(self) -> bool:
