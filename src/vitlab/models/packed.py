@@ -175,7 +175,7 @@ def refusal(model: Any) -> str | None:
         (cfg.rope, "2-D RoPE is not packed-aware yet"),
         (bool(model.tome_r), "token merging is on (set_tome(0) first)"),
         (model.packed_attention not in ATTENTION_METHODS, f"packed_attention {model.packed_attention!r} is unknown"),
-        (type(model.patch_embed) is not PatchEmbed, "the hybrid stem needs whole images"),
+        (type(model.patch_embed) is not PatchEmbed, "a hybrid or convolutional stem needs whole images"),
         (
             model.training and getattr(model.patch_drop, "p", 0.0) > 0,
             "token dropping happens before packing (drop_tokens): set the model's patch_drop rate to 0",
