@@ -128,15 +128,50 @@ def test_patchify_draws_per_image_and_keeps_the_grid():
         torch.manual_seed(s)
         sides.add(patchify()(img).grid)
     assert len(sides) > 3  # the resolution is drawn per image
-    torch.manual_seed(5)
-    a = patchify(token_drop=0.5, hflip=0.5)(img)
-    torch.manual_seed(5)
-    b = patchify(hflip=0.5)(img)  # the same draws up to the drop: the drop keeps a subset of the same patches
-    assert a.grid == b.grid and a.patches.shape[0] == max(1, int(b.patches.shape[0] * 0.5))
-    kept = {(r, c) for r, c in zip(a.rows.tolist(), a.cols.tolist())}
-    for r, c, x in zip(a.rows.tolist(), a.cols.tolist(), a.patches):
-        assert torch.equal(x, b.patches[r * b.grid[1] + c])
-    assert len(kept) == a.patches.shape[0]
+
+
+def test_a_random_crop_keeps_the_images_aspect_ratio():
+    img = np.random.default_rng(0).integers(0, 256, (48, 96, 3)).astype(np.uint8)  # 1:2
+    pf = patchify(resolution=(32, 32), crop_scale=(0.25, 0.6))
+    grids = set()
+    for s in range(12):
+        torch.manual_seed(s)
+        t = pf(img)
+        grids.add(t.grid)
+        assert t.grid[1] >= 2 * t.grid[0] - 1  # still about twice as wide as high (no ratio jitter)
+    assert len(grids) >= 1
+    torch.manual_seed(0)
+    whole = patchify(resolution=(32, 32))(img)
+    torch.manual_seed(0)
+    cropped = pf(img)
+    assert not torch.equal(whole.patches, cropped.patches)  # another part of the picture
+    with pytest.raises(ConfigError, match="crop: scale"):
+        patchify(crop_scale=(0.5, 1.2))
+
+
+def test_token_dropping_keeps_a_seeded_subset_of_each_images_patches():
+    src = synthetic(12)
+    full = list(loader(src, seed=1, epoch=2))
+    dropped = list(loader(src, seed=1, epoch=2, token_drop=0.5))
+    assert same(dropped, list(loader(src, seed=1, epoch=2, token_drop=0.5)))
+
+    def images(batches):
+        out = {}
+        for b in batches:
+            p = b.packed
+            for i, pos in enumerate(b.positions.tolist()):
+                m = (p.image_ids == i) & (p.rows >= 0)
+                out[pos] = (p.rows[m].tolist(), p.cols[m].tolist(), p.patches[m], tuple(p.grids[i].tolist()))
+        return out
+
+    a, b = images(dropped), images(full)
+    assert a.keys() == b.keys() == set(range(12))
+    for pos, (rows, cols, x, grid) in a.items():
+        r0, c0, x0, g0 = b[pos]
+        assert grid == g0 and len(rows) == max(1, int(len(r0) * 0.5))
+        where = {(r, c): k for k, (r, c) in enumerate(zip(r0, c0))}
+        for r, c, patch in zip(rows, cols, x):
+            assert torch.equal(patch, x0[where[(r, c)]])  # the same patches as undropped, a subset of them
 
 
 def test_an_epoch_is_every_image_once_deterministic_and_packed_greedily():
@@ -238,3 +273,55 @@ def test_a_sample_that_cannot_be_prepared_is_one_line_naming_it(shards):
     ld = loader(shards, num_classes=3, patchify=patchify(augment=broken))
     with pytest.raises(DataError, match=r"\.tar: .*cannot decode \(ValueError: no such augmentation\)"):
         list(ld)
+
+
+def test_batches_of_a_fixed_number_of_images_pack_largest_first():
+    src = synthetic(23)
+    kw = dict(seed=4, epoch=1, sequences=None, images=5, pack_len=40)
+    batches = list(loader(src, **kw))
+    assert [b.packed.num_images for b in batches] == [5, 5, 5, 5, 3]
+    assert [b.next_position for b in batches] == [5, 10, 15, 20, 23]
+    start = 0
+    for b in batches:
+        assert sorted(b.positions.tolist()) == list(range(start, b.next_position))
+        start = b.next_position
+        ids = b.packed.image_ids
+        n = b.packed.num_images
+        sizes = [int((ids == i).sum()) for i in range(n)]
+        seq_of = [int(torch.nonzero(ids == i)[0, 0]) for i in range(n)]
+        free, want = [], {}  # first fit decreasing, by hand: each image into the first sequence with room
+        for i in sorted(range(n), key=lambda i: -sizes[i]):
+            j = next((j for j, f in enumerate(free) if f >= sizes[i]), len(free))
+            free += [40] if j == len(free) else []
+            free[j] -= sizes[i]
+            want[i] = j
+        assert seq_of == [want[i] for i in range(n)] and ids.shape[0] == len(free)
+    assert same(list(loader(src, start=10, **kw)), batches[2:])
+
+
+def test_processes_take_disjoint_shares_and_every_image_once():
+    src = synthetic(26)
+    kw = dict(seed=4, epoch=3, sequences=None, images=3, pack_len=40, stop=24)
+    ranks = [list(loader(src, rank=r, world=2, **kw)) for r in range(2)]
+    assert [len(b) for b in ranks] == [4, 4]  # 24 positions, 3 images a batch on each of 2 processes
+    seen = [p for batches in ranks for b in batches for p in b.positions.tolist()]
+    assert sorted(seen) == list(range(24))  # positions 24 and 25: past the stop
+    for r, batches in enumerate(ranks):
+        for k, b in enumerate(batches):
+            assert sorted(b.positions.tolist()) == [r + 2 * i for i in range(3 * k, 3 * k + 3)]
+            assert b.next_position == (k + 1) * 6
+    # a resumed pair of processes starts at a batch boundary of both
+    resumed = [list(loader(src, rank=r, world=2, start=12, **kw)) for r in range(2)]
+    assert all(same(resumed[r], ranks[r][2:]) for r in range(2))
+    one = list(loader(src, **{**kw, "images": 6}))  # the same images by step as one process taking both shares
+    assert [sorted(b.positions.tolist()) for b in one] == [
+        sorted(x.positions.tolist() + y.positions.tolist()) for x, y in zip(*ranks, strict=True)
+    ]
+
+
+def test_shards_split_over_processes(shards):
+    kw = dict(num_classes=3, seed=2, epoch=1, chunk=2, sequences=None, images=2, stop=20)
+    ranks = [list(loader(shards, rank=r, world=2, **kw)) for r in range(2)]
+    seen = sorted(p for batches in ranks for b in batches for p in b.positions.tolist())
+    assert seen == list(range(20))
+    assert same(list(loader(shards, rank=1, world=2, workers=2, **kw)), ranks[1])

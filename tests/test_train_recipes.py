@@ -177,6 +177,7 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
         micro=4, steps_per_epoch=2, workers=0, eval_batch=256, num_classes=3, eval_size=len(ds),
         train_items=lambda n: [ds[i % len(ds)] for i in range(n)],
         eval_items=lambda start, stop: [ds[i][0] for i in range(start, stop)],
+        collate_train=torch.stack, set_token_drop=lambda rate: False, evaluations=1,
     )  # fmt: skip
     steps, epochs, _ = measure_budget(
         cfg, net=model, run_net=Compiled(model), loaders=loaders, objective=Classify(num_classes=3),

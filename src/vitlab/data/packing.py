@@ -4,22 +4,30 @@ Each image of an epoch goes through four steps:
 
 1. **a resolution**: the side ``R`` of a square of the image's area, drawn uniformly in ``resolution`` (NaViT's
    variable resolution, Sec. 3.2; one value for evaluation), gives a token budget ``floor((R / P)^2)``;
-2. **its grid**: the largest patch grid of the image's aspect ratio within that budget (:func:`native_grid`);
-   the image is resized to it (the evaluation's bicubic resize, :func:`vitlab.data.transforms.resize_image`),
-   flipped or augmented, normalised;
+2. **its grid**: a random crop at the image's own aspect ratio (training: a share of its area in ``crop_scale``,
+   its aspect ratio times a factor in ``crop_ratio``), then the largest patch grid of that shape within the
+   budget (:func:`native_grid`); the crop is resized to it (the evaluation's bicubic resize,
+   :func:`vitlab.data.transforms.resize_image`), flipped or augmented, normalised;
 3. **its patches** (:func:`~vitlab.models.packed.patchify`), of which token dropping keeps a random subset
-   (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`);
-4. **packing**: images in the epoch's order fill a batch of ``sequences`` sequences of ``pack_len`` tokens, each
-   image taking its patches plus the model's prefix tokens in the first sequence with room for it (first fit);
-   the first image that fits in none closes the batch and opens the next one.
+   (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`; ``PackedLoader.token_drop``);
+4. **packing**, one of two ways. ``sequences``: images in the epoch's order fill a batch of ``sequences``
+   sequences of ``pack_len`` tokens, each image taking its patches plus the model's prefix tokens in the first
+   sequence with room for it (first fit); the first image that fits in none closes the batch and opens the next
+   one (NaViT's fixed token budget per batch). ``images``: every ``images`` images of the order make a batch, laid
+   largest first into as many sequences of ``pack_len`` tokens as they need (first fit decreasing): a fixed
+   number of images per batch, as square training has (what ``vitlab train --pack`` uses: its epochs, schedule and
+   resumption stay those of square training, on any number of processes).
 
 Steps 1-3 run in DataLoader workers (when ``workers > 0``); each image's random draws come from a generator
-seeded by (seed, epoch, position), so they do not depend on the process that makes them. Packing runs in the
-training process, in order.
+seeded by (seed, epoch, position), so they do not depend on the process that makes them. Token dropping and
+packing run in the training process, in order (so that the drop rate can change from one batch to the next).
 
 **Position.** A batch holds a contiguous run of the epoch's order: its :attr:`PackedBatch.next_position` is the
 number of images of the epoch consumed once it is trained on, the one integer a checkpoint stores to resume.
 Starting an epoch's loader at that position (``start=``) gives exactly the batches that would have followed.
+With ``rank`` and ``world``, process ``rank`` takes positions ``start + rank``, ``start + rank + world``, ... of
+the order (each process a disjoint share, every image of ``start:stop`` once); with ``images``, batch ``k`` of
+every process then ends at position ``start + (k + 1) x images x world``.
 
 Sources: a decoded split (``vitlab.data.load_data``'s images, stored at their aspect ratio) read in a seeded
 permutation, or tar shards through :class:`~vitlab.data.stream.ShardStream` (its order, decoded in its workers).
@@ -38,11 +46,12 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from ..errors import ConfigError, DataError
-from ..models.packed import PackedPatches, PatchTokens, drop_tokens, pack, patchify
+from ..models.packed import PatchTokens, drop_tokens, patchify
+from .bins import PackedBatch, PackSample, pack_batches, pack_groups
 from .decode import decode_encoded, match_channels
 from .seeding import item_seed, seeded
 from .shard_source import ShardSet
-from .stream import EpochOrder, ShardStream
+from .stream import DEFAULT_SHUFFLE_BUFFER, EpochOrder, ShardStream
 from .transforms import _normalize, resize_image
 
 __all__ = [
@@ -53,6 +62,7 @@ __all__ = [
     "ShardPatchify",
     "native_grid",
     "pack_batches",
+    "pack_groups",
     "token_budget",
 ]
 
@@ -74,21 +84,24 @@ def native_grid(height: int, width: int, *, patch_size: int, max_tokens: int) ->
 
 @dataclass(frozen=True, kw_only=True)
 class Patchify:
-    """A decoded image (uint8 ``(H, W, C)``) -> its :class:`~vitlab.models.packed.PatchTokens` (steps 1-3 above).
+    """A decoded image (uint8 ``(H, W, C)``) -> its :class:`~vitlab.models.packed.PatchTokens` (steps 1-3 above,
+    without the token dropping).
 
     ``resolution``: ``(low, high)`` side of the area-equivalent square in pixels, drawn uniformly per image
-    (``(s, s)``: every image at the token budget of an ``s`` x ``s`` image). ``hflip``: probability of a
-    horizontal flip; ``augment``: uint8 ``(C, H, W)`` -> same, applied at the packed size (RandAugment ...);
-    ``token_drop``: the fraction of each image's patches dropped. Random draws use torch's global generator
-    (seeded per sample by the loaders)."""
+    (``(s, s)``: every image at the token budget of an ``s`` x ``s`` image). ``crop_scale``: the share of the
+    image's area a random crop keeps, drawn uniformly in it; ``crop_ratio``: the crop's aspect ratio relative to
+    the image's, drawn log-uniformly in it (``(1, 1)`` both: the whole image, no draw). ``hflip``: probability of
+    a horizontal flip; ``augment``: uint8 ``(C, H, W)`` -> same, applied at the packed size (RandAugment ...).
+    Random draws use torch's global generator (seeded per sample by the loaders)."""
 
     patch_size: int
     resolution: tuple[float, float]
     mean: Sequence[float]
     std: Sequence[float]
     in_chans: int = 3
+    crop_scale: tuple[float, float] = (1.0, 1.0)
+    crop_ratio: tuple[float, float] = (1.0, 1.0)
     hflip: float = 0.0
-    token_drop: float = 0.0
     augment: Callable[[torch.Tensor], torch.Tensor] | None = None
     _norm: v2.Compose = field(init=False, repr=False, compare=False)
 
@@ -96,8 +109,9 @@ class Patchify:
         lo, hi = self.resolution
         if not 0 < lo <= hi:
             raise ConfigError(f"resolution: expected 0 < low <= high, got {lo}, {hi}")
-        if not 0.0 <= self.token_drop < 1.0:
-            raise ConfigError(f"token drop rate: must be in [0, 1), got {self.token_drop}")
+        (a, b), (r, q) = self.crop_scale, self.crop_ratio
+        if not (0 < a <= b <= 1 and 0 < r <= q):
+            raise ConfigError(f"crop: scale within (0, 1] and ratio > 0, low <= high; got {a}, {b} and {r}, {q}")
         object.__setattr__(self, "_norm", v2.Compose(_normalize(self.mean, self.std, self.in_chans)))
 
     @property
@@ -112,6 +126,7 @@ class Patchify:
         x = match_channels(x, self.in_chans)
         lo, hi = self.resolution
         side = lo + (hi - lo) * float(torch.rand(())) if hi > lo else float(lo)
+        x = self._crop(x)
         p = self.patch_size
         gh, gw = native_grid(x.shape[1], x.shape[2], patch_size=p, max_tokens=token_budget(side, p))
         if (x.shape[1], x.shape[2]) != (gh * p, gw * p):
@@ -120,8 +135,21 @@ class Patchify:
             x = x.flip(-1)
         if self.augment is not None:
             x = self.augment(x)
-        tokens = patchify(self._norm(x), p)
-        return drop_tokens(tokens, self.token_drop) if self.token_drop else tokens
+        return patchify(self._norm(x), p)
+
+    def _crop(self, x: torch.Tensor) -> torch.Tensor:
+        """A random box of ``x`` ``(C, H, W)`` at its own aspect ratio (times the drawn factor), or ``x``."""
+        if self.crop_scale == (1.0, 1.0) and self.crop_ratio == (1.0, 1.0):
+            return x
+        h, w = x.shape[1:]
+        u = torch.rand(4).tolist()
+        area = self.crop_scale[0] + (self.crop_scale[1] - self.crop_scale[0]) * u[0]
+        lr, hr = math.log(self.crop_ratio[0]), math.log(self.crop_ratio[1])
+        ratio = math.exp(lr + (hr - lr) * u[1])  # the box's width/height over the image's
+        bh = max(1, min(h, round(h * math.sqrt(area / ratio))))
+        bw = max(1, min(w, round(w * math.sqrt(area * ratio))))
+        top, left = int(u[2] * (h - bh + 1)), int(u[3] * (w - bw + 1))
+        return x[:, top : top + bh, left : left + bw]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,64 +160,6 @@ class ShardPatchify:
 
     def __call__(self, data: bytes) -> PatchTokens:
         return self.patchify(decode_encoded(data))
-
-
-@dataclass(frozen=True)
-class PackSample:
-    """One image ready to pack: its tokens, class, and position in the epoch's order."""
-
-    tokens: PatchTokens
-    label: int
-    position: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackedBatch:
-    """``packed`` (the model's input), ``labels`` ``(n,)`` and ``positions`` ``(n,)`` of its images in the
-    order the model returns them, and ``next_position``: where the epoch resumes after this batch."""
-
-    packed: PackedPatches
-    labels: torch.Tensor
-    positions: torch.Tensor
-    next_position: int
-
-    @property
-    def padding(self) -> float:
-        """The fraction of the batch's token slots that hold no image."""
-        return self.packed.padding_fraction()
-
-
-def pack_batches(
-    samples: Iterable[PackSample], *, pack_len: int, sequences: int, prefix_tokens: int
-) -> Iterator[PackedBatch]:
-    """Samples (in the epoch's order) packed first-fit into batches of ``sequences`` sequences of ``pack_len``
-    tokens; an image that fits in no sequence of the batch closes it. The last batch may have empty sequences."""
-    bins: list[list[PackSample]] = [[] for _ in range(sequences)]
-    free = [pack_len] * sequences
-
-    def emit(next_position: int) -> PackedBatch:
-        order = [s for b in bins for s in b]
-        return PackedBatch(
-            packed=pack([[s.tokens for s in b] for b in bins], seq_len=pack_len, prefix_tokens=prefix_tokens),
-            labels=torch.tensor([s.label for s in order], dtype=torch.int64),
-            positions=torch.tensor([s.position for s in order], dtype=torch.int64),
-            next_position=next_position,
-        )
-
-    last = None
-    for s in samples:
-        need = s.tokens.patches.shape[0] + prefix_tokens
-        if need > pack_len:
-            raise ConfigError(f"--pack-len {pack_len}: an image takes {need} tokens; pass at least that")
-        i = next((j for j, f in enumerate(free) if f >= need), None)
-        if i is None:
-            yield emit(s.position)
-            bins, free, i = [[] for _ in range(sequences)], [pack_len] * sequences, 0
-        bins[i].append(s)
-        free[i] -= need
-        last = s.position
-    if last is not None:
-        yield emit(last + 1)
 
 
 class _FolderPatches(Dataset):
@@ -215,30 +185,48 @@ def _as_list(items: list) -> list:
     return items
 
 
+_DROP = -(1 << 40)
+"""Token dropping's seeds: ``item_seed(seed, epoch, _DROP - position)``, apart from the augmentation's."""
+
+
 @dataclass(kw_only=True)
 class PackedLoader:
     """One epoch of :class:`PackedBatch` from ``source``: a decoded split (an object with ``images`` and
     ``labels``, as ``load_data`` returns) or tar shards (a :class:`~vitlab.data.shard_source.ShardSet`).
 
+    Batches of ``sequences`` sequences, or of ``images`` images (exactly one of the two; see the module's notes).
     ``shuffle``: a seeded permutation of the epoch (training) with per-image random draws; else the source's own
-    order without them (evaluation). ``start``: the position to resume at (a batch's ``next_position``).
-    ``prefix_tokens``: the model's ``num_prefix_tokens``. ``chunk``: images per DataLoader batch of the workers.
-    ``num_classes`` and ``label_map`` (class index in the shards -> the model's) for shards.
-    :attr:`padding_fraction` is the padding of the batches yielded so far in the current pass."""
+    order without them (evaluation). ``start``: the position to resume at (a batch's ``next_position``);
+    ``stop``: the position to end before (default: the epoch's end); ``rank`` of ``world``: this process's share.
+    ``token_drop``: the share of each image's patches dropped as it is packed, read then (it may change between
+    batches), each image's draw seeded by (seed, epoch, position). ``prefix_tokens``: the model's
+    ``num_prefix_tokens``. ``chunk``: images per DataLoader batch of the workers; ``worker_init_fn`` and
+    ``generator`` are the DataLoader's (default: a generator of (seed, epoch, rank), so that no global generator
+    is drawn from). ``num_classes``, ``label_map`` (class index in the shards -> the model's) and ``window`` (the
+    shuffle window) for shards. :attr:`padding_fraction` is the padding of the batches yielded so far in the
+    current pass, :attr:`slots` and :attr:`padded` its counts."""
 
     source: Any
     patchify: Patchify
     pack_len: int
-    sequences: int
     prefix_tokens: int
+    sequences: int | None = None
+    images: int | None = None
     seed: int = 0
     epoch: int = 0
     start: int = 0
+    stop: int | None = None
+    rank: int = 0
+    world: int = 1
     shuffle: bool = True
+    token_drop: float = 0.0
     workers: int = 0
     chunk: int = 32
+    worker_init_fn: Callable[[int], None] | None = None
+    generator: torch.Generator | None = None
     num_classes: int | None = None
     label_map: np.ndarray | None = None
+    window: int = DEFAULT_SHUFFLE_BUFFER
     slots: int = field(default=0, init=False)
     padded: int = field(default=0, init=False)
 
@@ -249,8 +237,13 @@ class PackedLoader:
                 f"--pack-len {self.pack_len}: an image may take {need} tokens ({self.patchify.max_tokens} patches at "
                 f"the highest resolution {self.patchify.resolution[1]} px, {self.prefix_tokens} prefix); pass >= {need}"
             )
-        if self.sequences < 1:
-            raise ConfigError(f"packed sequences per batch: must be >= 1, got {self.sequences}")
+        if (self.sequences is None) == (self.images is None) or (self.sequences or self.images or 0) < 1:
+            raise ConfigError(
+                f"packed batches: give sequences or images per batch (one of them, >= 1), got {self.sequences}, "
+                f"{self.images}"
+            )
+        if not 0 <= self.rank < self.world:
+            raise ConfigError(f"packed loader: rank {self.rank} of {self.world} processes")
 
     @property
     def padding_fraction(self) -> float:
@@ -263,21 +256,37 @@ class PackedLoader:
 
     def __iter__(self) -> Iterator[PackedBatch]:
         samples = self._shard_samples() if isinstance(self.source, ShardSet) else self._folder_samples()
-        kw = {"pack_len": self.pack_len, "sequences": self.sequences, "prefix_tokens": self.prefix_tokens}
+        kw = {"pack_len": self.pack_len, "prefix_tokens": self.prefix_tokens}
+        if self.images is not None:
+            batches = pack_groups(self._dropped(samples), images=self.images, start=self.start, stride=self.world, **kw)
+        else:
+            batches = pack_batches(self._dropped(samples), sequences=self.sequences, **kw)  # type: ignore[arg-type]
         self.slots = self.padded = 0
-        for batch in pack_batches(samples, **kw):
+        for batch in batches:
             self.slots += batch.packed.image_ids.numel()
             self.padded += int((batch.packed.image_ids < 0).sum())
             yield batch
 
+    def _dropped(self, samples: Iterable[PackSample]) -> Iterator[PackSample]:
+        for s in samples:
+            if self.token_drop:
+                g = torch.Generator().manual_seed(item_seed(self.seed, self.epoch, _DROP - s.position))
+                s = PackSample(drop_tokens(s.tokens, self.token_drop, generator=g), s.label, s.position)
+            yield s
+
     def _loader(self, dataset: Any, **kw: Any) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.chunk, num_workers=self.workers, collate_fn=_as_list, **kw)
+        g = self.generator or torch.Generator().manual_seed(item_seed(self.seed, self.epoch, -1 - self.rank))
+        return DataLoader(
+            dataset, batch_size=self.chunk, num_workers=self.workers, collate_fn=_as_list, generator=g,
+            worker_init_fn=self.worker_init_fn, **kw,
+        )  # fmt: skip
 
     def _folder_samples(self) -> Iterator[PackSample]:
         n = len(self.source.labels)
+        stop = n if self.stop is None else min(self.stop, n)
         order = EpochOrder([n], seed=self.seed, epoch=self.epoch, window=max(1, n), shuffle=self.shuffle)
         ds = _FolderPatches(self.source.images, self.source.labels, patchify=self.patchify, order=order)
-        for chunk in self._loader(ds, sampler=range(min(self.start, n), n)):
+        for chunk in self._loader(ds, sampler=range(self.start + self.rank, stop, self.world)):
             yield from chunk
 
     def _shard_samples(self) -> Iterator[PackSample]:
@@ -290,8 +299,12 @@ class PackedLoader:
             num_classes=self.num_classes,
             seed=self.seed,
             epoch=self.epoch,
+            window=self.window,
             shuffle=self.shuffle,
             start=self.start,
+            stop=self.stop,
+            rank=self.rank,
+            world=self.world,
             batch=self.chunk,
             label_map=self.label_map,
         )

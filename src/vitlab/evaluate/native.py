@@ -12,7 +12,7 @@ so both agree there; other shapes keep their whole picture where the usual path 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,11 +62,16 @@ def native_batches(
     num_classes: int | None = None,
     label_map: np.ndarray | None = None,
     stats: dict[str, float] | None = None,
+    rank: int = 0,
+    world: int = 1,
+    worker_init_fn: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
     """``(packed images, labels)`` batches of an evaluation split (decoded images and labels, or tar shards with
     ``num_classes`` and ``label_map``) in its own order, ``sequences`` packed sequences a batch of ``pack_len``
     tokens (default: one image's budget, so one image a sequence; longer ones pack several, at the cost of
-    attention over the masked pairs). ``stats`` receives the padding fraction at the end."""
+    attention over the masked pairs). ``stats`` receives the padding fraction at the end. ``rank`` of ``world``:
+    this process's share of the split (positions ``rank``, ``rank + world``, ...); ``worker_init_fn``: the
+    DataLoader workers'."""
     pf = native_patchify(model, resolution=resolution)
     prefix = model.num_prefix_tokens
     loader = PackedLoader(
@@ -79,6 +84,9 @@ def native_batches(
         workers=workers,
         num_classes=num_classes,
         label_map=label_map,
+        rank=rank,
+        world=world,
+        worker_init_fn=worker_init_fn,
     )
     for batch in loader:
         yield batch.packed, batch.labels

@@ -41,6 +41,7 @@ __all__ = [
     "drop_tokens",
     "pack",
     "patchify",
+    "refusal",
     "unpack",
 ]
 
@@ -166,17 +167,15 @@ def segments(packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
     return start, length
 
 
-def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(start, length)`` of each image (:func:`segments`) once ``packed`` is known to fit ``model`` and to be
-    laid out as :class:`PackedPatches` says; else an :class:`InputError` (the input) or :class:`ConfigError`
-    (a model option that does not apply to packed images)."""
+def refusal(model: Any) -> str | None:
+    """Why ``model`` cannot take packed images (a model option that needs whole square grids), or None."""
     cfg = model.config
     refused = [
         (cfg.attention != "global", "axial attention needs a whole grid"),
         (cfg.rope, "2-D RoPE is not packed-aware yet"),
         (bool(model.tome_r), "token merging is on (set_tome(0) first)"),
         (model.packed_attention not in ATTENTION_METHODS, f"packed_attention {model.packed_attention!r} is unknown"),
-        (type(model.patch_embed) is not PatchEmbed, "the hybrid stem needs whole images"),
+        (type(model.patch_embed) is not PatchEmbed, "a hybrid or convolutional stem needs whole images"),
         (
             model.training and getattr(model.patch_drop, "p", 0.0) > 0,
             "token dropping happens before packing (drop_tokens): set the model's patch_drop rate to 0",
@@ -186,9 +185,16 @@ def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor
         (not isinstance(blk, Block) or type(blk.attn) is not Attention, f"block {i} is a {type(blk).__name__}")
         for i, blk in enumerate(model.blocks)
     ]
-    why = next((msg for bad, msg in refused if bad), None)
-    if why:
+    return next((msg for bad, msg in refused if bad), None)
+
+
+def check(model: Any, packed: PackedPatches) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(start, length)`` of each image (:func:`segments`) once ``packed`` is known to fit ``model`` and to be
+    laid out as :class:`PackedPatches` says; else an :class:`InputError` (the input) or :class:`ConfigError`
+    (a model option that does not apply to packed images: :func:`refusal`)."""
+    if why := refusal(model):
         raise ConfigError(f"packed input: {why}")
+    cfg = model.config
     x, ids = packed.patches, packed.image_ids
     if x.ndim != 3 or ids.shape != x.shape[:2] or packed.rows.shape != ids.shape or packed.cols.shape != ids.shape:
         raise InputError(f"packed input: patches (B, S, K) and ids/rows/cols (B, S) expected, got {tuple(x.shape)}")

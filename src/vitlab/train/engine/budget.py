@@ -39,6 +39,7 @@ def _reusable(pace: Pace | None, cfg: TrainConfig, loaders: RunLoaders) -> bool:
     return (
         pace is not None
         and not cfg.compile
+        and not cfg.pack
         and not ends_dropping(r)
         and not cfg.model
         and not cfg.init
@@ -84,7 +85,7 @@ def measure_budget(
         items = loaders.train_items(micro)
         aug_s = (time.perf_counter() - t0) * r.accum_steps
         if reuse:
-            step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes  # type: ignore[union-attr]
+            step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes * loaders.evaluations  # type: ignore[union-attr]
         else:
             step_s, full_over_dropped, eval_s = _probe(
                 cfg, net=net, run_net=run_net, loaders=loaders, items=items, objective=objective, device=device,
@@ -126,7 +127,8 @@ def _probe(
     r, micro = cfg.recipe, loaders.micro
     probe = run_net if cfg.compile else copy.deepcopy(net)
     opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
-    xs = torch.stack([x for x, _ in items]).to(device)
+    images = [x for x, _ in items]
+    xs = loaders.collate_train(images).to(device)  # a packed batch for --pack, its tokens dropped as the run's
     ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
     probe.train()
     timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
@@ -134,8 +136,11 @@ def _probe(
     full_over_dropped = 1.0
     if unmasked:  # time the steps on every token too (and compile them, with --compile)
         set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
+        if loaders.set_token_drop(0.0):  # --pack: the loader drops them
+            xs = loaders.collate_train(images).to(device)
         full_over_dropped = calibrate.time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
         set_rate(probe, r.token_drop)
+        loaders.set_token_drop(r.token_drop)
     evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
     evaluator.eval()
     t0 = time.perf_counter()
@@ -143,7 +148,8 @@ def _probe(
         n_eval = min(loaders.eval_size, 256)
         for start in range(0, n_eval, loaders.eval_batch):
             evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
-    eval_s = (time.perf_counter() - t0) * loaders.eval_size / max(1, n_eval) * objective.eval_passes  # flip TTA: 2
+    eval_s = (time.perf_counter() - t0) * loaders.eval_size / max(1, n_eval)
+    eval_s *= objective.eval_passes * loaders.evaluations  # flip TTA: two passes; --pack: two evaluations
     return step_s, full_over_dropped, eval_s
 
 

@@ -175,8 +175,12 @@ def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int]) -> Fold
         size = (h, w) if uniform else (typical, typical)
         keep = store_side(typical)
         to = "training at their own size" if uniform else f"training at {typical} px (the median shorter side)"
+    if cfg.pack_res is not None:  # an image at --pack-res HIGH's budget has a shorter side of at most HIGH
+        keep = max(keep, math.ceil(cfg.pack_res[1]))
     square = size is not None and size[0] == size[1]
     eval_side = resize_side(size[0], crop_pct) if square and size and (photos or not uniform) else None
+    if cfg.pack:  # evaluated at their own aspect ratio too: stored whole, as the training images
+        eval_side = None
     stored = f"stored with the shorter side at most {keep} px, aspect ratio kept"
     if uniform and min(w, h) <= keep:
         stored = "stored as they are"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -45,9 +45,26 @@ class RunLoaders(Protocol):
     """MixUp / CutMix on the device, or None."""
     eval_size: int
     """Images of this process's share of the evaluation split."""
+    packed: bool
+    """Whether the training batches are packed images (``--pack``: :mod:`.packs`)."""
+    evaluations: int
+    """Evaluations a run makes at each epoch's end (the time budget counts them)."""
 
     @property
     def micro_per_epoch(self) -> int: ...
+
+    def set_token_drop(self, rate: float) -> bool:
+        """Drop ``rate`` of each image's tokens as the loader packs it (from the next batch); True when it changed.
+        False and nothing done where the model drops them (square batches)."""
+        ...
+
+    def collate_train(self, xs: list[Any]) -> Any:
+        """The model's input of :meth:`train_items`' images (the probe's batch)."""
+        ...
+
+    def native_eval_batches(self) -> Iterable[Any] | None:
+        """The evaluation split at each image's own aspect ratio (packed runs), else None."""
+        ...
 
     def train_batches(self, epoch: int, start_micro: int = 0) -> Iterable[Any]:
         """Epoch ``epoch``'s batches from micro-batch ``start_micro`` on."""
@@ -74,6 +91,8 @@ class EpochPlan:
     steps_per_epoch: int
     seed: int = 0
     rank: int = 0
+    packed: ClassVar[bool] = False
+    evaluations: ClassVar[int] = 1
 
     @property
     def micro_per_epoch(self) -> int:
@@ -84,6 +103,15 @@ class EpochPlan:
         """The generator of epoch ``epoch``'s training DataLoader (it seeds the workers' own generators, which
         augmentation does not use)."""
         return torch.Generator().manual_seed(item_seed(self.seed, epoch, -1 - self.rank))
+
+    def set_token_drop(self, rate: float) -> bool:
+        return False  # the model's PatchDropout drops tokens from square batches
+
+    def collate_train(self, xs: list[Any]) -> Any:
+        return torch.stack(xs)
+
+    def native_eval_batches(self) -> Iterable[Any] | None:
+        return None
 
 
 class _SkipSampler(Sampler[int]):

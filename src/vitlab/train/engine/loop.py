@@ -15,6 +15,7 @@ from torch import nn
 
 from ...devices import autocast
 from ...errors import NonFiniteLossError
+from ...models.packed import PackedPatches
 from ..objectives import Objective
 from ..spec.recipes import Recipe
 from .optim import Optimization
@@ -34,6 +35,10 @@ class EpochResult:
     """True when ``on_step`` asked to stop before the end of the epoch."""
     skipped: int = 0
     """Optimizer steps skipped because the loss was NaN or Inf (``on_nan="skip"``)."""
+    tokens: int = 0
+    """Packed batches: the token slots that held an image (prefix or patch) ..."""
+    slots: int = 0
+    """... of all the slots of the sequences (the rest is padding)."""
 
 
 @dataclass(kw_only=True)
@@ -59,6 +64,7 @@ def train_epoch(
     size: Callable[[], int | None] = lambda: None,
     on_step: Callable[[EpochResult, float], bool] | None = None,
     loss_sum: float = 0.0,
+    packed: tuple[int, int] = (0, 0),
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps`` micro-batches.
     ``size()``: the image side of the coming step (a resolution schedule; None: as loaded). ``on_step(result,
@@ -66,16 +72,21 @@ def train_epoch(
     :class:`~vitlab.errors.NonFiniteLossError` before the update (``on_nan="stop"``) or skips that optimizer step
     and counts it in ``skipped`` (``"skip"``). ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch),
     which ``result.loss_sum`` goes on from: the same additions in the same order as a run that never stopped, so
-    the epoch's mean loss is the same bit for bit."""
+    the epoch's mean loss is the same bit for bit; ``packed``: the epoch's ``(tokens, slots)`` so far, which
+    ``result.tokens`` and ``result.slots`` go on from (packed batches: :class:`~vitlab.models.packed.PackedPatches`,
+    one row of logits per image)."""
     p, net, opt, accum = parts, parts.net, parts.opt, parts.recipe.accum_steps
     net.train()
-    res = EpochResult(loss_sum=loss_sum)
+    res = EpochResult(loss_sum=loss_sum, tokens=packed[0], slots=packed[1])
     bad_step = False
     t0 = time.perf_counter()
     running = 0.0
     for i, (x, y) in enumerate(batches):
         x, y = x.to(p.device, non_blocking=True), y.to(p.device, non_blocking=True)
-        if (side := size()) is not None:
+        if isinstance(x, PackedPatches):
+            res.tokens += int((x.image_ids >= 0).sum())
+            res.slots += x.image_ids.numel()
+        elif (side := size()) is not None:
             x = resize_batch(x, side)
         if p.mix is not None:
             x, y = p.mix(x, y)
@@ -94,7 +105,7 @@ def train_epoch(
             res.loss_sum += lv
             running += lv
         res.micro_batches += 1
-        res.images += x.shape[0]
+        res.images += len(y)
         if not last_micro:
             continue
         if bad_step:  # skip the update, keep the schedule and the step count (as GradScaler does with fp16 overflows)

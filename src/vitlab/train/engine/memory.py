@@ -8,7 +8,8 @@ The estimate is :mod:`vitlab.capacity`'s arithmetic (what ``vitlab plan`` prints
   sharded with ``--fsdp``), an EMA copy of the weights, the ``--time-budget`` probe's copy of the model, and
   autocast's low-precision copy of the weights on a GPU;
 * **activations** of one micro-batch (:func:`~vitlab.capacity.activation_bytes`: token dropping, prefix
-  tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused), plus one block's
+  tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused; ``--pack``'s
+  sequences at their most, as images of the model's size holding their tokens), plus one block's
   temporaries in the backward pass. On a CPU the fused training blocks (:mod:`vitlab.accel.fused_block`) keep
   every block's activations in buffers, with ``--grad-checkpointing`` too (its recomputed forward writes them
   again), so checkpointing saves nothing there; the plain path's fresh tensors fragment glibc's heap
@@ -50,6 +51,7 @@ from ...models.vit import VisionTransformer
 from ..objectives import Objective, objective_for
 from ..spec.config import TrainConfig
 from ..spec.rules import micro_batch
+from .packs import pack_geometry
 from .schedule import ends_dropping
 
 __all__ = [
@@ -229,6 +231,10 @@ def estimate(
     img = tuple(mc.img_size)
     keep = 1.0 - r.token_drop if r.token_drop and not ends_dropping(r) else 1.0  # some steps see every token
     fused = _fused_cpu_blocks(cfg, mc, device_type)
+    if cfg.pack:  # the most sequences a micro-batch can take, as images of the model's size holding their tokens
+        keep, per_image = 1.0, capacity.grid_tokens(mc, img) + mc.num_prefix_tokens
+        geo = pack_geometry(cfg, mc)
+        micro = math.ceil(geo.sequences(micro) * geo.pack_len / per_image)
     kw = {"img_size": img, "bytes_per_value": bpv}
     acts = capacity.activation_bytes(
         mc,
@@ -269,6 +275,7 @@ def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
     while evaluating and also under ``--grad-checkpointing``, whose recomputed forward writes them again."""
     return (
         device_type == "cpu"
+        and not cfg.pack  # the speed paths stand aside for packed input
         and cfg.precision in ("auto", "fp32")
         and not cfg.compile
         and mc.attn_drop_rate == 0

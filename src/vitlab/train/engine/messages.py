@@ -21,11 +21,16 @@ __all__ = ["WallEstimate", "epoch_line", "init_line", "start_line"]
 def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
     """The plain line each epoch prints (a log file, a scheduler or ``tee`` reads one per epoch):
     ``epoch 3/10 step 120: loss 0.512, top-1 91.20%, ...``. Top-5 only with more than 5 classes
-    (otherwise it is 100% by construction)."""
+    (otherwise it is 100% by construction); a packed run's native-aspect top-1 and padding after it."""
     top5 = f", top-5 {100 * row['top5']:.2f}%" if num_classes > 5 and row.get("top5") is not None else ""
+    packed = (
+        f", native aspect top-1 {100 * row['top1_native']:.2f}%, padding {100 * row['padding']:.1f}%"
+        if "top1_native" in row
+        else ""
+    )
     return (
         f"epoch {row['epoch']}/{epochs} step {row['step']}: train loss {row['train_loss']:.4f}, "
-        f"eval loss {row['eval_loss']:.4f}, top-1 {100 * row['top1']:.2f}%{top5}, lr {row['lr']:.2e}, "
+        f"eval loss {row['eval_loss']:.4f}, top-1 {100 * row['top1']:.2f}%{top5}{packed}, lr {row['lr']:.2e}, "
         f"{row['images_per_sec']:.0f} img/s, {row['wall_s']:.1f} s"
     )
 

@@ -78,7 +78,7 @@ class InitModel:
             "class_names": list(class_names),
             "drop_path_rate": r.drop_path,
             "drop_rate": r.dropout,
-            "patch_drop_rate": r.token_drop,
+            "patch_drop_rate": 0.0 if cfg.pack else r.token_drop,  # --pack: dropped per image before packing
             **({"img_size": img} if img else {}),
             **({"patch_size": patch} if patch and patch != self.config.patch_size else {}),
         }

@@ -31,6 +31,7 @@ from ..persist.saver import CheckpointSaver
 from ..persist.state import load_state
 from ..spec.config import TrainConfig
 from ..spec.pace import Pace
+from ..spec.pack import fit_pack
 from ..spec.resume import resumed_config
 from ..spec.rules import check_res_sizes, validate
 from .budget import Replanner, plan_run
@@ -41,6 +42,7 @@ from .loaders import build_folder_loaders
 from .memory import fit_memory
 from .model import InitModel, amp, build_net, planned_config
 from .optim import Optimization, build_optimization
+from .packs import packed_loaders
 from .parallel import ddp_memory_hint, distribute, shard_line
 from .schedule import StepSchedule
 from .shards import build_shard_loaders
@@ -132,6 +134,8 @@ def prepare(
         cfg, data=data, model_config=vit.config, dist=dist, device=device, workers=workers,
         eval_batch=memory.eval_batch, labels=objective.uses_labels,
     )  # fmt: skip
+    if cfg.pack:  # packed training batches around the square loaders (their centre-crop evaluation, their epochs)
+        loaders = packed_loaders(cfg, square=loaders, data=data, model=vit, dist=dist, workers=workers)
     if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
         mc = vit.config
         check_res_sizes(cfg.recipe.res_schedule, final=mc.img_size, multiple=mc.patch_size * mc.stem_stride,
@@ -180,6 +184,7 @@ def _data_and_objective(
         cfg = kind.fit_recipe(cfg, data, device_type=device.type, pace=pace)
         if cfg.resolved:
             log(cfg.resolved)
+        cfg = fit_pack(cfg, log=log)
     objective = build_objective(cfg, data, device=device)
     if line := objective.start_line():
         log(line)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..._progress import ProgressLog
-from ...distributed import Dist, any_rank
+from ...distributed import Dist, all_reduce_sum, any_rank
 from ...errors import NonFiniteLossError
 from ...track import FanOut, make_trackers
 from ..objectives import Objective
@@ -144,7 +144,7 @@ class Trainer:
             total_steps=self.plan.total_steps if not self.cfg.time_budget else 0,  # a budgeted run knows its end
             steps_per_epoch=self.loaders.steps_per_epoch,
             batch_size=r.batch_size,
-            n_eval=len(self.data.val),
+            n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
         )
         if self.dist.is_main:  # last: closed by run() from here on
             self.tracker = make_trackers(self.cfg.log, out=self.out, config=self.cfg.to_dict())
@@ -164,6 +164,7 @@ class Trainer:
             size=lambda: self.schedule.lookup(p.step).img_size,
             on_step=self._on_step,
             loss_sum=p.loss_sum,
+            packed=(p.tokens, p.slots),
         )
         p.nan_skipped += res.skipped
         p.train_s += res.seconds
@@ -202,6 +203,7 @@ class Trainer:
         p.images = p.epoch_start_images + res.images * d.world_size
         p.micro = p.epoch_start_micro + res.micro_batches
         p.loss_sum = res.loss_sum  # went on from the saved sum: the same additions as an uninterrupted run
+        p.tokens, p.slots = res.tokens, res.slots
         self.bar.set_postfix(
             epoch=f"{p.epoch + 1}/{self.plan.epochs}",
             loss=f"{loss:.3f}",
@@ -237,7 +239,8 @@ class Trainer:
             self.head = None
             self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         switch = self.schedule.token_drop_switch()
-        changed = ends_dropping(self.cfg.recipe) and set_rate(self.vit, step.token_drop_rate)
+        rate = step.token_drop_rate
+        changed = ends_dropping(self.cfg.recipe) and (set_rate(self.vit, rate) | self.loaders.set_token_drop(rate))
         if changed and switch is not None and p.step >= switch and self.dist.is_main:
             self.bar.line(
                 f"token dropping ends after step {p.step} of {self.plan.total_steps}: "
@@ -288,6 +291,8 @@ class Trainer:
                                             step=p.step)  # fmt: skip
         if health is not None:
             row["attention"] = health
+        if self.loaders.packed:
+            row |= self._packed_metrics(row["images_per_sec"])
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
         exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
         p.best = max(p.best, ev["top1"])
@@ -320,8 +325,33 @@ class Trainer:
             wall_s=self._wall_s(),
             micro_done=micro_done,
             data_fingerprint=self.data_fingerprint,
+            packed=self._packed_counts() if micro_done else (0, 0),
         )
         self.last_save = time.perf_counter()
+
+    def _packed_counts(self) -> tuple[int, int]:
+        """The epoch's ``(tokens, slots)`` so far, all processes together (a collective under torchrun)."""
+        if not self.loaders.packed:
+            return 0, 0
+        t = all_reduce_sum(torch.tensor([self.position.tokens, self.position.slots], dtype=torch.int64), self.dist)
+        return int(t[0]), int(t[1])
+
+    def _packed_metrics(self, images_per_sec: float) -> dict[str, float]:
+        """A packed run's epoch: the evaluation at native aspect ratio beside the centre crop's, the padding of the
+        training sequences and the tokens a second (images a second x the epoch's mean tokens an image)."""
+        nev = self.objective.evaluate(
+            self.eval_net, self.loaders.native_eval_batches(), device=self.device, amp_dtype=self.amp_dtype,
+            dist=self.dist,
+        )  # fmt: skip
+        tokens, slots = self._packed_counts()
+        images = self.loaders.micro_per_epoch * self.loaders.micro * self.dist.world_size
+        return {
+            "top1_native": nev["top1"],
+            "top5_native": nev["top5"],
+            "eval_loss_native": nev["loss"],
+            "padding": 1 - tokens / max(slots, 1),
+            "tokens_per_sec": images_per_sec * tokens / max(images, 1),
+        }
 
     def _evaluate(self) -> dict[str, Any]:
         return self.objective.evaluate(

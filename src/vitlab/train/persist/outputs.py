@@ -155,6 +155,7 @@ def run_summary(
     return {
         "top1": rows[-1]["top1"] if rows else None,
         "top5": rows[-1]["top5"] if rows else None,
+        **({"top1_native": rows[-1]["top1_native"]} if rows and "top1_native" in rows[-1] else {}),
         "best_top1": p.best if p.best >= 0 else None,
         "epochs": p.epoch,
         "steps": p.step,

@@ -56,6 +56,11 @@ class RunPosition:
     """Micro-batches done in the epoch in progress."""
     loss_sum: float = 0.0
     """Their training-loss sum."""
+    tokens: int = 0
+    """Packed batches (``--pack``): the token slots of the epoch that held an image, this process's since it
+    started (rank 0's with the saved epoch's too) ..."""
+    slots: int = 0
+    """... of all its sequences' slots (the rest is padding)."""
     epoch_start_micro: int = 0
     epoch_start_images: int = 0
 
@@ -72,7 +77,7 @@ class RunPosition:
 
     def finish_epoch(self) -> None:
         self.epoch += 1
-        self.micro, self.loss_sum = 0, 0.0
+        self.micro, self.loss_sum, self.tokens, self.slots = 0, 0.0, 0, 0
 
     def kept(self, path: Path) -> str:
         """What a run stopped by an error leaves to resume from, for the error's message."""

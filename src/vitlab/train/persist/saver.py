@@ -55,12 +55,14 @@ class CheckpointSaver:
         wall_s: float,
         micro_done: int,
         data_fingerprint: dict[str, Any] | None = None,
+        packed: tuple[int, int] = (0, 0),
     ) -> None:
         """Save ``last.pt``: ``micro_done`` micro-batches into the current epoch (0: at its start). A collective:
         every rank calls it (their RNG states are gathered; with ``--fsdp`` every rank first writes its shards of
         the weights and optimizer state into the folder ``last.pt`` then names), rank 0 writes the file and deletes
         the sharded folders it no longer names. ``data_fingerprint``
-        (:func:`~vitlab.train.engine.data.data_fingerprint`) lets ``--resume`` detect changed data."""
+        (:func:`~vitlab.train.engine.data.data_fingerprint`) lets ``--resume`` detect changed data; ``packed``: the
+        epoch's ``(tokens, slots)`` so far, all processes together (``--pack``: the padding of the epoch)."""
         d = self.dist
         sharded = None
         if self.sharded:
@@ -92,6 +94,7 @@ class CheckpointSaver:
             # the samples all processes consumed in the epoch: a shard reader resumes there on any number of processes
             "samples_in_epoch": micro_done * (cfg.recipe.batch_size // cfg.recipe.accum_steps),
             "epoch_loss_sum": position.loss_sum if micro_done else 0.0,
+            "epoch_tokens": list(packed) if micro_done else [0, 0],
             "best_top1": position.best,
             "plan": plan.to_dict(),
             "wall_s": wall_s,
@@ -131,7 +134,10 @@ class CheckpointSaver:
         if cuda_states is not None and rank < len(cuda_states) and torch.cuda.is_available():
             torch.cuda.set_rng_state(cuda_states[rank])
         generator.set_state(state["loader_rng"])
+        tokens, slots = state.get("epoch_tokens", (0, 0)) if rank == 0 else (0, 0)  # summed over ranks once
         return RunPosition(
+            tokens=int(tokens),
+            slots=int(slots),
             epoch=state["epoch"],
             step=state["step"],
             micro=_micro_in_epoch(state),

@@ -97,7 +97,7 @@ def fresh_config(
             head=r.head,
             drop_path_rate=r.drop_path,
             drop_rate=r.dropout,
-            patch_drop_rate=r.token_drop,
+            patch_drop_rate=0.0 if cfg.pack else r.token_drop,  # --pack: dropped per image before packing
             class_names=list(class_names),
             **({"mean": norm[0], "std": norm[1]} if norm else {}),
         )

@@ -78,6 +78,14 @@ class TrainConfig:
     """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
     allow_single_class: bool = False
     """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
+    pack: bool = False
+    """NaViT's packing (Dehghani et al. 2023): images at their own aspect ratio, their patch tokens packed into
+    sequences (:mod:`vitlab.train.engine.packs`)."""
+    pack_len: int | None = None
+    """Tokens per packed sequence; None: four images at the highest resolution."""
+    pack_res: tuple[float, float] | None = None
+    """``(low, high)``: each packed image's token budget is that of a square whose side is drawn in it; None: the
+    model's resolution for both."""
     shuffle_buffer: int = 8192
     """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
     allow_pipe: bool = False

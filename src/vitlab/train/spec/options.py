@@ -204,6 +204,14 @@ OPTIONS: tuple[Option, ...] = (
       help="train on a folder with one class folder (with a warning): its top-1 is 100%% by construction"),
     O(path="workers", flag="--workers", group=data, kind=INT, default=-1, resume="process",
       help="DataLoader worker processes (0: augment in the training process; -1: 1 for tiny models or on GPU)"),
+    O(path="pack", flag="--pack", group=data, kind=FLAG, default=False,
+      help="NaViT (Dehghani et al. 2023): each image at its own aspect ratio within a token budget, the batch's "
+      "patch tokens packed into sequences; evaluation reports the centre crop and the native aspect ratio"),
+    O(path="pack_len", flag="--pack-len", group=data, kind=INT, metavar="TOKENS",
+      help="with --pack: tokens per packed sequence (default: 4 images at the highest resolution)"),
+    O(path="pack_res", flag="--pack-res", group=data, kind=PAIR, metavar="LOW,HIGH",
+      help="with --pack: each image gets the token budget of a square whose side is drawn in LOW..HIGH px "
+      "(default: the training resolution for both)"),
     # -- model -----------------------------------------------------------------------------------------------
     O(path="model", flag="--model", group=model, help="registered name, e.g. vit_ti16 (see `vitlab models`)"),
     O(path="img_size", flag="--img-size", group=model, kind=INT,

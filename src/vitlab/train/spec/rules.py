@@ -12,6 +12,7 @@ from ...models.variants import close_names, list_models, model_config, resolve_n
 from . import arch
 from .config import NORM_STATS, TrainConfig
 from .options import OptionError, option, ref
+from .pack import check_pack
 
 if TYPE_CHECKING:
     from .kinds import Schedule
@@ -36,6 +37,7 @@ def validate(cfg: TrainConfig) -> None:
         raise OptionError(ref("objective"), f" {cfg.objective!r}: choose one of classify, mpp")
     _check_run(cfg)
     check_distillation(cfg)
+    check_pack(cfg)
     if cfg.fsdp:
         check_fsdp(cfg)
     if cfg.norm_stats not in (None, *NORM_STATS):

@@ -1,0 +1,194 @@
+"""``--pack``: a run's loaders when it trains on packed images (NaViT: Dehghani et al. 2023, "Patch n' Pack").
+
+Each training image keeps its aspect ratio: cropped at its own shape, given the token budget of a square whose side
+is drawn per image in ``--pack-res``, patched, token-dropped (``--token-drop``, NaViT Sec. 3.4) and packed into
+sequences of ``--pack-len`` tokens with the other images of its micro-batch (:mod:`vitlab.data.packing`). A step is
+``--batch-size`` images, as in square training: an epoch has the same steps, the LR schedule, the time budget and
+the exact resumption (the samples consumed, ``samples_in_epoch`` in ``last.pt``) are square training's, on any
+number of processes, each packing its own share of the epoch's order. (NaViT fixes the tokens per batch instead, for
+a TPU's fixed shapes; on a CPU a step costs its tokens either way.)
+
+Evaluation reports the usual centre crop (the square loaders' evaluation, which these loaders wrap) and each image
+at its own aspect ratio within the model's token budget (:func:`vitlab.evaluate.native_batches`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from torchvision.transforms import v2
+
+from ...data.bins import PackSample, pack_groups
+from ...data.packing import PackedLoader, Patchify, ShardPatchify, token_budget
+from ...data.seeding import item_seed, seeded
+from ...data.shard_source import ShardSet
+from ...distributed import Dist
+from ...evaluate.native import native_batches
+from ...models.packed import PackedPatches, drop_tokens, refusal
+from ..spec.config import TrainConfig
+from ..spec.options import OptionError, ref
+from .loaders import EpochPlan, RunLoaders
+from .shards import FirstSamples
+from .signals import ignore_stop_signals
+
+if TYPE_CHECKING:
+    from ...models import ViTConfig
+
+__all__ = ["PackGeometry", "PackedLoaders", "pack_geometry", "packed_loaders"]
+
+IMAGES_PER_SEQUENCE = 4
+"""``--pack-len``'s default: room for this many images at the highest resolution in one sequence."""
+
+
+@dataclass(frozen=True)
+class PackGeometry:
+    """``resolution`` (the ``(low, high)`` side drawn per image), ``max_tokens`` (an image's patches at the high
+    side), ``prefix`` (the model's class, distillation and register tokens) and ``pack_len`` (tokens a sequence)."""
+
+    resolution: tuple[float, float]
+    max_tokens: int
+    prefix: int
+    pack_len: int
+
+    def sequences(self, images: int) -> int:
+        """The most sequences ``images`` images can take (each at its most tokens)."""
+        return math.ceil(images / max(1, self.pack_len // (self.max_tokens + self.prefix)))
+
+
+def pack_geometry(cfg: TrainConfig, model_config: ViTConfig) -> PackGeometry:
+    """The run's packing: ``--pack-res`` (default: the side of a square of the model's image area, both ends),
+    ``--pack-len`` (default: :data:`IMAGES_PER_SEQUENCE` images at the high side); a ``--pack-len`` that cannot
+    hold one image is refused."""
+    h, w = model_config.img_size
+    side = math.sqrt(h * w)
+    lo, hi = cfg.pack_res or (side, side)
+    p, prefix = model_config.patch_size * model_config.stem_stride, model_config.num_prefix_tokens
+    if hi < p:
+        raise OptionError(ref("pack_res"), f" {lo:g},{hi:g}: the high side must be at least the patch size {p}")
+    most = token_budget(hi, p)
+    pack_len = cfg.pack_len or IMAGES_PER_SEQUENCE * (most + prefix)
+    if pack_len < most + prefix:
+        raise OptionError(ref("pack_len"), f" {pack_len}: an image may take {most + prefix} tokens ({most} patches "
+                          f"at {hi:g} px, {prefix} prefix); pass at least that")  # fmt: skip
+    return PackGeometry(resolution=(float(lo), float(hi)), max_tokens=most, prefix=prefix, pack_len=pack_len)
+
+
+@dataclass(kw_only=True)
+class PackedLoaders(EpochPlan):
+    """This process's packed training batches (``(PackedPatches, labels)``), the wrapped square loaders'
+    centre-crop evaluation, and the evaluation at native aspect ratio (:meth:`native_eval_batches`)."""
+
+    square: RunLoaders
+    model: nn.Module
+    """The ViT (its configuration and prefix tokens: the native evaluation's token budget)."""
+    train_source: Any
+    val_source: Any
+    patchify: Patchify
+    geometry: PackGeometry
+    dist: Dist
+    workers: int
+    num_classes: int
+    window: int
+    token_drop: float = 0.0
+    packed: ClassVar[bool] = True
+    evaluations: ClassVar[int] = 2  # the centre crop and the native aspect ratio
+    _current: PackedLoader | None = field(default=None, init=False, repr=False)
+    _probe: FirstSamples | None = field(default=None, init=False, repr=False)
+
+    @property
+    def generator(self) -> torch.Generator:  # type: ignore[override]
+        return self.square.generator
+
+    @property
+    def mix(self) -> None:
+        return None
+
+    @property
+    def eval_batch(self) -> int:  # type: ignore[override]
+        return self.square.eval_batch
+
+    @property
+    def eval_size(self) -> int:
+        return self.square.eval_size
+
+    def set_token_drop(self, rate: float) -> bool:
+        changed = rate != self.token_drop
+        self.token_drop = rate
+        if self._current is not None:
+            self._current.token_drop = rate  # read as each image is packed: from the next batch on
+        return changed
+
+    def train_batches(self, epoch: int, start_micro: int = 0) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
+        per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
+        self._current = PackedLoader(
+            source=self.train_source, patchify=self.patchify, pack_len=self.geometry.pack_len,
+            prefix_tokens=self.geometry.prefix, images=self.micro, seed=self.seed, epoch=epoch,
+            start=start_micro * per_micro, stop=self.micro_per_epoch * per_micro, rank=self.dist.rank,
+            world=self.dist.world_size, token_drop=self.token_drop, workers=self.workers,
+            worker_init_fn=ignore_stop_signals, generator=self.epoch_generator(epoch), num_classes=self.num_classes,
+            window=self.window,
+        )  # fmt: skip
+        return ((b.packed, b.labels) for b in self._current)
+
+    def eval_batches(self) -> Iterable[Any]:
+        return self.square.eval_batches()
+
+    def native_eval_batches(self) -> Iterable[tuple[PackedPatches, torch.Tensor]]:
+        return native_batches(
+            self.model, self.val_source, sequences=self.eval_batch, workers=self.workers,
+            num_classes=self.num_classes, rank=self.dist.rank, world=self.dist.world_size,
+            worker_init_fn=ignore_stop_signals,
+        )  # fmt: skip
+
+    def train_items(self, n: int) -> list[tuple[Any, int]]:
+        """The first ``n`` training images patched (each with its draws of epoch 0), for the time budget's probe."""
+        if isinstance(self.train_source, ShardSet):
+            if self._probe is None:
+                self._probe = FirstSamples(shards=self.train_source, transform=ShardPatchify(patchify=self.patchify))
+            return [self._probe.get(i) for i in range(n)]
+        images, labels = self.train_source.images, self.train_source.labels
+        out = []
+        for i in range(n):
+            with seeded(item_seed(self.seed, 0, i)):
+                out.append((self.patchify(images[i % len(labels)]), int(labels[i % len(labels)])))
+        return out
+
+    def collate_train(self, xs: list[Any]) -> PackedPatches:
+        """Patched images as one packed micro-batch, their tokens dropped at the current rate."""
+        g = torch.Generator().manual_seed(0)
+        kept = [drop_tokens(t, self.token_drop, generator=g) if self.token_drop else t for t in xs]
+        samples = [PackSample(t, 0, i) for i, t in enumerate(kept)]
+        geo = self.geometry
+        return next(pack_groups(samples, pack_len=geo.pack_len, images=len(samples), prefix_tokens=geo.prefix)).packed
+
+    def eval_items(self, start: int, stop: int) -> list[torch.Tensor]:
+        return self.square.eval_items(start, stop)
+
+
+def packed_loaders(
+    cfg: TrainConfig, *, square: RunLoaders, data: Any, model: nn.Module, dist: Dist, workers: int
+) -> PackedLoaders:
+    """The packed loaders of the run ``cfg`` around its ``square`` loaders (their evaluation, their epoch plan):
+    the recipe's crop (at each image's own aspect ratio), flip and RandAugment at the packed size, the model's
+    normalisation, ``--pack-res`` and ``--pack-len`` (:func:`pack_geometry`); a model that cannot take packed
+    images (a hybrid or convolutional stem, axial attention ...: :func:`~vitlab.models.packed.refusal`) is refused
+    before any step."""
+    r, mc = cfg.recipe, model.config
+    if why := refusal(model):
+        raise OptionError(ref("pack"), f": not supported with this model ({mc.name}: {why})")
+    geo = pack_geometry(cfg, mc)
+    augment = v2.RandAugment(num_ops=r.randaugment[0], magnitude=r.randaugment[1]) if r.randaugment else None
+    patchify = Patchify(
+        patch_size=mc.patch_size, resolution=geo.resolution, mean=mc.mean, std=mc.std, in_chans=mc.in_chans,
+        crop_scale=tuple(r.crop_scale), crop_ratio=tuple(r.crop_ratio), hflip=r.hflip, augment=augment,
+    )  # fmt: skip
+    return PackedLoaders(
+        square=square, model=model, train_source=data.train, val_source=data.val, patchify=patchify, geometry=geo,
+        dist=dist, workers=workers, num_classes=data.num_classes, window=cfg.shuffle_buffer,
+        token_drop=r.token_drop, micro=square.micro, accum_steps=square.accum_steps,
+        steps_per_epoch=square.steps_per_epoch, seed=cfg.seed, rank=dist.rank,
+    )  # fmt: skip

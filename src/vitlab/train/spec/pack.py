@@ -1,0 +1,56 @@
+"""What ``--pack`` (NaViT: Dehghani et al. 2023, "Patch n' Pack") combines with, checked before any work, and the
+recipe fitted to it: images of different shapes cannot be mixed pixel for pixel (MixUp, CutMix) nor erased in a
+tensor of one shape, and the model's own token dropping is done before packing instead
+(:mod:`vitlab.train.engine.packs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .config import TrainConfig
+from .options import OptionError, ref
+
+__all__ = ["PACK_OFF", "check_pack", "fit_pack"]
+
+PACK_OFF = ("mixup", "cutmix", "random_erasing")
+"""Recipe fields that act on square batches: refused with ``--pack`` when given, turned off when a recipe chose
+them (:func:`fit_pack`)."""
+
+
+def check_pack(cfg: TrainConfig) -> None:
+    """Refuse what does not combine with ``--pack`` (or its options without it), in one line naming the option."""
+    if not cfg.pack:
+        for path in ("pack_len", "pack_res"):
+            if getattr(cfg, path) is not None:
+                raise OptionError(ref(path), " applies to packed training: add ", ref("pack"))
+        return
+    if cfg.pack_len is not None and cfg.pack_len < 1:
+        raise OptionError(ref("pack_len"), f" {cfg.pack_len}: out of range")
+    if cfg.pack_res is not None and not 0 < cfg.pack_res[0] <= cfg.pack_res[1]:
+        raise OptionError(ref("pack_res"), f" {cfg.pack_res[0]:g},{cfg.pack_res[1]:g}: expected 0 < LOW <= HIGH")
+    r = cfg.recipe
+    refused = [
+        (cfg.objective != "classify", "objective", f" {cfg.objective}", "it predicts the patches of square grids"),
+        (cfg.teacher is not None, "teacher", "", "the teacher takes square batches"),
+        (cfg.fsdp, "fsdp", "", "not implemented for packed batches yet"),
+        (cfg.compile, "compile", "", "packed batches change shape from step to step"),
+        (bool(r.res_schedule), "recipe.res_schedule", "", "--pack-res draws each image's resolution instead"),
+    ]
+    refused += [
+        (f in cfg.recipe_given and bool(getattr(r, f)), f"recipe.{f}", f" {getattr(r, f):g}",
+         "it acts on a batch of images of one shape")
+        for f in PACK_OFF
+    ]  # fmt: skip
+    for bad, path, shown, why in refused:
+        if bad:
+            raise OptionError(ref(path), f"{shown} with ", ref("pack"), f": not supported ({why})")
+
+
+def fit_pack(cfg: TrainConfig, *, log: Callable[[str], None]) -> TrainConfig:
+    """``cfg`` with what its recipe chose among :data:`PACK_OFF` turned off under ``--pack`` (one line says so)."""
+    off = [f for f in PACK_OFF if getattr(cfg.recipe, f)] if cfg.pack else []
+    if not off:
+        return cfg
+    log(f"--pack: {', '.join(off)} off (they act on batches of images of one shape)")
+    return dataclasses.replace(cfg, recipe=cfg.recipe.replace(**dict.fromkeys(off, 0.0)))
