@@ -19,6 +19,7 @@ from torch import nn
 from ...accel import accelerate
 from ...checkpoints import Checkpoint, checkpoint_config, load, read_checkpoint
 from ...data import ImageArray, channel_stats
+from ...data.stream import STATS_SAMPLES, StreamData, first_images
 from ...distributed import Dist
 from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
@@ -120,8 +121,9 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
 
     By default the training set's per-channel statistics, as timm's and DeiT's CIFAR scripts normalise: inputs
     of unit variance train faster than Google's 0.5 / 0.5 scaling, which leaves them at about half that
-    (docs/speedrun.md). A fine-tuned ``--init`` model keeps its own normalisation, and so does tar-shard data,
-    whose images are not at hand before training."""
+    (docs/speedrun.md). Tar-shard data, whose images are not at hand before training, by the same rule over its
+    first :data:`~vitlab.data.stream.STATS_SAMPLES` training samples (:func:`~vitlab.data.stream.first_images`). A
+    fine-tuned ``--init`` model keeps its own normalisation."""
     if cfg.init:
         return None
     if cfg.norm_stats == "inception":
@@ -129,9 +131,16 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
     if cfg.norm_stats == "imagenet":
         return IMAGENET_MEAN, IMAGENET_STD
     train = getattr(data, "train", None)
-    if not isinstance(train, ImageArray) or len(train) == 0 or data.in_chans not in (1, 3):
+    if data.in_chans not in (1, 3):
         return None  # the config holds three values: one channel is stored repeated, others keep the defaults
-    mean, std = channel_stats(train.images, in_chans=data.in_chans)
+    if isinstance(data, StreamData):
+        side = data.image_size
+        images = first_images(data.train, STATS_SAMPLES, at_least=(side[1], side[0]))
+    else:
+        images = train.images if isinstance(train, ImageArray) else []
+    if len(images) == 0:
+        return None
+    mean, std = channel_stats(images, in_chans=data.in_chans)
     return (mean * 3, std * 3) if data.in_chans == 1 else (mean, std)
 
 

@@ -26,6 +26,7 @@ from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
 from ..spec.config import TrainConfig
 from .budget import Replanner
+from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, epoch_line, start_line
@@ -73,11 +74,17 @@ class Trainer:
     eta: WallEstimate = field(init=False)
     head: HeadOnly | None = field(init=False, default=None)
     last_eval: dict[str, Any] | None = field(init=False, default=None)
+    model_eval: dict[str, Any] | None = field(init=False, default=None)
+    """The evaluation of the weights ``model/`` holds, by this process (None: none saved yet, or a resumed run's
+    ``model/`` from before): what ``confusion.png`` shows."""
+    data_rec: dict[str, Any] = field(init=False, default_factory=dict)
+    """What ``model/`` and ``summary.json`` record of the data (:func:`~vitlab.train.engine.data.data_record`)."""
     last_save: float = field(init=False, default_factory=time.perf_counter)
     last_plot: float = field(init=False, default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
+        self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
 
     @property
     def vit(self) -> nn.Module:
@@ -270,10 +277,12 @@ class Trainer:
             self.bar.line(epoch_line(row, epochs=self.plan.epochs, num_classes=self.data.num_classes))
             append_metrics(row, self.out / "metrics.jsonl")
             if exported is not None:
-                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch)
+                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch, data=self.data_rec)
+        if improved or cfg.keep == "last":
+            self.model_eval = {**ev, "epoch": p.epoch}
         self._checkpoint(micro_done=0)
         if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
-            draw_figures(self.out, self.data.class_names, ev)
+            self._draw()
             self.last_plot = time.perf_counter()
 
     def _checkpoint(self, *, micro_done: int) -> None:
@@ -332,19 +341,18 @@ class Trainer:
         rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
         summary = run_summary(
             position=p, plan=self.plan, cfg=self.cfg, model=self.vit, data=self.data, processes=d.world_size,
-            device=self.device, out=out, wall_s=self._wall_s(), rows=rows,
+            device=self.device, out=out, wall_s=self._wall_s(), rows=rows, data_record=self.data_rec,
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
         if not p.interrupted and self.objective.uses_labels:
-            r, budget = self.cfg.recipe, self.cfg.time_budget
-            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget)
+            r, budget, n = self.cfg.recipe, self.cfg.time_budget, len(self.data.val)
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget, n_eval=n)
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):
                 self.log(summary["advice"])
-            if self.last_eval is not None:
-                draw_figures(out, self.data.class_names, self.last_eval)
+            self._draw()
             if p.interrupted:
                 by = f" by {self.stop.name}" if self.stop.requested else ""  # type: ignore[union-attr]
                 self.log(
@@ -352,3 +360,14 @@ class Trainer:
                     f"Continue with: vitlab train --out {out} --resume"
                 )
         return summary
+
+    def _draw(self) -> None:
+        """``curves.png``, and ``confusion.png`` of the weights ``model/`` holds, from their evaluation by this
+        process; a resumed run whose ``model/`` is older leaves ``confusion.png`` as the process that saved it drew
+        it."""
+        ev = self.model_eval
+        if ev is None and self.last_eval is not None:
+            ev = {k: v for k, v in self.last_eval.items() if k != "confusion"}  # the curves only
+        if ev is not None:
+            where = f"{self.data.val_name}, model/ = epoch {ev['epoch']}" if "epoch" in ev else self.data.val_name
+            draw_figures(self.out, self.data.class_names, ev, title=where)

@@ -94,8 +94,9 @@ class TrainConfig:
     """Minutes between mid-epoch checkpoints (the end of each epoch always saves)."""
     stop_after: int | None = None
     """Save and exit after this many optimizer steps in this process (pre-emption drills, tests)."""
-    keep: str = "best"
-    """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
+    keep: str = "last"
+    """``model/`` holds the ``last`` weights (the default) or the ``best`` by top-1 on the evaluation split (which
+    then reports them optimistically: the epoch was chosen on it)."""
     progress: bool = True
     recipe_given: list[str] = field(default_factory=list)
     """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data

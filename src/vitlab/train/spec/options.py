@@ -315,8 +315,9 @@ OPTIONS: tuple[Option, ...] = (
       help="also checkpoint every MIN minutes mid-epoch"),
     O(path="stop_after", flag="--stop-after", group=run, kind=INT, metavar="STEPS", resume="process",
       help="save and stop after STEPS steps (resume later)"),
-    O(path="keep", flag="--keep", group=run, choices=("best", "last"), default="best", resume="honoured",
-      help="which weights model/ holds"),
+    O(path="keep", flag="--keep", group=run, choices=("best", "last"), default="last", resume="honoured",
+      help="which weights model/ holds: the last epoch's, or the best top-1's (chosen on the evaluation split, so "
+      "that split's top-1 of them is optimistic)"),
     O(path="on_nan", flag="--on-nan", group=run, choices=("stop", "skip"), default="stop", resume="honoured",
       help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), "
       "or skip the step and count it in metrics.jsonl"),
