@@ -30,9 +30,10 @@ def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
     )
 
 
-def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
+def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str:
     """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
-    resampled to the new patch grid, and whether the head was kept or replaced by a zero one."""
+    resampled to the new patch grid, and whether the head was kept or replaced by a zero one (``why``:
+    :func:`~vitlab.train.spec.finetune.head_choice`'s reason)."""
 
     def grid(c: Any) -> str:
         return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))
@@ -42,11 +43,10 @@ def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
         if grid(old) != grid(new)
         else f"position embeddings kept ({grid(new)} patches)"
     )
-    why = "other classes" if old.num_classes != new.num_classes else "the pre-training MLP head dropped"
     head = (
         f"head replaced by a zero-initialised one for {new.num_classes} classes ({why})"
         if new_head
-        else f"head kept ({new.num_classes} classes)"
+        else f"head kept: {why} (--new-head for a new one)"
     )
     px = "x".join(map(str, old.img_size))
     return f"fine-tuning from {init} ({old.name}, {old.num_classes} classes, {px} px): {pos}; {head}"

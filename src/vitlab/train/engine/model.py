@@ -1,12 +1,13 @@
 """The model a run trains: fresh from the architecture rule (:func:`~vitlab.train.spec.arch.fresh_config`), or the
 ``--init`` model adapted for fine-tuning through :func:`vitlab.load`'s overrides (a new resolution: position
 embeddings resampled, Sec. 3.2; another ``--patch-size``: the patch projection resized as FlexiViT does, Beyer et
-al. 2023; other classes or the pre-training MLP head: a new zero-initialised linear head), with the checkpoint read
-once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only phase, the precision, the
-seeds, CPU threads and DataLoader workers."""
+al. 2023; other classes, the same ones in another order or the pre-training MLP head: a new zero-initialised linear
+head), with the checkpoint read once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only
+phase, the precision, the seeds, CPU threads and DataLoader workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD
 from ..objectives import Objective
 from ..spec.arch import fresh_config
 from ..spec.config import TrainConfig
+from ..spec.finetune import head_choice
 from ..spec.options import OptionError, ref
 from ..spec.rules import check_init
 from .messages import init_line
@@ -73,14 +75,21 @@ class InitModel:
         }
 
     def build(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> tuple[nn.Module, str]:
-        """``(the fine-tuned model, the line saying what it started from)``."""
+        """``(the fine-tuned model, the line saying what it started from)``. The pre-trained head is kept only for
+        the same classes in the same order (:func:`~vitlab.train.spec.finetune.head_choice`); otherwise the
+        checkpoint's head is left out, so :func:`vitlab.load` makes a zero-initialised one."""
         changes = self.overrides(cfg, num_classes=num_classes, class_names=class_names)
+        new_head, why = head_choice(self.config, class_names, new_head=cfg.new_head)
+        ckpt = self.checkpoint
+        if new_head:
+            state = {k: v for k, v in ckpt.state.items() if not k.startswith(("head.", "head_dist."))}
+            ckpt = dataclasses.replace(ckpt, state=state)
         try:
-            model = accelerate(load(self.checkpoint, **changes))
+            model = accelerate(load(ckpt, **changes))
         except VitlabError as e:
             raise OptionError(ref("init"), f" {self.path}: weights do not fit the model ({e})") from None
         old, new = self.config, model.config
-        line = init_line(self.path, old, new, new_head=old.num_classes != num_classes or old.head != "linear")
+        line = init_line(self.path, old, new, new_head=new_head, why=why)
         if "patch_size" in changes:
             p, q = old.patch_size, new.patch_size
             line += f"; patch projection resized {p}x{p} -> {q}x{q} (FlexiViT)"

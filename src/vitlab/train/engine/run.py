@@ -105,7 +105,7 @@ def prepare(
     # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
     cfg, data, objective = _data_and_objective(
-        cfg, fitted=state is not None, dist=dist, device=device, out=out, log=log
+        cfg, fitted=state is not None, init=init, dist=dist, device=device, out=out, log=log
     )
     # -- the model, its memory first -----------------------------------------------------------------------------
     teacher = getattr(objective, "teacher", None)
@@ -154,14 +154,17 @@ def prepare(
 
 
 def _data_and_objective(
-    cfg: TrainConfig, *, fitted: bool, dist: Dist, device: torch.device, out: Path, log: Callable[..., None]
-) -> tuple[TrainConfig, Any, Objective]:
+    cfg: TrainConfig, *, fitted: bool, init: InitModel | None, dist: Dist, device: torch.device, out: Path,
+    log: Callable[..., None],
+) -> tuple[TrainConfig, Any, Objective]:  # fmt: skip
     """``(cfg, data, objective)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run keeps
-    its own) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
+    its own; with ``init``, to fine-tuning that model) and the objective (a teacher is loaded now: in memory when the
+    memory is measured)."""
     kind = objective_for(cfg)
     data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
     if not fitted:
-        cfg = kind.fit_recipe(cfg, data, device_type=device.type)
+        mcfg = init.config if init is not None else None
+        cfg = kind.fit_recipe(cfg, data, device_type=device.type, init=mcfg, processes=dist.world_size)
         if cfg.resolved:
             log(cfg.resolved)
     objective = build_objective(cfg, data, device=device)

@@ -34,9 +34,12 @@ class Objective:
     """Whether a step leaves some of the module's parameters without a gradient (DDP must look for them)."""
 
     @classmethod
-    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+    def fit_recipe(
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, init: ViTConfig | None = None, processes: int = 1
+    ) -> TrainConfig:
         """``cfg`` with its recipe fitted to the data (a new run, once): the size and evaluation crop the data was
-        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`)."""
+        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`). ``init``: the ``--init`` checkpoint's
+        configuration; ``processes``: how many train the run."""
         return fit_size_to_data(cfg, data)
 
     @classmethod

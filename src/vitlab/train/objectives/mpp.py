@@ -42,7 +42,9 @@ class MPP(Objective):
         self.seed = seed
 
     @classmethod
-    def fit_recipe(cls, cfg: TrainConfig, data: DataSplits, *, device_type: str) -> TrainConfig:
+    def fit_recipe(
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, init: ViTConfig | None = None, processes: int = 1
+    ) -> TrainConfig:
         """The size the data was stored for, then the patch and batch for it
         (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`)."""
         cfg = super().fit_recipe(cfg, data, device_type=device_type)

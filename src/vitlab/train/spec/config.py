@@ -39,6 +39,9 @@ class TrainConfig:
     ``--init`` model keeps the normalisation it was trained with."""
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    new_head: bool = False
+    """Fine-tuning: a new zero-initialised head even when the ``--init`` model's classes are the data's (same names,
+    same order: otherwise it is new anyway, :func:`~vitlab.train.spec.finetune.head_choice`)."""
     objective: str = "classify"
     """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
     a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy
