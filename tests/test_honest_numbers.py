@@ -18,6 +18,7 @@ from vitlab.data import channel_stats, load_data
 from vitlab.data.stream import EvalDecode, open_stream_data
 from vitlab.distributed import Dist
 from vitlab.evaluate.accuracy import preprocess_for
+from vitlab.inspect.report import training_artifacts
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train.engine.model import input_norm
 from vitlab.train.engine.shards import build_shard_loaders
@@ -57,6 +58,9 @@ def test_a_run_records_its_data_absolutely_announces_its_split_and_agrees_with_e
     assert (summary["keep"], summary["model_epoch"], summary["epochs"]) == ("last", 3, 3)
     assert summary["eval"]["images"] == 2 and summary["eval"]["top1_stderr"] > 10
     assert "model/: epoch 3" in out
+    _, sections = training_artifacts(tmp_path / "run" / "model")  # the report's tables
+    table = next(sec.table for sec in sections if sec.title == "Training summary")
+    assert table["top1"] == float(f"{summary['top1']:.4g}") and table["model_epoch"] == 3
     # from another folder, without --data's relative name: the same weights, the same data, the same number
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
