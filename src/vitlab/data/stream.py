@@ -339,20 +339,24 @@ class StreamData:
 def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[int, int] | None = None) -> list:
     """The first ``n`` images of ``shards`` in their stored order (fewer when they hold fewer), decoded as uint8
     ``(H, W, 3)`` arrays (a JPEG at the smallest DCT scale keeping ``at_least`` ``(width, height)``); a sample that
-    does not decode is passed over (training reports it). Bounded: ``n`` samples are read, one shard open at a time."""
+    does not decode, or the rest of a shard that cannot be read, is passed over (training reports it, with what to
+    do). Bounded: ``n`` samples are read, one shard open at a time."""
     images: list[np.ndarray] = []
     for shard in shards.shards:
-        with open_shard(shard.url) as tar:
-            for i, _, parts in iter_samples(tar, lambda i: True, where=shard.url):
-                if parts is None:
-                    continue
-                try:
-                    img, _ = image_and_label(parts, where=f"{shard.url}: sample {i}")
-                    images.append(np.asarray(decode_encoded(img, at_least=at_least)))
-                except Exception:  # any decoding failure: the statistics do without this sample
-                    continue
-                if len(images) >= n:
-                    return images
+        try:
+            with open_shard(shard.url) as tar:
+                for i, _, parts in iter_samples(tar, lambda i: True, where=shard.url):
+                    if parts is None:
+                        continue
+                    try:
+                        img, _ = image_and_label(parts, where=f"{shard.url}: sample {i}")
+                        images.append(np.asarray(decode_encoded(img, at_least=at_least)))
+                    except Exception:  # any decoding failure: the statistics do without this sample
+                        continue
+                    if len(images) >= n:
+                        return images
+        except (DataError, OSError, tarfile.TarError):  # a damaged or missing shard: training's reader says so
+            continue
     return images
 
 
