@@ -5,6 +5,7 @@ the time budget's token dropping and augmentation, LP-FT on small data), the pap
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 
@@ -166,3 +167,30 @@ def test_the_papers_recipe_is_a_name_away(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "finetune on 36 images: batch 8" in text and "head kept: the same 4 classes in the same order" in text
     assert json.loads((out / "summary.json").read_text())["recipe_config"]["optimizer"] == "sgd"
+
+
+# -- the benchmark (benchmarks/finetune_defaults.py: its commands; its --smoke run is left to a manual check) --------
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "finetune_defaults.py"
+    spec = importlib.util.spec_from_file_location("finetune_defaults_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_arms_are_the_default_commands(tmp_path):
+    """Every arm is a plain command: no recipe, optimizer or LR flags; scratch gets the pre-trained architecture."""
+    bench = _bench()
+    arch = {"img_size": [32, 32], "patch_size": 4, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256,
+            "pool": "cls", "class_token": True, "posemb": "sincos2d"}  # fmt: skip
+    flags = bench.arch_flags(arch)
+    assert flags == ["--img-size", "32", "--patch-size", "4", "--dim", "128", "--depth", "4", "--heads", "4",
+                     "--mlp-ratio", "2", "--pool", "cls", "--posemb", "sincos2d"]  # fmt: skip
+    cmds = bench.arm_commands(pretrained=tmp_path / "m", data=tmp_path / "d", budget="5m", seed=1, arch=flags,
+                              out=tmp_path / "o", vitlab=["vitlab"])  # fmt: skip
+    assert set(cmds) == {"finetune", "scratch", "probe"} and "--freeze" in cmds["probe"]
+    for cmd in cmds.values():
+        assert not {"--recipe", "--lr", "--optimizer", "--batch-size"} & set(cmd)
+        assert cmd[cmd.index("--time-budget") + 1] == "5m" and cmd[cmd.index("--seed") + 1] == "1"
