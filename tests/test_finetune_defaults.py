@@ -138,7 +138,7 @@ def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img,
     r = cfg.recipe
     assert r.token_drop == drop  # a grid of 64 tokens drops half; one of 4 tokens none
     assert "estimated for 300 s on cpu" in cfg.resolved
-    passes = float(cfg.resolved.split(" passes -> ")[0].rsplit(", ", 1)[1])
+    passes = float(cfg.resolved.split(" passes -> ")[0].rsplit(", ", 1)[1].replace(",", ""))
     assert f"-> {aug_level(epochs=passes, n_train=1000)} aug" in cfg.resolved
     assert _fit(1000, budget=300.0, token_drop=0.0).recipe.token_drop == 0.0
 

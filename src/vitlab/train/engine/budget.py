@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..._units import counted
 from ...devices import autocast
 from ...distributed import Dist, broadcast_ints
 from ..objectives import Objective
@@ -133,7 +134,7 @@ def measure_budget(
             else ""
         )
         + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
-        f"-> {total} steps, {epochs} epoch(s)"
+        f"-> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
     )
     return total, epochs, eval_s
 

@@ -7,6 +7,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..._units import counted
+
 if TYPE_CHECKING:
     import torch
 
@@ -70,8 +72,9 @@ def start_line(
     return (
         f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
-        f"images, {data.num_classes} classes; recipe {recipe.name}, {plan.epochs} epochs = "
-        f"{plan.total_steps} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+        f"images, {data.num_classes} classes; recipe {recipe.name}, {counted(plan.epochs, 'epoch')} = "
+        f"{counted(plan.total_steps, 'step')} of {recipe.batch_size}, lr {lr:.2g}, "
+        f"{processes} process(es) on {device.type}"
         + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
         + (f" for the first {recipe.token_drop_until:.0%} of the steps" if recipe.token_drop_until < 1 else "")
         + f"; inputs normalised by mean {_triple(m.mean)}, std {_triple(m.std)}"
