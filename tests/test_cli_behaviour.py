@@ -337,7 +337,8 @@ def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
     assert main([*ft, "--img-size", "16", "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert f"fine-tuning from {run_dir}" in out
-    assert "position embeddings resampled 2x2 -> 4x4" in out and "head kept (10 classes)" in out
+    assert "position embeddings resampled 2x2 -> 4x4" in out
+    assert "head kept: the same 10 classes in the same order" in out
     before = re.search(r"before fine-tuning, at 16x16: top-1 ([\d.]+)% on \w+", out)
     assert before and 0.0 <= float(before.group(1)) <= 100.0
     assert main([*ft, "--out", str(tmp_path / "b")]) == 0

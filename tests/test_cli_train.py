@@ -100,7 +100,7 @@ def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
     assert main([*args, "--out", str(ft), "--cache-dir", str(tmp_path / "cache"), "--no-progress"]) == 0
     cfg = json.loads((ft / "model" / "config.json").read_text())
     assert cfg["img_size"] == [16, 16] and cfg["num_classes"] == 2 and cfg["class_names"] == ["a", "b"]
-    assert cfg["extra"]["init"] == str(out / "model") and cfg["extra"]["recipe"] == "finetune"
+    assert cfg["extra"]["init"] == str(out / "model") and cfg["extra"]["recipe"] == "auto"
     import vitlab
 
     m = vitlab.load(ft / "model")

@@ -66,6 +66,23 @@ def test_advice_rule_table(top1, train, ev, recipe, budget, words):
             assert w in line, (w, line)
 
 
+def test_rising_is_judged_against_the_noise_of_the_evaluation_split():
+    """Issue 36: on 80 evaluation images top-1 went 40.0 -> 31.25 -> 37.5 and the advice said "still rising steeply
+    (+6.2 points)"; the standard error of 37.5% on 80 images is 5.4 points, so +6.25 is noise."""
+    rows = _rows([40.0, 31.25, 37.5])
+    assert advice_line(rows, recipe=AUTO, epochs=3) is not None  # no size given: the raw rule
+    assert advice_line(rows, recipe=AUTO, epochs=3, n_eval=80) is None
+    line = advice_line(rows, recipe=AUTO, epochs=3, n_eval=10_000)  # 0.5 points of noise: a real rise
+    assert "+6.2 points over the last of 3 epochs" in line
+    big = advice_line(_rows([10.0, 20.0, 40.0]), recipe=AUTO, epochs=3, n_eval=80)  # +20: beyond 2 x 5.5
+    assert "beyond the noise of 80 evaluation images" in big
+    assert advice.top1_stderr(0.375, 80) == pytest.approx(100 * (31 / 82 * 51 / 82 / 80) ** 0.5)
+    # the loss too: 1.28 -> 1.59 on 10 images is within 2 x 1.59 / sqrt(10)
+    top1, train, ev = [40.0, 50.0, 54.0, 55.0], [1.6, 1.2, 0.9, 0.58], [1.40, 1.28, 1.45, 1.59]
+    assert advice_line(_rows(top1, train, ev), recipe=AUTO, epochs=4, n_eval=10) is None
+    assert "overfitting" in advice_line(_rows(top1, train, ev), recipe=AUTO, epochs=4, n_eval=10_000)
+
+
 def test_advice_names_each_regulariser_that_is_on():
     r = AUTO.replace(randaugment=(2, 9), random_erasing=0.25, drop_path=0.1)
     line = advice_line(_rows([50, 51, 51.5], 2.0, 1.0), recipe=r, epochs=3)
@@ -108,6 +125,7 @@ def test_wall_estimate_times_the_first_steps(monkeypatch):
 
 def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(advice, "RISE_POINTS", -101.0)  # any change counts as rising: the plumbing, not the rule
+    monkeypatch.setattr(advice, "NOISE_SE", 0.0)  # (12 evaluation images: no rise is beyond their noise)
     data = tiny_folder(tmp_path / "data", per_class=16, size=16)
     out = tmp_path / "run"
     args = ["train", "--data", str(data), "--out", str(out), "--epochs", "3", "--cache-dir", str(tmp_path / "c")]

@@ -272,6 +272,7 @@ def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     data = tiny_folder(tmp_path / "data", per_class=54, size=8)  # 162 training images
     out = tmp_path / "ft"
     args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--epochs", "1"]
+    args += ["--recipe", "finetune"]  # the paper's recipe (the default fits auto: test_finetune_defaults.py)
     code, text = _train([*args, "--stop-after", "2"], tmp_path, capsys)
     assert code == 0 and "finetune on 162 images: batch 8" in text
     rc = json.loads((out / "summary.json").read_text())["recipe_config"]

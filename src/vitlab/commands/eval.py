@@ -14,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="top-1 / top-5 / per-class accuracy of a model on a dataset",
         description=(
             "Evaluate a model on the evaluation split (val/ or test/, or the held-out --val-split) of a\n"
-            "dataset; print the result and write it as JSON (--output, default MODEL/eval.json).\n\n"
+            "dataset; print the result and write it as JSON (--output, default MODEL/eval.json). A run's model/\n"
+            "on the folder it was trained on reads the decode cache training wrote (the same pixels).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
             "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json\n"
@@ -90,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
+    epoch = (model.config.extra or {}).get("epoch")
+    weights = f" (epoch {epoch} of its run)" if type(epoch) is int else ""  # a run's model/ records its epoch
     print(
-        f"{args.model} on {args.data} ({res['split']}, {res['count']:,} images): "
+        f"{args.model}{weights} on {args.data} ({res['split']}, {res['count']:,} images): "
         f"top-1 {100 * res['top1']:.2f}%"
         + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
         + ("  (flip TTA)" if args.tta == "flip" else "")

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--data",
         default=None,
-        help="take the images from this data set's test split (digits, cifar10, an ImageFolder path)",
+        help="take the images from this data set's evaluation split (val/ or test/; digits, cifar10, a folder)",
     )
     p.add_argument(
         "--out", default=None, help="output folder (default: inspect/ next to the model; ./inspect for a name)"
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     args.out = str(args.out or default_output(args.model, "inspect") or "inspect")
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
     model.to(device)
-    notes = []
+    notes, recorded = [], False
     if not Path(args.model).exists() and _registered(args.model):
         notes.append(
             f"The weights are random: {args.model} is an architecture name, not a trained model, so the figures "
@@ -123,14 +123,16 @@ def run(args: argparse.Namespace) -> int:
             notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
         else:
             args.data = recorded_data(model, args.model)
-            notes.append(f"Images: the test split of the data the model was trained on ({args.data}, from its config).")
-    for n in notes:
-        print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
+            recorded = True
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]
     elif args.data:
         _, test = labelled_splits(args.data)
+        if recorded:
+            notes.append(
+                f"Images: the {test.name} split of the data the model was trained on ({args.data}, from its config)."
+            )
         idx = _pick(max(args.num_images, args.show), test.labels)
         distance_images = test.get(idx)
         cls = test.class_names
@@ -139,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         distance_images, names = digits_images(max(args.num_images, args.show))
         images = distance_images
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
     result = inspect_model(
         model,
         images[: args.show],

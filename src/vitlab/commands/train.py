@@ -81,13 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
         print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
-        classes = (summary.get("data") or {}).get("classes", 0)
-        top5 = f"top-5 {100 * summary['top5']:.2f}% " if classes > 5 else ""  # <= 5 classes: 100% by construction
-        print(
-            f"top-1 {100 * summary['top1']:.2f}% (best {100 * summary['best_top1']:.2f}%), "
-            f"{top5}after {counted(summary['epochs'], 'epoch')} / {counted(summary['steps'], 'step')}; "
-            f"{summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
-        )
+        print(result_line(summary))
         health = "health.png " if (Path(summary["out"]) / "health.png").is_file() else ""  # --watch-attention
         print(
             f"results in {summary['out']}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ last.pt"
@@ -95,6 +89,25 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
         return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
     return 0
+
+
+def result_line(summary: dict) -> str:
+    """The line a classification run ends with: the top-1 of the weights ``model/`` holds (what ``vitlab eval``
+    gives for them), on which split and how many images, with its standard error; the epoch they come from; the best
+    epoch when it is another and better."""
+    classes = (summary.get("data") or {}).get("classes", 0)
+    top5 = f", top-5 {100 * summary['top5']:.2f}%" if classes > 5 else ""  # <= 5 classes: 100% by construction
+    ev = summary.get("eval") or {}
+    on = f" on {ev['split']} ({counted(ev['images'], 'image')}, +/-{ev['top1_stderr']:.1f})" if ev.get("images") else ""
+    kept = f"model/: epoch {summary['model_epoch']}" if summary.get("model_epoch") else "model/"
+    if summary.get("keep") == "best":
+        kept += f" (--keep best: chosen on {ev.get('split', 'the evaluation split')})"
+    elif (summary.get("best_top1") or 0) > summary["top1"]:
+        kept += f"; best {100 * summary['best_top1']:.2f}% at epoch {summary['best_epoch']}"
+    return (
+        f"top-1 {100 * summary['top1']:.2f}%{on}{top5} after {counted(summary['epochs'], 'epoch')} / "
+        f"{counted(summary['steps'], 'step')}; {kept}; {summary['images_per_sec']:.0f} img/s; {summary['wall_s']:.1f} s"
+    )
 
 
 def _is_main() -> bool:

@@ -57,6 +57,31 @@ class FolderPlan:
     typical: int = 0
     line: str = ""
 
+    def record(self) -> dict[str, Any]:
+        """The plan as plain JSON values (a run's ``model/config.json`` keeps it), for :meth:`from_record`."""
+        size = list(self.size) if self.size is not None else None
+        return {"size": size, "store_side": self.store_side, "eval_side": self.eval_side, "crop_pct": self.crop_pct,
+                "typical": self.typical}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, rec: Any) -> FolderPlan | None:
+        """The plan a :meth:`record` describes, or None when ``rec`` is not one (read from a file: every value is
+        checked, nothing else is taken from it)."""
+
+        def side(v: Any, *, none: bool = True) -> bool:
+            return (v is None and none) or (type(v) is int and 1 <= v <= 1 << 16)
+
+        if not isinstance(rec, dict) or set(rec) != {"size", "store_side", "eval_side", "crop_pct", "typical"}:
+            return None
+        size, crop = rec["size"], rec["crop_pct"]
+        sized = size is None or (isinstance(size, list) and len(size) == 2 and all(side(v, none=False) for v in size))
+        if not (sized and side(rec["store_side"]) and side(rec["eval_side"]) and side(rec["typical"], none=False)):
+            return None
+        if type(crop) not in (int, float) or not 0 < crop <= 1:
+            return None
+        return cls(size=tuple(size) if size else None, store_side=rec["store_side"], eval_side=rec["eval_side"],
+                   crop_pct=float(crop), typical=rec["typical"])  # fmt: skip
+
 
 @dataclass
 class ImageArray:
@@ -92,6 +117,9 @@ class DataSplits:
     """The decode cache files the splits are read from (a folder's; none for the built-in datasets)."""
     plan: FolderPlan | None = None
     """How a folder was stored for a run (``load_data(plan=...)``); ``None``: as the images are."""
+    held_out: float | None = None
+    """The fraction of a folder without ``val/`` or ``test/`` held out for evaluation (stratified); ``None``: the
+    data's own evaluation split."""
 
     @property
     def num_classes(self) -> int:
@@ -242,7 +270,7 @@ def _decode_split(
     common = {
         "mode": opt.mode,
         "cache_dir": opt.cache_dir,
-        "name": f"{root.parent.name}-{root.name}",
+        "name": f"{root.resolve().parent.name}-{root.resolve().name}",  # however the folder was named: one cache
         "workers": opt.workers,
         "progress": opt.progress,
         "max_pixels": opt.max_pixels,
@@ -310,6 +338,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         skipped=skipped,
         cache_files=files,
         plan=dataclasses.replace(plan, eval_side=None) if plan is not None else None,
+        held_out=val_split or 0.1,
     )
 
 

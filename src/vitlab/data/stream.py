@@ -43,6 +43,7 @@ from .sources import describe_splits
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
+    "STATS_SAMPLES",
     "TRACE_ENV",
     "EpochOrder",
     "EvalDecode",
@@ -50,12 +51,16 @@ __all__ = [
     "StreamBatches",
     "StreamData",
     "TrainDecode",
+    "first_images",
     "is_shard_spec",
     "open_stream_data",
 ]
 
 DEFAULT_SHUFFLE_BUFFER = 8192
 """Samples in one shuffle window (timm's ``WDS_SHUFFLE_SIZE`` default is the same number, per worker)."""
+STATS_SAMPLES = 512
+"""The first training samples of a shard run whose pixels give its input statistics (:func:`first_images`), as a
+folder run's come from its training images (:func:`~vitlab.data.transforms.channel_stats`)."""
 TRACE_ENV = "VITLAB_STREAM_TRACE"
 """A file to which the training process appends ``rank, epoch, position, key`` of each sample it trains on (tests)."""
 
@@ -329,6 +334,30 @@ class StreamData:
     def describe(self) -> dict[str, object]:
         shards = {"train": len(self.train.shards), self.val_name: len(self.val.shards)}
         return {**describe_splits(self), "shards": shards}
+
+
+def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[int, int] | None = None) -> list:
+    """The first ``n`` images of ``shards`` in their stored order (fewer when they hold fewer), decoded as uint8
+    ``(H, W, 3)`` arrays (a JPEG at the smallest DCT scale keeping ``at_least`` ``(width, height)``); a sample that
+    does not decode, or the rest of a shard that cannot be read, is passed over (training reports it, with what to
+    do). Bounded: ``n`` samples are read, one shard open at a time."""
+    images: list[np.ndarray] = []
+    for shard in shards.shards:
+        try:
+            with open_shard(shard.url) as tar:
+                for i, _, parts in iter_samples(tar, lambda i: True, where=shard.url):
+                    if parts is None:
+                        continue
+                    try:
+                        img, _ = image_and_label(parts, where=f"{shard.url}: sample {i}")
+                        images.append(np.asarray(decode_encoded(img, at_least=at_least)))
+                    except Exception:  # any decoding failure: the statistics do without this sample
+                        continue
+                    if len(images) >= n:
+                        return images
+        except (DataError, OSError, tarfile.TarError):  # a damaged or missing shard: training's reader says so
+            continue
+    return images
 
 
 def open_stream_data(

@@ -53,8 +53,8 @@ def channel_stats(
     squares = torch.zeros(in_chans, dtype=torch.float64)
     count = 0
     shape = getattr(images, "shape", None)
-    if shape is None:  # a list of arrays
-        per = 256
+    if shape is None:  # a list of arrays: 256 at a time when they share a shape, else one at a time
+        per = 256 if len({np.shape(images[int(i)]) for i in idx}) == 1 else 1
     elif None in shape[1:3]:  # images of several sizes
         per = 1
     else:

@@ -4,6 +4,7 @@ files to a model's evaluation inputs (``vitlab eval``, ``fewshot`` and ``predict
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
+    from ..data.sources import FolderPlan
 
 __all__ = [
     "DENSE_CONFUSION_BYTES",
@@ -28,6 +30,7 @@ __all__ = [
     "evaluate_model",
     "model_inputs",
     "preprocess_for",
+    "training_plan",
     "transforms_for",
     "tta_logits",
 ]
@@ -284,11 +287,15 @@ def evaluate_model(
             allow_pipe=allow_pipe,
             tta=tta,
         )
+    stored = training_plan(model, data, val_split=val_split)
+    how: dict[str, Any] = (
+        {"size": decode_size(model), "crop": decode_crop(model), "val_split": val_split}
+        if stored is None
+        else {"plan": stored[0], "val_split": stored[1]}
+    )
     splits = load_data(
         data,
-        val_split=val_split,
-        size=decode_size(model),
-        crop=decode_crop(model),
+        **how,
         cache_dir=cache_dir,
         strict=strict,
         progress=progress,
@@ -321,6 +328,32 @@ def evaluate_model(
     res["split"] = splits.val_name if split != "train" else "train"
     res["skipped_files"] = [p for p, _ in splits.skipped]
     return res
+
+
+def training_plan(
+    model: nn.Module, data: str, *, val_split: float | None = None
+) -> tuple[FolderPlan, float | None] | None:
+    """``(plan, val_split)``: how the run that trained ``model`` stored the folder ``data`` (its ``model/`` records
+    it: the folder's absolute path, ``data_plan`` and ``val_split``), so that the evaluation reads the decode cache
+    training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
+    folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
+    file: it is only compared and checked (:meth:`~vitlab.data.sources.FolderPlan.from_record`)."""
+    from ..data.sources import FolderPlan
+
+    extra = model.config.extra or {}
+    recorded, plan = extra.get("data"), FolderPlan.from_record(extra.get("data_plan"))
+    saved = extra.get("val_split")
+    if plan is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
+        return None
+    if val_split is not None and val_split != saved:
+        return None
+    if plan.size is not None and tuple(plan.size) != tuple(model.config.img_size):
+        return None
+    try:
+        same = Path(recorded).is_absolute() and Path(recorded).resolve() == Path(data).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return (plan, saved) if same else None
 
 
 def _evaluate_shards(

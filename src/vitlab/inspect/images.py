@@ -28,6 +28,8 @@ class LabelledSplit:
     labels: np.ndarray
     get: Callable[[np.ndarray], np.ndarray]
     class_names: list[str]
+    name: str = "test"
+    """The split's name: its folder's (``val``, ``validation``, ``test``), ``train``, or a built-in set's."""
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -89,7 +91,7 @@ def preprocess(
 def labelled_splits(
     data: str, *, size: int | None = None, crop: int | None = None, progress: bool = True
 ) -> tuple[LabelledSplit, LabelledSplit]:
-    """``(train, test)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
+    """``(train, evaluation)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
     (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes); ``size``
     is the side a folder of mixed-size images is decoded to, and with ``crop`` every image, stored for the
     evaluation that crops it (``load_data``'s ``size`` and ``crop``)."""
@@ -98,12 +100,13 @@ def labelled_splits(
     splits = load_data(data, size=size, crop=crop, progress=progress)
     names = list(splits.class_names)
 
-    def split(s) -> LabelledSplit:
+    def split(s, name: str) -> LabelledSplit:
         images = s.images
         return LabelledSplit(
             labels=np.asarray(s.labels, dtype=np.int64),
             get=lambda idx: np.asarray(images[np.asarray(idx, dtype=np.int64)]),
             class_names=names,
+            name=name,
         )
 
-    return split(splits.train), split(splits.val)
+    return split(splits.train, "train"), split(splits.val, splits.val_name)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..._units import counted
 from ...distributed import Dist, broadcast_ints
 from ..objectives import Objective
 from ..persist.position import RunPlan
@@ -107,7 +108,7 @@ def measure_budget(
             else ""
         )
         + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
-        f"-> {total} steps, {epochs} epoch(s)"
+        f"-> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
     )
     short = short_budget_line(
         budget=cfg.time_budget, left=left, per_step=per_step, eval_s=eval_s, steps_per_epoch=spe, steps=total,  # type: ignore[arg-type]

@@ -57,11 +57,13 @@ def time_steps(
 def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
     """Whether a new run's recipe is chosen from a measured pace: a time budget, the ``auto`` recipe, a labelled
     objective, training images in memory (a folder or a built-in set; tar shards are read as they train) and one
-    process (several would each measure their own, and must choose one recipe)."""
+    process (several would each measure their own, and must choose one recipe); a fresh model (a fine-tune's is
+    its ``--init`` model's, fitted by :func:`~vitlab.train.spec.finetune.fit_finetune`)."""
     train = getattr(data, "train", None)
     return (
         bool(cfg.time_budget)
         and cfg.recipe.name == "auto"
+        and not cfg.init
         and uses_labels
         and not dist.enabled
         and isinstance(train, ImageArray)

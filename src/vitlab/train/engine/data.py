@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,25 @@ from ...data.sources import DataError, DataSplits, FolderPlan
 from ...data.stream import open_stream_data
 from ...data.transforms import resize_side
 from ...distributed import Dist, barrier
+from ..persist.advice import top1_stderr
 from ..spec.config import TrainConfig
 from ..spec.image_size import CROP_MARGIN, INIT_SIDE, PHOTO_CROP_PCT, PHOTO_SIDE, PHOTO_SIZE, photo_size, store_side
 
-__all__ = ["check_data_unchanged", "data_fingerprint", "folder_plan", "load_run_data", "run_data_fingerprint"]
+__all__ = [
+    "SMALL_EVAL_PER_CLASS",
+    "check_data_unchanged",
+    "data_fingerprint",
+    "data_location",
+    "data_record",
+    "eval_split_lines",
+    "folder_plan",
+    "load_run_data",
+    "run_data_fingerprint",
+]
+
+SMALL_EVAL_PER_CLASS = 50
+"""Fewer evaluation images a class than this, and a run on the user's data says that its accuracy is noisy: at 50 a
+class, one image is 2 points of a class's accuracy, and top-1's standard error over 10 classes is about 2 points."""
 
 
 def load_run_data(
@@ -70,7 +86,62 @@ def load_run_data(
         log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+    for line in eval_split_lines(data, spec=cfg.data, labels=labels, asked=cfg.val_split is not None):
+        log(line)
     return data
+
+
+def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool = False) -> list[str]:
+    """What a run on a folder says about its evaluation split: the split held out (its size, where from, how to
+    change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
+    :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1). Nothing for the built-in
+    data sets, whose splits are fixed and known."""
+    if not Path(spec).expanduser().is_dir():
+        return []
+    n, total = len(data.val), len(data.train) + len(data.val)
+    lines = []
+    if getattr(data, "held_out", None) is not None:
+        why = (
+            "by --val-split"
+            if asked
+            else f"as {spec} has no val/ or test/ folder: --val-split F to change it, or add a val/ folder"
+        )
+        lines.append(
+            f"evaluation split: {n:,} of the {total:,} images held out ({data.held_out:.0%} of each class, seed 0), "
+            + why
+        )
+    per_class = n / max(1, data.num_classes)
+    if labels and per_class < SMALL_EVAL_PER_CLASS:
+        lines.append(
+            f"warning: {n:,} evaluation images ({data.val_name}), about {per_class:.0f} a class: one image is "
+            f"{100 / n:.2g} points of top-1, and its standard error is up to +/-{top1_stderr(0.5, n):.1f} points; "
+            f"differences smaller than twice that are noise ({SMALL_EVAL_PER_CLASS} a class or more to tell them)"
+        )
+    return lines
+
+
+def data_location(spec: str) -> str:
+    """``--data`` as a run records it, usable from any folder: an existing path made absolute, a local tar-shard
+    pattern joined to the current folder; a built-in name (``digits``, ``cifar10``) or a URL as given."""
+    p = Path(spec).expanduser()
+    if p.exists():
+        return str(p.resolve())
+    if is_shard_spec(spec) and "://" not in spec and not spec.startswith(("pipe:", "file:")):
+        return os.path.abspath(p)
+    return spec
+
+
+def data_record(cfg: TrainConfig, data: Any, fingerprint: dict[str, Any] | None) -> dict[str, Any]:
+    """What a run's ``model/`` records of its data: its location (:func:`data_location`), fingerprint
+    (:func:`data_fingerprint`), ``--val-split`` and, for a folder, how it was stored (``data_plan``: what
+    ``vitlab eval`` needs to read the same decode cache)."""
+    plan = getattr(data, "plan", None)
+    return {
+        "data": data_location(cfg.data),
+        "data_fingerprint": fingerprint,
+        "val_split": cfg.val_split,
+        **({"data_plan": plan.record()} if plan is not None else {}),
+    }
 
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:

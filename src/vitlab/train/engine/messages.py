@@ -7,6 +7,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..._units import counted
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,9 +37,10 @@ def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
     )
 
 
-def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
+def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str:
     """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
-    resampled to the new patch grid, and whether the head was kept or replaced by a zero one."""
+    resampled to the new patch grid, and whether the head was kept or replaced by a zero one (``why``:
+    :func:`~vitlab.train.spec.finetune.head_choice`'s reason)."""
 
     def grid(c: Any) -> str:
         return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))
@@ -47,11 +50,10 @@ def init_line(init: str, old: Any, new: Any, *, new_head: bool) -> str:
         if grid(old) != grid(new)
         else f"position embeddings kept ({grid(new)} patches)"
     )
-    why = "other classes" if old.num_classes != new.num_classes else "the pre-training MLP head dropped"
     head = (
         f"head replaced by a zero-initialised one for {new.num_classes} classes ({why})"
         if new_head
-        else f"head kept ({new.num_classes} classes)"
+        else f"head kept: {why} (--new-head for a new one)"
     )
     px = "x".join(map(str, old.img_size))
     return f"fine-tuning from {init} ({old.name}, {old.num_classes} classes, {px} px): {pos}; {head}"
@@ -75,8 +77,9 @@ def start_line(
     return (
         f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
-        f"images, {data.num_classes} classes; recipe {recipe.name}, {plan.epochs} epochs = "
-        f"{plan.total_steps} steps of {recipe.batch_size}, lr {lr:.2g}, {processes} process(es) on {device.type}"
+        f"images, {data.num_classes} classes; recipe {recipe.name}, {counted(plan.epochs, 'epoch')} = "
+        f"{counted(plan.total_steps, 'step')} of {recipe.batch_size}, lr {lr:.2g}, "
+        f"{processes} process(es) on {device.type}"
         + (f"; token drop {recipe.token_drop:g} in training" if recipe.token_drop else "")
         + (f" for the first {recipe.token_drop_until:.0%} of the steps" if recipe.token_drop_until < 1 else "")
         + f"; inputs normalised by mean {_triple(m.mean)}, std {_triple(m.std)}"

@@ -1,12 +1,13 @@
 """The model a run trains: fresh from the architecture rule (:func:`~vitlab.train.spec.arch.fresh_config`), or the
 ``--init`` model adapted for fine-tuning through :func:`vitlab.load`'s overrides (a new resolution: position
 embeddings resampled, Sec. 3.2; another ``--patch-size``: the patch projection resized as FlexiViT does, Beyer et
-al. 2023; other classes or the pre-training MLP head: a new zero-initialised linear head), with the checkpoint read
-once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only phase, the precision, the
-seeds, CPU threads and DataLoader workers."""
+al. 2023; other classes, the same ones in another order or the pre-training MLP head: a new zero-initialised linear
+head), with the checkpoint read once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only
+phase, the precision, the seeds, CPU threads and DataLoader workers."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from torch import nn
 from ...accel import accelerate
 from ...checkpoints import Checkpoint, checkpoint_config, load, read_checkpoint
 from ...data import ArrayDataset, ImageArray, channel_stats, eval_transform
+from ...data.stream import STATS_SAMPLES, StreamData, first_images
 from ...distributed import Dist
 from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
@@ -25,6 +27,7 @@ from ...models.whiten import whiten_init_
 from ..objectives import Objective
 from ..spec.arch import fresh_config
 from ..spec.config import TrainConfig
+from ..spec.finetune import head_choice
 from ..spec.options import OptionError, ref
 from ..spec.rules import check_init
 from .cores import set_threads, workers_for
@@ -84,14 +87,21 @@ class InitModel:
         }
 
     def build(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> tuple[nn.Module, str]:
-        """``(the fine-tuned model, the line saying what it started from)``."""
+        """``(the fine-tuned model, the line saying what it started from)``. The pre-trained head is kept only for
+        the same classes in the same order (:func:`~vitlab.train.spec.finetune.head_choice`); otherwise the
+        checkpoint's head is left out, so :func:`vitlab.load` makes a zero-initialised one."""
         changes = self.overrides(cfg, num_classes=num_classes, class_names=class_names)
+        new_head, why = head_choice(self.config, class_names, new_head=cfg.new_head)
+        ckpt = self.checkpoint
+        if new_head:
+            state = {k: v for k, v in ckpt.state.items() if not k.startswith(("head.", "head_dist."))}
+            ckpt = dataclasses.replace(ckpt, state=state)
         try:
-            model = accelerate(load(self.checkpoint, **changes))
+            model = accelerate(load(ckpt, **changes))
         except VitlabError as e:
             raise OptionError(ref("init"), f" {self.path}: weights do not fit the model ({e})") from None
         old, new = self.config, model.config
-        line = init_line(self.path, old, new, new_head=old.num_classes != num_classes or old.head != "linear")
+        line = init_line(self.path, old, new, new_head=new_head, why=why)
         if "patch_size" in changes:
             p, q = old.patch_size, new.patch_size
             line += f"; patch projection resized {p}x{p} -> {q}x{q} (FlexiViT)"
@@ -132,8 +142,9 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
 
     By default the training set's per-channel statistics, as timm's and DeiT's CIFAR scripts normalise: inputs
     of unit variance train faster than Google's 0.5 / 0.5 scaling, which leaves them at about half that
-    (docs/speedrun.md). A fine-tuned ``--init`` model keeps its own normalisation, and so does tar-shard data,
-    whose images are not at hand before training."""
+    (docs/speedrun.md). Tar-shard data, whose images are not at hand before training, by the same rule over its
+    first :data:`~vitlab.data.stream.STATS_SAMPLES` training samples (:func:`~vitlab.data.stream.first_images`). A
+    fine-tuned ``--init`` model keeps its own normalisation."""
     if cfg.init:
         return None
     if cfg.norm_stats == "inception":
@@ -141,9 +152,16 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
     if cfg.norm_stats == "imagenet":
         return IMAGENET_MEAN, IMAGENET_STD
     train = getattr(data, "train", None)
-    if not isinstance(train, ImageArray) or len(train) == 0 or data.in_chans not in (1, 3):
+    if data.in_chans not in (1, 3):
         return None  # the config holds three values: one channel is stored repeated, others keep the defaults
-    mean, std = channel_stats(train.images, in_chans=data.in_chans)
+    if isinstance(data, StreamData):
+        side = data.image_size
+        images = first_images(data.train, STATS_SAMPLES, at_least=(side[1], side[0]))
+    else:
+        images = train.images if isinstance(train, ImageArray) else []
+    if len(images) == 0:
+        return None
+    mean, std = channel_stats(images, in_chans=data.in_chans)
     return (mean * 3, std * 3) if data.in_chans == 1 else (mean, std)
 
 

@@ -113,8 +113,8 @@ def prepare(
     # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
     cfg, data, objective, pace = _data_and_objective(
-        cfg, fitted=state is not None, dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, out=out,
-        log=log,
+        cfg, fitted=state is not None, init=init, dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start,
+        out=out, log=log,
     )  # fmt: skip
     # -- the model, its memory first -----------------------------------------------------------------------------
     teacher = getattr(objective, "teacher", None)
@@ -168,20 +168,21 @@ def prepare(
 
 
 def _data_and_objective(
-    cfg: TrainConfig, *, fitted: bool, dist: Dist, device: torch.device, amp_dtype: torch.dtype | None,
-    t_start: float, out: Path, log: Callable[..., None],
+    cfg: TrainConfig, *, fitted: bool, init: InitModel | None, dist: Dist, device: torch.device,
+    amp_dtype: torch.dtype | None, t_start: float, out: Path, log: Callable[..., None],
 ) -> tuple[TrainConfig, Any, Objective, Pace | None]:  # fmt: skip
     """``(cfg, data, objective, pace)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run
-    keeps its own; a time-budgeted ``auto`` recipe is chosen from a pace measured on the data first,
-    :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace`` is None) and the objective (a teacher is
-    loaded now: in memory when the memory is measured)."""
+    keeps its own; with ``init``, to fine-tuning that model; a time-budgeted ``auto`` recipe for a fresh model is
+    chosen from a pace measured on the data first, :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace``
+    is None) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
     kind = objective_for(cfg)
     data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
     pace = None
     if not fitted:
         if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):
             pace = measure_pace(cfg, data, device=device, amp_dtype=amp_dtype, t_start=t_start)
-        cfg = kind.fit_recipe(cfg, data, device_type=device.type, pace=pace)
+        mcfg = init.config if init is not None else None
+        cfg = kind.fit_recipe(cfg, data, device_type=device.type, pace=pace, init=mcfg, processes=dist.world_size)
         if cfg.resolved:
             log(cfg.resolved)
         cfg = fit_pack(cfg, log=log)

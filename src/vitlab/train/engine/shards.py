@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader
 from ...data import eval_transform, mix_transform, train_transform
 from ...data.shard_source import ShardSet, image_and_label, iter_samples, open_shard
 from ...data.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
-from ...data.transforms import resize_side
 from ...distributed import Dist
 from ..spec.config import TrainConfig
 from ..spec.rules import micro_batch
@@ -140,8 +139,7 @@ def build_shard_loaders(
         img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans, rest=rest
     )
     tf = eval_transform(img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
-    resize = [resize_side(s, r.crop_pct) for s in size]
-    eval_tf = EvalDecode(at_least=(resize[1], resize[0]), in_chans=mcfg.in_chans, tf=tf)
+    eval_tf = EvalDecode(in_chans=mcfg.in_chans, tf=tf)  # at full scale: vitlab eval's pixels (no JPEG draft)
     out_shape = (mcfg.in_chans, *size)
     eval_batch = eval_batch or max(micro, 256)
     val = ShardStream(

@@ -29,6 +29,7 @@ from ..persist.saver import CheckpointSaver
 from ..spec.config import TrainConfig
 from .budget import Replanner
 from .cores import ThreadWatch
+from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, epoch_line, start_line
@@ -78,6 +79,11 @@ class Trainer:
     threads: ThreadWatch = field(init=False)
     head: HeadOnly | None = field(init=False, default=None)
     last_eval: dict[str, Any] | None = field(init=False, default=None)
+    model_eval: dict[str, Any] | None = field(init=False, default=None)
+    """The evaluation of the weights ``model/`` holds, by this process (None: none saved yet, or a resumed run's
+    ``model/`` from before): what ``confusion.png`` shows."""
+    data_rec: dict[str, Any] = field(init=False, default_factory=dict)
+    """What ``model/`` and ``summary.json`` record of the data (:func:`~vitlab.train.engine.data.data_record`)."""
     last_save: float = field(init=False, default_factory=time.perf_counter)
     last_plot: float = field(init=False, default_factory=time.perf_counter)
     watch: AttentionWatch = field(init=False)
@@ -88,6 +94,7 @@ class Trainer:
         self.threads = ThreadWatch.for_run(
             self.cfg, device=self.device, step_macs=self.vit.macs() * self.loaders.micro * 3
         )
+        self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
 
     @property
     def vit(self) -> nn.Module:
@@ -307,10 +314,12 @@ class Trainer:
             append_metrics(row, self.out / "metrics.jsonl")
             self.tracker.log(row["step"], row_scalars(row))
             if exported is not None:
-                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch)
+                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch, data=self.data_rec)
+        if improved or cfg.keep == "last":
+            self.model_eval = {**ev, "epoch": p.epoch}
         self._checkpoint(micro_done=0)
         if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
-            draw_figures(self.out, self.data.class_names, ev)
+            self._draw()
             self.last_plot = time.perf_counter()
 
     def _checkpoint(self, *, micro_done: int) -> None:
@@ -394,20 +403,20 @@ class Trainer:
         rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
         summary = run_summary(
             position=p, plan=self.plan, cfg=self.cfg, model=self.vit, data=self.data, processes=d.world_size,
-            device=self.device, out=out, wall_s=self._wall_s(), rows=rows,
+            device=self.device, out=out, wall_s=self._wall_s(), rows=rows, data_record=self.data_rec,
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
         summary["attention"] = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
             r, budget, alarms = self.cfg.recipe, self.cfg.time_budget, summary["attention"]["alarms"]
-            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget, alarms=alarms)
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget,
+                                            n_eval=len(self.data.val), alarms=alarms)  # fmt: skip
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):
                 self.log(summary["advice"])
-            if self.last_eval is not None:
-                draw_figures(out, self.data.class_names, self.last_eval)
+            self._draw()
             if p.interrupted:
                 by = f" by {self.stop.name}" if self.stop.requested else ""  # type: ignore[union-attr]
                 self.log(
@@ -415,3 +424,14 @@ class Trainer:
                     f"Continue with: vitlab train --out {out} --resume"
                 )
         return summary
+
+    def _draw(self) -> None:
+        """``curves.png``, and ``confusion.png`` of the weights ``model/`` holds, from their evaluation by this
+        process; a resumed run whose ``model/`` is older leaves ``confusion.png`` as the process that saved it drew
+        it."""
+        ev = self.model_eval
+        if ev is None and self.last_eval is not None:
+            ev = {k: v for k, v in self.last_eval.items() if k != "confusion"}  # the curves only
+        if ev is not None:
+            where = f"{self.data.val_name}, model/ = epoch {ev['epoch']}" if "epoch" in ev else self.data.val_name
+            draw_figures(self.out, self.data.class_names, ev, title=where)

@@ -36,11 +36,13 @@ class Objective:
 
     @classmethod
     def fit_recipe(
-        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
-    ) -> TrainConfig:
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None,
+        init: ViTConfig | None = None, processes: int = 1,
+    ) -> TrainConfig:  # fmt: skip
         """``cfg`` with its recipe fitted to the data (a new run, once): the size and evaluation crop the data was
         stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`). ``pace``: what a probe measured on
-        the data for a time budget (:class:`~vitlab.train.spec.pace.Pace`), for a recipe fitted to it."""
+        the data for a time budget (:class:`~vitlab.train.spec.pace.Pace`), for a recipe fitted to it; ``init``:
+        the ``--init`` checkpoint's configuration; ``processes``: how many train the run."""
         return fit_size_to_data(cfg, data)
 
     @classmethod

@@ -12,6 +12,7 @@ from torch import nn
 
 from ...capacity import inference_bytes
 from ...evaluate.accuracy import evaluate_batches
+from ..spec.finetune import fit_finetune
 from ..spec.fitting import fit_recipe_to_data
 from .base import Objective
 
@@ -41,19 +42,28 @@ class Classify(Objective):
 
     @classmethod
     def fit_recipe(
-        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
-    ) -> TrainConfig:
-        """The ``auto`` or ``finetune`` recipe fitted to the data
-        (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`), then the size the data was stored for."""
-        cfg = fit_recipe_to_data(
-            cfg,
-            n_train=len(data.train),
-            image_size=tuple(data.image_size),
-            num_classes=data.num_classes,
-            in_chans=data.in_chans,
-            device_type=device_type,
-            pace=pace,
-        )
+        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None,
+        init: ViTConfig | None = None, processes: int = 1,
+    ) -> TrainConfig:  # fmt: skip
+        """The ``auto`` recipe fitted to the data (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`, from the
+        measured ``pace`` when there is one), or with ``--init`` to fine-tuning the ``init`` model
+        (:func:`~vitlab.train.spec.finetune.fit_finetune`), or the ``finetune`` recipe's batch to the data; then the
+        size the data was stored for."""
+        if init is not None and cfg.recipe.name == "auto":
+            cfg = fit_finetune(
+                cfg, n_train=len(data.train), class_names=list(data.class_names),
+                in_chans=data.in_chans, device_type=device_type, init=init, processes=processes,
+            )  # fmt: skip
+        else:
+            cfg = fit_recipe_to_data(
+                cfg,
+                n_train=len(data.train),
+                image_size=tuple(data.image_size),
+                num_classes=data.num_classes,
+                in_chans=data.in_chans,
+                device_type=device_type,
+                pace=pace,
+            )
         return super().fit_recipe(cfg, data, device_type=device_type)
 
     @classmethod

@@ -44,7 +44,14 @@ class MPP(Objective):
 
     @classmethod
     def fit_recipe(
-        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None
+        cls,
+        cfg: TrainConfig,
+        data: DataSplits,
+        *,
+        device_type: str,
+        pace: Pace | None = None,
+        init: ViTConfig | None = None,
+        processes: int = 1,
     ) -> TrainConfig:
         """The size the data was stored for, then the patch and batch for it
         (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`; ``pace`` is not used)."""

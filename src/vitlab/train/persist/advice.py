@@ -4,6 +4,7 @@ threshold and names the flags a timm user would reach for."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,21 @@ from .health import with_alarms
 if TYPE_CHECKING:
     from ..spec.recipes import Recipe
 
-__all__ = ["OVERFIT_RATIO", "RISE_POINTS", "UNDERFIT_RATIO", "advice_line"]
+__all__ = ["NOISE_SE", "OVERFIT_RATIO", "RISE_POINTS", "UNDERFIT_RATIO", "advice_line", "top1_stderr"]
+
+NOISE_SE = 2.0
+"""A change is told from noise when it exceeds this many standard errors of what it is measured on: the evaluation
+split's size decides whether a rise of top-1 or of the loss means anything (6 images: nothing)."""
+
+
+def top1_stderr(top1: float, n: int) -> float:
+    """The standard error of a top-1 accuracy ``top1`` (0-1) measured on ``n`` images, in percentage points: the
+    binomial ``sqrt(p (1 - p) / n)``, with ``p`` taken as ``(k + 1) / (n + 2)`` for ``k`` right answers (Laplace's
+    rule), so that 0% or 100% on a few images is not read as exact."""
+    k = round(top1 * n)
+    p = (k + 1) / (n + 2)
+    return 100 * math.sqrt(p * (1 - p) / max(n, 1))
+
 
 RISE_POINTS = 3.0
 """Top-1 is "still rising steeply" when the last 20% of the epochs (at least one) gained more than this many
@@ -51,26 +66,32 @@ def advice_line(
     recipe: Recipe,
     epochs: int,
     time_budget: float | None = None,
+    n_eval: int | None = None,
     alarms: Sequence[str] = (),
 ) -> str | None:
     """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
 
-    - top-1 still rising steeply (:data:`RISE_POINTS`): train longer (``--epochs`` or ``--time-budget`` doubled);
+    - top-1 still rising steeply (:data:`RISE_POINTS`, and :data:`NOISE_SE` standard errors of the last top-1 on the
+      ``n_eval`` evaluation images, :func:`top1_stderr`): train longer (``--epochs`` or ``--time-budget`` doubled);
     - train loss far above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises: the flags
       that lighten it (a named recipe other than ``auto`` also gets ``--recipe auto``, fitted to the run's length);
-    - evaluation loss risen from its lowest while the train loss fell (:data:`OVERFIT_RATIO`): a random crop and
-      MixUp where the recipe has none, else as many epochs (or that share of the budget) as reached the lowest loss.
+    - evaluation loss risen from its lowest while the train loss fell (:data:`OVERFIT_RATIO`, and by more than
+      :data:`NOISE_SE` standard errors of a mean loss over ``n_eval`` images, taken as ``loss / sqrt(n_eval)``: one
+      image's cross-entropy spreads about as much as its mean): a random crop and MixUp where the recipe has none,
+      else as many epochs (or that share of the budget) as reached the lowest loss.
 
-    Needs three epochs or more (``rows``: ``metrics.jsonl``'s). The attention-health ``alarms`` (issue 39) follow,
-    one ``advice:`` line each (:func:`.health.with_alarms`)."""
+    Needs three epochs or more (``rows``: ``metrics.jsonl``'s); ``n_eval`` None: no noise test. The
+    attention-health ``alarms`` (issue 39) follow, one ``advice:`` line each (:func:`.health.with_alarms`)."""
     if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
         return with_alarms(None, alarms)
     why, fix = [], []
     k = max(1, round(0.2 * len(rows)))
     gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
-    if gain > RISE_POINTS:
+    noise = NOISE_SE * top1_stderr(rows[-1]["top1"], n_eval) if n_eval else 0.0
+    if gain > RISE_POINTS and (not noise or gain > noise):
         of = f"the last {k} of {len(rows)} epochs" if k > 1 else f"the last of {len(rows)} epochs"
-        why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of})")
+        beyond = f", beyond the noise of {n_eval:,} evaluation images" if n_eval and noise > RISE_POINTS else ""
+        why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of}{beyond})")
         fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
     train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
     lighter = _lighter(recipe)
@@ -78,7 +99,9 @@ def advice_line(
         why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
         fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))
     low = min(range(len(rows)), key=lambda i: rows[i]["eval_loss"])
-    if ev > OVERFIT_RATIO * rows[low]["eval_loss"] and train < rows[low]["train_loss"]:
+    loss_noise = NOISE_SE * ev / math.sqrt(n_eval) if n_eval else 0.0
+    risen = ev > OVERFIT_RATIO * rows[low]["eval_loss"] and ev - rows[low]["eval_loss"] > loss_noise
+    if risen and train < rows[low]["train_loss"]:
         best = rows[low].get("epoch", low + 1)
         why.append(
             f"eval loss up from {rows[low]['eval_loss']:.2f} (epoch {best}) to {ev:.2f} while train loss fell "

@@ -98,8 +98,11 @@ def plot_health(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) ->
     return True
 
 
-def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str]) -> None:
-    """Row-normalised confusion matrix (rows: true class, columns: predicted)."""
+def plot_confusion(
+    confusion: np.ndarray, class_names: Sequence[str], path: str | os.PathLike[str], *, where: str | None = None
+) -> None:
+    """Row-normalised confusion matrix (rows: true class, columns: predicted); ``where``: what it was measured on
+    (the split, the epoch of the weights), in its title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,7 +129,8 @@ def plot_confusion(confusion: np.ndarray, class_names: Sequence[str], path: str 
                         fontsize=7,
                         color="white" if norm[i, j] > 0.5 else "black",
                     )
-    ax.set(xlabel="predicted", ylabel="true", title=f"confusion (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})")
+    on = f" on {where}" if where else ""
+    ax.set(xlabel="predicted", ylabel="true", title=f"confusion{on} (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -137,10 +141,10 @@ MAX_CONFUSION_FIGURE = 100
 """Most classes a ``confusion.png`` is drawn for: beyond, a cell is under a pixel and no label is readable."""
 
 
-def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> None:
+def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any], *, title: str | None = None) -> None:
     """``curves.png`` and ``health.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation
-    ``ev`` (for at most :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise); a failure is a warning,
-    because a figure must never kill a training run."""
+    ``ev`` (for at most :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise; ``title``: what ``ev`` was
+    measured on); a failure is a warning, because a figure must never kill a training run."""
     try:
         classes = len(class_names) if "per_class" in ev else None  # MPP's top-5 is over 512 colours
         rows = read_metrics(out / "metrics.jsonl")
@@ -153,6 +157,6 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any]) -> N
                 file=sys.stderr,
             )
         elif "confusion" in ev:  # not for MPP's 512 colours
-            plot_confusion(ev["confusion"], class_names, out / "confusion.png")
+            plot_confusion(ev["confusion"], class_names, out / "confusion.png", where=title)
     except Exception as e:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)

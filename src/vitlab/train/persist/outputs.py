@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..._fs import atomic_write_text
 from ...errors import ConfigError
 from ..spec.files import config_text
+from .advice import top1_stderr
 from .dcp import SHARDED_DIR, clear
 from .position import RunPlan, RunPosition
 
@@ -29,6 +30,7 @@ __all__ = [
     "RUN_OUTPUTS",
     "append_metrics",
     "claim_run_folder",
+    "model_epoch",
     "model_summary",
     "read_metrics",
     "run_summary",
@@ -136,6 +138,16 @@ def model_summary(mcfg: ViTConfig, init: str | None) -> dict[str, Any]:
     }
 
 
+def model_epoch(rows: Sequence[dict[str, Any]], *, keep: str) -> dict[str, Any] | None:
+    """The ``metrics.jsonl`` row of the epoch whose weights ``model/`` holds: the last one (``--keep last``), or the
+    first with the highest top-1 (``--keep best``: the trainer saves on a strict improvement). None: no epoch yet."""
+    if not rows:
+        return None
+    if keep != "best":
+        return rows[-1]
+    return max(rows, key=lambda r: (r["top1"], -r["epoch"]))
+
+
 def run_summary(
     *,
     position: RunPosition,
@@ -148,22 +160,40 @@ def run_summary(
     out: Path,
     wall_s: float,
     rows: Sequence[dict[str, Any]],
+    data_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``summary.json``: the last epoch's accuracy (from the ``metrics.jsonl`` ``rows``), the best one,
-    how far the run got against its plan, its throughput, the model, the data and the recipe."""
+    """``summary.json``: the accuracy of the weights ``model/`` holds (``top1``, ``top5``, measured at
+    ``model_epoch``: what ``vitlab eval`` and ``confusion.png`` report for them), the last epoch's and the best one
+    (from the ``metrics.jsonl`` ``rows``), the evaluation split's size and the standard error of top-1 on it, how far
+    the run got against its plan, its throughput, the model, the data (with ``data_record``: its absolute location and
+    fingerprint, :func:`~vitlab.train.engine.data.data_record`) and the recipe."""
     p = position
+    kept = model_epoch(rows, keep=cfg.keep)
+    best = model_epoch(rows, keep="best")
+    n_eval = len(data.val)
+    described = {**data.describe(), **_data_source(data_record)}
     return {
-        "top1": rows[-1]["top1"] if rows else None,
-        "top5": rows[-1]["top5"] if rows else None,
-        **({"top1_native": rows[-1]["top1_native"]} if rows and "top1_native" in rows[-1] else {}),
+        "top1": kept["top1"] if kept else None,
+        "top5": kept["top5"] if kept else None,
+        **({"top1_native": kept["top1_native"]} if kept and "top1_native" in kept else {}),
+        "model_epoch": kept["epoch"] if kept else None,
+        "keep": cfg.keep,
+        "last_top1": rows[-1]["top1"] if rows else None,
+        "last_top5": rows[-1]["top5"] if rows else None,
         "best_top1": p.best if p.best >= 0 else None,
+        "best_epoch": best["epoch"] if best else None,
+        "eval": {
+            "split": data.val_name,
+            "images": n_eval,
+            "top1_stderr": round(top1_stderr(kept["top1"], n_eval), 2) if kept and n_eval else None,
+        },
         "epochs": p.epoch,
         "steps": p.step,
         "images_per_sec": p.images / max(p.train_s, 1e-9),
         "wall_s": wall_s,
         "params": model.num_params(),
         "model": model_summary(model.config, cfg.init),
-        "data": data.describe(),
+        "data": described,
         "recipe": cfg.recipe.name,
         "recipe_config": cfg.recipe.to_dict(),
         "recipe_chosen": cfg.resolved,
@@ -176,3 +206,10 @@ def run_summary(
         "planned_epochs": plan.epochs,
         "planned_steps": plan.total_steps,
     }
+
+
+def _data_source(record: dict[str, Any] | None) -> dict[str, Any]:
+    """``summary.json``'s ``data.path`` and ``data.fingerprint`` from what the run records of its data."""
+    if not record:
+        return {}
+    return {"path": record.get("data"), "fingerprint": record.get("data_fingerprint")}

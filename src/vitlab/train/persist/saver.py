@@ -149,9 +149,13 @@ class CheckpointSaver:
             saved_step=state["step"],
         )
 
-    def save_model(self, model: nn.Module, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int) -> None:
+    def save_model(
+        self, model: nn.Module, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int, data: dict[str, Any] | None = None
+    ) -> None:
         """``model/``: ``model`` as a vitlab folder with what produced it (recipe, data, epoch, accuracy, ``--init``).
-        It replaces the run's own earlier ``model/`` (the run folder was checked when the run started)."""
+        ``data``: what the run records of its data (:func:`vitlab.train.engine.data.data_record`: its absolute
+        location, fingerprint, how a folder was stored), else ``cfg.data`` as given. It replaces the run's own earlier
+        ``model/`` (the run folder was checked when the run started)."""
         r = cfg.recipe
         save(
             model,
@@ -161,6 +165,7 @@ class CheckpointSaver:
                 "crop_pct": r.crop_pct,
                 "recipe": r.name,
                 "data": cfg.data,
+                **(data or {}),
                 "epoch": epoch,
                 "top1": ev["top1"],
                 "top5": ev["top5"],

@@ -39,6 +39,9 @@ class TrainConfig:
     ``--init`` model keeps the normalisation it was trained with."""
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    new_head: bool = False
+    """Fine-tuning: a new zero-initialised head even when the ``--init`` model's classes are the data's (same names,
+    same order: otherwise it is new anyway, :func:`~vitlab.train.spec.finetune.head_choice`)."""
     objective: str = "classify"
     """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
     a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy
@@ -103,8 +106,9 @@ class TrainConfig:
     """Minutes between mid-epoch checkpoints (the end of each epoch always saves)."""
     stop_after: int | None = None
     """Save and exit after this many optimizer steps in this process (pre-emption drills, tests)."""
-    keep: str = "best"
-    """``model/`` holds the ``best`` (by top-1) or the ``last`` weights."""
+    keep: str = "last"
+    """``model/`` holds the ``last`` weights (the default) or the ``best`` by top-1 on the evaluation split (which
+    then reports them optimistically: the epoch was chosen on it)."""
     progress: bool = True
     watch_attention: str = "auto"
     """Attention health after each evaluation (:mod:`vitlab.train.engine.watch`): ``on``, ``off``, or ``auto``: while

@@ -283,7 +283,8 @@ def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: s
     why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
     arch = r.arch
     return (
-        f", {passes_text} passes -> {level} aug ({why}): {crop}, flip, LS 0.1, {ra}, {mix}, "
+        f", {passes_text} {'pass' if passes_text == '1' else 'passes'} -> {level} aug ({why}): {crop}, flip, LS 0.1, "
+        f"{ra}, {mix}, "
         f"random erasing {r.random_erasing:g}, stochastic depth {r.drop_path:g}, wd 0.05; "
         f"batch {r.batch_size} (<= 1/16 of the data), lr {r.lr:.2g}, warmup {r.warmup_fraction:.0%} of the steps; "
         + (f"token drop {r.token_drop:g} in training; " if r.token_drop else "")

@@ -176,6 +176,9 @@ data, model, recipe, dist, run = "data", "model", "recipe", "distillation", "run
 OPTIONS: tuple[Option, ...] = (
     O(path="init", flag="--init", commands=("finetune",), required=True, resume="fixed",
       help="the model to start from: a model folder, a run folder, a checkpoint file or a public name"),
+    O(path="new_head", flag="--new-head", commands=("finetune",), kind=FLAG, default=False,
+      help="a new zero-initialised head even when the model's classes are the data's (the head is kept only for "
+      "the same class names in the same order)"),
     O(path=None, flag="--config", metavar="FILE",
       help="a config file (YAML or JSON) of options, which the flags given override; every run writes its own as "
       "config.yaml: --config runs/X/config.yaml --out runs/Y re-creates run X"),
@@ -251,9 +254,9 @@ OPTIONS: tuple[Option, ...] = (
       help="progressive resolution: e.g. 24:0.5,32:1.0 trains at 24 px for the first half of the steps, then "
       "32 (position embeddings resampled on the fly); evaluation and the model at the last size"),
     # -- recipe ----------------------------------------------------------------------------------------------
-    O(path="recipe.name", flag="--recipe", group=recipe, command_default={"finetune": "finetune"},
+    O(path="recipe.name", flag="--recipe", group=recipe,
       help="preset (default: mpp for --objective mpp, digits for --data digits, else auto: fitted to the data's "
-      "size and the number of steps, printed when the run starts)"),
+      "size and the number of steps, and with --init to fine-tuning that model; printed when the run starts)"),
     O(path="recipe.epochs", flag="--epochs", group=recipe, kind=INT, resume="honoured",
       help="passes over the training data (default: the recipe's; --time-budget plans its own)"),
     O(path="recipe.batch_size", flag="--batch-size", group=recipe, kind=INT,
@@ -348,8 +351,9 @@ OPTIONS: tuple[Option, ...] = (
       help="also checkpoint every MIN minutes mid-epoch"),
     O(path="stop_after", flag="--stop-after", group=run, kind=INT, metavar="STEPS", resume="process",
       help="save and stop after STEPS steps (resume later)"),
-    O(path="keep", flag="--keep", group=run, choices=("best", "last"), default="best", resume="honoured",
-      help="which weights model/ holds"),
+    O(path="keep", flag="--keep", group=run, choices=("best", "last"), default="last", resume="honoured",
+      help="which weights model/ holds: the last epoch's, or the best top-1's (chosen on the evaluation split, so "
+      "that split's top-1 of them is optimistic)"),
     O(path="on_nan", flag="--on-nan", group=run, choices=("stop", "skip"), default="stop", resume="honoured",
       help="a NaN/Inf loss: stop before the update, keeping last.pt (exit 2), "
       "or skip the step and count it in metrics.jsonl"),
@@ -389,10 +393,11 @@ INTERNAL = {"recipe", "arch", "recipe_given"}
 
 
 def default_recipe_name(values: Mapping[str, Any]) -> str:
-    """The recipe without ``--recipe`` (``values``: top-level options by path): ``finetune`` with ``--init``,
-    ``mpp`` for ``--objective mpp``, ``digits`` for ``--data digits``, else ``auto`` (fitted to the data)."""
+    """The recipe without ``--recipe`` (``values``: top-level options by path): ``auto`` with ``--init`` (fitted to
+    fine-tuning that model, :mod:`.finetune`), ``mpp`` for ``--objective mpp``, ``digits`` for ``--data digits``, else
+    ``auto`` (fitted to the data)."""
     if values.get("init"):
-        return "finetune"
+        return "auto"
     if values.get("objective") == "mpp":
         return "mpp"
     return "digits" if str(values.get("data", "digits")).strip().lower() == "digits" else "auto"

@@ -1,0 +1,146 @@
+"""``vitlab finetune``'s default recipe: ``--recipe auto`` with ``--init`` fits a fine-tuning of the pre-trained model
+to the data, the budget and the model, as ``auto`` fits training from scratch (:mod:`.fitting`), and the rule that
+decides whether the pre-trained classifier head is kept (:func:`head_choice`).
+
+The fitting (:func:`fit_finetune`), every rule a user may override with its flag:
+
+- **optimiser**: AdamW, weight decay 0.05, clipping at 1, warmup 10% of the steps (5% from 5,000) then cosine.
+  It was the best point of docs/transfer.md's grid (a pre-trained width-96 model fine-tuned on 1,000 images of new
+  classes, AdamW against the paper's SGD); the paper's SGD recipe stays reachable as ``--recipe finetune``.
+- **learning rate**: :data:`FT_LR` at batch :data:`FT_BATCH` for models up to :data:`FT_WIDTH` wide (what was
+  measured); a wider model gets it times ``FT_WIDTH / width`` (Adam's LR for hidden weights falls as the width grows:
+  muP, Yang et al. 2021; a pre-trained ViT-B/16 then fine-tunes at 2.5e-4 at batch 64), and every batch scales it by
+  the square root of ``batch / FT_BATCH``, as ``auto`` does.
+- **batch**: at most 1/16 of the training set, 8 to 128 (:func:`~.fitting.auto_batch`).
+- **length**: ``--epochs`` (default: the ``auto`` recipe's 30), or ``--time-budget``: then, as for ``train``, half
+  the patch tokens are dropped in training (:data:`~.fitting.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), the
+  number of passes is estimated from the model's multiply-accumulates to choose the augmentation, and the run plans
+  its steps from a measured step (:mod:`vitlab.train.engine.budget`).
+- **augmentation**: the level for the passes and the data (:func:`~.fitting.aug_level`, after AugReg), as ``auto``.
+- **LP-FT** (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): a new head on fewer than
+  :data:`SMALL_DATA` images trains alone first (``--head-warmup``), for the first half of the LR warmup and at most
+  one epoch, so that the pre-trained features are not updated through a random head's gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..._units import counted
+from ...models.config import ViTConfig
+from .fitting import _COMMON, _MACS_PER_S, BUDGET_TOKEN_DROP, LEVELS, _auto_reason, _macs, aug_level, auto_batch
+from .recipes import RECIPES
+
+__all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "fit_finetune", "head_choice"]
+
+FT_LR, FT_BATCH, FT_WIDTH = 2e-3, 64, 96
+"""AdamW's fine-tuning LR at batch ``FT_BATCH`` for models up to ``FT_WIDTH`` wide (docs/transfer.md's grid)."""
+SMALL_DATA = 10_000
+"""Fewer training images than this: a new head trains alone first (LP-FT); the augmentation levels shift at the same
+size (:func:`~.fitting.aug_level`)."""
+
+
+def head_choice(init: ViTConfig, class_names: Sequence[str], *, new_head: bool = False) -> tuple[bool, str]:
+    """``(whether the head is new, why)``: the pre-trained classifier is kept only when it predicts the data's classes,
+    the same names in the same order (with ``new_head``, never); otherwise it is replaced by a zero-initialised one
+    (the paper's Sec. 3.2). A head whose count matches but whose names differ would relabel the old classes."""
+    names, old = list(class_names), list(init.class_names or [])
+    if new_head:
+        return True, "--new-head"
+    if init.head != "linear":
+        return True, "the pre-training MLP head dropped"
+    if init.num_classes == 0:
+        return True, "the model has no classifier head"
+    if old == names:
+        return False, f"the same {len(names)} classes in the same order"
+    if not old:
+        return True, f"the model names no classes, so its {init.num_classes} outputs cannot be matched to these"
+    if sorted(old) == sorted(names):
+        return True, "the same classes in another order"
+    shown = ", ".join(old[:4]) + (" ..." if len(old) > 4 else "")
+    return True, f"other classes: the model's are {shown}"
+
+
+def finetune_lr(*, width: int, batch: int) -> float:
+    """The AdamW peak LR for fine-tuning a pre-trained model of ``width`` at ``batch`` (see the module's notes)."""
+    return FT_LR * min(1.0, FT_WIDTH / width) * math.sqrt(batch / FT_BATCH)
+
+
+def fit_finetune(
+    cfg: Any,
+    *,
+    n_train: int,
+    class_names: Sequence[str],
+    in_chans: int,
+    device_type: str,
+    init: ViTConfig,
+    processes: int = 1,
+) -> Any:
+    """``cfg`` (a :class:`~vitlab.train.spec.config.TrainConfig` with ``--init`` and the ``auto`` recipe) with its
+    recipe fitted for fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images; ``cfg.resolved``
+    then holds the line that says what was chosen. Fields the user set (``cfg.recipe_given``) are kept; the head-only
+    phase needs one process (``processes``). A config already resolved (a resumed run) is returned unchanged."""
+    if cfg.resolved is not None:
+        return cfg
+    r = cfg.recipe
+    given = {f: getattr(r, f) for f in cfg.recipe_given}
+    batch = given.get("batch_size") or auto_batch(n_train)
+    spe = max(1, n_train // batch)
+    side = cfg.img_size or r.img_size
+    img = (side, side) if side else tuple(init.img_size)
+    patch = cfg.arch.get("patch_size") or init.patch_size
+    grid = math.ceil(img[0] / patch) * math.ceil(img[1] / patch)
+    arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
+    token_drop = given.get("token_drop")
+    if cfg.time_budget is not None:
+        if token_drop is None:
+            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+        macs = _macs(arch, img, in_chans, token_drop=token_drop)
+        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
+        steps = max(1, int(cfg.time_budget * rate / batch))
+        how = f"~{steps:,} steps (estimated for {cfg.time_budget:.0f} s on {device_type})"
+        epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
+    else:
+        token_drop = token_drop or 0.0
+        epochs = r.epochs if "epochs" in given else RECIPES["auto"].epochs
+        steps, passes = epochs * spe, float(epochs)
+        how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
+    level = aug_level(epochs=passes, n_train=n_train)
+    new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
+    lp = new_head and n_train < SMALL_DATA and not given.get("freeze") and processes == 1 and not cfg.fsdp
+    warm = 0.1 if steps < 5000 else 0.05
+    fitted = {
+        **_COMMON,
+        **LEVELS[level],
+        "optimizer": "adamw",
+        "batch_size": batch,
+        "base_batch": batch,
+        "lr": finetune_lr(width=init.embed_dim, batch=batch),
+        "epochs": epochs,
+        "warmup_steps": 0,
+        "warmup_epochs": 0.0,
+        "warmup_fraction": warm,
+        "clip_grad": 1.0,
+        "token_drop": token_drop,
+        "head_warmup": max(1, min(spe, round(warm / 2 * steps))) if lp else 0,
+    }
+    new = dataclasses.replace(r, **{**fitted, **given})
+    params = init.num_params()
+    head = (
+        f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
+        f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
+    )
+    line = head + _auto_reason(new, level=level, passes=passes, n_train=n_train, model="").rsplit("; model", 1)[0]
+    line += (
+        f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "
+        f"x {FT_WIDTH}/width beyond, x the square root of the batch ratio"
+    )
+    if new.head_warmup:
+        line += f"; the new head trains alone for {new.head_warmup} steps first (LP-FT: under {SMALL_DATA:,} images)"
+    kept = sorted(set(given) - {"epochs", "batch_size"})
+    if kept:
+        line += f"; kept as given: {', '.join(kept)}"
+    return dataclasses.replace(cfg, recipe=new, resolved=line)

@@ -1,0 +1,196 @@
+"""``vitlab finetune`` with its defaults (issue 36): the pre-trained head is kept only for the same classes in the same
+order, and the default recipe is a fitting of its own (``auto`` with ``--init``: AdamW at an LR for the model's width,
+the time budget's token dropping and augmentation, LP-FT on small data), the paper's SGD recipe a name away."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import main
+from vitlab.models import ViTConfig
+from vitlab.train.engine.model import InitModel
+from vitlab.train.spec.config import build_config
+from vitlab.train.spec.finetune import FT_BATCH, FT_LR, SMALL_DATA, finetune_lr, fit_finetune, head_choice
+from vitlab.train.spec.fitting import BUDGET_TOKEN_DROP, LEVELS, aug_level
+
+NAMES = ["cat", "dog", "fox", "owl"]
+
+
+def _init(tmp_path: Path, names=NAMES, img: int = 16) -> Path:
+    m = vitlab.create_model(
+        "vit_ti16", img_size=img, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=len(names)
+    )
+    with torch.no_grad():
+        m.head.weight.normal_()  # a trained head: not zero
+    m.config.class_names = list(names)
+    vitlab.save(m, tmp_path / "init")
+    return tmp_path / "init"
+
+
+def _folder(root: Path, names, *, per_class: int = 8, size: int = 16) -> Path:
+    """``root/<name>/NN.png`` (no val/: the run holds out 10%); class i has a bright channel i % 3."""
+    rng = np.random.default_rng(0)
+    for i, name in enumerate(names):
+        d = root / name
+        d.mkdir(parents=True)
+        for k in range(per_class):
+            arr = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
+            arr[..., i % 3] += 150
+            Image.fromarray(arr).save(d / f"{k:02d}.png")
+    return root
+
+
+# -- the head ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "flag", "kept", "words"),
+    [
+        (NAMES, False, True, "head kept: the same 4 classes in the same order"),
+        (["ant", "bee", "cow", "elk"], False, False, "other classes: the model's are cat, dog, fox, owl"),
+        (["dog", "cat", "fox", "owl"], False, False, "the same classes in another order"),
+        (NAMES, True, False, "(--new-head)"),
+    ],
+)
+def test_the_head_is_kept_only_for_the_same_names_in_the_same_order(tmp_path, names, flag, kept, words):
+    """Before: a head with the right number of outputs was kept whatever its classes were ("head kept (4 classes)"),
+    its old classes relabelled with the new names."""
+    init = _init(tmp_path)
+    cfg = dataclasses.replace(build_config({"init": str(init), "data": "unused"}), new_head=flag)
+    model, line = InitModel.read(cfg).build(cfg, num_classes=4, class_names=names)
+    before = vitlab.load(init)
+    assert words in line, line
+    if kept:
+        assert torch.equal(model.head.weight, before.head.weight) and torch.equal(model.head.bias, before.head.bias)
+    else:
+        assert "head replaced by a zero-initialised one for 4 classes" in line
+        assert not model.head.weight.any() and not model.head.bias.any()
+    assert model.config.class_names == names
+    assert torch.equal(model.blocks[0].attn.qkv.weight, before.blocks[0].attn.qkv.weight)  # the body is kept
+
+
+def test_head_choice_reasons():
+    cfg = ViTConfig(num_classes=3, class_names=None)
+    assert head_choice(cfg, ["a", "b", "c"]) == (
+        True,
+        "the model names no classes, so its 3 outputs cannot be matched to these",
+    )
+    assert head_choice(ViTConfig(num_classes=0), ["a"])[0] and head_choice(ViTConfig(head="mlp"), ["a"])[0]
+
+
+# -- the fitting ---------------------------------------------------------------------------------------------------
+
+
+def _fit(n_train=1000, *, width=96, img=32, patch=4, names=None, flags=None, budget=None, processes=1, **given):
+    init = ViTConfig(img_size=(img, img), patch_size=patch, embed_dim=width, depth=4, num_heads=3, mlp_dim=2 * width,
+                     num_classes=10, class_names=[f"c{i}" for i in range(10)])  # fmt: skip
+    values = {"init": "pre/model", "data": "unused", "time_budget": budget, **(flags or {})}
+    values.update({f"recipe.{k}": v for k, v in given.items()})
+    cfg = build_config(values, given={f"recipe.{k}" for k in given})
+    assert cfg.recipe.name == "auto"  # --init without --recipe: the fine-tuning fitting
+    names = names or [f"n{i}" for i in range(10)]
+    return fit_finetune(cfg, n_train=n_train, class_names=names, in_chans=3, device_type="cpu", init=init,
+                        processes=processes)  # fmt: skip
+
+
+def test_the_default_fits_adamw_at_the_measured_lr_scaled_by_width_and_batch():
+    """Before: SGD at 0.03 * sqrt(batch / 512) (0.0075 at batch 32), the same for every model."""
+    cfg = _fit(1000)
+    r = cfg.recipe
+    assert (r.optimizer, r.batch_size, r.weight_decay, r.clip_grad) == ("adamw", 32, 0.05, 1.0)
+    assert r.scaled_lr(r.batch_size) == pytest.approx(FT_LR * (32 / FT_BATCH) ** 0.5)
+    assert r.epochs == 30 and r.warmup_fraction == 0.1 and r.token_drop == 0.0  # no budget: no token dropping
+    level = aug_level(epochs=30, n_train=1000)
+    assert r.crop_scale == LEVELS[level]["crop_scale"] and r.randaugment == LEVELS[level]["randaugment"]
+    assert (
+        cfg.resolved.startswith("auto (fine-tuning pre/model: width 96, depth 4") and f"-> {level} aug" in cfg.resolved
+    )
+    wide = _fit(1000, width=768).recipe
+    assert wide.lr == pytest.approx(finetune_lr(width=768, batch=32)) == pytest.approx(r.lr / 8)
+    assert _fit(1000, lr=0.01, optimizer="sgd").recipe.lr == 0.01  # the user's flags are kept
+    assert "kept as given: lr, optimizer" in _fit(1000, lr=0.01, optimizer="sgd").resolved
+
+
+def test_lp_ft_for_a_new_head_on_small_data_only():
+    r = _fit(1000).recipe
+    assert 1 <= r.head_warmup <= 1000 // 32  # at most one epoch, half the warmup
+    assert r.head_warmup == min(1000 // 32, round(0.1 / 2 * 30 * (1000 // 32)))  # half the 10% warmup, capped
+    assert _fit(1000, names=[f"c{i}" for i in range(10)]).recipe.head_warmup == 0  # the head is kept
+    assert _fit(SMALL_DATA).recipe.head_warmup == 0  # enough data
+    assert _fit(1000, processes=2).recipe.head_warmup == 0  # the head-only phase runs in one process
+    assert _fit(1000, freeze=True).recipe.head_warmup == 0  # a linear probe trains the head only anyway
+    assert "trains alone for" in _fit(1000).resolved
+
+
+@pytest.mark.parametrize(("img", "patch", "drop"), [(32, 4, BUDGET_TOKEN_DROP), (16, 8, 0.0)])
+def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img, patch, drop):
+    """Before: a budgeted fine-tune trained on every token (half the steps of `vitlab train`'s budget)."""
+    cfg = _fit(1000, img=img, patch=patch, budget=300.0)
+    r = cfg.recipe
+    assert r.token_drop == drop  # a grid of 64 tokens drops half; one of 4 tokens none
+    assert "estimated for 300 s on cpu" in cfg.resolved
+    passes = float(cfg.resolved.split(" passes -> ")[0].rsplit(", ", 1)[1].replace(",", ""))
+    assert f"-> {aug_level(epochs=passes, n_train=1000)} aug" in cfg.resolved
+    assert _fit(1000, budget=300.0, token_drop=0.0).recipe.token_drop == 0.0
+
+
+def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
+    init = _init(tmp_path)
+    data = _folder(tmp_path / "data", ["ant", "bee", "cow", "elk"], per_class=10)
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(init), "--data", str(data), "--out", str(out), "--time-budget", "3s"]
+    assert main([*args, "--cache-dir", str(tmp_path / "c"), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "auto (fine-tuning" in text and "token drop 0.5 in training" in text and "time budget 3 s: measured" in text
+    assert "head replaced by a zero-initialised one for 4 classes (other classes" in text
+    s = json.loads((out / "summary.json").read_text())
+    rc = s["recipe_config"]
+    assert (s["recipe"], rc["optimizer"], rc["token_drop"]) == ("auto", "adamw", 0.5) and rc["head_warmup"] >= 1
+    assert s["recipe_chosen"].startswith("auto (fine-tuning")
+
+
+def test_the_papers_recipe_is_a_name_away(tmp_path, capsys):
+    init = _init(tmp_path)
+    data = _folder(tmp_path / "data", NAMES, per_class=10)
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(init), "--data", str(data), "--out", str(out), "--recipe", "finetune"]
+    assert main([*args, "--epochs", "1", "--cache-dir", str(tmp_path / "c"), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "finetune on 36 images: batch 8" in text and "head kept: the same 4 classes in the same order" in text
+    assert json.loads((out / "summary.json").read_text())["recipe_config"]["optimizer"] == "sgd"
+
+
+# -- the benchmark (benchmarks/finetune_defaults.py: its commands; its --smoke run is left to a manual check) --------
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "finetune_defaults.py"
+    spec = importlib.util.spec_from_file_location("finetune_defaults_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_arms_are_the_default_commands(tmp_path):
+    """Every arm is a plain command: no recipe, optimizer or LR flags; scratch gets the pre-trained architecture."""
+    bench = _bench()
+    arch = {"img_size": [32, 32], "patch_size": 4, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256,
+            "pool": "cls", "class_token": True, "posemb": "sincos2d"}  # fmt: skip
+    flags = bench.arch_flags(arch)
+    assert flags == ["--img-size", "32", "--patch-size", "4", "--dim", "128", "--depth", "4", "--heads", "4",
+                     "--mlp-ratio", "2", "--pool", "cls", "--posemb", "sincos2d"]  # fmt: skip
+    cmds = bench.arm_commands(pretrained=tmp_path / "m", data=tmp_path / "d", budget="5m", seed=1, arch=flags,
+                              out=tmp_path / "o", vitlab=["vitlab"])  # fmt: skip
+    assert set(cmds) == {"finetune", "scratch", "probe"} and "--freeze" in cmds["probe"]
+    for cmd in cmds.values():
+        assert not {"--recipe", "--lr", "--optimizer", "--batch-size"} & set(cmd)
+        assert cmd[cmd.index("--time-budget") + 1] == "5m" and cmd[cmd.index("--seed") + 1] == "1"

@@ -1,0 +1,103 @@
+"""Numbers that mean what they say (issue 36): a run records its data by an absolute path, announces the evaluation
+split it held out, names the epoch its ``model/`` comes from, and its ``summary.json`` agrees with ``vitlab eval`` on
+those weights; a shard run evaluates the pixels ``vitlab eval`` does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab.cli import main
+from vitlab.data import channel_stats, load_data
+from vitlab.data.stream import EvalDecode, open_stream_data
+from vitlab.distributed import Dist
+from vitlab.evaluate.accuracy import preprocess_for
+from vitlab.inspect.report import training_artifacts
+from vitlab.models import VisionTransformer, ViTConfig
+from vitlab.train.engine.model import input_norm
+from vitlab.train.engine.shards import build_shard_loaders
+from vitlab.train.spec.config import build_config
+
+TINY = ["--img-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress"]
+
+
+def _photos(root: Path, *, splits=("",), per_class: int = 10, size: int = 8, ext: str = "png") -> Path:
+    """``root/[split/]class{0,1}/NN.ext``: class c has a bright channel c."""
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for c in range(2):
+            d = root / split / f"class{c}"
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                arr = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
+                arr[..., c] += 150
+                Image.fromarray(arr).save(d / f"{i:02d}.{ext}")
+    return root
+
+
+def test_a_run_records_its_data_absolutely_announces_its_split_and_agrees_with_eval(tmp_path, monkeypatch, capsys):
+    """Before: config.json kept ``"data": "photos"`` (relative), 10% was held out silently, and model/ held the best
+    epoch while summary.json reported the last one."""
+    _photos(tmp_path / "photos")
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--data", "photos", "--out", "run", "--epochs", "3", "--cache-dir", str(tmp_path / "c"), *TINY]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "evaluation split: 2 of the 20 images held out (10% of each class, seed 0), as photos has no val/" in out
+    assert "warning: 2 evaluation images (val), about 1 a class" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    photos = str((tmp_path / "photos").resolve())
+    assert summary["data"]["path"] == photos and summary["data"]["fingerprint"]
+    assert vitlab.load(tmp_path / "run" / "model").config.extra["data"] == photos
+    assert (summary["keep"], summary["model_epoch"], summary["epochs"]) == ("last", 3, 3)
+    assert summary["eval"]["images"] == 2 and summary["eval"]["top1_stderr"] > 10
+    assert "model/: epoch 3" in out
+    _, sections = training_artifacts(tmp_path / "run" / "model")  # the report's tables
+    table = next(sec.table for sec in sections if sec.title == "Training summary")
+    assert table["top1"] == float(f"{summary['top1']:.4g}") and table["model_epoch"] == 3
+    # from another folder, without --data's relative name: the same weights, the same data, the same number
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    model = str(tmp_path / "run" / "model")
+    assert main(["eval", "--model", model, "--data", photos, "--output", "e.json", "--cache-dir", "c"]) == 0
+    ev = json.loads((elsewhere / "e.json").read_text())
+    assert ev["count"] == 2 and ev["top1"] == summary["top1"]
+    assert "(epoch 3 of its run)" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("honest_shards")
+    _photos(root / "f", splits=("train", "test"), per_class=2, size=64, ext="jpg")
+    assert main(["data", "pack", str(root / "f"), str(root / "p"), "--no-progress"]) == 0
+    return root
+
+
+def test_shard_training_evaluates_the_pixels_vitlab_eval_does(packed):
+    """Before: the shard loader decoded evaluation JPEGs at a reduced DCT scale (draft mode), other pixels than
+    ``vitlab eval``'s full-scale decode of the same file."""
+    data = open_stream_data(str(packed / "p"))
+    cfg = build_config({"data": str(packed / "p"), "recipe.batch_size": 2}, given={"recipe.batch_size"})
+    mcfg = ViTConfig(img_size=(8, 8), patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=2)
+    loaders = build_shard_loaders(cfg, data=data, model_config=mcfg, dist=Dist(), device=torch.device("cpu"), workers=0)
+    x = loaders.eval_items(0, 1)[0]
+    raw = loaders.probe_eval._items[0][0]  # the same sample's bytes
+    y = EvalDecode(in_chans=3, tf=preprocess_for(VisionTransformer(mcfg)))(raw)  # vitlab eval's decode
+    torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+def test_shards_are_normalised_by_their_own_statistics_like_the_folder(packed, tmp_path):
+    """Before: a shard run normalised by 0.5 / 0.5 while the same images in a folder used their own statistics."""
+    data = open_stream_data(str(packed / "p"))
+    mean, std = input_norm(build_config({"data": str(packed / "p")}), data)
+    folder = load_data(str(packed / "f"), cache_dir=str(tmp_path / "c"), progress=False)
+    fmean, fstd = channel_stats(folder.train.images, in_chans=3)
+    np.testing.assert_allclose(mean + std, fmean + fstd, rtol=0.05)  # the shard's JPEGs decoded at their DCT scale
+    assert max(abs(v - 0.5) for v in mean + std) > 0.1
