@@ -31,7 +31,7 @@ from typing import Any
 
 from ..._units import counted
 from ...models.config import ViTConfig
-from .fitting import _COMMON, _MACS_PER_S, BUDGET_TOKEN_DROP, LEVELS, _auto_reason, _macs, aug_level, auto_batch
+from .fitting import _COMMON, _MACS_PER_S, BUDGET_TOKEN_DROP, LEVELS, _auto_reason, aug_level, auto_batch, forward_macs
 from .recipes import RECIPES
 
 __all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "fit_finetune", "head_choice"]
@@ -98,7 +98,7 @@ def fit_finetune(
     if cfg.time_budget is not None:
         if token_drop is None:
             token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
-        macs = _macs(arch, img, in_chans, token_drop=token_drop)
+        macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
         rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(cfg.time_budget * rate / batch))
         how = f"~{steps:,} steps (estimated for {cfg.time_budget:.0f} s on {device_type})"
