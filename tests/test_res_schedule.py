@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -19,6 +20,7 @@ from vitlab.train.engine import loop as loop_mod
 from vitlab.train.engine.budget import REPLAN_AT
 from vitlab.train.engine.schedule import StepSchedule, resize_batch, size_at, step_cost
 from vitlab.train.spec.options import parse_res_schedule
+from vitlab.train.spec.recipes import get_recipe
 
 
 def mean_step_cost(schedule) -> float:
@@ -151,7 +153,8 @@ def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, sch
 
     seen = {}
     monkeypatch.setattr(build.torch, "compile", lambda m, **kw: seen.update(kw) or m)
-    recipe = SimpleNamespace(res_schedule=schedule, token_drop=0.5, token_drop_until=until)
+    recipe = dataclasses.replace(get_recipe("small-data"), res_schedule=schedule, token_drop=0.5)
+    recipe = dataclasses.replace(recipe, token_drop_until=until)
     cfg = SimpleNamespace(fsdp=False, compile=True, recipe=recipe)
     net = torch.nn.Linear(2, 2)
     assert build.distribute(net, cfg, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net
