@@ -2,6 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.14.1 torchvision==0.29.1
+# pytest-xdist processes for `make test` (tests/conftest.py gives each one torch thread); 0: one process
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint format bench clean
 
@@ -22,7 +24,7 @@ lint: install
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 format: install
 	$(VENV)/bin/ruff check --fix src tests benchmarks

@@ -8,6 +8,7 @@ Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -15,6 +16,9 @@ import time
 import numpy as np
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs two workers on two cores: one torch thread each
+    torch.set_num_threads(1)
 
 # Float32 parity between two implementations of the same arithmetic (vitlab against timm, Hugging Face, a
 # JAX .npz, an exported graph): reordered float32 sums differ by ~1e-6 of the output's size (at most 2.7e-6

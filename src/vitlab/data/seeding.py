@@ -35,7 +35,7 @@ def seeded(seed: int) -> Iterator[None]:
     states are restored afterwards (the block's draws leave no trace in the caller's streams)."""
     py, npy = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # the CPU generator only: what fork_rng restores
         random.seed(seed)
         np.random.seed(seed)
         try:
