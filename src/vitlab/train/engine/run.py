@@ -176,7 +176,8 @@ def _data_and_objective(
     chosen from a pace measured on the data first, :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace``
     is None) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
     kind = objective_for(cfg)
-    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
+    side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
+    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels, init_size=side)
     pace = None
     if not fitted:
         if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):
