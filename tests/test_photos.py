@@ -87,6 +87,16 @@ def test_photos_train_at_224_with_patch_16_from_the_headers(tmp_path):
     assert folder_plan(_cfg(data, img_size=64), {(3024, 4032): 24}).size == (64, 64)
 
 
+def test_a_fine_tune_stores_photos_for_its_init_models_size(tmp_path):
+    """A fine-tune without --img-size trains at its --init model's size, and its photos are stored for that size,
+    not for the largest fine-tuning size (a 32 px model on 12 MP photos: a shorter side of 37 px, not 439)."""
+    cfg = _cfg(tmp_path, init="runs/x/model")
+    plan = folder_plan(cfg, {(3024, 4032): 24}, init_size=32)
+    assert plan.size == (32, 32) and plan.store_side == 37 and "the --init model's size" in plan.line
+    unknown = folder_plan(cfg, {(3024, 4032): 24})  # a model that is not square: stored for up to INIT_SIDE
+    assert unknown.size is None and unknown.store_side == 439
+
+
 @pytest.mark.parametrize(("side", "patch"), [(32, 4), (8, 1), (28, 4), (64, 8)])
 def test_small_images_keep_their_own_size_and_patch(tmp_path, side, patch):
     """CIFAR's 32 px, digits' 8 px, MNIST's 28 px and 64 px: their own size, evaluated whole, stored as they are."""

@@ -2,8 +2,8 @@
 
 torch's CPU kernels split each parallel region over its threads and wait for the slowest at its end. When another
 process holds one of two cores, the thread that shares that core arrives late at every barrier, and the run goes at
-a fraction of its share of the machine (a 2-thread run with one core busy kept 28% of its quiet throughput, where
-one thread kept 62%: issue 34). So the thread count follows the cores that are free, not the cores there are:
+a fraction of its share of the machine, less than one thread alone would make (docs/training.md, "Threads on a busy
+machine"). So the thread count follows the cores that are free, not the cores there are:
 
 - ``--threads N``: N, never changed;
 - otherwise, on the CPU: 1 when a training step is small (under :data:`TINY_STEP_MACS`: its kernels lose more to

@@ -44,12 +44,13 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 
 def load_run_data(
-    cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True
-) -> DataSplits:
+    cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True,
+    init_size: int | None = None,
+) -> DataSplits:  # fmt: skip
     """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
     while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
-    size the run trains at, decided from its headers first (:func:`folder_plan`),
-    and the choice is the first line logged."""
+    size the run trains at, decided from its headers first (:func:`folder_plan`; ``init_size``: the ``--init``
+    model's side, the size a fine-tune without ``--img-size`` trains at), and the choice is the first line logged."""
     if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
         data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
@@ -60,7 +61,7 @@ def load_run_data(
         return load_data(
             cfg.data,
             val_split=cfg.val_split,
-            plan=functools.partial(folder_plan, cfg),
+            plan=functools.partial(folder_plan, cfg, init_size=init_size),
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and dist.is_main,
@@ -213,9 +214,11 @@ def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | Non
         )
 
 
-def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int]) -> FolderPlan:
+def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None) -> FolderPlan:
     """How a run stores a folder whose training split's headers give ``counts`` (``(width, height) -> count``; the
-    conventions: :mod:`vitlab.train.spec.image_size`), with the line that says what was chosen and why."""
+    conventions: :mod:`vitlab.train.spec.image_size`), with the line that says what was chosen and why. A fine-tune
+    without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not known, photos are then
+    stored for up to :data:`~vitlab.train.spec.image_size.INIT_SIDE`)."""
     pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
     typical = typical_side(pictures)
     w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
@@ -229,7 +232,7 @@ def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int]) -> Fold
         side = given
         why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
     elif cfg.init:
-        side, why = None, ""
+        side, why = init_size, "the --init model's size"
     elif photos:
         side = photo_size(typical)
         why = "photos: the usual ViT input; --img-size to change" if side == PHOTO_SIZE else "their own size"

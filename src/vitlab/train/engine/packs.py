@@ -26,7 +26,7 @@ from ...data.bins import PackSample, pack_groups
 from ...data.packing import PackedLoader, Patchify, ShardPatchify, token_budget
 from ...data.seeding import item_seed, seeded
 from ...data.shard_source import ShardSet
-from ...distributed import Dist
+from ...distributed import Dist, all_reduce_sum
 from ...evaluate.native import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
 from ..spec.config import TrainConfig
@@ -38,7 +38,7 @@ from .signals import ignore_stop_signals
 if TYPE_CHECKING:
     from ...models import ViTConfig
 
-__all__ = ["PackGeometry", "PackedLoaders", "pack_geometry", "packed_loaders"]
+__all__ = ["PackGeometry", "PackedLoaders", "pack_geometry", "packed_counts", "packed_loaders", "packed_metrics"]
 
 IMAGES_PER_SEQUENCE = 4
 """``--pack-len``'s default: room for this many images at the highest resolution in one sequence."""
@@ -192,3 +192,30 @@ def packed_loaders(
         token_drop=r.token_drop, micro=square.micro, accum_steps=square.accum_steps,
         steps_per_epoch=square.steps_per_epoch, seed=cfg.seed, rank=dist.rank,
     )  # fmt: skip
+
+
+def packed_counts(position: Any, loaders: RunLoaders, dist: Dist) -> tuple[int, int]:
+    """The epoch's ``(tokens, slots)`` so far, all processes together (a collective under torchrun); ``(0, 0)`` for
+    square loaders. ``position``: the run's :class:`~vitlab.train.persist.position.RunPosition`."""
+    if not loaders.packed:
+        return 0, 0
+    t = all_reduce_sum(torch.tensor([position.tokens, position.slots], dtype=torch.int64), dist)
+    return int(t[0]), int(t[1])
+
+
+def packed_metrics(
+    objective: Any, eval_net: nn.Module, *, loaders: RunLoaders, position: Any, dist: Dist, device: torch.device,
+    amp_dtype: torch.dtype | None, images_per_sec: float,
+) -> dict[str, float]:  # fmt: skip
+    """A packed run's epoch: the evaluation at native aspect ratio beside the centre crop's, the padding of the
+    training sequences and the tokens a second (images a second x the epoch's mean tokens an image)."""
+    nev = objective.evaluate(eval_net, loaders.native_eval_batches(), device=device, amp_dtype=amp_dtype, dist=dist)
+    tokens, slots = packed_counts(position, loaders, dist)
+    images = loaders.micro_per_epoch * loaders.micro * dist.world_size
+    return {
+        "top1_native": nev["top1"],
+        "top5_native": nev["top5"],
+        "eval_loss_native": nev["loss"],
+        "padding": 1 - tokens / max(slots, 1),
+        "tokens_per_sec": images_per_sec * tokens / max(images, 1),
+    }

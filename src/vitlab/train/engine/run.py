@@ -33,7 +33,7 @@ from ..spec.config import TrainConfig
 from ..spec.pace import Pace
 from ..spec.pack import fit_pack
 from ..spec.resume import resumed_config
-from ..spec.rules import check_res_sizes, validate
+from ..spec.rules import check_res_sizes, micro_batch, validate
 from .budget import Replanner, plan_run
 from .calibrate import measure_pace, wants_pace
 from .cores import threads_line
@@ -126,7 +126,7 @@ def prepare(
     cfg = memory.cfg
     net, workers, init_line = build_net(cfg, data, objective=objective, init=init, dist=dist, device=device)
     vit = objective.exported(net)
-    micro = max(1, cfg.recipe.batch_size // (dist.world_size * cfg.recipe.accum_steps))
+    micro = micro_batch(cfg.recipe.batch_size, world_size=dist.world_size, accum_steps=cfg.recipe.accum_steps)
     if line := threads_line(cfg, device=device, workers=workers, step_macs=vit.macs() * micro * 3):
         log(line)
     build = build_shard_loaders if isinstance(data, StreamData) else build_folder_loaders
@@ -176,7 +176,8 @@ def _data_and_objective(
     chosen from a pace measured on the data first, :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace``
     is None) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
     kind = objective_for(cfg)
-    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels)
+    side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
+    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels, init_size=side)
     pace = None
     if not fitted:
         if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..._progress import ProgressLog
-from ...distributed import Dist, all_reduce_sum, any_rank
+from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
 from ...track import FanOut, make_trackers
 from ..objectives import Objective
@@ -35,6 +35,7 @@ from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, epoch_line, start_line
 from .model import HeadOnly
 from .optim import Optimization
+from .packs import packed_counts, packed_metrics
 from .parallel import full_model, lockstep
 from .schedule import Step, StepSchedule, ends_dropping, set_rate, warmup_for
 from .signals import StopSignals
@@ -299,7 +300,10 @@ class Trainer:
         if health is not None:
             row["attention"] = health
         if self.loaders.packed:
-            row |= self._packed_metrics(row["images_per_sec"])
+            row |= packed_metrics(
+                self.objective, self.eval_net, loaders=self.loaders, position=self.position, dist=d,
+                device=self.device, amp_dtype=self.amp_dtype, images_per_sec=row["images_per_sec"],
+            )  # fmt: skip
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
         exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
         p.best = max(p.best, ev["top1"])
@@ -334,33 +338,9 @@ class Trainer:
             wall_s=self._wall_s(),
             micro_done=micro_done,
             data_fingerprint=self.data_fingerprint,
-            packed=self._packed_counts() if micro_done else (0, 0),
+            packed=packed_counts(self.position, self.loaders, self.dist) if micro_done else (0, 0),
         )
         self.last_save = time.perf_counter()
-
-    def _packed_counts(self) -> tuple[int, int]:
-        """The epoch's ``(tokens, slots)`` so far, all processes together (a collective under torchrun)."""
-        if not self.loaders.packed:
-            return 0, 0
-        t = all_reduce_sum(torch.tensor([self.position.tokens, self.position.slots], dtype=torch.int64), self.dist)
-        return int(t[0]), int(t[1])
-
-    def _packed_metrics(self, images_per_sec: float) -> dict[str, float]:
-        """A packed run's epoch: the evaluation at native aspect ratio beside the centre crop's, the padding of the
-        training sequences and the tokens a second (images a second x the epoch's mean tokens an image)."""
-        nev = self.objective.evaluate(
-            self.eval_net, self.loaders.native_eval_batches(), device=self.device, amp_dtype=self.amp_dtype,
-            dist=self.dist,
-        )  # fmt: skip
-        tokens, slots = self._packed_counts()
-        images = self.loaders.micro_per_epoch * self.loaders.micro * self.dist.world_size
-        return {
-            "top1_native": nev["top1"],
-            "top5_native": nev["top5"],
-            "eval_loss_native": nev["loss"],
-            "padding": 1 - tokens / max(slots, 1),
-            "tokens_per_sec": images_per_sec * tokens / max(images, 1),
-        }
 
     def _evaluate(self) -> dict[str, Any]:
         return self.objective.evaluate(
@@ -379,14 +359,8 @@ class Trainer:
         (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective)."""
         if not self.cfg.fsdp:
             return self.loaders.eval_batches()
-        return lockstep(
-            self.loaders.eval_batches(),
-            net=self.eval_net,
-            d=self.dist,
-            device=self.device,
-            amp_dtype=self.amp_dtype,
-            config=self.vit.config,
-        )
+        return lockstep(self.loaders.eval_batches(), net=self.eval_net, d=self.dist, device=self.device,
+                        amp_dtype=self.amp_dtype, config=self.vit.config)  # fmt: skip
 
     def _exportable(self) -> nn.Module | None:
         """The model ``model/`` is written from: the trained ViT; with ``--fsdp`` its full weights gathered

@@ -43,8 +43,9 @@ PHOTO_CROP_PCT = 0.875
 CROP_MARGIN = 0.875
 """Training images are stored with their shorter side at least ``img_size / 0.875`` (~1.14x): room for crops."""
 INIT_SIDE = 384
-"""An ``--init`` model's size is not known before the data is decoded: photos are stored for up to this
-(the paper's fine-tuning resolution), so that any fine-tuning size up to it has the pixels it needs."""
+"""Where a fine-tune's training size is not known before the data is decoded (an ``--init`` model that is not
+square), photos are stored for up to this (the paper's fine-tuning resolution), so that any fine-tuning size up to
+it has the pixels it needs; otherwise for the ``--init`` model's own size."""
 
 
 def photo_size(typical: int) -> int:
