@@ -11,7 +11,7 @@ import torch
 
 import vitlab
 from conftest import assert_close_rel
-from vitlab.checkpoints.npz import write_npz
+from vitlab.checkpoints.npz_write import write_npz
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig
 

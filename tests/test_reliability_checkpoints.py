@@ -402,7 +402,7 @@ def test_vitlab_npz_vitlab_is_exact(act, posemb, img, layout, pool, qkv_bias, no
     import tempfile
 
     import vitlab
-    from vitlab.checkpoints.npz import write_npz
+    from vitlab.checkpoints.npz_write import write_npz
 
     fields = dict(act=act, posemb=posemb, img_size=img, pool=pool, class_token=pool == "cls", qkv_bias=qkv_bias)
     if norm:
@@ -471,7 +471,7 @@ def test_a_lying_stored_config_is_refused_naming_it(tmp_path, lie, says):
     import numpy as np
 
     import vitlab
-    from vitlab.checkpoints.npz import write_npz
+    from vitlab.checkpoints.npz_write import write_npz
 
     path = tmp_path / "m.npz"
     write_npz(_roundtrip_model(), path)
@@ -489,7 +489,7 @@ def test_a_lying_stored_config_is_refused_naming_it(tmp_path, lie, says):
 
 
 def test_npz_refuses_pre_norm_it_cannot_hold(tmp_path):
-    from vitlab.checkpoints.npz import write_npz
+    from vitlab.checkpoints.npz_write import write_npz
     from vitlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match="pre_norm: True has no vit_jax .npz layout"):

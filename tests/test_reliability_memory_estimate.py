@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import vitlab
+import vitlab.train.engine.machine as machine
 import vitlab.train.engine.memory as memory
 from imagefolder import tiny_folder
 from vitlab.cli import main
@@ -209,7 +210,7 @@ def test_cgroup_limits_v1_and_v2_are_read_less_the_usage(tmp_path) -> None:
             "job/step/memory.max": "max\n",
         },
     )
-    assert memory.cgroup_available(proc=proc, root=v2) == [(GiB + (256 << 20), "cgroup memory.max 2.0 GiB")]
+    assert machine.cgroup_available(proc=proc, root=v2) == [(GiB + (256 << 20), "cgroup memory.max 2.0 GiB")]
     v1 = tmp_path / "v1"
     _cgroup(
         v1,
@@ -222,15 +223,15 @@ def test_cgroup_limits_v1_and_v2_are_read_less_the_usage(tmp_path) -> None:
             "memory/memory.limit_in_bytes": "9223372036854771712\n",  # the root: no limit
         },
     )
-    assert memory.cgroup_available(proc=proc, root=v1) == [(640 << 20, "cgroup memory.limit_in_bytes 1.0 GiB")]
-    assert memory.cgroup_available(proc=tmp_path / "missing", root=v1) == []
+    assert machine.cgroup_available(proc=proc, root=v1) == [(640 << 20, "cgroup memory.limit_in_bytes 1.0 GiB")]
+    assert machine.cgroup_available(proc=tmp_path / "missing", root=v1) == []
 
 
 def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch) -> None:
-    found = memory.available_memory(torch.device("cpu"))
+    found = machine.available_memory(torch.device("cpu"))
     assert found is not None and found[0] > 0
-    monkeypatch.setattr(memory, "cgroup_available", lambda: [(1234, "cgroup memory.max 1 KiB")])
-    assert memory.available_memory(torch.device("cpu")) == (1234, "cgroup memory.max 1 KiB")
+    monkeypatch.setattr(machine, "cgroup_available", lambda: [(1234, "cgroup memory.max 1 KiB")])
+    assert machine.available_memory(torch.device("cpu")) == (1234, "cgroup memory.max 1 KiB")
 
 
 def test_a_resumed_run_keeps_its_batch_and_warns(folder, tmp_path, monkeypatch, capsys):

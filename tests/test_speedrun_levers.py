@@ -170,7 +170,7 @@ def test_accel_runs_the_cct_as_the_plain_model() -> None:
 
 
 def test_first_conv_is_named_and_other_paths_refuse_the_conv_stem(tmp_path) -> None:
-    from vitlab.checkpoints.npz import write_npz
+    from vitlab.checkpoints.npz_write import write_npz
     from vitlab.models.mpp import MaskedPatchPrediction
 
     model = create_model("vit_cct7_3x1", **CCT_TINY)

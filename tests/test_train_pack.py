@@ -34,7 +34,7 @@ SHAPES = [(16, 12), (12, 16), (16, 16), (9, 16)]
 @pytest.fixture(autouse=True)
 def _no_figures(monkeypatch):
     """The runs here draw no figures (matplotlib is most of a tiny run's time; the figures have their own tests)."""
-    monkeypatch.setattr(trainer, "draw_figures", lambda *a, **k: None)
+    monkeypatch.setattr(trainer, "draw_run_figures", lambda *a, **k: None)
 
 
 def _folder(root):

@@ -192,7 +192,8 @@ def load_exported(path: str | Path, *, format: str | None = None, trust_torchscr
         except ImportError as e:
             raise ExportError("running an .onnx model needs onnxruntime: pip install 'vitlab[onnx]'") from e
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    with quiet_torchscript():
+    with quiet_torchscript():  # runs the file's program: reached only when asked by name, checked above (tests/
+        # test_reliability_checkpoints.py::test_load_exported_runs_torchscript_only_when_asked_by_name)
         return torch.jit.load(str(path), map_location="cpu")
 
 

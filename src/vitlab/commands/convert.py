@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from .._fs import writes_onto
     from ..checkpoints import load, save
     from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
-    from ..checkpoints.npz import CONFIG_KEY, outside_layout, write_npz
+    from ..checkpoints.npz import CONFIG_KEY
+    from ..checkpoints.npz_write import outside_layout, write_npz
     from ..errors import ConfigError
 
     dst = Path(args.dst)

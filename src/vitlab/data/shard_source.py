@@ -242,6 +242,10 @@ def image_and_label(parts: dict[str, bytes], *, where: str) -> tuple[bytes, int]
 
 
 def _gopen(url: str):
+    """``webdataset.gopen``, which runs a ``pipe:`` URL through the shell: every URL reaching it was checked where it
+    was named (:mod:`vitlab.data.shard_spec`: http(s)/file always, ``pipe:`` only when ``--allow-pipe`` was typed on
+    this command line, never from a saved run or a manifest; tests/test_reliability_shards.py,
+    ``test_a_pipe_in_last_pt_never_runs``, ``test_pipes_and_unknown_schemes_anywhere_in_a_data_value_are_refused``)."""
     try:
         from webdataset import gopen
     except ImportError:

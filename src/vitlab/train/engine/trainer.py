@@ -21,7 +21,7 @@ from ...errors import NonFiniteLossError
 from ...track import FanOut, make_trackers
 from ..objectives import Objective
 from ..persist.advice import advice_line
-from ..persist.figures import draw_figures
+from ..persist.figures import draw_run_figures
 from ..persist.health import row_scalars
 from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json
 from ..persist.position import RunPlan, RunPosition
@@ -80,11 +80,8 @@ class Trainer:
     threads: ThreadWatch = field(init=False)
     head: HeadOnly | None = field(init=False, default=None)
     last_eval: dict[str, Any] | None = field(init=False, default=None)
-    model_eval: dict[str, Any] | None = field(init=False, default=None)
-    """The evaluation of the weights ``model/`` holds, by this process (None: none saved yet, or a resumed run's
-    ``model/`` from before): what ``confusion.png`` shows."""
-    data_rec: dict[str, Any] = field(init=False, default_factory=dict)
-    """What ``model/`` and ``summary.json`` record of the data (:func:`~vitlab.train.engine.data.data_record`)."""
+    model_eval: dict[str, Any] | None = field(init=False, default=None)  # model/'s weights' (None: not this process's)
+    data_rec: dict[str, Any] = field(init=False, default_factory=dict)  # model/'s and summary.json's data record
     last_save: float = field(init=False, default_factory=time.perf_counter)
     last_plot: float = field(init=False, default_factory=time.perf_counter)
     watch: AttentionWatch = field(init=False)
@@ -92,9 +89,8 @@ class Trainer:
 
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
-        self.threads = ThreadWatch.for_run(
-            self.cfg, device=self.device, step_macs=self.vit.macs() * self.loaders.micro * 3
-        )
+        macs = self.vit.macs() * self.loaders.micro * 3  # a training step's
+        self.threads = ThreadWatch.for_run(self.cfg, device=self.device, step_macs=macs)
         self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
 
     @property
@@ -400,12 +396,5 @@ class Trainer:
         return summary
 
     def _draw(self) -> None:
-        """``curves.png``, and ``confusion.png`` of the weights ``model/`` holds, from their evaluation by this
-        process; a resumed run whose ``model/`` is older leaves ``confusion.png`` as the process that saved it drew
-        it."""
-        ev = self.model_eval
-        if ev is None and self.last_eval is not None:
-            ev = {k: v for k, v in self.last_eval.items() if k != "confusion"}  # the curves only
-        if ev is not None:
-            where = f"{self.data.val_name}, model/ = epoch {ev['epoch']}" if "epoch" in ev else self.data.val_name
-            draw_figures(self.out, self.data.class_names, ev, title=where)
+        d = self.data
+        draw_run_figures(self.out, d.class_names, d.val_name, model_eval=self.model_eval, last_eval=self.last_eval)

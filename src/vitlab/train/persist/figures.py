@@ -14,7 +14,7 @@ import numpy as np
 from .health import health_records
 from .outputs import read_metrics
 
-__all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "plot_confusion", "plot_curves", "plot_health"]
+__all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "draw_run_figures", "plot_confusion", "plot_curves", "plot_health"]
 
 
 def plot_curves(
@@ -160,3 +160,18 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any], *, t
             plot_confusion(ev["confusion"], class_names, out / "confusion.png", where=title)
     except Exception as e:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def draw_run_figures(
+    out: Path, class_names: Sequence[str], val_name: str, *, model_eval: dict[str, Any] | None,
+    last_eval: dict[str, Any] | None,
+) -> None:  # fmt: skip
+    """A run's figures: ``curves.png``, and ``confusion.png`` of the weights ``model/`` holds (``model_eval``, their
+    evaluation by this process); a resumed run whose ``model/`` is older (``model_eval`` None) draws the curves from
+    ``last_eval`` only and leaves ``confusion.png`` as the process that saved the weights drew it."""
+    ev = model_eval
+    if ev is None and last_eval is not None:
+        ev = {k: v for k, v in last_eval.items() if k != "confusion"}  # the curves only
+    if ev is not None:
+        where = f"{val_name}, model/ = epoch {ev['epoch']}" if "epoch" in ev else val_name
+        draw_figures(out, class_names, ev, title=where)
