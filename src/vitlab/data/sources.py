@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,7 +226,7 @@ class _Decode:
     max_pixels: int | None
     buffer_bytes: int
     min_classes: int = 1
-    plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None
+    plan: FolderPlan | Callable[..., FolderPlan] | None = None
     crop: int | None = None
 
 
@@ -266,7 +266,7 @@ def _decode_split(
     plan = opt.plan
     if callable(plan):
         counts = _header_counts(paths)
-        plan = plan(counts) if counts else None  # no readable header: decoded as they are, and reported
+        plan = plan(counts, n_files=len(paths)) if counts else None  # no readable header: decoded as they are
     common = {
         "mode": opt.mode,
         "cache_dir": opt.cache_dir,
@@ -356,7 +356,7 @@ def load_data(
     buffer_bytes: int | None = None,
     min_classes: int = 1,
     eval_only: bool = False,
-    plan: FolderPlan | Callable[[Mapping[tuple[int, int], int]], FolderPlan] | None = None,
+    plan: FolderPlan | Callable[..., FolderPlan] | None = None,
     crop: int | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
@@ -387,8 +387,9 @@ def load_data(
 
     ``plan`` (a training run's; ``size`` is then unused): a :class:`FolderPlan`, or a function that makes one
     from ``(width, height) -> count`` of the training split's headers (up to :data:`HEADER_SAMPLE` files,
-    read before anything is decoded). The training images keep their aspect ratio (their shorter side at most
-    the plan's ``store_side``: images of several sizes, :class:`PackedImages`); the evaluation split of a
+    read before anything is decoded) and ``n_files=`` the split's number of files. The training images keep their
+    aspect ratio (their shorter side at most the plan's ``store_side``: images of several sizes,
+    :class:`PackedImages`); the evaluation split of a
     ``train/`` + ``val/`` folder is stored ready for evaluation (the plan's ``eval_side``). The plan is
     returned as ``DataSplits.plan``, and its ``size`` is ``DataSplits.image_size``.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,17 +25,22 @@ from ..objectives import Objective
 from ..objectives.classify import Classify
 from ..spec.config import TrainConfig
 from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs
-from ..spec.image_size import PHOTO_SIDE
-from ..spec.pace import Pace
+from ..spec.image_size import PHOTO_CROP_PCT, PHOTO_SIDE, store_side
+from ..spec.pace import Pace, budget_reserve
 from .cores import set_threads, workers_for
 from .model import build_model
 
-__all__ = ["measure_pace", "time_steps", "wants_pace"]
+__all__ = ["budget_passes", "measure_pace", "time_steps", "wants_budget_size", "wants_pace"]
 
 AUG_ITEMS = 16
 """Training items each level's transform is timed on."""
 EVAL_ITEMS = 128
 """Evaluation items timed (the whole split's time is scaled from them)."""
+SIDE_BATCH = 32
+"""Images a step of :func:`budget_passes` times at each side (the per-image cost is scaled to the run's batch)."""
+PASSES_LEVEL = "light"
+"""The augmentation level whose cost :func:`budget_passes` counts: the level a run gets from
+:data:`~vitlab.train.spec.image_size.BUDGET_PASSES` passes, the threshold the passes are compared with."""
 
 
 def time_steps(
@@ -69,6 +75,79 @@ def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) ->
         and isinstance(train, ImageArray)
         and len(train) > 0
     )
+
+
+def wants_budget_size(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): what
+    :func:`wants_pace` asks, on a folder, with no size given (``--img-size``, a recipe's) and no ``--pack``."""
+    return (
+        bool(cfg.time_budget)
+        and cfg.recipe.name == "auto"
+        and not cfg.init
+        and uses_labels
+        and not dist.enabled
+        and not cfg.img_size
+        and not cfg.recipe.img_size
+        and not cfg.pack
+        and Path(cfg.data).expanduser().is_dir()
+    )
+
+
+def budget_passes(
+    cfg: TrainConfig, *, device: torch.device, amp_dtype: torch.dtype | None, t_start: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[int, int], float]:  # fmt: skip
+    """``passes(side, n_train)``: the passes over ``n_train`` images that the rest of the time budget buys at
+    ``side`` px, from timed training steps (:data:`SIDE_BATCH` random images) of the model the auto recipe would
+    train there (its smallest, with its token dropping), on the threads the run will use. Called before the folder
+    is decoded, so that it is stored for the side chosen (:func:`~vitlab.train.spec.image_size.budget_photo_side`);
+    the steps alone are counted (the run's own probe, :func:`measure_pace`, then plans with the augmentation and
+    the evaluations). Random draws are made in a fork of the generators: the run does not depend on them."""
+    given = set(cfg.recipe_given)
+    drop = cfg.recipe.token_drop if "token_drop" in given else None
+    in_chans, classes = 3, 2  # photos decode as RGB; the head costs nothing measurable (classes are not read yet)
+
+    def passes(side: int, n_train: int) -> float:
+        img, batch = (side, side), cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
+        k = min(batch, SIDE_BATCH)
+        recipe, _ = auto_recipe(n_train=n_train, img_size=img, num_classes=classes, in_chans=in_chans,
+                                time_budget=1e-9, batch_size=batch, token_drop=drop, photos=True)  # fmt: skip
+        probe_cfg = dataclasses.replace(cfg, recipe=recipe, arch={}, model=None)
+        with seeded(cfg.seed):
+            model = build_model(probe_cfg, num_classes=classes, in_chans=in_chans, image_size=img,
+                                class_names=[str(i) for i in range(classes)]).to(device)  # fmt: skip
+            set_threads(cfg, device=device, step_macs=model.macs() * batch * 3)
+            xs = torch.randn(k, in_chans, side, side, device=device)
+            ys = torch.randint(0, classes, (k,), device=device)
+            opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+            model.train()
+            objective = Classify(num_classes=classes, label_smoothing=0.1)
+            step_s = time_steps(model, opt, xs, ys, objective=objective, device=device, amp_dtype=amp_dtype,
+                                n_warm=2, n_time=2)  # fmt: skip
+            aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=in_chans, clock=clock)
+        pace = Pace(step_s=step_s * batch / k, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
+                    workers=workers_for(cfg, device=device))  # fmt: skip
+        per_image = pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
+        left = cfg.time_budget - budget_reserve(cfg.time_budget) - (clock() - t_start)
+        return max(0.0, left) / (per_image * max(1, n_train))
+
+    return passes
+
+
+def _time_augmentation(side: int, *, level: str, in_chans: int, clock: Callable[[], float]) -> float:
+    """Seconds per image of ``level``'s training transform for a ``side`` px photo run, on random images stored as
+    such a run stores them (:func:`~vitlab.train.spec.image_size.store_side`, 3:4 portrait)."""
+    fields, short = LEVELS[level], store_side(side, PHOTO_CROP_PCT)
+    tf = train_transform(img_size=(side, side), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, in_chans=in_chans,
+                         crop_scale=fields["crop_scale"], crop_ratio=fields["crop_ratio"], hflip=0.5,
+                         randaugment=fields["randaugment"], random_erasing=fields["random_erasing"],
+                         crop_pct=PHOTO_CROP_PCT)  # fmt: skip
+    items = [torch.randint(0, 256, (in_chans, short * 4 // 3, short), dtype=torch.uint8) for _ in range(AUG_ITEMS)]
+    tf(items[0])  # untimed: the transforms' first calls
+    t0 = clock()
+    for x in items:
+        tf(x)
+    return (clock() - t0) / len(items)
 
 
 def measure_pace(

@@ -24,7 +24,16 @@ from ...data.transforms import resize_side
 from ...distributed import Dist, barrier
 from ..persist.advice import top1_stderr
 from ..spec.config import TrainConfig
-from ..spec.image_size import CROP_MARGIN, INIT_SIDE, PHOTO_CROP_PCT, PHOTO_SIDE, PHOTO_SIZE, photo_size, store_side
+from ..spec.image_size import (
+    CROP_MARGIN,
+    INIT_SIDE,
+    PHOTO_CROP_PCT,
+    PHOTO_SIDE,
+    PHOTO_SIZE,
+    budget_photo_side,
+    photo_size,
+    store_side,
+)
 
 __all__ = [
     "SMALL_EVAL_PER_CLASS",
@@ -45,12 +54,13 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 def load_run_data(
     cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True,
-    init_size: int | None = None,
+    init_size: int | None = None, passes: Callable[[int, int], float] | None = None,
 ) -> DataSplits:  # fmt: skip
     """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
     while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
     size the run trains at, decided from its headers first (:func:`folder_plan`; ``init_size``: the ``--init``
-    model's side, the size a fine-tune without ``--img-size`` trains at), and the choice is the first line logged."""
+    model's side, the size a fine-tune without ``--img-size`` trains at; ``passes``: what a time budget buys at a
+    side, for photos), and the choice is the first line logged."""
     if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
         data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
@@ -61,7 +71,7 @@ def load_run_data(
         return load_data(
             cfg.data,
             val_split=cfg.val_split,
-            plan=functools.partial(folder_plan, cfg, init_size=init_size),
+            plan=functools.partial(folder_plan, cfg, init_size=init_size, passes=passes),
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and dist.is_main,
@@ -214,11 +224,17 @@ def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | Non
         )
 
 
-def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None) -> FolderPlan:
+def folder_plan(
+    cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None,
+    n_files: int | None = None, passes: Callable[[int, int], float] | None = None,
+) -> FolderPlan:  # fmt: skip
     """How a run stores a folder whose training split's headers give ``counts`` (``(width, height) -> count``; the
     conventions: :mod:`vitlab.train.spec.image_size`), with the line that says what was chosen and why. A fine-tune
     without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not known, photos are then
-    stored for up to :data:`~vitlab.train.spec.image_size.INIT_SIDE`)."""
+    stored for up to :data:`~vitlab.train.spec.image_size.INIT_SIDE`). ``passes(side, n_train)``: the passes a time
+    budget buys at a side (:func:`~vitlab.train.engine.calibrate.budget_passes`), for photos without a size given
+    (:func:`~vitlab.train.spec.image_size.budget_photo_side`); ``n_files``: the training split's files (default:
+    the headers counted)."""
     pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
     typical = typical_side(pictures)
     w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
@@ -233,6 +249,9 @@ def folder_plan(cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init
         why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
     elif cfg.init:
         side, why = init_size, "the --init model's size"
+    elif photos and passes is not None:
+        n_train = n_files or sum(counts.values())
+        side, why = budget_photo_side(typical, lambda s: passes(s, n_train))
     elif photos:
         side = photo_size(typical)
         why = "photos: the usual ViT input; --img-size to change" if side == PHOTO_SIZE else "their own size"

@@ -35,7 +35,7 @@ from ..spec.pack import fit_pack
 from ..spec.resume import resumed_config
 from ..spec.rules import check_res_sizes, micro_batch, validate
 from .budget import Replanner, plan_run
-from .calibrate import measure_pace, wants_pace
+from .calibrate import budget_passes, measure_pace, wants_budget_size, wants_pace
 from .cores import threads_line
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
@@ -174,10 +174,14 @@ def _data_and_objective(
     """``(cfg, data, objective, pace)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run
     keeps its own; with ``init``, to fine-tuning that model; a time-budgeted ``auto`` recipe for a fresh model is
     chosen from a pace measured on the data first, :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace``
-    is None) and the objective (a teacher is loaded now: in memory when the memory is measured)."""
+    is None; its photos' size from timed steps before they are decoded, :func:`~.calibrate.budget_passes`) and the
+    objective (a teacher is loaded now: in memory when the memory is measured)."""
     kind = objective_for(cfg)
     side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
-    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels, init_size=side)
+    passes = None
+    if not fitted and wants_budget_size(cfg, uses_labels=kind.uses_labels, dist=dist):
+        passes = budget_passes(cfg, device=device, amp_dtype=amp_dtype, t_start=t_start)
+    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels, init_size=side, passes=passes)
     pace = None
     if not fitted:
         if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):

@@ -9,6 +9,11 @@ The conventions users know from timm and the ViT papers:
   ``img_size / crop_pct`` (:data:`PHOTO_CROP_PCT`), then the centre ``img_size`` square.
 - **Small images** (CIFAR's 32 px, digits' 8 px) train at their own size, as they always have; mixed small
   sizes at the median shorter side (:func:`~vitlab.data.decode.typical_side`); evaluated whole (crop_pct 1).
+- **Photos under a time budget** train at the largest of :data:`BUDGET_SIDES` (up to the size above) at which the
+  budget buys at least :data:`BUDGET_PASSES` passes over the training images, estimated from timed training steps
+  of the model ``auto`` would train at each size (:func:`budget_photo_side`): a short budget trades resolution for
+  passes, as progressive-resizing and budgeted-training results suggest (Touvron et al. 2019, "Fixing the
+  train-test resolution discrepancy"; Li et al. 2020, "Budgeted training"), and docs/training.md measures.
 - ``--img-size`` (or a recipe's ``img_size``) wins; an ``--init`` model without one trains at its own size.
 
 Storage (:func:`vitlab.train.engine.data.folder_plan`): training images keep their aspect ratio and whole extent,
@@ -21,14 +26,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "BUDGET_PASSES",
+    "BUDGET_SIDES",
     "CROP_MARGIN",
     "INIT_SIDE",
     "PHOTO_CROP_PCT",
     "PHOTO_SIDE",
     "PHOTO_SIZE",
+    "budget_photo_side",
     "fit_size_to_data",
     "photo_size",
     "store_side",
@@ -52,6 +61,40 @@ def photo_size(typical: int) -> int:
     """The training side for photos of ``typical`` shorter side: :data:`PHOTO_SIZE`, or the typical side
     rounded down to a multiple of 16 (the patch) when smaller."""
     return min(PHOTO_SIZE, max(16, typical // 16 * 16))
+
+
+BUDGET_SIDES = (224, 160, 128, 96, 64)
+"""The sides a time-budgeted photo run may train at without ``--img-size``, largest first: 224 px and the smaller
+sides measured against it on photos (docs/training.md); from 64 px the patch is 8 (the 8 x 8 grid rule of
+:func:`vitlab.train.spec.fitting.auto_arch`), above it 16."""
+BUDGET_PASSES = 40.0
+"""Passes over the training images a time budget must buy at a side for a photo run to train at it
+(docs/training.md, "Photo rows": the side chosen on the validation photos)."""
+
+
+def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
+    """``(side, why)``: the side a time-budgeted photo run of ``typical`` shorter side trains at, the largest of
+    :data:`BUDGET_SIDES` up to :func:`photo_size` at which ``passes(side)`` (the passes the budget buys there) is at
+    least :data:`BUDGET_PASSES`; when none is, the one with the most passes. ``why`` says so for the run's first
+    line. Sides are tried from the largest down, so ``passes`` (a measurement) is called only until one is
+    enough."""
+    top = photo_size(typical)
+    seen: dict[int, float] = {}
+    for side in [top, *(s for s in BUDGET_SIDES if s < top)]:
+        seen[side] = passes(side)
+        if seen[side] >= BUDGET_PASSES:
+            break
+    else:
+        side = max(seen, key=lambda s: (seen[s], s))
+    p = seen[side]
+    if side == top:
+        own = "photos: the usual ViT input" if top == PHOTO_SIZE else "their own size"
+        return side, f"{own}, ~{p:.0f} passes in the budget; --img-size to change"
+    enough = f"the largest side with {BUDGET_PASSES:g} or more" if p >= BUDGET_PASSES else "the most passes"
+    return side, (
+        f"photos under a time budget: ~{seen[top]:.1f} passes at {top} px, ~{p:.1f} at {side} px, {enough}; "
+        "--img-size to change"
+    )
 
 
 def store_side(img: int, crop_pct: float = 1.0) -> int:
