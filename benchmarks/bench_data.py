@@ -45,16 +45,24 @@ def write_jpegs(folder: Path, *, n: int, size: tuple[int, int], seed: int = 0) -
 
     rng = np.random.default_rng(seed)
     (folder / "photos").mkdir(parents=True, exist_ok=True)
-    w, h = size
     paths = []
     for i in range(n):
-        coarse = Image.fromarray(rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8))
-        arr = np.asarray(coarse.resize((w, h), Image.Resampling.BICUBIC), dtype=np.int16)
-        arr = np.clip(arr + rng.normal(0, 4, arr.shape), 0, 255).astype(np.uint8)
         p = folder / "photos" / f"{i:04d}.jpg"
-        Image.fromarray(arr).save(p, "JPEG", quality=90)
+        Image.fromarray(photo_pixels(rng, size)).save(p, "JPEG", quality=90)
         paths.append(p)
     return paths
+
+
+def photo_pixels(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    """A photo-like uint8 ``(H, W, 3)`` image of ``size`` (width, height): a smooth colour field upsampled
+    (bicubic) from a grid of one random colour per 64 px, plus fine noise, so that it compresses and decodes
+    as a photo does (noise alone would not)."""
+    from PIL import Image
+
+    w, h = size
+    coarse = Image.fromarray(rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8))
+    arr = np.asarray(coarse.resize((w, h), Image.Resampling.BICUBIC), dtype=np.int16)
+    return np.clip(arr + rng.normal(0, 4, arr.shape), 0, 255).astype(np.uint8)
 
 
 def decode_paths(paths: list[Path], root: Path, img_size: int) -> dict[str, object]:
