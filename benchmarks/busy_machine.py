@@ -72,14 +72,15 @@ class ChildFailed(RuntimeError):
 
 
 @contextlib.contextmanager
-def hogs(n: int, *, lead_s: float = HOG_LEAD_S) -> Iterator[list[subprocess.Popen]]:
-    """``n`` busy-loop processes for the duration of the block, killed and reaped when it ends, however it ends."""
+def hogs(n: int, *, lead_s: float | None = None) -> Iterator[list[subprocess.Popen]]:
+    """``n`` busy-loop processes for the duration of the block, started ``lead_s`` (default :data:`HOG_LEAD_S`)
+    seconds before it, killed and reaped when it ends, however it ends."""
     procs: list[subprocess.Popen] = []
     try:
         for _ in range(n):
             procs.append(subprocess.Popen([sys.executable, "-c", HOG.format(parent=os.getpid())]))
         if procs:
-            time.sleep(lead_s)
+            time.sleep(HOG_LEAD_S if lead_s is None else lead_s)
         yield procs
     finally:
         for p in procs:
@@ -154,7 +155,7 @@ def measure_timm(
     spec = {"data": str(data), "arch": arch, "img": img, "epochs": a.epochs, "seed": a.seed, "batch": a.batch,
             "result": str(tmp / f"timm-{load}.json")}  # fmt: skip
     (tmp / f"timm-{load}.spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--timm-child", str(tmp / f"timm-{load}.spec.json")]
+    cmd = timm_command(tmp / f"timm-{load}.spec.json")
     t0 = time.perf_counter()
     pids = run_child(cmd, hog_count=a.hogs if load == "busy" else 0, log=tmp / f"timm-{load}.log", env=env)
     wall = time.perf_counter() - t0
@@ -164,6 +165,11 @@ def measure_timm(
         "img_per_s": r["images"] / max(r["train_s"], 1e-9), "steps": r["steps"], "threads": r["threads"],
         "workers": 0, "arch": arch, "img": img, "top1": r["top1"], "batch": r["images"] // max(r["steps"], 1),
     }  # fmt: skip
+
+
+def timm_command(spec: Path) -> list[str]:
+    """The timm script's child process: this file with ``--timm-child SPEC`` (:func:`timm_child`)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--timm-child", str(spec)]
 
 
 def _common(a: argparse.Namespace, load: str, pids: list[int], wall: float) -> dict:
@@ -255,23 +261,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.img_size, a.epochs = 32, 1
     elif not a.data:
         p.error("--data DIR (or --smoke)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM unwinds too: the hogs are killed
     if os.environ.get("OMP_NUM_THREADS"):
         print(f"busy_machine: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} caps both sides' threads; unset it "
               "for the default thread counts", file=sys.stderr)  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        if a.out:
-            tmp = Path(a.out).resolve()
-            tmp.mkdir(parents=True, exist_ok=True)
-        else:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vitlab-busy-")))
-        try:
+    term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM unwinds too: the hogs are killed
+    try:
+        with contextlib.ExitStack() as stack:
+            if a.out:
+                tmp = Path(a.out).resolve()
+                tmp.mkdir(parents=True, exist_ok=True)
+            else:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vitlab-busy-")))
             rows = run(a, tmp)
-        except ChildFailed as e:
-            print(f"busy_machine: a measured process failed, {e}", file=sys.stderr)
-            return 1
-        print(f"\n{a.hogs} hog(s) on {rows[0]['cores']} core(s), --img-size {a.img_size}, --epochs {a.epochs}:")
-        print("\n".join(table(rows)), flush=True)
+    except ChildFailed as e:
+        print(f"busy_machine: a measured process failed, {e}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    print(f"\n{a.hogs} hog(s) on {rows[0]['cores']} core(s), --img-size {a.img_size}, --epochs {a.epochs}:")
+    print("\n".join(table(rows)), flush=True)
     return 0
 
 

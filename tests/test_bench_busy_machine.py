@@ -1,8 +1,11 @@
 """``benchmarks/busy_machine.py``: its CPU hogs never outlive a measurement (a failed child, an interrupt, a killed
-benchmark), its rows and table have the shape docs/training.md shows, and ``--smoke`` runs the four measurements."""
+benchmark), it reads the threads from the lines vitlab prints, and its four measurements give the rows and the table
+docs/training.md shows. The plumbing tests run stand-in children (a few ms each); the real ``--smoke`` (four torch
+processes, most of a minute on two cores) runs with ``VITLAB_BENCH_SMOKE=1``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -79,17 +82,30 @@ def test_hog_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
         parent.kill()
 
 
-def test_threads_are_read_from_the_runs_lines_and_the_table_has_a_row_per_side() -> None:
+def test_threads_are_read_from_the_lines_vitlab_prints() -> None:
+    """The start line and an epoch-end change, as :mod:`vitlab.train.engine.cores` writes them."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from vitlab.train.engine import cores
+
     bench = _bench()
-    text = (
-        "cpu: 2 torch thread(s) (2.0 of 2 core(s) free at start; --threads N to choose), 0 DataLoader worker(s)\n"
-        "epoch 1/3 ...\ncpu: the last epoch ran at under half the previous one's pace and 1.0 of 2 core(s) are free "
-        "now -> 1 torch thread(s) (was 2)\n"
-    )
-    t = bench.threads_from_log(text)
-    assert t == {"threads": 2, "workers": 0, "why": "2.0 of 2 core(s) free at start; --threads N to choose",
-                 "changes": [[2, 1]]}  # fmt: skip
-    assert bench.threads_from_log("no such line")["threads"] is None
+    cpu = torch.device("cpu")
+    start = cores.threads_line(SimpleNamespace(threads=0), device=cpu, workers=1, step_macs=math.inf)
+    watch = cores.ThreadWatch(threads=2, chosen=2, step_macs=math.inf, cap=2, sample=lambda: 1.0,
+                              set_threads=lambda n: None)  # fmt: skip
+    assert watch.after_epoch(0.1) is None
+    change = watch.after_epoch(0.3)  # under half the pace, one core free: 2 -> 1
+    t = bench.threads_from_log(f"training ...\n{start}\nepoch 1/3 ...\n{change}\n")
+    assert t["threads"] == torch.get_num_threads() and t["workers"] == 1 and "--threads N" in t["why"]
+    assert t["changes"] == [[2, 1]]
+    assert bench.threads_from_log("no such line") == {"threads": None, "workers": None, "why": None, "changes": []}
+
+
+def test_table_has_a_row_per_side_with_the_share_kept() -> None:
+    bench = _bench()
     rows = [
         {"side": "vitlab", "load": "quiet", "img_per_s": 400.0, "threads": 2},
         {"side": "vitlab", "load": "busy", "img_per_s": 260.0, "threads": 1, "changes": []},
@@ -102,13 +118,90 @@ def test_threads_are_read_from_the_runs_lines_and_the_table_has_a_row_per_side()
     assert lines[3] == "| timm script | 300.0 | 90.0 | 30% | 2 / 2, then 1 |"
 
 
+FAKE_VITLAB = """
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+busy = out.name.endswith("busy")
+print(f"cpu: {1 if busy else 2} torch thread(s) (x of 2 core(s) free at start), 0 DataLoader worker(s)")
+model = {"img_size": [32, 32], "patch_size": 4, "embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}
+ips = 60.0 if busy else 100.0
+(out / "summary.json").write_text(json.dumps({"images_per_sec": ips, "steps": 2, "top1": 0.5, "model": model}))
+(out / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "images_per_sec": ips}) + "\\n")
+"""
+FAKE_TIMM = """
+import json, os, pathlib, sys
+spec = json.loads(pathlib.Path(sys.argv[1]).read_text())
+busy = "busy" in pathlib.Path(sys.argv[1]).name
+if busy and os.environ.get("FAKE_FAIL"):
+    raise SystemExit(5)
+r = {"images": 64, "train_s": 2.0 if busy else 1.0, "steps": 4, "top1": 0.5, "threads": 2}
+pathlib.Path(spec["result"]).write_text(json.dumps(r))
+"""
+
+
+def _stand_ins(bench, monkeypatch, tmp_path: Path) -> list[int]:
+    """Stand-in children for both sides, a short hog lead; returns the list the hogs' pids are appended to."""
+    (tmp_path / "fake_vitlab.py").write_text(FAKE_VITLAB)
+    (tmp_path / "fake_timm.py").write_text(FAKE_TIMM)
+    monkeypatch.setattr(
+        bench,
+        "vitlab_command",
+        lambda data, out, **kw: [sys.executable, str(tmp_path / "fake_vitlab.py"), "--out", str(out)],
+    )
+    monkeypatch.setattr(bench, "timm_command", lambda spec: [sys.executable, str(tmp_path / "fake_timm.py"), str(spec)])
+    monkeypatch.setattr(bench, "HOG_LEAD_S", 0.1)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # run() imports defaults_vs_baseline, as the script does
+    pids: list[int] = []
+    real = bench.hogs
+
+    @contextlib.contextmanager
+    def recorded(n, **kw):
+        with real(n, **kw) as procs:
+            pids.extend(p.pid for p in procs)
+            assert all(_hog_alive(p.pid) for p in procs)  # running while the child runs
+            yield procs
+
+    monkeypatch.setattr(bench, "hogs", recorded)
+    return pids
+
+
+def test_four_measurements_give_the_rows_and_the_table(tmp_path: Path, monkeypatch, capsys) -> None:
+    bench = _bench()
+    pids = _stand_ins(bench, monkeypatch, tmp_path)
+    assert bench.main(["--smoke", "--out", str(tmp_path / "out"), "--hogs", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["side"], r["load"]) for r in rows] == [
+        ("vitlab", "quiet"), ("vitlab", "busy"), ("timm script", "quiet"), ("timm script", "busy")
+    ]  # fmt: skip
+    for r in rows:
+        assert r["hogs"] == (2 if r["load"] == "busy" else 0) and len(r["hog_pids"]) == r["hogs"]
+        assert {"img_per_s", "threads", "arch", "img", "epochs", "cores", "child_wall_s"} <= set(r)
+    assert len(pids) == 4 and not any(_hog_alive(pid) for pid in pids)
+    assert [r["threads"] for r in rows] == [2, 1, 2, 2]
+    assert rows[2]["arch"] == rows[0]["arch"] and rows[2]["img"] == 32  # the timm script gets vitlab's model
+    assert rows[3]["img_per_s"] == 32.0 and rows[3]["batch"] == 16  # 64 images over 2 s of training, 4 steps
+    assert "| vitlab | 100.0 | 60.0 | 60% | 2 / 1 |" in out and "| timm script | 64.0 | 32.0 | 50% | 2 / 2 |" in out
+
+
+def test_a_failing_busy_child_ends_the_run_and_its_hogs(tmp_path: Path, monkeypatch, capsys) -> None:
+    bench = _bench()
+    pids = _stand_ins(bench, monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    assert bench.main(["--smoke", "--out", str(tmp_path / "out")]) == 1
+    assert "a measured process failed, exit code 5" in capsys.readouterr().err
+    assert len(pids) == 2 and not any(_hog_alive(pid) for pid in pids)  # vitlab busy's and the failed child's
+
+
+@pytest.mark.skipif(not os.environ.get("VITLAB_BENCH_SMOKE"), reason="four torch processes: VITLAB_BENCH_SMOKE=1")
 def test_smoke_measures_both_sides_quiet_and_busy(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [(r["side"], r["load"]) for r in rows] == [
