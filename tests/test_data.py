@@ -48,6 +48,15 @@ def test_digits_embedded_split_is_fixed_and_stratified():
     assert counts.min() >= 35 and counts.max() <= 37  # 20% of ~180 per class
 
 
+def test_a_held_out_split_smaller_than_the_class_count_is_a_random_split_not_a_crash():
+    """24 photos in 4 classes: 10% is 3 images, fewer than the classes (scikit-learn refused to stratify)."""
+    labels = np.repeat(np.arange(4), 6)
+    tr, va = stratified_split(labels, 0.1, seed=0)
+    assert len(va) == 3 and len(tr) == 21 and not set(tr) & set(va)
+    with pytest.raises(DataError, match="leaves no training or no evaluation image"):
+        stratified_split(np.zeros(1, dtype=np.int64), 0.5)
+
+
 def test_stratified_split_keeps_class_ratios():
     labels = np.repeat(np.arange(4), [100, 50, 20, 10])
     tr, va = stratified_split(labels, 0.1, seed=0)

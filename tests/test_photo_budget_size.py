@@ -50,9 +50,9 @@ def test_a_budget_that_buys_enough_at_224_measures_once_and_keeps_224():
 
 
 def test_a_budget_too_short_for_every_side_gets_the_one_with_the_most_passes():
-    passes, calls = _counting({224: 2.0, 160: 4.0, 128: 6.0, 96: 7.0, 64: 6.5})
+    passes, calls = _counting({224: 2.0, 160: 4.0, 128: 7.0, 64: 6.5})
     side, why = budget_photo_side(1080, passes)
-    assert side == 96 and calls == [224, 160, 128, 96, 64] and "~7.0 at 96 px, the most passes" in why
+    assert side == 128 and calls == [224, 160, 128, 64] and "~7.0 at 128 px, the most passes" in why
     passes, _ = _counting({}, default=1.0)
     assert budget_photo_side(1080, passes)[0] == 224  # a tie: the larger side
 
@@ -70,7 +70,7 @@ def test_the_plan_stores_the_folder_for_the_budget_side(tmp_path):
         return 2.0 if side > 128 else BUDGET_PASSES
 
     plan = folder_plan(_cfg(tmp_path, time_budget=60.0), {(3024, 4032): 24}, n_files=3000, passes=passes)
-    assert plan.size == (128, 128) and plan.store_side == math.ceil(128 / 0.875)
+    assert plan.size == (128, 128) and plan.store_side == math.floor(128 / 0.875)
     assert plan.eval_side == math.floor(128 / 0.875) and set(seen) == {3000}  # every file counts, not the headers
     assert "training at 128 px (photos under a time budget: ~2.0 passes at 224 px" in plan.line
     assert folder_plan(_cfg(tmp_path), {(3024, 4032): 24}).size == (224, 224)  # no passes given: as before
@@ -128,7 +128,7 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
     def fake(cfg, **kw):
         def passes(side: int, n_train: int) -> float:
             asked.append(side)
-            return 3.0 if side > 96 else BUDGET_PASSES + 5
+            return 3.0 if side > 64 else BUDGET_PASSES + 5
 
         return passes
 
@@ -139,9 +139,9 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
             "--dim", "16", "--depth", "1", "--heads", "2"]  # fmt: skip
     assert main(argv) == 0
     said = capsys.readouterr().out
-    assert asked == [224, 160, 128, 96]
+    assert asked == [224, 160, 128, 64]
     assert (
-        f"-> training at 96 px (photos under a time budget: ~3.0 passes at 224 px, ~{BUDGET_PASSES + 5:.1f} at 96 px"
+        f"-> training at 64 px (photos under a time budget: ~3.0 passes at 224 px, ~{BUDGET_PASSES + 5:.1f} at 64 px"
         in said
     )
-    assert "96x96 px" in said
+    assert "64x64 px" in said and "patch 8" in said

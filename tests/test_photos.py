@@ -89,10 +89,10 @@ def test_photos_train_at_224_with_patch_16_from_the_headers(tmp_path):
 
 def test_a_fine_tune_stores_photos_for_its_init_models_size(tmp_path):
     """A fine-tune without --img-size trains at its --init model's size, and its photos are stored for that size,
-    not for the largest fine-tuning size (a 32 px model on 12 MP photos: a shorter side of 37 px, not 439)."""
+    not for the largest fine-tuning size (a 32 px model on 12 MP photos: a shorter side of 36 px, not 439)."""
     cfg = _cfg(tmp_path, init="runs/x/model")
     plan = folder_plan(cfg, {(3024, 4032): 24}, init_size=32)
-    assert plan.size == (32, 32) and plan.store_side == 37 and "the --init model's size" in plan.line
+    assert plan.size == (32, 32) and plan.store_side == 36 and "the --init model's size" in plan.line
     unknown = folder_plan(cfg, {(3024, 4032): 24})  # a model that is not square: stored for up to INIT_SIDE
     assert unknown.size is None and unknown.store_side == 439
 
@@ -150,8 +150,8 @@ def test_training_crops_are_drawn_on_the_photo_not_on_its_centre_square(tmp_path
             im.save(d / f"{i}.png")
     cfg = _cfg(root, img_size=64)
     s = load_data(str(root), val_split=0.34, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
-    portrait = next(s.train.images[i] for i in range(len(s.train)) if s.train.images[i].shape[0] == 98)
-    assert portrait.shape == (98, 74, 3)  # shorter side ceil(64 / 0.875) = 74, the whole photo (int(74 * 4 / 3))
+    portrait = next(s.train.images[i] for i in range(len(s.train)) if s.train.images[i].shape[0] == 97)
+    assert portrait.shape == (97, 73, 3)  # shorter side floor(64 / 0.875) = 73, the whole photo (int(73 * 4 / 3))
     x = torch.from_numpy(np.array(portrait)).permute(2, 0, 1)
     light = train_transform(img_size=64, mean=(0,) * 3, std=(1,) * 3, crop_scale=(0.5, 1), crop_ratio=(3 / 4, 4 / 3))
     torch.manual_seed(0)
@@ -194,7 +194,7 @@ def test_sixteen_large_photos_at_64_px_add_well_under_4_mib(tmp_path, size):
     data = _photos(tmp_path / "p", [size] * 6, val=2)  # 12 + 4 photos
     code, _ = _train(data, tmp_path, "--img-size", "64", *TINY, "--stop-after", "1")
     assert code == 0
-    assert _cache_bytes(tmp_path / "cache") < 1 << 20  # 12 x 74 x 98 (or 131) x 3 + 4 x 73 x 73 x 3
+    assert _cache_bytes(tmp_path / "cache") < 1 << 20  # 12 x 73 x 97 (or 129) x 3 + 4 x 73 x 73 x 3
 
 
 def test_a_larger_memory_budget_decodes_what_a_smaller_one_skipped(tmp_path, capsys):

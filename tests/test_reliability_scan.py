@@ -196,6 +196,6 @@ def test_a_panorama_within_the_strip_rule_is_stored_whole_at_its_aspect_ratio(tm
     s = load_data(str(root), val_split=0.25, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
     assert isinstance(s.train.images.base, PackedImages) and s.train.images.base is s.val.images.base
     shapes = sorted(s.train.images.base[i].shape for i in range(len(s.train) + len(s.val)))
-    assert shapes == [(74, 74, 3)] * 6 + [(74, 740, 3)]  # shorter side ceil(64 / 0.875), aspect ratio kept
+    assert shapes == [(73, 73, 3)] * 6 + [(73, 730, 3)]  # shorter side floor(64 / 0.875), aspect ratio kept
     [(path, why)] = s.skipped
     assert path.endswith("strip.png") and "one side is over 10 times the other" in why

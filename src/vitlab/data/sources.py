@@ -7,6 +7,7 @@ integer labels and class names, so the training loop never touches files.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,14 +161,23 @@ def describe_splits(data: Any) -> dict[str, object]:
 
 
 def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Deterministic stratified ``(train_idx, val_idx)``; ``fraction`` of each class goes to val."""
+    """Deterministic stratified ``(train_idx, val_idx)``; ``fraction`` of each class goes to val. Stratified when
+    every class has two images and each side has room for one of every class (else a plain random split: a small
+    folder still trains, with the classes it could hold out); a side left empty is a one-line error."""
     from sklearn.model_selection import train_test_split
 
     if not 0.0 < fraction < 1.0:
         raise DataError(f"--val-split must be in (0, 1), got {fraction}")
     idx = np.arange(len(labels))
     counts = np.bincount(labels)
-    stratify = labels if counts[counts > 0].min() >= 2 else None
+    n_val = math.ceil(fraction * len(labels))  # scikit-learn's count for a float test_size
+    if not 0 < n_val < len(labels):
+        raise DataError(
+            f"--val-split {fraction:g} of {len(labels)} image(s) leaves no training or no evaluation image: "
+            "add images, or a val/ folder"
+        )
+    room = min(n_val, len(labels) - n_val) >= int((counts > 0).sum())
+    stratify = labels if counts[counts > 0].min() >= 2 and room else None
     tr, va = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
     return np.sort(tr), np.sort(va)
 

@@ -63,13 +63,16 @@ def photo_size(typical: int) -> int:
     return min(PHOTO_SIZE, max(16, typical // 16 * 16))
 
 
-BUDGET_SIDES = (224, 160, 128, 96, 64)
+BUDGET_SIDES = (224, 160, 128, 64)
 """The sides a time-budgeted photo run may train at without ``--img-size``, largest first: 224 px and the smaller
-sides measured against it on photos (docs/training.md); from 64 px the patch is 8 (the 8 x 8 grid rule of
-:func:`vitlab.train.spec.fitting.auto_arch`), above it 16."""
-BUDGET_PASSES = 40.0
-"""Passes over the training images a time budget must buy at a side for a photo run to train at it
-(docs/training.md, "Photo rows": the side chosen on the validation photos)."""
+sides measured against it on photos (docs/training.md, "Photo rows"). 64 px trains with patch 8 (an 8 x 8 grid,
+:func:`vitlab.train.spec.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
+both budgets measured and is not a step."""
+BUDGET_PASSES = 50.0
+"""Passes over the training images (as :func:`~vitlab.train.engine.calibrate.budget_passes` estimates them) a time
+budget must buy at a side for a photo run to train at it. On the validation photos every larger side lost to 64 px
+at budgets buying it up to ~35 estimated passes (128 px at 5 minutes, docs/training.md), so a larger side needs
+clearly more than that."""
 
 
 def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
@@ -99,9 +102,10 @@ def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int
 
 def store_side(img: int, crop_pct: float = 1.0) -> int:
     """The shorter side (at most) training images are stored with for a model of ``img`` px evaluated with
-    ``crop_pct``: what the evaluation resizes to (``img / crop_pct``) and at least :data:`CROP_MARGIN`'s margin
-    over the input; at least 32."""
-    return max(32, math.ceil(img / min(CROP_MARGIN, crop_pct)))
+    ``crop_pct``: what the evaluation resizes to (``floor(img / crop_pct)``, timm's rule) and at least
+    :data:`CROP_MARGIN`'s margin over the input; at least 32. Rounded as the evaluation rounds, so that the minimal
+    level's view of a stored photo (the evaluation's resize, then the centre) resizes nothing."""
+    return max(32, math.floor(img / min(CROP_MARGIN, crop_pct)))
 
 
 def fit_size_to_data(cfg: Any, data: Any) -> Any:
