@@ -85,7 +85,7 @@ def test_training_caches_at_the_training_size_and_says_where(tmp_path, capsys):
     assert summary["steps"] >= 1
     entries = list_caches(tmp_path / "cache")
     assert len(entries) == 2  # train and val
-    side = 55  # ceil(48 / 0.875), ~1.14 x: the cache's margin over the model input for random crops
+    side = 54  # floor(48 / 0.875), ~1.14 x: the cache's margin over the model input for random crops
     per_image = side * int(320 * side / 240) * 3  # torchvision's Resize(int) rule for the longer side
     per_eval = 54 * 54 * 3  # evaluation images: resized to floor(48 / crop_pct 0.875) (photos), centre-cropped
     assert sum(e.bytes - e.path.with_suffix(".json").stat().st_size for e in entries) == 12 * per_image + 4 * per_eval
