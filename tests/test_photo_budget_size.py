@@ -4,17 +4,13 @@ steps before the folder is decoded, so the decode cache stores what the chosen s
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from vitlab.cli import main
 from vitlab.distributed import Dist
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine import calibrate
@@ -104,44 +100,3 @@ def test_measured_passes_fall_with_the_side_and_rise_with_the_budget(tmp_path):
     assert 0 < at_224 < at_64 / 2  # 4x the pixels, with patch 16 against 8: about 1.5x the tokens, and the crops
     assert long(64, 3000) > 5 * at_64  # ten times the budget (less the reserve and the time spent)
     assert short(64, 300) > 5 * at_64  # a tenth of the images
-
-
-def _jpeg(w: int, h: int, c: int) -> bytes:
-    rng = np.random.default_rng(c)
-    small = rng.integers(0, 60, (max(1, h // 64), max(1, w // 64), 3)).astype(np.uint8)
-    small[..., c] += 150
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((w, h), Image.Resampling.NEAREST).save(buf, "JPEG", quality=20)
-    return buf.getvalue()
-
-
-def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
-    """The whole run: the first line names the side and why, the model and the stored evaluation images follow."""
-    for split, n in (("train", 4), ("val", 1)):
-        for c in range(2):
-            d = tmp_path / "photos" / split / f"c{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                (d / f"{i}.jpg").write_bytes(_jpeg(1920, 1080, c))
-    asked = []
-
-    def fake(cfg, **kw):
-        def passes(side: int, n_train: int) -> float:
-            asked.append(side)
-            return 3.0 if side > 64 else BUDGET_PASSES + 5
-
-        return passes
-
-    monkeypatch.setattr("vitlab.train.engine.run.budget_passes", fake)
-    out = tmp_path / "run"
-    argv = ["train", "--data", str(tmp_path / "photos"), "--time-budget", "20s", "--stop-after", "1", "--out",
-            str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0",
-            "--dim", "16", "--depth", "1", "--heads", "2"]  # fmt: skip
-    assert main(argv) == 0
-    said = capsys.readouterr().out
-    assert asked == [224, 160, 128, 64]
-    assert (
-        f"-> training at 64 px (photos under a time budget: ~3.0 passes at 224 px, ~{BUDGET_PASSES + 5:.1f} at 64 px"
-        in said
-    )
-    assert "64x64 px" in said and "patch 8" in said

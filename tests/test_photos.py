@@ -22,7 +22,7 @@ from vitlab.data.cache_admin import list_caches
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.data import folder_plan
 from vitlab.train.spec.fitting import fit_recipe_to_data
-from vitlab.train.spec.image_size import fit_size_to_data
+from vitlab.train.spec.image_size import BUDGET_PASSES, fit_size_to_data
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2"]  # the default size and patch, a small model
 
@@ -276,3 +276,28 @@ def test_a_damaged_packed_cache_is_found_and_rebuilt(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "do not match their checksum" in err and "decoding again" in err
     assert all(np.array_equal(again.images[i], w) for i, w in enumerate(want))
+
+
+def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
+    """Under a time budget the side is chosen from timed steps before decoding (issue 34: at 2 minutes 224 px was
+    9 points below 64 px on the validation photos): the first line names it and why, and the model follows."""
+    data = _photos(tmp_path / "photos", [(1920, 1080)] * 4)
+    asked = []
+
+    def fake(cfg, **kw):
+        def passes(side: int, n_train: int) -> float:
+            asked.append(side)
+            return 3.0 if side > 64 else BUDGET_PASSES + 5
+
+        return passes
+
+    monkeypatch.setattr("vitlab.train.engine.run.budget_passes", fake)
+    code, _ = _train(data, tmp_path, *TINY, "--time-budget", "20s", "--stop-after", "1")
+    assert code == 0
+    said = capsys.readouterr().out
+    assert asked == [224, 160, 128, 64]
+    assert (
+        f"-> training at 64 px (photos under a time budget: ~3.0 passes at 224 px, ~{BUDGET_PASSES + 5:.1f} at 64 px"
+        in said
+    )
+    assert "64x64 px" in said and "patch 8" in said

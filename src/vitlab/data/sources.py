@@ -399,9 +399,9 @@ def load_data(
     from ``(width, height) -> count`` of the training split's headers (up to :data:`HEADER_SAMPLE` files,
     read before anything is decoded) and ``n_files=`` the split's number of files. The training images keep their
     aspect ratio (their shorter side at most the plan's ``store_side``: images of several sizes,
-    :class:`PackedImages`); the evaluation split of a
-    ``train/`` + ``val/`` folder is stored ready for evaluation (the plan's ``eval_side``). The plan is
-    returned as ``DataSplits.plan``, and its ``size`` is ``DataSplits.image_size``.
+    :class:`PackedImages`); the evaluation split of a ``train/`` + ``val/`` folder is stored ready for evaluation
+    (the plan's ``eval_side``). The plan is returned as ``DataSplits.plan``, and its ``size`` is
+    ``DataSplits.image_size``.
 
     Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
     held in memory while the cache is built; the splits are then read from the memory-mapped

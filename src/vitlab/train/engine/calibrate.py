@@ -34,6 +34,8 @@ __all__ = ["budget_passes", "measure_pace", "time_steps", "wants_budget_size", "
 
 AUG_ITEMS = 16
 """Training items each level's transform is timed on."""
+WARM_ITEMS = 8
+"""Items each level's transform runs on untimed before it is timed (its operations' first calls)."""
 EVAL_ITEMS = 128
 """Evaluation items timed (the whole split's time is scaled from them)."""
 SIDE_BATCH = 32
@@ -60,32 +62,26 @@ def time_steps(
     return (time.perf_counter() - t0) / n_time
 
 
+def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """A time budget, the ``auto`` recipe, a labelled objective, a fresh model and one process: a run whose choices
+    are made from what this machine measures (several processes would each measure their own and must choose one)."""
+    return bool(cfg.time_budget) and cfg.recipe.name == "auto" and not cfg.init and uses_labels and not dist.enabled
+
+
 def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
-    """Whether a new run's recipe is chosen from a measured pace: a time budget, the ``auto`` recipe, a labelled
-    objective, training images in memory (a folder or a built-in set; tar shards are read as they train) and one
-    process (several would each measure their own, and must choose one recipe); a fresh model (a fine-tune's is
-    its ``--init`` model's, fitted by :func:`~vitlab.train.spec.finetune.fit_finetune`)."""
+    """Whether a new run's recipe is chosen from a measured pace: a measured run (:func:`_measured_run`; a
+    fine-tune's model is its ``--init`` model's, fitted by :func:`~vitlab.train.spec.finetune.fit_finetune`) whose
+    training images are in memory (a folder or a built-in set; tar shards are read as they train)."""
     train = getattr(data, "train", None)
-    return (
-        bool(cfg.time_budget)
-        and cfg.recipe.name == "auto"
-        and not cfg.init
-        and uses_labels
-        and not dist.enabled
-        and isinstance(train, ImageArray)
-        and len(train) > 0
-    )
+    return _measured_run(cfg, uses_labels=uses_labels, dist=dist) and isinstance(train, ImageArray) and len(train) > 0
 
 
 def wants_budget_size(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
-    """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): what
-    :func:`wants_pace` asks, on a folder, with no size given (``--img-size``, a recipe's) and no ``--pack``."""
+    """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): a
+    measured run (:func:`_measured_run`) on a folder, with no size given (``--img-size``, a recipe's) and no
+    ``--pack`` (packing has its own resolutions)."""
     return (
-        bool(cfg.time_budget)
-        and cfg.recipe.name == "auto"
-        and not cfg.init
-        and uses_labels
-        and not dist.enabled
+        _measured_run(cfg, uses_labels=uses_labels, dist=dist)
         and not cfg.img_size
         and not cfg.recipe.img_size
         and not cfg.pack
@@ -101,8 +97,9 @@ def budget_passes(
     ``side`` px, from timed training steps (:data:`SIDE_BATCH` random images) of the model the auto recipe would
     train there (its smallest, with its token dropping), on the threads the run will use. Called before the folder
     is decoded, so that it is stored for the side chosen (:func:`~vitlab.train.spec.image_size.budget_photo_side`);
-    the steps alone are counted (the run's own probe, :func:`measure_pace`, then plans with the augmentation and
-    the evaluations). Random draws are made in a fork of the generators: the run does not depend on them."""
+    the steps and the :data:`PASSES_LEVEL` augmentation of random photos are counted, not the evaluations (the
+    run's own probe, :func:`measure_pace`, then plans with them). Random draws are made in a fork of the
+    generators: the run does not depend on them."""
     given = set(cfg.recipe_given)
     drop = cfg.recipe.token_drop if "token_drop" in given else None
     in_chans, classes = 3, 2  # photos decode as RGB; the head costs nothing measurable (classes are not read yet)
@@ -185,8 +182,9 @@ def measure_pace(
                                  crop_pct=crop_pct)  # fmt: skip
             ds = ArrayDataset(data.train.images, data.train.labels, transform=tf, in_chans=in_chans)
             k = min(AUG_ITEMS, n_train)
-            if not aug_s:  # untimed: the first reads of the cache's pages and the transforms' first calls, which the
-                _ = [ds[i * n_train // k] for i in range(k)]  # run pays once, not at every step
+            # untimed: the first reads of the cache's pages (once) and each level's first calls of its operations,
+            # which the run pays once, not at every step
+            _ = [ds[i * n_train // k] for i in range(k if not aug_s else min(k, WARM_ITEMS))]
             t0 = clock()
             xs_level = [ds[i * n_train // k][0] for i in range(k)]
             aug_s[level] = (clock() - t0) / k

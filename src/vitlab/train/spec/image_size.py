@@ -12,8 +12,8 @@ The conventions users know from timm and the ViT papers:
 - **Photos under a time budget** train at the largest of :data:`BUDGET_SIDES` (up to the size above) at which the
   budget buys at least :data:`BUDGET_PASSES` passes over the training images, estimated from timed training steps
   of the model ``auto`` would train at each size (:func:`budget_photo_side`): a short budget trades resolution for
-  passes, as progressive-resizing and budgeted-training results suggest (Touvron et al. 2019, "Fixing the
-  train-test resolution discrepancy"; Li et al. 2020, "Budgeted training"), and docs/training.md measures.
+  passes, as training at a lower resolution first does (Touvron et al. 2019, "Fixing the train-test resolution
+  discrepancy"; Tan & Le 2021, EfficientNetV2's progressive learning), and as docs/training.md measures on photos.
 - ``--img-size`` (or a recipe's ``img_size``) wins; an ``--init`` model without one trains at its own size.
 
 Storage (:func:`vitlab.train.engine.data.folder_plan`): training images keep their aspect ratio and whole extent,
