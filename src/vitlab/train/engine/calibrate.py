@@ -131,14 +131,23 @@ def budget_passes(
     return passes
 
 
+def _level_transform(
+    level: str, *, img: tuple[int, int], mean: Any, std: Any, in_chans: int, crop_pct: float
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The training transform of the auto recipe's augmentation ``level`` (:data:`~vitlab.train.spec.fitting.LEVELS`)
+    at ``img``, flip 0.5, as a run of that level builds it: what the probes time."""
+    f = LEVELS[level]
+    return train_transform(img_size=img, mean=mean, std=std, in_chans=in_chans, crop_scale=f["crop_scale"],
+                           crop_ratio=f["crop_ratio"], hflip=0.5, randaugment=f["randaugment"],
+                           random_erasing=f["random_erasing"], crop_pct=crop_pct)  # fmt: skip
+
+
 def _time_augmentation(side: int, *, level: str, in_chans: int, clock: Callable[[], float]) -> float:
     """Seconds per image of ``level``'s training transform for a ``side`` px photo run, on random images stored as
     such a run stores them (:func:`~vitlab.train.spec.image_size.store_side`, 3:4 portrait)."""
-    fields, short = LEVELS[level], store_side(side, PHOTO_CROP_PCT)
-    tf = train_transform(img_size=(side, side), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, in_chans=in_chans,
-                         crop_scale=fields["crop_scale"], crop_ratio=fields["crop_ratio"], hflip=0.5,
-                         randaugment=fields["randaugment"], random_erasing=fields["random_erasing"],
-                         crop_pct=PHOTO_CROP_PCT)  # fmt: skip
+    short = store_side(side, PHOTO_CROP_PCT)
+    tf = _level_transform(level, img=(side, side), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, in_chans=in_chans,
+                          crop_pct=PHOTO_CROP_PCT)  # fmt: skip
     items = [torch.randint(0, 256, (in_chans, short * 4 // 3, short), dtype=torch.uint8) for _ in range(AUG_ITEMS)]
     tf(items[0])  # untimed: the transforms' first calls
     t0 = clock()
@@ -175,11 +184,9 @@ def measure_pace(
         threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as build_net
         workers = workers_for(cfg, device=device)
         aug_s, items = {}, []
-        for level, fields in LEVELS.items():
-            tf = train_transform(img_size=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
-                                 crop_scale=fields["crop_scale"], crop_ratio=fields["crop_ratio"], hflip=0.5,
-                                 randaugment=fields["randaugment"], random_erasing=fields["random_erasing"],
-                                 crop_pct=crop_pct)  # fmt: skip
+        for level in LEVELS:
+            tf = _level_transform(level, img=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
+                                  crop_pct=crop_pct)  # fmt: skip
             ds = ArrayDataset(data.train.images, data.train.labels, transform=tf, in_chans=in_chans)
             k = min(AUG_ITEMS, n_train)
             # untimed: the first reads of the cache's pages (once) and each level's first calls of its operations,
