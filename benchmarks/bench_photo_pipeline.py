@@ -71,6 +71,8 @@ from vitlab.train.engine.optim import build_optimizer
 from vitlab.train.objectives import Objective, build_objective, objective_for
 from vitlab.train.spec.config import TrainConfig, build_config
 from vitlab.train.spec.fitting import LEVELS, forward_macs
+from vitlab.train.spec.image_size import holds_photos
+from vitlab.train.spec.levels import level_fields
 
 PHOTO_SIZES = [(4032, 3024), (3024, 4032), (1920, 1080), (1080, 1920), (400, 533), (533, 400), (400, 711)]
 """(width, height) of the generated photos: 12-MP phone photos both ways, 1080p both ways, the clothing set's
@@ -142,9 +144,10 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
 
 def level_config(cfg: TrainConfig, data: Any, level: str) -> TrainConfig:
     """``cfg`` fitted to the data as a run fits it (the ``auto`` recipe, the stored size's ``crop_pct``), with the
-    augmentation and regularisation of ``level`` in place of the one the recipe chose."""
+    augmentation and regularisation of ``level`` (as a run on these data builds it: photos keep its crop and flip
+    only) in place of the one the recipe chose."""
     fitted = objective_for(cfg).fit_recipe(cfg, data, device_type="cpu")
-    return dataclasses.replace(fitted, recipe=fitted.recipe.replace(**LEVELS[level]))
+    return dataclasses.replace(fitted, recipe=fitted.recipe.replace(**level_fields(level, photos=holds_photos(data))))
 
 
 def run_model(cfg: TrainConfig, data: Any) -> tuple[Objective, torch.nn.Module, int, int]:

@@ -17,8 +17,9 @@ from torch.utils.data import DistributedSampler
 
 from vitlab.data import ArrayDataset, train_transform
 from vitlab.data.seeding import SeededItems
-from vitlab.train.spec.fitting import BUDGET_TOKEN_DROP, LEVELS
-from vitlab.train.spec.image_size import PHOTO_CROP_PCT, store_side
+from vitlab.train.spec.fitting import BUDGET_TOKEN_DROP
+from vitlab.train.spec.image_size import PHOTO_CROP_PCT, holds_photos, store_side
+from vitlab.train.spec.levels import level_fields
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -76,7 +77,8 @@ def test_vitlab_rows_time_the_runs_own_augmentation(bench, tmp_path):
     rows, (xs, _), objective, net = bench.vitlab_rows(cfg, data, extra_workers=[], n=1)
     assert len(rows) == 1 and rows[0]["run_choice"] and xs.shape == (8, 3, 32, 32)
     r, mc = cfg.recipe, objective.exported(net).config
-    assert r.randaugment == LEVELS["light"]["randaugment"] and r.crop_pct == PHOTO_CROP_PCT
+    light = level_fields("light", photos=holds_photos(data))
+    assert r.randaugment == light["randaugment"] and r.crop_pct == PHOTO_CROP_PCT
 
     def first_batch(**level) -> torch.Tensor:
         tf = train_transform(
@@ -88,7 +90,8 @@ def test_vitlab_rows_time_the_runs_own_augmentation(bench, tmp_path):
         items = SeededItems(ds, seed=cfg.seed, epoch=0)
         return torch.stack([items[i][0] for i in list(sampler)[:8]])
 
-    light = {k: LEVELS["light"][k] for k in ("crop_scale", "crop_ratio", "randaugment", "random_erasing")}
+    light = {k: light[k] for k in ("crop_scale", "crop_ratio", "randaugment", "random_erasing")}
     assert torch.equal(xs, first_batch(**light))
-    minimal = {k: LEVELS["minimal"][k] for k in ("crop_scale", "crop_ratio", "randaugment", "random_erasing")}
+    off = level_fields("minimal", photos=holds_photos(data))
+    minimal = {k: off[k] for k in ("crop_scale", "crop_ratio", "randaugment", "random_erasing")}
     assert not torch.equal(xs, first_batch(**minimal))

@@ -25,7 +25,8 @@ from ..objectives import Objective
 from ..objectives.classify import Classify
 from ..spec.config import TrainConfig
 from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs
-from ..spec.image_size import PHOTO_CROP_PCT, PHOTO_SIDE, store_side
+from ..spec.image_size import PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
+from ..spec.levels import level_fields
 from ..spec.pace import Pace, budget_reserve
 from .cores import set_threads, workers_for
 from .model import build_model
@@ -132,11 +133,12 @@ def budget_passes(
 
 
 def _level_transform(
-    level: str, *, img: tuple[int, int], mean: Any, std: Any, in_chans: int, crop_pct: float
+    level: str, *, img: tuple[int, int], mean: Any, std: Any, in_chans: int, crop_pct: float, photos: bool
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The training transform of the auto recipe's augmentation ``level`` (:data:`~vitlab.train.spec.fitting.LEVELS`)
-    at ``img``, flip 0.5, as a run of that level builds it: what the probes time."""
-    f = LEVELS[level]
+    """The training transform of the auto recipe's augmentation ``level``
+    (:func:`~vitlab.train.spec.levels.level_fields`; ``photos``: the photo variant) at ``img``, flip 0.5, as a run
+    of that level builds it: what the probes time."""
+    f = level_fields(level, photos=photos)
     return train_transform(img_size=img, mean=mean, std=std, in_chans=in_chans, crop_scale=f["crop_scale"],
                            crop_ratio=f["crop_ratio"], hflip=0.5, randaugment=f["randaugment"],
                            random_erasing=f["random_erasing"], crop_pct=crop_pct)  # fmt: skip
@@ -147,7 +149,7 @@ def _time_augmentation(side: int, *, level: str, in_chans: int, clock: Callable[
     such a run stores them (:func:`~vitlab.train.spec.image_size.store_side`, 3:4 portrait)."""
     short = store_side(side, PHOTO_CROP_PCT)
     tf = _level_transform(level, img=(side, side), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, in_chans=in_chans,
-                          crop_pct=PHOTO_CROP_PCT)  # fmt: skip
+                          crop_pct=PHOTO_CROP_PCT, photos=True)  # fmt: skip
     items = [torch.randint(0, 256, (in_chans, short * 4 // 3, short), dtype=torch.uint8) for _ in range(AUG_ITEMS)]
     tf(items[0])  # untimed: the transforms' first calls
     t0 = clock()
@@ -175,6 +177,7 @@ def measure_pace(
     )  # fmt: skip
     plan = getattr(data, "plan", None)
     crop_pct = plan.crop_pct if plan is not None else 1.0
+    photos = holds_photos(data)
     probe_cfg = dataclasses.replace(cfg, recipe=recipe, arch={}, model=None)
     with seeded(cfg.seed):
         model = build_model(probe_cfg, num_classes=data.num_classes, in_chans=in_chans, image_size=img,
@@ -186,7 +189,7 @@ def measure_pace(
         aug_s, items = {}, []
         for level in LEVELS:
             tf = _level_transform(level, img=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
-                                  crop_pct=crop_pct)  # fmt: skip
+                                  crop_pct=crop_pct, photos=photos)  # fmt: skip
             ds = ArrayDataset(data.train.images, data.train.labels, transform=tf, in_chans=in_chans)
             k = min(AUG_ITEMS, n_train)
             # untimed: the first reads of the cache's pages (once) and each level's first calls of its operations,

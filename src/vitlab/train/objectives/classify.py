@@ -14,6 +14,7 @@ from ...capacity import inference_bytes
 from ...evaluate.accuracy import evaluate_batches
 from ..spec.finetune import fit_finetune
 from ..spec.fitting import fit_recipe_to_data
+from ..spec.image_size import holds_photos
 from .base import Objective
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class Classify(Objective):
                 in_chans=data.in_chans,
                 device_type=device_type,
                 pace=pace,
+                photo_data=holds_photos(data),
             )
         return super().fit_recipe(cfg, data, device_type=device_type)
 

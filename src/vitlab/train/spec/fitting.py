@@ -1,27 +1,7 @@
 """``--recipe auto``: fit the recipe to the data and the budget, the default for data a user passes.
 
-The rule follows Steiner et al. 2021, "How to train your ViT? Data, Augmentation, and Regularization in
-Vision Transformers" (AugReg): the best amount of augmentation and regularisation grows with the number
-of epochs and shrinks with the amount of data; on short schedules or large data it hurts. The scale
-(:data:`LEVELS`, chosen by :func:`aug_level`):
-
-==========  ==========================  ============  ==================  =====  ======  ===========
-level       when (E epochs, n images)   crop scale    RandAugment(N, M)   MixUp  CutMix  other
-==========  ==========================  ============  ==================  =====  ======  ===========
-minimal     E < 10                      no crop       none                0      0       -
-mild        (one below light)           0.8-1 square  none                0      0       -
-light       10 <= E < 50                0.5-1         (2, 7)              0      0       SD 0.05
-medium      50 <= E < 100               0.35-1        (2, 10)             0.2    0       RE 0.1, SD 0.1
-strong      E >= 100                    0.35-1        (2, 15)             0.8    1.0     RE 0.25, SD 0.1
-==========  ==========================  ============  ==================  =====  ======  ===========
-
-every level: horizontal flip 0.5, label smoothing 0.1, AdamW, weight decay 0.05, cosine decay. One
-level lighter from 10k training images, two from 1M (more data needs less regularisation); "mild" is
-reached only by that shift. The "strong" level is the ``small-data`` recipe's DeiT regularisation, which is
-meant for 100-300 epochs. The minimal level does not crop at all; the mild one crops squares of 80-100% of
-the image (a small change of scale and position). These choices were measured on held-out CIFAR-10
-training images (docs/training.md): under 10 epochs even a 0.8-1 crop cost accuracy; on 10k images the
-light level lost to no crop at 15 epochs, and at 30 epochs no crop overfit where the 0.8-1 crop did not.
+The augmentation level follows the passes and the data size (:mod:`.levels`, after AugReg: Steiner et
+al. 2021); every level: horizontal flip 0.5, label smoothing 0.1, AdamW, weight decay 0.05, cosine decay.
 
 The batch is at most 1/16 of the training set (a power of two, 8 to 128), so that small data gets enough
 optimiser steps per epoch; the AdamW LR at batch 128 is 2e-3 under 10 epochs (the LR this project's CIFAR-10
@@ -45,6 +25,7 @@ import math
 from typing import Any
 
 from .image_size import PHOTO_SIDE
+from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
 
@@ -61,20 +42,6 @@ __all__ = [
     "forward_macs",
 ]
 
-_FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
-_ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
-LEVELS: dict[str, dict[str, Any]] = {
-    name: dict(zip(_FIELDS, values, strict=True))
-    for name, values in (  # crop scale, crop ratio, RandAugment (N, M), MixUp, CutMix, erasing, stochastic depth
-        ("minimal", ((1.0, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),  # scale and ratio 1: the whole image
-        ("mild", ((0.8, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),
-        ("light", ((0.5, 1.0), _ANY_RATIO, (2, 7), 0.0, 0.0, 0.0, 0.05)),
-        ("medium", ((0.35, 1.0), _ANY_RATIO, (2, 10), 0.2, 0.0, 0.1, 0.1)),
-        ("strong", ((0.35, 1.0), _ANY_RATIO, (2, 15), 0.8, 1.0, 0.25, 0.1)),
-    )
-}
-"""Augmentation and regularisation per level (the fields of :data:`_FIELDS`), lightest first (after AugReg's none /
-light / medium / heavy)."""
 _COMMON = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
 
 MODELS: list[tuple[str, int, dict[str, int]]] = [
@@ -99,13 +66,6 @@ _MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
 be probed before the recipe is chosen (tar shards, several processes): only the model size and the augmentation
 level depend on it, the run's own plan is measured. Runs on a folder choose from a measured :class:`~.pace.Pace`."""
-
-
-def aug_level(*, epochs: float, n_train: int) -> str:
-    """The augmentation level (a :data:`LEVELS` key) for ``epochs`` passes over ``n_train`` images."""
-    i = 0 if epochs < 10 else 2 if epochs < 50 else 3 if epochs < 100 else 4
-    i -= (n_train >= 10_000) + (n_train >= 1_000_000)  # from the light level down, one level per shift
-    return list(LEVELS)[max(0, i)]
 
 
 def auto_batch(n_train: int, *, cap: int = 128) -> int:
@@ -182,6 +142,7 @@ def auto_recipe(
     token_drop: float | None = None,
     device_type: str = "cpu",
     photos: bool = False,
+    photo_data: bool = False,
     pace: Pace | None = None,
 ) -> tuple[Recipe, str]:
     """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
@@ -189,8 +150,10 @@ def auto_recipe(
 
     ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
     :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the data are photos
-    (the patch, :func:`_patch_for`); ``pace``: what a probe measured on the data (with a ``time_budget``, the
-    model, level and passes are chosen from it, :func:`_fit_to_pace`; without one, from :data:`_MACS_PER_S`)."""
+    (the patch, :func:`_patch_for`); ``photo_data``: the images are photos the run crops from (the level's crop
+    and flip only, :func:`~.levels.level_fields`); ``pace``: what a probe measured on the data (with a
+    ``time_budget``, the model, level and passes are chosen from it, :func:`_fit_to_pace`; without one, from
+    :data:`_MACS_PER_S`)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
     level = None
@@ -219,7 +182,7 @@ def auto_recipe(
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
     level = level or aug_level(epochs=passes, n_train=n_train)
-    aug = LEVELS[level]
+    aug = level_fields(level, photos=photo_data)
     warm = 0.1 if steps < 5000 else 0.05
     lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
     recipe = dataclasses.replace(
@@ -236,7 +199,7 @@ def auto_recipe(
         **aug,
     )
     head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
-    reason = head + _auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model)
+    reason = head + _auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model, photos=photo_data)
     return recipe, reason
 
 
@@ -270,17 +233,18 @@ def _fit_to_pace(
     raise AssertionError("unreachable: the smallest model is always chosen")
 
 
-def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str) -> str:
+def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str, photos: bool = False) -> str:
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
     batch, LR and warmup, token dropping and the model."""
     ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
     mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
     crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
-    crop += " square" if r.crop_ratio == _SQUARE and r.crop_scale[0] < 1 else ""
+    crop += " square" if r.crop_ratio == (1.0, 1.0) and r.crop_scale[0] < 1 else ""
     plain = aug_level(epochs=passes, n_train=0)
     passes_text = f"{passes:.0f}" if passes >= 10 or passes == int(passes) else f"{passes:.1f}"
     why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
     why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
+    why += "; photos: its crop and flip only" if photos else ""
     arch = r.arch
     return (
         f", {passes_text} {'pass' if passes_text == '1' else 'passes'} -> {level} aug ({why}): {crop}, flip, LS 0.1, "
@@ -303,9 +267,11 @@ def fit_recipe_to_data(
     in_chans: int,
     device_type: str,
     pace: Pace | None = None,
+    photo_data: bool = False,
 ) -> Any:
     """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
-    ``auto`` recipe resolved (:func:`auto_recipe`; ``pace``: measured on the data for a time budget), or the
+    ``auto`` recipe resolved (:func:`auto_recipe`; ``pace``: measured on the data for a time budget;
+    ``photo_data``: a folder of photos, :func:`~.image_size.holds_photos`), or the
     ``finetune`` recipe's batch scaled down to the
     data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512), its LR
     with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
@@ -330,6 +296,7 @@ def fit_recipe_to_data(
             device_type=device_type,
             photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
             pace=pace if cfg.time_budget else None,
+            photo_data=photo_data,
         )
         arch = dict(new.arch)
         user = {k: v for k, v in cfg.arch.items() if v is not None}

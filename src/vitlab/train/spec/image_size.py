@@ -109,6 +109,14 @@ def store_side(img: int, crop_pct: float = 1.0) -> int:
     return max(32, math.floor(img / min(CROP_MARGIN, crop_pct)))
 
 
+def holds_photos(data: Any) -> bool:
+    """Whether ``data`` (the run's splits) is a folder of photos: its plan's typical shorter side is at least
+    :data:`PHOTO_SIDE` px, so that the run stores them larger than it trains and crops from them (built-in data sets
+    and tar shards have no plan: they are not)."""
+    plan = getattr(data, "plan", None)
+    return plan is not None and plan.typical >= PHOTO_SIDE
+
+
 def fit_size_to_data(cfg: Any, data: Any) -> Any:
     """``cfg`` with the size and evaluation crop its folder was stored for (``data.plan``) in its recipe, so
     that the model, the evaluation, the saved model's ``crop_pct`` and a resumed run all follow them: the
@@ -120,6 +128,6 @@ def fit_size_to_data(cfg: Any, data: Any) -> Any:
     r, changes = cfg.recipe, {}
     if plan.crop_pct != r.crop_pct:
         changes["crop_pct"] = plan.crop_pct
-    if not cfg.img_size and not r.img_size and plan.size is not None and plan.typical >= PHOTO_SIDE:
+    if not cfg.img_size and not r.img_size and plan.size is not None and holds_photos(data):
         changes["img_size"] = plan.size[0]
     return dataclasses.replace(cfg, recipe=r.replace(**changes)) if changes else cfg

@@ -1,0 +1,66 @@
+"""The augmentation levels of ``--recipe auto``: how much augmentation and regularisation a run gets.
+
+The rule follows Steiner et al. 2021, "How to train your ViT? Data, Augmentation, and Regularization in
+Vision Transformers" (AugReg): the best amount of augmentation and regularisation grows with the number
+of epochs and shrinks with the amount of data; on short schedules or large data it hurts. The scale
+(:data:`LEVELS`, chosen by :func:`aug_level`):
+
+==========  ==========================  ============  ==================  =====  ======  ===========
+level       when (E epochs, n images)   crop scale    RandAugment(N, M)   MixUp  CutMix  other
+==========  ==========================  ============  ==================  =====  ======  ===========
+minimal     E < 10                      no crop       none                0      0       -
+mild        (one below light)           0.8-1 square  none                0      0       -
+light       10 <= E < 50                0.5-1         (2, 7)              0      0       SD 0.05
+medium      50 <= E < 100               0.35-1        (2, 10)             0.2    0       RE 0.1, SD 0.1
+strong      E >= 100                    0.35-1        (2, 15)             0.8    1.0     RE 0.25, SD 0.1
+==========  ==========================  ============  ==================  =====  ======  ===========
+
+One level lighter from 10k training images, two from 1M (more data needs less regularisation); "mild" is
+reached only by that shift. The "strong" level is the ``small-data`` recipe's DeiT regularisation, which is
+meant for 100-300 epochs. The minimal level does not crop at all; the mild one crops squares of 80-100% of
+the image (a small change of scale and position). These choices were measured on held-out CIFAR-10
+training images (docs/training.md): under 10 epochs even a 0.8-1 crop cost accuracy; on 10k images the
+light level lost to no crop at 15 epochs, and at 30 epochs no crop overfit where the 0.8-1 crop did not.
+
+**Photos** (:func:`level_fields` with ``photos``: a folder whose images are stored larger than the model's input
+and cropped from it) keep the level's crop and flip and nothing else: no RandAugment, MixUp, CutMix, erasing or
+stochastic depth. A random crop of a photo is already a new view of it at the training size; on the clothing
+photos the levels' other augmentations lost at every budget measured (docs/training.md, "Photo rows").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LEVELS", "PHOTO_OFF", "aug_level", "level_fields"]
+
+_FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
+_ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
+LEVELS: dict[str, dict[str, Any]] = {
+    name: dict(zip(_FIELDS, values, strict=True))
+    for name, values in (  # crop scale, crop ratio, RandAugment (N, M), MixUp, CutMix, erasing, stochastic depth
+        ("minimal", ((1.0, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),  # scale and ratio 1: the whole image
+        ("mild", ((0.8, 1.0), _SQUARE, None, 0.0, 0.0, 0.0, 0.0)),
+        ("light", ((0.5, 1.0), _ANY_RATIO, (2, 7), 0.0, 0.0, 0.0, 0.05)),
+        ("medium", ((0.35, 1.0), _ANY_RATIO, (2, 10), 0.2, 0.0, 0.1, 0.1)),
+        ("strong", ((0.35, 1.0), _ANY_RATIO, (2, 15), 0.8, 1.0, 0.25, 0.1)),
+    )
+}
+"""Augmentation and regularisation per level (the fields of :data:`_FIELDS`), lightest first (after AugReg's none /
+light / medium / heavy)."""
+
+PHOTO_OFF: dict[str, Any] = {"randaugment": None, "mixup": 0.0, "cutmix": 0.0, "random_erasing": 0.0, "drop_path": 0.0}
+"""The fields a level sets that photos leave off (:func:`level_fields`): everything but the crop (and the flip)."""
+
+
+def aug_level(*, epochs: float, n_train: int) -> str:
+    """The augmentation level (a :data:`LEVELS` key) for ``epochs`` passes over ``n_train`` images."""
+    i = 0 if epochs < 10 else 2 if epochs < 50 else 3 if epochs < 100 else 4
+    i -= (n_train >= 10_000) + (n_train >= 1_000_000)  # from the light level down, one level per shift
+    return list(LEVELS)[max(0, i)]
+
+
+def level_fields(level: str, *, photos: bool = False) -> dict[str, Any]:
+    """The recipe fields of augmentation ``level`` (a :data:`LEVELS` key); for ``photos``, its crop with
+    :data:`PHOTO_OFF` (see the module's notes)."""
+    return {**LEVELS[level], **PHOTO_OFF} if photos else dict(LEVELS[level])

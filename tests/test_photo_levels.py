@@ -1,0 +1,77 @@
+"""Photos keep the augmentation level's crop and flip and nothing else (issue 34: on the clothing photos the levels'
+RandAugment, MixUp, erasing and stochastic depth lost to the crop alone); small images keep the whole level."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+import pytest
+from torchvision.transforms import v2
+
+from test_photos import _photos
+from vitlab.data import load_data
+from vitlab.train import TrainConfig, get_recipe
+from vitlab.train.engine.calibrate import _level_transform
+from vitlab.train.engine.data import folder_plan
+from vitlab.train.objectives import objective_for
+from vitlab.train.spec.fitting import auto_recipe
+from vitlab.train.spec.image_size import holds_photos
+from vitlab.train.spec.levels import LEVELS, PHOTO_OFF, level_fields
+
+
+def _cfg(data: Path, *flags_as_fields: str, **kw) -> TrainConfig:
+    recipe = get_recipe("auto").replace(epochs=kw.pop("epochs", 60))
+    given = ["epochs", *flags_as_fields]
+    return TrainConfig(recipe=recipe, data=str(data), out="unused", progress=False, recipe_given=given, **kw)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_every_level_on_photos_is_its_crop_and_flip(level):
+    photo, plain = level_fields(level, photos=True), level_fields(level)
+    assert plain == LEVELS[level] and plain is not LEVELS[level]  # a copy: a caller cannot change the table
+    assert (photo["crop_scale"], photo["crop_ratio"]) == (plain["crop_scale"], plain["crop_ratio"])
+    assert photo["randaugment"] is None and photo["mixup"] == photo["cutmix"] == 0
+    assert photo["random_erasing"] == photo["drop_path"] == 0 and set(PHOTO_OFF) < set(photo)
+
+
+def test_the_auto_recipe_for_photos_says_it_keeps_the_crop_only():
+    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=70, photo_data=True)
+    assert r.crop_scale == LEVELS["medium"]["crop_scale"] and r.randaugment is None
+    assert (r.mixup, r.random_erasing, r.drop_path, r.hflip) == (0, 0, 0, 0.5)
+    assert "-> medium aug (long schedule; photos: its crop and flip only)" in line and "no RandAugment" in line
+    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=70)
+    assert r.randaugment == (2, 10) and r.mixup == 0.2 and "photos" not in line
+
+
+def _fitted(cfg: TrainConfig, data_root: Path, tmp_path: Path):
+    s = load_data(str(data_root), plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "cache",
+                  progress=False)  # fmt: skip
+    return s, objective_for(cfg).fit_recipe(cfg, s, device_type="cpu")
+
+
+def test_a_folder_of_photos_gets_the_crop_only_and_small_images_the_whole_level(tmp_path):
+    photos = _photos(tmp_path / "photos", [(400, 533)] * 3)
+    s, fitted = _fitted(_cfg(photos, img_size=64), photos, tmp_path)
+    assert holds_photos(s) and fitted.recipe.randaugment is None and fitted.recipe.drop_path == 0
+    assert fitted.recipe.crop_scale == (0.35, 1.0) and "photos: its crop and flip only" in fitted.resolved
+    small = _photos(tmp_path / "small", [(32, 32)] * 3)
+    s, fitted = _fitted(_cfg(small), small, tmp_path)
+    assert not holds_photos(s) and fitted.recipe.randaugment == (2, 10) and fitted.recipe.mixup == 0.2
+
+
+def test_a_flag_given_on_photos_is_kept(tmp_path):
+    photos = _photos(tmp_path / "photos", [(400, 533)] * 3)
+    cfg = _cfg(photos, "randaugment", img_size=64)
+    cfg = dataclasses.replace(cfg, recipe=cfg.recipe.replace(randaugment=(2, 9)))
+    _, fitted = _fitted(cfg, photos, tmp_path)
+    assert fitted.recipe.randaugment == (2, 9) and "kept as given: randaugment" in fitted.resolved
+
+
+def test_the_probes_time_the_transform_a_photo_run_builds():
+    kw = {"img": (64, 64), "mean": (0.5,) * 3, "std": (0.5,) * 3, "in_chans": 3, "crop_pct": 0.875}
+    photo = _level_transform("medium", photos=True, **kw).transforms
+    plain = _level_transform("medium", photos=False, **kw).transforms
+    assert not any(isinstance(t, v2.RandAugment | v2.RandomErasing) for t in photo)
+    assert any(isinstance(t, v2.RandAugment) for t in plain) and any(isinstance(t, v2.RandomErasing) for t in plain)
