@@ -79,9 +79,13 @@ larger side lost to 64 px at 2 and 5 minutes, and 160 px at 10 minutes (~60 esti
 def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
     """``(side, why)``: the side a time-budgeted photo run of ``typical`` shorter side trains at, the largest of
     :data:`BUDGET_SIDES` up to :func:`photo_size` at which ``passes(side)`` (the passes the budget buys there) is at
-    least :data:`BUDGET_PASSES`; when none is, the one with the most passes. ``why`` says so for the run's first
-    line. Sides are tried from the largest down, so ``passes`` (a measurement) is called only until one is
-    enough."""
+    least :data:`BUDGET_PASSES`; when none is, the smallest. ``why`` says so for the run's first line. Sides are
+    tried from the largest down, so ``passes`` (a measurement) is called only until one is enough.
+
+    Below the threshold the smallest side, not the one with the most passes: 128 px with patch 16 (64 tokens) costs
+    about what 64 px with patch 8 does, so "the most passes" was decided by the timing's noise (on the clothing
+    photos the same 2-minute default trained at 64 px or 128 px from one run to the next), and every larger side
+    measured below the threshold lost to 64 px, 96 px with more passes among them (docs/training.md)."""
     top = photo_size(typical)
     seen: dict[int, float] = {}
     for side in [top, *(s for s in BUDGET_SIDES if s < top)]:
@@ -89,12 +93,13 @@ def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int
         if seen[side] >= BUDGET_PASSES:
             break
     else:
-        side = max(seen, key=lambda s: (seen[s], s))
+        side = min(seen)
     p = seen[side]
     if side == top:
         own = "photos: the usual ViT input" if top == PHOTO_SIZE else "their own size"
         return side, f"{own}, ~{p:.0f} passes in the budget; --img-size to change"
-    enough = f"the largest side with {BUDGET_PASSES:g} or more" if p >= BUDGET_PASSES else "the most passes"
+    n = f"{BUDGET_PASSES:g}"
+    enough = f"the largest side with {n} or more" if p >= BUDGET_PASSES else f"none with {n}"
     return side, (
         f"photos under a time budget: ~{seen[top]:.1f} passes at {top} px, ~{p:.1f} at {side} px, {enough}; "
         "--img-size to change"
