@@ -83,9 +83,9 @@ def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int
     tried from the largest down, so ``passes`` (a measurement) is called only until one is enough.
 
     Below the threshold the smallest side, not the one with the most passes: 128 px with patch 16 (64 tokens) costs
-    about what 64 px with patch 8 does, so "the most passes" was decided by the timing's noise (on the clothing
-    photos the same 2-minute default trained at 64 px or 128 px from one run to the next), and every larger side
-    measured below the threshold lost to 64 px, 96 px with more passes among them (docs/training.md)."""
+    about what 64 px with patch 8 does, so "the most passes" would be decided by the timing's noise, and every
+    larger side measured below the threshold lost to 64 px, 96 px with more passes among them (docs/training.md,
+    "Photo rows")."""
     top = photo_size(typical)
     seen: dict[int, float] = {}
     for side in [top, *(s for s in BUDGET_SIDES if s < top)]:
