@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.data.decode import decode_image, image_size, is_image_name, match_channels, read_image
+from vitlab.data.decode import decode_image, image_size, is_image_name, match_channels
+from vitlab.data.user_images import read_image
 from vitlab.errors import InputError
 
 ORIENTATION = 0x0112

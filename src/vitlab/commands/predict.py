@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..data.decode import image_files, read_image
+    from ..data.user_images import image_files, read_image
     from ..devices import resolve_device
     from ..errors import ConfigError, InputError
     from ..evaluate import model_inputs, native_inputs

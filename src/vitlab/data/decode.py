@@ -14,7 +14,6 @@ import math
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from .resize import centre_square, resized_shape
@@ -34,11 +33,9 @@ __all__ = [
     "decode_image",
     "file_kind",
     "header_sizes",
-    "image_files",
     "image_size",
     "is_image_name",
     "match_channels",
-    "read_image",
     "too_thin",
     "typical_side",
 ]
@@ -354,40 +351,6 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
-
-
-def image_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """The image files the user named: files as given, folders searched recursively for
-    :func:`is_image_name` files (sorted). A missing path, or a folder without images, is a one-line
-    :class:`~vitlab.errors.InputError`; whether each file decodes is left to :func:`read_image`."""
-    from ..errors import InputError
-
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
-            if not found:
-                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
-            files.extend(found)
-        elif p.exists():
-            files.append(p)
-        else:
-            raise InputError(f"{p}: no such file or folder")
-    return files
-
-
-def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:
-    """A user-named image file as an RGB ``(H, W, 3)`` uint8 array (:func:`decode_image`); a file
-    that cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and why."""
-    from ..errors import InputError
-
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
-    try:
-        return decode_image(path, max_pixels=max_pixels)
-    except Exception as e:
-        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise InputError(f"{path}: not a readable image ({type(e).__name__}{': ' + why if why else ''})") from None
 
 
 def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:

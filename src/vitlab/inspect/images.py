@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.decode import image_files, match_channels, read_image
+from ..data.decode import match_channels
+from ..data.user_images import image_files, read_image
 
 __all__ = ["LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
 
@@ -39,7 +40,7 @@ def read_images(
     paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None, max_pixels: int | None = None
 ) -> tuple[list[np.ndarray], list[str]]:
     """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays with
-    :func:`vitlab.data.decode.read_image`; also returns the names."""
+    :func:`vitlab.data.user_images.read_image`; also returns the names."""
     files = image_files(paths)[:limit]
     return [read_image(f, max_pixels=max_pixels) for f in files], [f.name for f in files]
 

@@ -350,37 +350,6 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
             return self.forward_head(out["encoded"], token_size=out["token_size"])
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | tuple[int, ...] | None = None,
-        *,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> Any:
-        """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
-        dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
-        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``.
-
-        With ``indices`` (the last ``n`` blocks, or a list of block indices) it answers as timm's
-        ``forward_intermediates``: ``(encoded, [patch tokens after each chosen block])``, ``(B, D, rows,
-        cols)`` for ``output_fmt="NCHW"`` or ``(B, N, D)`` for ``"NLC"``, only the list with
-        ``intermediates_only``. (Without ``indices`` vitlab's dict is returned: timm returns all blocks.)"""
-        if indices is not None:
-            if output_fmt not in ("NCHW", "NLC"):
-                raise ConfigError(f"output_fmt: {output_fmt!r} is not one of NCHW, NLC")
-            feats, encoded = self._intermediates(x, indices, output_fmt == "NCHW", return_prefix_tokens, norm)
-            return feats if intermediates_only else (encoded, feats)
-        grid = self.grid(x)
-        out: dict[str, Any] = {"stem": self.patch_embed(x)}
-        z = out["embedded"] = self.embed_tokens(out["stem"], grid)
-        out.update(self.encode(z, grid, attention=True, keep=True))
-        out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
-        out["logits"] = self.head(out["pre_logits"])
-        return out
-
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
         """Context manager: every forward inside it appends each layer's exact

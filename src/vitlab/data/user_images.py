@@ -1,0 +1,46 @@
+"""Image files a user names on the command line (``vitlab predict``, ``inspect``, the deploy tools): the files as
+given and the images in folders, each read with the one decoder (:func:`~vitlab.data.decode.decode_image`), a file
+that cannot be used a one-line :class:`~vitlab.errors.InputError` naming it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from .decode import IMAGE_EXTENSIONS, decode_image, is_image_name
+
+__all__ = ["image_files", "read_image"]
+
+
+def image_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The image files the user named: files as given, folders searched recursively for
+    :func:`is_image_name` files (sorted). A missing path, or a folder without images, is a one-line
+    :class:`~vitlab.errors.InputError`; whether each file decodes is left to :func:`read_image`."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
+            if not found:
+                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise InputError(f"{p}: no such file or folder")
+    return files
+
+
+def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:
+    """A user-named image file as an RGB ``(H, W, 3)`` uint8 array (:func:`decode_image`); a file
+    that cannot be used raises a one-line :class:`~vitlab.errors.InputError` naming it and why."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        return decode_image(path, max_pixels=max_pixels)
+    except Exception as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise InputError(f"{path}: not a readable image ({type(e).__name__}{': ' + why if why else ''})") from None
