@@ -138,6 +138,28 @@ def test_transforms_shapes_and_normalisation():
     torch.testing.assert_close(img, -torch.ones(3, 16, 16))
 
 
+def test_train_transform_gives_torchvisions_pixels_and_draws():
+    """The training transform's flip and normalisation are torchvision's v2 kernels called directly: under the same
+    seed the same images as the v2 transforms (RandomHorizontalFlip, ToDtype, Normalize), flipped or not alike."""
+    from torchvision.transforms import v2
+
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+    ours = train_transform(img_size=12, mean=mean, std=std, crop_scale=(0.35, 1.0), hflip=0.5)
+    ref = v2.Compose([v2.RandomResizedCrop(12, scale=(0.35, 1.0), antialias=True), v2.RandomHorizontalFlip(0.5),
+                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])  # fmt: skip
+    x = torch.randint(0, 256, (3, 20, 27), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    plain = v2.Compose([ref.transforms[0], *ref.transforms[2:]])  # the same crop, never flipped
+    flips = []
+    for seed in range(12):
+        torch.manual_seed(seed)
+        a = ours(x)
+        torch.manual_seed(seed)
+        assert torch.equal(a, ref(x)), seed
+        torch.manual_seed(seed)
+        flips.append(not torch.equal(a, plain(x)))
+    assert any(flips) and not all(flips)  # both branches of the flip were compared
+
+
 def test_mixup_cutmix_give_soft_targets():
     assert mix_transform(num_classes=10) is None
     torch.manual_seed(0)

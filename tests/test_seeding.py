@@ -17,21 +17,17 @@ class _Draws(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 4
 
-    def __getitem__(self, i: int) -> tuple[float, float, float]:
-        return torch.rand(1).item(), random.random(), float(np.random.rand())
+    def __getitem__(self, i: int) -> tuple[float, ...]:
+        return tuple(torch.rand(2).tolist())
 
 
 def test_a_sample_draws_the_same_whoever_asks_and_leaves_the_callers_streams() -> None:
     items = SeededItems(_Draws(), seed=3, epoch=1)
     torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
-    before = torch.rand(1).item(), random.random(), float(np.random.rand())
+    before = torch.rand(1).item()
     torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
     forward = [items[i] for i in range(4)]
-    after = torch.rand(1).item(), random.random(), float(np.random.rand())
+    after = torch.rand(1).item()
     assert after == before  # the caller's draws are those it would have made without the samples
     assert [items[i] for i in reversed(range(4))] == forward[::-1]  # order does not matter
     assert forward[0] != forward[1]
@@ -49,3 +45,18 @@ def test_seeding_a_sample_touches_no_accelerator_generator(monkeypatch) -> None:
         a = torch.rand(2)
     with seeded(5):
         assert torch.equal(torch.rand(2), a)
+
+
+def test_python_and_numpy_streams_are_neither_seeded_nor_advanced() -> None:
+    """Augmentation draws from torch alone: a sample leaves ``random`` and ``np.random`` as they were, and a draw
+    from them inside the block continues the caller's stream (they are not reseeded per sample)."""
+    random.seed(1)
+    np.random.seed(1)
+    want = [random.random() for _ in range(2)], np.random.rand(2).tolist()
+    random.seed(1)
+    np.random.seed(1)
+    with seeded(7):
+        inside = random.random(), float(np.random.rand())
+    after = random.random(), float(np.random.rand())
+    assert [inside[0], after[0]] == want[0]
+    assert [inside[1], after[1]] == want[1]

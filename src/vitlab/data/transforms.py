@@ -29,12 +29,41 @@ from .resize import resized_shape
 __all__ = ["ArrayDataset", "channel_stats", "eval_transform", "mix_transform", "train_transform"]
 
 
-def _normalize(mean: Sequence[float], std: Sequence[float], in_chans: int) -> list[v2.Transform]:
+def _normalize(mean: Sequence[float], std: Sequence[float], in_chans: int) -> list[Callable]:
     mean, std = list(mean)[:in_chans], list(std)[:in_chans]
     if len(mean) < in_chans:  # e.g. a 3-value mean for a 4-channel model: repeat the last
         mean += [mean[-1]] * (in_chans - len(mean))
         std += [std[-1]] * (in_chans - len(std))
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+    return [_Normalize(mean, std)]
+
+
+class _Normalize:
+    """``v2.ToDtype(torch.float32, scale=True)`` then ``v2.Normalize(mean, std)`` on an image tensor, through
+    the same two kernels (the same pixels) without the two transforms' per-call input inspection, which
+    costs more than the arithmetic on an image at a small training size."""
+
+    def __init__(self, mean: list[float], std: list[float]) -> None:
+        self.mean, self.std = mean, std
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return F.normalize(F.to_dtype(image, torch.float32, scale=True), mean=self.mean, std=self.std)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mean={self.mean}, std={self.std})"
+
+
+class _Flip:
+    """``v2.RandomHorizontalFlip(p)`` for one image tensor: the same draw (``torch.rand(1) >= p`` keeps the
+    image) and the same kernel, without the transform's per-call input inspection."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return image if torch.rand(1) >= self.p else F.horizontal_flip(image)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(p={self.p})"
 
 
 def channel_stats(
@@ -94,13 +123,13 @@ def train_transform(
     the shorter side resized to ``img_size / crop_pct``, then the centre ``img_size`` square.
     ``crop=False``: everything after the crop, for a reader that crops as it decodes
     (:class:`~vitlab.data.stream.TrainDecode`)."""
-    t: list[v2.Transform] = []
+    t: list[Callable] = []
     if crop and tuple(crop_scale) == (1.0, 1.0) and crop_pct < 1 and _square(img_size):
         t += _resize_crop(img_size, crop_pct)
     elif crop:
         t.append(v2.RandomResizedCrop(img_size, scale=crop_scale, ratio=crop_ratio, antialias=True))
     if hflip > 0:
-        t.append(v2.RandomHorizontalFlip(hflip))
+        t.append(_Flip(hflip))
     if randaugment is not None:
         t.append(v2.RandAugment(num_ops=randaugment[0], magnitude=randaugment[1]))
     t += _normalize(mean, std, in_chans)
