@@ -22,7 +22,7 @@ def _cfg(data: Path, **kw) -> TrainConfig:
     return TrainConfig(recipe=get_recipe("auto"), data=str(data), out="unused", progress=False, **kw)
 
 
-def _counting(table: dict[int, float], default: float = 100.0):
+def _counting(table: dict[int, float], default: float = BUDGET_PASSES):
     calls: list[int] = []
 
     def passes(side: int) -> float:

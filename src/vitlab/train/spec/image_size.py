@@ -68,12 +68,11 @@ BUDGET_SIDES = (224, 160, 128, 64)
 sides measured against it on photos (docs/training.md, "Photo rows"). 64 px trains with patch 8 (an 8 x 8 grid,
 :func:`vitlab.train.spec.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
 2 and 5 minutes and is not a step."""
-BUDGET_PASSES = 100.0
+BUDGET_PASSES = 150.0
 """Passes over the training images (as :func:`~vitlab.train.engine.calibrate.budget_passes` estimates them) a time
-budget must buy at a side for a photo run to train at it: the passes from which the auto recipe's schedule is long
-(its strongest level), as a larger side paid at none of the shorter ones measured: on the clothing photos every
-larger side lost to 64 px at 2 and 5 minutes, and 160 px at 10 minutes (~60 estimated passes) scored 10 points below
-64 px at 5 minutes (docs/training.md, "Photo rows")."""
+budget must buy at a side for a photo run to train at it: half again above every larger side that lost to 64 px on
+the clothing photos, at 2, 5 and 10 minutes, 128 px at 10 minutes with ~90 to ~100 estimated passes among them
+(docs/training.md, "Photo rows")."""
 
 
 def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
