@@ -47,7 +47,7 @@ def test_seeding_a_sample_touches_no_accelerator_generator(monkeypatch) -> None:
         assert torch.equal(torch.rand(2), a)
 
 
-def test_python_and_numpy_streams_are_neither_seeded_nor_advanced() -> None:
+def test_python_and_numpy_streams_are_not_reseeded_per_sample() -> None:
     """Augmentation draws from torch alone: a sample leaves ``random`` and ``np.random`` as they were, and a draw
     from them inside the block continues the caller's stream (they are not reseeded per sample)."""
     random.seed(1)
