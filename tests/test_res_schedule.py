@@ -19,13 +19,18 @@ from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
 from vitlab.train.engine import loop as loop_mod
 from vitlab.train.engine.budget import REPLAN_AT
 from vitlab.train.engine.schedule import StepSchedule, resize_batch, size_at, step_cost
-from vitlab.train.spec.options import parse_res_schedule
+from vitlab.train.spec.options import option
 from vitlab.train.spec.recipes import get_recipe
 
 
 def mean_step_cost(schedule) -> float:
     """The schedule's mean step cost relative to a step at its last size (what the time budget multiplies by)."""
     return StepSchedule(trainer_mod.get_recipe("digits", res_schedule=schedule)).mean_cost()
+
+
+def parse_res_schedule(text: str):
+    """``--res-schedule``'s text as the command line reads it (the option table's row)."""
+    return option("--res-schedule").value(text)
 
 
 def test_parse_and_size_at() -> None:

@@ -10,11 +10,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import OPTIONS, default_recipe_name, ref
+from .options import OPTIONS, ref
 from .options import OptionError as OptionError
 from .recipes import Recipe, get_recipe
 
-__all__ = ["NORM_STATS", "TrainConfig", "arch_values", "build_config", "option_paths"]
+__all__ = ["NORM_STATS", "TrainConfig", "arch_values", "build_config", "default_recipe_name", "option_paths"]
 
 
 NORM_STATS = ("data", "inception", "imagenet")
@@ -134,11 +134,22 @@ class TrainConfig:
         return cls(**d)
 
 
+def default_recipe_name(values: Mapping[str, Any]) -> str:
+    """The recipe without ``--recipe`` (``values``: top-level options by path): ``auto`` with ``--init`` (fitted to
+    fine-tuning that model, :mod:`.finetune`), ``mpp`` for ``--objective mpp``, ``digits`` for ``--data digits``, else
+    ``auto`` (fitted to the data)."""
+    if values.get("init"):
+        return "auto"
+    if values.get("objective") == "mpp":
+        return "mpp"
+    return "digits" if str(values.get("data", "digits")).strip().lower() == "digits" else "auto"
+
+
 def build_config(values: Mapping[str, Any], *, given: Collection[str] = ()) -> TrainConfig:
     """The configuration ``values`` describe (config path -> value, e.g. ``{"data": "f", "recipe.lr": 0.01}``).
 
     Top-level paths are :class:`TrainConfig` fields (the dataclass's default where absent); ``recipe.*`` change the
-    recipe ``recipe.name`` names (by default :func:`~vitlab.train.spec.options.default_recipe_name`'s), ``arch.*``
+    recipe ``recipe.name`` names (by default :func:`default_recipe_name`'s), ``arch.*``
     the model (``arch.pool`` sets ``arch.class_token`` too unless it is given). Without ``img_size`` a resolution
     schedule's last size is the training size. ``given``: the paths the user set; fitting the recipe to the data
     keeps the recipe's (:attr:`TrainConfig.recipe_given`)."""

@@ -34,8 +34,6 @@ from .kinds import (
     SIZE,
     TEXT,
     Kind,
-    Schedule,
-    read_res_schedule,
 )
 
 __all__ = [
@@ -46,10 +44,8 @@ __all__ = [
     "Option",
     "OptionError",
     "Ref",
-    "default_recipe_name",
     "flag_for",
     "option",
-    "parse_res_schedule",
     "path_of",
     "ref",
 ]
@@ -390,26 +386,6 @@ _BY_FLAG = {f: o for o in OPTIONS for f in (o.flag, *o.aliases) if f is not None
 
 INTERNAL = {"recipe", "arch", "recipe_given"}
 """Fields of the configuration that are no option: the two containers, and what the command line derives."""
-
-
-def default_recipe_name(values: Mapping[str, Any]) -> str:
-    """The recipe without ``--recipe`` (``values``: top-level options by path): ``auto`` with ``--init`` (fitted to
-    fine-tuning that model, :mod:`.finetune`), ``mpp`` for ``--objective mpp``, ``digits`` for ``--data digits``, else
-    ``auto`` (fitted to the data)."""
-    if values.get("init"):
-        return "auto"
-    if values.get("objective") == "mpp":
-        return "mpp"
-    return "digits" if str(values.get("data", "digits")).strip().lower() == "digits" else "auto"
-
-
-def parse_res_schedule(text: str) -> Schedule:
-    """``--res-schedule``'s text (``"24:0.5,32:1.0"``) as ``((24, 0.5), (32, 1.0))``; an :class:`OptionError`
-    naming it when it is none."""
-    try:
-        return read_res_schedule(text)
-    except ValueError as e:
-        raise OptionError(ref("recipe.res_schedule"), f": {e}") from None
 
 
 def option(name: str) -> Option:
