@@ -232,3 +232,32 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     assert set(pace.aug_s) == set(LEVELS) and all(v > 0 for v in pace.aug_s.values())
     recipe, line = auto_recipe(n_train=40, img_size=(16, 16), num_classes=4, in_chans=3, time_budget=60.0, pace=pace)
     assert "measured" in line and recipe.arch["patch_size"] == pace.arch["patch_size"]
+
+
+def test_the_probe_takes_the_median_step_and_stops_at_its_share_of_the_budget(monkeypatch):
+    """time_steps times each step after the untimed ones and returns their median, so one slow step of a shared
+    machine does not set the plan (the mean of [1, 1, 5, 1, 1] would be 1.8 s); with ``max_s`` it stops once the
+    timed steps took that long, after two at least."""
+    from types import SimpleNamespace
+
+    from vitlab.train.engine import calibrate
+
+    def timed(durations: list[float], max_s: float = float("inf")) -> tuple[float, int]:
+        now, calls, steps = [0.0], [0], iter(durations)
+
+        class Slow:
+            def loss(self, probe, xs, ys):
+                calls[0] += 1
+                now[0] += next(steps)
+                return probe(xs).sum()
+
+        monkeypatch.setattr(calibrate, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+        net = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        args = (net, opt, torch.ones(3, 2), torch.zeros(3))
+        return calibrate.time_steps(*args, objective=Slow(), device=torch.device("cpu"), amp_dtype=None,
+                                    n_warm=2, n_time=5, max_s=max_s), calls[0]  # fmt: skip
+
+    assert timed([9, 9, 1, 1, 5, 1, 1]) == (1.0, 7)
+    assert timed([9, 9, 1, 1, 5, 1, 1], max_s=2.5) == (1.0, 5)  # 1 + 1 < 2.5, then 1 + 1 + 5: stop
+    assert timed([9, 9, 3, 5, 1, 1, 1], max_s=0.1) == (4.0, 4)  # two timed steps at least

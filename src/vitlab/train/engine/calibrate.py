@@ -8,6 +8,8 @@ that the passes its line states are the passes the run plans."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,11 @@ AUG_ITEMS = 16
 """Training items each level's transform is timed on."""
 WARM_ITEMS = 8
 """Items each level's transform runs on untimed before it is timed (its operations' first calls)."""
+PROBE_STEPS = 8
+"""Training steps the run's probe times (after two untimed), fewer when they would take over
+:data:`PROBE_SHARE` of the time budget."""
+PROBE_SHARE = 0.01
+"""The share of a time budget the probe's timed steps may take."""
 EVAL_ITEMS = 128
 """Evaluation items timed (the whole split's time is scaled from them)."""
 SIDE_BATCH = 32
@@ -48,19 +55,25 @@ PASSES_LEVEL = "light"
 
 def time_steps(
     probe: nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor, *, objective: Objective,
-    device: torch.device, amp_dtype: torch.dtype | None, n_warm: int = 2, n_time: int = 5,
+    device: torch.device, amp_dtype: torch.dtype | None, n_warm: int = 2, n_time: int = 5, max_s: float = math.inf,
 ) -> float:  # fmt: skip
-    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the mean of
-    ``n_time`` after ``n_warm``."""
+    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the median of
+    ``n_time`` steps timed one by one after ``n_warm``, fewer once the timed steps have taken ``max_s`` seconds (at
+    least two). The median, not the mean: a shared machine's pace drifts from one step to the next, and one slow
+    step of a few would set the whole plan."""
+    times: list[float] = []
     for i in range(n_warm + n_time):
-        if i == n_warm:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         with autocast(device, amp_dtype):
             loss = objective.loss(probe, xs, ys)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return (time.perf_counter() - t0) / n_time
+        if i >= n_warm:
+            times.append(time.perf_counter() - t0)
+            if len(times) >= 2 and sum(times) >= max_s:
+                break
+    return statistics.median(times)
 
 
 def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
@@ -205,7 +218,7 @@ def measure_pace(
         model.train()
         objective = Classify(num_classes=data.num_classes, label_smoothing=0.1)
         step_s = time_steps(model, opt, xs, ys, objective=objective, device=device, amp_dtype=amp_dtype,
-                            n_warm=1, n_time=2)  # fmt: skip
+                            n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
         eval_s = _time_eval(model, data.val, img=img, in_chans=in_chans, crop_pct=crop_pct, device=device,
                             clock=clock)  # fmt: skip
     return Pace(
