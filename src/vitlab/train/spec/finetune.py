@@ -31,7 +31,16 @@ from typing import Any
 
 from ..._units import counted
 from ...models.config import ViTConfig
-from .fitting import _COMMON, _MACS_PER_S, BUDGET_TOKEN_DROP, LEVELS, _auto_reason, aug_level, auto_batch, forward_macs
+from .fitting import (
+    BUDGET_TOKEN_DROP,
+    COMMON_FIELDS,
+    LEVELS,
+    MACS_PER_S,
+    aug_level,
+    auto_batch,
+    auto_reason,
+    forward_macs,
+)
 from .recipes import RECIPES
 
 __all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "fit_finetune", "head_choice"]
@@ -99,7 +108,7 @@ def fit_finetune(
         if token_drop is None:
             token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
         macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
-        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
+        rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(cfg.time_budget * rate / batch))
         how = f"~{steps:,} steps (estimated for {cfg.time_budget:.0f} s on {device_type})"
         epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
@@ -113,7 +122,7 @@ def fit_finetune(
     lp = new_head and n_train < SMALL_DATA and not given.get("freeze") and processes == 1 and not cfg.fsdp
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
-        **_COMMON,
+        **COMMON_FIELDS,
         **LEVELS[level],
         "optimizer": "adamw",
         "batch_size": batch,
@@ -133,7 +142,7 @@ def fit_finetune(
         f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
         f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
     )
-    line = head + _auto_reason(new, level=level, passes=passes, n_train=n_train, model="").rsplit("; model", 1)[0]
+    line = head + auto_reason(new, level=level, passes=passes, n_train=n_train, model="").rsplit("; model", 1)[0]
     line += (
         f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "
         f"x {FT_WIDTH}/width beyond, x the square root of the batch ratio"

@@ -30,19 +30,24 @@ from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
 
 __all__ = [
+    "BUDGET_TOKEN_DROP",
+    "COMMON_FIELDS",
     "LEVELS",
+    "MACS_PER_S",
     "MODELS",
     "PLAIN",
     "aug_level",
     "auto_arch",
     "auto_batch",
+    "auto_reason",
     "auto_recipe",
     "fit_mpp_recipe",
     "fit_recipe_to_data",
     "forward_macs",
 ]
 
-_COMMON = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
+COMMON_FIELDS = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
+"""The fields every auto recipe sets, a fresh run's and a fine-tune's (:mod:`.finetune`) alike."""
 
 MODELS: list[tuple[str, int, dict[str, int]]] = [
     ("tiny", 0, {"embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_dim": 256}),
@@ -62,7 +67,7 @@ BUDGET_TOKEN_DROP = 0.5
 run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
 outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
 
-_MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
+MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
 be probed before the recipe is chosen (tar shards, several processes): only the model size and the augmentation
 level depend on it, the run's own plan is measured. Runs on a folder choose from a measured :class:`~.pace.Pace`."""
@@ -112,7 +117,7 @@ def auto_arch(
 ) -> tuple[str, dict[str, Any]]:
     """``(name, ViT fields)`` of the :data:`MODELS` entry for the budget: by ``images_seen`` (epochs x images),
     or for a ``time_budget`` in seconds the largest model that sees its share of images in it at an
-    estimated throughput (:data:`_MACS_PER_S`). The patch size is :func:`_patch_for`'s (``photos``: the data
+    estimated throughput (:data:`MACS_PER_S`). The patch size is :func:`_patch_for`'s (``photos``: the data
     are photos); a patch that does not divide the image adds ``dynamic_img_pad``."""
     patch = _patch_for(img_size, photos=photos)
     pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
@@ -122,7 +127,7 @@ def auto_arch(
         if time_budget is not None:
             seen = (
                 time_budget
-                * _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"])
+                * MACS_PER_S.get(device_type, MACS_PER_S["cpu"])
                 / (3 * forward_macs(arch, img_size, in_chans))
             )
         if seen is not None and seen >= least:
@@ -153,7 +158,7 @@ def auto_recipe(
     (the patch, :func:`_patch_for`); ``photo_data``: the images are photos the run crops from (the level's crop
     and flip only, :func:`~.levels.level_fields`); ``pace``: what a probe measured on the data (with a
     ``time_budget``, the model, level and passes are chosen from it, :func:`_fit_to_pace`; without one, from
-    :data:`_MACS_PER_S`)."""
+    :data:`MACS_PER_S`)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
     level = None
@@ -171,7 +176,7 @@ def auto_recipe(
         if token_drop is None:
             token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
         macs = forward_macs(arch, img_size, in_chans, token_drop=token_drop)
-        rate = _MACS_PER_S.get(device_type, _MACS_PER_S["cpu"]) / (3 * macs)
+        rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(time_budget * rate / batch))
         how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
     else:
@@ -195,11 +200,11 @@ def auto_recipe(
         warmup_epochs=0.0,
         warmup_fraction=warm,
         token_drop=token_drop,
-        **_COMMON,
+        **COMMON_FIELDS,
         **aug,
     )
     head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
-    reason = head + _auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model, photos=photo_data)
+    reason = head + auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model, photos=photo_data)
     return recipe, reason
 
 
@@ -233,7 +238,7 @@ def _fit_to_pace(
     raise AssertionError("unreachable: the smallest model is always chosen")
 
 
-def _auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str, photos: bool = False) -> str:
+def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str, photos: bool = False) -> str:
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
     batch, LR and warmup, token dropping and the model."""
     ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
