@@ -157,6 +157,10 @@ def build_config(values: Mapping[str, Any], *, given: Collection[str] = ()) -> T
     arch = arch_values(values)
     changes = {p.removeprefix("recipe."): v for p, v in values.items() if p.startswith("recipe.")}
     name = changes.pop("name", None) or default_recipe_name(top)
+    given = set(given)
+    if {"recipe.warmup_epochs", "recipe.warmup_steps"} & given and "warmup_fraction" not in changes:
+        changes["warmup_fraction"] = 0.0  # a warmup stated in epochs or steps, 0 included, replaces the fraction
+        given.add("recipe.warmup_fraction")
     recipe = dataclasses.replace(get_recipe(name), **changes) if changes else get_recipe(name)
     schedule = changes.get("res_schedule")
     if schedule and top.get("img_size") is None:
