@@ -41,13 +41,15 @@ class AlarmThresholds:
     (:data:`.health.COLLAPSE_THRESHOLD`, 0.5 nats). Zhai et al. 2023 track each head's entropy and call
     pathologically low values (attention on about one token) collapse; half of a layer's heads is vitlab's
     line between one odd head and a layer gone."""
+    logit_floor: float = 100.0
+    """Logit growth: a layer's largest attention logit at least this large. Dehghani et al. 2023 (ViT-22B, Sec. 2)
+    saw the logits grow without bound, to near one-hot attention, before divergence. A fresh model's are of order 1;
+    the floor sits between what the default runs of docs/analyses.md reach as they sharpen their attention and
+    what runs with ten times the LR reach on the way to entropy collapse (the numbers and commands are there)."""
     logit_growth: float = 10.0
-    """Logit growth: the largest attention logit at least this many times its value in the first record.
-    Dehghani et al. 2023 (ViT-22B, Sec. 2) saw the logits grow without bound, to near one-hot attention,
-    before divergence; at initialisation they are of order 1."""
-    logit_floor: float = 30.0
-    """...and at least this large: a float32 softmax already rounds to one-hot once the top logit leads the
-    others by ~17 (``exp(-17) < 2**-23``), so growth that stays under 30 is ordinary sharpening."""
+    """...and, for a model that did not start from its initialisation (a fine-tune, :attr:`RunContext.fresh`
+    false), at least this many times its value in the first record: a pre-trained model's logits may start
+    large."""
     outlier_ratio: float = 4.0
     """Outlier tokens: a block's largest patch-token norm at least this many times the median. Darcet et al.
     2024 (Fig. 3) find the norms bimodal, the artefact tokens several times the others (about 2% of tokens,
@@ -82,11 +84,18 @@ class RunContext:
     reg_tokens: int = 0
     hybrid: bool = False
     patch_size: int | None = None
+    embed_dim: int | None = None
+    """The model's width and depth, when known: the hybrid stem a remedy names keeps them."""
+    depth: int | None = None
     lr: float | None = None
     epochs: int | None = None
     """Planned epochs, when known."""
     steps: int | None = None
     """Optimizer steps the run has taken at the last record, when known."""
+    fresh: bool = True
+    """The model started from its initialisation (no ``--init``): its logits began of order 1, so reaching
+    :attr:`AlarmThresholds.logit_floor` is growth whatever the first record says (an epoch of a high LR can pass the
+    floor before the first record)."""
 
 
 def _floats(rec: Mapping[str, Any], key: str) -> list[float | None] | None:
@@ -141,25 +150,33 @@ def _collapse(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: AlarmTh
 
 def _logit_growth(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: AlarmThresholds) -> list[str]:
     first, last = _floats(history[0], "max_logit"), _floats(history[-1], "max_logit")
-    if first is None or last is None or len(history) < 2:
+    if last is None or (not ctx.fresh and (first is None or len(history) < 2)):
         return []
-    hit = [
-        i
-        for i, (a, b) in enumerate(zip(first, last))
-        if a is not None and b is not None and a > 0 and b >= th.logit_floor and b >= th.logit_growth * a
-    ]
+
+    def grew(i: int, b: float | None) -> bool:
+        if b is None or b < th.logit_floor:
+            return False
+        a = first[i] if first is not None and i < len(first) else None
+        return ctx.fresh or (a is not None and a > 0 and b >= th.logit_growth * a)
+
+    hit = [i for i, b in enumerate(last) if grew(i, b)]
     if not hit:
         return []
     worst = max(hit, key=lambda i: last[i])  # type: ignore[arg-type,return-value]
-    a, b = first[worst], last[worst]
+    b = last[worst]
+    if ctx.fresh:
+        how = f"reached {b:,.0f} (of order 1 at initialisation)"
+    else:
+        a = first[worst]  # type: ignore[index]
+        how = f"rose from {a:.3g} to {b:,.0f} ({b / a:.0f}x)"  # type: ignore[operator]
     fix = (
         f"the logits are after qk-norm, whose gains grew: try {_lower_lr(ctx)}"
         if ctx.qk_norm
         else f"try --qk-norm (Dehghani et al. 2023) or {_lower_lr(ctx)}"
     )
     return [
-        f"attention logit growth in {_layers(hit)}: the largest q.k logit rose from {a:.3g} to {b:.3g} "
-        f"({b / a:.0f}x), pushing the softmax towards one-hot; {fix}"  # type: ignore[operator]
+        f"attention logit growth in {_layers(hit)}: the largest q.k logit {how}, pushing the softmax towards "
+        f"one-hot; {fix}"
     ]
 
 
@@ -187,6 +204,15 @@ def _outliers(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: AlarmTh
     ]
 
 
+def _hybrid_stem(ctx: RunContext) -> str:
+    """The hybrid remedy: the ResNet stem of the paper's R+Ti models before a Transformer of this run's width and
+    depth when they are known (a registered hybrid is a larger model, slower per step), else the registered one."""
+    if ctx.embed_dim and ctx.depth:
+        return (f"a hybrid stem at this width and depth (--model vit_r_ti16 --patch-size 1 --dim {ctx.embed_dim} "
+                f"--depth {ctx.depth}, as the speedrun's hybrid track)")  # fmt: skip
+    return "a hybrid stem (--model vit_r_ti16 or another vit_r_* name)"
+
+
 def _no_local_heads(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: AlarmThresholds) -> list[str]:
     n = ctx.num_train_images
     if n is None or n >= th.small_data:
@@ -209,7 +235,7 @@ def _no_local_heads(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: A
     nearest = min(min(r) for r in rows)  # type: ignore[arg-type,type-var]
     if nearest < th.local_fraction * uniform:
         return []
-    fixes = [] if ctx.hybrid else ["a hybrid stem (--model vit_r_ti16 or another vit_r_* name)"]
+    fixes = [] if ctx.hybrid else [_hybrid_stem(ctx)]
     if ctx.patch_size and ctx.patch_size > 1:
         fixes.append(f"smaller patches (--patch-size {max(1, ctx.patch_size // 2)})")
     if not fixes:
@@ -249,7 +275,7 @@ def health_alarms(
     oldest first) raises, one plain sentence each, with the flag that helps; ``[]`` when all is well.
 
     - *entropy collapse* in a layer (the last record): suggests ``--qk-norm``, a lower ``--lr``, warmup;
-    - *logit growth* (first vs last record): ``--qk-norm``;
+    - *logit growth* past a floor (a fine-tune: also a factor over its first record): ``--qk-norm``;
     - *outlier tokens* that appeared during the run: ``--reg-tokens 4``;
     - *no local heads* in the early layers on a small training set, once the run is under way: a hybrid
       stem or smaller patches.

@@ -177,7 +177,7 @@ class AttentionWatch:
 
 def run_context(cfg: TrainConfig, *, config: ViTConfig, data: Any, plan: RunPlan) -> RunContext:
     """What the run already does, for the alarms' remedies: its model (``config``), training-set size, warmup, LR
-    (``--lr``'s value, before the batch scaling) and planned epochs."""
+    (``--lr``'s value, before the batch scaling), planned epochs and whether it starts from initialisation."""
     try:
         n: int | None = len(data.train)
     except TypeError:  # a stream of unknown length
@@ -189,8 +189,11 @@ def run_context(cfg: TrainConfig, *, config: ViTConfig, data: Any, plan: RunPlan
         reg_tokens=config.reg_tokens,
         hybrid=config.hybrid_layers is not None or config.stem != "patch",
         patch_size=config.patch_size,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
         lr=cfg.recipe.lr,
         epochs=plan.epochs,
+        fresh=not cfg.init,
     )
 
 
