@@ -29,7 +29,7 @@ from .flops import count_macs
 from .hybrid import ConvTokenizer, HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool
 from .packed import PackedAttention, PackedInput, PackedPatches
-from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
+from .posemb import OtherResolutionLoad, patch_posemb_table
 from .timm_api import TimmModelApi
 from .tome import TokenMerging, weighted_mean
 from .tome import encode as tome_encode
@@ -37,7 +37,7 @@ from .tome import encode as tome_encode
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
+class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolutionLoad, nn.Module):
     """ViT with timm's parameter names.
 
     Build it from a :class:`ViTConfig`, keyword overrides, or both::
@@ -365,32 +365,6 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, nn.Module):
             yield captured
         finally:
             self._captured = prev
-
-    # -- checkpoints at another resolution ---------------------------------------
-    def adapt_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        """Resample, in place, position embeddings stored for another (square) grid to this
-        model's grid (Sec. 3.2); other tensors are left alone. Returns ``state_dict``."""
-        cfg = self.config
-        key = prefix + "pos_embed"
-        if cfg.posemb == "learn" and key in state_dict:
-            pe = state_dict[key]
-            if pe.ndim == 3 and pe.shape[1] != self.pos_embed.shape[1] and pe.shape[-1] == cfg.embed_dim:
-                n_prefix = self.num_prefix_tokens
-                old = pe.shape[1] - n_prefix
-                if old > 0 and math.isqrt(old) ** 2 == old:
-                    state_dict[key] = resample_posemb(
-                        pe, cfg.grid_size, old_grid=grid_of(old), num_prefix_tokens=n_prefix, mode=cfg.posemb_resample
-                    )  # type: ignore[arg-type]
-        for axis, n in (("row", cfg.grid_size[0]), ("col", cfg.grid_size[1])):
-            k = f"{prefix}pos_embed_{axis}"
-            if cfg.posemb == "learn2d" and k in state_dict and state_dict[k].ndim == 3 and state_dict[k].shape[1] != n:
-                state_dict[k] = resample_1d(state_dict[k], n, mode=cfg.posemb_resample)  # type: ignore[arg-type]
-        return state_dict
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """``load_state_dict`` accepts checkpoints of another resolution: see :meth:`adapt_state_dict`."""
-        self.adapt_state_dict(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- accounting ---------------------------------------------------------------
     def num_params(self, *, trainable_only: bool = False) -> int:

@@ -37,7 +37,6 @@ from .kinds import (
 )
 
 __all__ = [
-    "GROUPS",
     "INTERNAL",
     "MEMORY_BUDGET_HELP",
     "OPTIONS",
@@ -105,7 +104,7 @@ class Option:
     choices: tuple[Any, ...] | None = None
     metavar: str | None = None
     group: str | None = None
-    """The ``--help`` group (:data:`GROUPS`); None: the command's own options."""
+    """The ``--help`` group (:data:`~.parser.GROUPS`); None: the command's own options."""
     help: str | None = None
     resume: str = "fixed"
     commands: tuple[str, ...] = BOTH
@@ -156,16 +155,6 @@ MEMORY_BUDGET_HELP = (
     "memory for building the decode cache (at most half of it holds decoded images), e.g. 512M, 2G, 64MiB or bytes "
     "(K/M/G = KiB/MiB/GiB; kB/MB/GB are SI); images are then read through a memory map"
 )
-
-GROUPS = {
-    "data": "data",
-    "model": "model (defaults: the recipe's)",
-    "recipe": "recipe (each flag overrides the recipe's value)",
-    "distillation": "distillation (DeiT, Touvron et al. 2021)",
-    "run": "run",
-}
-"""``--help`` group -> its title, in the order they are printed."""
-
 
 O = Option  # noqa: E741  (a table reads better with short rows)
 data, model, recipe, dist, run = "data", "model", "recipe", "distillation", "run"

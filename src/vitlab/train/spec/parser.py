@@ -9,10 +9,21 @@ import argparse
 from typing import Any
 
 from .config import TrainConfig, arch_values, build_config
-from .options import FLAG, GROUPS, OPTIONS, Option
+from .options import FLAG, OPTIONS, Option
 from .recipes import RECIPES
 
-__all__ = ["add_options", "arch_overrides", "config_from_args", "dest", "namespace_values"]
+__all__ = ["GROUPS", "add_options", "arch_overrides", "config_from_args", "dest", "namespace_values"]
+
+
+GROUPS = {
+    "data": "data",
+    "model": "model (defaults: the recipe's)",
+    "recipe": "recipe (each flag overrides the recipe's value)",
+    "distillation": "distillation (DeiT, Touvron et al. 2021)",
+    "run": "run",
+}
+"""The ``--help`` group of an option's row (:attr:`~.options.Option.group`) -> its title, in the order they are
+printed."""
 
 
 class _NoteGiven(argparse.Action):
