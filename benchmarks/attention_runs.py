@@ -67,11 +67,12 @@ def replay(rows: list[dict[str, Any]], ctx: RunContext) -> dict[str, tuple[int, 
     """``{alarm: (epoch it first fires, its sentence then)}`` over the run's series, as the run's own watch checks
     them after each epoch (with the optimizer step of that epoch)."""
     fired: dict[str, tuple[int, str]] = {}
-    for i, (epoch, _) in enumerate(health_records(rows)):
-        seen = [r for r in rows if isinstance(r.get("attention"), dict)][: i + 1]
-        step = seen[-1].get("step")
+    watched = [r for r in rows if isinstance(r.get("attention"), dict)]  # the rows health_records keeps, in order
+    history = alarm_history(watched)
+    for i, (epoch, _) in enumerate(health_records(watched)):
+        step = watched[i].get("step")
         now = dataclasses.replace(ctx, steps=step if isinstance(step, int) else None)
-        for name, msg in named_alarms(alarm_history(seen), context=now):
+        for name, msg in named_alarms(history[: i + 1], context=now):
             fired.setdefault(name, (epoch, msg))
     return fired
 
