@@ -1,10 +1,10 @@
 """The attention health of finished training runs side by side (issue 39; docs/analyses.md, "What the curves
 show"): for each run folder, the per-layer mean attention distance at the end (the paper's Fig. 7 measure: does it
 grow with depth?), each measure's extreme over the run (the largest logit's peak, the lowest entropy, the most
-collapsed heads, the largest outlier ratio), top-1, and the alarms its series raises under today's thresholds,
-replayed epoch by epoch as the run checks them (with the first epoch each one fires). It draws one comparison
-figure (per run: distance by depth at the end, the largest logit, the lowest layer entropy and top-1 against
-epochs) and prints a markdown table; each run's own ``health.png`` has every layer's curves.
+collapsed heads, the largest outlier ratio), top-1, and the alarms and notes its series raises under today's
+thresholds, replayed epoch by epoch as the run checks them (with the first epoch each one fires). It draws one
+comparison figure (per run: distance by depth at the end, the largest logit, the lowest layer entropy and top-1
+against epochs) and prints a markdown table; each run's own ``health.png`` has every layer's curves.
 
     python benchmarks/attention_runs.py --run default=runs/c_default --run unstable=runs/c_unstable \\
         --figure docs/figures/health_cifar10.png
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.inspect.alarms import RunContext, named_alarms
+from vitlab.inspect.alarms import RunContext, named_alarms, named_notes
 from vitlab.train.persist.health import alarm_history, health_records
 from vitlab.train.persist.outputs import read_metrics
 
@@ -63,16 +63,16 @@ def context_of(run: Path) -> RunContext:
     )
 
 
-def replay(rows: list[dict[str, Any]], ctx: RunContext) -> dict[str, tuple[int, str]]:
+def replay(rows: list[dict[str, Any]], ctx: RunContext, named: Any = named_alarms) -> dict[str, tuple[int, str]]:
     """``{alarm: (epoch it first fires, its sentence then)}`` over the run's series, as the run's own watch checks
-    them after each epoch (with the optimizer step of that epoch)."""
+    them after each epoch (with the optimizer step of that epoch); ``named``: ``named_notes`` for the notes."""
     fired: dict[str, tuple[int, str]] = {}
     watched = [r for r in rows if isinstance(r.get("attention"), dict)]  # the rows health_records keeps, in order
     history = alarm_history(watched)
     for i, (epoch, _) in enumerate(health_records(watched)):
         step = watched[i].get("step")
         now = dataclasses.replace(ctx, steps=step if isinstance(step, int) else None)
-        for name, msg in named_alarms(history[: i + 1], context=now):
+        for name, msg in named(history[: i + 1], context=now):
             fired.setdefault(name, (epoch, msg))
     return fired
 
@@ -107,6 +107,7 @@ def summarise(label: str, run: Path) -> dict[str, Any]:
         "collapsed_peak": extreme("collapsed_fraction", max),
         "outlier_peak": extreme("outlier_ratio", max),
         "alarms": replay(rows, context_of(run)),
+        "notes": replay(rows, context_of(run), named_notes),
         "series": [(ep, r) for ep, r in recs],
         "top1_series": [(r.get("epoch"), r.get("top1")) for r in rows if isinstance(r.get("top1"), (int, float))],
     }
@@ -116,13 +117,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of :func:`summarise`'s rows."""
     out = [
         "| run | epochs | top-1 | distance by layer, end (px; uniform) | peak logit (layer) | lowest entropy "
-        "(layer) | outlier peak | alarms (first epoch) |",
+        "(layer) | outlier peak | alarms; notes (first epoch) |",
         "|---|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
         dist = " / ".join(f"{v:.1f}" for v in r["distance_last"] or [])
         logit, ent, outl = r["max_logit_peak"], r["entropy_low"], r["outlier_peak"]
-        alarms = ", ".join(f"{k.replace('_', ' ')} ({ep})" for k, (ep, _) in r["alarms"].items()) or "none"
+        said = [f"{k.replace('_', ' ')} ({ep})" for k, (ep, _) in r["alarms"].items()] or ["none"]
+        said += [f"note: {k.replace('_', ' ')} ({ep})" for k, (ep, _) in r["notes"].items()]
+        alarms = "; ".join(said)
         top1 = f"{100 * r['top1']:.2f}%" if r["top1"] is not None else "-"
         out.append(
             f"| {r['label']} | {r['epochs']} | {top1} | {dist} ({r['uniform_distance']:.1f}) | {logit[0]:.1f} "
@@ -184,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(summarise(label, Path(folder)))
     print(table(rows))
     for r in rows:
-        for ep, msg in r["alarms"].values():
-            print(f"- {r['label']}, epoch {ep}: {msg}")
+        for kind in ("alarms", "notes"):
+            for ep, msg in r[kind].values():
+                print(f"- {r['label']}, epoch {ep}: {'note: ' if kind == 'notes' else ''}{msg}")
     if a.figure:
         figure(rows, Path(a.figure))
     if a.json:

@@ -138,3 +138,11 @@ def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypat
     said = [ln for ln in lines if ln.startswith("advice: ")]
     assert len(said) == 1 and "top-1 still rising steeply" in said[0] and "--epochs 6" in said[0]
     assert json.loads((out / "summary.json").read_text())["advice"] == said[0]
+
+
+def test_attention_alarms_then_notes_follow_the_advice():
+    """Alarms are ``advice:`` lines after the run's own advice, notes ``note:`` lines after them (issue 39), with or
+    without the three epochs the run's own advice needs."""
+    line = advice_line(_rows([30.2, 33.0, 52.4, 53.2, 59.1]), recipe=AUTO, epochs=5, alarms=["a1"], notes=["n1"])
+    assert line.splitlines()[1:] == ["advice: a1", "note: n1"] and line.startswith("advice: top-1 still rising")
+    assert advice_line(_rows([30.2]), recipe=AUTO, epochs=1, notes=["n1"]) == "note: n1"

@@ -47,7 +47,7 @@ def test_a_watched_run_records_health_logs_csv_raises_no_alarm_and_trains_as_an_
     assert "alarm:" not in said
     summary = json.loads((tmp_path / "on" / "summary.json").read_text())
     assert summary["attention"]["watch"] == "on" and summary["attention"]["passes"] == 2
-    assert summary["attention"]["alarms"] == []
+    assert summary["attention"]["alarms"] == [] and summary["attention"]["notes"] == []
     assert (tmp_path / "on" / "health.png").is_file() and not (tmp_path / "off" / "health.png").exists()
     # --log csv: one row per epoch at its step, the per-layer health among the columns
     with (tmp_path / "on" / "scalars.csv").open(newline="") as f:
@@ -75,6 +75,7 @@ def test_collapsed_attention_raises_its_alarm_in_the_epoch_line_once_and_in_the_
     data, tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setattr(watch, "plain_copy", _collapsed)
+    monkeypatch.setattr(watch, "named_notes", lambda history, context: [("no_local_heads", "what the run shows")])
     rows = _train(data, tmp_path / "run", "--watch-attention", "on", cache=tmp_path / "c")
     lines = capsys.readouterr().out.splitlines()
     assert all(f == 1.0 for f in rows[-1]["attention"]["collapsed_fraction"])
@@ -85,6 +86,10 @@ def test_collapsed_attention_raises_its_alarm_in_the_epoch_line_once_and_in_the_
     assert len(advice) == 1 and "--qk-norm" in advice[0] and "a lower --lr" in advice[0]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert advice[0] in summary["advice"].splitlines() and len(summary["attention"]["alarms"]) == 2
+    # a note is said at the end only, after the advice, never as an alarm
+    assert summary["attention"]["notes"] == ["what the run shows"]
+    assert summary["advice"].splitlines()[-1] == "note: what the run shows" == lines[lines.index(advice[0]) + 2]
+    assert not any("what the run shows" in ln for ln in lines if not ln.startswith("note: "))
     assert sum(ln.startswith("alarm: attention logit growth") for ln in lines) == 1  # 900x a fresh model's logits
 
 

@@ -10,12 +10,13 @@ figures and a self-contained ``report.html``; it is what ``vitlab inspect`` call
 
 While a model trains, ``attention_health`` (:mod:`vitlab.inspect.health`) measures per layer the attention
 distance, entropy, largest logit and outlier-token norms on a fixed batch, and ``health_alarms``
-(:mod:`vitlab.inspect.alarms`) turns a series of them into plain-word alarms with the flag that helps.
+(:mod:`vitlab.inspect.alarms`) turns a series of them into plain-word alarms with the flag that helps
+(``health_notes``: what the series shows that is expected of the data, such as no local heads on small data).
 """
 
 from __future__ import annotations
 
-from .alarms import AlarmThresholds, RunContext, health_alarms
+from .alarms import AlarmThresholds, RunContext, health_alarms, health_notes
 from .attention import (
     attention_distance,
     attention_rollout,
@@ -38,6 +39,7 @@ __all__ = [
     "attention_rollout",
     "filter_pca",
     "health_alarms",
+    "health_notes",
     "inspect_model",
     "output_token_attention",
     "patch_centers",

@@ -379,9 +379,9 @@ class Trainer:
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
         summary["attention"] = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
-            r, budget, alarms = self.cfg.recipe, self.cfg.time_budget, summary["attention"]["alarms"]
-            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=budget,
-                                            n_eval=len(self.data.val), alarms=alarms)  # fmt: skip
+            run = dict(recipe=self.cfg.recipe, epochs=self.plan.epochs, time_budget=self.cfg.time_budget)
+            att, n_eval = summary["attention"], len(self.data.val)
+            summary["advice"] = advice_line(rows, n_eval=n_eval, alarms=att["alarms"], notes=att["notes"], **run)
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):

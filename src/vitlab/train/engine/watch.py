@@ -3,7 +3,7 @@
 plain copy of the trained weights (:func:`plain_copy`: the live model, its modes, hooks and speed paths are never
 touched). Its compact record goes into the epoch's ``metrics.jsonl`` row (:mod:`vitlab.train.persist.health`); the
 alarms of :func:`vitlab.inspect.named_alarms` are printed under the epoch line the first time each fires, and the
-ones that stand at the end join the run's advice.
+ones that stand at the end join the run's advice, with the notes (:func:`vitlab.inspect.alarms.named_notes`).
 
 ``--watch-attention auto`` (the default) watches while it is cheap: the passes' seconds over the seconds of the
 epochs they closed (both timed in this process, so a loaded machine slows both alike) must stay at most
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ...distributed import Dist
-from ...inspect.alarms import RunContext, named_alarms
+from ...inspect.alarms import RunContext, named_alarms, named_notes
 from ...inspect.health import attention_health
 from ...models import VisionTransformer, ViTConfig
 from ..persist.health import alarm_history, compact
@@ -160,9 +160,13 @@ class AttentionWatch:
         """The alarms the whole series raises (the end-of-run advice)."""
         return [msg for _, msg in named_alarms(self.history, context=self.context)]
 
+    def notes(self) -> list[str]:
+        """The notes the whole series gives (the end-of-run advice)."""
+        return [msg for _, msg in named_notes(self.history, context=self.context)]
+
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s ``attention``: the mode, the passes of this process, their images and seconds, the
-        measured share of the time (``overhead``), when ``auto`` stopped, and the alarms."""
+        measured share of the time (``overhead``), when ``auto`` stopped, the alarms and the notes."""
         share = self.overhead
         return {
             "watch": self.mode,
@@ -172,6 +176,7 @@ class AttentionWatch:
             "overhead": None if share is None else round(share, 4),
             "stopped_after_epoch": self.stopped_after,
             "alarms": self.alarms(),
+            "notes": self.notes(),
         }
 
 

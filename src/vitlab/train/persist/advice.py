@@ -68,6 +68,7 @@ def advice_line(
     time_budget: float | None = None,
     n_eval: int | None = None,
     alarms: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> str | None:
     """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
 
@@ -81,9 +82,10 @@ def advice_line(
       else as many epochs (or that share of the budget) as reached the lowest loss.
 
     Needs three epochs or more (``rows``: ``metrics.jsonl``'s); ``n_eval`` None: no noise test. The
-    attention-health ``alarms`` (issue 39) follow, one ``advice:`` line each (:func:`.health.with_alarms`)."""
+    attention-health ``alarms`` (issue 39) follow, one ``advice:`` line each, then its ``notes``, one ``note:`` line
+    each (:func:`.health.with_alarms`)."""
     if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
-        return with_alarms(None, alarms)
+        return with_alarms(None, alarms, notes)
     why, fix = [], []
     k = max(1, round(0.2 * len(rows)))
     gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
@@ -109,4 +111,4 @@ def advice_line(
         )
         shorter = f"--time-budget {time_budget * (low + 1) / len(rows) / 60:.3g}m" if time_budget else ""
         fix.append(" ".join(_stronger(recipe)) or shorter or f"--epochs {best}")
-    return with_alarms(f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None, alarms)
+    return with_alarms(f"advice: {' and '.join(why)}: try {' and '.join(fix)}" if why else None, alarms, notes)

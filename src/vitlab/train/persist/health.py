@@ -79,7 +79,8 @@ def row_scalars(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def with_alarms(line: str | None, alarms: Sequence[str]) -> str | None:
-    """The end-of-run advice ``line`` (or None) followed by one ``advice: <alarm>`` line per attention alarm."""
-    lines = ([line] if line else []) + [f"advice: {a}" for a in alarms]
+def with_alarms(line: str | None, alarms: Sequence[str], notes: Sequence[str] = ()) -> str | None:
+    """The end-of-run advice ``line`` (or None) followed by one ``advice: <alarm>`` line per attention alarm and
+    one ``note: <note>`` line per attention note."""
+    lines = ([line] if line else []) + [f"advice: {a}" for a in alarms] + [f"note: {n}" for n in notes]
     return "\n".join(lines) or None
