@@ -63,18 +63,24 @@ def context_of(run: Path) -> RunContext:
     )
 
 
-def replay(rows: list[dict[str, Any]], ctx: RunContext, named: Any = named_alarms) -> dict[str, tuple[int, str]]:
-    """``{alarm: (epoch it first fires, its sentence then)}`` over the run's series, as the run's own watch checks
-    them after each epoch (with the optimizer step of that epoch); ``named``: ``named_notes`` for the notes."""
-    fired: dict[str, tuple[int, str]] = {}
+Fired = dict[str, tuple[int, str]]
+"""``{alarm or note: (the epoch it first fires, its sentence then)}``."""
+
+
+def replay(rows: list[dict[str, Any]], ctx: RunContext) -> tuple[Fired, Fired]:
+    """The alarms and the notes over the run's series, as the run's own watch checks them after each epoch (with
+    the optimizer step of that epoch), in one pass."""
+    alarms: Fired = {}
+    notes: Fired = {}
     watched = [r for r in rows if isinstance(r.get("attention"), dict)]  # the rows health_records keeps, in order
     history = alarm_history(watched)
     for i, (epoch, _) in enumerate(health_records(watched)):
         step = watched[i].get("step")
         now = dataclasses.replace(ctx, steps=step if isinstance(step, int) else None)
-        for name, msg in named(history[: i + 1], context=now):
-            fired.setdefault(name, (epoch, msg))
-    return fired
+        for fired, named in ((alarms, named_alarms), (notes, named_notes)):
+            for name, msg in named(history[: i + 1], context=now):
+                fired.setdefault(name, (epoch, msg))
+    return alarms, notes
 
 
 def summarise(label: str, run: Path) -> dict[str, Any]:
@@ -92,6 +98,7 @@ def summarise(label: str, run: Path) -> dict[str, Any]:
         return pick(vals) if vals else (float("nan"), 0)
 
     top1 = [r.get("top1") for r in rows if isinstance(r.get("top1"), (int, float))]
+    alarms, notes = replay(rows, context_of(run))
     return {
         "label": label,
         "run": str(run),
@@ -106,8 +113,8 @@ def summarise(label: str, run: Path) -> dict[str, Any]:
         "entropy_low": extreme("entropy", min),
         "collapsed_peak": extreme("collapsed_fraction", max),
         "outlier_peak": extreme("outlier_ratio", max),
-        "alarms": replay(rows, context_of(run)),
-        "notes": replay(rows, context_of(run), named_notes),
+        "alarms": alarms,
+        "notes": notes,
         "series": [(ep, r) for ep, r in recs],
         "top1_series": [(r.get("epoch"), r.get("top1")) for r in rows if isinstance(r.get("top1"), (int, float))],
     }

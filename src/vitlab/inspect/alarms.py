@@ -247,8 +247,8 @@ def _no_local_heads(history: Sequence[Mapping[str, Any]], ctx: RunContext, th: A
     return [
         f"no local heads in {_layers(range(len(early)))} after {len(history)} epochs on {n:,} images: every head "
         f"attends at {nearest / uniform:.0%} or more of the uniform distance ({uniform:.1f} px), as ViTs do on "
-        f"small data (Raghu et al. 2021); {_or(fixes)} builds locality into the model, which pays on long enough "
-        f"budgets only (docs/analyses.md)"
+        f"small data (Raghu et al. 2021); {_or(fixes)} builds locality into the model, at a cost a short run may "
+        f"not repay (docs/analyses.md)"
     ]
 
 

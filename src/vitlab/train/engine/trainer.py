@@ -377,11 +377,11 @@ class Trainer:
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
-        summary["attention"] = self.watch.summary()
+        summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
-            run = dict(recipe=self.cfg.recipe, epochs=self.plan.epochs, time_budget=self.cfg.time_budget)
-            att, n_eval = summary["attention"], len(self.data.val)
-            summary["advice"] = advice_line(rows, n_eval=n_eval, alarms=att["alarms"], notes=att["notes"], **run)
+            summary["advice"] = advice_line(rows, recipe=self.cfg.recipe, epochs=self.plan.epochs,
+                                            time_budget=self.cfg.time_budget, n_eval=len(self.data.val),
+                                            alarms=att["alarms"], notes=att["notes"])  # fmt: skip
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):
