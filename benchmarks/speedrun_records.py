@@ -1,4 +1,4 @@
-"""The speedrun's records and levers (docs/speedrun.md, "Records" and "Levers not yet measured"): one table of the
+"""The speedrun's records and levers (docs/speedrun.md, "Records" and "The levers"): one table of the
 measured records per track, from which ``speedrun.py`` takes each track's default recipe and docs/speedrun.md its
 tables (``python benchmarks/speedrun.py --records`` prints them; tests/test_speedrun.py checks that the page holds
 them verbatim), and the named levers of issue 38 that ``speedrun.py --levers`` adds to a track's recipe."""
@@ -125,12 +125,14 @@ def _pairs(flags: tuple[str, ...]) -> list[tuple[str, ...]]:
 @dataclass(frozen=True)
 class Lever:
     """A named lever of issue 38: the ``vitlab train`` flags it adds (``value``: the last flag's value, which
-    ``name=V`` replaces), the tracks it applies to, and what it is."""
+    ``name=V`` replaces), the tracks it applies to, what it is, and what its 20-minute runs gave (``measured``:
+    track -> the result in a few words, docs/speedrun.md has the runs; a track not there is not yet measured)."""
 
     flags: tuple[str, ...]
     tracks: tuple[str, ...]
     what: str
     value: bool = False
+    measured: tuple[tuple[str, str], ...] = ()
 
 
 LEVERS = {
@@ -140,6 +142,13 @@ LEVERS = {
         "CCT's convolutional tokenizer (Hassani et al. 2021: two 3x3 convolutions with 3x3/2 max-pools, an 8 x 8 "
         "grid of tokens at 32 px) in place of the ResNet stem, at the recipe's width, depth, pooling and position "
         "embeddings",
+        measured=(
+            (
+                "hybrid",
+                "lost, -4.8: 64.96% (65.10 / 64.82) against the record's recipe at 69.73% (69.69 / "
+                "69.76), 2026-11-28; 1.6x the step time",
+            ),
+        ),
     ),
     "seq-pool": Lever(("--pool", "seq"), ("vit", "hybrid"), "CCT's sequence pooling instead of GAP"),
     "muon": Lever(
@@ -213,8 +222,9 @@ def records_markdown() -> str:
 
 
 def levers_markdown() -> str:
-    """docs/speedrun.md's "Levers not yet measured": each lever, what it adds and the command of each run."""
-    out = ["| lever | `vitlab train` flags | what it is | commands (seeds S = 0, 1) |", "|---|---|---|---|"]
+    """docs/speedrun.md's "The levers": each lever, what it adds, the command of each run and what the runs gave."""
+    out = ["| lever | `vitlab train` flags | what it is | commands (seeds S = 0, 1) | measured at 20 minutes |"]
+    out += ["|---|---|---|---|---|"]
     for name, lever in LEVERS.items():
         cmds = []
         for track in lever.tracks:
@@ -222,5 +232,7 @@ def levers_markdown() -> str:
             cmds += [
                 f"`python benchmarks/speedrun.py --track {track} --minutes 20 --data {DATA} --levers {extra} --seed S`"
             ]
-        out += [f"| `{name}` | `{' '.join(lever.flags)}` | {lever.what} | {'<br>'.join(cmds)} |"]
+        got = dict(lever.measured)
+        runs = "<br>".join(f"{t}: {got.get(t, 'not yet')}" for t in lever.tracks)
+        out += [f"| `{name}` | `{' '.join(lever.flags)}` | {lever.what} | {'<br>'.join(cmds)} | {runs} |"]
     return "\n".join(out) + "\n"
