@@ -163,7 +163,12 @@ LEVERS = {
         "the first convolution initialised to whiten the training images' patches (hlb-CIFAR10, airbench); on the "
         "hybrid track with `cct` only (the ResNet stem standardises its weights)",
     ),
-    "tta-flip": Lever(("--tta", "flip"), ("vit", "hybrid"), "test-time flip: the logits of each image and its mirror"),
+    "tta-flip": Lever(
+        ("--tta", "flip"),
+        ("vit", "hybrid"),
+        "test-time flip: the logits of each image and its mirror",
+        measured=(("hybrid", "one run so far (seed 0): 70.39% against the record's recipe's 69.69% the same night"),),
+    ),
     "mpp": Lever(
         ("--mpp-warmup", "0.1"),
         ("vit",),
