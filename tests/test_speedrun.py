@@ -196,6 +196,7 @@ def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_p
         ("nope", "no lever 'nope'"),
         ("cct", "does not apply to the vit track"),
         ("muon=2", "muon takes no value"),
+        ("tta-flip,tta-flip-last", "two values of --tta"),
     ):
         with pytest.raises(ValueError, match=why):
             rec.lever_flags("vit", spec)

@@ -95,6 +95,7 @@ def measure_budget(
     compute = step_s * schedule.mean_cost(full_over_dropped=full_over_dropped)
     per_step = (compute + aug_s if loaders.workers == 0 else max(compute, aug_s / loaders.workers)) * LOGGING_SHARE
     left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
+    left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
     total = steps_in_budget(left, per_step, eval_s, spe)
     epochs = max(1, math.ceil(total / spe))
     log(
@@ -189,7 +190,12 @@ def plan_run(
     replan = Replanner()
     if cfg.time_budget:  # due or not from the shared plan: its re-plan is a collective
         replan = Replanner.for_plan(
-            total_steps=total, budget=cfg.time_budget, t_start=t_start, eval_s=eval_s, steps_per_epoch=spe
+            total_steps=total,
+            budget=cfg.time_budget,
+            t_start=t_start,
+            eval_s=eval_s,
+            steps_per_epoch=spe,
+            last_extra=objective.last_eval_extra,
         )
         if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
             replan.due = replan.late = False
@@ -221,6 +227,8 @@ class Replanner:
     """``time.perf_counter()`` when this process started the run."""
     eval_s: float = 0.0
     """Seconds of an evaluation (the probe's, then each epoch's end-of-epoch work as measured)."""
+    last_extra: float = 0.0
+    """What the run's last evaluation costs beyond the others', in evaluations (``Objective.last_eval_extra``)."""
     steps_per_epoch: int = 1
     check_every: int = 0
     """Steps between the checks within an epoch (0: at epoch ends only)."""
@@ -230,7 +238,10 @@ class Replanner:
     epoch's end-of-epoch work)."""
 
     @classmethod
-    def for_plan(cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int):
+    def for_plan(
+        cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int,
+        last_extra: float = 0.0,
+    ):  # fmt: skip
         """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough)."""
         return cls(
             due=total_steps >= 2 * REPLAN_AT,
@@ -238,6 +249,7 @@ class Replanner:
             budget=budget,
             t_start=t_start,
             eval_s=eval_s,
+            last_extra=last_extra,
             steps_per_epoch=steps_per_epoch,
             check_every=max(REPLAN_AT - REPLAN_FROM, steps_per_epoch // 4) if steps_per_epoch >= 160 else 0,
         )
@@ -270,7 +282,7 @@ class Replanner:
         now = time.perf_counter()
         per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
         self.mark = (step, now)
-        left = self.budget - (now - self.t_start) - budget_reserve(self.budget)
+        left = self._left(now)
         total = step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
         (total,) = broadcast_ints([total], dist, device)
         self.due = False
@@ -295,12 +307,17 @@ class Replanner:
             return None
         return self._refit(step=step, planned=planned, per_step=per_step, now=now, dist=dist, device=device)
 
+    def _left(self, now: float) -> float:
+        """Seconds left for steps and evaluations at ``now``: the budget less the time spent, the reserve and the
+        last evaluation's extra cost."""
+        return self.budget - (now - self.t_start) - budget_reserve(self.budget) - self.eval_s * self.last_extra
+
     def _refit(
         self, *, step: int, planned: int, per_step: float, now: float, dist: Dist, device: torch.device
     ) -> int | None:
         """The new total at ``per_step`` seconds a step from ``now`` on (rank 0's, on every rank), or None when it
         is within the tolerance of ``planned``."""
-        left = self.budget - (now - self.t_start) - budget_reserve(self.budget)
+        left = self._left(now)
         more = 0 if left < per_step + self.eval_s else steps_in_budget(left, per_step, self.eval_s,
                                                                        self.steps_per_epoch, step)  # fmt: skip
         total, pace_us = broadcast_ints([step + more, round(per_step * 1e6)], dist, device)

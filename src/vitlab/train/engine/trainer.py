@@ -274,7 +274,7 @@ class Trainer:
         """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
         with ``--keep last``) and ``last.pt``, redraw the figures now and then."""
         p, cfg, d = self.position, self.cfg, self.dist
-        ev = self._evaluate()
+        ev = self._evaluate(last=p.step >= self.plan.total_steps)
         self.last_eval = ev
         row = {
             "epoch": p.epoch + 1,
@@ -338,10 +338,9 @@ class Trainer:
         )
         self.last_save = time.perf_counter()
 
-    def _evaluate(self) -> dict[str, Any]:
-        return self.objective.evaluate(
-            self.eval_net, self._eval_batches(), device=self.device, amp_dtype=self.amp_dtype, dist=self.dist
-        )
+    def _evaluate(self, *, last: bool = False) -> dict[str, Any]:
+        return self.objective.evaluate(self.eval_net, self._eval_batches(), device=self.device,
+                                       amp_dtype=self.amp_dtype, dist=self.dist, last=last)  # fmt: skip
 
     def _before_training_line(self) -> str:
         """The started-from model's accuracy on the evaluation split at the new size, before any step

@@ -76,10 +76,11 @@ class Objective:
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None,
+        dist: Dist | None = None, last: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """``top1``, ``top5`` and ``loss`` over ``batches`` (and what the figures read: ``confusion``,
-        ``per_class``); in DDP every rank passes its shard and the counts are summed."""
+        ``per_class``); in DDP every rank passes its shard and the counts are summed. ``last``: the run's last
+        evaluation (the one at its plan's last step)."""
         raise NotImplementedError
 
     @property
@@ -87,6 +88,12 @@ class Objective:
         """Forward passes an evaluation makes of each image (2 with flip TTA): what the time budget's plan
         multiplies its timed evaluation by."""
         return 1
+
+    @property
+    def last_eval_extra(self) -> float:
+        """What the run's last evaluation costs beyond the others', in evaluations (``--tta flip-last``: its
+        mirrored pass, 1): what the time budget's plan keeps back for it."""
+        return 0.0
 
     def enter(self, net: nn.Module, *, step: int, warm_start: bool) -> str | None:
         """Before optimizer step ``step`` (0-based): switch ``net`` (:meth:`wrap`'s module) to what the step

@@ -30,7 +30,8 @@ __all__ = ["Classify", "head_bytes"]
 
 class Classify(Objective):
     """Cross-entropy on the class head; ``num_classes``: the data's (evaluation's top-5 and confusion); ``tta``:
-    ``flip`` evaluates each image averaged with its mirror (:func:`~vitlab.evaluate.accuracy.tta_logits`)."""
+    ``flip`` evaluates each image averaged with its mirror (:func:`~vitlab.evaluate.accuracy.tta_logits`) in every
+    evaluation, ``flip-last`` in the run's last one only (the score; the per-epoch ones stay one pass)."""
 
     name = "classify"
 
@@ -40,6 +41,10 @@ class Classify(Objective):
     @property
     def eval_passes(self) -> int:
         return 2 if self.tta == "flip" else 1
+
+    @property
+    def last_eval_extra(self) -> float:
+        return 1.0 if self.tta == "flip-last" else 0.0
 
     @classmethod
     def fit_recipe(
@@ -88,9 +93,9 @@ class Classify(Objective):
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None,
+        dist: Dist | None = None, last: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
-        tta = None if self.tta == "none" else self.tta
+        tta = "flip" if self.tta == "flip" or (self.tta == "flip-last" and last) else None
         res = evaluate_batches(
             net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist, tta=tta
         )

@@ -94,9 +94,9 @@ class WarmStart(Classify):
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None,
+        dist: Dist | None = None, last: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
-        return super().evaluate(self.exported(net), batches, device=device, amp_dtype=amp_dtype, dist=dist)
+        return super().evaluate(self.exported(net), batches, device=device, amp_dtype=amp_dtype, dist=dist, last=last)
 
     def enter(self, net: nn.Module, *, step: int, warm_start: bool) -> str | None:
         was, net.warm = net.warm, warm_start

@@ -281,9 +281,9 @@ OPTIONS: tuple[Option, ...] = (
     O(path="recipe.mpp_warmup", flag="--mpp-warmup", group=recipe, kind=FLOAT, metavar="F", commands=("train",),
       help="masked patch prediction (paper Sec. 4.6) on the same images for the first fraction F of the steps, "
       "then classification from those weights, in the same run and budget"),
-    O(path="recipe.tta", flag="--tta", group=recipe, choices=("none", "flip"),
-      help="the run's evaluations (each epoch's and the last): flip averages the logits of each image and its "
-      "mirror"),
+    O(path="recipe.tta", flag="--tta", group=recipe, choices=("none", "flip", "flip-last"),
+      help="flip averages the logits of each image and its mirror in each epoch's evaluation and the last; "
+      "flip-last in the run's last evaluation only (its score, one extra pass)"),
     # -- the recipe's fields without a flag: config files only ----------------------------------------------
     O(path="recipe.source", help="where the recipe's numbers come from"),
     O(path="recipe.expected", help="what result to expect, and at what cost"),

@@ -98,7 +98,8 @@ class Recipe:
     crop_pct: float = 1.0
     """Eval: resize to ``img_size / crop_pct`` then center crop."""
     tta: str = "none"
-    """Eval: ``flip`` averages the logits of each image and its mirror (:func:`vitlab.evaluate.accuracy.tta_logits`)."""
+    """Eval: ``flip`` averages the logits of each image and its mirror (:func:`vitlab.evaluate.accuracy.tta_logits`)
+    in every evaluation, ``flip-last`` in the run's last one only."""
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]
@@ -119,8 +120,8 @@ class Recipe:
 
         if self.optimizer not in ("adamw", "adam", "sgd", "muon"):
             bad("optimizer", f"{self.optimizer!r} is not adamw, adam, sgd or muon")
-        if self.tta not in ("none", "flip"):
-            bad("tta", f"{self.tta!r} is not none or flip")
+        if self.tta not in ("none", "flip", "flip-last"):
+            bad("tta", f"{self.tta!r} is not none, flip or flip-last")
         if not 0 <= self.mpp_warmup < 1:
             bad("mpp_warmup", f"must be in [0, 1), got {self.mpp_warmup}")
         if self.schedule not in ("cosine", "linear", "constant"):

@@ -88,8 +88,8 @@ def check_levers(cfg: TrainConfig) -> None:
         ):
             if refused:
                 raise OptionError(ref("recipe.optimizer"), " muon with ", ref(path), f": not supported ({why})")
-    if r.tta == "flip" and cfg.objective != "classify":
-        raise OptionError(ref("recipe.tta"), " flip averages class logits; ", ref("objective"),
+    if r.tta != "none" and cfg.objective != "classify":
+        raise OptionError(ref("recipe.tta"), f" {r.tta} averages class logits; ", ref("objective"),
                           f" {cfg.objective} has no classes")  # fmt: skip
     if not (r.whiten_init or r.mpp_warmup):
         return
