@@ -98,9 +98,10 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     assert "--img-size is 6" in capsys.readouterr().err
 
 
-def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> None:
-    """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would
-    over-plan the run, so a scheduled run keeps the plan timed at the final size."""
+def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeypatch) -> None:
+    """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would over-plan the
+    run, so a scheduled run keeps its plan until its last size has begun, re-plans from that size's own steps and
+    never goes back to a smaller size."""
     from vitlab.train import get_recipe
 
     monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (120, 60, 0.05))
@@ -122,8 +123,40 @@ def test_time_budget_with_a_schedule_keeps_its_plan(tmp_path, monkeypatch) -> No
         progress=False,
     )
     s = trainer_mod.fit(cfg)
-    assert s["steps"] == s["planned_steps"] == 120 > 2 * REPLAN_AT
-    assert sizes == [4] * 30 + [8] * 90  # a quarter of the planned steps at 4 px
+    assert s["steps"] == s["planned_steps"] == len(sizes)
+    assert sizes[: 30 + REPLAN_AT] == [4] * 30 + [8] * REPLAN_AT  # a quarter of the first plan at 4 px
+    assert set(sizes[30:]) == {8}
+
+
+def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> None:
+    """With ``--res-schedule 24:0.5,32:1.0`` the early re-plan times steps 5 to 45 of the last size (not the cheap
+    first half), the epoch that began before it is no pace, and a faster pace later lengthens the plan only as far
+    as keeps every later step at the last size."""
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
+    from vitlab.train.spec.pace import steps_in_budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    r = budget.Replanner.for_plan(total_steps=1000, budget=300.0, t_start=0.0, eval_s=0.0, steps_per_epoch=100)
+    r.last_size_from = 0.5
+    for step in range(1, 546):
+        clock[0] += 0.1 if step <= 500 else 0.5  # the small size at 0.1 s a step, the last at 0.5 s
+        new = r.after_step(steps_this_run=step, step=step, planned=1000, **kw)
+        if step % 100 == 0:
+            assert r.after_epoch(step=step, planned=1000, per_step=0.1, overhead_s=0.0, **kw) is None
+        if step < 545:
+            assert new is None, step
+    total, pace = new or (0, 0.0)
+    assert pace == pytest.approx(0.5 * 1.02)
+    assert total == 545 + steps_in_budget(300.0 - 72.5 - 5.0, 0.51, 0.0, 100, 545) < 1000
+    clock[0] += 55 * 0.5
+    assert r.after_epoch(step=600, planned=total, per_step=0.01, overhead_s=0.0, **kw) is None  # began at 500
+    clock[0] += 100 * 0.05
+    longer = r.after_epoch(step=700, planned=total, per_step=0.05, overhead_s=0.0, **kw)
+    assert longer == int(700 / 0.5) < 700 + steps_in_budget(300.0 - clock[0] - 5.0, 0.05, 0.0, 100, 700)
+    assert all(size_at(((24, 0.5), (32, 1.0)), step=i, total_steps=longer) == 32 for i in range(700, longer))
 
 
 def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypatch, capsys) -> None:

@@ -261,3 +261,54 @@ def test_the_probe_takes_the_median_step_and_stops_at_its_share_of_the_budget(mo
     assert timed([9, 9, 1, 1, 5, 1, 1]) == (1.0, 7)
     assert timed([9, 9, 1, 1, 5, 1, 1], max_s=2.5) == (1.0, 5)  # 1 + 1 < 2.5, then 1 + 1 + 5: stop
     assert timed([9, 9, 3, 5, 1, 1, 1], max_s=0.1) == (4.0, 4)  # two timed steps at least
+
+
+def test_the_update_is_timed_alone_and_not_scaled_by_the_resolution_schedule(monkeypatch):
+    """time_update times ``opt.step()`` alone (the median of its calls); the budget's plan counts that update at its
+    full cost in every step and scales only the rest by the schedule's mean cost, so a costly update (Muon's) at a
+    smaller first size plans fewer steps than a cheap one of the same whole-step time."""
+    import time
+    from types import SimpleNamespace
+
+    from vitlab.train import get_recipe
+    from vitlab.train.engine import budget, calibrate
+    from vitlab.train.engine.schedule import StepSchedule
+
+    now, updates = [0.0], iter([0.3, 0.9, 0.2, 0.25, 0.2])
+
+    class Timed(torch.optim.SGD):
+        def step(self, closure=None):
+            now[0] += next(updates)
+            return super().step(closure)
+
+    class Objective:
+        last_eval_extra = 0.0
+
+        def loss(self, probe, xs, ys):
+            now[0] += 100.0  # the forward and backward: not the update's
+            return probe(xs).sum()
+
+    monkeypatch.setattr(calibrate, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    net = torch.nn.Linear(2, 1)
+    args = (net, Timed(net.parameters(), lr=0.0), torch.ones(3, 2), torch.zeros(3))
+    assert calibrate.time_update(*args, objective=Objective(), device=torch.device("cpu"), amp_dtype=None) == 0.25
+    assert all(p.grad is None for p in net.parameters())
+    monkeypatch.undo()
+
+    recipe = get_recipe("digits", res_schedule=((16, 0.5), (32, 1.0)))
+    cfg = TrainConfig(recipe=recipe, time_budget=600.0)
+    loaders = SimpleNamespace(micro=4, steps_per_epoch=1000, workers=0, eval_size=8, train_items=lambda n: [])
+
+    def planned(update_s: float) -> int:
+        monkeypatch.setattr(budget, "_probe", lambda *a, **k: (0.1, update_s, 1.0, 0.0))
+        steps, _, _ = budget.measure_budget(
+            cfg, net=net, run_net=net, loaders=loaders, objective=Objective(), schedule=StepSchedule(recipe),
+            device=torch.device("cpu"), amp_dtype=None, t_start=time.perf_counter(), log=lambda line: None,
+        )  # fmt: skip
+        return steps
+
+    cost = StepSchedule(recipe).mean_cost()
+    assert cost < 0.8
+    cheap, costly = planned(0.0), planned(0.05)
+    assert costly < cheap
+    assert costly / cheap == pytest.approx(cost / (0.5 + 0.5 * cost), rel=0.02)

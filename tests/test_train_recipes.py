@@ -12,7 +12,7 @@ import torch
 from vitlab import create_model
 from vitlab.errors import ConfigError
 from vitlab.train import RECIPES, Recipe, get_recipe
-from vitlab.train.engine.optim import build_optimizer, param_groups
+from vitlab.train.engine.optim import MuonAdamW, build_optimizer, param_groups
 from vitlab.train.engine.schedule import LRFactor, lr_factor
 from vitlab.train.persist.state import atomic_torch_save, get_rng_state, load_state, set_rng_state
 
@@ -142,14 +142,19 @@ def test_checkpoint_is_weights_only_and_atomic(tmp_path, monkeypatch):
     assert load_state(path)["step"] == 7
 
 
-def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical():
-    """With --compile the budget planner times the real (compiled) model; its zero-LR steps must not move a weight."""
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "muon"])
+def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(monkeypatch, optimizer):
+    """With --compile the budget planner times the real (compiled) model with the run's optimizer (Muon's step costs
+    more than AdamW's); its zero-LR steps must not move a weight."""
+    if optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        pytest.skip("this torch has no torch.optim.Muon")
     from types import SimpleNamespace
 
     import numpy as np
 
     from vitlab.data import ArrayDataset
     from vitlab.train import TrainConfig
+    from vitlab.train.engine import calibrate
     from vitlab.train.engine.budget import measure_budget
     from vitlab.train.engine.schedule import StepSchedule
     from vitlab.train.objectives import Classify
@@ -159,8 +164,17 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
     before = {k: v.clone() for k, v in model.state_dict().items()}
     imgs = np.random.default_rng(0).integers(0, 255, (8, 8, 8, 3), dtype=np.uint8)
     ds = ArrayDataset(imgs, np.arange(8) % 3, transform=lambda x: x.float() / 255)
-    cfg = TrainConfig(recipe=get_recipe("digits", weight_decay=0.5), compile=True, time_budget=60.0)
-    calls = []
+    cfg = TrainConfig(
+        recipe=get_recipe("digits", weight_decay=0.5, optimizer=optimizer), compile=True, time_budget=60.0
+    )
+    calls, timed = [], []
+    time_steps = calibrate.time_steps
+
+    def recording(probe, opt, *args, **kwargs):
+        timed.append(opt)
+        return time_steps(probe, opt, *args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "time_steps", recording)
 
     class Compiled(torch.nn.Module):  # stands in for torch.compile's wrapper: the same parameters
         def __init__(self, m):
@@ -185,7 +199,10 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
         log=print,
     )  # fmt: skip
     assert steps >= 1 and epochs >= 1
-    assert calls == [4] * 7, "the training probe must run through the compiled model, evaluation must not"
+    assert calls == [4] * 8, "the training probe (7 steps, 1 update) must run through the compiled model, not eval"
+    kind = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "muon": MuonAdamW}[optimizer]
+    assert len(timed) == 1 and isinstance(timed[0], kind), timed
+    assert all(g["lr"] == 0.0 for g in timed[0].param_groups)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert all(p.grad is None for p in model.parameters())

@@ -21,6 +21,7 @@ from ..spec.config import TrainConfig
 from ..spec.pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budget_line, steps_in_budget
 from . import calibrate
 from .loaders import RunLoaders
+from .optim import build_optimizer
 from .schedule import StepSchedule, ends_dropping, set_rate, unmasked_phases, warmup_for
 
 __all__ = ["REPLAN_AT", "Replanner", "budget_reserve", "measure_budget", "plan_run", "steps_in_budget"]
@@ -45,6 +46,7 @@ def _reusable(pace: Pace | None, cfg: TrainConfig, loaders: RunLoaders) -> bool:
         and not cfg.model
         and not cfg.init
         and r.accum_steps == 1
+        and r.optimizer in ("adamw", "adam")  # the recipe's probe steps AdamW
         and pace.batch == loaders.micro
         and dict(r.arch) == pace.arch
         and not any(v is not None for v in cfg.arch.values())
@@ -67,17 +69,18 @@ def measure_budget(
 ) -> tuple[int, int, float]:
     """``(steps, epochs, seconds per evaluation)`` that fit ``cfg.time_budget``: time a few throw-away steps of the
     objective on a copy of the model (so the real run's RNG and weights are untouched), then subtract evaluations
-    (timed on up to 256 images, an evaluation batch at a time as the run evaluates). The step time is multiplied by
-    the schedule's mean cost (:meth:`~vitlab.train.engine.schedule.StepSchedule.mean_cost`): the probe times the
-    final size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too. When the
+    (timed on up to 256 images, an evaluation batch at a time as the run evaluates). The step time less the
+    optimizer's update (timed alone: Muon's does not shrink with the image) is multiplied by the schedule's mean
+    cost (:meth:`~vitlab.train.engine.schedule.StepSchedule.mean_cost`): the probe times the final size, dropping
+    tokens, and with ``--token-drop-until`` it times a step on every token too. When the
     recipe's own probe (``pace``, :mod:`~vitlab.train.engine.calibrate`) timed this very step, its step and
     evaluation times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is
     timed on the run's transform: added to each step without workers, beside it with them.
     When the plan is no meaningful run, a line says so and proposes a budget (:func:`~.pace.short_budget_line`).
 
     With ``--compile`` the steps run through the real compiled model instead (its compilation is then paid, and
-    counted, here, and the per-step time is the compiled one), with a zero-LR optimizer of its own: a step of AdamW
-    at LR 0 leaves every weight bit-identical."""
+    counted, here, and the per-step time is the compiled one), with a zero-LR copy of the run's optimizer of its
+    own: a step of AdamW, SGD or Muon at LR 0 leaves every weight bit-identical."""
     r, micro, spe = cfg.recipe, loaders.micro, loaders.steps_per_epoch
     reuse = _reusable(pace, cfg, loaders)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
@@ -87,12 +90,14 @@ def measure_budget(
         aug_s = (time.perf_counter() - t0) * r.accum_steps
         if reuse:
             step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes * loaders.evaluations  # type: ignore[union-attr]
+            update_s = 0.0  # the recipe's probe timed whole steps; its fixed share is the schedule's
         else:
-            step_s, full_over_dropped, eval_s = _probe(
+            step_s, update_s, full_over_dropped, eval_s = _probe(
                 cfg, net=net, run_net=run_net, loaders=loaders, items=items, objective=objective, device=device,
                 amp_dtype=amp_dtype, unmasked=unmasked,
             )  # fmt: skip
-    compute = step_s * schedule.mean_cost(full_over_dropped=full_over_dropped)
+    update_s = min(update_s, step_s)
+    compute = update_s + (step_s - update_s) * schedule.mean_cost(full_over_dropped=full_over_dropped)
     per_step = (compute + aug_s if loaders.workers == 0 else max(compute, aug_s / loaders.workers)) * LOGGING_SHARE
     left = cfg.time_budget - (time.perf_counter() - t_start) - budget_reserve(cfg.time_budget)  # type: ignore[operator]
     left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
@@ -123,18 +128,20 @@ def measure_budget(
 def _probe(
     cfg: TrainConfig, *, net: nn.Module, run_net: nn.Module, loaders: RunLoaders, items: list, objective: Objective,
     device: torch.device, amp_dtype: torch.dtype | None, unmasked: bool,
-) -> tuple[float, float, float]:  # fmt: skip
-    """``(seconds per optimizer step, cost of an unmasked step over a dropping one, seconds per evaluation)``,
-    timed on a copy of the model (the compiled model itself with ``--compile``)."""
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """``(seconds per optimizer step, seconds of its update alone, cost of an unmasked step over a dropping one,
+    seconds per evaluation)``, timed on a copy of the model (the compiled model itself with ``--compile``) with the
+    run's optimizer (its kind and parameter groups, at LR 0)."""
     r, micro = cfg.recipe, loaders.micro
     probe = run_net if cfg.compile else copy.deepcopy(net)
-    opt = torch.optim.AdamW(net.parameters() if cfg.compile else probe.parameters(), lr=0.0)
+    opt = build_optimizer(net if cfg.compile else probe, r, 0.0)  # the run's optimizer: Muon's step costs more
     images = [x for x, _ in items]
     xs = loaders.collate_train(images).to(device)  # a packed batch for --pack, its tokens dropped as the run's
     ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
     probe.train()
     timed = {"objective": objective, "device": device, "amp_dtype": amp_dtype}
     step_s = calibrate.time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
+    update_s = calibrate.time_update(probe, opt, xs, ys, **timed)  # once per optimizer step, whatever the accum
     full_over_dropped = 1.0
     if unmasked:  # time the steps on every token too (and compile them, with --compile)
         set_rate(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
@@ -152,7 +159,7 @@ def _probe(
             evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
     eval_s = (time.perf_counter() - t0) * loaders.eval_size / max(1, n_eval)
     eval_s *= objective.eval_passes * loaders.evaluations  # flip TTA: two passes; --pack: two evaluations
-    return step_s, full_over_dropped, eval_s
+    return step_s, update_s, full_over_dropped, eval_s
 
 
 def plan_run(
@@ -197,7 +204,11 @@ def plan_run(
             steps_per_epoch=spe,
             last_extra=objective.last_eval_extra,
         )
-        if cfg.recipe.res_schedule:  # the run's first steps are at the smaller sizes: no re-plan from their pace
+        sizes = cfg.recipe.res_schedule or ()
+        if len(sizes) > 1 and not ends_dropping(cfg.recipe):  # the first steps are at the smaller sizes: the plan
+            replan.last_size_from = sizes[-2][1]  # is re-fitted once the last size has begun, and followed from there
+            replan.due = replan.late = (1 - replan.last_size_from) * total >= 2 * REPLAN_AT
+        elif len(sizes) > 1:
             replan.due = replan.late = False
         if ends_dropping(cfg.recipe):
             replan.due = False  # its first steps drop tokens; the later corrections see the unmasked pace
@@ -209,7 +220,8 @@ class Replanner:
     """Keeps a time-budgeted run's plan on its budget. The planning probe times bare steps on a fixed batch; the
     run's own steps add data loading, clipping, the real optimizer and the machine's load of the moment. So a long
     run times its own steps ``REPLAN_FROM`` to ``REPLAN_AT`` of this process and re-fits the schedule to that pace
-    once. After that the pace is followed both ways: at each epoch's end (and, in epochs of many steps, every
+    once (with ``--res-schedule``, once its last size has begun: :attr:`last_size_from`). After that the pace is
+    followed both ways: at each epoch's end (and, in epochs of many steps, every
     :attr:`check_every` steps) the steps still to go are re-fitted to what the latest pace, the evaluations still
     to come and the time left allow, shorter when the machine slowed, longer when it recovered, when that moves
     the plan by more than :data:`_TOLERANCE`. The time left is read from the clock, so time lost to a slow stretch
@@ -220,8 +232,9 @@ class Replanner:
     """Whether the early re-plan is still to come: False for runs without a time budget, short ones and resumed
     ones."""
     late: bool = False
-    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs without a resolution schedule
-    (whose step cost changes along the run, so one stretch's pace does not predict the next)."""
+    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs, but not those whose resolution
+    schedule comes with a token-drop end or a warm start (their step cost changes twice) or whose last size is too
+    short to be timed."""
     budget: float = 0.0
     t_start: float = 0.0
     """``time.perf_counter()`` when this process started the run."""
@@ -236,6 +249,15 @@ class Replanner:
     mark: tuple[int, float] | None = None
     """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
     epoch's end-of-epoch work)."""
+    last_size_from: float = 0.0
+    """With ``--res-schedule``: the share of the plan where its last size begins (0: no schedule). The steps at the
+    smaller sizes do not tell the pace of the later ones, so the early re-plan times the steps ``REPLAN_FROM`` to
+    ``REPLAN_AT`` of the last size, an epoch begun before them is not a pace, and no new plan is so long that a
+    step would go back to a smaller size."""
+    followed_from: int = 0
+    """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
+    epoch_start: int = 0
+    """The step at which the current epoch began."""
 
     @classmethod
     def for_plan(
@@ -260,7 +282,8 @@ class Replanner:
         """Called after every optimizer step: ``(new total steps, measured seconds per step)`` when the plan should
         change (the early re-plan by more than 2 %; a check within an epoch as :meth:`after_epoch`), else None."""
         if self.due:
-            return self._early(steps_this_run=steps_this_run, step=step, planned=planned, dist=dist, device=device)
+            since = step - math.ceil(self.last_size_from * planned) if self.last_size_from else steps_this_run
+            return self._early(since=since, step=step, planned=planned, dist=dist, device=device)
         if not (self.late and self.check_every and self.mark is not None and step < planned):
             return None
         if step - self.mark[0] < self.check_every:
@@ -272,18 +295,19 @@ class Replanner:
         return None if total is None else (total, per_step)
 
     def _early(
-        self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
+        self, *, since: int, step: int, planned: int, dist: Dist, device: torch.device
     ) -> tuple[int, float] | None:
-        if steps_this_run == REPLAN_FROM:
+        """The early re-plan: ``since`` steps of this process (of the last size, with a resolution schedule)."""
+        if since == REPLAN_FROM:
             self.t0 = time.perf_counter()
             return None
-        if steps_this_run != REPLAN_AT:
+        if since != REPLAN_AT:
             return None
         now = time.perf_counter()
         per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
-        self.mark = (step, now)
+        self.mark, self.followed_from = (step, now), step
         left = self._left(now)
-        total = step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, done=step)
+        total = self._capped(step, step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, step))
         (total,) = broadcast_ints([total], dist, device)
         self.due = False
         if abs(total - planned) <= 0.02 * planned:
@@ -299,13 +323,19 @@ class Replanner:
         the budget's time), shorter or longer, else None. Not before the early re-plan, nor once the plan is done
         (its decay has ended: more steps would train at its last LR)."""
         now = time.perf_counter()
+        began, self.epoch_start = self.epoch_start, step
         if not self.late or self.due:
             return None
         self.mark = (step, now)
         self.eval_s = max(0.0, overhead_s - SAVE_S)  # steps_in_budget adds the saving to each evaluation
-        if step >= planned:
-            return None
+        if step >= planned or (self.last_size_from and began < self.followed_from):
+            return None  # done, or an epoch begun at a smaller size or before its last size was timed
         return self._refit(step=step, planned=planned, per_step=per_step, now=now, dist=dist, device=device)
+
+    def _capped(self, step: int, total: int) -> int:
+        """``total``, or with a resolution schedule at most the longest plan that keeps every step from ``step`` on
+        at the last size (its sizes are shares of the plan: a longer one moves the last size's start later)."""
+        return min(total, int(step / self.last_size_from)) if self.last_size_from else total
 
     def _left(self, now: float) -> float:
         """Seconds left for steps and evaluations at ``now``: the budget less the time spent, the reserve and the
@@ -320,7 +350,7 @@ class Replanner:
         left = self._left(now)
         more = 0 if left < per_step + self.eval_s else steps_in_budget(left, per_step, self.eval_s,
                                                                        self.steps_per_epoch, step)  # fmt: skip
-        total, pace_us = broadcast_ints([step + more, round(per_step * 1e6)], dist, device)
+        total, pace_us = broadcast_ints([self._capped(step, step + more), round(per_step * 1e6)], dist, device)
         slack = max(_TOLERANCE * (planned - step), 0.01 * self.budget / max(pace_us / 1e6, 1e-9))
         if abs(total - planned) <= slack:
             return None

@@ -33,7 +33,7 @@ from ..spec.pace import Pace, budget_reserve
 from .cores import set_threads, workers_for
 from .model import build_model
 
-__all__ = ["budget_passes", "measure_pace", "time_steps", "wants_budget_size", "wants_pace"]
+__all__ = ["budget_passes", "measure_pace", "time_steps", "time_update", "wants_budget_size", "wants_pace"]
 
 AUG_ITEMS = 16
 """Training items each level's transform is timed on."""
@@ -73,6 +73,25 @@ def time_steps(
             times.append(time.perf_counter() - t0)
             if len(times) >= 2 and sum(times) >= max_s:
                 break
+    return statistics.median(times)
+
+
+def time_update(
+    probe: nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor, *, objective: Objective,
+    device: torch.device, amp_dtype: torch.dtype | None, n_time: int = 5,
+) -> float:  # fmt: skip
+    """Seconds of the optimizer's update alone (``opt.step()`` on one batch's gradients, the median of ``n_time``):
+    the part of a step whose cost does not shrink with the image or the tokens kept, large for Muon's
+    orthogonalisation of every block matrix. ``opt`` is expected at LR 0, so the repeated updates move nothing."""
+    with autocast(device, amp_dtype):
+        loss = objective.loss(probe, xs, ys)
+    loss.backward()
+    times: list[float] = []
+    for _ in range(n_time):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    opt.zero_grad(set_to_none=True)
     return statistics.median(times)
 
 
