@@ -94,6 +94,17 @@ RECORDS: tuple[Record, ...] = (
         _cmd("vit", 5, "--token-drop 0.5 --res-schedule 24:0.5,32:1.0"),
     ),
     Record(
+        "vit",
+        5,
+        (*_TD, *_RS, "--optimizer", "muon"),
+        (62.63, 63.43),
+        "2026-11-28",
+        "b87cca9",
+        _cmd("vit", 5, "--token-drop 0.5 --res-schedule 24:0.5,32:1.0 --levers muon"),
+        machine="AMD EPYC",
+        against=(54.03, 54.73),
+    ),
+    Record(
         "hybrid", 20, _TD, (74.49, 74.69), "2026-11-24", "2299fef to beff335", _cmd("hybrid", 20, "--token-drop 0.5")
     ),
     Record(
