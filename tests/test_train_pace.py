@@ -312,3 +312,17 @@ def test_the_update_is_timed_alone_and_not_scaled_by_the_resolution_schedule(mon
     cheap, costly = planned(0.0), planned(0.05)
     assert costly < cheap
     assert costly / cheap == pytest.approx(cost / (0.5 + 0.5 * cost), rel=0.02)
+
+
+@pytest.mark.parametrize(("optimizer", "reused"), [("adamw", True), ("muon", False), ("sgd", False)])
+def test_the_recipe_probes_adamw_step_is_reused_only_for_an_adamw_run(optimizer: str, reused: bool) -> None:
+    """The recipe's probe steps AdamW: a run with another optimizer (Muon's update costs more) times its own."""
+    from types import SimpleNamespace
+
+    from vitlab.train import get_recipe
+    from vitlab.train.engine import budget
+
+    recipe = get_recipe("small-data", optimizer=optimizer)
+    pace = _pace(0.1, arch=dict(recipe.arch))
+    loaders = SimpleNamespace(micro=pace.batch)
+    assert budget._reusable(pace, TrainConfig(recipe=recipe, time_budget=60.0), loaders) is reused
