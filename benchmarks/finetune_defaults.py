@@ -1,7 +1,8 @@
 """Does pre-training pay with the default commands (issue 36, item 1)? Pre-train on one data set, then, at equal
 wall time on a new one: ``vitlab finetune`` with its defaults, ``vitlab train`` from scratch with the same
 architecture, and a linear probe (``vitlab finetune --freeze``) on the same features. Every arm is a plain command
-(no recipe, optimizer or LR flags: the defaults are what is measured), printed before it runs and kept in
+(no recipe, optimizer or LR flags: the defaults are what is measured; ``--pretrain-args`` adds flags to the
+pre-training alone), printed before it runs and kept in
 ``OUT/commands.sh``; each model is then scored once by ``vitlab eval`` on the data's test/ folder (the runs evaluate
 on its validation/ folder while they train). Results: ``OUT/results.md`` (a table per budget, mean and each seed) and,
 as the last line of stdout, the raw numbers as JSON.
@@ -38,6 +39,15 @@ def arch_flags(arch: dict) -> list[str]:
     flags = ["--img-size", str(side), "--patch-size", str(arch["patch_size"]), "--dim", str(arch["embed_dim"])]
     flags += ["--depth", str(arch["depth"]), "--heads", str(arch["num_heads"]), "--mlp-ratio", f"{ratio:g}"]
     return [*flags, "--pool", str(arch["pool"]), "--posemb", str(arch["posemb"])]
+
+
+def pretrain_command(
+    *, source: Path, img_size: str, budget: str, seed: int, out: Path, extra: str, vitlab: list[str]
+) -> list[str]:
+    """The pre-training command: ``vitlab train`` with its defaults at ``img_size`` for ``budget``, plus ``extra``
+    (``--pretrain-args``)."""
+    cmd = [*vitlab, "train", "--data", str(source), "--img-size", img_size, "--time-budget", budget]
+    return [*cmd, *shlex.split(extra), "--seed", str(seed), "--no-progress", "--out", str(out)]
 
 
 def arm_commands(
@@ -121,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-budget", default="10m")
     p.add_argument("--budgets", nargs="+", default=["5m", "10m"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    p.add_argument(
+        "--pretrain-args",
+        default="",
+        help="further flags of the pre-training command only, e.g. '--optimizer adamw': the default before a time "
+        "budget on small images took Muon (docs/transfer.md's rows)",
+    )
     p.add_argument("--smoke", action="store_true", help="generated data and 3-second budgets (a check, not a result)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -132,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     raw: dict[str, dict] = {}
     for seed in a.seeds:
         pre = a.out / f"pretrain-{seed}"
-        cmd = [*vitlab, "train", "--data", str(a.source), "--img-size", a.img_size, "--time-budget", a.pretrain_budget]
-        _run([*cmd, "--seed", str(seed), "--no-progress", "--out", str(pre)], pre, commands)
+        cmd = pretrain_command(source=a.source, img_size=a.img_size, budget=a.pretrain_budget, seed=seed, out=pre,
+                               extra=a.pretrain_args, vitlab=vitlab)  # fmt: skip
+        _run(cmd, pre, commands)
         arch = arch_flags(json.loads((pre / "model" / "config.json").read_text()))
         raw[str(seed)] = {arm: {} for arm in ARMS}
         for b in a.budgets:

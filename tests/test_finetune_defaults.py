@@ -194,3 +194,9 @@ def test_benchmark_arms_are_the_default_commands(tmp_path):
     for cmd in cmds.values():
         assert not {"--recipe", "--lr", "--optimizer", "--batch-size"} & set(cmd)
         assert cmd[cmd.index("--time-budget") + 1] == "5m" and cmd[cmd.index("--seed") + 1] == "1"
+    pre = bench.pretrain_command(source=tmp_path / "c", img_size="32", budget="10m", seed=1, out=tmp_path / "p",
+                                 extra="", vitlab=["vitlab"])  # fmt: skip
+    assert pre[:2] == ["vitlab", "train"] and not {"--recipe", "--lr", "--optimizer"} & set(pre)
+    old = bench.pretrain_command(source=tmp_path / "c", img_size="32", budget="10m", seed=1, out=tmp_path / "p",
+                                 extra="--optimizer adamw", vitlab=["vitlab"])  # fmt: skip
+    assert old[old.index("--optimizer") + 1] == "adamw" and old[old.index("--time-budget") + 1] == "10m"

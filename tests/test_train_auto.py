@@ -12,10 +12,10 @@ import torch
 import vitlab
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train import get_recipe
+from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.optim import build_optimizer, layer_id
 from vitlab.train.engine.schedule import lr_factor
-from vitlab.train.spec.fitting import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe
+from vitlab.train.spec.fitting import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe, fit_recipe_to_data
 
 # n_train, epochs -> batch, steps, level, model
 RULES = [
@@ -108,6 +108,30 @@ def test_auto_batch_and_model_for_the_budget():
     r2, _ = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, epochs=5, batch_size=16)
     assert r2.token_drop == 0.0  # a fixed number of epochs: dropping tokens only saves time
     assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(2e-3 * (16 / 128) ** 0.5)
+
+
+def test_a_time_budget_on_small_images_trains_with_muon_photos_and_epochs_with_adamw():
+    """Muon won the CIFAR-10 speedrun and the auto recipe's 5-minute rows (docs/training.md): a time budget on small
+    images takes it, photos (chosen at 224 px or cropped from larger files) and a fixed number of epochs keep AdamW,
+    and where Muon cannot go (--fsdp, layer-wise LR decay, --freeze) the fitted recipe falls back to AdamW and says
+    so; an --optimizer the user gave is kept."""
+    r, line = auto_recipe(n_train=50_000, img_size=(32, 32), num_classes=10, time_budget=300)
+    assert r.optimizer == "muon" and "Muon (encoder matrices; a time budget on small images) + AdamW lr" in line
+    for kw in ({"epochs": 5}, {"time_budget": 300, "photo_data": True}, {"time_budget": 300, "photos": True}):
+        r, line = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, **kw)
+        assert r.optimizer == "adamw" and "AdamW lr" in line and "Muon" not in line
+
+    def fitted(**kw):
+        given = [k for k in ("optimizer", "layer_decay") if k in kw]
+        recipe = get_recipe("auto", **{k: kw.pop(k) for k in given})
+        cfg = TrainConfig(recipe=recipe, data="unused", out="unused", time_budget=300, recipe_given=given, **kw)
+        cfg = fit_recipe_to_data(cfg, n_train=10_000, image_size=(32, 32), num_classes=10, in_chans=3,
+                                 device_type="cpu")  # fmt: skip
+        return cfg.recipe.optimizer, "Muon" in cfg.resolved
+
+    assert fitted() == ("muon", True)
+    assert fitted(optimizer="sgd") == ("sgd", False)
+    assert fitted(fsdp=True) == fitted(layer_decay=0.75) == ("adamw", False)
 
 
 def _train(args, tmp_path, capsys):
@@ -336,6 +360,7 @@ def test_auto_drops_tokens_for_a_time_budget_unless_told_not_to(tmp_path, capsys
     assert code == 0
     assert json.loads((out / "model" / "config.json").read_text())["patch_drop_rate"] == rate
     assert ("token drop 0.5 in training" in text) == (rate > 0)
+    assert "Muon (encoder matrices; a time budget on small images) + AdamW lr" in text
 
 
 def test_patch_rule_photos_get_16_and_odd_sides_are_padded_never_patch_1():

@@ -1,7 +1,8 @@
 """``--recipe auto``: fit the recipe to the data and the budget, the default for data a user passes.
 
 The augmentation level follows the passes and the data size (:mod:`.levels`, after AugReg: Steiner et
-al. 2021); every level: horizontal flip 0.5, label smoothing 0.1, AdamW, weight decay 0.05, cosine decay.
+al. 2021); every level: horizontal flip 0.5, label smoothing 0.1, weight decay 0.05, cosine decay; AdamW, or with a
+``--time-budget`` on small images Muon for the encoder's matrices (:data:`BUDGET_OPTIMIZER`).
 
 The batch is at most 1/16 of the training set (a power of two, 8 to 128), so that small data gets enough
 optimiser steps per epoch; the AdamW LR at batch 128 is 2e-3 under 10 epochs (the LR this project's CIFAR-10
@@ -30,6 +31,7 @@ from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
 
 __all__ = [
+    "BUDGET_OPTIMIZER",
     "BUDGET_TOKEN_DROP",
     "COMMON_FIELDS",
     "LEVELS",
@@ -66,6 +68,13 @@ BUDGET_TOKEN_DROP = 0.5
 """The share of patch tokens dropped in training (PatchDropout, Liu et al. 2022; FLIP, Li et al. 2023) when the
 run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
 outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
+
+BUDGET_OPTIMIZER = "muon"
+"""The optimizer of a ``--time-budget`` run on small images (not photos): Muon (Jordan et al. 2024, as in
+airbench94_muon) for the encoder blocks' matrices, AdamW for every other weight, at the AdamW LR
+(:func:`vitlab.train.engine.optim.build_optimizer`); it won both CIFAR-10 speedrun tracks at 5 and 20 minutes and
+through this recipe (docs/speedrun.md, docs/training.md). Not with ``--fsdp``, layer-wise LR decay or
+``--freeze`` (:func:`~.rules.check_levers`), where AdamW stays."""
 
 MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
@@ -190,6 +199,7 @@ def auto_recipe(
     aug = level_fields(level, photos=photo_data)
     warm = 0.1 if steps < 5000 else 0.05
     lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
+    small = time_budget is not None and not (photos or photo_data)
     recipe = dataclasses.replace(
         RECIPES["auto"],
         arch=arch,
@@ -200,6 +210,7 @@ def auto_recipe(
         warmup_epochs=0.0,
         warmup_fraction=warm,
         token_drop=token_drop,
+        optimizer=BUDGET_OPTIMIZER if small else "adamw",
         **COMMON_FIELDS,
         **aug,
     )
@@ -238,6 +249,14 @@ def _fit_to_pace(
     raise AssertionError("unreachable: the smallest model is always chosen")
 
 
+_OPTIMIZERS = {
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "sgd": "SGD",
+    "muon": "Muon (encoder matrices; a time budget on small images) + AdamW",
+}
+
+
 def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str, photos: bool = False) -> str:
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
     batch, LR and warmup, token dropping and the model."""
@@ -255,7 +274,8 @@ def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: st
         f", {passes_text} {'pass' if passes_text == '1' else 'passes'} -> {level} aug ({why}): {crop}, flip, LS 0.1, "
         f"{ra}, {mix}, "
         f"random erasing {r.random_erasing:g}, stochastic depth {r.drop_path:g}, wd 0.05; "
-        f"batch {r.batch_size} (<= 1/16 of the data), lr {r.lr:.2g}, warmup {r.warmup_fraction:.0%} of the steps; "
+        f"batch {r.batch_size} (<= 1/16 of the data), {_OPTIMIZERS[r.optimizer]} lr {r.lr:.2g}, "
+        f"warmup {r.warmup_fraction:.0%} of the steps; "
         + (f"token drop {r.token_drop:g} in training; " if r.token_drop else "")
         + f"model {model} (patch {arch['patch_size']}{', padded' if arch.get('dynamic_img_pad') else ''}, "
         + f"width {arch['embed_dim']}, depth {arch['depth']}, "
@@ -312,7 +332,11 @@ def fit_recipe_to_data(
             arch["mlp_dim"] = 2 * user["embed_dim"]
         if user and not cfg.model:
             reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
+        chosen = new.optimizer
         new = dataclasses.replace(new, arch=arch, **given)
+        if "optimizer" not in given and (cfg.fsdp or new.layer_decay is not None or new.freeze):
+            new = dataclasses.replace(new, optimizer="adamw")  # Muon does not go with these (rules.check_levers)
+        reason = reason.replace(f"{_OPTIMIZERS[chosen]} lr", f"{_OPTIMIZERS[new.optimizer]} lr")
         kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
         if kept:
             reason += f"; kept as given: {', '.join(kept)}"
