@@ -239,12 +239,15 @@ LEVERS = {
             (
                 "vit",
                 "won, +8.42: 75.64% (75.89 / 75.38) against the record's command at 67.22% (67.70 / 66.74) on the "
-                "same AMD VM, 2026-11-28: the pure ViT's record since",
+                "same AMD VM, 2026-11-28: the pure ViT's record since; at 5 minutes (seed 0) Muon at LR 1e-3 / 2e-3 / "
+                "4e-3 59.42 / 62.63 / 62.97% against AdamW's 54.77 / 54.03 / 46.49%: +8.2 at each one's best LR",
             ),
             (
                 "hybrid",
                 "won, +8.40: 78.87% (78.31 / 79.42) against the record with `tta-flip-last` at 70.47% "
-                "(70.19 / 70.75), 2026-11-28: the hybrid's record since",
+                "(70.19 / 70.75), 2026-11-28: the hybrid's record since; at LR 3e-3 (set by `--train-args`) "
+                "79.82% (79.27 / 80.37) against the record's command at 80.06% (79.66 / 80.45) on the afternoon's "
+                "AMD VM: -0.24, not kept",
             ),
         ),
     ),

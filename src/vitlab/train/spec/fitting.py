@@ -253,7 +253,7 @@ _OPTIMIZERS = {
     "adamw": "AdamW",
     "adam": "Adam",
     "sgd": "SGD",
-    "muon": "Muon (encoder matrices; a time budget on small images) + AdamW",
+    "muon": "Muon (encoder matrices) + AdamW",
 }
 
 
