@@ -29,6 +29,7 @@ from .image_size import PHOTO_SIDE
 from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
+from .rules import muon_refusal
 
 __all__ = [
     "BUDGET_OPTIMIZER",
@@ -73,8 +74,8 @@ BUDGET_OPTIMIZER = "muon"
 """The optimizer of a ``--time-budget`` run on small images (not photos): Muon (Jordan et al. 2024, as in
 airbench94_muon) for the encoder blocks' matrices, AdamW for every other weight, at the AdamW LR
 (:func:`vitlab.train.engine.optim.build_optimizer`); it won both CIFAR-10 speedrun tracks at 5 and 20 minutes and
-through this recipe (docs/speedrun.md, docs/training.md). Not with ``--fsdp``, layer-wise LR decay or
-``--freeze`` (:func:`~.rules.check_levers`), where AdamW stays."""
+through this recipe (docs/speedrun.md, docs/training.md). AdamW stays where Muon does not go
+(:func:`~.rules.muon_refusal`: ``--fsdp``, layer-wise LR decay, ``--freeze``)."""
 
 MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
@@ -334,8 +335,8 @@ def fit_recipe_to_data(
             reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
         chosen = new.optimizer
         new = dataclasses.replace(new, arch=arch, **given)
-        if "optimizer" not in given and (cfg.fsdp or new.layer_decay is not None or new.freeze):
-            new = dataclasses.replace(new, optimizer="adamw")  # Muon does not go with these (rules.check_levers)
+        if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
+            new = dataclasses.replace(new, optimizer="adamw")
         reason = reason.replace(f"{_OPTIMIZERS[chosen]} lr", f"{_OPTIMIZERS[new.optimizer]} lr")
         kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
         if kept:

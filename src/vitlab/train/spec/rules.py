@@ -13,6 +13,7 @@ from . import arch
 from .config import NORM_STATS, TrainConfig
 from .options import OptionError, option, ref
 from .pack import check_pack
+from .recipes import Recipe
 
 if TYPE_CHECKING:
     from .kinds import Schedule
@@ -24,6 +25,7 @@ __all__ = [
     "check_levers",
     "check_res_sizes",
     "micro_batch",
+    "muon_refusal",
     "validate",
 ]
 
@@ -73,6 +75,20 @@ def _check_run(cfg: TrainConfig) -> None:
         raise OptionError(ref("workers"), f" {cfg.workers} / ", ref("threads"), f" {cfg.threads}: must be >= -1 / >= 0")
 
 
+def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
+    """``(option path, why)`` of the first setting of ``cfg`` and ``recipe`` that Muon does not go with, else None:
+    the one list :func:`check_levers` refuses from and the ``auto`` recipe falls back to AdamW on
+    (:func:`~.fitting.fit_recipe_to_data`)."""
+    for refused, path, why in (
+        (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
+        (recipe.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
+        (recipe.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
+    ):
+        if refused:
+            return path, why
+    return None
+
+
 def check_levers(cfg: TrainConfig) -> None:
     """The speedrun's training levers (issue 38), refused where they cannot apply: Muon not with ``--fsdp``,
     layer-wise LR decay or a linear probe (whether torch has it is asked when the optimizer is built: spec/ does
@@ -80,14 +96,8 @@ def check_levers(cfg: TrainConfig) -> None:
     warm start for a fresh model whose first layer is a plain convolution (the warm start: a plain ViT's pixel
     patches, classification without a teacher)."""
     r = cfg.recipe
-    if r.optimizer == "muon":
-        for refused, path, why in (
-            (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
-            (r.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
-            (r.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
-        ):
-            if refused:
-                raise OptionError(ref("recipe.optimizer"), " muon with ", ref(path), f": not supported ({why})")
+    if r.optimizer == "muon" and (refused := muon_refusal(cfg, r)):
+        raise OptionError(ref("recipe.optimizer"), " muon with ", ref(refused[0]), f": not supported ({refused[1]})")
     if r.tta != "none" and cfg.objective != "classify":
         raise OptionError(ref("recipe.tta"), f" {r.tta} averages class logits; ", ref("objective"),
                           f" {cfg.objective} has no classes")  # fmt: skip
