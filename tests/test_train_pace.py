@@ -234,6 +234,36 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     assert "measured" in line and recipe.arch["patch_size"] == pace.arch["patch_size"]
 
 
+def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
+    """The auto recipe takes Muon for a time budget on small images, whose step costs more than AdamW's: the probe
+    that chooses the recipe times that step (the run's optimizer at LR 0), a user's --optimizer where given, and
+    AdamW where a setting refuses Muon (layer-wise LR decay here)."""
+    from vitlab.data.sources import DataSplits, ImageArray
+    from vitlab.train.engine import calibrate
+    from vitlab.train.spec.recipes import get_recipe
+
+    built = []
+
+    def spy(model, recipe, lr):
+        built.append((recipe.optimizer, lr))
+        return real(model, recipe, lr)
+
+    real = calibrate.build_optimizer
+    monkeypatch.setattr(calibrate, "build_optimizer", spy)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (24, 16, 16, 3), dtype=np.uint8)
+    labels = np.arange(24, dtype=np.int64) % 4
+    data = DataSplits("x", ImageArray(images[:20], labels[:20]), ImageArray(images[20:], labels[20:]), list("abcd"))
+    before = torch.get_num_threads()
+    try:
+        for given in ({}, {"optimizer": "sgd"}, {"layer_decay": 0.75}):
+            cfg = TrainConfig(recipe=get_recipe("auto", **given), time_budget=60.0, threads=1, recipe_given=[*given])
+            calibrate.measure_pace(cfg, data, device=torch.device("cpu"), amp_dtype=None, t_start=0.0)
+    finally:
+        torch.set_num_threads(before)
+    assert built == [("muon", 0.0), ("sgd", 0.0), ("adamw", 0.0)]
+
+
 def test_the_probe_takes_the_median_step_and_stops_at_its_share_of_the_budget(monkeypatch):
     """time_steps times each step after the untimed ones and returns their median, so one slow step of a shared
     machine does not set the plan (the mean of [1, 1, 5, 1, 1] would be 1.8 s); with ``max_s`` it stops once the

@@ -26,12 +26,13 @@ from ...distributed import Dist
 from ..objectives import Objective
 from ..objectives.classify import Classify
 from ..spec.config import TrainConfig
-from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs
+from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs, run_recipe
 from ..spec.image_size import PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
 from ..spec.levels import level_fields
 from ..spec.pace import Pace, budget_reserve
 from .cores import set_threads, workers_for
 from .model import build_model
+from .optim import build_optimizer
 
 __all__ = ["budget_passes", "measure_pace", "time_steps", "time_update", "wants_budget_size", "wants_pace"]
 
@@ -149,7 +150,7 @@ def budget_passes(
             set_threads(cfg, device=device, step_macs=model.macs() * batch * 3)
             xs = torch.randn(k, in_chans, side, side, device=device)
             ys = torch.randint(0, classes, (k,), device=device)
-            opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+            opt = build_optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
             model.train()
             objective = Classify(num_classes=classes, label_smoothing=0.1)
             step_s = time_steps(model, opt, xs, ys, objective=objective, device=device, amp_dtype=amp_dtype,
@@ -233,7 +234,7 @@ def measure_pace(
             items = items or xs_level
         xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
         ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
-        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        opt = build_optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
         model.train()
         objective = Classify(num_classes=data.num_classes, label_smoothing=0.1)
         step_s = time_steps(model, opt, xs, ys, objective=objective, device=device, amp_dtype=amp_dtype,

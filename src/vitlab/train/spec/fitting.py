@@ -47,6 +47,7 @@ __all__ = [
     "fit_mpp_recipe",
     "fit_recipe_to_data",
     "forward_macs",
+    "run_recipe",
 ]
 
 COMMON_FIELDS = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
@@ -284,6 +285,17 @@ def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: st
     )
 
 
+def run_recipe(cfg: Any, proposed: Recipe) -> Recipe:
+    """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
+    AdamW for a proposed Muon that a setting refuses (:func:`~.rules.muon_refusal`); the fitted recipe's and the
+    probes' optimizer (:mod:`vitlab.train.engine.calibrate`)."""
+    given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
+    new = dataclasses.replace(proposed, **given)
+    if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
+        new = dataclasses.replace(new, optimizer="adamw")
+    return new
+
+
 def fit_recipe_to_data(
     cfg: Any,
     *,
@@ -295,15 +307,14 @@ def fit_recipe_to_data(
     pace: Pace | None = None,
     photo_data: bool = False,
 ) -> Any:
-    """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the
-    ``auto`` recipe resolved (:func:`auto_recipe`; ``pace``: measured on the data for a time budget;
-    ``photo_data``: a folder of photos, :func:`~.image_size.holds_photos`), or the
-    ``finetune`` recipe's batch scaled down to the
-    data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512), its LR
-    with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
-    docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user
-    set (``cfg.recipe_given``) are kept. ``cfg.resolved`` then holds the line that says what was chosen; a
-    config already resolved (a resumed run) is returned unchanged."""
+    """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the ``auto`` recipe
+    resolved (:func:`auto_recipe`, :func:`run_recipe`; ``pace``: measured on the data for a time budget;
+    ``photo_data``: a folder of photos, :func:`~.image_size.holds_photos`), or the ``finetune`` recipe's batch
+    scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to
+    512), its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples;
+    see docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user set
+    (``cfg.recipe_given``) are kept. ``cfg.resolved`` then holds the line that says what was chosen; a config
+    already resolved (a resumed run) is returned unchanged."""
     r = cfg.recipe
     if cfg.resolved is not None:
         return cfg
@@ -334,9 +345,7 @@ def fit_recipe_to_data(
         if user and not cfg.model:
             reason += f" (flags: {', '.join(f'{k}={v}' for k, v in user.items())})"
         chosen = new.optimizer
-        new = dataclasses.replace(new, arch=arch, **given)
-        if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
-            new = dataclasses.replace(new, optimizer="adamw")
+        new = run_recipe(cfg, dataclasses.replace(new, arch=arch))
         reason = reason.replace(f"{_OPTIMIZERS[chosen]} lr", f"{_OPTIMIZERS[new.optimizer]} lr")
         kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
         if kept:
