@@ -9,15 +9,15 @@ position embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + 
 default, the flags of the track's current record (``speedrun_records.RECORDS``), so that ``python
 benchmarks/speedrun.py --track T --minutes 20 --data DIR`` re-runs the record; ``--from recipe`` starts from the bare
 recipe instead. Levers are added after the record's flags: ``--levers a,b`` names those of issue 38
-(``speedrun_records.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, mpp), then the flags ``--token-drop``,
-``--token-drop-until``, ``--res-schedule``, ``--ema``, and any other ``vitlab train`` flag through ``--train-args``,
-last, so that a run with a lever and one without differ in nothing else; a ``--model`` in ``--train-args`` replaces
-the track's model and shape (the name's own shape holds unless ``--train-args`` sets one). The last stdout line is
-one JSON object: ``track, minutes, top1, top5, steps, images_per_sec, wall_s, device, minutes_to, levers,
-named_levers, record, command, reproduce``; ``minutes_to``: training minutes to 60%, 70% and 80% test top-1
-(``command``: the exact ``vitlab train`` command line; ``reproduce``: this run's speedrun command with every choice
-spelled out). ``--baseline timm`` runs a plain timm script of the same model and recipe for the same budget instead
-(``speedrun_timm.py``); ``--records`` prints docs/speedrun.md's records and levers tables.
+(``speedrun_records.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, mpp), then the flags
+``--token-drop``, ``--token-drop-until``, ``--res-schedule``, ``--ema``, and any other ``vitlab train`` flag through
+``--train-args``, last, so that a run with a lever and one without differ in nothing else; a ``--model`` in
+``--train-args`` replaces the track's model and shape (the name's own shape holds unless ``--train-args`` sets one).
+The last stdout line is one JSON object: ``track, minutes, top1, top5, steps, images_per_sec, wall_s, device,
+minutes_to, levers, named_levers, record, command, reproduce``; ``minutes_to``: training minutes to 60%, 70% and
+80% test top-1 (``command``: the exact ``vitlab train`` command line; ``reproduce``: this run's speedrun command with
+every choice spelled out). ``--baseline timm`` runs a plain timm script of the same model and recipe for the same
+budget instead (``speedrun_timm.py``); ``--records`` prints docs/speedrun.md's records and levers tables.
 
     python benchmarks/speedrun.py --track vit --minutes 20 --data ../shared/data/cifar10      # the vit record
     python benchmarks/speedrun.py --track hybrid --minutes 20 --data ../shared/data/cifar10 --levers cct,whiten
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="A,B",
         help="named levers added to the recipe (issue 38; docs/speedrun.md): cct, seq-pool, muon, whiten, tta-flip, "
-        "mpp[=F]",
+        "tta-flip-last, mpp[=F]",
     )
     p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
     p.add_argument("--token-drop-until", type=float, default=None, help="lever: vitlab train --token-drop-until")
