@@ -26,10 +26,11 @@ from ...distributed import Dist
 from ..objectives import Objective
 from ..objectives.classify import Classify
 from ..spec.config import TrainConfig
-from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs, run_recipe
+from ..spec.fitting import LEVELS, auto_batch, auto_recipe, forward_macs
 from ..spec.image_size import PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
 from ..spec.levels import level_fields
 from ..spec.pace import Pace, budget_reserve
+from ..spec.rules import run_recipe
 from .cores import set_threads, workers_for
 from .model import build_model
 from .optim import build_optimizer

@@ -29,7 +29,7 @@ from .image_size import PHOTO_SIDE
 from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
 from .recipes import RECIPES, Recipe
-from .rules import muon_refusal
+from .rules import run_recipe
 
 __all__ = [
     "BUDGET_OPTIMIZER",
@@ -47,7 +47,6 @@ __all__ = [
     "fit_mpp_recipe",
     "fit_recipe_to_data",
     "forward_macs",
-    "run_recipe",
 ]
 
 COMMON_FIELDS = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
@@ -285,17 +284,6 @@ def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: st
     )
 
 
-def run_recipe(cfg: Any, proposed: Recipe) -> Recipe:
-    """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
-    AdamW for a proposed Muon that a setting refuses (:func:`~.rules.muon_refusal`); the fitted recipe's and the
-    probes' optimizer (:mod:`vitlab.train.engine.calibrate`)."""
-    given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
-    new = dataclasses.replace(proposed, **given)
-    if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
-        new = dataclasses.replace(new, optimizer="adamw")
-    return new
-
-
 def fit_recipe_to_data(
     cfg: Any,
     *,
@@ -308,7 +296,7 @@ def fit_recipe_to_data(
     photo_data: bool = False,
 ) -> Any:
     """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the ``auto`` recipe
-    resolved (:func:`auto_recipe`, :func:`run_recipe`; ``pace``: measured on the data for a time budget;
+    resolved (:func:`auto_recipe`, :func:`~.rules.run_recipe`; ``pace``: measured on the data for a time budget;
     ``photo_data``: a folder of photos, :func:`~.image_size.holds_photos`), or the ``finetune`` recipe's batch
     scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to
     512), its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples;

@@ -5,6 +5,7 @@ it is made (:meth:`~vitlab.train.spec.recipes.Recipe.validate`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ...models.config import ViTConfig
@@ -26,6 +27,7 @@ __all__ = [
     "check_res_sizes",
     "micro_batch",
     "muon_refusal",
+    "run_recipe",
     "validate",
 ]
 
@@ -87,6 +89,17 @@ def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
         if refused:
             return path, why
     return None
+
+
+def run_recipe(cfg: TrainConfig, proposed: Recipe) -> Recipe:
+    """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
+    AdamW for a proposed Muon that a setting refuses (:func:`muon_refusal`); the fitted recipe's
+    (:func:`~.fitting.fit_recipe_to_data`) and the probes' optimizer (:mod:`vitlab.train.engine.calibrate`)."""
+    given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
+    new = dataclasses.replace(proposed, **given)
+    if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
+        new = dataclasses.replace(new, optimizer="adamw")
+    return new
 
 
 def check_levers(cfg: TrainConfig) -> None:
