@@ -9,7 +9,7 @@ position embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + 
 default, the flags of the track's current record (``speedrun_records.RECORDS``), so that ``python
 benchmarks/speedrun.py --track T --minutes 20 --data DIR`` re-runs the record; ``--from recipe`` starts from the bare
 recipe instead. Levers are added after the record's flags: ``--levers a,b`` names those of issue 38
-(``speedrun_records.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, mpp), then the flags
+(``speedrun_levers.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, mpp), then the flags
 ``--token-drop``, ``--token-drop-until``, ``--res-schedule``, ``--ema``, and any other ``vitlab train`` flag through
 ``--train-args``, last, so that a run with a lever and one without differ in nothing else; a ``--model`` in
 ``--train-args`` replaces the track's model and shape (the name's own shape holds unless ``--train-args`` sets one).
@@ -39,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from speedrun_records import TRACKS, current, lever_flags, levers_markdown, records_markdown
+from speedrun_levers import lever_flags, levers_markdown
+from speedrun_records import TRACKS, current, records_markdown
 
 ARCH = {"vit": ["--patch-size", "4"], "hybrid": ["--model", "vit_r_ti16", "--patch-size", "1"]}
 """Each track's model (the ``cct`` lever replaces the hybrid's)."""

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _speedrun(name: str = "speedrun"):
-    """benchmarks/speedrun.py (or its records table, ``speedrun_records``) as a module."""
+    """benchmarks/speedrun.py (or its records, ``speedrun_records``, or levers, ``speedrun_levers``) as a module."""
     import importlib
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -156,9 +156,9 @@ def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> 
 
 
 def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() -> None:
-    """docs/speedrun.md holds the records and levers tables speedrun_records.py writes, verbatim: the table the
-    default recipe comes from and the page cannot disagree."""
-    sr, rec = _speedrun(), _speedrun("speedrun_records")
+    """docs/speedrun.md holds the records and levers tables speedrun_records.py and speedrun_levers.py write,
+    verbatim: the table the default recipe comes from and the page cannot disagree."""
+    sr, rec, lev = _speedrun(), _speedrun("speedrun_records"), _speedrun("speedrun_levers")
     assert set(sr.TRACKS) == set(sr.ARCH) == set(sr.INPUTS) == {"vit", "hybrid"}
     assert sr.current("vit").top1 == 76.80 and sr.current("vit").machine == "AMD EPYC"
     vit_flags = ("--token-drop", "0.5", *RS, "--optimizer", "muon", "--tta", "flip-last", "--whiten-init")
@@ -174,7 +174,7 @@ def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() 
         given = words[10:-2]
         if "--levers" in given:  # the named levers' flags
             at = given.index("--levers")
-            given = given[:at] + rec.lever_flags(r.track, given[at + 1]) + given[at + 2 :]
+            given = given[:at] + lev.lever_flags(r.track, given[at + 1]) + given[at + 2 :]
         assert sorted(rec._pairs(tuple(given))) == sorted(rec._pairs(r.flags)), r.command
     assert rec.adds(sr.current("vit")) == ("--whiten-init",)
     for track in sr.TRACKS:  # a record enters by beating the one before it, on the same machine
@@ -197,8 +197,8 @@ def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_p
     from vitlab.train.spec.parser import config_from_args
     from vitlab.train.spec.rules import validate
 
-    sr, rec = _speedrun(), _speedrun("speedrun_records")
-    assert rec.lever_flags("vit", "seq-pool, muon,mpp=0.25") == [
+    sr, lev = _speedrun(), _speedrun("speedrun_levers")
+    assert lev.lever_flags("vit", "seq-pool, muon,mpp=0.25") == [
         "--pool",
         "seq",
         "--optimizer",
@@ -213,12 +213,12 @@ def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_p
         ("tta-flip,tta-flip-last", "two values of --tta"),
     ):
         with pytest.raises(ValueError, match=why):
-            rec.lever_flags("vit", spec)
+            lev.lever_flags("vit", spec)
     with pytest.raises(ValueError, match="needs cct"):
-        rec.lever_flags("hybrid", "whiten")
+        lev.lever_flags("hybrid", "whiten")
     with pytest.raises(ValueError, match="does not apply to the hybrid track"):
-        rec.lever_flags("hybrid", "mpp")
-    for name, lever in rec.LEVERS.items():
+        lev.lever_flags("hybrid", "mpp")
+    for name, lever in lev.LEVERS.items():
         for track in lever.tracks:
             spec = "cct,whiten" if (name, track) == ("whiten", "hybrid") else name
             cmd = sr.train_command(_args(track=track, levers=spec), str(tmp_path), "out")
