@@ -51,3 +51,25 @@ def test_mpp_learns_mean_colour() -> None:
     assert first > 5.5  # ~ln(512) at the start
     assert out.loss.item() < first - 1.5
     assert out.logits.shape[-1] == 512
+
+
+def test_the_loss_is_over_the_corrupted_patches_and_its_graph_does_not_depend_on_the_draw() -> None:
+    """The loss and accuracy are the mean over the corrupted patches (the paper's objective), computed with shapes
+    that do not depend on how many were drawn: one graph under ``torch.compile(fullgraph=True)``, so a static
+    compilation (``--res-schedule``, a warm start) does not recompile at every batch."""
+    torch.manual_seed(0)
+    mpp = MaskedPatchPrediction(VisionTransformer(**TINY)).train()
+    images = torch.rand(4, 3, 16, 16)
+    out = mpp(images, generator=torch.Generator().manual_seed(1))
+    pick = out.corrupted
+    assert out.logits.shape == (4, 16, 512) and out.targets.shape == (4, 16) and 0 < pick.sum() < 64
+    want = torch.nn.functional.cross_entropy(out.logits[pick], out.targets[pick])
+    torch.testing.assert_close(out.loss, want, rtol=1e-5, atol=1e-6)
+    hits = (out.logits[pick].argmax(-1) == out.targets[pick]).float().mean()
+    torch.testing.assert_close(out.accuracy, hits)
+    compiled = torch.compile(mpp, backend="eager", fullgraph=True, dynamic=False)
+    counts = set()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        counts.add(int(compiled(images).corrupted.sum()))
+    assert len(counts) > 1  # different draws, one graph (fullgraph raises at a data-dependent shape)

@@ -197,3 +197,37 @@ def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, sch
     net = torch.nn.Linear(2, 2)
     assert build.distribute(net, cfg, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net
     assert seen == {"dynamic": dynamic}
+
+
+@pytest.mark.parametrize(
+    ("fields", "share"),
+    [
+        ({}, 0.0),
+        ({"res_schedule": ((4, 0.25), (8, 1.0))}, 0.25),
+        ({"mpp_warmup": 0.1}, 0.1),
+        ({"mpp_warmup": 0.1, "token_drop": 0.5}, 0.1),
+        ({"mpp_warmup": 0.1, "token_drop": 0.5, "res_schedule": ((4, 0.5), (8, 1.0))}, 0.5),
+        ({"token_drop": 0.5, "token_drop_until": 0.8}, 0.8),
+    ],
+)
+def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, fields: dict, share: float) -> None:
+    """A warm start, a token-drop end or a resolution schedule change the step cost part-way: the plan is
+    re-fitted from the pace of the last stretch (a warm start with token dropping used to keep the probe's plan to
+    the end, however far off), and never so long that a step goes back to an earlier stretch."""
+    from types import SimpleNamespace
+
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
+    from vitlab.train.engine.schedule import last_stretch_from
+
+    recipe = get_recipe("digits", batch_size=32, **fields)
+    assert last_stretch_from(recipe) == share
+    monkeypatch.setattr(budget, "measure_budget", lambda *a, **k: (1000, 100, 0.05))
+    cfg = trainer_mod.TrainConfig(recipe=recipe, out="o", time_budget=60.0)
+    _, replan = budget.plan_run(
+        cfg, net=None, run_net=None, loaders=SimpleNamespace(steps_per_epoch=10), schedule=None, lr=1e-3,
+        objective=SimpleNamespace(last_eval_extra=0.0), dist=Dist(), device=torch.device("cpu"), amp_dtype=None,
+        t_start=0.0, log=print,
+    )  # fmt: skip
+    assert replan.last_size_from == share and replan.due and replan.late
+    assert replan._capped(100, 10_000) == (int(100 / share) if share else 10_000)

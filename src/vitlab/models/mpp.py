@@ -44,10 +44,13 @@ def mean_colour_targets(images: torch.Tensor, *, patch: int, bits: int = 3) -> t
 @dataclass
 class MPPOutput:
     loss: torch.Tensor
+    """Cross-entropy of the colour prediction, the mean over the corrupted patches."""
     accuracy: torch.Tensor
     """Top-1 accuracy of the colour prediction over the corrupted patches."""
     logits: torch.Tensor
+    """``(B, N, 2^(3*bits))``: every patch's colour logits (``logits[corrupted]``: the predicted ones)."""
     targets: torch.Tensor
+    """``(B, N)``: every patch's colour class."""
     corrupted: torch.Tensor
     """Boolean ``(B, N)``: which patches were corrupted (and predicted)."""
 
@@ -124,8 +127,10 @@ class MaskedPatchPrediction(nn.Module):
         grid = vit.patch_embed.grid(*images.shape[-2:])
         tokens, corrupted = self.corrupt(vit.patch_embed(images), generator)
         z = vit.encode(vit.embed_tokens(tokens, grid), grid)["encoded"][:, vit.num_prefix_tokens :]
-        logits = self.mpp_head(z[corrupted])
-        tgt = targets[corrupted]
-        loss = F.cross_entropy(logits, tgt) if tgt.numel() else logits.sum() * 0.0
-        acc = (logits.argmax(-1) == tgt).float().mean() if tgt.numel() else torch.zeros((), device=images.device)
-        return MPPOutput(loss=loss, accuracy=acc, logits=logits, targets=tgt, corrupted=corrupted)
+        # every patch is predicted and the loss weighs the corrupted ones: shapes that do not depend on the draw
+        logits = self.mpp_head(z)
+        weight = corrupted.to(logits.dtype)
+        count = weight.sum().clamp(min=1)
+        loss = (F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none") * weight.flatten()).sum()
+        acc = ((logits.argmax(-1) == targets).to(logits.dtype) * weight).sum() / count
+        return MPPOutput(loss=loss / count, accuracy=acc, logits=logits, targets=targets, corrupted=corrupted)

@@ -22,7 +22,7 @@ from ..spec.pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budge
 from . import calibrate
 from .loaders import RunLoaders
 from .optim import build_optimizer
-from .schedule import StepSchedule, ends_dropping, set_rate, unmasked_phases, warmup_for
+from .schedule import StepSchedule, ends_dropping, last_stretch_from, set_rate, unmasked_phases, warmup_for
 
 __all__ = ["REPLAN_AT", "Replanner", "budget_reserve", "measure_budget", "plan_run", "steps_in_budget"]
 
@@ -204,14 +204,9 @@ def plan_run(
             steps_per_epoch=spe,
             last_extra=objective.last_eval_extra,
         )
-        sizes = cfg.recipe.res_schedule or ()
-        if len(sizes) > 1 and not ends_dropping(cfg.recipe):  # the first steps are at the smaller sizes: the plan
-            replan.last_size_from = sizes[-2][1]  # is re-fitted once the last size has begun, and followed from there
-            replan.due = replan.late = (1 - replan.last_size_from) * total >= 2 * REPLAN_AT
-        elif len(sizes) > 1:
-            replan.due = replan.late = False
-        if ends_dropping(cfg.recipe):
-            replan.due = False  # its first steps drop tokens; the later corrections see the unmasked pace
+        if last := last_stretch_from(cfg.recipe):  # the first steps cost otherwise (smaller sizes, the warm start,
+            replan.last_size_from = last  # token dropping): the plan is re-fitted once the last stretch has begun,
+            replan.due = replan.late = (1 - last) * total >= 2 * REPLAN_AT  # and followed from there
     return plan, replan
 
 
@@ -232,9 +227,8 @@ class Replanner:
     """Whether the early re-plan is still to come: False for runs without a time budget, short ones and resumed
     ones."""
     late: bool = False
-    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs, but not those whose resolution
-    schedule comes with a token-drop end or a warm start (their step cost changes twice) or whose last size is too
-    short to be timed."""
+    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs, but not those whose last
+    stretch of one step cost (:attr:`last_size_from`) is too short to be timed."""
     budget: float = 0.0
     t_start: float = 0.0
     """``time.perf_counter()`` when this process started the run."""
@@ -250,10 +244,11 @@ class Replanner:
     """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
     epoch's end-of-epoch work)."""
     last_size_from: float = 0.0
-    """With ``--res-schedule``: the share of the plan where its last size begins (0: no schedule). The steps at the
-    smaller sizes do not tell the pace of the later ones, so the early re-plan times the steps ``REPLAN_FROM`` to
-    ``REPLAN_AT`` of the last size, an epoch begun before them is not a pace, and no new plan is so long that a
-    step would go back to a smaller size."""
+    """The share of the plan where its last stretch of one step cost begins (:func:`~.schedule.last_stretch_from`:
+    the last size of ``--res-schedule``, the warm start's or the token dropping's end; 0: every step costs the
+    same). The steps before it do not tell the pace of the later ones, so the early re-plan times the steps
+    ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them is not a pace, and no new plan
+    is so long that a step would go back to an earlier stretch."""
     followed_from: int = 0
     """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
     epoch_start: int = 0
@@ -333,8 +328,8 @@ class Replanner:
         return self._refit(step=step, planned=planned, per_step=per_step, now=now, dist=dist, device=device)
 
     def _capped(self, step: int, total: int) -> int:
-        """``total``, or with a resolution schedule at most the longest plan that keeps every step from ``step`` on
-        at the last size (its sizes are shares of the plan: a longer one moves the last size's start later)."""
+        """``total``, or with a last stretch at most the longest plan that keeps every step from ``step`` on in it
+        (its start is a share of the plan: a longer one moves it later)."""
         return min(total, int(step / self.last_size_from)) if self.last_size_from else total
 
     def _left(self, now: float) -> float:

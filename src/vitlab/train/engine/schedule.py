@@ -39,6 +39,7 @@ __all__ = [
     "Step",
     "StepSchedule",
     "ends_dropping",
+    "last_stretch_from",
     "lr_factor",
     "resize_batch",
     "set_rate",
@@ -185,6 +186,17 @@ def ends_dropping(recipe: Recipe) -> bool:
     """Whether the recipe drops tokens but not in every planned step: it stops before the end
     (``token_drop_until`` < 1), or starts after a masked-patch-prediction warm start, which sees every token."""
     return bool(recipe.token_drop) and (recipe.token_drop_until < 1 or recipe.mpp_warmup > 0)
+
+
+def last_stretch_from(recipe: Recipe) -> float:
+    """The share of the planned steps where the run's last stretch of one step cost begins (0: every step costs
+    the same): the last size of ``--res-schedule``, the masked-patch-prediction warm start's end, the token-drop
+    end, whichever comes last. A time budget times its own pace there (:class:`~.budget.Replanner`)."""
+    sizes = recipe.res_schedule or ()
+    marks = [sizes[-2][1]] if len(sizes) > 1 else []
+    marks += [recipe.mpp_warmup] if recipe.mpp_warmup else []
+    marks += [recipe.token_drop_until] if recipe.token_drop and recipe.token_drop_until < 1 else []
+    return max(marks, default=0.0)
 
 
 def unmasked_phases(recipe: Recipe) -> str:

@@ -121,7 +121,7 @@ def evaluate_mpp(
         x = x.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             out = net(x, generator=gen)
-        logits, tgt = out.logits.float(), out.targets
+        logits, tgt = out.logits.float()[out.corrupted], out.targets[out.corrupted]
         if tgt.numel() == 0:
             continue
         counts[0] += float((logits.argmax(-1) == tgt).sum())
