@@ -9,8 +9,8 @@ position embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + 
 default, the flags of the track's current record (``speedrun_records.RECORDS``), so that ``python
 benchmarks/speedrun.py --track T --minutes 20 --data DIR`` re-runs the record; ``--from recipe`` starts from the bare
 recipe instead. Levers are added after the record's flags: ``--levers a,b`` names those of issue 38
-(``speedrun_levers.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, mpp), then the flags
-``--token-drop``, ``--token-drop-until``, ``--res-schedule``, ``--ema``, and any other ``vitlab train`` flag through
+(``speedrun_levers.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, ema, mpp), then the flags
+``--token-drop``, ``--token-drop-until``, ``--res-schedule``, and any other ``vitlab train`` flag through
 ``--train-args``, last, so that a run with a lever and one without differ in nothing else; a ``--model`` in
 ``--train-args`` replaces the track's model and shape (the name's own shape holds unless ``--train-args`` sets one).
 The last stdout line is one JSON object: ``track, minutes, top1, top5, steps, images_per_sec, wall_s, device,
@@ -120,7 +120,6 @@ def levers(args: argparse.Namespace) -> dict[str, object]:
         "--token-drop": args.token_drop,
         "--token-drop-until": args.token_drop_until,
         "--res-schedule": args.res_schedule,
-        "--ema": args.ema,
     }
     given["train_args"] = args.train_args or None
     return {k: v for k, v in given.items() if v is not None}
@@ -176,12 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="A,B",
         help="named levers added to the recipe (issue 38; docs/speedrun.md): cct, seq-pool, muon, whiten, tta-flip, "
-        "tta-flip-last, mpp[=F]",
+        "tta-flip-last, ema[=D], mpp[=F]",
     )
     p.add_argument("--token-drop", type=float, default=None, help="lever: vitlab train --token-drop")
     p.add_argument("--token-drop-until", type=float, default=None, help="lever: vitlab train --token-drop-until")
     p.add_argument("--res-schedule", default=None, help="lever: vitlab train --res-schedule (e.g. 24:0.5,32:1.0)")
-    p.add_argument("--ema", type=float, default=None, help="lever: vitlab train --ema")
     p.add_argument(
         "--train-args",
         default=None,

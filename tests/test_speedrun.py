@@ -90,7 +90,7 @@ def _args(**kw) -> argparse.Namespace:
         "token_drop_until": None,
         "res_schedule": None,
     }
-    return argparse.Namespace(**(base | {"ema": None, "train_args": None} | kw))
+    return argparse.Namespace(**(base | {"train_args": None} | kw))
 
 
 def test_train_args_come_last_so_that_they_override_the_recipe_and_the_record() -> None:
@@ -198,14 +198,17 @@ def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_p
     from vitlab.train.spec.rules import validate
 
     sr, lev = _speedrun(), _speedrun("speedrun_levers")
-    assert lev.lever_flags("vit", "seq-pool, muon,mpp=0.25") == [
+    assert lev.lever_flags("vit", "seq-pool, muon,mpp=0.25,ema") == [
         "--pool",
         "seq",
         "--optimizer",
         "muon",
         "--mpp-warmup",
         "0.25",
+        "--ema",
+        "0.998",
     ]
+    assert lev.lever_flags("hybrid", "ema=0.99") == ["--ema", "0.99"]
     for spec, why in (
         ("nope", "no lever 'nope'"),
         ("cct", "does not apply to the vit track"),
