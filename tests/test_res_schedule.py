@@ -231,3 +231,25 @@ def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, f
     )  # fmt: skip
     assert replan.last_size_from == share and replan.due and replan.late
     assert replan._capped(100, 10_000) == (int(100 / share) if share else 10_000)
+
+
+def test_the_early_re_plan_does_not_time_an_evaluation_inside_its_window(monkeypatch) -> None:
+    """Steps 5 to 45 (of the run, or of its last stretch) are the early re-plan's pace; an epoch that ends among
+    them adds its evaluation and saving to the clock, which are not steps (they are planned apart): the pace is the
+    steps' alone, not three times it."""
+    from vitlab.distributed import Dist
+    from vitlab.train.engine import budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    r = budget.Replanner.for_plan(total_steps=1000, budget=300.0, t_start=0.0, eval_s=5.0, steps_per_epoch=20)
+    new = None
+    for step in range(1, REPLAN_AT + 1):
+        clock[0] += 0.1
+        new = r.after_step(steps_this_run=step, step=step, planned=1000, **kw)
+        if step % 20 == 0:
+            clock[0] += 5.0  # the epoch's evaluation and saving
+            assert r.after_epoch(step=step, planned=1000, per_step=0.1, overhead_s=5.0, **kw) is None
+    _, pace = new or (0, 0.0)
+    assert pace == pytest.approx(0.1 * 1.02)

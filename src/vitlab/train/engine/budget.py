@@ -319,6 +319,8 @@ class Replanner:
         (its decay has ended: more steps would train at its last LR)."""
         now = time.perf_counter()
         began, self.epoch_start = self.epoch_start, step
+        if self.due:
+            self.t0 += overhead_s  # the early re-plan times steps: an epoch end inside its window is not one
         if not self.late or self.due:
             return None
         self.mark = (step, now)
