@@ -88,19 +88,18 @@ class MPP(Objective):
         return evaluate_mpp(net, batches, device=device, amp_dtype=amp_dtype, dist=dist, seed=self.seed)
 
 
-def step_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4, corrupt_prob: float = 0.5) -> int:
+def step_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4) -> int:
     """Bytes the MPP wrapper (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) adds to a step of ``batch`` images
     of ``model_config``'s ViT, beyond the ViT's own (:func:`vitlab.capacity.activation_bytes`): the [0, 1]
     pixel copy the colour targets are read from, the corruption's draws, indices, targets and token copies, and the
-    512-way colour head on every corrupted patch (its input, logits, log-softmax and their gradient). Evaluation
-    holds the same. ``corrupt_prob``: the share of patches corrupted (the paper's 50%), with a margin."""
+    512-way colour head on every patch (its logits, log-softmax and their gradient, the per-patch loss and its
+    weight: the loss weighs the corrupted ones). Evaluation holds the same."""
     c = model_config
     h, w = c.img_size
     n = grid_tokens(c, (h, w))
     pixels = 2 * c.in_chans * h * w * 4  # images * std + mean, then clamped
     corrupt = n * (2 * 4 + 3 * 8 + 3 * c.embed_dim * bytes_per_value + 2)  # two draws, indices, targets, copies
-    hit = int(n * min(1.0, corrupt_prob * 1.1)) + 1
-    head = hit * (c.embed_dim * bytes_per_value + 512 * (bytes_per_value + 4 + 4) + 8)
+    head = n * (512 * (bytes_per_value + 4 + 4) + 3 * 4 + 8)
     return int(batch * (pixels + corrupt + head))
 
 
