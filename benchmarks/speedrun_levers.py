@@ -125,6 +125,13 @@ LEVERS = {
         "an EMA of the weights, the model evaluated and saved (`ema=D`), its decay set to the run's length: 0.998, "
         "a horizon of 500 steps, a tenth of a 20-minute run's",
         value=True,
+        measured=(
+            (
+                "vit",
+                "lost, -1.78: 75.02% (74.76 / 75.28) on top of the record at 76.80% (76.67 / 76.92) on the same AMD "
+                "VM, 2026-11-28, on 4,417 / 4,686 steps against 4,793 / 4,896",
+            ),
+        ),
     ),
     "mpp": Lever(
         ("--mpp-warmup", "0.1"),
@@ -133,6 +140,14 @@ LEVERS = {
         "(`mpp=F`; 0.1 by default, a choice, not a measurement), inside the budget; pixel patches, so the vit "
         "track only",
         value=True,
+        measured=(
+            (
+                "vit",
+                "level, -0.19: 76.61% (76.82 / 76.40) on top of the record at 76.80% (76.67 / 76.92) on the same AMD "
+                "VM, 2026-11-28, on 4,252 / 4,276 steps against 4,793 / 4,896 (after two fixes its first run "
+                "found: 73.77% before them). Not kept",
+            ),
+        ),
     ),
 }
 """The levers ``--levers a,b`` adds, in this order, after the record's flags."""
