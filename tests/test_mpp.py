@@ -73,3 +73,17 @@ def test_the_loss_is_over_the_corrupted_patches_and_its_graph_does_not_depend_on
         torch.manual_seed(seed)
         counts.add(int(compiled(images).corrupted.sum()))
     assert len(counts) > 1  # different draws, one graph (fullgraph raises at a data-dependent shape)
+
+
+def test_the_loss_under_bf16_autocast_is_the_mean_over_the_corrupted_patches() -> None:
+    """Under bf16 autocast the corrupted patches are still counted exactly (a bf16 count of ~500 is rounded to a
+    multiple of 4): the loss is the float32 mean of their cross-entropies."""
+    torch.manual_seed(0)
+    mpp = MaskedPatchPrediction(VisionTransformer(**TINY)).train()
+    images = torch.rand(64, 3, 16, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mpp(images, generator=torch.Generator().manual_seed(5))  # 559 corrupted: bf16 says 560
+    pick = out.corrupted
+    assert pick.sum() > 256
+    want = torch.nn.functional.cross_entropy(out.logits[pick].float(), out.targets[pick])
+    torch.testing.assert_close(out.loss.float(), want, rtol=2e-4, atol=1e-5)

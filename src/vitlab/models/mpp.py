@@ -129,8 +129,8 @@ class MaskedPatchPrediction(nn.Module):
         z = vit.encode(vit.embed_tokens(tokens, grid), grid)["encoded"][:, vit.num_prefix_tokens :]
         # every patch is predicted and the loss weighs the corrupted ones: shapes that do not depend on the draw
         logits = self.mpp_head(z)
-        weight = corrupted.to(logits.dtype)
+        weight = corrupted.float()  # counts in float32: bf16 would round a count above 256
         count = weight.sum().clamp(min=1)
         loss = (F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none") * weight.flatten()).sum()
-        acc = ((logits.argmax(-1) == targets).to(logits.dtype) * weight).sum() / count
+        acc = ((logits.argmax(-1) == targets).float() * weight).sum() / count
         return MPPOutput(loss=loss / count, accuracy=acc, logits=logits, targets=targets, corrupted=corrupted)
