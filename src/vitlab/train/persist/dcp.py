@@ -7,18 +7,21 @@ and rank 0 the ``.metadata`` that maps every tensor's pieces to files. DCP reads
 on any number of processes, each loading the slices its own shards need: save with 8, resume with 1.
 
 A save is a collective and never leaves a half-written folder that could be taken for a complete
-one: every rank writes into ``sharded/.<name>.tmp``; when all have finished (DCP's own final
+one: every rank writes into ``sharded/.<name>-<tag>.tmp``; when all have finished (DCP's own final
 collective, after which the metadata is written), rank 0 renames it to ``sharded/<name>``, then
 writes ``last.pt`` naming it (:func:`~vitlab.train.persist.state.atomic_torch_save`), and only then deletes
 the folders ``last.pt`` no longer names (:func:`prune`). A kill at any moment leaves ``last.pt``
-naming a complete folder: the previous one until the new ``last.pt`` is in place. Temporary folders
-of killed saves are deleted by the next save (the run folder's lock keeps out other writers).
+naming a complete folder: the previous one until the new ``last.pt`` is in place. What killed saves
+and deletions leave is deleted by the next save (the run folder's lock keeps out other writers).
 
 ``sharded/`` may be a symbolic link (to a larger disk), which other runs or programs may share. Writing
-follows it; deleting never removes what this run folder's runs did not write: only folders named as
-vitlab names them (``step-<8 digits>-<8 hex>``, ``.step-...tmp``), that are real folders (never a link)
-and hold the marker file vitlab writes into each folder first (:data:`MARKER`), carrying the run
-folder's token (:data:`TOKEN_FILE`, random, kept in the run folder).
+follows it; deleting never removes what this run folder's runs did not write: only real folders (never
+a link) that are either named ``step-<8 digits>-<8 hex>`` (or ``.step-...tmp``) and hold the marker
+file vitlab writes into each folder (:data:`MARKER`) carrying the run folder's token (:data:`TOKEN_FILE`,
+random, kept in the run folder), or carry the token's tag (its first 16 hex digits) in their name: the
+temporary folder of a save (``.step-<8 digits>-<8 hex>-<tag>.tmp``, named before its marker is written,
+so that a kill in between leaves a folder still known as this run's) and a folder being deleted
+(renamed ``.trash-<8 hex>-<tag>`` first, so that a kill half-way leaves it known as this run's).
 
 Reading is as safe as reading ``last.pt``: DCP's pickled ``.metadata`` and the pickled non-tensor items
 inside its shards are read by :mod:`vitlab.train.persist.dcp_safe` (a restricted unpickler and
@@ -52,7 +55,8 @@ MARKER = ".vitlab-sharded"
 TOKEN_FILE = ".sharded-token"
 """The run folder's file holding the random token its markers carry."""
 _NAME = re.compile(r"step-\d{8,12}-[0-9a-f]{8}")
-_TMP = re.compile(r"\.step-\d{8,12}-[0-9a-f]{8}\.tmp")
+_TMP = re.compile(r"\.step-\d{8,12}-[0-9a-f]{8}(?:-(?P<tag>[0-9a-f]{16}))?\.tmp")
+_TRASH = re.compile(r"\.trash-[0-9a-f]{8}-(?P<tag>[0-9a-f]{16})")
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
@@ -65,10 +69,11 @@ def write_sharded(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root = out / SHARDED_DIR
-    (token,) = broadcast_ints([secrets.randbits(31)], d, device)  # one name on every rank
-    name = f"step-{step:08d}-{token:08x}"
-    tmp = root / f".{name}.tmp"
-    why = _prepare(out, tmp) if d.is_main else ""
+    why, tag = _token_tag(out) if d.is_main else ("", "0" * 16)
+    nums = broadcast_ints([secrets.randbits(31), int(tag[:8], 16), int(tag[8:], 16)], d, device)
+    name, tag = f"step-{step:08d}-{nums[0]:08x}", f"{nums[1]:08x}{nums[2]:08x}"  # one name on every rank
+    tmp = root / f".{name}-{tag}.tmp"
+    why = why or (_prepare(out, tmp) if d.is_main else "")
     (failed,) = broadcast_ints([int(bool(why))], d, device)  # the folder exists, marked, before any rank writes
     if failed:
         raise CheckpointError(f"{tmp}: cannot write the sharded checkpoint ({why or 'failed on rank 0'})")
@@ -85,15 +90,23 @@ def write_sharded(
     return f"{SHARDED_DIR}/{name}"
 
 
+def _token_tag(out: Path) -> tuple[str, str]:
+    """Why the run folder's token cannot be had (or ``""``) and its tag (rank 0)."""
+    try:
+        return "", str(run_token(out))[:16]
+    except OSError as e:
+        return e.strerror or str(e), "0" * 16
+
+
 def _prepare(out: Path, tmp: Path) -> str:
-    """Make the folder ``tmp`` of a save with this run's marker in it, after deleting the temporary folders
-    of this run's killed saves (rank 0; the run holds the run folder's lock); why not, or ``""``."""
+    """Make the folder ``tmp`` of a save with this run's marker in it, after deleting what this run's
+    killed saves and deletions left (rank 0; the run holds the run folder's lock); why not, or ``""``."""
     try:
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        token = run_token(out)
+        token = str(run_token(out))
         for p in _ours(tmp.parent, token):
-            if _TMP.fullmatch(p.name):
-                _remove(p)
+            if not _NAME.fullmatch(p.name):
+                _remove(p, token)
         tmp.mkdir()
         (tmp / MARKER).write_text(_marker(token))
     except OSError as e:
@@ -104,9 +117,10 @@ def _prepare(out: Path, tmp: Path) -> str:
 def prune(out: Path, *, keep: str) -> None:
     """Delete the sharded checkpoints this run folder's runs wrote other than ``keep`` (rank 0, after
     ``last.pt`` names ``keep``); anything else in ``sharded/`` (or where it links to) is left alone."""
-    for p in _ours(out / SHARDED_DIR, run_token(out, create=False)):
+    token = run_token(out, create=False)
+    for p in _ours(out / SHARDED_DIR, token):
         if p.name != Path(keep).name:
-            _remove(p)
+            _remove(p, token)
 
 
 def clear(out: Path) -> list[str]:
@@ -114,8 +128,9 @@ def clear(out: Path) -> list[str]:
     then ``sharded/`` itself if it is a real folder left empty (a link the user made is kept, to be
     written through again). The names of what is left in ``sharded/``, which vitlab did not write."""
     root = out / SHARDED_DIR
-    for p in _ours(root, run_token(out, create=False)):
-        _remove(p)
+    token = run_token(out, create=False)
+    for p in _ours(root, token):
+        _remove(p, token)
     (out / TOKEN_FILE).unlink(missing_ok=True)
     if root.is_symlink() or not root.is_dir():
         return []
@@ -150,17 +165,22 @@ def _marker(token: str) -> str:
 
 
 def _ours(root: Path, token: str | None) -> list[Path]:
-    """The entries of ``root`` this run folder's runs wrote: named as vitlab names them, real folders
-    (not links), holding a marker file with ``token``. None without a token."""
+    """The entries of ``root`` this run folder's runs wrote, real folders (not links): named as vitlab
+    names them and holding a marker file with ``token``, or carrying ``token``'s tag in their name (a
+    save's temporary folder, a folder being deleted). None without a token."""
     if token is None or not root.is_dir():
         return []
     want = _marker(token).encode()
     found = []
     for p in root.iterdir():
-        if not (_NAME.fullmatch(p.name) or _TMP.fullmatch(p.name)):
+        named = _NAME.fullmatch(p.name) or _TMP.fullmatch(p.name) or _TRASH.fullmatch(p.name)
+        if not named:
             continue
         try:
             if not stat.S_ISDIR(os.lstat(p).st_mode):
+                continue
+            if named.groupdict().get("tag") == token[:16]:
+                found.append(p)
                 continue
             m = os.lstat(p / MARKER)
             if stat.S_ISREG(m.st_mode) and m.st_size == len(want) and (p / MARKER).read_bytes() == want:
@@ -170,9 +190,17 @@ def _ours(root: Path, token: str | None) -> list[Path]:
     return found
 
 
-def _remove(p: Path) -> None:
-    """Delete the folder ``p``; a link is never followed (``shutil.rmtree`` refuses one at the top and
-    removes links inside it as links)."""
+def _remove(p: Path, token: str | None) -> None:
+    """Delete the folder ``p`` of this run's: renamed ``.trash-<8 hex>-<tag>`` first, so that a kill
+    half-way leaves a folder the next save still knows as this run's (its marker may be gone); a link
+    is never followed (``shutil.rmtree`` refuses one at the top and removes links inside it as links)."""
+    if token is not None and not _TRASH.fullmatch(p.name):
+        trash = p.with_name(f".trash-{secrets.token_hex(4)}-{token[:16]}")
+        try:
+            os.rename(p, trash)
+            p = trash
+        except OSError:
+            pass
     shutil.rmtree(p, ignore_errors=True)
 
 
