@@ -88,6 +88,12 @@ LEVERS = {
                 "the same AMD VM, 2026-11-28; with `tta-flip-last` 76.80% (76.67 / 76.92), +0.66 over that record "
                 "(76.14%): the pure ViT's record since",
             ),
+            (
+                "hybrid",
+                "lost, -4.41: 75.65% (75.65 / 75.64) as `cct,whiten` on top of the record's command at 80.06% "
+                "(79.66 / 80.45) on the afternoon's AMD VM (these runs that night, 2026-11-28/29): 1.8x the step "
+                "time, 1,858 / 2,047 steps against 3,712 / 3,658",
+            ),
         ),
     ),
     "tta-flip": Lever(
@@ -95,6 +101,13 @@ LEVERS = {
         ("vit", "hybrid"),
         "test-time flip: the logits of each image and its mirror, in every evaluation (each epoch's and the last)",
         measured=(
+            (
+                "vit",
+                "lost, -1.64: 75.16% (74.85 / 75.46) on top of the record at 76.80% (76.67 / 76.92) on the same AMD "
+                "VM (these runs 2026-11-29, 00:50-01:32 UTC), on 3,755 / 4,063 steps against 4,793 / 4,896: the "
+                "score's evaluation is the record's, the flipped per-epoch ones cost 13-15% of the planned steps "
+                "(seed 0 also ran in a slow stretch of the VM). Not kept",
+            ),
             (
                 "hybrid",
                 "level, +0.05: 69.78% (70.39 / 69.17) against the record's recipe at 69.73% (69.69 / 69.76), "
@@ -130,6 +143,12 @@ LEVERS = {
                 "vit",
                 "lost, -1.78: 75.02% (74.76 / 75.28) on top of the record at 76.80% (76.67 / 76.92) on the same AMD "
                 "VM, 2026-11-28, on 4,417 / 4,686 steps against 4,793 / 4,896",
+            ),
+            (
+                "hybrid",
+                "lost, -1.05: 79.01% (78.81 / 79.21) on top of the record's command at 80.06% (79.66 / 80.45) on the "
+                "afternoon's AMD VM (these runs that night, 2026-11-28/29), on 3,534 / 3,321 steps against 3,712 / "
+                "3,658",
             ),
         ),
     ),
