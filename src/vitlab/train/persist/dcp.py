@@ -69,11 +69,11 @@ def write_sharded(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root = out / SHARDED_DIR
-    why, tag = _token_tag(out) if d.is_main else ("", "0" * 16)
-    nums = broadcast_ints([secrets.randbits(31), int(tag[:8], 16), int(tag[8:], 16)], d, device)
+    why, token = _token(out) if d.is_main else ("", "0" * 32)
+    nums = broadcast_ints([secrets.randbits(31), int(token[:8], 16), int(token[8:16], 16)], d, device)
     name, tag = f"step-{step:08d}-{nums[0]:08x}", f"{nums[1]:08x}{nums[2]:08x}"  # one name on every rank
     tmp = root / f".{name}-{tag}.tmp"
-    why = why or (_prepare(out, tmp) if d.is_main else "")
+    why = why or (_prepare(tmp, token) if d.is_main else "")
     (failed,) = broadcast_ints([int(bool(why))], d, device)  # the folder exists, marked, before any rank writes
     if failed:
         raise CheckpointError(f"{tmp}: cannot write the sharded checkpoint ({why or 'failed on rank 0'})")
@@ -90,20 +90,19 @@ def write_sharded(
     return f"{SHARDED_DIR}/{name}"
 
 
-def _token_tag(out: Path) -> tuple[str, str]:
-    """Why the run folder's token cannot be had (or ``""``) and its tag (rank 0)."""
+def _token(out: Path) -> tuple[str, str]:
+    """Why the run folder's token cannot be had (or ``""``), and the token (rank 0; made when missing)."""
     try:
-        return "", str(run_token(out))[:16]
+        return "", str(run_token(out))
     except OSError as e:
-        return e.strerror or str(e), "0" * 16
+        return e.strerror or str(e), "0" * 32
 
 
-def _prepare(out: Path, tmp: Path) -> str:
-    """Make the folder ``tmp`` of a save with this run's marker in it, after deleting what this run's
+def _prepare(tmp: Path, token: str) -> str:
+    """Make the folder ``tmp`` of a save with the marker of ``token`` in it, after deleting what this run's
     killed saves and deletions left (rank 0; the run holds the run folder's lock); why not, or ``""``."""
     try:
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        token = str(run_token(out))
         for p in _ours(tmp.parent, token):
             if not _NAME.fullmatch(p.name):
                 _remove(p, token)
