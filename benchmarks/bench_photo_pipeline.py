@@ -1,6 +1,6 @@
 """Does the training input pipeline keep up on photos? (issue 34, item 5)
 
-For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.spec.fitting.LEVELS`)
+For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.sizing.recipe.LEVELS`)
 one run's whole input pipeline on a folder of full-size JPEG photos, against timm's loader on the same files and
 against the default model's training step, in one process:
 
@@ -11,16 +11,16 @@ against the default model's training step, in one process:
 2. **vitlab, epoch**: the run's training loader (:func:`~vitlab.train.engine.loaders.build_folder_loaders` with the
    level's recipe: the crop drawn on the stored photo, flip, RandAugment, normalisation, per-sample seeding) over
    ``--batches`` batches of a fresh epoch, worker start included; once with the threads and workers the run
-   chooses (:func:`~vitlab.train.engine.model.build_net`: :func:`~vitlab.train.engine.cores.set_threads`,
-   :func:`~vitlab.train.engine.cores.workers_for`), and with each of ``--workers``.
+   chooses (:func:`~vitlab.train.engine.model.build_net`: :func:`~vitlab.train.sizing.machine.set_threads`,
+   :func:`~vitlab.train.sizing.machine.workers_for`), and with each of ``--workers``.
 3. **timm, epoch**: ``timm.data.create_loader`` (``create_transform`` inside, ``use_prefetcher=False``: the CPU
    path) over ``timm.data.ImageDataset`` of the same files, which decodes every full-size JPEG every epoch: the real
    comparison. Augmentation as close to the level's as timm has: minimal = RandomResizedCrop with scale and ratio
    (1, 1) (the centre square, resized) + flip; light = scale (0.5, 1), ratio (3/4, 4/3), flip, ``rand-m7-n2``
    (timm applies each RandAugment op with probability 0.5, torchvision always); colour jitter off; bilinear.
 4. **model step**: the run's model (``auto``'s for this data and size, built by ``build_net``, with the token dropping
-   of a ``--time-budget`` run, :data:`~vitlab.train.spec.fitting.BUDGET_TOKEN_DROP`, in training mode), one
-   forward + backward + the recipe's AdamW step (:func:`~vitlab.train.engine.calibrate.time_steps`) on the first
+   of a ``--time-budget`` run, :data:`~vitlab.train.sizing.recipe.BUDGET_TOKEN_DROP`, in training mode), one
+   forward + backward + the recipe's AdamW step (:func:`~vitlab.train.sizing.probe.time_steps`) on the first
    vitlab batch, at each of ``--threads`` torch threads: images/s the model consumes.
 
 **Images/s per core**: wall-clock images/s divided by the cores the configuration occupies: its worker processes
@@ -63,16 +63,16 @@ from vitlab.data import load_data
 from vitlab.data.loading import batches
 from vitlab.distributed import Dist
 from vitlab.models import ViTConfig
-from vitlab.train.engine.calibrate import time_steps
+from vitlab.train.sizing.probe import time_steps
 from vitlab.train.engine.data import load_run_data
 from vitlab.train.engine.loaders import FolderLoaders, build_folder_loaders
 from vitlab.train.engine.model import amp, build_net
 from vitlab.train.engine.optim import build_optimizer
 from vitlab.train.objectives import Objective, build_objective, objective_for
 from vitlab.train.spec.config import TrainConfig, build_config
-from vitlab.train.spec.fitting import LEVELS, forward_macs
-from vitlab.train.spec.image_size import holds_photos
-from vitlab.train.spec.levels import level_fields
+from vitlab.train.sizing.recipe import LEVELS, forward_macs
+from vitlab.train.sizing.side import holds_photos
+from vitlab.train.sizing.levels import level_fields
 
 PHOTO_SIZES = [(4032, 3024), (3024, 4032), (1920, 1080), (1080, 1920), (400, 533), (533, 400), (400, 711)]
 """(width, height) of the generated photos: 12-MP phone photos both ways, 1080p both ways, the clothing set's

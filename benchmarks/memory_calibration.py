@@ -1,4 +1,4 @@
-"""The run's memory estimate (vitlab.train.engine.memory) against the peak resident memory of real training runs,
+"""The run's memory estimate (vitlab.train.sizing.memory) against the peak resident memory of real training runs,
 on CPU.
 
 Each configuration trains one epoch of 4 optimizer steps and one evaluation of 256 images in its own process
@@ -16,6 +16,7 @@ the heap's fragmentation. Each run stays under ~2 GiB.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -76,8 +77,8 @@ def _status(key: str) -> int:
 
 def child(name: str, tmp: Path) -> dict:
     """One run in this process: the estimate and the measured peak over the RSS at the estimate."""
-    import vitlab.train.engine.memory as memory
-    import vitlab.train.engine.run as setup
+    import vitlab.train.sizing.memory as memory
+    import vitlab.train.sizing.sizer as setup
     from vitlab.train import TrainConfig, get_recipe
 
     spec = CONFIGS[name]
@@ -91,9 +92,9 @@ def child(name: str, tmp: Path) -> dict:
         seen["rss"] = _status("VmRSS")
         return 1 << 40, "calibration"
 
-    real_fit = setup.fit_memory
+    real_fit = setup.memory_split
 
-    def fit_memory(*a, **k):
+    def memory_split(*a, **k):
         got = real_fit(*a, **k)
         seen["estimate"] = got.estimate
         return got
@@ -108,7 +109,7 @@ def child(name: str, tmp: Path) -> dict:
         return real_end(self, res)
 
     memory.available_memory = probe
-    setup.fit_memory = fit_memory
+    setup.memory_split = memory_split
     trainer.Trainer._end_epoch = end_epoch
     objective = spec.get("objective", "classify")
     recipe = get_recipe(
@@ -133,7 +134,7 @@ def child(name: str, tmp: Path) -> dict:
         cache_dir=str(tmp / "cache"),
         workers=0,
         progress=False,
-        resolved="calibration",  # the recipe as given: no fitting to the data
+        recipe_given=[f.name for f in dataclasses.fields(recipe)],  # the recipe as given: nothing fitted to the data
     )
     import contextlib
 

@@ -3,8 +3,13 @@ and inside functions; relative imports resolved; ``from pkg import name`` counts
 module) has no cycle, and the directions hold: ``models/`` imports nothing of vitlab but errors; ``accel/`` is
 imported by its allowed callers only; ``train/`` never imports ``commands/``; ``train/spec`` never imports torch;
 ``train/spec``, ``objectives`` and ``persist`` never import ``train/engine``. Imports under ``if TYPE_CHECKING:`` are
-left out: they never run. Imports of vitlab modules inside functions of ``train/`` stay few, each with a
-``# lazy: <reason>`` comment."""
+left out of the graph of what runs: they never run; but every import, theirs included, must name a module that
+exists, and no circle may close through them either (a typing-only circle is a knot the next refactor trips on).
+Imports of vitlab modules inside functions of ``train/`` stay few, each with a ``# lazy: <reason>`` comment.
+
+``train/sizing`` (how much a run gets) sits between the engine and the spec: ``engine -> sizing -> spec``, never
+back; the objectives and the run's outputs reach it by name (:func:`~vitlab.train.spec.config.objective_name`),
+never by import from below; and its rule modules import no torch."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ ACCEL_CALLERS = {
     "vitlab.commands",  # a model argument served fast (eval, predict, few-shot)
     "vitlab.deploy",  # the exported graph's own runtime
     "vitlab.train.engine.model",  # the model a run trains
+    "vitlab.train.sizing.probe",  # the probes time the run's candidates as the run will train them
 }
 """Packages (and modules) whose modules may import :mod:`vitlab.accel`: the one-way seam's callers."""
 MAX_LAZY_IN_TRAIN = 15
@@ -43,16 +49,19 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, *, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
-    """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` blocks skipped."""
+def _imports(
+    tree: ast.AST, *, in_function: bool = False, typing: bool = False
+) -> Iterator[tuple[ast.AST, bool]]:
+    """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` blocks skipped (with
+    ``typing``: walked too)."""
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
+        if isinstance(node, ast.If) and _type_checking(node) and not typing:
             yield from _imports(ast.Module(body=node.orelse, type_ignores=[]), in_function=in_function)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node, in_function
         inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-        yield from _imports(node, in_function=inner)
+        yield from _imports(node, in_function=inner, typing=typing)
 
 
 def _targets(module: str, node: ast.AST) -> list[str]:
@@ -78,13 +87,13 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, typing: bool = False) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
         graph[module] = {
             owner
-            for node, _ in _imports(tree)
+            for node, _ in _imports(tree, typing=typing)
             for t in _targets(module, node)
             if (owner := _owner(t)) is not None and owner != module
         }
@@ -134,6 +143,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = _graph()
+TYPING_GRAPH = _graph(typing=True)
 
 
 def _inside(module: str, package: str) -> bool:
@@ -142,6 +152,22 @@ def _inside(module: str, package: str) -> bool:
 
 def test_the_import_graph_has_no_cycle() -> None:
     assert _cycles(GRAPH) == []
+
+
+def test_no_circle_closes_through_typing_only_imports() -> None:
+    assert _cycles(TYPING_GRAPH) == []
+
+
+def test_every_import_names_a_module_that_exists() -> None:
+    """Every import of a vitlab module (``TYPE_CHECKING`` ones too, which never run and so never fail) names a
+    module, or a name of a package or module, that exists."""
+    missing = []
+    for module, path in MODULES.items():
+        for node, _ in _imports(ast.parse(path.read_text()), typing=True):
+            for t in _targets(module, node):
+                if t.startswith("vitlab") and t not in MODULES:
+                    missing.append(f"{module}:{node.lineno} {t}")
+    assert missing == []
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -177,6 +203,11 @@ def test_accel_is_imported_by_its_callers_only() -> None:
         ("vitlab.train.persist", "vitlab.train.engine"),
         ("vitlab.train.spec", "vitlab.train.objectives"),
         ("vitlab.train.spec", "vitlab.train.persist"),
+        ("vitlab.train.spec", "vitlab.train.sizing"),
+        ("vitlab.train.sizing", "vitlab.train.engine"),
+        ("vitlab.train.sizing", "vitlab.train.objectives"),
+        ("vitlab.train.sizing", "vitlab.train.persist"),
+        ("vitlab.train.objectives", "vitlab.train.sizing"),
     ],
 )
 def test_one_direction_between_the_rooms(room: str, never: str) -> None:
@@ -196,6 +227,26 @@ def test_spec_imports_no_torch() -> None:
     }
     assert static == set()
     code = "import sys, vitlab.train.spec.rules, vitlab.train.spec.parser; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+SIZING_RULES = ("recipe", "finetune", "levels", "side", "pace", "capacity", "steps", "result")
+"""The rule modules of ``train/sizing`` (what is chosen, from what the probes measure): no torch."""
+
+
+def test_the_sizing_rules_import_no_torch() -> None:
+    """Statically (no rule module imports torch at its top) and when it runs (importing them loads no torch)."""
+    rules = [f"vitlab.train.sizing.{name}" for name in SIZING_RULES]
+    static = {
+        m
+        for m in rules
+        for node, in_function in _imports(ast.parse(MODULES[m].read_text()))
+        if not in_function
+        for t in _targets(m, node)
+        if t == "torch" or t.startswith("torch.")
+    }
+    assert static == set()
+    code = f"import sys, {', '.join(rules)}; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -83,13 +83,13 @@ def test_hog_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
 
 
 def test_threads_are_read_from_the_lines_vitlab_prints() -> None:
-    """The start line and an epoch-end change, as :mod:`vitlab.train.engine.cores` writes them."""
+    """The start line and an epoch-end change, as :mod:`vitlab.train.sizing.machine` writes them."""
     import math
     from types import SimpleNamespace
 
     import torch
 
-    from vitlab.train.engine import cores
+    from vitlab.train.sizing import machine as cores
 
     bench = _bench()
     cpu = torch.device("cpu")

@@ -17,9 +17,9 @@ from torch.utils.data import DistributedSampler
 
 from vitlab.data import ArrayDataset, train_transform
 from vitlab.data.seeding import SeededItems
-from vitlab.train.spec.fitting import BUDGET_TOKEN_DROP
-from vitlab.train.spec.image_size import PHOTO_CROP_PCT, holds_photos, store_side
-from vitlab.train.spec.levels import level_fields
+from vitlab.train.sizing.levels import level_fields
+from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP
+from vitlab.train.sizing.side import PHOTO_CROP_PCT, holds_photos, store_side
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

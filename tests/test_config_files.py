@@ -31,21 +31,25 @@ def _one_line_error(capsys, argv: list[str]) -> str:
 
 
 def test_a_run_is_recreated_from_its_config_yaml(folder, tmp_path, step_losses, capsys) -> None:
-    """The run's config.yaml holds its resolved configuration (the auto recipe as fitted, the data's absolute path,
-    nothing about the process); a run from it has the same configuration and, on one process, the same first
-    steps."""
+    """The run's config.yaml holds what it was asked (the data's absolute path, the recipe's name and the fields
+    given, nothing about the process), its sizing.json what it chose (the auto recipe as fitted and the line that
+    says so); a run from the config.yaml reads those choices back: the same configuration and, on one process, the
+    same first steps."""
     losses = step_losses
     x, y = tmp_path / "x", tmp_path / "y"
     common = ["--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0", "--stop-after", "2"]
     assert main(["train", "--data", os.path.relpath(folder), "--out", str(x), "--epochs", "2", *TINY, *common]) == 0
     first = list(losses)
     saved = yaml.safe_load((x / "config.yaml").read_text())
-    assert saved["data"] == str(folder.resolve()) and saved["recipe"]["name"] == "auto" and saved["resolved"]
-    assert not {"out", "workers", "progress", "stop_after", "memory_budget", "allow_pipe"} & set(saved)
+    assert saved["data"] == str(folder.resolve()) and saved["recipe"] == {"name": "auto", "epochs": 2}
+    assert not {"out", "workers", "progress", "stop_after", "memory_budget", "allow_pipe", "resolved"} & set(saved)
+    chosen = json.loads((x / "sizing.json").read_text())["sizing"]
+    assert chosen["chosen"].startswith("auto: ") and chosen["recipe"]["batch_size"] == 8
     losses.clear()
     capsys.readouterr()
     assert main(["train", "--config", str(x / "config.yaml"), "--out", str(y), *common]) == 0
-    assert "auto: " in capsys.readouterr().out  # the line that says how the recipe was fitted, not a new fit
+    out = capsys.readouterr().out
+    assert f"(replayed from {x / 'sizing.json'}; --replan to measure afresh)" in out  # read back, not a new fit
     assert (y / "config.yaml").read_text() == (x / "config.yaml").read_text()
     assert len(first) == 2 and losses == first
 

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ import vitlab
 from vitlab.cli import main
 from vitlab.models import ViTConfig
 from vitlab.train.engine.model import InitModel
+from vitlab.train.sizing.finetune import FT_BATCH, FT_LR, SMALL_DATA, finetune_lr, finetune_recipe
+from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP, LEVELS, aug_level
+from vitlab.train.spec.arch import head_choice
 from vitlab.train.spec.config import build_config
-from vitlab.train.spec.finetune import FT_BATCH, FT_LR, SMALL_DATA, finetune_lr, fit_finetune, head_choice
-from vitlab.train.spec.fitting import BUDGET_TOKEN_DROP, LEVELS, aug_level
 
 NAMES = ["cat", "dog", "fox", "owl"]
 
@@ -66,7 +68,7 @@ def test_the_head_is_kept_only_for_the_same_names_in_the_same_order(tmp_path, na
     its old classes relabelled with the new names."""
     init = _init(tmp_path)
     cfg = dataclasses.replace(build_config({"init": str(init), "data": "unused"}), new_head=flag)
-    model, line = InitModel.read(cfg).build(cfg, num_classes=4, class_names=names)
+    model, line = InitModel.read(cfg).build(cfg, cfg.recipe, num_classes=4, class_names=names)
     before = vitlab.load(init)
     assert words in line, line
     if kept:
@@ -98,8 +100,9 @@ def _fit(n_train=1000, *, width=96, img=32, patch=4, names=None, flags=None, bud
     cfg = build_config(values, given={f"recipe.{k}" for k in given})
     assert cfg.recipe.name == "auto"  # --init without --recipe: the fine-tuning fitting
     names = names or [f"n{i}" for i in range(10)]
-    return fit_finetune(cfg, n_train=n_train, class_names=names, in_chans=3, device_type="cpu", init=init,
-                        processes=processes)  # fmt: skip
+    recipe, line = finetune_recipe(cfg, n_train=n_train, class_names=names, in_chans=3, device_type="cpu", init=init,
+                                   processes=processes)  # fmt: skip
+    return SimpleNamespace(recipe=recipe, resolved=line)  # what the rule chose, and the line that says so
 
 
 def test_the_default_fits_adamw_at_the_measured_lr_scaled_by_width_and_batch():

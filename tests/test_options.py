@@ -63,18 +63,18 @@ def test_recipe_flags_leave_the_recipe_alone_unless_given() -> None:
 def test_a_warmup_given_in_epochs_or_steps_replaces_the_auto_recipes_fraction() -> None:
     """``--warmup-epochs 0`` (or ``--warmup-steps 0``) means no warmup: the auto recipe's 10% of the steps does not
     come back through ``warmup_fraction`` when the recipe is fitted; without the flag the fraction stays."""
-    from vitlab.train.engine.schedule import warmup_for
-    from vitlab.train.spec.fitting import fit_recipe_to_data
+    from vitlab.train.sizing.recipe import classify_recipe
+    from vitlab.train.spec.phases import warmup_for
 
     p = argparse.ArgumentParser()
     add_options(p, command="train")
 
     def warmup(*flags: str) -> int:
         values, given = namespace_values(p.parse_args(["--data", "d", *flags]), command="train")
-        fit = fit_recipe_to_data(build_config(values, given=given), n_train=50_000, image_size=(32, 32),
-                                 num_classes=10, in_chans=3, device_type="cpu")  # fmt: skip
-        assert fit.recipe.name == "auto"
-        return warmup_for(fit.recipe, total_steps=1000, steps_per_epoch=100)[0]
+        recipe, _ = classify_recipe(build_config(values, given=given), n_train=50_000, image_size=(32, 32),
+                                    num_classes=10, in_chans=3, device_type="cpu")  # fmt: skip
+        assert recipe.name == "auto"
+        return warmup_for(recipe, total_steps=1000, steps_per_epoch=100)[0]
 
     assert warmup() > 0  # the auto recipe's fraction of the steps
     assert warmup("--warmup-epochs", "0") == warmup("--warmup-steps", "0") == 0

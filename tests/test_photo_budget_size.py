@@ -13,9 +13,10 @@ import torch
 
 from vitlab.distributed import Dist
 from vitlab.train import TrainConfig, get_recipe
-from vitlab.train.engine import calibrate
-from vitlab.train.engine.data import folder_plan
-from vitlab.train.spec.image_size import BUDGET_PASSES, budget_photo_side
+from vitlab.train.engine.optim import build_optimizer
+from vitlab.train.sizing import probe
+from vitlab.train.sizing.probe import Here
+from vitlab.train.sizing.side import BUDGET_PASSES, budget_photo_side, folder_storage
 
 
 def _cfg(data: Path, **kw) -> TrainConfig:
@@ -65,11 +66,11 @@ def test_the_plan_stores_the_folder_for_the_budget_side(tmp_path):
         seen.append(n_train)
         return 2.0 if side > 128 else BUDGET_PASSES
 
-    plan = folder_plan(_cfg(tmp_path, time_budget=60.0), {(3024, 4032): 24}, n_files=3000, passes=passes)
+    plan = folder_storage(_cfg(tmp_path, time_budget=60.0), {(3024, 4032): 24}, n_files=3000, passes=passes)
     assert plan.size == (128, 128) and plan.store_side == math.floor(128 / 0.875)
     assert plan.eval_side == math.floor(128 / 0.875) and set(seen) == {3000}  # every file counts, not the headers
     assert "training at 128 px (photos under a time budget: ~2.0 passes at 224 px" in plan.line
-    assert folder_plan(_cfg(tmp_path), {(3024, 4032): 24}).size == (224, 224)  # no passes given: as before
+    assert folder_storage(_cfg(tmp_path), {(3024, 4032): 24}).size == (224, 224)  # no passes given: as before
 
 
 @pytest.mark.parametrize(
@@ -79,23 +80,22 @@ def test_the_plan_stores_the_folder_for_the_budget_side(tmp_path):
         ({}, False),
         ({"time_budget": 60.0, "img_size": 96}, False),
         ({"time_budget": 60.0, "init": "runs/x/model"}, False),
-        ({"time_budget": 60.0, "pack": True}, False),
+        ({"time_budget": 60.0, "pack": True}, True),  # packed photos: the same side rule (issue 57)
     ],
 )
 def test_only_a_fresh_timed_run_on_a_folder_without_a_size_chooses_it(tmp_path, kw, wanted):
     cfg = _cfg(tmp_path, **kw)
-    assert calibrate.wants_budget_size(cfg, uses_labels=True, dist=Dist()) is wanted
-    assert not calibrate.wants_budget_size(_cfg(tmp_path / "missing", time_budget=60.0), uses_labels=True, dist=Dist())
-    assert not calibrate.wants_budget_size(_cfg(tmp_path, time_budget=60.0), uses_labels=False, dist=Dist())
+    assert probe.wants_budget_size(cfg, uses_labels=True, dist=Dist()) is wanted
+    assert not probe.wants_budget_size(_cfg(tmp_path / "missing", time_budget=60.0), uses_labels=True, dist=Dist())
+    assert not probe.wants_budget_size(_cfg(tmp_path, time_budget=60.0), uses_labels=False, dist=Dist())
 
 
 def test_measured_passes_fall_with_the_side_and_rise_with_the_budget(tmp_path):
     """Real timed steps: a larger side costs more per image, so the same budget buys fewer passes there."""
     t0 = time.perf_counter()
-    short = calibrate.budget_passes(_cfg(tmp_path, time_budget=60.0), device=torch.device("cpu"), amp_dtype=None,
-                                    t_start=t0)  # fmt: skip
-    long = calibrate.budget_passes(_cfg(tmp_path, time_budget=600.0), device=torch.device("cpu"), amp_dtype=None,
-                                   t_start=t0)  # fmt: skip
+    here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=t0, optimizer=build_optimizer)
+    short = probe.budget_passes(_cfg(tmp_path, time_budget=60.0), here)
+    long = probe.budget_passes(_cfg(tmp_path, time_budget=600.0), here)
     at_224, at_64 = short(224, 3000), short(64, 3000)
     assert 0 < at_224 < at_64  # 224 px: 3x the tokens (patch 16 against 8) and 12x the pixels to augment
     assert long(64, 3000) > 3 * at_64  # ten times the budget (less the reserve and the time spent); timings vary

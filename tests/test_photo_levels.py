@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from torchvision.transforms import v2
@@ -13,12 +14,11 @@ from torchvision.transforms import v2
 from test_photos import _photos
 from vitlab.data import load_data
 from vitlab.train import TrainConfig, get_recipe
-from vitlab.train.engine.calibrate import _level_transform
-from vitlab.train.engine.data import folder_plan
-from vitlab.train.objectives import objective_for
-from vitlab.train.spec.fitting import auto_recipe
-from vitlab.train.spec.image_size import holds_photos
-from vitlab.train.spec.levels import LEVELS, PHOTO_OFF, level_fields
+from vitlab.train.sizing import recipe_for
+from vitlab.train.sizing.levels import LEVELS, PHOTO_OFF, level_fields
+from vitlab.train.sizing.probe import _level_transform
+from vitlab.train.sizing.recipe import auto_recipe
+from vitlab.train.sizing.side import folder_storage, holds_photos
 
 
 def _cfg(data: Path, *flags_as_fields: str, **kw) -> TrainConfig:
@@ -46,9 +46,10 @@ def test_the_auto_recipe_for_photos_says_it_keeps_the_crop_only():
 
 
 def _fitted(cfg: TrainConfig, data_root: Path, tmp_path: Path):
-    s = load_data(str(data_root), plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "cache",
+    s = load_data(str(data_root), plan=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "cache",
                   progress=False)  # fmt: skip
-    return s, objective_for(cfg).fit_recipe(cfg, s, device_type="cpu")
+    recipe, chosen, _ = recipe_for(cfg, s)
+    return s, SimpleNamespace(recipe=recipe, resolved=chosen)
 
 
 def test_a_folder_of_photos_gets_the_crop_only_and_small_images_the_whole_level(tmp_path):

@@ -20,9 +20,10 @@ from vitlab.data import ArrayDataset, PackedImages, eval_transform, load_data, t
 from vitlab.data.cache import decode_files
 from vitlab.data.cache_admin import list_caches
 from vitlab.train import TrainConfig, get_recipe
-from vitlab.train.engine.data import folder_plan
-from vitlab.train.spec.fitting import fit_recipe_to_data
-from vitlab.train.spec.image_size import BUDGET_PASSES, fit_size_to_data
+from vitlab.train.sizing import recipe_for
+from vitlab.train.sizing.recipe import classify_recipe
+from vitlab.train.sizing.side import BUDGET_PASSES
+from vitlab.train.sizing.side import folder_storage as folder_plan
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2"]  # the default size and patch, a small model
 
@@ -75,11 +76,9 @@ def test_photos_train_at_224_with_patch_16_from_the_headers(tmp_path):
     assert s.val.images.shape == (2, 256, 256, 3)  # evaluation: resized to 256, centre square
     assert s.plan.line.startswith("images: 1920x1080 -> training at 224 px (photos")
     assert "crop_pct 0.875" in s.plan.line
-    fitted = fit_recipe_to_data(cfg, n_train=6, image_size=s.image_size, num_classes=2, in_chans=3, device_type="cpu")
-    fitted = fit_size_to_data(fitted, s)
-    r = fitted.recipe
+    r, chosen, _ = recipe_for(cfg, s)
     assert (r.arch["patch_size"], r.img_size, r.crop_pct) == (16, 224, 0.875)
-    assert "dynamic_img_pad" not in r.arch and "224x224 px" in fitted.resolved and "patch 16" in fitted.resolved
+    assert "dynamic_img_pad" not in r.arch and "224x224 px" in chosen and "patch 16" in chosen
     # 12 MP phone photos (portrait: EXIF-free, stored upright) and a photo of 200 px: 192, a multiple of 16
     assert folder_plan(cfg, {(3024, 4032): 24}).size == (224, 224)
     small_photos = folder_plan(cfg, {(200, 300): 5})
@@ -103,10 +102,10 @@ def test_small_images_keep_their_own_size_and_patch(tmp_path, side, patch):
     plan = folder_plan(_cfg(tmp_path), {(side, side): 100})
     assert (plan.size, plan.crop_pct, plan.eval_side) == ((side, side), 1.0, None)
     assert plan.store_side >= side and "stored as they are" in plan.line
-    cfg = fit_recipe_to_data(
+    recipe, _ = classify_recipe(
         _cfg(tmp_path), n_train=100, image_size=(side, side), num_classes=2, in_chans=3, device_type="cpu"
     )
-    assert cfg.recipe.arch["patch_size"] == patch and "dynamic_img_pad" not in cfg.recipe.arch
+    assert recipe.arch["patch_size"] == patch and "dynamic_img_pad" not in recipe.arch
 
 
 def _mixed_aspects(root: Path) -> Path:
@@ -284,14 +283,14 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
     data = _photos(tmp_path / "photos", [(1920, 1080)] * 4)
     asked = []
 
-    def fake(cfg, **kw):
+    def fake(cfg, here, **kw):
         def passes(side: int, n_train: int) -> float:
             asked.append(side)
             return 3.0 if side > 64 else BUDGET_PASSES + 5
 
         return passes
 
-    monkeypatch.setattr("vitlab.train.engine.run.budget_passes", fake)
+    monkeypatch.setattr("vitlab.train.engine.data.budget_passes", fake)
     code, _ = _train(data, tmp_path, *TINY, "--time-budget", "20s", "--stop-after", "1")
     assert code == 0
     said = capsys.readouterr().out

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlab.capacity import activation_bytes, plan, train_flops_per_image
 from vitlab.cli import main
 from vitlab.models import count_macs, create_model
+from vitlab.train.sizing.capacity import activation_bytes, plan, train_flops_per_image
 
 B16_PARAMS = 86_567_656  # DESIGN.md, 224 px, 1000 classes
 

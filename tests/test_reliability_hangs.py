@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.train.engine.budget import steps_in_budget as _steps_in_budget
+from vitlab.train.sizing.budget import steps_in_budget as _steps_in_budget
 
 ARCH = ["--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--threads", "1"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -1,4 +1,4 @@
-"""Memory before the run (:mod:`vitlab.train.engine.memory`): every run estimates its peak from its configuration
+"""Memory before the run (:mod:`vitlab.train.sizing.memory`): every run estimates its peak from its configuration
 before it allocates, splits the batch into accumulation steps when the step would not fit (same global batch, same
 losses), refuses in one line when one image does not fit, and fits ``--objective mpp`` to photos; what is available
 is read from ``/proc/meminfo`` and the cgroup's limit. The probe of available memory is stood in for: these tests
@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 
 import vitlab
-import vitlab.train.engine.machine as machine
-import vitlab.train.engine.memory as memory
+import vitlab.train.sizing.machine as machine
+import vitlab.train.sizing.memory as memory
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.distributed import Dist
@@ -78,8 +78,10 @@ def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_p
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith("memory:"))
     assert "a step of 16 images at 16 px needs" in line and "-> 4 accumulation steps of 4 images" in line
-    saved = json.loads(load_state(tmp_path / "split" / "last.pt")["config"])["recipe"]
+    state = load_state(tmp_path / "split" / "last.pt")
+    saved = json.loads(state["sizing"])["recipe"]  # what the run chose; its config stays what was asked
     assert saved["batch_size"] == 16 and saved["accum_steps"] == 4
+    assert json.loads(state["config"])["recipe"]["accum_steps"] == 1
     assert split["steps"] == 2 and len(losses) == len(ref) == 2
     np.testing.assert_allclose(losses, ref, rtol=1e-4)
 
@@ -127,14 +129,14 @@ def test_mpp_on_224_px_photos_fits_its_patch_and_batch_and_stays_in_memory(tmp_p
     room = 6 * GiB
     monkeypatch.setattr(memory, "available_memory", _available(room))
     fits = []
-    real = memory.fit_memory
+    real = memory.memory_split
 
     def spy(*a, **k):
         got = real(*a, **k)
         fits.append(got)
         return got
 
-    monkeypatch.setattr("vitlab.train.engine.run.fit_memory", spy)
+    monkeypatch.setattr("vitlab.train.sizing.sizer.memory_split", spy)
     out = tmp_path / "mpp"
     argv = ["train", "--objective", "mpp", "--data", str(photos), "--out", str(out), "--epochs", "1"]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0", "--dim", "32", "--depth", "1"]
@@ -146,7 +148,7 @@ def test_mpp_on_224_px_photos_fits_its_patch_and_batch_and_stays_in_memory(tmp_p
     assert model.config.patch_size > 4 and model.config.img_size == (224, 224)
     (fitted,) = fits
     assert fitted.estimate.total <= memory.MARGIN * room
-    assert fitted.cfg.recipe.batch_size <= 6
+    assert fitted.recipe.batch_size <= 6
 
 
 def test_mpp_on_photos_with_too_little_memory_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
@@ -242,16 +244,16 @@ def test_a_resumed_run_keeps_its_batch_and_warns(folder, tmp_path, monkeypatch, 
     s = fit(_cfg(folder, tmp_path / "r"), resume=True)
     assert s["steps"] == 2
     assert "warning: memory: a step of 16 images" in capsys.readouterr().out
-    assert json.loads(load_state(tmp_path / "r" / "last.pt")["config"])["recipe"]["accum_steps"] == 1
+    assert json.loads(load_state(tmp_path / "r" / "last.pt")["sizing"])["recipe"]["accum_steps"] == 1
 
 
 def test_the_batch_split_decision_is_the_same_on_every_rank() -> None:
     """Under torchrun every rank takes the smallest rank's memory (a collective), so all split alike; here one
-    process, and ``fit_memory`` refuses a batch the loaders would refuse before estimating anything."""
+    process, and ``memory_split`` refuses a batch the loaders would refuse before estimating anything."""
     cfg = TrainConfig(recipe=get_recipe("auto", batch_size=10, accum_steps=4))
     mc = ViTConfig(name="x", img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     with pytest.raises(ConfigError, match="must be a multiple of processes x --accum-steps = 4"):
-        memory.fit_memory(cfg, model_config=mc, dist=Dist(), device=torch.device("cpu"), num_classes=2)
+        memory.memory_split(cfg, cfg.recipe, model_config=mc, dist=Dist(), device=torch.device("cpu"), num_classes=2)
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")

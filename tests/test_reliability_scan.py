@@ -187,7 +187,7 @@ def test_a_panorama_within_the_strip_rule_is_stored_whole_at_its_aspect_ratio(tm
 
     from vitlab.data import PackedImages
     from vitlab.train import TrainConfig, get_recipe
-    from vitlab.train.engine.data import folder_plan
+    from vitlab.train.sizing.side import folder_storage as folder_plan
 
     root = _classes(tmp_path / "ds", n=3, size=200)
     Image.new("RGB", (2000, 200), (9, 9, 9)).save(root / "a" / "pano.png")

@@ -17,9 +17,10 @@ from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
 from vitlab.train.engine import loop as loop_mod
-from vitlab.train.engine.budget import REPLAN_AT
-from vitlab.train.engine.schedule import StepSchedule, resize_batch, size_at, step_cost
+from vitlab.train.engine.schedule import StepSchedule, resize_batch
+from vitlab.train.sizing.budget import REPLAN_AT
 from vitlab.train.spec.options import option
+from vitlab.train.spec.phases import size_at, step_cost
 from vitlab.train.spec.recipes import get_recipe
 
 
@@ -77,9 +78,9 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        net, workers, line = build(*a, **k)
+        net, line = build(*a, **k)
         net.register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, tuple(inp[0].shape[-2:]))))
-        return net, workers, line
+        return net, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     out = tmp_path / "run"
@@ -104,7 +105,7 @@ def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeyp
     never goes back to a smaller size."""
     from vitlab.train import get_recipe
 
-    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (120, 60, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (120, 60, 0.0, 0.05))
     sizes: list[int] = []
     resize = loop_mod.resize_batch
 
@@ -133,8 +134,8 @@ def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> 
     first half), the epoch that began before it is no pace, and a faster pace later lengthens the plan only as far
     as keeps every later step at the last size."""
     from vitlab.distributed import Dist
-    from vitlab.train.engine import budget
-    from vitlab.train.spec.pace import steps_in_budget
+    from vitlab.train.sizing import budget
+    from vitlab.train.sizing.pace import steps_in_budget
 
     clock = [0.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
@@ -161,14 +162,16 @@ def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> 
 
 def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypatch, capsys) -> None:
     """The probe times the final size; the plan multiplies its step time by ``mean_step_cost``."""
+    from vitlab.train.sizing import budget
+
     seen: list[tuple] = []
-    mean_cost = StepSchedule.mean_cost
+    mean_cost = budget.mean_cost
 
-    def spy(self, **kw):
-        seen.append(self.recipe.res_schedule)
-        return mean_cost(self, **kw)
+    def spy(recipe, **kw):
+        seen.append(recipe.res_schedule)
+        return mean_cost(recipe, **kw)
 
-    monkeypatch.setattr(StepSchedule, "mean_cost", spy)
+    monkeypatch.setattr(budget, "mean_cost", spy)
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s"]
     args += ["--res-schedule", "8:0.5,16:1.0", "--cache-dir", str(tmp_path / "cache"), "--workers", "0"]
@@ -195,7 +198,7 @@ def test_compile_is_static_per_size_under_a_resolution_schedule(monkeypatch, sch
     recipe = dataclasses.replace(recipe, token_drop_until=until)
     cfg = SimpleNamespace(fsdp=False, compile=True, recipe=recipe)
     net = torch.nn.Linear(2, 2)
-    assert build.distribute(net, cfg, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net
+    assert build.distribute(net, cfg, recipe, dist=SimpleNamespace(enabled=False), device=torch.device("cpu")) is net
     assert seen == {"dynamic": dynamic}
 
 
@@ -217,17 +220,18 @@ def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, f
     from types import SimpleNamespace
 
     from vitlab.distributed import Dist
-    from vitlab.train.engine import budget
-    from vitlab.train.engine.schedule import last_stretch_from
+    from vitlab.train.sizing import budget
+    from vitlab.train.sizing.probe import Here
+    from vitlab.train.spec.phases import last_stretch_from
 
     recipe = get_recipe("digits", batch_size=32, **fields)
     assert last_stretch_from(recipe) == share
-    monkeypatch.setattr(budget, "measure_budget", lambda *a, **k: (1000, 100, 0.05))
+    monkeypatch.setattr(budget, "measure_budget", lambda *a, **k: (1000, 100, 0.0, 0.05))
     cfg = trainer_mod.TrainConfig(recipe=recipe, out="o", time_budget=60.0)
+    here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=0.0, optimizer=None)
     _, replan = budget.plan_run(
-        cfg, net=None, run_net=None, loaders=SimpleNamespace(steps_per_epoch=10), schedule=None, lr=1e-3,
-        objective=SimpleNamespace(last_eval_extra=0.0), dist=Dist(), device=torch.device("cpu"), amp_dtype=None,
-        t_start=0.0, log=print,
+        cfg, recipe, here, net=None, run_net=None, loaders=SimpleNamespace(steps_per_epoch=10), lr=1e-3,
+        objective=SimpleNamespace(last_eval_extra=0.0), log=print,
     )  # fmt: skip
     assert replan.last_size_from == share and replan.due and replan.late
     assert replan._capped(100, 10_000) == (int(100 / share) if share else 10_000)
@@ -238,7 +242,7 @@ def test_the_early_re_plan_does_not_time_an_evaluation_inside_its_window(monkeyp
     them adds its evaluation and saving to the clock, which are not steps (they are planned apart): the pace is the
     steps' alone, not three times it."""
     from vitlab.distributed import Dist
-    from vitlab.train.engine import budget
+    from vitlab.train.sizing import budget
 
     clock = [0.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])

@@ -13,7 +13,8 @@ from vitlab.accel import FastVisionTransformer
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig
-from vitlab.train.engine.schedule import LRFactor, StepSchedule, set_rate
+from vitlab.models.layers import set_patch_drop as set_rate
+from vitlab.train.engine.schedule import LRFactor, StepSchedule
 from vitlab.train.spec.recipes import get_recipe
 
 
@@ -83,9 +84,9 @@ def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_pa
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        net, workers, line = build(*a, **k)
+        net, line = build(*a, **k)
         net.blocks[0].register_forward_pre_hook(lambda mod, inp: seen.append((mod.training, inp[0].shape[1])))
-        return net, workers, line
+        return net, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--dim", "16", "--depth", "1"]
@@ -103,17 +104,15 @@ def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_pa
 def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path, monkeypatch, capsys) -> None:
     """The probe times a step on every token as well, plans with the mean cost, and the run does not re-plan
     from its first (dropping, cheaper) steps."""
-    from vitlab.train.engine import budget
+    from vitlab.train.sizing import budget
 
     rates: list[float] = []
-    monkeypatch.setattr(budget, "set_rate", lambda m, r: rates.append(r) or set_rate(m, r))
+    monkeypatch.setattr(budget, "set_patch_drop", lambda m, r: rates.append(r) or set_rate(m, r))
     costs: list[float] = []  # the measured ratio, and the plan multiplied by a cost that leaves room for 1 step
-    monkeypatch.setattr(
-        StepSchedule, "mean_cost", lambda self, full_over_dropped: costs.append(full_over_dropped) or 1e6
-    )
+    monkeypatch.setattr(budget, "mean_cost", lambda recipe, full_over_dropped: costs.append(full_over_dropped) or 1e6)
     # the optimizer's update, timed alone, is not multiplied by the cost: on a loaded machine its timing could
     # reach the whole step's and leave nothing to multiply (a plan of one epoch, not one step)
-    monkeypatch.setattr(budget.calibrate, "time_update", lambda *a, **k: 0.0)
+    monkeypatch.setattr(budget, "time_update", lambda *a, **k: 0.0)
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
     args = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--time-budget", "3s", "--patch-size", "4"]
     args += ["--token-drop", "0.5", "--token-drop-until", "0.8", "--cache-dir", str(tmp_path / "cache")]
@@ -133,9 +132,9 @@ def test_a_resumed_run_past_the_switch_trains_on_every_token(tmp_path, capsys, m
     build = setup_mod.build_net
 
     def spy(*a, **k):
-        net, workers, line = build(*a, **k)
+        net, line = build(*a, **k)
         net.blocks[0].register_forward_pre_hook(lambda mod, inp: seen.append(inp[0].shape[1]) if mod.training else None)
-        return net, workers, line
+        return net, line
 
     monkeypatch.setattr(setup_mod, "build_net", spy)
     out = str(tmp_path / "run")

@@ -15,7 +15,7 @@ from vitlab.cli import main
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.optim import build_optimizer, layer_id
 from vitlab.train.engine.schedule import lr_factor
-from vitlab.train.spec.fitting import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe, fit_recipe_to_data
+from vitlab.train.sizing.recipe import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe, classify_recipe
 
 # n_train, epochs -> batch, steps, level, model
 RULES = [
@@ -125,9 +125,9 @@ def test_a_time_budget_on_small_images_trains_with_muon_photos_and_epochs_with_a
         given = [k for k in ("optimizer", "layer_decay") if k in kw]
         recipe = get_recipe("auto", **{k: kw.pop(k) for k in given})
         cfg = TrainConfig(recipe=recipe, data="unused", out="unused", time_budget=300, recipe_given=given, **kw)
-        cfg = fit_recipe_to_data(cfg, n_train=10_000, image_size=(32, 32), num_classes=10, in_chans=3,
-                                 device_type="cpu")  # fmt: skip
-        return cfg.recipe.optimizer, "Muon" in cfg.resolved
+        recipe, line = classify_recipe(cfg, n_train=10_000, image_size=(32, 32), num_classes=10, in_chans=3,
+                                       device_type="cpu")  # fmt: skip
+        return recipe.optimizer, "Muon" in line
 
     assert fitted() == ("muon", True)
     assert fitted(optimizer="sgd") == ("sgd", False)
@@ -140,7 +140,7 @@ def _train(args, tmp_path, capsys):
 
 
 def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_path, capsys, monkeypatch):
-    from vitlab.train.spec import fitting as auto
+    from vitlab.train.sizing import recipe as auto
 
     data = tiny_folder(tmp_path / "data", per_class=16, size=16)
     out = tmp_path / "run"
@@ -198,9 +198,9 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
     test does not depend on the machine's load) re-plans to 120. The warmup is re-fitted with the cosine:
     the LR peaks early and decays over the run's end."""
     from vitlab import train as trainer
-    from vitlab.train.engine import budget
+    from vitlab.train.sizing import budget
 
-    monkeypatch.setattr("vitlab.train.engine.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.0, 0.05))
 
     def measured(self, *, steps_this_run, **_):  # the run's own pace, without a real clock: 120 steps fit
         return (120, 0.05) if self.due and steps_this_run == budget.REPLAN_AT else None
@@ -228,7 +228,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
 
 
 def test_warmup_fraction_follows_the_re_planned_length():
-    from vitlab.train.engine.schedule import warmup_for
+    from vitlab.train.spec.phases import warmup_for
 
     r = get_recipe("auto", warmup_fraction=0.1)
     assert warmup_for(r, total_steps=514, steps_per_epoch=50) == (51, 51)

@@ -135,8 +135,8 @@ def test_a_budget_keeps_back_the_last_evaluations_mirrored_pass(monkeypatch) -> 
     """With ``--tta flip-last`` the plan keeps one more evaluation's time for the run's last one: the steps are those
     that fit in the time left less that evaluation."""
     from vitlab.distributed import Dist
-    from vitlab.train.engine import budget
     from vitlab.train.objectives import Classify
+    from vitlab.train.sizing import budget
 
     assert Classify(num_classes=3, tta="flip-last").last_eval_extra == 1.0
     assert Classify(num_classes=3, tta="flip").last_eval_extra == 0.0 == Classify(num_classes=3).last_eval_extra

@@ -18,9 +18,10 @@ from vitlab.models.mpp import MaskedPatchPrediction
 from vitlab.train import TrainConfig, fit, get_recipe
 from vitlab.train.engine.optim import param_groups
 from vitlab.train.objectives import MPP, Classify
-from vitlab.train.objectives.mpp import evaluate_mpp, step_bytes
+from vitlab.train.objectives.mpp import evaluate_mpp
 from vitlab.train.persist.state import load_state
-from vitlab.train.spec.fitting import fit_mpp_recipe
+from vitlab.train.sizing.memory import mpp_bytes as step_bytes
+from vitlab.train.sizing.recipe import mpp_recipe
 from vitlab.train.spec.rules import validate
 
 TINY_ARCH = {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "mlp_ratio": 2}
@@ -177,16 +178,16 @@ def test_cli_rejects_an_unknown_objective(capsys):
     assert "--objective" in capsys.readouterr().err
 
 
-def test_fit_mpp_recipe_keeps_the_cifar_patch_and_what_the_user_gave() -> None:
+def test_mpp_recipe_keeps_the_cifar_patch_and_what_the_user_gave() -> None:
     cfg = TrainConfig(recipe=get_recipe("mpp"), objective="mpp")
-    assert fit_mpp_recipe(cfg, n_train=50_000, image_size=(32, 32)) is cfg  # patch 4 at 32 px, batch 128
-    at224 = fit_mpp_recipe(cfg, n_train=50_000, image_size=(224, 224))
-    assert at224.recipe.arch["patch_size"] in (14, 16, 28, 32) and at224.recipe.batch_size == 128
-    assert at224.resolved.startswith("mpp: patch")
+    assert mpp_recipe(cfg, n_train=50_000, image_size=(32, 32)) == (cfg.recipe, None)  # patch 4 at 32 px, batch 128
+    at224, line = mpp_recipe(cfg, n_train=50_000, image_size=(224, 224))
+    assert at224.arch["patch_size"] in (14, 16, 28, 32) and at224.batch_size == 128
+    assert line.startswith("mpp: patch")
     given = TrainConfig(recipe=get_recipe("mpp"), objective="mpp", arch={"patch_size": 8})
-    assert fit_mpp_recipe(given, n_train=50_000, image_size=(224, 224)) is given  # the patch is the user's
-    few = fit_mpp_recipe(cfg, n_train=40, image_size=(32, 32))
-    assert few.recipe.batch_size == 8
+    assert mpp_recipe(given, n_train=50_000, image_size=(224, 224)) == (given.recipe, None)  # the user's patch
+    few, _ = mpp_recipe(cfg, n_train=40, image_size=(32, 32))
+    assert few.batch_size == 8
 
 
 def test_step_bytes_count_the_colour_head_on_every_patch() -> None:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.train.engine import cores
 from vitlab.train.engine.schedule import LRFactor
+from vitlab.train.sizing import machine as cores
+from vitlab.train.sizing.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
+from vitlab.train.sizing.recipe import LEVELS, auto_recipe
 from vitlab.train.spec.config import TrainConfig
-from vitlab.train.spec.fitting import LEVELS, auto_recipe
-from vitlab.train.spec.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
 
 # -- threads from the free cores -------------------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
     """In epochs of 160 steps or more the pace is also checked every quarter epoch: a stretch slower than planned
     shortens the plan, a faster one lengthens it, and a stretch on pace leaves it alone."""
     from vitlab.distributed import Dist
-    from vitlab.train.engine import budget
+    from vitlab.train.sizing import budget
 
     clock = [1000.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
@@ -157,6 +157,16 @@ def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
 # -- measure, then choose ------------------------------------------------------------------------------------------
 
 
+def _here(**kw):
+    """Where a probe runs in these tests: one process on the CPU, float32, the engine's optimizer builder."""
+    from vitlab.distributed import Dist
+    from vitlab.train.engine.optim import build_optimizer
+    from vitlab.train.sizing.probe import Here
+
+    base = {"dist": Dist(), "device": torch.device("cpu"), "amp_dtype": None, "t_start": 0.0}
+    return Here(**{**base, "optimizer": build_optimizer, **kw})
+
+
 def _pace(step_s: float, **kw) -> Pace:
     """A probe's reading: ``step_s`` for a step of 1e9 multiply-accumulates of 64 images, cheap augmentation."""
     base = {"step_macs": 1e9, "batch": 64, "aug_s": dict.fromkeys(LEVELS, 1e-5), "eval_s": 0.5}
@@ -174,7 +184,7 @@ def test_the_auto_recipe_states_the_passes_its_measured_pace_buys():
         pace = _pace(step_s)
         recipe, line = auto_recipe(**kw, pace=pace)
         assert "measured" in line
-        from vitlab.train.spec.fitting import forward_macs
+        from vitlab.train.sizing.recipe import forward_macs
 
         a = recipe.arch
         per_step = pace.per_step(
@@ -215,7 +225,7 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     """measure_pace times real steps of the smallest auto model (here tiny: 16 px, 48 images) and every level's
     transform, in a fork of the random generators (the run's own draws do not depend on it)."""
     from vitlab.data.sources import DataSplits, ImageArray
-    from vitlab.train.engine.calibrate import measure_pace
+    from vitlab.train.sizing.probe import measure_pace
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8)
@@ -224,7 +234,7 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     cfg = TrainConfig(time_budget=60.0, threads=1)
     before, state = torch.get_num_threads(), torch.random.get_rng_state()
     try:
-        pace = measure_pace(cfg, data, device=torch.device("cpu"), amp_dtype=None, t_start=0.0)
+        pace = measure_pace(cfg, data, _here())
     finally:
         torch.set_num_threads(before)
     assert torch.equal(torch.random.get_rng_state(), state)
@@ -239,17 +249,16 @@ def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
     that chooses the recipe times that step (the run's optimizer at LR 0), a user's --optimizer where given, and
     AdamW where a setting refuses Muon (layer-wise LR decay here)."""
     from vitlab.data.sources import DataSplits, ImageArray
-    from vitlab.train.engine import calibrate
+    from vitlab.train.engine.optim import build_optimizer
+    from vitlab.train.sizing.probe import measure_pace
     from vitlab.train.spec.recipes import get_recipe
 
     built = []
 
-    def spy(model, recipe, lr):
+    def spy(model, recipe, lr):  # the run's optimizer builder, as the engine hands it to the probes
         built.append((recipe.optimizer, lr))
-        return real(model, recipe, lr)
+        return build_optimizer(model, recipe, lr)
 
-    real = calibrate.build_optimizer
-    monkeypatch.setattr(calibrate, "build_optimizer", spy)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (24, 16, 16, 3), dtype=np.uint8)
     labels = np.arange(24, dtype=np.int64) % 4
@@ -258,7 +267,7 @@ def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
     try:
         for given in ({}, {"optimizer": "sgd"}, {"layer_decay": 0.75}):
             cfg = TrainConfig(recipe=get_recipe("auto", **given), time_budget=60.0, threads=1, recipe_given=[*given])
-            calibrate.measure_pace(cfg, data, device=torch.device("cpu"), amp_dtype=None, t_start=0.0)
+            measure_pace(cfg, data, _here(optimizer=spy))
     finally:
         torch.set_num_threads(before)
     assert built == [("muon", 0.0), ("sgd", 0.0), ("adamw", 0.0)]
@@ -270,7 +279,7 @@ def test_the_probe_takes_the_median_step_and_stops_at_its_share_of_the_budget(mo
     timed steps took that long, after two at least."""
     from types import SimpleNamespace
 
-    from vitlab.train.engine import calibrate
+    from vitlab.train.sizing import probe as calibrate
 
     def timed(durations: list[float], max_s: float = float("inf")) -> tuple[float, int]:
         now, calls, steps = [0.0], [0], iter(durations)
@@ -301,8 +310,9 @@ def test_the_update_is_timed_alone_and_not_scaled_by_the_resolution_schedule(mon
     from types import SimpleNamespace
 
     from vitlab.train import get_recipe
-    from vitlab.train.engine import budget, calibrate
     from vitlab.train.engine.schedule import StepSchedule
+    from vitlab.train.sizing import budget
+    from vitlab.train.sizing import probe as calibrate
 
     now, updates = [0.0], iter([0.3, 0.9, 0.2, 0.25, 0.2])
 
@@ -331,10 +341,10 @@ def test_the_update_is_timed_alone_and_not_scaled_by_the_resolution_schedule(mon
 
     def planned(update_s: float) -> int:
         monkeypatch.setattr(budget, "_probe", lambda *a, **k: (0.1, update_s, 1.0, 0.0))
-        steps, _, _ = budget.measure_budget(
-            cfg, net=net, run_net=net, loaders=loaders, objective=Objective(), schedule=StepSchedule(recipe),
-            device=torch.device("cpu"), amp_dtype=None, t_start=time.perf_counter(), log=lambda line: None,
-        )  # fmt: skip
+        here = _here(t_start=time.perf_counter())
+        steps, _, _, _ = budget.measure_budget(
+            cfg, recipe, here, net=net, run_net=net, loaders=loaders, objective=Objective(), log=lambda line: None
+        )
         return steps
 
     cost = StepSchedule(recipe).mean_cost()
@@ -350,9 +360,9 @@ def test_the_recipe_probes_adamw_step_is_reused_only_for_an_adamw_run(optimizer:
     from types import SimpleNamespace
 
     from vitlab.train import get_recipe
-    from vitlab.train.engine import budget
+    from vitlab.train.sizing import budget
 
     recipe = get_recipe("small-data", optimizer=optimizer)
     pace = _pace(0.1, arch=dict(recipe.arch))
     loaders = SimpleNamespace(micro=pace.batch)
-    assert budget._reusable(pace, TrainConfig(recipe=recipe, time_budget=60.0), loaders) is reused
+    assert budget._reusable(pace, TrainConfig(recipe=recipe, time_budget=60.0), recipe, loaders) is reused

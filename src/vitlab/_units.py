@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["counted", "format_size", "parse_size", "size_option"]
+__all__ = ["counted", "duration", "format_size", "parse_size", "size_option"]
 
 _UNITS = {
     "": 1,
@@ -53,6 +53,13 @@ def format_size(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     raise AssertionError
+
+
+def duration(seconds: float) -> str:
+    """Seconds for a message: ``45 s``, ``3.2 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def counted(n: float, noun: str, plural: str | None = None) -> str:

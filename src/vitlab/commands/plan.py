@@ -50,10 +50,10 @@ def _gb(n: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from .._units import size_option
-    from ..capacity import plan
     from ..errors import UnknownModelError
     from ..models import list_models
     from ..models.registry import resolve_name
+    from ..train.sizing.capacity import plan
     from ._common import close_names
 
     if resolve_name(args.model) not in list_models():

@@ -58,14 +58,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
     if args.resume and args.config:
         raise ConfigError("--config with --resume: a resumed run is the one saved in --out; drop --config")
+    if args.replan and not args.config:
+        raise ConfigError("--replan applies to --config runs/X/config.yaml: it chooses afresh instead of reading X's "
+                          "sizing.json; give --config, or drop --replan")  # fmt: skip
     values, given = namespace_values(args, command=args.command)
     sources = Sources()
+    replay = None
     if args.config:  # the flags given over the file's values
         values, given, sources = merge(values, given, read_config_file(args.config), path=args.config)
+        replay = None if args.replan else _sizing_beside(Path(args.config))
     try:
         cfg = build_config(values, given=given)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
-            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite, replay=replay)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key
         raise ConfigError(sources.explain(e)) from None
     except StoppedBeforeTraining as e:
@@ -89,6 +94,21 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
         return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
     return 0
+
+
+def _sizing_beside(config: Path) -> dict | None:
+    """What the run whose ``config.yaml`` is ``config`` chose (its ``sizing.json``, read as data), with where it was
+    read (``"where"``), for the new run to read back; None where there is none. A ``sizing.json`` that is not one is
+    refused in one line (``--replan`` chooses afresh instead)."""
+    from ..errors import ConfigError
+    from ..train.sizing import SIZING_FILE, read_sizing
+
+    try:
+        rec = read_sizing(config.parent)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{config.parent / SIZING_FILE}: cannot read what that run chose ({e}); "
+                          "--replan to choose afresh") from None  # fmt: skip
+    return None if rec is None else {**rec, "where": str(config.parent / SIZING_FILE)}
 
 
 def result_line(summary: dict) -> str:

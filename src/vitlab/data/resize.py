@@ -4,7 +4,9 @@ evaluation transform follows, so that a stored image, vitlab's transform and tim
 
 from __future__ import annotations
 
-__all__ = ["centre_square", "resized_shape"]
+import math
+
+__all__ = ["centre_square", "resize_side", "resized_shape"]
 
 
 def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
@@ -35,3 +37,10 @@ def centre_square(width: int, height: int, size: int, crop: int | None = None) -
 def _centre(side: int, crop: int) -> int:
     """Where torchvision's ``CenterCrop`` starts a crop of ``crop`` on a side of ``side``."""
     return round((side - crop) / 2.0)  # Python's round: half to even, as torchvision's
+
+
+def resize_side(side: int, crop_pct: float) -> int:
+    """The side evaluation resizes to before its centre crop of ``side``: ``floor(side / crop_pct)``, timm's
+    ``crop_pct`` rule (``transforms_factory.transforms_imagenet_eval``), so that timm's transform of a vitlab
+    model's ``pretrained_cfg`` gives vitlab's pixels."""
+    return math.floor(side / crop_pct) if crop_pct < 1 else side

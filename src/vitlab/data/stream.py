@@ -36,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import DataError
 from .decode import decode_encoded, image_size, match_channels, typical_side
+from .folder_plan import FolderPlan
 from .loading import batches
 from .seeding import item_seed, seeded
 from .shard_source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_samples, open_shard, open_source
@@ -298,14 +299,25 @@ class StreamBatches:
 
 @dataclass(kw_only=True)
 class StreamData:
-    """A shard source as the trainer sees a :class:`~vitlab.data.sources.DataSplits`: lengths, classes, a typical
-    image size; the images stay in the shards."""
+    """A shard source as the trainer sees a :class:`~vitlab.data.sources.DataSplits`: lengths, classes, the sizes of
+    the first samples (``sizes``: ``(width, height) -> count``, from their headers) and their typical side; the
+    images stay in the shards. ``plan``: the side a run chose for them (the rule folders are stored by,
+    :func:`vitlab.train.sizing.side.folder_storage`; None: the typical side, evaluated whole)."""
 
     source: ShardSource
-    image_size: tuple[int, int]
+    sizes: dict[tuple[int, int], int]
     skipped: list[tuple[str, str]] = field(default_factory=list)
     cache_files: list[Path] = field(default_factory=list)
     in_chans: int = 3
+    plan: FolderPlan | None = None
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """The resolution to train at: the plan's, else the typical side of the first samples, square."""
+        if self.plan is not None and self.plan.size is not None:
+            return self.plan.size
+        side = typical_side(self.sizes)
+        return side, side
 
     @property
     def name(self) -> str:
@@ -363,8 +375,8 @@ def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[in
 def open_stream_data(
     spec: str, *, val_split: float | None = None, eval_only: bool = False, allow_pipe: bool = False
 ) -> StreamData:
-    """``--data spec`` (:func:`is_shard_spec`) resolved to its shards, with the typical image side of the first
-    shard's first samples (read from their headers) as the data's image size. ``allow_pipe``: as
+    """``--data spec`` (:func:`is_shard_spec`) resolved to its shards, with the sizes of the first shard's first
+    samples (read from their headers): a run chooses its side from them as from a folder's headers. ``allow_pipe``: as
     :func:`~vitlab.data.shard_source.open_source` takes it (only for a value typed with ``--allow-pipe``)."""
     src = open_source(spec, val_split=val_split, eval_only=eval_only, allow_pipe=allow_pipe)
     first = (src.val if eval_only else src.train).shards
@@ -381,5 +393,4 @@ def open_stream_data(
                 sizes[wh] = sizes.get(wh, 0) + 1
     if not sizes:
         raise DataError(f"{first[0].url}: none of its first samples is a readable image")
-    side = typical_side(sizes)
-    return StreamData(source=src, image_size=(side, side))
+    return StreamData(source=src, sizes=sizes)

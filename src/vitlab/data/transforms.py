@@ -13,7 +13,6 @@ are collated after it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from .decode import match_channels
-from .resize import resized_shape
+from .resize import resize_side, resized_shape
 
 __all__ = ["ArrayDataset", "channel_stats", "eval_transform", "mix_transform", "train_transform"]
 
@@ -167,13 +166,6 @@ def eval_transform(
             v2.ToPureTensor(),
         ]
     )
-
-
-def resize_side(side: int, crop_pct: float) -> int:
-    """The side evaluation resizes to before its centre crop of ``side``: ``floor(side / crop_pct)``, timm's
-    ``crop_pct`` rule (``transforms_factory.transforms_imagenet_eval``), so that timm's transform of a vitlab
-    model's ``pretrained_cfg`` gives vitlab's pixels."""
-    return math.floor(side / crop_pct) if crop_pct < 1 else side
 
 
 def _square(img_size: int | Sequence[int]) -> bool:

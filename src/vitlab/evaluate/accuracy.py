@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.transforms import resize_side
+from ..data.resize import resize_side
 from ..devices import autocast, resolve_device
 from ..errors import ConfigError
 

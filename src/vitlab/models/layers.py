@@ -9,7 +9,7 @@ API: they let the world's weights load without a rename table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,6 @@ from torch import nn
 from ..errors import ConfigError, InputError
 from .rope import RotaryPosition2D
 
-if TYPE_CHECKING:
-    from .packed import PackedAttention
-
 __all__ = [
     "Attention",
     "Block",
@@ -28,11 +25,13 @@ __all__ = [
     "LayerScale",
     "MAPHead",
     "Mlp",
+    "Packing",
     "PatchDropout",
     "PatchEmbed",
     "QuickGELU",
     "SeqPool",
     "make_act",
+    "set_patch_drop",
 ]
 
 
@@ -159,7 +158,7 @@ class Attention(nn.Module):
         *,
         return_attention: bool = False,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        packing: PackedAttention | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the weights ``(B, heads, T, T)``;
         ``rope``: the ``(cos, sin)`` table of the patch tokens (:meth:`.rope.RotaryPosition2D.table`);
@@ -223,6 +222,16 @@ class DropPath(nn.Module):
         return f"p={self.p}"
 
 
+class Packing(Protocol):
+    """What attention needs of packed sequences (NaViT: Dehghani et al. 2023) to keep each image's tokens to
+    themselves: the boolean ``(B, 1, S, S)`` mask of which token may attend to which, and the attention of ``q``,
+    ``k``, ``v`` within each image (:class:`~vitlab.models.packed.PackedAttention` is the one vitlab builds)."""
+
+    def mask(self) -> torch.Tensor: ...
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float = 0.0) -> torch.Tensor: ...
+
+
 class PatchDropout(nn.Module):
     """Token dropping in training (PatchDropout, Liu et al. 2022, "PatchDropout: Economizing Vision
     Transformers Using Patch Dropout"; FLIP, Li et al. 2023): each image keeps a random
@@ -253,6 +262,17 @@ class PatchDropout(nn.Module):
         pre, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
         patches = patches.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         return torch.cat([pre, patches], dim=1)
+
+
+def set_patch_drop(model: nn.Module, rate: float) -> bool:
+    """Set the token-drop rate of every :class:`PatchDropout` in ``model`` (a ViT, or a module around one); True when
+    one changed. A model built without token dropping has none to set (its rate stays 0). Every forward reads the
+    rate, so a schedule that ends token dropping part-way (FLIP's unmasked tuning) switches it here."""
+    changed = False
+    for layer in model.modules():
+        if isinstance(layer, PatchDropout) and layer.p != rate:
+            layer.p, changed = rate, True
+    return changed
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -322,7 +342,7 @@ class Block(nn.Module):
         *,
         return_attention: bool = False,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        packing: PackedAttention | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``(B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also the MSA weights; ``rope``: the
         patch tokens' rotary table (with ``rope_theta``); ``packing``: attention within each packed image."""

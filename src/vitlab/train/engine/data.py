@@ -1,39 +1,29 @@
-"""A run's data: the splits (rank 0 builds the decode cache first), stored at the size the run trains at
-(:func:`folder_plan`: decided from the files' headers before anything is decoded, see
-:mod:`vitlab.train.spec.image_size`), and their fingerprint, which ``--resume`` checks."""
+"""A run's data: the splits (rank 0 builds the decode cache first), stored for the side the run trains at (chosen by
+the sizing's side rule from the files' headers before anything is decoded, :func:`vitlab.train.sizing.side.
+folder_storage`; tar shards from their first samples' headers, by the same rule), and their fingerprint, which
+``--resume`` checks."""
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ...data import load_data
 from ...data.cache import cache_key
 from ...data.cache_admin import cache_line
-from ...data.decode import too_thin, typical_side
 from ...data.scan import scan_classes
 from ...data.shard_source import is_shard_spec, open_source
 from ...data.sources import DataError, DataSplits, FolderPlan
 from ...data.stream import open_stream_data
-from ...data.transforms import resize_side
-from ...distributed import Dist, barrier
+from ...distributed import barrier
 from ..persist.advice import top1_stderr
+from ..sizing.probe import Here, budget_passes, wants_budget_size
+from ..sizing.side import folder_storage
 from ..spec.config import TrainConfig
-from ..spec.image_size import (
-    CROP_MARGIN,
-    INIT_SIDE,
-    PHOTO_CROP_PCT,
-    PHOTO_SIDE,
-    PHOTO_SIZE,
-    budget_photo_side,
-    photo_size,
-    store_side,
-)
 
 __all__ = [
     "SMALL_EVAL_PER_CLASS",
@@ -42,7 +32,6 @@ __all__ = [
     "data_location",
     "data_record",
     "eval_split_lines",
-    "folder_plan",
     "load_run_data",
     "run_data_fingerprint",
 ]
@@ -53,25 +42,34 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 
 def load_run_data(
-    cfg: TrainConfig, *, dist: Dist, out: Path, log: Callable[[str], None], labels: bool = True,
-    init_size: int | None = None, passes: Callable[[int, int], float] | None = None,
+    cfg: TrainConfig, here: Here, *, out: Path, log: Callable[[str], None], labels: bool = True,
+    init_size: int | None = None, storage: FolderPlan | None = None,
 ) -> DataSplits:  # fmt: skip
-    """The run's train and evaluation splits. Rank 0 decodes first (and writes the shared cache)
-    while the others wait; undecodable files are listed in ``out/bad_files.txt``. A folder is stored at the
-    size the run trains at, decided from its headers first (:func:`folder_plan`; ``init_size``: the ``--init``
-    model's side, the size a fine-tune without ``--img-size`` trains at; ``passes``: what a time budget buys at a
-    side, for photos), and the choice is the first line logged."""
-    if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache
+    """The run's train and evaluation splits, stored for the side the run trains at, which the sizing's side rule
+    chooses from the images' sizes (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards'
+    first samples; ``init_size``: the ``--init`` model's side, the size a fine-tune without ``--img-size`` trains at;
+    for photos under a time budget, the passes it buys at each side, timed first:
+    :func:`~vitlab.train.sizing.probe.budget_passes`); ``storage``: a resumed or replayed run's (chosen before: kept).
+    The choice is the first line logged. Rank 0 decodes first (and writes the shared cache) while the others wait;
+    undecodable files are listed in ``out/bad_files.txt``."""
+    dist = here.dist
+    passes = None
+    if storage is None and wants_budget_size(cfg, uses_labels=labels, dist=dist):
+        passes = budget_passes(cfg, here)
+    storing = storage or functools.partial(folder_storage, cfg, init_size=init_size, passes=passes)
+    if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache; their side by the same rule
         data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
             raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+        data.plan = storage or storing(data.sizes, n_files=len(data.train), shards=True)
+        log(data.plan.line)
         return data
 
     def get_data():
         return load_data(
             cfg.data,
             val_split=cfg.val_split,
-            plan=functools.partial(folder_plan, cfg, init_size=init_size, passes=passes),
+            plan=storing,
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and dist.is_main,
@@ -222,61 +220,3 @@ def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | Non
             f"--resume: the data changed since the run started ({data}): {', '.join(changes)}; "
             "start a new run (--out elsewhere or --overwrite)"
         )
-
-
-def folder_plan(
-    cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None,
-    n_files: int | None = None, passes: Callable[[int, int], float] | None = None,
-) -> FolderPlan:  # fmt: skip
-    """How a run stores a folder whose training split's headers give ``counts`` (``(width, height) -> count``; the
-    conventions: :mod:`vitlab.train.spec.image_size`), with the line that says what was chosen and why. A fine-tune
-    without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not known, photos are then
-    stored for up to :data:`~vitlab.train.spec.image_size.INIT_SIDE`). ``passes(side, n_train)``: the passes a time
-    budget buys at a side (:func:`~vitlab.train.engine.calibrate.budget_passes`), for photos without a size given
-    (:func:`~vitlab.train.spec.image_size.budget_photo_side`); ``n_files``: the training split's files (default:
-    the headers counted)."""
-    pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
-    typical = typical_side(pictures)
-    w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
-    uniform = len(pictures) == 1
-    photos = typical >= PHOTO_SIDE
-    r = cfg.recipe
-    crop_pct = r.crop_pct if r.crop_pct < 1 else PHOTO_CROP_PCT if photos else 1.0
-    given = cfg.img_size or r.img_size
-    seen = f"images: {w}x{h}" if uniform else f"images: typical {w}x{h} (mixed sizes)"
-    if given:
-        side = given
-        why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
-    elif cfg.init:
-        side, why = init_size, "the --init model's size"
-    elif photos and passes is not None:
-        n_train = n_files or sum(counts.values())
-        side, why = budget_photo_side(typical, lambda s: passes(s, n_train))
-    elif photos:
-        side = photo_size(typical)
-        why = "photos: the usual ViT input; --img-size to change" if side == PHOTO_SIZE else "their own size"
-    else:
-        side, why = None, ""
-    if side is not None:
-        size: tuple[int, int] | None = (side, side)
-        keep = store_side(side, crop_pct)
-        to = f"training at {side} px ({why})"
-    elif cfg.init:
-        size, keep = None, math.ceil(INIT_SIDE / CROP_MARGIN) if photos else store_side(typical)
-        to = "training at the --init model's size"
-    else:  # small images: their own size, or the median shorter side of mixed sizes
-        size = (h, w) if uniform else (typical, typical)
-        keep = store_side(typical)
-        to = "training at their own size" if uniform else f"training at {typical} px (the median shorter side)"
-    if cfg.pack_res is not None:  # an image at --pack-res HIGH's budget has a shorter side of at most HIGH
-        keep = max(keep, math.ceil(cfg.pack_res[1]))
-    square = size is not None and size[0] == size[1]
-    eval_side = resize_side(size[0], crop_pct) if square and size and (photos or not uniform) else None
-    if cfg.pack:  # evaluated at their own aspect ratio too: stored whole, as the training images
-        eval_side = None
-    stored = f"stored with the shorter side at most {keep} px, aspect ratio kept"
-    if uniform and min(w, h) <= keep:
-        stored = "stored as they are"
-    how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
-    line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
-    return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)

@@ -16,16 +16,16 @@ from ...data import ArrayDataset, eval_transform, mix_transform, train_transform
 from ...data.loading import Batches
 from ...data.seeding import SeededItems, item_seed
 from ...distributed import Dist
+from ..sizing.result import Sizing
 from ..spec.config import TrainConfig
 from ..spec.options import OptionError, ref
-from ..spec.rules import micro_batch
 from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:
     from ...data.sources import DataSplits, ImageArray
     from ...models import ViTConfig
 
-__all__ = ["EpochPlan", "FolderLoaders", "RunLoaders", "build_folder_loaders", "eval_shard", "too_few_images"]
+__all__ = ["EpochCut", "FolderLoaders", "RunLoaders", "build_folder_loaders", "eval_shard", "too_few_images"]
 
 
 class RunLoaders(Protocol):
@@ -82,7 +82,7 @@ class RunLoaders(Protocol):
 
 
 @dataclass(kw_only=True)
-class EpochPlan:
+class EpochCut:
     """How an epoch is cut: ``micro`` images a forward pass, ``accum_steps`` of them an optimizer step, and the
     per-epoch generators, a new one per epoch and rank so that no saved state feeds them."""
 
@@ -140,7 +140,7 @@ def eval_shard(val: ImageArray, rank: int, world_size: int) -> ImageArray:
 
 
 @dataclass(kw_only=True)
-class FolderLoaders(EpochPlan):
+class FolderLoaders(EpochCut):
     """This process's training and evaluation data of images in memory (a folder's decode cache, a built-in data
     set). The training loader is made per epoch (the sampler's shuffle depends on it) and can start part-way into
     the epoch. Each training sample's augmentation is drawn from its own generator, seeded by
@@ -187,22 +187,18 @@ class FolderLoaders(EpochPlan):
 
 def build_folder_loaders(
     cfg: TrainConfig,
+    sizing: Sizing,
     *,
     data: DataSplits,
     model_config: ViTConfig,
     dist: Dist,
     device: torch.device,
-    workers: int,
-    eval_batch: int | None = None,
     labels: bool = True,
 ) -> FolderLoaders:
-    """Datasets with the recipe's augmentation (training) and centre crop (evaluation) at the model's
-    resolution and normalisation; checks that the global batch divides into processes and accumulation
-    steps and that one epoch holds at least one optimizer step. ``eval_batch``: images an evaluation pass
-    (:func:`vitlab.train.engine.memory.fit_memory`; None: the micro-batch, at least 256); ``labels``: whether
-    the objective learns them (MixUp/CutMix mix them)."""
-    r, mcfg = cfg.recipe, model_config
-    micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
+    """Datasets with the sizing's recipe's augmentation (training) and centre crop (evaluation) at the model's
+    resolution and normalisation, its micro-batch, evaluation batch and workers; checks that one epoch holds at
+    least one optimizer step. ``labels``: whether the objective learns them (MixUp/CutMix mix them)."""
+    r, mcfg, micro, workers = sizing.recipe, model_config, sizing.micro, sizing.workers
     tf_train = train_transform(
         img_size=mcfg.img_size,
         mean=mcfg.mean,
@@ -231,7 +227,7 @@ def build_folder_loaders(
     generator = torch.Generator().manual_seed(cfg.seed + 1000 * dist.rank)
     eval_loader = DataLoader(
         val_ds,
-        batch_size=eval_batch or max(micro, 256),
+        batch_size=sizing.eval_batch,
         shuffle=False,
         num_workers=workers if device.type == "cuda" else 0,
         generator=generator,

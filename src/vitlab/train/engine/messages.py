@@ -7,14 +7,14 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..._units import counted
+from ..._units import counted, duration
 
 if TYPE_CHECKING:
     import torch
 
     from ...data.sources import DataSplits
     from ...models import VisionTransformer
-    from ..persist.position import RunPlan
+    from ..sizing.steps import RunPlan
     from ..spec.recipes import Recipe
 
 __all__ = ["WallEstimate", "epoch_line", "init_line", "start_line"]
@@ -40,7 +40,7 @@ def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
 def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str:
     """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
     resampled to the new patch grid, and whether the head was kept or replaced by a zero one (``why``:
-    :func:`~vitlab.train.spec.finetune.head_choice`'s reason)."""
+    :func:`~vitlab.train.spec.arch.head_choice`'s reason)."""
 
     def grid(c: Any) -> str:
         return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))
@@ -73,7 +73,7 @@ def start_line(
     """The line a run starts with: what is trained on what, with which recipe and plan, where; with
     ``--time-budget`` the wall time it was planned to take (otherwise :class:`WallEstimate` times the first steps)."""
     m = model.config
-    wall = f"; expected wall time ~{_duration(time_budget)} (--time-budget)" if time_budget else ""
+    wall = f"; expected wall time ~{duration(time_budget)} (--time-budget)" if time_budget else ""
     return (
         f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
@@ -95,13 +95,6 @@ def start_line(
 def _triple(values: tuple[float, ...]) -> str:
     """``0.491/0.482/0.447``; one value when all are equal."""
     return f"{values[0]:.3g}" if len(set(values)) == 1 else "/".join(f"{v:.3g}" for v in values)
-
-
-def _duration(seconds: float) -> str:
-    """``45 s``, ``3.2 min``, ``1.5 h``."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 class WallEstimate:
@@ -131,6 +124,6 @@ class WallEstimate:
         eval_s = per_step / 3 * self.n_eval / max(1, self.batch)
         total_s = wall_s + left * per_step + evals * eval_s
         return (
-            f"expected wall time ~{_duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
+            f"expected wall time ~{duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
             f"{step - self.until + 2}-{step}, {left} steps and {evals} evaluation(s) to go)"
         )

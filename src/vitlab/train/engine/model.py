@@ -3,7 +3,8 @@
 embeddings resampled, Sec. 3.2; another ``--patch-size``: the patch projection resized as FlexiViT does, Beyer et
 al. 2023; other classes, the same ones in another order or the pre-training MLP head: a new zero-initialised linear
 head), with the checkpoint read once. Also its input normalisation, the linear probe's freezing and LP-FT's head-only
-phase, the precision, the seeds, CPU threads and DataLoader workers."""
+phase, the precision and the seeds. How much it gets (its recipe fitted, its threads) is the run's
+:class:`~vitlab.train.sizing.Sizing`."""
 
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
 from ...models.whiten import whiten_init_
 from ..objectives import Objective
-from ..spec.arch import fresh_config
+from ..sizing.result import Sizing
+from ..spec.arch import fresh_config, head_choice
 from ..spec.config import TrainConfig
-from ..spec.finetune import head_choice
 from ..spec.options import OptionError, ref
+from ..spec.recipes import Recipe
 from ..spec.rules import check_init
-from .cores import set_threads, workers_for
 from .messages import init_line
 
 if TYPE_CHECKING:
@@ -69,9 +70,11 @@ class InitModel:
         check_init(cfg, have)
         return cls(cfg.init, ckpt, have)
 
-    def overrides(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> dict[str, Any]:
-        """What fine-tuning changes in the checkpoint's model (:func:`vitlab.load`'s overrides)."""
-        r = cfg.recipe
+    def overrides(
+        self, cfg: TrainConfig, recipe: Recipe, *, num_classes: int, class_names: list[str]
+    ) -> dict[str, Any]:
+        """What fine-tuning with ``recipe`` changes in the checkpoint's model (:func:`vitlab.load`'s overrides)."""
+        r = recipe
         patch = cfg.arch.get("patch_size")
         img = cfg.img_size or r.img_size
         return {
@@ -86,11 +89,13 @@ class InitModel:
             **({"patch_size": patch} if patch and patch != self.config.patch_size else {}),
         }
 
-    def build(self, cfg: TrainConfig, *, num_classes: int, class_names: list[str]) -> tuple[nn.Module, str]:
+    def build(
+        self, cfg: TrainConfig, recipe: Recipe, *, num_classes: int, class_names: list[str]
+    ) -> tuple[nn.Module, str]:
         """``(the fine-tuned model, the line saying what it started from)``. The pre-trained head is kept only for
-        the same classes in the same order (:func:`~vitlab.train.spec.finetune.head_choice`); otherwise the
+        the same classes in the same order (:func:`~vitlab.train.spec.arch.head_choice`); otherwise the
         checkpoint's head is left out, so :func:`vitlab.load` makes a zero-initialised one."""
-        changes = self.overrides(cfg, num_classes=num_classes, class_names=class_names)
+        changes = self.overrides(cfg, recipe, num_classes=num_classes, class_names=class_names)
         new_head, why = head_choice(self.config, class_names, new_head=cfg.new_head)
         ckpt = self.checkpoint
         if new_head:
@@ -116,25 +121,31 @@ def build_model(
     image_size: tuple[int, int],
     class_names: list[str],
     norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    recipe: Recipe | None = None,
 ) -> nn.Module:
-    """The run's model: fresh from the recipe / name / options (``norm``: the input ``(mean, std)``, see
-    :func:`input_norm`; None: the config's), or the ``--init`` model adapted for fine-tuning (:class:`InitModel`)."""
+    """The run's model: fresh from ``recipe`` (None: the config's) / name / options (``norm``: the input
+    ``(mean, std)``, see :func:`input_norm`; None: the config's), or the ``--init`` model adapted for fine-tuning
+    (:class:`InitModel`)."""
+    r = recipe or cfg.recipe
     init = InitModel.read(cfg)
     if init is not None:
-        return init.build(cfg, num_classes=num_classes, class_names=class_names)[0]
-    c = fresh_config(
-        cfg, image_size=image_size, in_chans=in_chans, num_classes=num_classes, class_names=class_names, norm=norm
-    )
+        return init.build(cfg, r, num_classes=num_classes, class_names=class_names)[0]
+    c = fresh_config(cfg, recipe=r, image_size=image_size, in_chans=in_chans, num_classes=num_classes,
+                     class_names=class_names, norm=norm)  # fmt: skip
     return accelerate(VisionTransformer(c))
 
 
-def planned_config(cfg: TrainConfig, data: DataSplits, *, objective: Objective, init: InitModel | None) -> ViTConfig:
-    """The configuration of the run's model before it is built: computed, so that the run's memory is estimated
-    before anything big is allocated (a fresh model's from the options, an ``--init`` model's from its file)."""
+def planned_config(
+    cfg: TrainConfig, recipe: Recipe, data: DataSplits, *, objective: type[Objective], init: InitModel | None
+) -> ViTConfig:
+    """The configuration of the run's model with ``recipe`` before it is built (the architecture, computed once:
+    :attr:`~vitlab.train.sizing.Sizing.model`), so that the run's memory is estimated before anything big is
+    allocated (a fresh model's from the options, an ``--init`` model's from its file)."""
     n, names = objective.head(data)
     if init is not None:
-        return checkpoint_config(init.checkpoint, **init.overrides(cfg, num_classes=n, class_names=names))
-    return fresh_config(cfg, image_size=data.image_size, in_chans=data.in_chans, num_classes=n, class_names=names)
+        return checkpoint_config(init.checkpoint, **init.overrides(cfg, recipe, num_classes=n, class_names=names))
+    return fresh_config(cfg, recipe=recipe, image_size=data.image_size, in_chans=data.in_chans, num_classes=n,
+                        class_names=names)  # fmt: skip
 
 
 def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
@@ -166,40 +177,37 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
 
 
 def build_net(
-    cfg: TrainConfig, data: DataSplits, *, objective: Objective, init: InitModel | None, dist: Dist,
+    cfg: TrainConfig, sizing: Sizing, data: DataSplits, *, objective: Objective, init: InitModel | None, dist: Dist,
     device: torch.device,
-) -> tuple[nn.Module, int, str | None]:  # fmt: skip
-    """``(net, workers, init line)``: the module the optimiser trains (the ViT inside the objective's module) on
-    ``device``, the number of DataLoader workers, and what fine-tuning started from (None: a fresh model).
+) -> tuple[nn.Module, str | None]:  # fmt: skip
+    """``(net, init line)``: the module the optimiser trains (the ViT inside the objective's module) on ``device``,
+    of the architecture the sizing chose (:attr:`~vitlab.train.sizing.Sizing.model`, with the input normalisation
+    of :func:`input_norm`), and what fine-tuning started from (None: a fresh model).
 
     The weights are drawn from ``cfg.seed`` (the same on every rank); afterwards the global generators are
-    re-seeded per rank so that each process augments differently. The CPU thread count is set here
-    (:func:`~vitlab.train.engine.cores.set_threads`: from the model's size and the free cores) because it decides
-    the default number of workers."""
+    re-seeded per rank so that each process augments differently."""
     seed_all(cfg.seed)
     n, names = objective.head(data)
+    r = sizing.recipe
     line = None
     if init is not None:
-        model, line = init.build(cfg, num_classes=n, class_names=names)
+        model, line = init.build(cfg, r, num_classes=n, class_names=names)
     else:
         norm = input_norm(cfg, data)
-        kw = {"in_chans": data.in_chans, "image_size": data.image_size, "class_names": names, "norm": norm}
-        model = build_model(cfg, num_classes=n, **kw)
-    if cfg.recipe.whiten_init:
-        whiten_first_conv(model, data, seed=cfg.seed, crop_pct=cfg.recipe.crop_pct)
+        mc = sizing.model or planned_config(cfg, r, data, objective=type(objective), init=None)
+        model = accelerate(VisionTransformer(mc.replace(mean=norm[0], std=norm[1]) if norm else mc))
+    if r.whiten_init:
+        whiten_first_conv(model, data, seed=cfg.seed, crop_pct=r.crop_pct)
     if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
         model.set_distilled_training(True)
-    if cfg.recipe.freeze:
+    if r.freeze:
         _freeze_all_but_head(model)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     net = objective.wrap(model)
-    micro = max(1, cfg.recipe.batch_size // (dist.world_size * cfg.recipe.accum_steps))
-    set_threads(cfg, device=device, step_macs=model.macs() * micro * 3)  # from the free cores (engine.cores)
-    workers = workers_for(cfg, device=device)
     net.to(device)
     seed_all(cfg.seed + dist.rank)
-    return net, workers, line
+    return net, line
 
 
 WHITEN_IMAGES = 2048

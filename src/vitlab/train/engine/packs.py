@@ -13,7 +13,6 @@ at its own aspect ratio within the model's token budget (:func:`vitlab.evaluate.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,62 +22,27 @@ from torch import nn
 from torchvision.transforms import v2
 
 from ...data.bins import PackSample, pack_groups
-from ...data.packing import PackedLoader, Patchify, ShardPatchify, token_budget
+from ...data.packing import PackedLoader, Patchify, ShardPatchify
 from ...data.seeding import item_seed, seeded
 from ...data.shard_source import ShardSet
 from ...distributed import Dist, all_reduce_sum
 from ...evaluate.native import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
+from ..sizing.memory import PackGeometry, pack_geometry
+from ..sizing.result import Sizing
 from ..spec.config import TrainConfig
 from ..spec.options import OptionError, ref
-from .loaders import EpochPlan, RunLoaders
+from .loaders import EpochCut, RunLoaders
 from .shards import FirstSamples
 from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:
-    from ...models import ViTConfig
+    pass
 
-__all__ = ["PackGeometry", "PackedLoaders", "pack_geometry", "packed_counts", "packed_loaders", "packed_metrics"]
-
-IMAGES_PER_SEQUENCE = 4
-"""``--pack-len``'s default: room for this many images at the highest resolution in one sequence."""
-
-
-@dataclass(frozen=True)
-class PackGeometry:
-    """``resolution`` (the ``(low, high)`` side drawn per image), ``max_tokens`` (an image's patches at the high
-    side), ``prefix`` (the model's class, distillation and register tokens) and ``pack_len`` (tokens a sequence)."""
-
-    resolution: tuple[float, float]
-    max_tokens: int
-    prefix: int
-    pack_len: int
-
-    def sequences(self, images: int) -> int:
-        """The most sequences ``images`` images can take (each at its most tokens)."""
-        return math.ceil(images / max(1, self.pack_len // (self.max_tokens + self.prefix)))
-
-
-def pack_geometry(cfg: TrainConfig, model_config: ViTConfig) -> PackGeometry:
-    """The run's packing: ``--pack-res`` (default: the side of a square of the model's image area, both ends),
-    ``--pack-len`` (default: :data:`IMAGES_PER_SEQUENCE` images at the high side); a ``--pack-len`` that cannot
-    hold one image is refused."""
-    h, w = model_config.img_size
-    side = math.sqrt(h * w)
-    lo, hi = cfg.pack_res or (side, side)
-    p, prefix = model_config.patch_size * model_config.stem_stride, model_config.num_prefix_tokens
-    if hi < p:
-        raise OptionError(ref("pack_res"), f" {lo:g},{hi:g}: the high side must be at least the patch size {p}")
-    most = token_budget(hi, p)
-    pack_len = cfg.pack_len or IMAGES_PER_SEQUENCE * (most + prefix)
-    if pack_len < most + prefix:
-        raise OptionError(ref("pack_len"), f" {pack_len}: an image may take {most + prefix} tokens ({most} patches "
-                          f"at {hi:g} px, {prefix} prefix); pass at least that")  # fmt: skip
-    return PackGeometry(resolution=(float(lo), float(hi)), max_tokens=most, prefix=prefix, pack_len=pack_len)
-
+__all__ = ["PackedLoaders", "packed_counts", "packed_loaders", "packed_metrics"]
 
 @dataclass(kw_only=True)
-class PackedLoaders(EpochPlan):
+class PackedLoaders(EpochCut):
     """This process's packed training batches (``(PackedPatches, labels)``), the wrapped square loaders'
     centre-crop evaluation, and the evaluation at native aspect ratio (:meth:`native_eval_batches`)."""
 
@@ -170,14 +134,14 @@ class PackedLoaders(EpochPlan):
 
 
 def packed_loaders(
-    cfg: TrainConfig, *, square: RunLoaders, data: Any, model: nn.Module, dist: Dist, workers: int
+    cfg: TrainConfig, sizing: Sizing, *, square: RunLoaders, data: Any, model: nn.Module, dist: Dist
 ) -> PackedLoaders:
     """The packed loaders of the run ``cfg`` around its ``square`` loaders (their evaluation, their epoch plan):
     the recipe's crop (at each image's own aspect ratio), flip and RandAugment at the packed size, the model's
     normalisation, ``--pack-res`` and ``--pack-len`` (:func:`pack_geometry`); a model that cannot take packed
     images (a hybrid or convolutional stem, axial attention ...: :func:`~vitlab.models.packed.refusal`) is refused
     before any step."""
-    r, mc = cfg.recipe, model.config
+    r, mc, workers = sizing.recipe, model.config, sizing.workers
     if why := refusal(model):
         raise OptionError(ref("pack"), f": not supported with this model ({mc.name}: {why})")
     geo = pack_geometry(cfg, mc)

@@ -33,7 +33,8 @@ from torch import nn
 from ...devices import autocast
 from ...distributed import Dist, any_rank
 from ..spec.config import TrainConfig
-from .schedule import ends_dropping
+from ..spec.phases import ends_dropping
+from ..spec.recipes import Recipe
 
 __all__ = ["ddp_memory_hint", "distribute", "full_model", "lockstep", "shard", "shard_line"]
 
@@ -137,6 +138,7 @@ def lockstep(
 def distribute(
     net: nn.Module,
     cfg: TrainConfig,
+    recipe: Recipe,
     *,
     dist: Dist,
     device: torch.device,
@@ -146,7 +148,8 @@ def distribute(
 ) -> nn.Module:
     """The module the training steps call: ``net`` sharded in place with ``--fsdp``
     (:func:`shard`; ``amp_dtype`` picks its precision), else inside
-    DistributedDataParallel when there are several processes; compiled with ``--compile``."""
+    DistributedDataParallel when there are several processes; compiled with ``--compile`` (one static graph per
+    shape when ``recipe`` changes the input's)."""
     run_model: nn.Module = net
     if cfg.fsdp:
         run_model = shard(net, device=device, amp_dtype=amp_dtype, blocks=blocks)
@@ -159,4 +162,4 @@ def distribute(
     # a resolution schedule changes the input size once or twice, ending token dropping the sequence length once:
     # one static graph per shape, since inductor's symbolic-shape code generation did not finish for the hybrid
     # stem's backward (docs/speedrun.md)
-    return torch.compile(run_model, dynamic=False if cfg.recipe.res_schedule or ends_dropping(cfg.recipe) else None)
+    return torch.compile(run_model, dynamic=False if recipe.res_schedule or ends_dropping(recipe) else None)

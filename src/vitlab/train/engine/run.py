@@ -1,16 +1,23 @@
 """``fit``: one training run, top to bottom (nanoGPT's ``train.py``): the saved run to resume -> the checks -> the
-``--init`` checkpoint -> the process group, the folder's lock and claim -> the data -> the recipe fitted to it ->
-the objective -> the memory -> the model -> the loaders -> the plan -> the optimiser -> the position -> the
-:class:`~vitlab.train.engine.trainer.Trainer` -> the summary.
+``--init`` checkpoint and the teacher -> the process group, the folder's lock and claim -> the data, stored for the
+side the sizing chooses -> what the run gets (:func:`vitlab.train.sizing.choose`: the recipe, the architecture, the
+memory, the threads) -> the objective -> the model -> the loaders -> the plan (:func:`vitlab.train.sizing.plan`) ->
+the optimiser -> the position -> the :class:`~vitlab.train.engine.trainer.Trainer` -> the summary.
+
+The run's config (:class:`~vitlab.train.spec.config.TrainConfig`) is read, never rewritten: it is what the user asked
+for; what the run chose is its :class:`~vitlab.train.sizing.Sizing`, passed beside it.
 
 Outputs under ``out``: ``metrics.jsonl``, ``summary.json``, ``curves.png``, ``confusion.png``, ``health.png`` (the
 attention health, :mod:`.watch`), what ``--log`` asks for (:mod:`vitlab.track`), ``model/`` (vitlab
-folder: best or last weights, class names, preprocessing) and ``last.pt`` (everything needed to resume: model,
-optimizer, scheduler, scaler, EMA, RNG states, epoch and step, the run's configuration)."""
+folder: best or last weights, class names, preprocessing), ``config.yaml`` (what was asked), ``sizing.json`` (what
+was chosen) and ``last.pt`` (everything needed to resume: model, optimizer, scheduler, scaler, EMA, RNG states, epoch
+and step, the run's configuration and sizing)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable, Collection
@@ -24,24 +31,23 @@ from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
 from ...track import check_trackers
-from ..objectives import Objective, build_objective, objective_for
+from ..objectives import build_objective, objective_for
+from ..objectives.distill import load_teacher
 from ..persist.outputs import claim_run_folder, truncate_metrics
-from ..persist.position import RunPlan, RunPosition
+from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..persist.state import load_state
+from ..sizing import Here, Sizing, choose, plan
+from ..sizing.budget import Replanner
+from ..sizing.steps import RunPlan
 from ..spec.config import TrainConfig
-from ..spec.pace import Pace
-from ..spec.pack import fit_pack
-from ..spec.resume import resumed_config
-from ..spec.rules import check_res_sizes, micro_batch, validate
-from .budget import Replanner, plan_run
-from .calibrate import budget_passes, measure_pace, wants_budget_size, wants_pace
-from .cores import threads_line
+from ..spec.files import config_values
+from ..spec.resume import resumed_config, trained_recipe
+from ..spec.rules import check_res_sizes, validate
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
-from .memory import fit_memory
 from .model import InitModel, amp, build_net, planned_config
-from .optim import Optimization, build_optimization
+from .optim import Optimization, build_optimization, build_optimizer
 from .packs import packed_loaders
 from .parallel import ddp_memory_hint, distribute, shard_line
 from .schedule import StepSchedule
@@ -53,12 +59,15 @@ __all__ = ["fit", "prepare"]
 
 
 def fit(
-    cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None = None, overwrite: bool = False
-) -> dict[str, Any]:
+    cfg: TrainConfig, *, resume: bool = False, given: Collection[str] | None = None, overwrite: bool = False,
+    replay: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Train (or resume) one run; returns the summary (also written to ``out/summary.json``).
 
     ``given``: the options the user gave (flags or config paths); a resume compares them with the saved run
-    (:func:`~vitlab.train.spec.resume.resumed_config`).
+    (:func:`~vitlab.train.spec.resume.resumed_config`). ``replay``: what another run chose
+    (:func:`vitlab.train.sizing.read_sizing` of the folder of a ``--config runs/X/config.yaml``), read back instead
+    of measuring when this run asks for the same on the same data.
 
     ``summary["interrupted"]`` is True when the run stopped early (a stop signal: ``summary["signal"]``
     names it; ``stop_after``); ``last.pt`` then holds the exact position to continue from.
@@ -73,12 +82,15 @@ def fit(
         raise ConfigError("--overwrite and --resume exclude each other: one continues the run, the other replaces it")
     out = Path(cfg.out)
     state: dict[str, Any] | None = None
+    saved: Sizing | None = None
     if resume:
         state = load_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
+        saved = _resumed_sizing(state)
     validate(cfg)
     check_trackers(cfg.log)  # a missing logger library before any data is read
     init = InitModel.read(cfg)  # read once; its architecture checked against the options before any data
+    teacher = load_teacher(cfg.teacher) if cfg.teacher else None  # before the data: its size counts in the memory
     d, device = setup(cfg.device, group=cfg.fsdp)
     try:
         with StopSignals(single_process=not d.enabled) as stop, contextlib.ExitStack() as held:
@@ -86,11 +98,42 @@ def fit(
                 held.enter_context(FolderLock(out))
                 if state is None:
                     claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=print)
-            summary = prepare(cfg, state=state, init=init, dist=d, device=device, out=out, stop=stop).run()
+            summary = prepare(
+                cfg, state=state, saved=saved, replay=replay, init=init, teacher=teacher, dist=d, device=device,
+                out=out, stop=stop,
+            ).run()  # fmt: skip
         barrier(d)  # no process tears its group down while another still writes its results or talks to it
         return summary
     finally:
         teardown()
+
+
+def _resumed_sizing(state: dict[str, Any]) -> Sizing:
+    """What the saved run chose (``last.pt``'s sizing; one from before the sizing room kept the fitted recipe and its
+    line in its configuration). Its threads and workers are chosen again: the machine may be another."""
+    if isinstance(state.get("sizing"), str):
+        return Sizing.from_dict(json.loads(state["sizing"]))
+    old = json.loads(state["config"])
+    return Sizing(recipe=trained_recipe(state), chosen=old.get("resolved"))
+
+
+def _replayed(
+    replay: dict[str, Any] | None, cfg: TrainConfig, fingerprint: dict[str, Any] | None, log: Callable[..., None]
+) -> Sizing | None:
+    """What another run chose, when this run asks for the same (``config.yaml``'s values) on the same data (its
+    fingerprint) on one process; else None, with a line saying why the choices are made afresh."""
+    if replay is None:
+        return None
+    where = replay["where"]
+    asked = config_values(cfg)
+    differs = sorted(k for k in {*asked, *replay["config"]} if asked.get(k) != replay["config"].get(k))
+    if differs:
+        log(f"{where}: this run is asked otherwise ({', '.join(differs)}): its choices are made afresh")
+        return None
+    if replay["fingerprint"] != fingerprint:
+        log(f"{where}: the data changed since that run: its choices are made afresh")
+        return None
+    return dataclasses.replace(replay["sizing"], replayed=where)
 
 
 def prepare(
@@ -102,99 +145,74 @@ def prepare(
     device: torch.device,
     out: Path,
     stop: StopSignals | None = None,
+    saved: Sizing | None = None,
+    replay: dict[str, Any] | None = None,
+    teacher: torch.nn.Module | None = None,
 ) -> Trainer:
     """Everything before the first step, in order (see the module's notes); ``state``: the read ``last.pt`` of a
-    resumed run (which keeps its fitted recipe and its plan)."""
+    resumed run, ``saved``: its sizing (kept, with its plan)."""
     t_start = time.perf_counter()
     log: Callable[..., None] = print if dist.is_main else (lambda *a, **k: None)
     amp_dtype, use_scaler = amp(cfg.precision, device)
+    here = Here(dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, optimizer=build_optimizer)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
+    kind = objective_for(cfg)
+    # -- the data, stored for the side the sizing's rule chooses -------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
-    cfg, data, objective, pace = _data_and_objective(
-        cfg, fitted=state is not None, init=init, dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start,
-        out=out, log=log,
+    if saved is None and not dist.enabled:
+        saved = _replayed(replay, cfg, fingerprint, log)
+    side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
+    data = load_run_data(cfg, here, out=out, log=log, labels=kind.uses_labels, init_size=side,
+                         storage=saved.storage if saved is not None else None)  # fmt: skip
+    # -- what the run gets here: measured, then chosen ---------------------------------------------------------
+    num_classes = kind.head(data)[0]
+    sizing = choose(
+        cfg, data=data, here=here, num_classes=num_classes, init=init.config if init is not None else None,
+        teacher=teacher.config if teacher is not None else None, saved=saved, resumed=state is not None, log=log,
+        architecture=lambda recipe: planned_config(cfg, recipe, data, objective=kind, init=init),
     )  # fmt: skip
-    # -- the model, its memory first -----------------------------------------------------------------------------
-    teacher = getattr(objective, "teacher", None)
-    memory = fit_memory(
-        cfg, model_config=planned_config(cfg, data, objective=objective, init=init), dist=dist, device=device,
-        num_classes=objective.head(data)[0], teacher=teacher.config if teacher is not None else None,
-        resumed=state is not None, log=log,
-    )  # fmt: skip
-    cfg = memory.cfg
-    net, workers, init_line = build_net(cfg, data, objective=objective, init=init, dist=dist, device=device)
-    vit = objective.exported(net)
-    micro = micro_batch(cfg.recipe.batch_size, world_size=dist.world_size, accum_steps=cfg.recipe.accum_steps)
-    if line := threads_line(cfg, device=device, workers=workers, step_macs=vit.macs() * micro * 3):
+    recipe = sizing.recipe
+    objective = build_objective(cfg, recipe, data, device=device, teacher=teacher)
+    if line := objective.start_line():
         log(line)
+    # -- the model, the loaders ------------------------------------------------------------------------------------
+    net, init_line = build_net(cfg, sizing, data, objective=objective, init=init, dist=dist, device=device)
+    vit = objective.exported(net)
     build = build_shard_loaders if isinstance(data, StreamData) else build_folder_loaders
-    loaders = build(
-        cfg, data=data, model_config=vit.config, dist=dist, device=device, workers=workers,
-        eval_batch=memory.eval_batch, labels=objective.uses_labels,
-    )  # fmt: skip
+    loaders = build(cfg, sizing, data=data, model_config=vit.config, dist=dist, device=device,
+                    labels=objective.uses_labels)  # fmt: skip
     if cfg.pack:  # packed training batches around the square loaders (their centre-crop evaluation, their epochs)
-        loaders = packed_loaders(cfg, square=loaders, data=data, model=vit, dist=dist, workers=workers)
-    if cfg.recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
+        loaders = packed_loaders(cfg, sizing, square=loaders, data=data, model=vit, dist=dist)
+    if recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
         mc = vit.config
-        check_res_sizes(cfg.recipe.res_schedule, final=mc.img_size, multiple=mc.patch_size * mc.stem_stride,
+        check_res_sizes(recipe.res_schedule, final=mc.img_size, multiple=mc.patch_size * mc.stem_stride,
                         dynamic_pad=mc.dynamic_img_pad)  # fmt: skip
-    train_net = distribute(net, cfg, dist=dist, device=device, amp_dtype=amp_dtype, blocks=list(vit.blocks),
+    train_net = distribute(net, cfg, recipe, dist=dist, device=device, amp_dtype=amp_dtype, blocks=list(vit.blocks),
                            unused=objective.leaves_parameters_unused)  # fmt: skip
     _log_parallelism(cfg, net, dist=dist, device=device, amp_dtype=amp_dtype, blocks=len(vit.blocks), log=log)
     # -- the plan, the optimiser, the position ---------------------------------------------------------------------
-    schedule = StepSchedule(cfg.recipe)
-    lr = cfg.recipe.scaled_lr(cfg.recipe.batch_size)
     if state is not None:  # a resumed run keeps its plan
-        plan, replan = RunPlan.from_dict(state["plan"]), Replanner()
+        run_plan, replan = RunPlan.from_dict(state["plan"]), Replanner()
+        sizing = dataclasses.replace(sizing, plan=sizing.plan or run_plan)
     else:
-        plan, replan = plan_run(
-            cfg, net=net, run_net=train_net, loaders=loaders, objective=objective, schedule=schedule, lr=lr,
-            dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, log=log, pace=pace,
-        )  # fmt: skip
-    schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)
-    opt = build_optimization(net, recipe=cfg.recipe, lr=lr, device=device, use_scaler=use_scaler,
+        sizing, replan = plan(sizing, cfg, here=here, net=net, run_net=train_net, loaders=loaders, objective=objective,
+                              replans=replay["replans"] if sizing.replayed and replay else (), log=log)  # fmt: skip
+        run_plan = sizing.plan  # type: ignore[assignment]
+    lr = recipe.scaled_lr(recipe.batch_size)
+    schedule = StepSchedule(recipe)
+    schedule.refit(run_plan.total_steps, warmup_steps=run_plan.warmup_steps)
+    opt = build_optimization(net, recipe=recipe, lr=lr, device=device, use_scaler=use_scaler,
                              lr_factor=schedule.lr)  # fmt: skip
     saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp)
-    position = _start_position(state, saver=saver, net=net, opt=opt, generator=loaders.generator, plan=plan,
+    position = _start_position(state, saver=saver, net=net, opt=opt, generator=loaders.generator, plan=run_plan,
                                schedule=schedule, dist=dist, out=out, log=log)  # fmt: skip
     return Trainer(
-        cfg=cfg, dist=dist, device=device, out=out, data=data, objective=objective, net=net, train_net=train_net,
-        loaders=loaders, opt=opt, schedule=schedule, plan=plan, replan=replan, position=position, saver=saver,
-        amp_dtype=amp_dtype, stop=stop, log=log, t_start=t_start, data_fingerprint=fingerprint, init_line=init_line,
-        resumed=state is not None,
+        cfg=cfg, sizing=sizing, dist=dist, device=device, out=out, data=data, objective=objective, net=net,
+        train_net=train_net, loaders=loaders, opt=opt, schedule=schedule, plan=run_plan, replan=replan,
+        position=position, saver=saver, amp_dtype=amp_dtype, stop=stop, log=log, t_start=t_start,
+        data_fingerprint=fingerprint, init_line=init_line, resumed=state is not None,
     )  # fmt: skip
-
-
-def _data_and_objective(
-    cfg: TrainConfig, *, fitted: bool, init: InitModel | None, dist: Dist, device: torch.device,
-    amp_dtype: torch.dtype | None, t_start: float, out: Path, log: Callable[..., None],
-) -> tuple[TrainConfig, Any, Objective, Pace | None]:  # fmt: skip
-    """``(cfg, data, objective, pace)``: the run's data, the recipe fitted to it (unless ``fitted``: a resumed run
-    keeps its own; with ``init``, to fine-tuning that model; a time-budgeted ``auto`` recipe for a fresh model is
-    chosen from a pace measured on the data first, :func:`~vitlab.train.engine.calibrate.measure_pace`, else ``pace``
-    is None; its photos' size from timed steps before they are decoded, :func:`~.calibrate.budget_passes`) and the
-    objective (a teacher is loaded now: in memory when the memory is measured)."""
-    kind = objective_for(cfg)
-    side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
-    passes = None
-    if not fitted and wants_budget_size(cfg, uses_labels=kind.uses_labels, dist=dist):
-        passes = budget_passes(cfg, device=device, amp_dtype=amp_dtype, t_start=t_start)
-    data = load_run_data(cfg, dist=dist, out=out, log=log, labels=kind.uses_labels, init_size=side, passes=passes)
-    pace = None
-    if not fitted:
-        if wants_pace(cfg, data, uses_labels=kind.uses_labels, dist=dist):
-            pace = measure_pace(cfg, data, device=device, amp_dtype=amp_dtype, t_start=t_start)
-        mcfg = init.config if init is not None else None
-        cfg = kind.fit_recipe(cfg, data, device_type=device.type, pace=pace, init=mcfg, processes=dist.world_size)
-        if cfg.resolved:
-            log(cfg.resolved)
-        cfg = fit_pack(cfg, log=log)
-    objective = build_objective(cfg, data, device=device)
-    if line := objective.start_line():
-        log(line)
-    return cfg, data, objective, pace
 
 
 def _log_parallelism(

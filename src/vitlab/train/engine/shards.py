@@ -15,9 +15,9 @@ from ...data import eval_transform, mix_transform, train_transform
 from ...data.shard_source import ShardSet, image_and_label, iter_samples, open_shard
 from ...data.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
 from ...distributed import Dist
+from ..sizing.result import Sizing
 from ..spec.config import TrainConfig
-from ..spec.rules import micro_batch
-from .loaders import EpochPlan, too_few_images
+from .loaders import EpochCut, too_few_images
 from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class FirstSamples:
 
 
 @dataclass(kw_only=True)
-class ShardLoaders(EpochPlan):
+class ShardLoaders(EpochCut):
     """This process's loaders over shards: :meth:`train_batches` starts epoch ``epoch`` at global sample
     ``start_micro x micro x world`` (the samples all ranks have consumed), so a run resumes exactly on any
     number of processes."""
@@ -108,19 +108,17 @@ class ShardLoaders(EpochPlan):
 
 def build_shard_loaders(
     cfg: TrainConfig,
+    sizing: Sizing,
     *,
     data: StreamData,
     model_config: ViTConfig,
     dist: Dist,
     device: torch.device,
-    workers: int,
-    eval_batch: int | None = None,
     labels: bool = True,
 ) -> ShardLoaders:
-    """The training and evaluation loaders of shard data with the recipe's augmentation; one epoch is
-    ``len(train) // batch_size`` optimizer steps on every rank."""
-    r, mcfg = cfg.recipe, model_config
-    micro = micro_batch(r.batch_size, world_size=dist.world_size, accum_steps=r.accum_steps)
+    """The training and evaluation loaders of shard data with the sizing's recipe's augmentation, micro-batch,
+    evaluation batch and workers; one epoch is ``len(train) // batch_size`` optimizer steps on every rank."""
+    r, mcfg, micro, workers = sizing.recipe, model_config, sizing.micro, sizing.workers
     steps_per_epoch = len(data.train) // r.batch_size
     if steps_per_epoch < 1:
         raise too_few_images(r.batch_size, len(data.train))
@@ -141,7 +139,7 @@ def build_shard_loaders(
     tf = eval_transform(img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
     eval_tf = EvalDecode(in_chans=mcfg.in_chans, tf=tf)  # at full scale: vitlab eval's pixels (no JPEG draft)
     out_shape = (mcfg.in_chans, *size)
-    eval_batch = eval_batch or max(micro, 256)
+    eval_batch = sizing.eval_batch
     val = ShardStream(
         shards=data.val,
         transform=eval_tf,

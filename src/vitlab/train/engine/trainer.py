@@ -5,7 +5,6 @@ writes the run's outputs."""
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -18,17 +17,21 @@ from torch import nn
 from ..._progress import ProgressLog
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
+from ...models.layers import set_patch_drop
 from ...track import FanOut, make_trackers
 from ..objectives import Objective
 from ..persist.advice import advice_line
 from ..persist.figures import draw_run_figures
 from ..persist.health import row_scalars
-from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json
-from ..persist.position import RunPlan, RunPosition
+from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json, write_sizing
+from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
+from ..sizing.budget import Replanner
+from ..sizing.machine import ThreadWatch
+from ..sizing.result import Sizing
+from ..sizing.steps import Replan, RunPlan
 from ..spec.config import TrainConfig
-from .budget import Replanner
-from .cores import ThreadWatch
+from ..spec.phases import ends_dropping, warmup_for
 from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
@@ -37,7 +40,7 @@ from .model import HeadOnly
 from .optim import Optimization
 from .packs import packed_counts, packed_metrics
 from .parallel import full_model, lockstep
-from .schedule import Step, StepSchedule, ends_dropping, set_rate, warmup_for
+from .schedule import Step, StepSchedule
 from .signals import StopSignals
 from .watch import AttentionWatch, measure_epoch, run_context
 
@@ -48,10 +51,12 @@ __all__ = ["Trainer"]
 class Trainer:
     """One process's part of one run. ``net`` is what the optimiser trains and ``last.pt`` saves (the ViT, or the
     objective's module around it); ``train_net`` is how the steps call it (inside DDP or FSDP, compiled);
-    ``eval_net`` is what evaluation and ``model/`` read (the EMA's average, or ``net``). Where the run is, is one
-    object: :attr:`position`."""
+    ``eval_net`` is what evaluation and ``model/`` read (the EMA's average, or ``net``). ``cfg`` is what the run was
+    asked, ``sizing`` what it chose (its recipe is the one trained with); ``plan`` the steps planned now (a time
+    budget moves it). Where the run is, is one object: :attr:`position`."""
 
     cfg: TrainConfig
+    sizing: Sizing
     dist: Dist
     device: torch.device
     out: Path
@@ -91,6 +96,7 @@ class Trainer:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
         macs = self.vit.macs() * self.loaders.micro * 3  # a training step's
         self.threads = ThreadWatch.for_run(self.cfg, device=self.device, step_macs=macs)
+        self.threads.fixed |= self.sizing.replayed is not None  # a replay keeps the threads it replays
         self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
 
     @property
@@ -100,18 +106,19 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Train the planned epochs (or until stopped), then write the summary and figures."""
-        p, plan = self.position, self.plan
+        p = self.position
         with contextlib.ExitStack() as scope:
             if self.stop is None:  # constructed on its own, not by fit()
                 self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
             self._begin()
             scope.callback(self.tracker.close)
             self.bar = ProgressLog(
-                total=plan.total_steps, initial=p.step, desc="train", enabled=self.cfg.progress and self.dist.is_main
+                total=self.plan.total_steps, initial=p.step, desc="train",
+                enabled=self.cfg.progress and self.dist.is_main,
             )
             self._enter(self.schedule.lookup(p.step))
             try:
-                while p.epoch < plan.epochs and p.step < plan.total_steps and self._epoch():
+                while p.epoch < self.plan.epochs and p.step < self.plan.total_steps and self._epoch():
                     pass
             except NonFiniteLossError as e:
                 raise NonFiniteLossError(
@@ -133,12 +140,13 @@ class Trainer:
                 self.log(self._before_training_line())
         if self.dist.is_main:
             write_config(self.cfg, self.out)
+            write_sizing(self.out, self.sizing.record(self.cfg, plan=self.plan, fingerprint=self.data_fingerprint))
         rows = read_metrics(self.out / "metrics.jsonl") if self.dist.is_main else []
-        context = run_context(self.cfg, config=self.vit.config, data=self.data, plan=self.plan)
+        context = run_context(self.cfg, self.sizing.recipe, config=self.vit.config, data=self.data, plan=self.plan)
         self.watch = AttentionWatch.start(self.cfg.watch_attention, loaders=self.loaders, vit=self.vit,
                                           context=context, rows=rows, sharded=self.cfg.fsdp)  # fmt: skip
-        lr = self.plan.lr or self.cfg.recipe.scaled_lr(self.cfg.recipe.batch_size)
-        r, d = self.cfg.recipe, self.dist
+        r, d = self.sizing.recipe, self.dist
+        lr = self.plan.lr or r.scaled_lr(r.batch_size)
         self.log(
             start_line(
                 self.vit, self.data, r, self.plan, lr, d.world_size, self.device, time_budget=self.cfg.time_budget
@@ -151,7 +159,8 @@ class Trainer:
             n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
         )
         if self.dist.is_main:  # last: closed by run() from here on
-            self.tracker = make_trackers(self.cfg.log, out=self.out, config=self.cfg.to_dict())
+            config = {**self.cfg.to_dict(), "sizing": self.sizing.to_dict()}  # what was asked, what was chosen
+            self.tracker = make_trackers(self.cfg.log, out=self.out, config=config)
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
@@ -159,7 +168,7 @@ class Trainer:
         p.start_epoch()
         self.watch.epoch_began()
         parts = StepParts(
-            net=self.train_net, objective=self.objective, opt=self.opt, recipe=cfg.recipe, device=self.device,
+            net=self.train_net, objective=self.objective, opt=self.opt, recipe=self.sizing.recipe, device=self.device,
             amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan,
         )  # fmt: skip
         res = train_epoch(
@@ -188,7 +197,7 @@ class Trainer:
                 device=self.device,
             )
             if new is not None:
-                self._replanned(new, per_step, late=True)
+                self._replanned(new, per_step, at="epoch")
                 self._checkpoint(micro_done=0)  # last.pt was written with the plan before the move
             if line := self.threads.after_epoch(per_step):
                 self.log(line)
@@ -222,7 +231,7 @@ class Trainer:
             steps_this_run=p.steps_this_run, step=p.step, planned=self.plan.total_steps, dist=d, device=self.device
         )
         if new is not None:
-            self._replanned(*new)
+            self._replanned(*new, at="step")
         self._enter(self.schedule.lookup(p.step))
         stop = p.step >= self.plan.total_steps
         stop |= cfg.stop_after is not None and p.steps_this_run >= cfg.stop_after
@@ -244,7 +253,9 @@ class Trainer:
             self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         switch = self.schedule.token_drop_switch()
         rate = step.token_drop_rate
-        changed = ends_dropping(self.cfg.recipe) and (set_rate(self.vit, rate) | self.loaders.set_token_drop(rate))
+        changed = ends_dropping(self.sizing.recipe) and (
+            set_patch_drop(self.vit, rate) | self.loaders.set_token_drop(rate)
+        )
         if changed and switch is not None and p.step >= switch and self.dist.is_main:
             self.bar.line(
                 f"token dropping ends after step {p.step} of {self.plan.total_steps}: "
@@ -253,21 +264,20 @@ class Trainer:
         if (line := self.objective.enter(self.net, step=p.step, warm_start=step.warm_start)) and self.dist.is_main:
             self.bar.line(f"{line} (of {self.plan.total_steps} steps)")
 
-    def _replanned(self, total: int, per_step: float, *, late: bool = False) -> None:
+    def _replanned(self, total: int, per_step: float, *, at: str) -> None:
         """Re-fit the schedule to end at ``total`` from the current step, the LR continuous there
         (:meth:`~vitlab.train.engine.schedule.StepSchedule.refit_from`): a warmup still running ends where the new
         plan's would, going on from the LR it reached; a finished one is kept and the decay re-fitted from where it
-        is. ``late``: at an epoch's end (the line says so)."""
-        plan = self.plan
-        wanted, _ = warmup_for(self.cfg.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
+        is. ``at``: after a step, or at an epoch's end (the line says so); the move is kept in the plan, so that a
+        replay makes it at the same point."""
+        was = self.plan.total_steps
+        wanted, _ = warmup_for(self.sizing.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
         warm = self.schedule.refit_from(self.position.step, total, warmup_steps=wanted)
-        which = "the last epoch's steps took" if late else "the run's own steps take"
-        self.log(
-            f"\ntime budget: {which} {per_step * 1000:.0f} ms -> re-planned to {total} steps "
-            f"(was {plan.total_steps}), warmup {warm} steps"
-        )
-        plan.total_steps, plan.warmup_steps = total, warm
-        plan.epochs = max(1, math.ceil(total / self.loaders.steps_per_epoch))
+        move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
+        self.plan = self.plan.replanned(move, warmup_steps=warm)
+        which = "the steps since the last plan took" if at == "epoch" else "the run's own steps take"
+        how = "replayed" if self.sizing.replayed else f"{which} {per_step * 1000:.0f} ms"
+        self.log(f"\ntime budget: {how} -> re-planned to {total} steps (was {was}), warmup {warm} steps")
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:
@@ -314,7 +324,8 @@ class Trainer:
             append_metrics(row, self.out / "metrics.jsonl")
             self.tracker.log(row["step"], row_scalars(row))
             if exported is not None:
-                self.saver.save_model(exported, cfg=cfg, ev=ev, epoch=p.epoch, data=self.data_rec)
+                self.saver.save_model(exported, cfg=cfg, recipe=self.sizing.recipe, ev=ev, epoch=p.epoch,
+                                      data=self.data_rec)  # fmt: skip
         if improved or cfg.keep == "last":
             self.model_eval = {**ev, "epoch": p.epoch}
         self._checkpoint(micro_done=0)
@@ -331,11 +342,14 @@ class Trainer:
             position=self.position,
             plan=self.plan,
             cfg=self.cfg,
+            sizing=self.sizing,
             wall_s=self._wall_s(),
             micro_done=micro_done,
             data_fingerprint=self.data_fingerprint,
             packed=packed_counts(self.position, self.loaders, self.dist) if micro_done else (0, 0),
         )
+        if self.dist.is_main:
+            write_sizing(self.out, self.sizing.record(self.cfg, plan=self.plan, fingerprint=self.data_fingerprint))
         self.last_save = time.perf_counter()
 
     def _evaluate(self, *, last: bool = False) -> dict[str, Any]:
@@ -371,14 +385,15 @@ class Trainer:
         p, d, out = self.position, self.dist, self.out
         rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
         summary = run_summary(
-            position=p, plan=self.plan, cfg=self.cfg, model=self.vit, data=self.data, processes=d.world_size,
+            position=p, plan=self.plan, cfg=self.cfg, sizing=self.sizing, model=self.vit, data=self.data,
+            processes=d.world_size,
             device=self.device, out=out, wall_s=self._wall_s(), rows=rows, data_record=self.data_rec,
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
-            summary["advice"] = advice_line(rows, recipe=self.cfg.recipe, epochs=self.plan.epochs,
+            summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,
                                             time_budget=self.cfg.time_budget, n_eval=len(self.data.val),
                                             alarms=att["alarms"], notes=att["notes"])  # fmt: skip
         if d.is_main:

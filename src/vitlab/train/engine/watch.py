@@ -26,8 +26,9 @@ from ...inspect.alarms import RunContext, named_alarms, named_notes
 from ...inspect.health import attention_health
 from ...models import VisionTransformer, ViTConfig
 from ..persist.health import alarm_history, compact
-from ..persist.position import RunPlan
+from ..sizing.steps import RunPlan
 from ..spec.config import TrainConfig
+from ..spec.recipes import Recipe
 from .loaders import FolderLoaders, RunLoaders
 from .parallel import full_model
 
@@ -180,9 +181,10 @@ class AttentionWatch:
         }
 
 
-def run_context(cfg: TrainConfig, *, config: ViTConfig, data: Any, plan: RunPlan) -> RunContext:
+def run_context(cfg: TrainConfig, recipe: Recipe, *, config: ViTConfig, data: Any, plan: RunPlan) -> RunContext:
     """What the run already does, for the alarms' remedies: its model (``config``), training-set size, warmup, LR
-    (``--lr``'s value, before the batch scaling), planned epochs and whether it starts from initialisation."""
+    (``recipe``'s, the one trained with, before the batch scaling), planned epochs and whether it starts from
+    initialisation."""
     try:
         n: int | None = len(data.train)
     except TypeError:  # a stream of unknown length
@@ -196,7 +198,7 @@ def run_context(cfg: TrainConfig, *, config: ViTConfig, data: Any, plan: RunPlan
         patch_size=config.patch_size,
         embed_dim=config.embed_dim,
         depth=config.depth,
-        lr=cfg.recipe.lr,
+        lr=recipe.lr,
         epochs=plan.epochs,
         fresh=not cfg.init,
     )

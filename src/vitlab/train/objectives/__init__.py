@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..spec.config import objective_name
 from .base import Objective
 from .classify import Classify
 from .distill import Distill
@@ -20,31 +21,35 @@ from .warmstart import WarmStart
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from ...data.sources import DataSplits
     from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
 
 __all__ = ["MPP", "Classify", "Distill", "Objective", "WarmStart", "build_objective", "objective_for"]
 
-_BY_NAME: dict[str, type[Objective]] = {"classify": Classify, "mpp": MPP}
+_BY_NAME: dict[str, type[Objective]] = {"classify": Classify, "mpp": MPP, "distill": Distill, "warmstart": WarmStart}
 
 
 def objective_for(cfg: TrainConfig) -> type[Objective]:
-    """The objective ``cfg`` trains (its class: what is known before the data)."""
-    if cfg.teacher is None and cfg.objective == "classify" and cfg.recipe.mpp_warmup:
-        return WarmStart
-    return Distill if cfg.teacher is not None else _BY_NAME[cfg.objective]
+    """The objective ``cfg`` trains (its class: what is known before the data), by
+    :func:`~vitlab.train.spec.config.objective_name`."""
+    return _BY_NAME[objective_name(cfg)]
 
 
-def build_objective(cfg: TrainConfig, data: DataSplits, *, device: torch.device) -> Objective:
-    """The objective of the run ``cfg`` on ``data`` (its recipe fitted: the label smoothing is read here); a
-    teacher is loaded onto ``device``."""
+def build_objective(
+    cfg: TrainConfig, recipe: Recipe, data: DataSplits, *, device: torch.device, teacher: nn.Module | None = None
+) -> Objective:
+    """The objective of the run ``cfg`` on ``data``, with the ``recipe`` it trains with (its
+    :class:`~vitlab.train.sizing.Sizing`'s: the label smoothing and evaluation are read here); a distillation
+    ``teacher`` (:func:`~.distill.load_teacher`) is moved onto ``device``."""
     kind = objective_for(cfg)
     if kind is Distill:
-        return Distill.build(cfg, data, device=device)
+        return Distill.build(cfg, recipe, data, device=device, teacher=teacher)
     if kind is MPP:
         return MPP(seed=cfg.seed)
-    r = cfg.recipe
+    r = recipe
     if kind is WarmStart:
         return WarmStart(
             num_classes=data.num_classes, warmup=r.mpp_warmup, label_smoothing=r.label_smoothing, tta=r.tta

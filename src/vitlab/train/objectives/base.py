@@ -9,23 +9,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from ..spec.image_size import fit_size_to_data
-
 if TYPE_CHECKING:
     from ...data.sources import DataSplits
-    from ...models import ViTConfig
-    from ...train.engine.distributed import Dist
-    from ..spec.config import TrainConfig
-    from ..spec.pace import Pace
-    from ..spec.recipes import Recipe
+    from ...distributed import Dist
 
 __all__ = ["Objective"]
 
 
 class Objective:
     """One training objective. Class attributes and class methods are what a run needs before the objective is
-    built (the data, the recipe, the memory estimate); an instance (:func:`~vitlab.train.objectives.build_objective`,
-    once the data and the recipe are known) computes the loss and evaluates."""
+    built (the data's head, the module around the ViT); an instance (:func:`~vitlab.train.objectives.build_objective`,
+    once the data and the recipe are known) computes the loss and evaluates. How much a run gets (its recipe fitted
+    to the data, its memory) is :mod:`vitlab.train.sizing`'s, by the objective's name
+    (:func:`~vitlab.train.spec.config.objective_name`)."""
 
     name: ClassVar[str]
     uses_labels: ClassVar[bool] = True
@@ -33,26 +29,6 @@ class Objective:
     reports top-1 over classes (and the advice and the accuracy before fine-tuning read it)."""
     leaves_parameters_unused: ClassVar[bool] = False
     """Whether a step leaves some of the module's parameters without a gradient (DDP must look for them)."""
-
-    @classmethod
-    def fit_recipe(
-        cls, cfg: TrainConfig, data: DataSplits, *, device_type: str, pace: Pace | None = None,
-        init: ViTConfig | None = None, processes: int = 1,
-    ) -> TrainConfig:  # fmt: skip
-        """``cfg`` with its recipe fitted to the data (a new run, once): the size and evaluation crop the data was
-        stored for (:func:`~vitlab.train.spec.image_size.fit_size_to_data`). ``pace``: what a probe measured on
-        the data for a time budget (:class:`~vitlab.train.spec.pace.Pace`), for a recipe fitted to it; ``init``:
-        the ``--init`` checkpoint's configuration; ``processes``: how many train the run."""
-        return fit_size_to_data(cfg, data)
-
-    @classmethod
-    def step_bytes(
-        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
-        num_classes: int, teacher: ViTConfig | None = None,
-    ) -> tuple[int, int]:  # fmt: skip
-        """``(training, evaluation)``: bytes the objective adds to a step of ``micro`` images and to an evaluation
-        pass of ``eval_batch``, beyond the ViT's own activations (:mod:`vitlab.train.engine.memory`)."""
-        raise NotImplementedError
 
     @classmethod
     def head(cls, data: DataSplits) -> tuple[int, list[str]]:

@@ -37,6 +37,7 @@ from .classify import Classify
 if TYPE_CHECKING:
     from ...data.sources import DataSplits
     from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
 
 __all__ = ["DISTILL_KINDS", "Distill", "distillation_loss", "load_teacher"]
 
@@ -84,10 +85,14 @@ class Distill(Classify):
         self.size = tuple(teacher.config.img_size)
 
     @classmethod
-    def build(cls, cfg: TrainConfig, data: DataSplits, *, device: torch.device) -> Distill:
-        """The run's distillation: the teacher ``--teacher`` names (:func:`load_teacher`), checked to classify the
-        data's classes (their number, and their names in order where the teacher records them)."""
-        teacher = load_teacher(cfg.teacher)  # type: ignore[arg-type]
+    def build(
+        cls, cfg: TrainConfig, recipe: Recipe, data: DataSplits, *, device: torch.device,
+        teacher: nn.Module | None = None,
+    ) -> Distill:  # fmt: skip
+        """The run's distillation with ``recipe``'s label smoothing and evaluation: the ``teacher`` ``--teacher``
+        names (None: loaded now, :func:`load_teacher`), checked to classify the data's classes (their number, and
+        their names in order where the teacher records them)."""
+        teacher = teacher if teacher is not None else load_teacher(cfg.teacher)  # type: ignore[arg-type]
         c, spec, names = teacher.config, cfg.teacher, list(data.class_names)
         theirs = list(getattr(c, "class_names", None) or [])
         if c.num_classes != data.num_classes or (theirs and names and theirs != names):
@@ -106,8 +111,8 @@ class Distill(Classify):
             token=cfg.distill_token,
             spec=spec,  # type: ignore[arg-type]
             num_classes=data.num_classes,
-            label_smoothing=cfg.recipe.label_smoothing,
-            tta=cfg.recipe.tta,
+            label_smoothing=recipe.label_smoothing,
+            tta=recipe.tta,
         )
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:

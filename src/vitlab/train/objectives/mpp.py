@@ -15,21 +15,15 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ...capacity import grid_tokens
 from ...devices import autocast
 from ...models.mpp import MaskedPatchPrediction
-from ..spec.fitting import fit_mpp_recipe
 from .base import Objective
 
 if TYPE_CHECKING:
     from ...data.sources import DataSplits
-    from ...models import ViTConfig
-    from ..engine.distributed import Dist
-    from ..spec.config import TrainConfig
-    from ..spec.pace import Pace
-    from ..spec.recipes import Recipe
+    from ...distributed import Dist
 
-__all__ = ["MPP", "evaluate_mpp", "step_bytes"]
+__all__ = ["MPP", "evaluate_mpp"]
 
 
 class MPP(Objective):
@@ -41,30 +35,6 @@ class MPP(Objective):
 
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = seed
-
-    @classmethod
-    def fit_recipe(
-        cls,
-        cfg: TrainConfig,
-        data: DataSplits,
-        *,
-        device_type: str,
-        pace: Pace | None = None,
-        init: ViTConfig | None = None,
-        processes: int = 1,
-    ) -> TrainConfig:
-        """The size the data was stored for, then the patch and batch for it
-        (:func:`~vitlab.train.spec.fitting.fit_mpp_recipe`; ``pace`` is not used)."""
-        cfg = super().fit_recipe(cfg, data, device_type=device_type)
-        return fit_mpp_recipe(cfg, n_train=len(data.train), image_size=tuple(data.image_size))
-
-    @classmethod
-    def step_bytes(
-        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
-        num_classes: int, teacher: ViTConfig | None = None,
-    ) -> tuple[int, int]:  # fmt: skip
-        train = step_bytes(model_config, batch=micro, bytes_per_value=bytes_per_value)
-        return train, step_bytes(model_config, batch=eval_batch, bytes_per_value=bytes_per_value)
 
     @classmethod
     def head(cls, data: DataSplits) -> tuple[int, list[str]]:
@@ -86,21 +56,6 @@ class MPP(Objective):
         dist: Dist | None = None, last: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         return evaluate_mpp(net, batches, device=device, amp_dtype=amp_dtype, dist=dist, seed=self.seed)
-
-
-def step_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4) -> int:
-    """Bytes the MPP wrapper (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) adds to a step of ``batch`` images
-    of ``model_config``'s ViT, beyond the ViT's own (:func:`vitlab.capacity.activation_bytes`): the [0, 1]
-    pixel copy the colour targets are read from, the corruption's draws, indices, targets and token copies, and the
-    512-way colour head on every patch (its logits, log-softmax and their gradient, the per-patch loss and its
-    weight: the loss weighs the corrupted ones). Evaluation holds the same."""
-    c = model_config
-    h, w = c.img_size
-    n = grid_tokens(c, (h, w))
-    pixels = 2 * c.in_chans * h * w * 4  # images * std + mean, then clamped
-    corrupt = n * (2 * 4 + 3 * 8 + 3 * c.embed_dim * bytes_per_value + 2)  # two draws, indices, targets, copies
-    head = n * (512 * (bytes_per_value + 4 + 4) + 3 * 4 + 8)
-    return int(batch * (pixels + corrupt + head))
 
 
 @torch.no_grad()

@@ -24,12 +24,9 @@ from torch import nn
 
 from ...models.mpp import MaskedPatchPrediction, MPPOutput
 from .classify import Classify
-from .mpp import step_bytes as mpp_step_bytes
 
 if TYPE_CHECKING:
-    from ...models import ViTConfig
-    from ..engine.distributed import Dist
-    from ..spec.recipes import Recipe
+    from ...distributed import Dist
 
 __all__ = ["WarmStart", "WarmStartNet"]
 
@@ -65,18 +62,6 @@ class WarmStart(Classify):
     def __init__(self, *, num_classes: int, warmup: float, label_smoothing: float = 0.0, tta: str = "none") -> None:
         super().__init__(num_classes=num_classes, label_smoothing=label_smoothing, tta=tta)
         self.warmup = warmup
-
-    @classmethod
-    def step_bytes(
-        cls, recipe: Recipe, model_config: ViTConfig, *, micro: int, eval_batch: int, bytes_per_value: int,
-        num_classes: int, teacher: ViTConfig | None = None,
-    ) -> tuple[int, int]:  # fmt: skip
-        """The larger of a classification step's and a masked-patch-prediction step's (one phase at a time)."""
-        train, evaluation = super().step_bytes(
-            recipe, model_config, micro=micro, eval_batch=eval_batch, bytes_per_value=bytes_per_value,
-            num_classes=num_classes, teacher=teacher,
-        )  # fmt: skip
-        return max(train, mpp_step_bytes(model_config, batch=micro, bytes_per_value=bytes_per_value)), evaluation
 
     @classmethod
     def wrap(cls, model: nn.Module) -> nn.Module:

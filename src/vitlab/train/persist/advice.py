@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..sizing.levels import regularisers
 from .health import with_alarms
 
 if TYPE_CHECKING:
@@ -40,18 +41,6 @@ OVERFIT_RATIO = 1.15
 """The run overfits when its last evaluation loss is more than this times the lowest of the run while the train
 loss has kept falling since that epoch: the model memorises the training images (the mild level and MixUp of
 ``docs/training.md`` were measured against exactly this)."""
-
-
-def _lighter(recipe: Recipe) -> list[str]:
-    """The flags that switch off each regulariser the recipe has on."""
-    on = (
-        ("--mixup 0", recipe.mixup > 0),
-        ("--cutmix 0", recipe.cutmix > 0),
-        ("--randaugment none", recipe.randaugment is not None),
-        ("--random-erasing 0", recipe.random_erasing > 0),
-        ("--drop-path 0", recipe.drop_path > 0),
-    )
-    return [flag for flag, yes in on if yes]
 
 
 def _stronger(recipe: Recipe) -> list[str]:
@@ -96,7 +85,7 @@ def advice_line(
         why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of}{beyond})")
         fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
     train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
-    lighter = _lighter(recipe)
+    lighter = regularisers(recipe)
     if lighter and train > UNDERFIT_RATIO * ev + UNDERFIT_MARGIN:
         why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
         fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..._fs import atomic_write_text
 from ...errors import ConfigError
+from ..sizing.result import SIZING_FILE, Sizing
+from ..sizing.steps import RunPlan
 from ..spec.files import config_text
 from .advice import top1_stderr
 from .dcp import SHARDED_DIR, clear
-from .position import RunPlan, RunPosition
+from .position import RunPosition
 
 if TYPE_CHECKING:
     import torch
@@ -37,12 +39,13 @@ __all__ = [
     "truncate_metrics",
     "write_config",
     "write_json",
+    "write_sizing",
 ]
 
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
-RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "health.png",
-               "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns")  # fmt: skip
+RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "sizing.json",
+               "health.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns")  # fmt: skip
 """Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes (with the folders of the
 ``--log`` trackers, :mod:`vitlab.track.backends`, so that an overwritten run's curves do not mix with the new)."""
 
@@ -91,9 +94,15 @@ def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def write_config(cfg: TrainConfig, out: Path) -> None:
-    """``out/config.yaml``: the run's resolved configuration, which ``vitlab train --config`` reads back
+    """``out/config.yaml``: what the run was asked, which ``vitlab train --config`` reads back
     (:func:`~vitlab.train.spec.files.config_text`); written atomically."""
     atomic_write_text(out / "config.yaml", config_text(cfg))
+
+
+def write_sizing(out: Path, record: dict[str, Any]) -> None:
+    """``out/sizing.json``: what the run chose (:meth:`~vitlab.train.sizing.Sizing.record`), which a run from its
+    ``config.yaml`` reads back; written atomically."""
+    atomic_write_text(out / SIZING_FILE, json.dumps(record, indent=1) + "\n")
 
 
 def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -153,6 +162,7 @@ def run_summary(
     position: RunPosition,
     plan: RunPlan,
     cfg: TrainConfig,
+    sizing: Sizing,
     model: VisionTransformer,
     data: DataSplits,
     processes: int,
@@ -194,9 +204,9 @@ def run_summary(
         "params": model.num_params(),
         "model": model_summary(model.config, cfg.init),
         "data": described,
-        "recipe": cfg.recipe.name,
-        "recipe_config": cfg.recipe.to_dict(),
-        "recipe_chosen": cfg.resolved,
+        "recipe": sizing.recipe.name,
+        "recipe_config": sizing.recipe.to_dict(),
+        "recipe_chosen": sizing.chosen,
         "objective": cfg.objective,
         "processes": processes,
         "device": device.type,

@@ -1,37 +1,13 @@
-"""Where a run is (:class:`RunPosition`) and what it plans (:class:`RunPlan`): the two dataclasses ``last.pt``
-keeps as plain numbers (it loads with ``torch.load(weights_only=True)``), so that ``--resume`` continues exactly."""
+"""Where a run is (:class:`RunPosition`): what ``last.pt`` keeps of it as plain numbers (it loads with
+``torch.load(weights_only=True)``), beside its plan (:class:`~vitlab.train.sizing.budget.RunPlan`), so that
+``--resume`` continues exactly."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-__all__ = ["RunPlan", "RunPosition"]
-
-
-@dataclass(kw_only=True)
-class RunPlan:
-    """The run's length: the plan of a new run (the recipe's epochs, or as many steps as ``--time-budget`` allows),
-    saved in ``last.pt``, re-planned by a time budget and by ``--resume --epochs``."""
-
-    epochs: int
-    total_steps: int
-    """Optimizer steps planned (the LR schedule ends there)."""
-    steps_per_epoch: int
-    warmup_steps: int | None = None
-    """The LR warmup's steps (None: a ``last.pt`` from before they were saved: the schedule's own)."""
-    lr: float = 0.0
-    """The peak LR (the recipe's, scaled to the batch)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunPlan:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+__all__ = ["RunPosition"]
 
 
 @dataclass(kw_only=True)

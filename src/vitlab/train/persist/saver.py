@@ -14,9 +14,12 @@ from torch import nn
 
 from ...checkpoints import save
 from ...distributed import Dist
+from ..sizing.result import Sizing
+from ..sizing.steps import RunPlan
 from ..spec.config import TrainConfig
+from ..spec.recipes import Recipe
 from .dcp import prune, read_sharded, sharded_folder, write_sharded
-from .position import RunPlan, RunPosition
+from .position import RunPosition
 from .state import atomic_torch_save, get_rng_state, set_rng_state
 
 __all__ = ["CheckpointSaver", "Weights"]
@@ -52,6 +55,7 @@ class CheckpointSaver:
         position: RunPosition,
         plan: RunPlan,
         cfg: TrainConfig,
+        sizing: Sizing,
         wall_s: float,
         micro_done: int,
         data_fingerprint: dict[str, Any] | None = None,
@@ -92,7 +96,7 @@ class CheckpointSaver:
             "step": position.step,
             "micro_in_epoch": micro_done,
             # the samples all processes consumed in the epoch: a shard reader resumes there on any number of processes
-            "samples_in_epoch": micro_done * (cfg.recipe.batch_size // cfg.recipe.accum_steps),
+            "samples_in_epoch": micro_done * (sizing.recipe.batch_size // sizing.recipe.accum_steps),
             "epoch_loss_sum": position.loss_sum if micro_done else 0.0,
             "epoch_tokens": list(packed) if micro_done else [0, 0],
             "best_top1": position.best,
@@ -100,7 +104,8 @@ class CheckpointSaver:
             "wall_s": wall_s,
             "train_images": position.images,
             "train_s": position.train_s,
-            "config": json.dumps(cfg.to_dict()),
+            "config": json.dumps(cfg.to_dict()),  # what was asked
+            "sizing": json.dumps(sizing.to_dict()),  # what was chosen
             "data_fingerprint": json.dumps(data_fingerprint),
             "vitlab_checkpoint": 1,
         }
@@ -150,13 +155,15 @@ class CheckpointSaver:
         )
 
     def save_model(
-        self, model: nn.Module, *, cfg: TrainConfig, ev: dict[str, Any], epoch: int, data: dict[str, Any] | None = None
-    ) -> None:
-        """``model/``: ``model`` as a vitlab folder with what produced it (recipe, data, epoch, accuracy, ``--init``).
+        self, model: nn.Module, *, cfg: TrainConfig, recipe: Recipe, ev: dict[str, Any], epoch: int,
+        data: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """``model/``: ``model`` as a vitlab folder with what produced it (the ``recipe`` trained with, data, epoch,
+        accuracy, ``--init``).
         ``data``: what the run records of its data (:func:`vitlab.train.engine.data.data_record`: its absolute
         location, fingerprint, how a folder was stored), else ``cfg.data`` as given. It replaces the run's own earlier
         ``model/`` (the run folder was checked when the run started)."""
-        r = cfg.recipe
+        r = recipe
         save(
             model,
             self.out / "model",
@@ -189,5 +196,5 @@ def _micro_in_epoch(state: dict[str, Any]) -> int:
     one (the same number on any number of processes: a micro-batch is ``batch_size / accum_steps`` samples)."""
     if "samples_in_epoch" not in state:
         return int(state["micro_in_epoch"])
-    cfg = json.loads(state["config"])["recipe"]
-    return int(state["samples_in_epoch"]) // (int(cfg["batch_size"]) // int(cfg["accum_steps"]))
+    r = json.loads(state.get("sizing") or state["config"])["recipe"]  # the recipe trained with
+    return int(state["samples_in_epoch"]) // (int(r["batch_size"]) // int(r["accum_steps"]))

@@ -8,7 +8,7 @@ refuses is named by its option."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,9 @@ from .options import OPTIONS, OptionError, Ref, ref
 
 if TYPE_CHECKING:
     from .config import TrainConfig
+    from .recipes import Recipe
 
-__all__ = ["FIELD_PATHS", "base_config", "check", "compared", "fresh_config"]
+__all__ = ["FIELD_PATHS", "base_config", "check", "compared", "fresh_config", "head_choice"]
 
 FIELD_PATHS: dict[str, str] = {
     "img_size": "img_size",
@@ -47,16 +48,18 @@ def _named() -> Iterator[None]:
         raise OptionError(Ref(FIELD_PATHS[e.option]), f": {e.problem}") from None
 
 
-def base_config(cfg: TrainConfig) -> ViTConfig:
-    """The model before the options: ``--model`` (else the recipe's ``model``), or the recipe's ``arch`` fields."""
-    name = cfg.model or cfg.recipe.model
+def base_config(cfg: TrainConfig, recipe: Recipe | None = None) -> ViTConfig:
+    """The model before the options: ``--model`` (else the recipe's ``model``), or the recipe's ``arch`` fields
+    (``recipe``: the one the run trains with; None: the config's)."""
+    r = recipe or cfg.recipe
+    name = cfg.model or r.model
     if name:
         return model_config(name)
-    unknown = sorted(set(cfg.recipe.arch) - _FIELDS)
+    unknown = sorted(set(r.arch) - _FIELDS)
     if unknown:
         raise OptionError(ref("recipe.arch"), f": {unknown[0]!r} is no model field (ViTConfig)")
     with _named():
-        return ViTConfig(name="vit_custom", **cfg.recipe.arch)
+        return ViTConfig(name="vit_custom", **r.arch)
 
 
 def _changes(cfg: TrainConfig, base: ViTConfig) -> dict[str, Any]:
@@ -73,19 +76,21 @@ def _changes(cfg: TrainConfig, base: ViTConfig) -> dict[str, Any]:
 def fresh_config(
     cfg: TrainConfig,
     *,
+    recipe: Recipe | None = None,
     image_size: int | tuple[int, int],
     in_chans: int,
     num_classes: int,
     class_names: list[str],
     norm: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> ViTConfig:
-    """The configuration of the fresh model ``cfg`` trains (no ``--init``): the size is ``--img-size``, else the
+    """The configuration of the fresh model ``cfg`` trains (no ``--init``) with ``recipe`` (the one the run trains
+    with, :class:`~vitlab.train.sizing.Sizing`'s; None: the config's): the size is ``--img-size``, else the
     recipe's, else the data's ``image_size``; the head, dropout rates and token dropping are the recipe's; ``norm``:
     the input ``(mean, std)`` (None: the model's own). A model the options change is named by its shape
     (``vit_p4_d128_l6``; a hybrid ``vit_r_p1_d128_l6``; with CCT's conv stem of two layers
     ``vit_cct_3x2_p1_d128_l6``). Nothing is allocated."""
-    r = cfg.recipe
-    base = base_config(cfg)
+    r = recipe or cfg.recipe
+    base = base_config(cfg, r)
     changes = _changes(cfg, base)
     custom = bool(changes) or not (cfg.model or r.model)
     with _named():
@@ -138,3 +143,24 @@ def compared(cfg: TrainConfig) -> dict[str, Any]:
     ratio = arch.get("mlp_ratio") or base.mlp_dim / base.embed_dim
     fields = ("patch_size", "embed_dim", "depth", "num_heads", "pool", "posemb", "qk_norm", "reg_tokens")
     return {**{f: arch.get(f, getattr(base, f)) for f in fields}, "mlp_ratio": ratio}
+
+
+def head_choice(init: ViTConfig, class_names: Sequence[str], *, new_head: bool = False) -> tuple[bool, str]:
+    """``(whether the head is new, why)``: the pre-trained classifier is kept only when it predicts the data's classes,
+    the same names in the same order (with ``new_head``, never); otherwise it is replaced by a zero-initialised one
+    (the paper's Sec. 3.2). A head whose count matches but whose names differ would relabel the old classes."""
+    names, old = list(class_names), list(init.class_names or [])
+    if new_head:
+        return True, "--new-head"
+    if init.head != "linear":
+        return True, "the pre-training MLP head dropped"
+    if init.num_classes == 0:
+        return True, "the model has no classifier head"
+    if old == names:
+        return False, f"the same {len(names)} classes in the same order"
+    if not old:
+        return True, f"the model names no classes, so its {init.num_classes} outputs cannot be matched to these"
+    if sorted(old) == sorted(names):
+        return True, "the same classes in another order"
+    shown = ", ".join(old[:4]) + (" ..." if len(old) > 4 else "")
+    return True, f"other classes: the model's are {shown}"

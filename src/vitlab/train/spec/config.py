@@ -14,7 +14,15 @@ from .options import OPTIONS, ref
 from .options import OptionError as OptionError
 from .recipes import Recipe, get_recipe
 
-__all__ = ["NORM_STATS", "TrainConfig", "arch_values", "build_config", "default_recipe_name", "option_paths"]
+__all__ = [
+    "NORM_STATS",
+    "TrainConfig",
+    "arch_values",
+    "build_config",
+    "default_recipe_name",
+    "objective_name",
+    "option_paths",
+]
 
 
 NORM_STATS = ("data", "inception", "imagenet")
@@ -23,7 +31,9 @@ NORM_STATS = ("data", "inception", "imagenet")
 
 @dataclass
 class TrainConfig:
-    """One run: data, model choices, recipe (with overrides already applied) and run options."""
+    """One run as the user asked for it: data, model choices, recipe (the named recipe with the fields given) and
+    run options. Read, never rewritten: what a run chooses on this machine and data is its
+    :class:`~vitlab.train.sizing.Sizing`."""
 
     recipe: Recipe = field(default_factory=lambda: get_recipe("digits"))
     data: str = "digits"
@@ -41,7 +51,7 @@ class TrainConfig:
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
     new_head: bool = False
     """Fine-tuning: a new zero-initialised head even when the ``--init`` model's classes are the data's (same names,
-    same order: otherwise it is new anyway, :func:`~vitlab.train.spec.finetune.head_choice`)."""
+    same order: otherwise it is new anyway, :func:`~vitlab.train.spec.arch.head_choice`)."""
     objective: str = "classify"
     """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
     a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy
@@ -73,7 +83,7 @@ class TrainConfig:
     threads: int = 0
     """CPU threads for torch; 0: one thread when a training step is under ~2 GMACs (such small kernels
     lose more to thread synchronisation than they gain, badly so on a busy machine), else the cores that are free
-    at start (:mod:`vitlab.train.engine.cores`)."""
+    at start (:mod:`vitlab.train.sizing.machine`)."""
     val_split: float | None = None
     cache_dir: str | None = None
     strict_data: bool = False
@@ -117,10 +127,8 @@ class TrainConfig:
     """Where each epoch's metrics also go (:mod:`vitlab.track`): ``csv``, ``tensorboard``, ``wandb``, ``mlflow``."""
     recipe_given: list[str] = field(default_factory=list)
     """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data
-    keeps them."""
-    resolved: str | None = None
-    """How the recipe was fitted to the data (:func:`~vitlab.train.spec.fitting.fit_recipe_to_data`), the line
-    the run printed; ``None``: not fitted (yet). A resumed run keeps its fitted recipe unchanged."""
+    keeps them (:mod:`vitlab.train.sizing`, whose :class:`~vitlab.train.sizing.Sizing` holds what was fitted: this
+    configuration stays what the user asked for)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -129,9 +137,24 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        d = dict(d)
+        """The configuration :meth:`to_dict` wrote. A ``last.pt`` from before the sizing room held the fitted recipe
+        and its line (``resolved``) in its configuration: the line is dropped here (the caller reads that recipe as
+        the run's sizing, :func:`vitlab.train.spec.resume.saved_run`)."""
+        d = {k: v for k, v in d.items() if k != "resolved"}
         d["recipe"] = Recipe.from_dict(d["recipe"])
         return cls(**d)
+
+
+def objective_name(cfg: TrainConfig) -> str:
+    """What the run ``cfg`` learns, by name: ``distill`` (a classifier with ``--teacher``), ``warmstart``
+    (classification after a masked-patch-prediction warm start, ``--mpp-warmup``), or ``--objective``'s ``classify``
+    or ``mpp``. The objectives (:mod:`vitlab.train.objectives`) and the sizing rules (:mod:`vitlab.train.sizing`) are
+    each looked up by it."""
+    if cfg.teacher is not None:
+        return "distill"
+    if cfg.objective == "classify" and cfg.recipe.mpp_warmup:
+        return "warmstart"
+    return cfg.objective
 
 
 def default_recipe_name(values: Mapping[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """Config files (big_vision's configs, timm's ``-c config.yaml``): ``vitlab train --config FILE`` (YAML or JSON),
-with the command line's flags over the file's values, and the ``config.yaml`` every run writes, from which
-``vitlab train --config runs/X/config.yaml --out runs/Y`` re-creates run X: the same recipe (already fitted to the
-data: its ``resolved`` line says so, and nothing is fitted again), model and data.
+with the command line's flags over the file's values, and the ``config.yaml`` every run writes: what it was asked
+(:func:`config_values`), never what it chose (its ``sizing.json``, :mod:`vitlab.train.sizing`). ``vitlab train
+--config runs/X/config.yaml --out runs/Y`` asks for run X again, and reads X's choices back from the ``sizing.json``
+beside the file (the same recipe, side, batch, threads and steps: on one process the same weights); with
+``--replan`` it chooses afresh on this machine, as X did.
 
 A config file is data, never code: read only when it is a regular file of at most :data:`MAX_BYTES`, parsed by
 PyYAML's safe loader (no anchors or aliases, at most :data:`MAX_DEPTH` levels) or ``json``; every key is an
@@ -27,7 +29,7 @@ from ...errors import ConfigError
 from .config import TrainConfig
 from .options import OPTIONS, OptionError, flag_for, option
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "Sources", "config_text", "merge", "read_config_file"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "Sources", "config_text", "config_values", "merge", "read_config_file"]
 
 MAX_BYTES = 1 << 20
 """The largest config file read (1 MiB: a run's config.yaml is about 3 KiB)."""
@@ -36,8 +38,11 @@ MAX_DEPTH = 8
 NESTED = ("recipe", "arch")
 """The top-level keys whose mapping holds options (``recipe: {lr: ...}`` is ``recipe.lr``)."""
 _WRITTEN = [o.path for o in OPTIONS if o.path and o.file and o.resume != "process" and "." not in o.path]
-"""The top-level options ``config.yaml`` holds: all but what describes the process (``out``, ``workers``,
+"""The top-level options ``config.yaml`` may hold: all but what describes the process (``out``, ``workers``,
 ``stop_after``, ``progress``, ``memory_budget``) and what a file may not set (``allow_pipe``)."""
+_DEFAULTS = {k: option(k).default if option(k).default is not None else getattr(TrainConfig(), k) for k in _WRITTEN}
+"""The options' defaults (the command line's, else the configuration's): an option at its default is not written
+in ``config.yaml`` (it was not asked)."""
 
 
 class _Loader(yaml.SafeLoader):
@@ -119,6 +124,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             flat[str(key)] = value
     known = [o.path for o in OPTIONS if o.path is not None]
     values = {}
+    flat.pop("resolved", None)  # a config.yaml from before sizing.json: its record of the fitted recipe, not an option
     for key, value in flat.items():
         if key not in known:
             raise ConfigError(f"{p}: {key}: unknown key{_closest(key, known)}")
@@ -173,16 +179,29 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def config_values(cfg: TrainConfig) -> dict[str, Any]:
+    """What the run ``cfg`` was asked, as ``config.yaml`` holds it: the data (a path that exists, made absolute), every
+    other option whose value is not its default (what describes the process left out), the recipe's name and the
+    recipe fields the user set, the architecture options given. Read back, it asks for the same run (the same
+    options, the same fields given, so the same fitting)."""
+    d: dict[str, Any] = {}
+    for key in _WRITTEN:
+        value = getattr(cfg, key)
+        if key == "data" or value != _DEFAULTS.get(key):
+            d[key] = _absolute(value) if key in ("data", "init", "teacher", "cache_dir") else value
+    fields = {f.name: getattr(cfg.recipe, f.name) for f in dataclasses.fields(cfg.recipe)}
+    d["recipe"] = {"name": cfg.recipe.name, **{f: fields[f] for f in cfg.recipe_given if f in fields}}
+    if cfg.arch:
+        d["arch"] = dict(cfg.arch)
+    return _plain(d)
+
+
 def config_text(cfg: TrainConfig) -> str:
-    """``config.yaml`` of the run ``cfg`` (its resolved configuration: the recipe fitted to the data, every field):
-    what re-creates it. Paths that exist are absolute; what describes the process is left out."""
-    d: dict[str, Any] = {k: getattr(cfg, k) for k in _WRITTEN}
-    for key in ("data", "init", "teacher", "cache_dir"):
-        d[key] = _absolute(d[key])
-    d["recipe"] = dataclasses.asdict(cfg.recipe)
-    d["arch"] = dict(cfg.arch)
+    """``config.yaml`` of the run ``cfg``: what it was asked (:func:`config_values`), what asks for it again."""
     head = (
-        "# vitlab train --config <this file> --out <folder> re-creates this run: the same recipe (fitted to the data\n"
-        "# once: `resolved` says how), model and data. Flags given with --config override its values.\n"
+        "# What this run was asked (vitlab train --config <this file> --out <folder> asks for it again); what it\n"
+        "# chose (recipe fitted to the data, side, batch, threads, steps) is sizing.json beside it, which a run from\n"
+        "# this file reads back: the same choices (--replan: measure afresh). Flags given with --config win.\n"
     )
-    return head + yaml.safe_dump(_plain(d), sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+    return head + yaml.safe_dump(config_values(cfg), sort_keys=False, default_flow_style=None, width=120,
+                                 allow_unicode=True)  # fmt: skip

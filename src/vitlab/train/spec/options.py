@@ -165,8 +165,9 @@ OPTIONS: tuple[Option, ...] = (
       help="a new zero-initialised head even when the model's classes are the data's (the head is kept only for "
       "the same class names in the same order)"),
     O(path=None, flag="--config", metavar="FILE",
-      help="a config file (YAML or JSON) of options, which the flags given override; every run writes its own as "
-      "config.yaml: --config runs/X/config.yaml --out runs/Y re-creates run X"),
+      help="a config file (YAML or JSON) of options, which the flags given override; every run writes what it was "
+      "asked as config.yaml and what it chose as sizing.json: --config runs/X/config.yaml --out runs/Y asks for "
+      "run X again and reads X's choices back (--replan: choose afresh)"),
     # -- data ------------------------------------------------------------------------------------------------
     O(path="data", flag="--data", group=data, default="digits",
       help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
@@ -355,6 +356,9 @@ OPTIONS: tuple[Option, ...] = (
       "repeated; none by default; each but csv needs its library (pip install 'vitlab[tensorboard]' ...)"),
     O(path=None, flag="--resume", group=run, kind=FLAG, default=False,
       help="continue the run in --out from its last.pt"),
+    O(path=None, flag="--replan", group=run, kind=FLAG, default=False,
+      help="with --config runs/X/config.yaml: choose afresh on this machine (recipe, side, batch, threads, steps) "
+      "instead of reading X's choices back from its sizing.json"),
     O(path=None, flag="--overwrite", group=run, kind=FLAG, default=False,
       help="replace the run already in --out (its metrics, summary, last.pt, model/ and figures are deleted "
       "first)"),
@@ -364,9 +368,6 @@ OPTIONS: tuple[Option, ...] = (
     O(path="objective", flag="--objective", commands=("train",), choices=("classify", "mpp"), default="classify",
       help="classify (labels, cross-entropy) or mpp: masked patch prediction (paper Sec. 4.6), labels unused; "
       "model/ is then a headless ViT for `vitlab finetune --init`"),
-    # -- written by the run, read back from its config.yaml --------------------------------------------------
-    O(path="resolved", nullable=True,
-      help="how the recipe was fitted to the data (the line the run printed); set: the recipe is used as is"),
 )  # fmt: skip
 """Every option, in ``--help`` order."""
 del O, data, model, recipe, dist, run

@@ -1,21 +1,19 @@
 """What ``--pack`` (NaViT: Dehghani et al. 2023, "Patch n' Pack") combines with, checked before any work, and the
-recipe fitted to it: images of different shapes cannot be mixed pixel for pixel (MixUp, CutMix) nor erased in a
+recipe it trains with: images of different shapes cannot be mixed pixel for pixel (MixUp, CutMix) nor erased in a
 tensor of one shape, and the model's own token dropping is done before packing instead
 (:mod:`vitlab.train.engine.packs`)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-
 from .config import TrainConfig
 from .options import OptionError, ref
+from .recipes import Recipe
 
-__all__ = ["PACK_OFF", "check_pack", "fit_pack"]
+__all__ = ["PACK_OFF", "check_pack", "pack_recipe"]
 
 PACK_OFF = ("mixup", "cutmix", "random_erasing")
 """Recipe fields that act on square batches: refused with ``--pack`` when given, turned off when a recipe chose
-them (:func:`fit_pack`)."""
+them (:func:`pack_recipe`)."""
 
 
 def check_pack(cfg: TrainConfig) -> None:
@@ -47,10 +45,11 @@ def check_pack(cfg: TrainConfig) -> None:
             raise OptionError(ref(path), f"{shown} with ", ref("pack"), f": not supported ({why})")
 
 
-def fit_pack(cfg: TrainConfig, *, log: Callable[[str], None]) -> TrainConfig:
-    """``cfg`` with what its recipe chose among :data:`PACK_OFF` turned off under ``--pack`` (one line says so)."""
-    off = [f for f in PACK_OFF if getattr(cfg.recipe, f)] if cfg.pack else []
+def pack_recipe(cfg: TrainConfig, recipe: Recipe) -> tuple[Recipe, str | None]:
+    """``(recipe, line)``: ``recipe`` with what it chose among :data:`PACK_OFF` turned off under ``--pack``, and the
+    line that says so (None: nothing to turn off)."""
+    off = [f for f in PACK_OFF if getattr(recipe, f)] if cfg.pack else []
     if not off:
-        return cfg
-    log(f"--pack: {', '.join(off)} off (they act on batches of images of one shape)")
-    return dataclasses.replace(cfg, recipe=cfg.recipe.replace(**dict.fromkeys(off, 0.0)))
+        return recipe, None
+    line = f"--pack: {', '.join(off)} off (they act on batches of images of one shape)"
+    return recipe.replace(**dict.fromkeys(off, 0.0)), line

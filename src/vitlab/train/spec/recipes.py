@@ -192,7 +192,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             name="auto",
             source=(
-                "Fitted to the data and the budget when the run starts (vitlab.train.spec.fitting): Steiner et al. "
+                "Fitted to the data and the budget when the run starts (vitlab.train.sizing.recipe): Steiner et al. "
                 "2021 (AugReg): the best augmentation and regularisation grows with the epochs and shrinks with the "
                 "data, so short schedules get flip + label smoothing (a light crop from 10 epochs) and DeiT's "
                 "MixUp/CutMix/RandAugment only long schedules on small data; a batch of at most 1/16 of the data; the "

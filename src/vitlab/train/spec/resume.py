@@ -13,8 +13,19 @@ from ...errors import ConfigError
 from . import arch
 from .config import TrainConfig
 from .options import OPTIONS, flag_for, path_of
+from .recipes import Recipe
 
-__all__ = ["resumed_config"]
+__all__ = ["resumed_config", "trained_recipe"]
+
+
+def trained_recipe(state: dict[str, Any]) -> Recipe:
+    """The recipe the run saved in ``state`` (a read ``last.pt``) trains with: its sizing's
+    (:class:`~vitlab.train.sizing.Sizing`), or, in a ``last.pt`` from before the sizing room, its configuration's
+    (which then held the fitted recipe)."""
+    sizing = state.get("sizing")
+    if isinstance(sizing, str):
+        return Recipe.from_dict(json.loads(sizing)["recipe"])
+    return Recipe.from_dict(json.loads(state["config"])["recipe"])
 
 
 def resumed_config(
@@ -41,6 +52,7 @@ def resumed_config(
     (:func:`~vitlab.data.shard_source.open_source`), and ``--allow-pipe`` (``pipe:`` URLs run a shell command)
     holds only when given on this command line together with the same ``--data``, spelled exactly as saved."""
     saved = TrainConfig.from_dict(json.loads(state["config"]))
+    trained = trained_recipe(state)
     if flags is None:
         paths = {"save_every"} | ({"on_nan"} if given.on_nan != "stop" else set())
     else:
@@ -54,7 +66,7 @@ def resumed_config(
         path = row.path
         if path not in paths or row.resume not in ("fixed", "honoured"):
             continue
-        was, now = _value(saved, path), _value(given, path)
+        was, now = _value(saved, path, recipe=trained), _value(given, path)
         if path == "recipe.epochs":
             was = plan.get("epochs", was)  # a --time-budget run planned its own number of epochs
         if _same(path, was, now):
@@ -78,20 +90,25 @@ def resumed_config(
 
 
 def _more_epochs(cfg: TrainConfig, state: dict[str, Any], plan: dict[str, Any], epochs: int) -> str:
-    """Re-plan to ``epochs`` (``plan``, saved in ``state``, changes in place); what it means for the run."""
+    """Re-plan to ``epochs`` (``plan``, saved in ``state``, changes in place: the user asked it on this command line,
+    and the run's sizing follows); what it means for the run."""
     done = int(state.get("epoch", 0))
     cfg.recipe = dataclasses.replace(cfg.recipe, epochs=epochs)
+    if isinstance(state.get("sizing"), str):
+        sizing = json.loads(state["sizing"])
+        sizing["recipe"]["epochs"] = epochs
+        state["sizing"] = json.dumps(sizing)
     plan.update(epochs=epochs, total_steps=epochs * plan["steps_per_epoch"])
     if epochs <= done:
         return f" ({done} epoch(s) already done: the run finishes now)"
     return f" (the run continues to step {plan['total_steps']}; the learning-rate schedule now ends there)"
 
 
-def _value(cfg: TrainConfig, path: str) -> Any:
-    """The value of option ``path`` in ``cfg``; the architecture as the model is built, so that a flag equal to
-    the recipe's value is no change."""
+def _value(cfg: TrainConfig, path: str, *, recipe: Recipe | None = None) -> Any:
+    """The value of option ``path`` in ``cfg`` (``recipe``: the one the run trains with, for a recipe field: the
+    fitted one); the architecture as the model is built, so that a flag equal to the recipe's value is no change."""
     if path.startswith("recipe."):
-        return getattr(cfg.recipe, path.removeprefix("recipe."))
+        return getattr(recipe or cfg.recipe, path.removeprefix("recipe."))
     if path.startswith("arch."):
         return arch.compared(cfg).get(path.removeprefix("arch."))
     if path == "model":

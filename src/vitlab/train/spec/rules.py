@@ -80,7 +80,7 @@ def _check_run(cfg: TrainConfig) -> None:
 def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
     """``(option path, why)`` of the first setting of ``cfg`` and ``recipe`` that Muon does not go with, else None:
     the one list :func:`check_levers` refuses from and the ``auto`` recipe falls back to AdamW on
-    (:func:`~.fitting.fit_recipe_to_data`)."""
+    (:func:`~vitlab.train.sizing.recipe.classify_recipe`)."""
     for refused, path, why in (
         (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
         (recipe.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
@@ -94,7 +94,8 @@ def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
 def run_recipe(cfg: TrainConfig, proposed: Recipe) -> Recipe:
     """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
     AdamW for a proposed Muon that a setting refuses (:func:`muon_refusal`); the fitted recipe's
-    (:func:`~.fitting.fit_recipe_to_data`) and the probes' optimizer (:mod:`vitlab.train.engine.calibrate`)."""
+    (:func:`~vitlab.train.sizing.recipe.classify_recipe`) and the probes' optimizer
+    (:mod:`vitlab.train.sizing.probe`)."""
     given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
     new = dataclasses.replace(proposed, **given)
     if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):

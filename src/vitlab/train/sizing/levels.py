@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LEVELS", "PHOTO_OFF", "aug_level", "level_fields"]
+__all__ = ["LEVELS", "PHOTO_OFF", "aug_level", "level_fields", "regularisers"]
 
 _FIELDS = ("crop_scale", "crop_ratio", "randaugment", "mixup", "cutmix", "random_erasing", "drop_path")
 _ANY_RATIO, _SQUARE = (3 / 4, 4 / 3), (1.0, 1.0)
@@ -64,3 +64,20 @@ def level_fields(level: str, *, photos: bool = False) -> dict[str, Any]:
     """The recipe fields of augmentation ``level`` (a :data:`LEVELS` key); for ``photos``, its crop with
     :data:`PHOTO_OFF` (see the module's notes)."""
     return {**LEVELS[level], **PHOTO_OFF} if photos else dict(LEVELS[level])
+
+
+REGULARISERS = (
+    ("mixup", "--mixup 0"),
+    ("cutmix", "--cutmix 0"),
+    ("randaugment", "--randaugment none"),
+    ("random_erasing", "--random-erasing 0"),
+    ("drop_path", "--drop-path 0"),
+)
+"""The fields a level sets beyond the crop and flip (:data:`PHOTO_OFF`'s), with the flag that turns each off."""
+
+
+def regularisers(recipe: Any) -> list[str]:
+    """The flags that switch off each regulariser ``recipe`` has on (:data:`REGULARISERS`): what the end of a run's
+    advice proposes when training is much harder than the test (:mod:`vitlab.train.persist.advice`). The levels
+    and the advice name the same fields, so a recipe this rule chose for photos (crop and flip only) has none."""
+    return [flag for field, flag in REGULARISERS if getattr(recipe, field)]

@@ -2,12 +2,12 @@
 process may use, and split the batch into accumulation steps, or refuse in one line, before anything big is
 allocated (the model, the optimizer, the loaders).
 
-The estimate is :mod:`vitlab.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
+The estimate is :mod:`vitlab.train.sizing.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
 
-* **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.capacity.state_bytes`,
+* **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.train.sizing.capacity.state_bytes`,
   sharded with ``--fsdp``), an EMA copy of the weights, the ``--time-budget`` probe's copy of the model, and
   autocast's low-precision copy of the weights on a GPU;
-* **activations** of one micro-batch (:func:`~vitlab.capacity.activation_bytes`: token dropping, prefix
+* **activations** of one micro-batch (:func:`~vitlab.train.sizing.capacity.activation_bytes`: token dropping, prefix
   tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused; ``--pack``'s
   sequences at their most, as images of the model's size holding their tokens), plus one block's
   temporaries in the backward pass. On a CPU the fused training blocks (:mod:`vitlab.accel.fused_block`) keep
@@ -15,7 +15,7 @@ The estimate is :mod:`vitlab.capacity`'s arithmetic (what ``vitlab plan`` prints
   again), so checkpointing saves nothing there; the plain path's fresh tensors fragment glibc's heap
   (:data:`HEAP_SLACK`);
 * **the objective**: the class head's logits and their gradient; masked patch prediction's colour head on every
-  corrupted patch (:func:`vitlab.train.objectives.mpp.step_bytes`); a distillation teacher's forward pass;
+  corrupted patch (:func:`mpp_bytes`); a distillation teacher's forward pass;
 * **evaluation**: a forward pass of the whole evaluation batch, while the fused CPU blocks keep their training
   buffers (:mod:`vitlab.accel.buffers`). A classifier's CPU inference runs in chunks and needs less: the
   over-count only ever lowers the evaluation batch, never the training batch, which is fitted with an
@@ -35,33 +35,38 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as tdist
 
-from ... import capacity
 from ..._units import format_size
+from ...data.packing import token_budget
 from ...distributed import Dist
 from ...errors import ConfigError
+from ...models.mpp import MaskedPatchPrediction
 from ...models.vit import VisionTransformer
-from ..objectives import Objective, objective_for
-from ..spec.config import TrainConfig
-from ..spec.rules import micro_batch
+from ..spec.config import TrainConfig, objective_name
+from ..spec.options import OptionError, ref
+from ..spec.phases import ends_dropping
+from ..spec.recipes import Recipe
+from . import capacity
+from .capacity import grid_tokens, inference_bytes, micro_batch
 from .machine import available_memory, cgroup_available
-from .packs import pack_geometry
-from .schedule import ends_dropping
 
 __all__ = [
+    "IMAGES_PER_SEQUENCE",
     "MARGIN",
-    "MemoryFit",
+    "MemorySplit",
+    "PackGeometry",
     "StepMemory",
     "available_memory",
     "cgroup_available",
     "estimate",
-    "fit_memory",
+    "memory_split",
+    "objective_bytes",
+    "pack_geometry",
     "parameter_counts",
 ]
 
@@ -100,14 +105,54 @@ class StepMemory:
 
 
 @dataclass(frozen=True)
-class MemoryFit:
-    """What :func:`fit_memory` decided: the run's config (its micro-batch perhaps split into more accumulation
-    steps), the evaluation batch, the estimate and the bytes available (None: not measurable here)."""
+class MemorySplit:
+    """What :func:`memory_split` decided: the recipe (its batch perhaps split into more accumulation steps), the
+    images of a forward pass on each process (``micro``), the evaluation batch, the estimate, the bytes available
+    (None: not measurable here) and the line that says why the batch was split (None: it was not)."""
 
-    cfg: TrainConfig
+    recipe: Recipe
+    micro: int
     eval_batch: int
     estimate: StepMemory
     available: int | None
+    line: str | None = None
+
+
+IMAGES_PER_SEQUENCE = 4
+"""``--pack-len``'s default: room for this many images at the highest resolution in one sequence."""
+
+
+@dataclass(frozen=True)
+class PackGeometry:
+    """``resolution`` (the ``(low, high)`` side drawn per image), ``max_tokens`` (an image's patches at the high
+    side), ``prefix`` (the model's class, distillation and register tokens) and ``pack_len`` (tokens a sequence)."""
+
+    resolution: tuple[float, float]
+    max_tokens: int
+    prefix: int
+    pack_len: int
+
+    def sequences(self, images: int) -> int:
+        """The most sequences ``images`` images can take (each at its most tokens)."""
+        return math.ceil(images / max(1, self.pack_len // (self.max_tokens + self.prefix)))
+
+
+def pack_geometry(cfg: TrainConfig, model_config: Any) -> PackGeometry:
+    """The run's packing: ``--pack-res`` (default: the side of a square of the model's image area, both ends),
+    ``--pack-len`` (default: :data:`IMAGES_PER_SEQUENCE` images at the high side); a ``--pack-len`` that cannot
+    hold one image is refused."""
+    h, w = model_config.img_size
+    side = math.sqrt(h * w)
+    lo, hi = cfg.pack_res or (side, side)
+    p, prefix = model_config.patch_size * model_config.stem_stride, model_config.num_prefix_tokens
+    if hi < p:
+        raise OptionError(ref("pack_res"), f" {lo:g},{hi:g}: the high side must be at least the patch size {p}")
+    most = token_budget(hi, p)
+    pack_len = cfg.pack_len or IMAGES_PER_SEQUENCE * (most + prefix)
+    if pack_len < most + prefix:
+        raise OptionError(ref("pack_len"), f" {pack_len}: an image may take {most + prefix} tokens ({most} patches "
+                          f"at {hi:g} px, {prefix} prefix); pass at least that")  # fmt: skip
+    return PackGeometry(resolution=(float(lo), float(hi)), max_tokens=most, prefix=prefix, pack_len=pack_len)
 
 
 def _bytes_per_value(cfg: TrainConfig, device_type: str) -> tuple[int, float]:
@@ -121,6 +166,7 @@ def estimate(
     cfg: TrainConfig,
     model_config: Any,
     *,
+    recipe: Recipe | None = None,
     micro: int,
     eval_batch: int,
     device_type: str,
@@ -130,12 +176,13 @@ def estimate(
     num_classes: int = 0,
     counts: tuple[int, int, int] | None = None,
 ) -> StepMemory:
-    """The peak of training ``model_config``'s ViT as ``cfg`` says with ``micro`` images a forward pass and
-    ``eval_batch`` images an evaluation pass (see the module notes). ``teacher``: the distillation teacher's
-    model config; ``num_classes``: the head's classes (0 for MPP); ``counts``: :func:`parameter_counts`."""
-    r, mc = cfg.recipe, model_config
-    kind = objective_for(cfg)
-    params, block, root = counts or parameter_counts(mc, objective=kind)
+    """The peak of training ``model_config``'s ViT as ``cfg`` says, with ``recipe`` (the run's: its
+    :class:`~vitlab.train.sizing.Sizing`'s; None: ``cfg``'s), ``micro`` images a forward pass and ``eval_batch``
+    images an evaluation pass (see the module notes). ``teacher``: the distillation teacher's model config;
+    ``num_classes``: the head's classes (0 for MPP); ``counts``: :func:`parameter_counts`."""
+    r, mc = recipe or cfg.recipe, model_config
+    learns = objective_name(cfg)
+    params, block, root = counts or parameter_counts(mc, learns=learns)
     strategy = "FSDP" if cfg.fsdp else "DDP"
     st = capacity.state_bytes(
         params, strategy=strategy, optimizer=r.optimizer, devices=world_size, block=block, root=root
@@ -168,9 +215,10 @@ def estimate(
     acts = int(acts * factor)
     evaluation = int(capacity.inference_bytes(mc, batch=eval_batch, **kw) * factor)
     pixels = mc.in_chans * img[0] * img[1] * 4
-    objective, objective_eval = kind.step_bytes(
-        r, mc, micro=micro, eval_batch=eval_batch, bytes_per_value=bpv, num_classes=num_classes, teacher=teacher
-    )
+    objective, objective_eval = objective_bytes(
+        learns, r, mc, micro=micro, eval_batch=eval_batch, bytes_per_value=bpv, num_classes=num_classes,
+        teacher=teacher,
+    )  # fmt: skip
     evaluation += objective_eval
     prefetch = PREFETCH * workers * micro * pixels
     data = prefetch + workers * WORKER_BYTES + (cfg.memory_budget or 64 << 20)
@@ -203,15 +251,63 @@ def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
     )
 
 
-def parameter_counts(model_config: Any, *, objective: type[Objective]) -> tuple[int, int, int]:
-    """``(parameters, the largest block's, those outside the blocks)`` of the module the run trains (the ViT or
-    its objective wrapper), counted on the meta device: nothing is allocated."""
+def parameter_counts(model_config: Any, *, learns: str = "classify") -> tuple[int, int, int]:
+    """``(parameters, the largest block's, those outside the blocks)`` of the module a run that ``learns`` (an
+    objective's name, :func:`~vitlab.train.spec.config.objective_name`) trains: the ViT, with masked patch
+    prediction's colour head around it for ``mpp`` and its warm start; counted on the meta device: nothing is
+    allocated."""
     with torch.device("meta"):
-        net = objective.wrap(VisionTransformer(model_config))
-    vit = objective.exported(net)
+        vit = VisionTransformer(model_config)
+        net = MaskedPatchPrediction(vit) if learns in ("mpp", "warmstart") else vit
     block, vit_root = capacity.block_params(vit)
     params = sum(p.numel() for p in net.parameters())
     return params, block, vit_root + params - sum(p.numel() for p in vit.parameters())
+
+
+def objective_bytes(
+    learns: str, recipe: Recipe, model_config: Any, *, micro: int, eval_batch: int, bytes_per_value: int,
+    num_classes: int, teacher: Any = None,
+) -> tuple[int, int]:  # fmt: skip
+    """``(training, evaluation)``: bytes what a run ``learns`` (an objective's name) adds to a step of ``micro``
+    images and to an evaluation pass of ``eval_batch``, beyond the ViT's own activations: a classifier's logits,
+    their log-softmax and gradient, MixUp/CutMix's mixed batch and soft targets, a distillation teacher's forward
+    pass (:func:`_teacher_bytes`); masked patch prediction's colour head (:func:`mpp_bytes`); a warm start's larger
+    of the two (one phase at a time)."""
+    mc, bpv = model_config, bytes_per_value
+    if learns == "mpp":
+        return mpp_bytes(mc, batch=micro, bytes_per_value=bpv), mpp_bytes(mc, batch=eval_batch, bytes_per_value=bpv)
+    train = micro * num_classes * (bpv + 8)
+    h, w = mc.img_size
+    if recipe.mixup or recipe.cutmix:
+        train += micro * (mc.in_chans * h * w * 4 + 2 * num_classes * 4)
+    if teacher is not None:
+        train += _teacher_bytes(teacher, micro=micro, bytes_per_value=bpv, num_classes=num_classes)
+    if learns == "warmstart":
+        train = max(train, mpp_bytes(mc, batch=micro, bytes_per_value=bpv))
+    return train, eval_batch * num_classes * 8
+
+
+def _teacher_bytes(teacher: Any, *, micro: int, bytes_per_value: int, num_classes: int) -> int:
+    """Bytes of a frozen teacher's forward pass over ``micro`` images: its activations without autograd, the batch
+    resized to its input and its logits."""
+    h, w = teacher.img_size
+    acts = inference_bytes(teacher, img_size=(h, w), batch=micro, bytes_per_value=bytes_per_value)
+    return acts + micro * (teacher.in_chans * h * w * 4 + num_classes * 4)
+
+
+def mpp_bytes(model_config: Any, *, batch: int, bytes_per_value: int = 4) -> int:
+    """Bytes masked patch prediction (:class:`~vitlab.models.mpp.MaskedPatchPrediction`) adds to a step of ``batch``
+    images of ``model_config``'s ViT, beyond the ViT's own (:func:`~vitlab.train.sizing.capacity.activation_bytes`):
+    the [0, 1] pixel copy the colour targets are read from, the corruption's draws, indices, targets and token
+    copies, and the 512-way colour head on every patch (its logits, log-softmax and their gradient, the per-patch
+    loss and its weight: the loss weighs the corrupted ones). Evaluation holds the same."""
+    c = model_config
+    h, w = c.img_size
+    n = grid_tokens(c, (h, w))
+    pixels = 2 * c.in_chans * h * w * 4  # images * std + mean, then clamped
+    corrupt = n * (2 * 4 + 3 * 8 + 3 * c.embed_dim * bytes_per_value + 2)  # two draws, indices, targets, copies
+    head = n * (512 * (bytes_per_value + 4 + 4) + 3 * 4 + 8)
+    return int(batch * (pixels + corrupt + head))
 
 
 def _shared_available(device: torch.device, dist: Dist) -> tuple[int, str] | None:
@@ -242,8 +338,9 @@ def _size(mc: Any) -> str:
     return f"{h} px" if h == w else f"{h}x{w} px"
 
 
-def fit_memory(
+def memory_split(
     cfg: TrainConfig,
+    recipe: Recipe,
     *,
     model_config: Any,
     dist: Dist,
@@ -251,26 +348,27 @@ def fit_memory(
     num_classes: int,
     teacher: Any = None,
     resumed: bool = False,
-    log: Callable[[str], None] = print,
-) -> MemoryFit:
+) -> MemorySplit:
     """Check the run fits in memory before it allocates, and make it fit by accumulation when it does not.
 
     The micro-batch is the largest divisor of the per-process batch whose step fits in :data:`MARGIN` of the
     memory available; the recipe's ``accum_steps`` grows so that the global batch, and so the recipe, stays
-    the same (one line says so). When a micro-batch of one image does not fit, a
+    the same (the split's line says so). When a micro-batch of one image does not fit, a
     :class:`~vitlab.errors.ConfigError` names the flags that shrink the run. A resumed run keeps its
     micro-batch (its saved position counts micro-batches) and only warns. The evaluation batch is the largest of
-    ``max(micro, 256)`` halved until it fits."""
-    r = cfg.recipe
+    ``max(micro, 256)`` halved until it fits. The one place the micro-batch is computed
+    (:func:`~vitlab.train.sizing.capacity.micro_batch`)."""
+    r = recipe
     w = dist.world_size
-    micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # train's rule, before any work
+    micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # before any work
     workers = cfg.workers if cfg.workers >= 0 else 1
-    counts = parameter_counts(model_config, objective=objective_for(cfg))
+    counts = parameter_counts(model_config, learns=objective_name(cfg))
 
     def need(micro: int, eval_batch: int, run: TrainConfig = cfg) -> StepMemory:
         return estimate(
             run,
             model_config,
+            recipe=r,
             micro=micro,
             eval_batch=eval_batch,
             device_type=device.type,
@@ -283,14 +381,16 @@ def fit_memory(
 
     found = _shared_available(device, dist)
     if found is None:
-        return MemoryFit(cfg=cfg, eval_batch=max(micro0, 256), estimate=need(micro0, max(micro0, 256)), available=None)
+        e = max(micro0, 256)
+        return MemorySplit(recipe=r, micro=micro0, eval_batch=e, estimate=need(micro0, e), available=None)
     avail, where = found
     usable = int(avail * MARGIN)
     have = f"{format_size(avail)} available ({where})"
     first = need(micro0, 1)
     step = f"a step of {micro0} image{'s' if micro0 > 1 else ''} at {_size(model_config)}"
+    line = None
     if resumed and first.total > usable:
-        log(
+        line = (
             f"warning: memory: {step} needs ~{format_size(first.total)}, {have}: "
             "the resumed run keeps its batch and may run out of memory"
         )
@@ -302,19 +402,19 @@ def fit_memory(
             0.9 * one.total
         )
         raise ConfigError(_refusal(one, model_config, have, checkpointing_helps=ckpt))
-    if micro != micro0:
+    if micro != micro0:  # micro divides the per-process batch: the split holds the loaders' rule
         accum = r.batch_size // (w * micro)
-        micro_batch(r.batch_size, world_size=w, accum_steps=accum)  # the same rule the loaders apply
-        log(
+        line = (
             f"memory: {step} needs ~{format_size(first.total)}, {have} -> {accum} accumulation steps of "
             f"{micro} image{'s' if micro > 1 else ''}{' per process' if w > 1 else ''} (the batch of "
             f"{r.batch_size} and the recipe unchanged)"
         )
-        cfg = dataclasses.replace(cfg, recipe=dataclasses.replace(r, accum_steps=accum))
+        r = dataclasses.replace(r, accum_steps=accum)
     eval_batch = max(micro, 256)
     while eval_batch > 1 and need(micro, eval_batch).total > usable:
         eval_batch = math.ceil(eval_batch / 2)
-    return MemoryFit(cfg=cfg, eval_batch=eval_batch, estimate=need(micro, eval_batch), available=avail)
+    return MemorySplit(recipe=r, micro=micro, eval_batch=eval_batch, estimate=need(micro, eval_batch),
+                       available=avail, line=line)  # fmt: skip
 
 
 def _refusal(one: StepMemory, mc: Any, have: str, *, checkpointing_helps: bool) -> str:

@@ -2,9 +2,9 @@
 (:func:`steps_in_budget`), what a measured probe says a step of another model or augmentation level costs
 (:class:`Pace`), and the line that says when a budget cannot buy a meaningful run (:func:`short_budget_line`).
 
-The auto recipe (:mod:`vitlab.train.spec.fitting`) chooses its augmentation level, batch and model from a
-:class:`Pace` measured on the run's own data before anything is chosen (:mod:`vitlab.train.engine.calibrate`), and
-the run's plan (:mod:`vitlab.train.engine.budget`) counts steps with the same :func:`steps_in_budget`, so that the
+The auto recipe (:mod:`vitlab.train.sizing.recipe`) chooses its augmentation level, batch and model from a
+:class:`Pace` measured on the run's own data before anything is chosen (:mod:`vitlab.train.sizing.probe`), and
+the run's plan (:mod:`vitlab.train.sizing.budget`) counts steps with the same :func:`steps_in_budget`, so that the
 passes the auto line states are the passes the run plans."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Pace:
     """Multiply-accumulates of that step (3 x the forward's, with the token dropping it trains with)."""
     batch: int
     aug_s: dict[str, float] = field(default_factory=dict)
-    """Seconds per image of each augmentation level's training transform (a :data:`~.fitting.LEVELS` key)."""
+    """Seconds per image of each augmentation level's training transform (a :data:`~.levels.LEVELS` key)."""
     workers: int = 0
     """DataLoader workers of the run: with any, augmentation runs beside the steps, else before each one."""
     eval_s: float = 0.0
@@ -95,8 +95,9 @@ def short_budget_line(
     """One line when ``steps`` planned in a ``budget`` of seconds (``left`` of them for training and evaluation)
     cannot make a meaningful run, else None: fewer than one pass over the data, or evaluation taking more than half
     of the time. It proposes the budget that buys three epochs with their evaluations in at most half of it (whole
-    minutes) and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's
-    time."""
+    minutes) when that is a longer budget, and, when evaluation dominates, an evaluation split small enough to take a
+    quarter of an epoch's time. It says only what the plan it was made from does: a run of many short epochs is not
+    told that its budget "buys only" them."""
     passes = steps / steps_per_epoch
     evals = math.ceil(passes) * (eval_s + SAVE_S)
     if passes >= 1 and evals <= 0.5 * left:
@@ -106,17 +107,25 @@ def short_budget_line(
     run = max(3 * epoch_s, 6 * (eval_s + SAVE_S))  # 3 epochs, their evaluations at most half of the time
     need = spent + run + budget_reserve(spent + run)
     minutes = max(1, math.ceil(need / 60))
-    why = f"{passes:.2f} passes over the training data" if passes < 1 else f"{passes:.1f} passes"
-    line = (
-        f"warning: --time-budget {_duration(budget)} buys only {why}, and evaluation takes {evals:.0f} s of "
-        f"the {max(0.0, left):.0f} s left ({eval_s:.1f} s each, {steps_per_epoch} steps an epoch at "
-        f"{per_step * 1000:.0f} ms): "
-        f"--time-budget {minutes}m buys about 3 epochs"
-    )
+    timing = f"({eval_s:.1f} s each, {steps_per_epoch} steps an epoch at {per_step * 1000:.0f} ms)"
+    if passes < 1:
+        line = (
+            f"warning: --time-budget {_duration(budget)} buys only {passes:.2f} passes over the training data, and "
+            f"evaluation takes {evals:.0f} s of the {max(0.0, left):.0f} s left {timing}"
+        )
+    else:
+        line = (
+            f"warning: evaluation takes {evals:.0f} s of the {max(0.0, left):.0f} s left: {math.ceil(passes)} "
+            f"evaluations in {passes:.1f} passes {timing}"
+        )
+    more = minutes * 60 > budget
+    if more:
+        line += f": --time-budget {minutes}m buys about 3 epochs"
     if evals > 0.5 * left and eval_s > 0:
         keep = max(1, int(n_eval * 0.25 * steps_per_epoch * per_step / eval_s))
         if keep < n_eval:
-            line += f"; or evaluate on fewer images (an evaluation folder of ~{keep:,} of the {n_eval:,})"
+            line += (", or" if more else ":") + f" evaluate on fewer images (an evaluation folder of ~{keep:,} of the "
+            line += f"{n_eval:,})"
     return line
 
 

@@ -22,7 +22,7 @@ A hybrid's ResNet stem and CCT's convolutional tokenizer are counted by their fe
 (:func:`_hybrid_values`, :func:`_conv_stem_values`), an axial block as two half-blocks. The numbers are estimates
 for planning: allocator fragmentation, the CUDA context, data-loader memory and communication buffers are not
 counted here (leave ~10-20 % of the device free); ``vitlab train`` adds what a run holds besides
-(:mod:`vitlab.train.engine.memory`) to the same arithmetic before it allocates anything.
+(:mod:`vitlab.train.sizing.memory`) to the same arithmetic before it allocates anything.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .errors import ConfigError
-from .plan_limits import check_plan_numbers
-from .train.spec.rules import micro_batch
+from ..._units import format_size
+from ...errors import ConfigError
+from ..spec.rules import micro_batch
 
 __all__ = [
+    "LIMITS",
+    "MAX_DEVICE_MEMORY",
+    "MAX_PEAK_TFLOPS",
     "PAPER_RUNS",
     "TPUV3_CORE_TFLOPS",
     "MemoryPlan",
@@ -52,6 +55,43 @@ __all__ = [
 
 BYTES_STATE = {"weights": 4, "gradients": 4, "optimizer": 8}  # fp32 params, fp32 grads, AdamW m and v
 TPUV3_CORE_TFLOPS = 61.5  # one TPUv3 core's bf16 peak (a chip = 2 cores = 123 TFLOP/s)
+
+LIMITS = {"--img-size": 16384, "--batch-size": 1 << 24, "--devices": 1 << 20, "--accum-steps": 1 << 20}
+"""The largest value ``vitlab plan`` takes for each size: beyond any ViT training run (the paper's largest batch is
+4096 at 224-518 px); a bigger number is a typo, and planning it would print astronomical figures."""
+MAX_DEVICE_MEMORY = 1 << 50  # 1 PiB: no accelerator comes near it
+MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: three orders of magnitude past an H100's dense bf16
+
+
+def check_plan_numbers(
+    *,
+    img_size: int,
+    batch_size: int,
+    devices: int,
+    device_memory: int,
+    mfu: float,
+    peak_tflops: float,
+    accum_steps: int = 1,
+) -> None:
+    """One :class:`~vitlab.errors.ConfigError` naming the flag for a number no plan can take: a size under 1 or over
+    :data:`LIMITS`, an MFU outside (0, 1], a peak throughput that is not a positive finite number (nan, inf)."""
+    for flag, v in (
+        ("--img-size", img_size),
+        ("--batch-size", batch_size),
+        ("--devices", devices),
+        ("--accum-steps", accum_steps),
+    ):
+        if not 1 <= v <= LIMITS[flag]:
+            raise ConfigError(f"{flag} {v}: must be from 1 to {LIMITS[flag]:,}")
+    if not 1 <= device_memory <= MAX_DEVICE_MEMORY:
+        raise ConfigError(f"--device-memory {format_size(device_memory)}: must be from 1 byte to 1 PiB")
+    if not (math.isfinite(mfu) and 0 < mfu <= 1):
+        raise ConfigError(f"--mfu {mfu}: must be in (0, 1], e.g. 0.4")
+    if not (math.isfinite(peak_tflops) and 0 < peak_tflops <= MAX_PEAK_TFLOPS):
+        raise ConfigError(
+            f"--peak-tflops {peak_tflops}: must be a positive finite number of TFLOP/s, at most {MAX_PEAK_TFLOPS:g} "
+            "(e.g. 312 for an A100)"
+        )
 
 
 @dataclass(frozen=True)
@@ -284,7 +324,7 @@ def plan(
     ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
     import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 
-    from .models import count_macs, create_model
+    from ...models import count_macs, create_model  # lazy: as torch, for the meta-device model
 
     check_plan_numbers(
         img_size=img_size,
@@ -342,7 +382,7 @@ def paper_run(run: PaperRun, *, mfu: float, peak_tflops: float, devices: int) ->
     ``peak_tflops`` at ``mfu``."""
     import torch  # lazy: as in plan()
 
-    from .models import count_macs, create_model
+    from ...models import count_macs, create_model  # lazy: as torch, for the meta-device model
 
     with torch.device("meta"):
         m = create_model(run.model, img_size=run.img_size)

@@ -1,4 +1,7 @@
-"""``--recipe auto``: fit the recipe to the data and the budget, the default for data a user passes.
+"""The recipe rules (no torch): ``--recipe auto`` fitted to the data and the budget, the default for data a user passes
+(:func:`classify_recipe`), the paper's ``finetune`` recipe's batch fitted to the data, and masked patch prediction's
+patch and batch (:func:`mpp_recipe`). Each returns the recipe the run trains with and the line that says what was
+chosen; the run's config is never changed (:class:`~vitlab.train.sizing.Sizing` holds the result).
 
 The augmentation level follows the passes and the data size (:mod:`.levels`, after AugReg: Steiner et
 al. 2021); every level: horizontal flip 0.5, label smoothing 0.1, weight decay 0.05, cosine decay; AdamW, or with a
@@ -11,7 +14,7 @@ docs/training.md), scaled by the square root of the batch (the usual rule for Ad
 warmup is 10% of the planned steps (5% from 5,000 steps).
 Without ``--model`` the model is sized for the budget (:data:`MODELS`, by the number of images the run
 will see) with a patch size that gives about an 8 x 8 grid of tokens (photos: the paper's 16 at 224 px,
-:mod:`vitlab.train.spec.image_size` picks their resolution), the paper's class token and fixed
+:mod:`vitlab.train.sizing.side` picks their resolution), the paper's class token and fixed
 2-D sine-cosine position embeddings (:data:`PLAIN`) instead of learned ones: Beyer et al. 2022 ("Better
 plain ViT baselines for ImageNet-1k") and this project's CIFAR-10 sweep (docs/cifar10.md) found them
 better when data or schedules are small; nothing has to learn the grid. docs/training.md has the
@@ -25,11 +28,11 @@ import dataclasses
 import math
 from typing import Any
 
-from .image_size import PHOTO_SIDE
+from ..spec.recipes import RECIPES, Recipe
+from ..spec.rules import run_recipe
 from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
-from .recipes import RECIPES, Recipe
-from .rules import run_recipe
+from .side import PHOTO_SIDE
 
 __all__ = [
     "BUDGET_OPTIMIZER",
@@ -44,9 +47,9 @@ __all__ = [
     "auto_batch",
     "auto_reason",
     "auto_recipe",
-    "fit_mpp_recipe",
-    "fit_recipe_to_data",
+    "classify_recipe",
     "forward_macs",
+    "mpp_recipe",
 ]
 
 COMMON_FIELDS = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
@@ -164,16 +167,16 @@ def auto_recipe(
     trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
 
     ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
-    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the data are photos
+    :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the input is photo-sized
     (the patch, :func:`_patch_for`); ``photo_data``: the images are photos the run crops from (the level's crop
     and flip only, :func:`~.levels.level_fields`); ``pace``: what a probe measured on the data (with a
-    ``time_budget``, the model, level and passes are chosen from it, :func:`_fit_to_pace`; without one, from
+    ``time_budget``, the model, level and passes are chosen from it, :func:`_by_pace`; without one, from
     :data:`MACS_PER_S`)."""
     batch = batch_size or auto_batch(n_train)
     steps_per_epoch = max(1, n_train // batch)
     level = None
     if time_budget is not None and pace is not None:
-        model, arch, token_drop, level, steps, per_step = _fit_to_pace(
+        model, arch, token_drop, level, steps, per_step = _by_pace(
             pace, time_budget=time_budget, n_train=n_train, img_size=img_size, in_chans=in_chans, batch=batch,
             token_drop=token_drop, photos=photos,
         )  # fmt: skip
@@ -220,7 +223,7 @@ def auto_recipe(
     return recipe, reason
 
 
-def _fit_to_pace(
+def _by_pace(
     pace: Pace, *, time_budget: float, n_train: int, img_size: tuple[int, int], in_chans: int, batch: int,
     token_drop: float | None, photos: bool,
 ) -> tuple[str, dict[str, Any], float, str, int, float]:  # fmt: skip
@@ -284,7 +287,7 @@ def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: st
     )
 
 
-def fit_recipe_to_data(
+def classify_recipe(
     cfg: Any,
     *,
     n_train: int,
@@ -294,18 +297,16 @@ def fit_recipe_to_data(
     device_type: str,
     pace: Pace | None = None,
     photo_data: bool = False,
-) -> Any:
-    """``cfg`` (a :class:`~vitlab.train.TrainConfig`) with its recipe fitted to the data, once: the ``auto`` recipe
-    resolved (:func:`auto_recipe`, :func:`~.rules.run_recipe`; ``pace``: measured on the data for a time budget;
-    ``photo_data``: a folder of photos, :func:`~.image_size.holds_photos`), or the ``finetune`` recipe's batch
-    scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to
-    512), its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples;
-    see docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user set
-    (``cfg.recipe_given``) are kept. ``cfg.resolved`` then holds the line that says what was chosen; a config
-    already resolved (a resumed run) is returned unchanged."""
+) -> tuple[Recipe, str | None]:
+    """``(recipe, line)``: what a classifier run of ``cfg`` (a :class:`~vitlab.train.TrainConfig`) trains with on this
+    data, and the line that says what was chosen (None: the recipe as asked). The ``auto`` recipe is resolved
+    (:func:`auto_recipe`, :func:`~vitlab.train.spec.rules.run_recipe`; ``pace``: measured on the data for a time
+    budget; ``photo_data``: a folder of photos, :func:`~.side.holds_photos`); the ``finetune`` recipe's batch is
+    scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512),
+    its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
+    docs/transfer.md), and its warmup made 5% of the run (the paper's 500 of 10k steps). Fields the user set
+    (``cfg.recipe_given``) are kept."""
     r = cfg.recipe
-    if cfg.resolved is not None:
-        return cfg
     given = {f: getattr(r, f) for f in cfg.recipe_given}
     if r.name == "auto":
         img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(image_size)
@@ -338,7 +339,7 @@ def fit_recipe_to_data(
         kept = sorted(set(given) - {"epochs", "batch_size"})  # the budget and batch are in the line already
         if kept:
             reason += f"; kept as given: {', '.join(kept)}"
-        return dataclasses.replace(cfg, recipe=new, resolved=reason)
+        return new, reason
     if r.name == "finetune" and cfg.init:
         changes: dict[str, Any] = {}
         if "batch_size" not in given:
@@ -354,21 +355,22 @@ def fit_recipe_to_data(
             f"{new.epochs} epochs, "
             f"warmup {'as given' if 'warmup_fraction' not in changes else '5% of the steps'}"
         )
-        return dataclasses.replace(cfg, recipe=new, resolved=reason)
-    return cfg
+        return new, reason
+    return r, None
 
 
-def fit_mpp_recipe(cfg: Any, *, n_train: int, image_size: tuple[int, int]) -> Any:
-    """``cfg`` (a :class:`~vitlab.train.TrainConfig` with ``--objective mpp``) with its recipe fitted to the data
-    once, as the ``auto`` recipe fits classification (:func:`fit_recipe_to_data`): the patch size from the image
+def mpp_recipe(
+    cfg: Any, *, n_train: int, image_size: tuple[int, int], recipe: Recipe | None = None
+) -> tuple[Recipe, str | None]:
+    """``(recipe, line)`` of a run of ``cfg`` (a :class:`~vitlab.train.TrainConfig` with ``--objective mpp``): its
+    recipe fitted to the data, as the ``auto`` recipe fits classification (:func:`classify_recipe`): the patch size
+    from the image
     size by the rule classification uses (16 for photos, as the paper's B/16; else about 8 x 8 tokens: the
     recipe's patch 4 is for 32 px images, and at 224 px it would give 3,136 tokens an image), unless a patch, a
     ``--model`` or an ``--init`` model is given; the batch at most 1/16 of the training set (the recipe's batch
-    at most; the LR scales with it linearly). Fields the user set are kept. ``cfg.resolved`` then holds the line
-    saying what was chosen; a resolved config is returned as is."""
-    r = cfg.recipe
-    if cfg.resolved is not None:
-        return cfg
+    at most; the LR scales with it linearly). Fields the user set are kept; the line is None when nothing
+    changed. ``recipe``: the recipe to fit (default: ``cfg``'s)."""
+    r = recipe or cfg.recipe
     img = (cfg.img_size, cfg.img_size) if cfg.img_size else (r.img_size, r.img_size) if r.img_size else image_size
     h, w = int(img[0]), int(img[1])
     changes: dict[str, Any] = {}
@@ -384,7 +386,6 @@ def fit_mpp_recipe(cfg: Any, *, n_train: int, image_size: tuple[int, int]) -> An
         changes["batch_size"] = b
         notes.append(f"batch {b} (at most 1/16 of the {n_train:,} images)")
     if not changes:
-        return cfg
+        return r, None
     new = dataclasses.replace(r, **changes)
-    line = f"mpp: {', '.join(notes)}, lr {new.scaled_lr(new.batch_size):.2g}"
-    return dataclasses.replace(cfg, recipe=new, resolved=line)
+    return new, f"mpp: {', '.join(notes)}, lr {new.scaled_lr(new.batch_size):.2g}"

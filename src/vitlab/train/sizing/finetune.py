@@ -1,8 +1,7 @@
-"""``vitlab finetune``'s default recipe: ``--recipe auto`` with ``--init`` fits a fine-tuning of the pre-trained model
-to the data, the budget and the model, as ``auto`` fits training from scratch (:mod:`.fitting`), and the rule that
-decides whether the pre-trained classifier head is kept (:func:`head_choice`).
+"""``vitlab finetune``'s default recipe (no torch): ``--recipe auto`` with ``--init`` fits a fine-tuning of the
+pre-trained model to the data, the budget and the model, as ``auto`` fits training from scratch (:mod:`.recipe`).
 
-The fitting (:func:`fit_finetune`), every rule a user may override with its flag:
+The rule (:func:`finetune_recipe`), every part of which a user may override with its flag:
 
 - **optimiser**: AdamW, weight decay 0.05, clipping at 1, warmup 10% of the steps (5% from 5,000) then cosine.
   It was the best point of docs/transfer.md's grid (a pre-trained width-96 model fine-tuned on 1,000 images of new
@@ -16,7 +15,9 @@ The fitting (:func:`fit_finetune`), every rule a user may override with its flag
   the patch tokens are dropped in training (:data:`~.fitting.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), the
   number of passes is estimated from the model's multiply-accumulates to choose the augmentation, and the run plans
   its steps from a measured step (:mod:`vitlab.train.engine.budget`).
-- **augmentation**: the level for the passes and the data (:func:`~.fitting.aug_level`, after AugReg), as ``auto``.
+- **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
+  on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
+  run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
 - **LP-FT** (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): a new head on fewer than
   :data:`SMALL_DATA` images trains alone first (``--head-warmup``), for the first half of the LR warmup and at most
   one epoch, so that the pre-trained features are not updated through a random head's gradients.
@@ -31,19 +32,12 @@ from typing import Any
 
 from ..._units import counted
 from ...models.config import ViTConfig
-from .fitting import (
-    BUDGET_TOKEN_DROP,
-    COMMON_FIELDS,
-    LEVELS,
-    MACS_PER_S,
-    aug_level,
-    auto_batch,
-    auto_reason,
-    forward_macs,
-)
-from .recipes import RECIPES
+from ..spec.arch import head_choice
+from ..spec.recipes import RECIPES, Recipe
+from .levels import aug_level, level_fields
+from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs
 
-__all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "fit_finetune", "head_choice"]
+__all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "finetune_recipe"]
 
 FT_LR, FT_BATCH, FT_WIDTH = 2e-3, 64, 96
 """AdamW's fine-tuning LR at batch ``FT_BATCH`` for models up to ``FT_WIDTH`` wide (docs/transfer.md's grid)."""
@@ -52,33 +46,12 @@ SMALL_DATA = 10_000
 size (:func:`~.fitting.aug_level`)."""
 
 
-def head_choice(init: ViTConfig, class_names: Sequence[str], *, new_head: bool = False) -> tuple[bool, str]:
-    """``(whether the head is new, why)``: the pre-trained classifier is kept only when it predicts the data's classes,
-    the same names in the same order (with ``new_head``, never); otherwise it is replaced by a zero-initialised one
-    (the paper's Sec. 3.2). A head whose count matches but whose names differ would relabel the old classes."""
-    names, old = list(class_names), list(init.class_names or [])
-    if new_head:
-        return True, "--new-head"
-    if init.head != "linear":
-        return True, "the pre-training MLP head dropped"
-    if init.num_classes == 0:
-        return True, "the model has no classifier head"
-    if old == names:
-        return False, f"the same {len(names)} classes in the same order"
-    if not old:
-        return True, f"the model names no classes, so its {init.num_classes} outputs cannot be matched to these"
-    if sorted(old) == sorted(names):
-        return True, "the same classes in another order"
-    shown = ", ".join(old[:4]) + (" ..." if len(old) > 4 else "")
-    return True, f"other classes: the model's are {shown}"
-
-
 def finetune_lr(*, width: int, batch: int) -> float:
     """The AdamW peak LR for fine-tuning a pre-trained model of ``width`` at ``batch`` (see the module's notes)."""
     return FT_LR * min(1.0, FT_WIDTH / width) * math.sqrt(batch / FT_BATCH)
 
 
-def fit_finetune(
+def finetune_recipe(
     cfg: Any,
     *,
     n_train: int,
@@ -87,13 +60,12 @@ def fit_finetune(
     device_type: str,
     init: ViTConfig,
     processes: int = 1,
-) -> Any:
-    """``cfg`` (a :class:`~vitlab.train.spec.config.TrainConfig` with ``--init`` and the ``auto`` recipe) with its
-    recipe fitted for fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images; ``cfg.resolved``
-    then holds the line that says what was chosen. Fields the user set (``cfg.recipe_given``) are kept; the head-only
-    phase needs one process (``processes``). A config already resolved (a resumed run) is returned unchanged."""
-    if cfg.resolved is not None:
-        return cfg
+    photos: bool = False,
+) -> tuple[Recipe, str]:
+    """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.spec.config.TrainConfig` with
+    ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
+    (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
+    (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``)."""
     r = cfg.recipe
     given = {f: getattr(r, f) for f in cfg.recipe_given}
     batch = given.get("batch_size") or auto_batch(n_train)
@@ -123,7 +95,7 @@ def fit_finetune(
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
         **COMMON_FIELDS,
-        **LEVELS[level],
+        **level_fields(level, photos=photos),
         "optimizer": "adamw",
         "batch_size": batch,
         "base_batch": batch,
@@ -142,7 +114,9 @@ def fit_finetune(
         f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
         f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
     )
-    line = head + auto_reason(new, level=level, passes=passes, n_train=n_train, model="").rsplit("; model", 1)[0]
+    line = head + auto_reason(new, level=level, passes=passes, n_train=n_train, model="", photos=photos).rsplit(
+        "; model", 1
+    )[0]
     line += (
         f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "
         f"x {FT_WIDTH}/width beyond, x the square root of the batch ratio"
@@ -152,4 +126,4 @@ def fit_finetune(
     kept = sorted(set(given) - {"epochs", "batch_size"})
     if kept:
         line += f"; kept as given: {', '.join(kept)}"
-    return dataclasses.replace(cfg, recipe=new, resolved=line)
+    return new, line

@@ -1,0 +1,398 @@
+"""The run's plan (:class:`~.steps.RunPlan`: its epochs and steps) made, and for ``--time-budget`` kept on the
+budget: plan the number of optimizer steps from a measured step time (:func:`measure_budget`), re-plan once from the
+run's own steps, then follow the pace, both ways, but only beyond a band of it (:class:`Replanner`), so that the run
+ends on time with a stable plan. A replayed run (``--config runs/X/config.yaml``) makes X's re-plans at X's steps
+instead of measuring (:meth:`Replanner.replaying`). The arithmetic is :mod:`vitlab.train.sizing.pace`'s."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._units import counted
+from ...distributed import Dist, broadcast_ints
+from ...models.layers import set_patch_drop
+from ..spec.config import TrainConfig
+from ..spec.phases import ends_dropping, last_stretch_from, mean_cost, unmasked_phases, warmup_for
+from ..spec.recipes import Recipe
+from .pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budget_line, steps_in_budget
+from .probe import Here, time_steps, time_update
+from .steps import Replan, RunPlan
+
+__all__ = ["REPLAN_AT", "Replanner", "measure_budget", "plan_run"]
+
+REPLAN_FROM, REPLAN_AT = 5, 45
+"""A time-budgeted run times its own optimizer steps ``REPLAN_FROM`` to ``REPLAN_AT`` and re-plans once from that."""
+STRETCH = REPLAN_AT - REPLAN_FROM
+"""Steps a stretch of the run must hold before its pace is judged (epochs shorter than this are taken together):
+the pace of a few steps, or of one short epoch and its evaluation, is mostly the machine's noise."""
+BAND = 0.10
+"""After the early re-plan, the plan moves only when the pace of the stretch since the last move is more than this
+share off the pace the plan was made at, or when at that pace the run would end more than this share of the time
+left early, or later than the budget's reserve allows (:meth:`Replanner._judge`)."""
+_TOLERANCE = 0.03
+"""A move happens only when it changes the steps still to go by more than this share (and by more than 1% of the
+budget's time): re-shaping the rest of the decay for fewer steps than that is not worth a line."""
+
+
+def _reusable(pace: Pace | None, cfg: TrainConfig, recipe: Recipe, loaders: Any) -> bool:
+    """Whether the recipe's probe timed this run's very step (the same model, batch and token dropping, in eager
+    mode, one step a batch): its step time is then reused rather than measured again."""
+    return (
+        pace is not None
+        and not cfg.compile
+        and not cfg.pack
+        and not ends_dropping(recipe)
+        and not cfg.model
+        and not cfg.init
+        and recipe.accum_steps == 1
+        and recipe.optimizer in ("adamw", "adam")  # the recipe's probe steps AdamW
+        and pace.batch == loaders.micro
+        and dict(recipe.arch) == pace.arch
+        and not any(v is not None for v in cfg.arch.values())
+    )
+
+
+def measure_budget(
+    cfg: TrainConfig, recipe: Recipe, here: Here, *, net: nn.Module, run_net: nn.Module, loaders: Any,
+    objective: Any, log: Callable[[str], None], pace: Pace | None = None,
+) -> tuple[int, int, float, float]:  # fmt: skip
+    """``(steps, epochs, seconds per step, seconds per evaluation)`` that fit ``cfg.time_budget`` for a run of
+    ``recipe``: time a few throw-away steps of the objective on a copy of the model (so the real run's RNG and weights
+    are untouched), then subtract evaluations (timed on up to 256 images, an evaluation batch at a time as the run
+    evaluates). The step time less the optimizer's update (timed alone: Muon's does not shrink with the image) is
+    multiplied by the recipe's mean step cost (:func:`~vitlab.train.spec.phases.mean_cost`): the probe times the final
+    size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too. When the recipe's own
+    probe (``pace``, :func:`~vitlab.train.sizing.probe.measure_pace`) timed this very step, its step and evaluation
+    times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is timed on the
+    run's transform: added to each step without workers, beside it with them. When the plan is no meaningful run, a
+    line says so and proposes what would make one (:func:`~.pace.short_budget_line`).
+
+    ``loaders`` are the run's (:class:`~vitlab.train.engine.loaders.RunLoaders`), ``objective`` its objective (its
+    ``loss``, ``eval_passes``, ``last_eval_extra``). With ``--compile`` the steps run through the real compiled model
+    instead (its compilation is then paid, and counted, here, and the per-step time is the compiled one), with a
+    zero-LR copy of the run's optimizer of its own: a step of AdamW, SGD or Muon at LR 0 leaves every weight
+    bit-identical."""
+    r, micro, spe = recipe, loaders.micro, loaders.steps_per_epoch
+    reuse = _reusable(pace, cfg, r, loaders)
+    full_over_dropped, unmasked = 1.0, ends_dropping(r)
+    with torch.random.fork_rng(devices=[]):
+        t0 = time.perf_counter()  # data loading + augmentation of one micro-batch
+        items = loaders.train_items(micro)
+        aug_s = (time.perf_counter() - t0) * r.accum_steps
+        if reuse:
+            step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes * loaders.evaluations  # type: ignore[union-attr]
+            update_s = 0.0  # the recipe's probe timed whole steps; its fixed share is the schedule's
+        else:
+            step_s, update_s, full_over_dropped, eval_s = _probe(
+                cfg, r, here, net=net, run_net=run_net, loaders=loaders, items=items, objective=objective,
+                unmasked=unmasked,
+            )  # fmt: skip
+    update_s = min(update_s, step_s)
+    compute = update_s + (step_s - update_s) * mean_cost(r, full_over_dropped=full_over_dropped)
+    per_step = (compute + aug_s if loaders.workers == 0 else max(compute, aug_s / loaders.workers)) * LOGGING_SHARE
+    budget: float = cfg.time_budget  # type: ignore[assignment]
+    left = budget - (time.perf_counter() - here.t_start) - budget_reserve(budget)
+    left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
+    total = steps_in_budget(left, per_step, eval_s, spe)
+    epochs = max(1, math.ceil(total / spe))
+    log(
+        f"time budget {budget:.0f} s: {'the recipe probe measured' if reuse else 'measured'} "
+        f"{per_step * 1000:.0f} ms per step"
+        + (" on average over the resolution schedule" if r.res_schedule else "")
+        + (
+            f" with every token for {unmasked_phases(r)} of the steps, at "
+            f"{full_over_dropped:.2f}x the time of a step that drops tokens"
+            if unmasked
+            else ""
+        )
+        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
+        f"-> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
+    )
+    short = short_budget_line(budget=budget, left=left, per_step=per_step, eval_s=eval_s, steps_per_epoch=spe,
+                              steps=total, n_eval=loaders.eval_size)  # fmt: skip
+    if short:
+        log(short)
+    return total, epochs, per_step, eval_s
+
+
+def _probe(
+    cfg: TrainConfig, r: Recipe, here: Here, *, net: nn.Module, run_net: nn.Module, loaders: Any, items: list,
+    objective: Any, unmasked: bool,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """``(seconds per optimizer step, seconds of its update alone, cost of an unmasked step over a dropping one,
+    seconds per evaluation)``, timed on a copy of the model (the compiled model itself with ``--compile``) with the
+    run's optimizer (its kind and parameter groups, at LR 0)."""
+    micro, device = loaders.micro, here.device
+    probe = run_net if cfg.compile else copy.deepcopy(net)
+    opt = here.optimizer(net if cfg.compile else probe, r, 0.0)  # the run's optimizer: Muon's step costs more
+    images = [x for x, _ in items]
+    xs = loaders.collate_train(images).to(device)  # a packed batch for --pack, its tokens dropped as the run's
+    ys = torch.randint(0, max(1, loaders.num_classes), (micro,), device=device)
+    probe.train()
+    timed = {"objective": objective, "device": device, "amp_dtype": here.amp_dtype}
+    step_s = time_steps(probe, opt, xs, ys, **timed) * r.accum_steps
+    update_s = time_update(probe, opt, xs, ys, **timed)  # once per optimizer step, whatever the accumulation
+    full_over_dropped = 1.0
+    if unmasked:  # time the steps on every token too (and compile them, with --compile)
+        set_patch_drop(probe, 0.0)  # the copy, or through the compiled wrapper the model itself
+        if loaders.set_token_drop(0.0):  # --pack: the loader drops them
+            xs = loaders.collate_train(images).to(device)
+        full_over_dropped = time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
+        set_patch_drop(probe, r.token_drop)
+        loaders.set_token_drop(r.token_drop)
+    evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+    evaluator.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        n_eval = min(loaders.eval_size, 256)
+        for start in range(0, n_eval, loaders.eval_batch):
+            evaluator(torch.stack(loaders.eval_items(start, min(n_eval, start + loaders.eval_batch))).to(device))
+    eval_s = (time.perf_counter() - t0) * loaders.eval_size / max(1, n_eval)
+    eval_s *= objective.eval_passes * loaders.evaluations  # flip TTA: two passes; --pack: two evaluations
+    return step_s, update_s, full_over_dropped, eval_s
+
+
+def plan_run(
+    cfg: TrainConfig, recipe: Recipe, here: Here, *, net: nn.Module, run_net: nn.Module, loaders: Any,
+    objective: Any, lr: float, log: Callable[[str], None], pace: Pace | None = None,
+) -> tuple[RunPlan, Replanner]:  # fmt: skip
+    """A new run's plan and its :class:`Replanner`: ``recipe``'s epochs, or as many steps as ``--time-budget``
+    allows (:func:`measure_budget`; ``pace``: the recipe's probe, when there was one). The warmup is capped at half
+    the run; every rank gets rank 0's plan."""
+    spe = loaders.steps_per_epoch
+    epochs, total, per_step, eval_s = recipe.epochs, recipe.epochs * spe, 0.0, 0.0
+    if cfg.time_budget:
+        total, epochs, per_step, eval_s = measure_budget(
+            cfg, recipe, here, net=net, run_net=run_net, loaders=loaders, objective=objective, log=log, pace=pace
+        )
+    warm, wanted = warmup_for(recipe, total_steps=total, steps_per_epoch=spe)
+    if warm < wanted:
+        log(f"note: warmup {wanted} steps capped at half the run ({warm} steps)")
+    epochs, total, warm = broadcast_ints([epochs, total, warm], here.dist, here.device)
+    plan = RunPlan(epochs=epochs, total_steps=total, steps_per_epoch=spe, warmup_steps=warm, lr=lr)
+    replan = Replanner()
+    if cfg.time_budget:  # due or not from the shared plan: its re-plan is a collective
+        replan = Replanner.for_plan(
+            total_steps=total,
+            budget=cfg.time_budget,
+            t_start=here.t_start,
+            eval_s=eval_s,
+            steps_per_epoch=spe,
+            last_extra=objective.last_eval_extra,
+            per_step=per_step,
+        )
+        if last := last_stretch_from(recipe):  # the first steps cost otherwise (smaller sizes, the warm start,
+            replan.last_size_from = last  # token dropping): the plan is re-fitted once the last stretch has begun,
+            replan.due = replan.late = (1 - last) * total >= 2 * REPLAN_AT  # and followed from there
+    return plan, replan
+
+
+@dataclass(kw_only=True)
+class Replanner:
+    """Keeps a time-budgeted run's plan on its budget. The planning probe times bare steps on a fixed batch; the
+    run's own steps add data loading, clipping, the real optimizer and the machine's load of the moment. So a long
+    run times its own steps ``REPLAN_FROM`` to ``REPLAN_AT`` of this process and re-fits the schedule to that pace
+    once (with ``--res-schedule``, once its last size has begun: :attr:`last_size_from`).
+
+    After that the pace is followed both ways, within a band: the steps and the end-of-epoch work since the last
+    judgment make a stretch, judged at an epoch's end (and, in epochs of many steps, every :attr:`check_every` steps)
+    once it holds :data:`STRETCH` steps (short epochs are taken together); the plan moves only when the stretch's
+    pace is :data:`BAND` off the plan's, or the run would end :data:`BAND` of the time left early or later than the
+    budget's reserve (:meth:`_judge`). Then the steps
+    still to go are re-fitted to what that pace, the evaluations still to come and the time left allow, shorter when
+    the machine slowed, longer when it recovered. The time left is read from the clock, so time lost to a slow
+    stretch is made up by the steps that follow, and the run ends on its budget. Each move re-fits the LR schedule
+    from the current step without a jump (:meth:`~vitlab.train.engine.schedule.LRFactor.refit_from`).
+
+    A replayed run (:meth:`replaying`) measures nothing: it makes the recorded moves at the recorded steps."""
+
+    due: bool = False
+    """Whether the early re-plan is still to come: False for runs without a time budget, short ones and resumed
+    ones."""
+    late: bool = False
+    """Whether to follow the pace after the early re-plan: fresh time-budgeted runs, but not those whose last
+    stretch of one step cost (:attr:`last_size_from`) is too short to be timed."""
+    budget: float = 0.0
+    t_start: float = 0.0
+    """``time.perf_counter()`` when this process started the run."""
+    eval_s: float = 0.0
+    """Seconds of an evaluation (the probe's, then the mean of the stretch's end-of-epoch work as measured)."""
+    last_extra: float = 0.0
+    """What the run's last evaluation costs beyond the others', in evaluations (``Objective.last_eval_extra``)."""
+    steps_per_epoch: int = 1
+    check_every: int = 0
+    """Steps between the checks within an epoch (0: at epoch ends only)."""
+    per_step: float = 0.0
+    """The seconds a step the current plan was made at (0: unknown: every stretch is judged by its end alone)."""
+    t0: float = 0.0
+    mark: tuple[int, float] | None = None
+    """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
+    epoch's end-of-epoch work)."""
+    last_size_from: float = 0.0
+    """The share of the plan where its last stretch of one step cost begins (:func:`~vitlab.train.spec.phases.
+    last_stretch_from`: the last size of ``--res-schedule``, the warm start's or the token dropping's end; 0: every
+    step costs the same). The steps before it do not tell the pace of the later ones, so the early re-plan times the
+    steps ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them is not a pace, and no new
+    plan is so long that a step would go back to an earlier stretch."""
+    followed_from: int = 0
+    """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
+    epoch_start: int = 0
+    """The step at which the current epoch began."""
+    stretch: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0.0])
+    """The stretch since the last judgment: ``[steps, their seconds, end-of-epoch works, their seconds]``."""
+    recorded: tuple[Replan, ...] | None = None
+    """A replay's moves (None: a measured run)."""
+
+    @classmethod
+    def for_plan(
+        cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int,
+        last_extra: float = 0.0, per_step: float = 0.0,
+    ):  # fmt: skip
+        """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough) made at
+        ``per_step`` seconds a step."""
+        return cls(
+            due=total_steps >= 2 * REPLAN_AT,
+            late=True,
+            budget=budget,
+            t_start=t_start,
+            eval_s=eval_s,
+            last_extra=last_extra,
+            steps_per_epoch=steps_per_epoch,
+            per_step=per_step,
+            check_every=max(REPLAN_AT - REPLAN_FROM, steps_per_epoch // 4) if steps_per_epoch >= 160 else 0,
+        )
+
+    @classmethod
+    def replaying(cls, plan: RunPlan, *, done: int = 0) -> Replanner:
+        """A replanner that makes ``plan``'s recorded moves after step ``done`` at their steps, measuring nothing."""
+        return cls(recorded=tuple(m for m in plan.replans if m.step >= done))
+
+    def _recorded(self, step: int, at: str) -> Replan | None:
+        return next((m for m in self.recorded or () if m.step == step and m.at == at), None)
+
+    def after_step(
+        self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
+    ) -> tuple[int, float] | None:
+        """Called after every optimizer step: ``(new total steps, measured seconds per step)`` when the plan should
+        change (the early re-plan by more than 2 %; a check within an epoch as :meth:`after_epoch`), else None."""
+        if self.recorded is not None:
+            move = self._recorded(step, "step")
+            return None if move is None else (move.total, move.per_step)
+        if self.due:
+            since = step - math.ceil(self.last_size_from * planned) if self.last_size_from else steps_this_run
+            return self._early(since=since, step=step, planned=planned, dist=dist, device=device)
+        if not (self.late and self.check_every and self.mark is not None and step < planned):
+            return None
+        if step - self.mark[0] < self.check_every:
+            return None
+        now = time.perf_counter()
+        n, seconds = step - self.mark[0], now - self.mark[1]
+        self.mark = (step, now)
+        self.stretch[0] += n
+        self.stretch[1] += seconds
+        total = self._judge(step=step, planned=planned, now=now, dist=dist, device=device)
+        return None if total is None else (total, self.per_step)
+
+    def _early(
+        self, *, since: int, step: int, planned: int, dist: Dist, device: torch.device
+    ) -> tuple[int, float] | None:
+        """The early re-plan: ``since`` steps of this process (of the last size, with a resolution schedule)."""
+        if since == REPLAN_FROM:
+            self.t0 = time.perf_counter()
+            return None
+        if since != REPLAN_AT:
+            return None
+        now = time.perf_counter()
+        per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
+        self.mark, self.followed_from, self.per_step = (step, now), step, per_step
+        left = self._left(now)
+        total = self._capped(step, step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, step))
+        (total,) = broadcast_ints([total], dist, device)
+        self.due = False
+        if abs(total - planned) <= 0.02 * planned:
+            return None
+        return total, per_step
+
+    def after_epoch(
+        self, *, step: int, planned: int, per_step: float, overhead_s: float, dist: Dist, device: torch.device
+    ) -> int | None:
+        """Called at each epoch's end, after its evaluation and saving (``overhead_s`` for them, ``per_step``
+        seconds for each of its optimizer steps): the new total when the stretch since the last judgment, this
+        epoch included, says the plan must move (:meth:`_judge`), else None. Not before the early re-plan, nor once
+        the plan is done (its decay has ended: more steps would train at its last LR), nor on an epoch begun before
+        the early re-plan of a run whose first steps cost otherwise."""
+        if self.recorded is not None:
+            move = self._recorded(step, "epoch")
+            return None if move is None else move.total
+        now = time.perf_counter()
+        began, self.epoch_start = self.epoch_start, step
+        if self.due:
+            self.t0 += overhead_s  # the early re-plan times steps: an epoch end inside its window is not one
+        if not self.late or self.due:
+            return None
+        since = max(0, step - max(began, self.mark[0] if self.mark is not None else began))
+        self.mark = (step, now)
+        if step >= planned or (self.last_size_from and began < self.followed_from):
+            return None  # done, or an epoch begun at a smaller size or before its last size was timed
+        self.stretch[0] += since
+        self.stretch[1] += since * per_step
+        self.stretch[2] += 1
+        self.stretch[3] += max(0.0, overhead_s - SAVE_S)  # steps_in_budget adds the saving to each evaluation
+        return self._judge(step=step, planned=planned, now=now, dist=dist, device=device)
+
+    def _judge(self, *, step: int, planned: int, now: float, dist: Dist, device: torch.device) -> int | None:
+        """The new total when the stretch since the last judgment holds :data:`STRETCH` steps and its pace is
+        :data:`BAND` off the plan's, or the plan would end :data:`BAND` of the time left early or later than the
+        budget's reserve allows at that pace (and the move is beyond :data:`_TOLERANCE`); else None. A judged
+        stretch ends there (the next one times what comes after it); a move makes its pace the plan's."""
+        steps, seconds, works, work_s = self.stretch
+        if steps < STRETCH:
+            return None
+        self.stretch = [0, 0.0, 0, 0.0]
+        pace = seconds / steps
+        if works:
+            self.eval_s = work_s / works
+        left = self._left(now)
+        evals = math.ceil(planned / self.steps_per_epoch) - step // self.steps_per_epoch
+        ends_in = (planned - step) * pace + evals * (self.eval_s + SAVE_S)
+        off_pace = self.per_step > 0 and abs(pace / self.per_step - 1) > BAND
+        off_end = ends_in > left + budget_reserve(self.budget) or ends_in < (1 - BAND) * left
+        (moves,) = broadcast_ints([int(off_pace or off_end)], dist, device)  # every rank decides as rank 0
+        if not moves:
+            return None
+        total = self._refit(step=step, planned=planned, per_step=pace, now=now, dist=dist, device=device)
+        if total is not None:
+            self.per_step = pace
+        return total
+
+    def _capped(self, step: int, total: int) -> int:
+        """``total``, or with a last stretch at most the longest plan that keeps every step from ``step`` on in it
+        (its start is a share of the plan: a longer one moves it later)."""
+        return min(total, int(step / self.last_size_from)) if self.last_size_from else total
+
+    def _left(self, now: float) -> float:
+        """Seconds left for steps and evaluations at ``now``: the budget less the time spent, the reserve and the
+        last evaluation's extra cost."""
+        return self.budget - (now - self.t_start) - budget_reserve(self.budget) - self.eval_s * self.last_extra
+
+    def _refit(
+        self, *, step: int, planned: int, per_step: float, now: float, dist: Dist, device: torch.device
+    ) -> int | None:
+        """The new total at ``per_step`` seconds a step from ``now`` on (rank 0's, on every rank), or None when it
+        is within the tolerance of ``planned``."""
+        left = self._left(now)
+        more = 0 if left < per_step + self.eval_s else steps_in_budget(left, per_step, self.eval_s,
+                                                                       self.steps_per_epoch, step)  # fmt: skip
+        total, pace_us = broadcast_ints([self._capped(step, step + more), round(per_step * 1e6)], dist, device)
+        slack = max(_TOLERANCE * (planned - step), 0.01 * self.budget / max(pace_us / 1e6, 1e-9))
+        if abs(total - planned) <= slack:
+            return None
+        return total

@@ -1,0 +1,377 @@
+"""Measure, then choose: the probes that time a run's candidates on this machine before anything is chosen.
+
+- :func:`budget_passes`: before a folder is decoded (or shards read), the passes a time budget buys at each photo
+  side (:func:`~vitlab.train.sizing.side.budget_photo_side`), from timed steps on random images;
+- :func:`measure_pace`: before a time-budgeted ``auto`` recipe picks its augmentation level, batch and model, a
+  few training steps of the smallest model the recipe would pick (with the token dropping it would train with),
+  each augmentation level's transform on real training items (a folder's decoded images; tar shards' first
+  samples, their decoding timed too), and an evaluation pass. :func:`vitlab.train.sizing.recipe.auto_recipe` then
+  counts the steps of each candidate from that (:class:`~vitlab.train.sizing.pace.Pace`), as the run's plan will,
+  so that the passes its line states are the passes the run plans;
+- :func:`epoch_seconds`: the seconds of a run for a number of epochs at a side, for the line that proposes a
+  faster side (:func:`~vitlab.train.sizing.side.faster_side_line`).
+
+The probes build their own throw-away models (with the CPU speed paths, as the run's) and the run's optimizer
+(:class:`Here` passes the engine's builder in: sizing does not import the engine); their random draws are made in a
+fork of the generators (:func:`~vitlab.data.seeding.seeded`), so the run does not depend on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...accel import accelerate
+from ...data import ArrayDataset, eval_transform, train_transform
+from ...data.seeding import seeded
+from ...data.shard_source import is_shard_spec
+from ...data.sources import ImageArray
+from ...data.stream import StreamData, first_images
+from ...devices import autocast
+from ...distributed import Dist
+from ...models import VisionTransformer
+from ..spec.arch import fresh_config
+from ..spec.config import TrainConfig
+from ..spec.recipes import Recipe
+from ..spec.rules import run_recipe
+from .levels import LEVELS, level_fields
+from .machine import set_threads, workers_for
+from .pace import Pace, budget_reserve
+from .recipe import auto_batch, auto_recipe, forward_macs
+from .side import PACKED_STEP_COST, PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
+
+__all__ = [
+    "Here",
+    "budget_passes",
+    "epoch_seconds",
+    "measure_pace",
+    "time_steps",
+    "time_update",
+    "wants_budget_size",
+    "wants_pace",
+]
+
+AUG_ITEMS = 16
+"""Training items each level's transform is timed on."""
+WARM_ITEMS = 8
+"""Items each level's transform runs on untimed before it is timed (its operations' first calls)."""
+PROBE_STEPS = 8
+"""Training steps the run's probe times (after two untimed), fewer when they would take over
+:data:`PROBE_SHARE` of the time budget."""
+PROBE_SHARE = 0.01
+"""The share of a time budget the probe's timed steps may take."""
+EVAL_ITEMS = 128
+"""Evaluation items timed (the whole split's time is scaled from them)."""
+SIDE_BATCH = 32
+"""Images a step of :func:`budget_passes` times at each side (the per-image cost is scaled to the run's batch)."""
+PASSES_LEVEL = "light"
+"""The augmentation level whose cost :func:`budget_passes` counts: the level a run gets from
+:data:`~vitlab.train.spec.image_size.BUDGET_PASSES` passes, the threshold the passes are compared with."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Here:
+    """Where a run is sized: this process (``dist``) and ``device``, its autocast dtype, ``t_start``
+    (``time.perf_counter()`` when the run started: what a time budget has spent) and how the run builds its optimizer
+    (``optimizer(model, recipe, lr)``: the engine's, so that a probe times the optimizer the run will train with)."""
+
+    dist: Dist
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    t_start: float
+    optimizer: Callable[[nn.Module, Recipe, float], torch.optim.Optimizer]
+
+
+class _ProbeLoss:
+    """What a probe's steps minimise: the classification loss of the run (cross-entropy, label smoothing 0.1)."""
+
+    @staticmethod
+    def loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net(x).float(), y, label_smoothing=0.1)
+
+
+def _probe_model(
+    cfg: TrainConfig, recipe: Recipe, *, num_classes: int, in_chans: int, img: tuple[int, int], names: list[str]
+) -> nn.Module:
+    """The throw-away model a probe times: the architecture rule's fresh model of ``recipe`` (the user's
+    ``--model`` and architecture flags left out: the probe times the auto recipe's candidates), with the speed
+    paths the run's model gets."""
+    probe_cfg = dataclasses.replace(cfg, arch={}, model=None)
+    c = fresh_config(probe_cfg, recipe=recipe, image_size=img, in_chans=in_chans, num_classes=num_classes,
+                     class_names=names)  # fmt: skip
+    return accelerate(VisionTransformer(c))
+
+
+def time_steps(
+    probe: nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor, *, objective: Any,
+    device: torch.device, amp_dtype: torch.dtype | None, n_warm: int = 2, n_time: int = 5, max_s: float = math.inf,
+) -> float:  # fmt: skip
+    """Seconds per training step of ``probe`` on the batch ``(xs, ys)``, the objective's loss: the median of
+    ``n_time`` steps timed one by one after ``n_warm``, fewer once the timed steps have taken ``max_s`` seconds (at
+    least two). The median, not the mean: a shared machine's pace drifts from one step to the next, and one slow
+    step of a few would set the whole plan."""
+    times: list[float] = []
+    for i in range(n_warm + n_time):
+        t0 = time.perf_counter()
+        with autocast(device, amp_dtype):
+            loss = objective.loss(probe, xs, ys)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= n_warm:
+            times.append(time.perf_counter() - t0)
+            if len(times) >= 2 and sum(times) >= max_s:
+                break
+    return statistics.median(times)
+
+
+def time_update(
+    probe: nn.Module, opt: torch.optim.Optimizer, xs: torch.Tensor, ys: torch.Tensor, *, objective: Any,
+    device: torch.device, amp_dtype: torch.dtype | None, n_time: int = 5,
+) -> float:  # fmt: skip
+    """Seconds of the optimizer's update alone (``opt.step()`` on one batch's gradients, the median of ``n_time``):
+    the part of a step whose cost does not shrink with the image or the tokens kept, large for Muon's
+    orthogonalisation of every block matrix. ``opt`` is expected at LR 0, so the repeated updates move nothing."""
+    with autocast(device, amp_dtype):
+        loss = objective.loss(probe, xs, ys)
+    loss.backward()
+    times: list[float] = []
+    for _ in range(n_time):
+        t0 = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    opt.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """The ``auto`` recipe, a labelled objective, a fresh model and one process: a run whose choices are made from
+    what this machine measures (several processes would each measure their own and must choose one)."""
+    return cfg.recipe.name == "auto" and not cfg.init and uses_labels and not dist.enabled
+
+
+def _user_data(cfg: TrainConfig) -> bool:
+    """Whether ``--data`` is the user's images (a folder, or tar shards), not a built-in data set."""
+    return Path(cfg.data).expanduser().is_dir() or is_shard_spec(cfg.data)
+
+
+def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
+    """Whether a new run's recipe is chosen from a measured pace: a time-budgeted measured run
+    (:func:`_measured_run`; a fine-tune's model is its ``--init`` model's, :mod:`~vitlab.train.sizing.finetune`) on
+    training images in memory (a folder or a built-in set) or in tar shards (their first samples)."""
+    train = getattr(data, "train", None)
+    held = isinstance(train, ImageArray) or isinstance(data, StreamData)
+    return bool(cfg.time_budget) and _measured_run(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
+
+
+def wants_budget_size(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): a
+    time-budgeted measured run (:func:`_measured_run`) on the user's images (a folder or its shards, ``--pack`` too)
+    with no size given (``--img-size``, a recipe's)."""
+    return (
+        bool(cfg.time_budget)
+        and _measured_run(cfg, uses_labels=uses_labels, dist=dist)
+        and not cfg.img_size
+        and not cfg.recipe.img_size
+        and _user_data(cfg)
+    )
+
+
+def wants_epoch_sides(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """Whether a new photo run for a number of epochs times its side against a faster one
+    (:func:`epoch_seconds`, :func:`~vitlab.train.sizing.side.faster_side_line`): a measured run without a time budget
+    on the user's images, with no size given."""
+    return (
+        not cfg.time_budget
+        and _measured_run(cfg, uses_labels=uses_labels, dist=dist)
+        and not cfg.img_size
+        and not cfg.recipe.img_size
+        and _user_data(cfg)
+    )
+
+
+def _image_seconds(
+    cfg: TrainConfig, here: Here, *, side: int, n_train: int, epochs: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:  # fmt: skip
+    """Seconds a training image costs a photo run at ``side`` px (a step's share, its :data:`PASSES_LEVEL`
+    augmentation beside or before it; a packed step :data:`~.side.PACKED_STEP_COST` times a square one), from
+    timed training steps (:data:`SIDE_BATCH` random images) of the model the auto recipe would train there (for a
+    time budget its smallest, with its token dropping; for ``epochs``, its model for them), on the threads the run
+    will use. Random draws are made in a fork of the generators: the run does not depend on them."""
+    given = set(cfg.recipe_given)
+    drop = cfg.recipe.token_drop if "token_drop" in given else None
+    in_chans, classes = 3, 2  # photos decode as RGB; the head costs nothing measurable (classes are not read yet)
+    img, batch = (side, side), cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
+    k = min(batch, SIDE_BATCH)
+    budget = 1e-9 if epochs is None else None
+    recipe, _ = auto_recipe(n_train=n_train, img_size=img, num_classes=classes, in_chans=in_chans, epochs=epochs,
+                            time_budget=budget, batch_size=batch, token_drop=drop, photos=True)  # fmt: skip
+    with seeded(cfg.seed):
+        model = _probe_model(cfg, recipe, num_classes=classes, in_chans=in_chans, img=img,
+                             names=[str(i) for i in range(classes)]).to(here.device)  # fmt: skip
+        set_threads(cfg, device=here.device, step_macs=model.macs() * batch * 3)
+        xs = torch.randn(k, in_chans, side, side, device=here.device)
+        ys = torch.randint(0, classes, (k,), device=here.device)
+        opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
+        model.train()
+        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=here.device, amp_dtype=here.amp_dtype,
+                            n_warm=2, n_time=2)  # fmt: skip
+        aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=in_chans, clock=clock)
+    step_s *= PACKED_STEP_COST if cfg.pack else 1.0
+    pace = Pace(step_s=step_s * batch / k, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
+                workers=workers_for(cfg, device=here.device))  # fmt: skip
+    return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
+
+
+def budget_passes(
+    cfg: TrainConfig, here: Here, *, clock: Callable[[], float] = time.perf_counter
+) -> Callable[[int, int], float]:
+    """``passes(side, n_train)``: the passes over ``n_train`` images that the rest of the time budget buys at
+    ``side`` px (:func:`_image_seconds`). Called before a folder is decoded (or shards read), so that it is stored
+    for the side chosen (:func:`~vitlab.train.sizing.side.budget_photo_side`); the steps and the augmentation of
+    random photos are counted, not the evaluations (the run's own probe, :func:`measure_pace`, then plans with
+    them)."""
+
+    def passes(side: int, n_train: int) -> float:
+        per_image = _image_seconds(cfg, here, side=side, n_train=n_train, clock=clock)
+        left = cfg.time_budget - budget_reserve(cfg.time_budget) - (clock() - here.t_start)
+        return max(0.0, left) / (per_image * max(1, n_train))
+
+    return passes
+
+
+def epoch_seconds(
+    cfg: TrainConfig, here: Here, *, side: int, n_train: int, epochs: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:  # fmt: skip
+    """Seconds of training ``epochs`` epochs over ``n_train`` photos at ``side`` px, the model and augmentation the
+    auto recipe picks for them (:func:`_image_seconds`; evaluations not counted): what the line proposing a faster
+    side compares (:func:`~vitlab.train.sizing.side.faster_side_line`)."""
+    return _image_seconds(cfg, here, side=side, n_train=n_train, epochs=epochs, clock=clock) * n_train * epochs
+
+
+def _level_transform(
+    level: str, *, img: tuple[int, int], mean: Any, std: Any, in_chans: int, crop_pct: float, photos: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The training transform of the auto recipe's augmentation ``level``
+    (:func:`~vitlab.train.sizing.levels.level_fields`; ``photos``: the photo variant) at ``img``, flip 0.5, as a run
+    of that level builds it: what the probes time."""
+    f = level_fields(level, photos=photos)
+    return train_transform(img_size=img, mean=mean, std=std, in_chans=in_chans, crop_scale=f["crop_scale"],
+                           crop_ratio=f["crop_ratio"], hflip=0.5, randaugment=f["randaugment"],
+                           random_erasing=f["random_erasing"], crop_pct=crop_pct)  # fmt: skip
+
+
+def _time_augmentation(side: int, *, level: str, in_chans: int, clock: Callable[[], float]) -> float:
+    """Seconds per image of ``level``'s training transform for a ``side`` px photo run, on random images stored as
+    such a run stores them (:func:`~vitlab.train.sizing.side.store_side`, 3:4 portrait)."""
+    short = store_side(side, PHOTO_CROP_PCT)
+    tf = _level_transform(level, img=(side, side), mean=(0.5,) * in_chans, std=(0.5,) * in_chans, in_chans=in_chans,
+                          crop_pct=PHOTO_CROP_PCT, photos=True)  # fmt: skip
+    items = [torch.randint(0, 256, (in_chans, short * 4 // 3, short), dtype=torch.uint8) for _ in range(AUG_ITEMS)]
+    tf(items[0])  # untimed: the transforms' first calls
+    t0 = clock()
+    for x in items:
+        tf(x)
+    return (clock() - t0) / len(items)
+
+
+def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[], float]) -> tuple[Any, float]:
+    """``(images, seconds each to read)``: ``k`` images of ``split`` spread over it (a folder's decoded images, read
+    from the cache's pages, paid once by the run: 0 s) or its first ``k`` samples (tar shards: decoded now, as the
+    run's loader decodes each sample it reads, so their decoding is part of the pace)."""
+    if isinstance(split, ImageArray):
+        n = len(split)
+        idx = [i * n // max(1, min(k, n)) for i in range(min(k, n))]
+        return [split.images[i] for i in idx], 0.0
+    t0 = clock()
+    images = first_images(split, k, at_least=at_least)
+    return images, (clock() - t0) / max(1, len(images))
+
+
+def measure_pace(
+    cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter
+) -> Pace:
+    """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes). The probe
+    model is thrown away; the random draws are made in a fork of the generators (:func:`~vitlab.data.seeding.seeded`),
+    so the run's own weights and augmentation do not depend on it. Sets torch's threads as the run will
+    (:func:`~vitlab.train.sizing.machine.set_threads`)."""
+    n_train, in_chans = len(data.train), data.in_chans
+    img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(int(s) for s in data.image_size)
+    given = set(cfg.recipe_given)
+    batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
+    drop = cfg.recipe.token_drop if "token_drop" in given else None
+    recipe, _ = auto_recipe(  # the smallest candidate: what a tiny budget picks
+        n_train=n_train, img_size=img, num_classes=data.num_classes, in_chans=in_chans, time_budget=1e-9,
+        batch_size=batch, token_drop=drop, photos=min(img) >= PHOTO_SIDE,
+    )  # fmt: skip
+    plan = getattr(data, "plan", None)
+    crop_pct = plan.crop_pct if plan is not None else 1.0
+    photos = holds_photos(data)
+    device = here.device
+    with seeded(cfg.seed):
+        model = _probe_model(cfg, recipe, num_classes=data.num_classes, in_chans=in_chans, img=img,
+                             names=list(data.class_names)).to(device)  # fmt: skip
+        image_macs = float(forward_macs(recipe.arch, img, in_chans))
+        step_macs = 3.0 * forward_macs(recipe.arch, img, in_chans, token_drop=recipe.token_drop) * batch
+        threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as the run's
+        workers = workers_for(cfg, device=device)
+        k = min(AUG_ITEMS, n_train)
+        train, read_s = _items(data.train, k, at_least=(img[1], img[0]), clock=clock)
+        k = len(train)
+        aug_s, items = {}, []
+        for level in LEVELS:
+            tf = _level_transform(level, img=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
+                                  crop_pct=crop_pct, photos=photos)  # fmt: skip
+            ds = ArrayDataset(train, [0] * k, transform=tf, in_chans=in_chans)
+            # untimed: the first reads of the cache's pages (once) and each level's first calls of its operations,
+            # which the run pays once, not at every step
+            _ = [ds[i] for i in range(k if not aug_s else min(k, WARM_ITEMS))]
+            t0 = clock()
+            xs_level = [ds[i][0] for i in range(k)]
+            aug_s[level] = (clock() - t0) / max(1, k) + read_s
+            items = items or xs_level
+        xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
+        ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
+        opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
+        model.train()
+        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device, amp_dtype=here.amp_dtype,
+                            n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
+        eval_s = _time_eval(model, data.val, n_val=len(data.val), img=img, in_chans=in_chans, crop_pct=crop_pct,
+                            device=device, clock=clock)  # fmt: skip
+    return Pace(
+        step_s=step_s, step_macs=step_macs, batch=batch, aug_s=aug_s, workers=workers, eval_s=eval_s,
+        eval_image_macs=image_macs, n_eval=len(data.val), elapsed_s=clock() - here.t_start, arch=dict(recipe.arch),
+        probe=f"{step_s * 1000:.0f} ms a step of {batch} for the tiny model on {threads} thread(s), "
+        f"the augmentation on {len(items)} of the training images",
+    )  # fmt: skip
+
+
+def _time_eval(
+    model: nn.Module, val: Any, *, n_val: int, img: tuple[int, int], in_chans: int, crop_pct: float,
+    device: torch.device, clock: Callable[[], float],
+) -> float:  # fmt: skip
+    """Seconds of one evaluation of ``val`` (reading, transform and forward), from up to :data:`EVAL_ITEMS` of it."""
+    tf = eval_transform(img_size=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
+                        crop_pct=crop_pct)  # fmt: skip
+    images, read_s = _items(val, EVAL_ITEMS, at_least=(img[1], img[0]), clock=clock)
+    n = len(images)
+    if n == 0:  # no evaluation split: nothing to time
+        return 0.0
+    ds = ArrayDataset(images, [0] * n, transform=tf, in_chans=in_chans)
+    model.eval()
+    _ = [ds[i] for i in range(n)]  # untimed: the first reads of the cache's pages, paid once by the run
+    t0 = clock()
+    with torch.no_grad():
+        model(torch.stack([ds[i][0] for i in range(n)]).to(device))
+    return ((clock() - t0) / n + read_s) * n_val

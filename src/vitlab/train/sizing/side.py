@@ -1,0 +1,244 @@
+"""THE side rule: the resolution a run trains at, and how a folder of images is stored for it, decided from the
+images' sizes before anything is decoded (a folder's headers; tar shards' first samples), so that the decode cache
+holds what training needs, no more. One rule for every path: a folder, its shards and ``--pack``, under
+``--epochs`` or ``--time-budget``, in ``train`` and ``finetune``.
+
+The conventions users know from timm and the ViT papers:
+
+- **Photos** (a typical shorter side of at least :data:`PHOTO_SIDE` px) train at :data:`PHOTO_SIZE` px, the
+  paper's and timm's input size, or at their own shorter side rounded down to a multiple of 16 when smaller;
+  never above that without ``--img-size``. They are evaluated as timm evaluates: the shorter side resized to
+  ``img_size / crop_pct`` (:data:`PHOTO_CROP_PCT`), then the centre ``img_size`` square.
+- **Small images** (CIFAR's 32 px, digits' 8 px) train at their own size, as they always have; mixed small
+  sizes at the median shorter side (:func:`~vitlab.data.decode.typical_side`); evaluated whole (crop_pct 1).
+- **Photos under a time budget** train at the largest of :data:`BUDGET_SIDES` (up to the size above) at which the
+  budget buys at least :data:`BUDGET_PASSES` passes over the training images, estimated from timed training steps
+  of the model ``auto`` would train at each size (:func:`budget_photo_side`; packed steps cost
+  :data:`PACKED_STEP_COST` times as much): a short budget trades resolution for passes, as training at a lower
+  resolution first does (Touvron et al. 2019, "Fixing the train-test resolution discrepancy"; Tan & Le 2021,
+  EfficientNetV2's progressive learning), and as docs/training.md measures on photos.
+- **Photos for a number of epochs** train at the size above; the run states how much faster :data:`FAST_SIDE` px
+  would be when it is, since on photos it measured as good for as many epochs (:func:`faster_side_line`).
+- ``--img-size`` (or a recipe's ``img_size``) wins; an ``--init`` model without one trains at its own size.
+
+Storage (:func:`folder_storage`): training images keep their aspect ratio and whole extent, their shorter side at
+most ``img_size / crop_pct`` and at least 1/0.875 of the input (room for random crops), so RandomResizedCrop is
+drawn on the original picture; the evaluation split of a ``train/`` + ``val/`` folder is stored resized and
+centre-cropped for the evaluation, which then only takes its centre.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..._units import duration
+from ...data.decode import too_thin, typical_side
+from ...data.folder_plan import FolderPlan
+from ...data.resize import resize_side
+
+if TYPE_CHECKING:
+    from ..spec.config import TrainConfig
+    from ..spec.recipes import Recipe
+
+__all__ = [
+    "BUDGET_PASSES",
+    "BUDGET_SIDES",
+    "CROP_MARGIN",
+    "FAST_SIDE",
+    "INIT_SIDE",
+    "PACKED_STEP_COST",
+    "PHOTO_CROP_PCT",
+    "PHOTO_SIDE",
+    "PHOTO_SIZE",
+    "budget_photo_side",
+    "faster_side_line",
+    "folder_storage",
+    "holds_photos",
+    "photo_size",
+    "sized_recipe",
+    "store_side",
+]
+
+PHOTO_SIDE = 160
+"""A typical shorter side (px) from which a folder holds photos: trained at :data:`PHOTO_SIZE`, patch 16."""
+PHOTO_SIZE = 224
+"""The training resolution of photos without ``--img-size`` (the paper's ImageNet size, timm's default)."""
+PHOTO_CROP_PCT = 0.875
+"""timm's ``crop_pct``: photos are evaluated on the centre 87.5% of the resized shorter side."""
+CROP_MARGIN = 0.875
+"""Training images are stored with their shorter side at least ``img_size / 0.875`` (~1.14x): room for crops."""
+INIT_SIDE = 384
+"""Where a fine-tune's training size is not known before the data is decoded (an ``--init`` model that is not
+square), photos are stored for up to this (the paper's fine-tuning resolution), so that any fine-tuning size up to
+it has the pixels it needs; otherwise for the ``--init`` model's own size."""
+
+
+def photo_size(typical: int) -> int:
+    """The training side for photos of ``typical`` shorter side: :data:`PHOTO_SIZE`, or the typical side
+    rounded down to a multiple of 16 (the patch) when smaller."""
+    return min(PHOTO_SIZE, max(16, typical // 16 * 16))
+
+
+BUDGET_SIDES = (224, 160, 128, 64)
+"""The sides a time-budgeted photo run may train at without ``--img-size``, largest first: 224 px and the smaller
+sides measured against it on photos (docs/training.md, "Photo rows"). 64 px trains with patch 8 (an 8 x 8 grid,
+:func:`vitlab.train.spec.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
+2 and 5 minutes and is not a step."""
+BUDGET_PASSES = 150.0
+"""Passes over the training images (as :func:`~vitlab.train.engine.calibrate.budget_passes` estimates them) a time
+budget must buy at a side for a photo run to train at it: half again above every larger side that lost to 64 px on
+the clothing photos, at 2, 5 and 10 minutes, 128 px at 10 minutes with ~90 to ~100 estimated passes among them
+(docs/training.md, "Photo rows")."""
+
+
+def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
+    """``(side, why)``: the side a time-budgeted photo run of ``typical`` shorter side trains at, the largest of
+    :data:`BUDGET_SIDES` up to :func:`photo_size` at which ``passes(side)`` (the passes the budget buys there) is at
+    least :data:`BUDGET_PASSES`; when none is, the smallest. ``why`` says so for the run's first line. Sides are
+    tried from the largest down, so ``passes`` (a measurement) is called only until one is enough.
+
+    Below the threshold the smallest side, not the one with the most passes: 128 px with patch 16 (64 tokens) costs
+    about what 64 px with patch 8 does, so "the most passes" would be decided by the timing's noise, and every
+    larger side measured below the threshold lost to 64 px, 96 px with more passes among them (docs/training.md,
+    "Photo rows")."""
+    top = photo_size(typical)
+    seen: dict[int, float] = {}
+    for side in [top, *(s for s in BUDGET_SIDES if s < top)]:
+        seen[side] = passes(side)
+        if seen[side] >= BUDGET_PASSES:
+            break
+    else:
+        side = min(seen)
+    p = seen[side]
+    if side == top:
+        own = "photos: the usual ViT input" if top == PHOTO_SIZE else "their own size"
+        return side, f"{own}, ~{p:.0f} passes in the budget; --img-size to change"
+    n = f"{BUDGET_PASSES:g}"
+    enough = f"the largest side with {n} or more" if p >= BUDGET_PASSES else f"none with {n}"
+    return side, (
+        f"photos under a time budget: ~{seen[top]:.1f} passes at {top} px, ~{p:.1f} at {side} px, {enough}; "
+        "--img-size to change"
+    )
+
+
+def store_side(img: int, crop_pct: float = 1.0) -> int:
+    """The shorter side (at most) training images are stored with for a model of ``img`` px evaluated with
+    ``crop_pct``: what the evaluation resizes to (``floor(img / crop_pct)``, timm's rule) and at least
+    :data:`CROP_MARGIN`'s margin over the input; at least 32. Rounded as the evaluation rounds, so that the minimal
+    level's view of a stored photo (the evaluation's resize, then the centre) resizes nothing."""
+    return max(32, math.floor(img / min(CROP_MARGIN, crop_pct)))
+
+
+PACKED_STEP_COST = 1.65
+"""A packed step (``--pack``) over a square one of the same images and token budget, on 2 CPU cores: 1.6-1.7x
+(docs/training.md, "Packing"); the passes a budget buys at a side for packed training are the square ones over it."""
+
+
+def folder_storage(
+    cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None,
+    n_files: int | None = None, passes: Callable[[int, int], float] | None = None, shards: bool = False,
+) -> FolderPlan:  # fmt: skip
+    """How a run stores (and reads) images whose sizes are ``counts`` (``(width, height) -> count``: a folder's
+    training headers, or tar shards' first samples), with the line that says what was chosen and why (see the
+    module's notes). A fine-tune without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not
+    known, photos are then stored for up to :data:`INIT_SIDE`). ``passes(side, n_train)``: the passes a time budget
+    buys at a side (:func:`~vitlab.train.sizing.probe.budget_passes`), for photos without a size given
+    (:func:`budget_photo_side`); ``n_files``: the training split's files (default: the sizes counted); ``shards``:
+    the images are tar shards (read as they train, nothing stored: the line says so)."""
+    pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
+    typical = typical_side(pictures)
+    w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
+    uniform = len(pictures) == 1
+    photos = typical >= PHOTO_SIDE
+    r = cfg.recipe
+    crop_pct = r.crop_pct if r.crop_pct < 1 else PHOTO_CROP_PCT if photos else 1.0
+    given = cfg.img_size or r.img_size
+    seen = f"images: {w}x{h}" if uniform else f"images: typical {w}x{h} (mixed sizes)"
+    if given:
+        side = given
+        why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
+    elif cfg.init:
+        side, why = init_size, "the --init model's size"
+    elif photos and passes is not None:
+        n_train = n_files or sum(counts.values())
+        side, why = budget_photo_side(typical, lambda s: passes(s, n_train))
+    elif photos:
+        side = photo_size(typical)
+        why = "photos: the usual ViT input; --img-size to change" if side == PHOTO_SIZE else "their own size"
+    else:
+        side, why = None, ""
+    if side is not None:
+        size: tuple[int, int] | None = (side, side)
+        keep = store_side(side, crop_pct)
+        to = f"training at {side} px ({why})"
+    elif cfg.init:
+        size, keep = None, math.ceil(INIT_SIDE / CROP_MARGIN) if photos else store_side(typical)
+        to = "training at the --init model's size"
+    else:  # small images: their own size, or the median shorter side of mixed sizes
+        size = (h, w) if uniform else (typical, typical)
+        keep = store_side(typical)
+        to = "training at their own size" if uniform else f"training at {typical} px (the median shorter side)"
+    if cfg.pack_res is not None:  # an image at --pack-res HIGH's budget has a shorter side of at most HIGH
+        keep = max(keep, math.ceil(cfg.pack_res[1]))
+    square = size is not None and size[0] == size[1]
+    eval_side = resize_side(size[0], crop_pct) if square and size and (photos or not uniform) else None
+    if cfg.pack:  # evaluated at their own aspect ratio too: stored whole, as the training images
+        eval_side = None
+    stored = f"stored with the shorter side at most {keep} px, aspect ratio kept"
+    if uniform and min(w, h) <= keep:
+        stored = "stored as they are"
+    if shards:
+        stored = "read from the shards as they train, each sample decoded then cropped (nothing stored)"
+    how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
+    line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
+    return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
+
+
+def holds_photos(data: Any) -> bool:
+    """Whether ``data`` (the run's splits: a folder, or tar shards) holds photos: the typical shorter side its
+    storage was chosen from (:func:`folder_storage`) is at least :data:`PHOTO_SIDE` px, so that the run crops its
+    training images from larger ones (the built-in data sets have no storage: they are not)."""
+    plan = getattr(data, "plan", None)
+    return plan is not None and plan.typical >= PHOTO_SIDE
+
+
+def sized_recipe(recipe: Recipe, cfg: TrainConfig, data: Any) -> Recipe:
+    """``recipe`` with the size and evaluation crop the data's storage was chosen for (``data.plan``), so that the
+    model, the evaluation, the saved model's ``crop_pct`` and a resumed run all follow them: the ``crop_pct``
+    always, the ``img_size`` when chosen for photos (small images keep the data's own size, as the recipe's
+    ``None`` says). Unchanged without a storage (the built-in data sets)."""
+    plan = getattr(data, "plan", None)
+    if plan is None:
+        return recipe
+    changes: dict[str, Any] = {}
+    if plan.crop_pct != recipe.crop_pct:
+        changes["crop_pct"] = plan.crop_pct
+    if not cfg.img_size and not recipe.img_size and plan.size is not None and holds_photos(data):
+        changes["img_size"] = plan.size[0]
+    return recipe.replace(**changes) if changes else recipe
+
+
+FAST_SIDE = 64
+"""The side a photo run for a number of epochs is told about when it is much faster (:func:`faster_side_line`): on
+photos it measured as good as 224 px for the same epochs (clothing photos, 30 epochs: 53.25% against 52.8%, at a
+third of the time; a 3,670-image flower folder, 5 epochs: 65.2% against 64.95%, 79 s against 385 s;
+docs/training.md, "Photo rows")."""
+FAST_EPOCHS = 30
+"""The most epochs at which :data:`FAST_SIDE` was measured against the larger side: beyond, nothing is said."""
+MUCH_FASTER = 0.5
+"""A side is "much faster" when its run is estimated at no more than this share of the chosen side's."""
+
+
+def faster_side_line(*, side: int, epochs: int, seconds: float, fast_seconds: float) -> str | None:
+    """For a photo run of ``epochs`` epochs at ``side`` px estimated at ``seconds``: the line proposing
+    :data:`FAST_SIDE` px when it is estimated at ``fast_seconds`` <= :data:`MUCH_FASTER` x that, and measured as
+    good for as many epochs (at most :data:`FAST_EPOCHS`); else None."""
+    if side <= FAST_SIDE or epochs > FAST_EPOCHS or fast_seconds > MUCH_FASTER * seconds:
+        return None
+    return (
+        f"note: --img-size {FAST_SIDE} would take ~{duration(fast_seconds)} instead of ~{duration(seconds)} for these "
+        f"{epochs} epochs; on photos it measured as good for up to {FAST_EPOCHS} epochs (docs/training.md)"
+    )
+
