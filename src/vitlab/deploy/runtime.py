@@ -91,8 +91,12 @@ class ExportedModel(nn.Module):
         x = pixel_values.detach().to("cpu", torch.float32)
         runner = self.runners[self._kind(len(x))]
         if isinstance(runner, nn.Module):  # (a ScriptModule is one)
-            with torch.inference_mode():
-                out = runner(x).float()
+            try:
+                with torch.inference_mode():
+                    out = runner(x).float()
+            except RuntimeError as e:  # a TorchScript program or tensors that do not fit its config
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise CheckpointError(f"{self.folder}: the model cannot run on {tuple(x.shape)} ({first})") from None
         else:
             out = torch.from_numpy(runner.logits(x.numpy()))
         if not bool(torch.isfinite(out).all()):
