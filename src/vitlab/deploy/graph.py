@@ -235,7 +235,7 @@ class GraphSession:
         except Exception as e:  # onnxruntime raises its own error types
             if stopped.is_set():
                 raise CheckpointError(
-                    f"{self.path}: stopped after {seconds:.0f} s on a batch of {len(next(iter(feed.values())))}: "
+                    f"{self.path}: stopped after {seconds:.3g} s on a batch of {len(next(iter(feed.values())))}: "
                     "a graph vitlab did not write (no matching content hash) runs under a time limit"
                 ) from None
             shape = "x".join(str(d) for d in next(iter(feed.values())).shape)
