@@ -310,6 +310,7 @@ def test_an_export_made_non_finite_is_refused(onnx_folder, model, image, tmp_pat
     w.CopyFrom(numpy_helper.from_array(arr, w.name))
     onnx.save(proto, str(bad / "model.onnx"))
     _one_line_error(["predict", "--model", str(bad), str(image)], capsys, "NaN")
+    _one_line_error(["eval", "--model", str(bad), "--data", str(image.parent)], capsys, "NaN")
 
     torch_dir = tmp_path / "t"
     export_folder(model, torch_dir, ExportOptions(format="torch", int8="dynamic", timing_runs=0))
@@ -317,6 +318,25 @@ def test_an_export_made_non_finite_is_refused(onnx_folder, model, image, tmp_pat
     state["head.bias"] = torch.full_like(state["head.bias"], float("inf"))
     save_file(state, str(torch_dir / "model.safetensors"), metadata={"format": "pt"})
     _one_line_error(["predict", "--model", str(torch_dir), str(image)], capsys, "head.bias", "NaN or infinite")
+
+
+def test_non_finite_outputs_of_an_export_are_an_error(onnx_folder):
+    """Finite weights can still overflow: an exported model's NaN or infinite logits are an error, never served."""
+    from vitlab.deploy import open_exported
+
+    served = open_exported(onnx_folder)
+    kind = next(iter(served.runners))
+    real = served.runners[kind]
+
+    class Overflowing:
+        def logits(self, x):
+            out = real.logits(x)
+            out[0, 0] = np.inf
+            return out
+
+    served.runners[kind] = Overflowing()
+    with pytest.raises(Exception, match="NaN or infinity"):
+        served(torch.zeros(2, 3, 32, 32))
 
 
 # -- exports fit their use ------------------------------------------------------------------------------------------
