@@ -470,15 +470,20 @@ def test_one_opener_for_exports():
     for name in vitlab.export.__all__:
         assert getattr(vitlab.export, name) is getattr(vitlab.deploy.model_file, name)
     assert vitlab.export.load_exported is vitlab.deploy.load_exported
-    callers = [
-        p
-        for p in (ROOT / "src" / "vitlab").rglob("*.py")
-        if "open_exported(" in p.read_text() and p.parent.name != "deploy"
-    ]
-    assert [p.name for p in callers] == ["_common.py"]  # resolve_model: predict and eval
-    assert "InferenceSession(" not in "".join(
-        p.read_text() for p in (ROOT / "src" / "vitlab").rglob("*.py") if p.name != "graph.py"
-    )
+
+    def calls(path: Path) -> set[str]:
+        names = set()
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Call):
+                names.add(n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", ""))
+        return names
+
+    called = {p: calls(p) for p in (ROOT / "src" / "vitlab").rglob("*.py")}
+    outside = {p: c for p, c in called.items() if p.parent.name != "deploy"}
+    assert [p for p, c in outside.items() if "open_exported" in c]  # (resolve_model: predict, eval)
+    assert not [p for p, c in outside.items() if c & {"read_export", "load_exported"}]
+    sessions = [p.name for p, c in called.items() if "InferenceSession" in c]
+    assert sessions == ["graph.py"]  # every onnxruntime session of vitlab is made after the graph's checks
     imported = [
         (n.module if isinstance(n, ast.ImportFrom) else a.name)
         for p in (ROOT / "src" / "vitlab").rglob("*.py")
