@@ -2,7 +2,7 @@
 
 Rows, for each model and each token-merging rate r (0 and the two of --tome): timm eager fp32 (r = 0 only:
 timm has no token merging), vitlab eager fp32, ONNX Runtime fp32, ORT int8 dynamic, ORT int8 static
-(calibrated on --calib-data), torch int8 dynamic (torch.ao). Columns: batch-1 latency (median of --runs
+(calibrated on --calib-data), torch int8 dynamic (vitlab's Int8Linear). Columns: batch-1 latency (median of --runs
 calls) and batch-32 throughput (median of max(2, runs // 4) calls), the rows taking turns for each measure;
 top-1 agreement and mean logit cosine with vitlab eager fp32 at r = 0 on --check-data (generated images
 without it), top-1 on labelled check data, size on disk. Run it alone on the machine (docs/deploy.md):

@@ -25,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "`vitlab predict` and `vitlab eval` run the folder as they run a model folder.\n"
             "Formats: onnx (onnxruntime; pip install 'vitlab[onnx]'), torch (vitlab's eager model as\n"
             "tensors: no extra dependency), torchscript (runs code when loaded: served only with\n"
-            "--trust-torchscript). int8: dynamic (onnx, torch, torchscript; torch.ao for the last two) or\n"
-            "static (onnx, calibrated on --calib-data).\n\n"
+            "--trust-torchscript). int8: dynamic (onnx, torch, torchscript; vitlab's own int8 layer for the last\n"
+            "two) or static (onnx, calibrated on --calib-data). When the report times an int8 model slower than\n"
+            "its float32 model at a batch size, the folder keeps both and config.json says which serves which.\n\n"
             "examples:\n"
             "  vitlab export --model runs/photos/model --int8 dynamic --check-data photos/val --out deploy/\n"
             "  vitlab export --model runs/photos/model --int8 static --calib-data photos/train \\\n"
@@ -59,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     p.add_argument("--timing-runs", type=int, default=10, metavar="N", help="batch-1 runs per model for the latency")
     p.add_argument("--no-timing", action="store_true", help="skip the latency and throughput measures")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset (17 or later; the graph's own is recorded)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference (float)")
     p.add_argument("--no-check", action="store_true", help="skip the float parity check (the agreement still runs)")
     p.add_argument("--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images")
@@ -123,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"exported {args.model} -> {out}/ ({rep['export']}): {', '.join(rep['files'])}")
     if "tome" in rep:
         t = rep["tome"]
+        capped = f" (--tome {t['asked']}: at most {t['r']} a block in this model; recorded r={t['r']})"
         print(
             f"  token merging: {sum(t['schedule'])} tokens merged over {len(t['schedule'])} blocks, "
-            f"{t['macs_tome'] / t['macs_fp32']:.2f}x the MACs"
+            f"{t['macs_tome'] / t['macs_fp32']:.2f}x the MACs{capped if t['asked'] != t['r'] else ''}"
         )
     for line in format_report(rep):
         print(line)
@@ -146,8 +148,9 @@ def _single_file(args: argparse.Namespace, target) -> int:
     from pathlib import Path
 
     from .._fs import writes_onto
+    from ..deploy.graph import check_opset
+    from ..deploy.model_file import export_model
     from ..errors import ConfigError
-    from ..export import export_model
     from ._common import resolve_model
 
     asked = [f for f, v in (("--int8", args.int8), ("--tome", args.tome), ("--check-data", args.check_data)) if v]
@@ -156,6 +159,8 @@ def _single_file(args: argparse.Namespace, target) -> int:
         raise ConfigError(
             f"--out {target}: a single file takes no {what}; give a folder (--out DIR) for the full export"
         )
+    if args.format == "onnx":
+        check_opset(args.opset)
     if Path(target).suffix != {"onnx": ".onnx", "torchscript": ".pt"}[args.format]:
         raise ConfigError(f"--out {target}: a {args.format} file ends in {'.onnx' if args.format == 'onnx' else '.pt'}")
     if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
@@ -173,6 +178,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
         overwrite=args.overwrite,
     )
     check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
+    check += f", opset {res.opset}" if res.opset is not None else ""
     also = f" + {', '.join(str(f) for f in res.files[1:])}" if len(res.files) > 1 else ""
     print(f"wrote {res.path}{also} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
     print("  (a file alone: no preprocessing config, no agreement report; --out DIR writes the deployable folder)")

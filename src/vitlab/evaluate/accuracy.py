@@ -3,6 +3,7 @@ files to a model's evaluation inputs (``vitlab eval``, ``fewshot`` and ``predict
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,21 +155,23 @@ def preprocess_for(model: nn.Module):
 
 
 def transforms_for(model: nn.Module, *, training: bool = False):
-    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from a PIL
-    image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1] too) to the
-    normalised float tensor the model takes.
+    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from an image
+    file's path, a PIL image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1]
+    too) to the normalised float tensor the model takes.
 
-    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``. A PIL image stays one until
-    after the crop: its mode is converted first as vitlab's decoder converts it
-    (:func:`~vitlab.data.decode.convert_mode`: transparency on white, 16-bit scaled, ``L`` for a one-channel
-    model), then PIL resizes it (bicubic) and crops it, so the result equals
-    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same image
-    (timm's transform is given RGB; EXIF orientation is the caller's, as in timm: ``ImageOps.exif_transpose``).
-    A uint8 array or tensor of 1 or 3 channels is resized as a PIL image too (the same pixels); a float tensor,
-    or another channel count, is resized by torch (bicubic, antialiased), which may differ from PIL by about
-    one grey level where it resizes. ``training=True``: the paper's Inception crop and a horizontal flip
-    (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are matched to the model as
-    vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
+    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``, after what vitlab's decoder
+    does to a file (:func:`~vitlab.data.decode.decode_image`): a path is decoded by it, and a PIL image is treated
+    as it treats the file it opened (:func:`~vitlab.data.decode.decode_pil`: turned as its EXIF orientation tag
+    says, transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so
+    ``transforms_for(model)(path)`` and ``transforms_for(model)(Image.open(path))`` are the pixels ``vitlab predict
+    path`` feeds the model: a phone's portrait stands upright, a transparent PNG lies on white. A PIL image stays
+    one until after the crop: PIL resizes it (bicubic) and crops it, so the result equals
+    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same (turned, RGB)
+    image. A uint8 array or tensor of 1 or 3 channels is taken as already decoded and resized as a PIL image too
+    (the same pixels); a float tensor, or another channel count, is resized by torch (bicubic, antialiased),
+    which may differ from PIL by about one grey level where it resizes. ``training=True``: the paper's Inception
+    crop and a horizontal flip (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are
+    matched to the model as vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
     from torchvision.transforms import v2
 
     from ..data import train_transform
@@ -182,7 +185,8 @@ def transforms_for(model: nn.Module, *, training: bool = False):
 
 class _ModelChannels:
     """Any image :func:`transforms_for` takes -> the model's channel count, by the decoder's rule: a uint8
-    ``(C, H, W)`` tensor, or with ``keep_pil`` a PIL image in ``L`` (a one-channel model) or ``RGB`` (three)."""
+    ``(C, H, W)`` tensor, or with ``keep_pil`` a PIL image in ``L`` (a one-channel model) or ``RGB`` (three). A
+    path is decoded by the one decoder; a PIL image is turned and converted as it turns and converts a file."""
 
     def __init__(self, in_chans: int, *, keep_pil: bool) -> None:
         self.in_chans, self.keep_pil = in_chans, keep_pil
@@ -191,11 +195,14 @@ class _ModelChannels:
         from PIL import Image
         from torchvision.transforms import v2
 
-        from ..data.decode import convert_mode, match_channels
+        from ..data.decode import decode_pil, match_channels
+        from ..data.user_images import read_image
 
-        if isinstance(image, Image.Image):
+        if isinstance(image, (str, os.PathLike)):
+            image = read_image(image).copy()  # the one decoder: EXIF orientation, transparency on white, RGB
+        elif isinstance(image, Image.Image):
             grey = image.mode in ("1", "L", "LA", "La", "I", "F") or image.mode.startswith("I;")
-            image = convert_mode(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
+            image = decode_pil(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
             if self.keep_pil and self.in_chans in (1, 3):
                 return image
         return match_channels(v2.ToImage()(image).as_subclass(torch.Tensor), self.in_chans)
