@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from .._fs import writes_onto
+    from .._fs import own_folder, writes_onto
     from ..deploy import ExportOptions, export_folder, format_report
     from ..errors import ConfigError
     from ._common import resolve_model
@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     if hit is not None and (not hit.is_dir() or hit.resolve() == Path(args.model).resolve()):
         raise ConfigError(f"--out {out}: is the input model {args.model} or a file in it; choose another folder")
     model, _ = resolve_model(args.model)
+    if args.out is None and Path(out).is_symlink():  # the default folder, in the model's folder: never written into
+        own_folder(out, what="the export")
     command = "vitlab " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0] else ""
     rep = export_folder(model, out, opts, source=args.model, command=command)
     print(f"exported {args.model} -> {out}/ ({rep['export']}): {', '.join(rep['files'])}")
@@ -160,7 +162,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
         raise ConfigError(f"--out {target}: a {args.format} file ends in {'.onnx' if args.format == 'onnx' else '.pt'}")
     if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"--out {target}: is the input model {args.model} or a file in it; choose another --out")
-    if target.exists() and not args.overwrite:
+    if (target.exists() or target.is_symlink()) and not args.overwrite:
         raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
     model, _ = resolve_model(args.model)
     res = export_model(
