@@ -189,10 +189,15 @@ def _check_out(dest: Path, root: Path, *, overwrite: bool) -> list[str]:
                 f"{dest}: already holds packed shards ({held}); choose another OUT, or pass --overwrite to replace them"
             )
         return []
-    try:
-        old = [sh["name"] for s in read_manifest(dest)["splits"].values() for sh in s["shards"]]
-    except PackError:
-        old = []
+    old: list[str] = []
+    if has_manifest:
+        try:
+            old = [sh["name"] for s in read_manifest(dest)["splits"].values() for sh in s["shards"]]
+        except PackError as e:  # --overwrite replaces only what vitlab wrote
+            raise PackError(
+                f"{dest}: its {MANIFEST} is not one vitlab wrote ({str(e).removeprefix(f'{dest / MANIFEST}: ')}); "
+                "--overwrite replaces only a pack's own files: move it away, or choose another OUT"
+            ) from None
     (dest / MANIFEST).unlink(missing_ok=True)  # replaced at the end; until then the folder is not complete
     return old
 
