@@ -236,12 +236,12 @@ def own_folder(
 
 
 @contextlib.contextmanager
-def staging(folder: str | os.PathLike[str], *, what: str = "it") -> Iterator[Path]:
+def staging(folder: str | os.PathLike[str], *, what: str = "it", shown: Path | None = None) -> Iterator[Path]:
     """Write several files into ``folder`` at once: yields a new temporary folder beside them for the caller to
     fill with the files' final names (a writer that names one file after another: an ONNX graph and its
     ``.data``), then renames each over its entry in ``folder`` (a link there is replaced, never followed). On any
     failure the temporary folder is removed with what it holds; a system error is one
-    :class:`~vitlab.errors.OutputError` line."""
+    :class:`~vitlab.errors.OutputError` line naming ``shown`` (by default ``folder``)."""
     folder = Path(folder)
     with contextlib.suppress(OSError):
         remove_stale(folder, ".vitlab-stage.tmp")
@@ -256,7 +256,7 @@ def staging(folder: str | os.PathLike[str], *, what: str = "it") -> Iterator[Pat
             os.replace(stage / n, folder / n)
     except BaseException as e:
         if isinstance(e, OSError) and not isinstance(e, VitlabError):
-            raise output_error(folder, e, what=what, kept="nothing was written") from None
+            raise output_error(shown or folder, e, what=what) from None
         raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -346,10 +346,20 @@ class FolderLock:
     def acquire(self) -> None:
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise output_error(self.folder, e, what="the folder", kept="nothing was written") from None
         me = f"{os.getpid()} {socket.gethostname()}"
         for _ in range(10):  # the file may be replaced between open and flock: retry with the new one
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if self.path.is_symlink():  # not a lock vitlab made: the link goes, what it points to is never written
+                self.path.unlink(missing_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # a link made after the check: look again
+                    continue
+                raise output_error(self.path, e, what="the run folder's lock", kept="nothing was written") from None
             owner = os.read(fd, 4096).decode("utf-8", "replace").split()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -120,7 +120,7 @@ def export_model(
     t0 = time.perf_counter()
     # Written under its own name in a fresh folder beside it, then renamed over its entry (and its .data): a link
     # at ``path`` is replaced, never written through, and a full disk leaves no truncated file behind.
-    with torch.no_grad(), staging(path.parent, what="the export") as stage:
+    with torch.no_grad(), staging(path.parent, what="the export", shown=path) as stage:
         staged = stage / path.name
         if format == "onnx":
             try:

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from .._fs import atomic_write_text, open_append, own_folder, refuse_folder, replacing
+from .._fs import atomic_write_text, open_append, output_error, own_folder, refuse_folder, replacing
 from ..errors import ConfigError
 
 __all__ = ["CsvTracker", "MlflowTracker", "TensorBoardTracker", "WandbTracker", "make"]
@@ -135,8 +135,11 @@ class CsvTracker:
         if new or not self.path.is_file():
             self._rewrite(self.columns + new)
         f = self._handle()
-        csv.writer(f).writerow([int(step)] + [repr(row[k]) if k in row else "" for k in self.columns])
-        f.flush()
+        try:
+            csv.writer(f).writerow([int(step)] + [repr(row[k]) if k in row else "" for k in self.columns])
+            f.flush()
+        except OSError as e:  # a full disk: one line, the rows before are kept
+            raise output_error(self.path, e, kept="the rows before are kept") from None
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         atomic_write_text(self._config_path, _json(config) + "\n")
