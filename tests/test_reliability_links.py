@@ -571,3 +571,52 @@ def test_a_read_only_output_folder_is_one_line(tmp_path, capsys, monkeypatch, co
         assert list(ro.iterdir()) == []
     finally:
         ro.chmod(0o755)
+
+
+# -- figures that say what they are --------------------------------------------------------------------------
+
+
+def _drawn(monkeypatch) -> list:
+    """The figures saved from now on."""
+    from matplotlib.figure import Figure
+
+    figs, real = [], Figure.savefig
+
+    def record(self, *a, **k):
+        figs.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figs
+
+
+def test_curves_plot_the_evaluation_loss_beside_the_training_loss(tmp_path, monkeypatch):
+    from vitlab.train.persist.figures import plot_curves
+
+    figs = _drawn(monkeypatch)
+    rows = [{"epoch": e, "train_loss": 2.0 / e, "eval_loss": 2.5 / e, "top1": 0.2 * e, "top5": 1.0, "lr": 1e-3}
+            for e in (1, 2, 3)]  # fmt: skip
+    plot_curves(rows, tmp_path / "curves.png", num_classes=3)
+    lines = figs[-1].axes[0].get_lines()
+    assert [ln.get_label() for ln in lines] == ["train", "eval"]
+    assert list(lines[1].get_ydata()) == [r["eval_loss"] for r in rows]
+    rows[1]["eval_loss"] = None  # a row without one: left out of its curve, not drawn as 0
+    plot_curves(rows, tmp_path / "curves.png", num_classes=3)
+    assert list(figs[-1].axes[0].get_lines()[1].get_xdata()) == [1, 3]
+
+
+@pytest.mark.parametrize("classes", [2, 3, 10, 40])
+def test_the_confusion_title_fits_inside_the_figure(tmp_path, monkeypatch, classes):
+    """The title was cut at the right (and the left) for a few classes and a long description of the weights."""
+    from vitlab.train.persist.figures import plot_confusion
+
+    figs = _drawn(monkeypatch)
+    cm = np.eye(classes, dtype=int) * 5
+    where = "val (1,234 images, +/-1.2), model/ = epoch 12 of 30"
+    plot_confusion(cm, [f"class{i}" for i in range(classes)], tmp_path / "c.png", where=where)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs[-1]
+    box = fig.axes[0].title.get_window_extent(FigureCanvasAgg(fig).get_renderer())  # (pyplot closed it)
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, (box, fig.bbox)
+    assert " ".join(fig.axes[0].get_title().split()) == f"confusion on {where} (accuracy 100.0%)"
