@@ -63,7 +63,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference (float)")
     p.add_argument("--no-check", action="store_true", help="skip the float parity check (the agreement still runs)")
     p.add_argument("--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in --out (only its own files; links there are replaced, never followed)",
+    )
     p.set_defaults(func=run)
 
 
