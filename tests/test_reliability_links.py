@@ -338,6 +338,23 @@ def _png(tmp_path: Path) -> Path:
     return p
 
 
+@pytest.mark.parametrize("command", ["export", "inspect"])
+def test_a_default_output_folder_in_the_model_s_folder_replaces_a_link(victims, tmp_path, capsys, command):
+    """``vitlab export`` and ``vitlab inspect`` without ``--out`` write a folder inside the model's folder: a link
+    there is replaced by a real folder, never written into (a folder typed with ``--out`` is the user's, followed)."""
+    m = tmp_path / "m"
+    vitlab.save(tiny_model(), m)
+    name = "export-torch" if command == "export" else "inspect"
+    link(m / name, victims.folder)
+    if command == "export":
+        argv = ["export", "--model", str(m), "--format", "torch", "--no-timing"]
+    else:
+        argv = ["inspect", "--model", str(m), "--image", str(_png(tmp_path)), "--device", "cpu"]
+    assert main(argv) == 0
+    victims.assert_intact()
+    assert real_dir(m / name) and any((m / name).iterdir())
+
+
 def test_npz_replaces_a_link(victims, tmp_path):
     from vitlab.checkpoints.npz_write import write_npz
 
