@@ -140,8 +140,15 @@ def default_output(spec: str, filename: str) -> Path | None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """``obj`` as indented JSON in ``path`` (its folder made when missing); returns the path."""
+    """``obj`` as indented JSON in ``path`` (its folder made when missing), through a temporary file renamed over
+    it (:func:`vitlab._fs.atomic_write_text`: a link at ``path`` is replaced, never written through); returns the
+    path."""
+    from .._fs import atomic_write_text, output_error
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(obj, indent=2) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(out, e) from None
+    atomic_write_text(out, json.dumps(obj, indent=2) + "\n")
     return out

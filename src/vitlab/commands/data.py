@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the shards and manifest.json already in OUT (nothing else there is deleted)",
+        help="replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write stops it; "
+        "nothing else there is deleted)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)

@@ -64,7 +64,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference (float)")
     p.add_argument("--no-check", action="store_true", help="skip the float parity check (the agreement still runs)")
     p.add_argument("--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in --out (only its own files; links there are replaced, never followed)",
+    )
     p.set_defaults(func=run)
 
 
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from .._fs import writes_onto
+    from .._fs import own_folder, writes_onto
     from ..deploy import ExportOptions, export_folder, format_report
     from ..errors import ConfigError
     from ._common import resolve_model
@@ -119,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if hit is not None and (not hit.is_dir() or hit.resolve() == Path(args.model).resolve()):
         raise ConfigError(f"--out {out}: is the input model {args.model} or a file in it; choose another folder")
     model, _ = resolve_model(args.model)
+    if args.out is None and Path(out).is_symlink():  # the default folder, in the model's folder: never written into
+        own_folder(out, what="the export")
     command = "vitlab " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0] else ""
     rep = export_folder(model, out, opts, source=args.model, command=command)
     print(f"exported {args.model} -> {out}/ ({rep['export']}): {', '.join(rep['files'])}")
@@ -165,7 +171,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
         raise ConfigError(f"--out {target}: a {args.format} file ends in {'.onnx' if args.format == 'onnx' else '.pt'}")
     if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"--out {target}: is the input model {args.model} or a file in it; choose another --out")
-    if target.exists() and not args.overwrite:
+    if (target.exists() or target.is_symlink()) and not args.overwrite:
         raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
     model, _ = resolve_model(args.model)
     res = export_model(

@@ -99,6 +99,7 @@ def _pick(n: int, labels, seed: int = 0):
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._fs import own_folder
     from ..devices import resolve_device
     from ..errors import ConfigError
     from ..inspect.images import digits_images, labelled_splits, read_images
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
     device = resolve_device(args.device)  # before loading the model: a typo fails fast
+    if args.out is None and (default := default_output(args.model, "inspect")) is not None and default.is_symlink():
+        own_folder(default, what="the report")  # the default folder, in the model's folder: never written into
     args.out = str(args.out or default_output(args.model, "inspect") or "inspect")
     model, model_dir = resolve_model(args.model, img_size=args.img_size)
     model.to(device)

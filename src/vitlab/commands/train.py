@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.engine.signals import StoppedBeforeTraining
     from ..train.spec.config import build_config
     from ..train.spec.files import Sources, merge, read_config_file
-    from ..train.spec.options import OptionError
+    from ..train.spec.options import OptionError, overwrite_target, pipe_trusted
     from ..train.spec.parser import namespace_values
 
     if args.resume and not args.out:
@@ -59,13 +59,16 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise ConfigError("--config with --resume: a resumed run is the one saved in --out; drop --config")
     values, given = namespace_values(args, command=args.command)
+    typed = set(given)  # typed on this command line (the config file's keys join `given` below, never this)
+    values["allow_pipe"] = pipe_trusted(values.get("allow_pipe", False), typed)  # one rule: fresh, --config, resume
     sources = Sources()
     if args.config:  # the flags given over the file's values
         values, given, sources = merge(values, given, read_config_file(args.config), path=args.config)
     try:
         cfg = build_config(values, given=given)
+        overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
-            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
+            summary = fit(cfg, resume=args.resume, given=given, overwrite=overwrite)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key
         raise ConfigError(sources.explain(e)) from None
     except StoppedBeforeTraining as e:

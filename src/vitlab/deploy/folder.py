@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._fs import atomic_write_text
 from .._version import __version__
 from ..checkpoints.files import read_config_file
 from ..data.transforms import resize_side
@@ -312,7 +313,7 @@ def write_config(folder: Path, cfg: ViTConfig, info: ExportInfo) -> Path:
         "preprocessing": preprocessing_contract(cfg),
     }
     path = folder / CONFIG_NAME
-    path.write_text(json.dumps(body, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(body, indent=2) + "\n")  # (a link there is replaced, never written through)
     return path
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._fs import output_error, refuse_folder, staging
 from .graph import ExportError, check_opset, open_session, read_graph, run_seconds
 
 __all__ = [
@@ -124,15 +125,22 @@ def export_model(
     path = export_path(path, format=format)
     if format == "onnx":
         check_opset(opset)
-    if path.exists() and not overwrite:
+    if (path.exists() or path.is_symlink()) and not overwrite:
         raise ExportError(f"{path}: already exists; pass overwrite=True (--overwrite) to replace it")
     check_finite(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    refuse_folder(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(path, e, what="the export") from None
     wrapped = _Logits(model).eval()
     x = _example(model, 2)
     t0 = time.perf_counter()
     written = None
-    with torch.no_grad():
+    # Written under its own name in a fresh folder beside it, then renamed over its entry (and its .data): a link
+    # at ``path`` is replaced, never written through, and a full disk leaves no truncated file behind.
+    with torch.no_grad(), staging(path.parent, what="the export", shown=path) as stage:
+        staged = stage / path.name
         if format == "onnx":
             try:
                 import onnxscript  # noqa: F401  (the exporter needs it; fail with a clear message)
@@ -154,9 +162,9 @@ def export_model(
                 )
             for node in program.model.graph.all_nodes():  # the exporter's debug notes: this machine's source
                 node.metadata_props.clear()  # paths and stack traces in every node (half a small model's file)
-            program.save(str(path), external_data=external)
+            program.save(str(staged), external_data=external)
             files = [path, *([Path(f"{path}.data")] if external else [])]
-            written = read_graph(path).opset
+            written = read_graph(staged).opset
             if written != opset:
                 raise ExportError(
                     f"--opset {opset}: the exporter could not write this model at opset {opset} (it wrote "
@@ -165,7 +173,7 @@ def export_model(
         else:
             with quiet_torchscript():
                 traced = torch.jit.trace(wrapped, (x,), check_trace=False)
-                traced.save(str(path))
+                traced.save(str(staged))
             files = [path]
     seconds = time.perf_counter() - t0
     diff = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._fs import atomic_write_text, output_error, staging
 from .._version import __version__
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError
 from ..models.tome import check as tome_check
 from .folder import (
     CONFIG_NAME,
@@ -174,16 +174,15 @@ def _write_model(
     return info
 
 
-def _place(stage: Path, out: Path) -> list[str]:
-    """Move the staged files into ``out``; earlier export files there that this export does not write are
-    removed (they are vitlab's own: the folder's config says it is an export). Returns the file names."""
+def _clear_earlier(stage: Path, out: Path) -> list[str]:
+    """Before the staged files are moved into ``out``: earlier export files there that this export does not write
+    are removed (they are vitlab's own: the folder's config says it is an export; a link is removed as a link).
+    Returns the staged file names."""
     names = sorted(p.name for p in stage.iterdir())
     if is_exported(out):
         for n in OUR_FILES:  # (the earlier report too: it describes the model replaced now)
             if n not in names:
                 (out / n).unlink(missing_ok=True)
-    for n in names:
-        os.replace(stage / n, out / n)
     return names
 
 
@@ -203,19 +202,23 @@ def export_folder(
     r, schedule = effective_tome(model, opts.tome)
     check, calib = _images(model, opts)
     made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = out / f".vitlab-export-{os.getpid()}"
-    stage.mkdir()
     keep_float = bool(opts.int8) and opts.timing_runs > 0
     try:
-        info = _write_model(model, stage, opts, calib, r=r, keep_float=keep_float)
-        info.source = source
-        info.tome_schedule = schedule or None
-        write_config(stage, model.config, info)
-        files = _place(stage, out)
+        out.mkdir(parents=True, exist_ok=True)
+        # Every file is written in a fresh folder beside its entry and renamed over it (:func:`vitlab._fs.staging`):
+        # a link in ``out`` is replaced, never written through; a failure leaves the earlier export as it was.
+        with staging(out, what="the export") as stage:
+            info = _write_model(model, stage, opts, calib, r=r, keep_float=keep_float)
+            info.source = source
+            info.tome_schedule = schedule or None
+            write_config(stage, model.config, info)
+            files = _clear_earlier(stage, out)
+    except OSError as e:
+        if isinstance(e, OutputError):
+            raise
+        raise output_error(out, e, what="the export", kept="nothing was written") from None
     finally:
-        shutil.rmtree(stage, ignore_errors=True)  # (only this process's staging folder)
-        if made and not any(out.iterdir()):  # a failed export leaves no empty folder it made
+        if made and out.is_dir() and not any(out.iterdir()):  # a failed export leaves no empty folder it made
             out.rmdir()
     exported = open_exported(out, trust_torchscript=True)  # (written by this process a moment ago)
     reference = accelerate(copy.deepcopy(model)).eval()
@@ -274,7 +277,7 @@ def export_folder(
     rep["serving"] = {"by_batch": info.by_batch or [[1, "int8" if info.int8 else "float32"]]}
     rep["passed"] = 1.0 - ag["top1_agreement"] <= opts.max_disagreement + 1e-12
     rep["agreement"] = ag  # (last in the file: it holds the per-image predictions)
-    (out / REPORT_NAME).write_text(_json(rep))
+    atomic_write_text(out / REPORT_NAME, _json(rep), what="the report")
     return rep
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._fs import default_file_mode, replacing
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.tome import merge_schedule
@@ -186,7 +187,9 @@ def save_torch(model: nn.Module, path: Path, *, int8: bool) -> None:
     from .quantize import int8_state
 
     state = int8_state(model) if int8 else {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})
+    with replacing(path, what="the model") as tmp:  # (a link there is replaced, never written through)
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        os.chmod(tmp, default_file_mode())  # safetensors creates it private (0600)
 
 
 def _load_torch(path: Path, cfg: ViTConfig, info: ExportInfo, *, int8: bool) -> nn.Module:

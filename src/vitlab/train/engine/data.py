@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..._fs import atomic_write_text
 from ...data import load_data
 from ...data.cache import cache_key
 from ...data.cache_admin import cache_line
@@ -92,7 +93,7 @@ def load_run_data(
     if data.skipped:
         log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
         if dist.is_main:
-            (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+            atomic_write_text(out / "bad_files.txt", "".join(f"{p}\t{why}\n" for p, why in data.skipped))
     if data.num_classes == 1 and labels:
         log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:

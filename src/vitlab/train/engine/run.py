@@ -25,7 +25,8 @@ from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
 from ...track import check_trackers
 from ..objectives import Objective, build_objective, objective_for
-from ..persist.outputs import claim_run_folder, truncate_metrics
+from ..persist.claim import claim_run_folder
+from ..persist.outputs import truncate_metrics
 from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
 from ..persist.state import load_state
@@ -65,7 +66,7 @@ def fit(
 
     The run folder is locked while the run writes it (:class:`~vitlab._fs.FolderLock`; rank 0 under
     torchrun). A new run into a folder that holds another run is refused unless ``overwrite``, which
-    first removes the previous run's outputs (:func:`~vitlab.train.persist.outputs.claim_run_folder`).
+    first removes the previous run's outputs (:func:`~vitlab.train.persist.claim.claim_run_folder`).
     A stop signal that arrives before training begins ends the run at once
     (:class:`~vitlab.train.engine.signals.StoppedBeforeTraining`).
     """
@@ -156,7 +157,7 @@ def prepare(
     schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)
     opt = build_optimization(net, recipe=cfg.recipe, lr=lr, device=device, use_scaler=use_scaler,
                              lr_factor=schedule.lr)  # fmt: skip
-    saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp)
+    saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp, log=log)
     position = _start_position(state, saver=saver, net=net, opt=opt, generator=loaders.generator, plan=plan,
                                schedule=schedule, dist=dist, out=out, log=log)  # fmt: skip
     return Trainer(
