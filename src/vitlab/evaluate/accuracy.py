@@ -264,6 +264,10 @@ def evaluate_model(
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``; ``tta="flip"``: with
     test-time flip augmentation (:func:`tta_logits`).
 
+    The evaluation split is the data's own (``val/`` or ``test/``), or with ``val_split`` the fraction held out of
+    the training images (stratified, seed 0, as training holds it out); a folder with neither is evaluated whole
+    (``split`` ``all`` in the result: nothing trains on it here, so nothing is held out).
+
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
     images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``).
@@ -338,22 +342,22 @@ def training_plan(
     training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
     folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
     file: it is only compared and checked (:meth:`~vitlab.data.sources.FolderPlan.from_record`)."""
-    from ..data.sources import FolderPlan
+    from ..data.sources import DEFAULT_HOLD_OUT, FolderPlan
 
     extra = model.config.extra or {}
     recorded, plan = extra.get("data"), FolderPlan.from_record(extra.get("data_plan"))
     saved = extra.get("val_split")
     if plan is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
         return None
-    if val_split is not None and val_split != saved:
-        return None
+    if val_split is not None and val_split not in (saved, DEFAULT_HOLD_OUT if saved is None else saved):
+        return None  # (no --val-split in training: a folder without val/ held out the default fraction)
     if plan.size is not None and tuple(plan.size) != tuple(model.config.img_size):
         return None
     try:
         same = Path(recorded).is_absolute() and Path(recorded).resolve() == Path(data).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return None
-    return (plan, saved) if same else None
+    return (plan, saved if val_split is None else val_split) if same else None
 
 
 def _evaluate_shards(
