@@ -237,3 +237,13 @@ def test_a_model_with_nan_weights_is_one_line(tmp_path, capsys, command):
     err = one_line_error(capsys, command)
     assert "NaN or infinite" in err and "blocks.0.attn.qkv.weight" in err
     assert not (tmp_path / "i").exists() and not (run / "eval.json").exists()
+
+
+def test_nan_outputs_are_an_error_in_eval_whatever_serves_them(tmp_path):
+    """An exported graph has no weights to check: the logits it gives are (NaN accuracies were reported, exit 0)."""
+    from vitlab.evaluate import evaluate_model
+
+    model = tiny_model(tuple(str(i) for i in range(10)))
+    model.register_forward_hook(lambda module, args, out: out * float("nan"))  # finite weights, NaN outputs
+    with pytest.raises(vitlab.CheckpointError, match="outputs hold NaN or infinite values"):
+        evaluate_model(model, "digits", progress=False)

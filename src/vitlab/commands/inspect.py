@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..train.spec.options import DATA_RULE
 from ._common import add_device_arg, add_model_arg
 
 
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--data",
         default=None,
-        help="take the images from this data set's evaluation split (val/ or test/; digits, cifar10, a folder)",
+        help="take the images from this data set's evaluation split (val/ or test/; digits, cifar10, a folder); "
+        f"default: the data the model was trained on. {DATA_RULE}",
     )
     p.add_argument(
         "--out", default=None, help="output folder (default: inspect/ next to the model; ./inspect for a name)"

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..data.transforms import resize_side
 from ..devices import autocast, resolve_device
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
@@ -73,10 +73,12 @@ def evaluate_batches(
     amp_dtype: torch.dtype | None = None,
     dist=None,
     tta: str | None = None,
+    finite: bool = False,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
     class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
-    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`).
+    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`). ``finite``: NaN or
+    infinite logits are an error (``vitlab eval``: a model whose outputs are NaN has no accuracy to report).
 
     Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
     in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
@@ -95,6 +97,12 @@ def evaluate_batches(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             logits = tta_logits(model, x, tta)
+        if finite and not bool(torch.isfinite(logits).all()):
+            bad = int((~torch.isfinite(logits)).any(1).sum())
+            raise CheckpointError(
+                f"the model's outputs hold NaN or infinite values ({bad} of {len(logits)} images of a batch); "
+                "it has no accuracy to report (its weights, or an exported graph, are broken)"
+            )
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=c - 1).cpu()
@@ -324,7 +332,7 @@ def evaluate_model(
     loader = DataLoader(ds, batch_size=batch_size)
     log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
     batches = log.wrap(loader)
-    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta, finite=True)
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res["class_names"] = names
@@ -397,7 +405,7 @@ def _evaluate_shards(
     )
     model.to(device)
     batches = StreamBatches(DataLoader(ds, batch_size=batch_size))
-    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta, finite=True)
     present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])
