@@ -172,9 +172,8 @@ def test_an_output_folder_is_never_read_as_data(tmp_path, capsys, monkeypatch):
     summary = json.loads((tmp_path / "digits" / "summary.json").read_text())
     assert summary["data"]["name"] == "digits" and summary["data"]["classes"] == 10
     assert data_location("digits") == "digits" and data_folder("digits") is None  # the name, not the folder
-    assert data_folder("./digits") == Path("digits")  # a folder of that name, written as a path
-    (tmp_path / "cifar10").mkdir()
-    assert data_folder("cifar10") is None and data_folder("cifar10/") is not None
+    (tmp_path / "cifar10").mkdir()  # a folder of a built-in name is given as a path
+    assert data_folder("cifar10") is None and data_folder("./cifar10") == Path("cifar10")
 
     data = plain_folder(tmp_path / "photos")
     assert main(["train", "--data", str(data), "--out", str(data), *TINY, "--no-progress"]) == 2
@@ -182,7 +181,10 @@ def test_an_output_folder_is_never_read_as_data(tmp_path, capsys, monkeypatch):
     assert main(["train", "--data", str(data), "--out", str(data / "run"), *TINY, "--no-progress"]) == 2
     assert "inside the data folder" in one_line_error(capsys, "train")
     assert not (data / "run").exists()
+    assert main(["eval", "--model", "digits", "--data", "digits"]) == 0  # the run folder `digits`, on the digits
     capsys.readouterr()
+    assert main(["eval", "--model", "digits", "--data", "./digits"]) == 2  # a run folder is no data set
+    assert "a run folder (vitlab train --out wrote it), not a data set" in one_line_error(capsys, "eval")
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "always name the built-in data sets" in " ".join(capsys.readouterr().out.split())

@@ -119,11 +119,20 @@ def builtin_data(spec: str) -> str | None:
 
 def data_folder(spec: str) -> Path | None:
     """The folder a ``--data`` value names, or None: a built-in name (:func:`builtin_data`) is never a folder, even
-    where one of that name exists here."""
+    where one of that name exists here. A run folder (``vitlab train --out``: ``last.pt``, or a model in ``model/``)
+    is an output folder, never read as data: a :class:`DataError` in one line."""
     if builtin_data(spec) is not None:
         return None
     path = Path(str(spec)).expanduser()
-    return path if path.is_dir() else None
+    if not path.is_dir():
+        return None
+    model = path / "model"
+    if (path / "last.pt").is_file() or ((model / "model.safetensors").is_file() and (model / "config.json").is_file()):
+        raise DataError(
+            f"--data {spec}: a run folder (vitlab train --out wrote it), not a data set; an output folder is never "
+            "read as data: give the data's own folder"
+        )
+    return path
 
 
 EVAL_DIRS = ("val", "valid", "validation", "test")
