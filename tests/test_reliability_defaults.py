@@ -137,6 +137,10 @@ def test_eval_defaults_to_the_runs_own_data_and_the_split_it_held_out(tmp_path, 
     res = json.loads(cap.out)
     assert res["data"] == str(data) and res["count"] == 3  # ceil(0.1 x 30): the run's own hold-out, seed 0
     assert str(data) in cap.err and "held out" in cap.err
+    # named: the same, never a number over the images that trained it (test_honest_numbers: the run's own number)
+    assert main(["eval", "--model", str(run), "--data", str(data), "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "(val, 3 images)" in out and "held out of it (10% of each class, seed 0), the images" in out
 
 
 def test_eval_of_a_plain_class_folder_evaluates_all_of_it_and_says_so(tmp_path, capsys):

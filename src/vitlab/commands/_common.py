@@ -21,6 +21,7 @@ __all__ = [
     "default_output",
     "model_data",
     "resolve_model",
+    "trained_on",
     "write_json",
 ]
 
@@ -91,23 +92,36 @@ def model_data(
 ) -> tuple[str, float | None, list[str]]:
     """``(--data value, held-out fraction, notes)`` of a command that defaults to the model's own data (``eval``,
     ``fewshot``): ``data`` when given; else the data the model's run trained on (:func:`vitlab.resolve.recorded_data`:
-    an error naming ``--data`` when that is gone), evaluated on the split the run evaluated (for a folder without
-    ``val/``, the fraction it held out, seed 0); else, for a model that records no data (an architecture, a public
-    checkpoint), the embedded digits. ``notes`` say which was taken."""
+    an error naming ``--data`` when that is gone); else, for a model that records no data (an architecture, a public
+    checkpoint), the embedded digits. ``notes`` say which was taken. The folder the model's run trained on, when it
+    has no ``val/``, is evaluated on the fraction the run held out (seed 0), the images that did not train it: the
+    run's own number, never one over its training images."""
     from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir
     from ..resolve import recorded_data
 
-    if data is not None:
-        return data, val_split, []
-    recorded = (getattr(model.config, "extra", None) or {}).get("data")
-    if not isinstance(recorded, str) or not recorded.strip():
-        return "digits", val_split, [f"no --data: {spec} records no training data; the embedded digits (--data digits)"]
-    data = recorded_data(model, spec, ask="pass --data with its location, or --data digits for the embedded digits")
+    notes = []
+    if data is None:
+        recorded = (getattr(model.config, "extra", None) or {}).get("data")
+        if not isinstance(recorded, str) or not recorded.strip():
+            note = f"no --data: {spec} records no training data; the embedded digits (--data digits)"
+            return "digits", val_split, [note]
+        data = recorded_data(model, spec, ask="pass --data with its location, or --data digits for the embedded digits")
+        notes.append(f"no --data: {data}, the data {spec} was trained on (its config records it)")
     root = data_folder(data)
-    if val_split is None and split != "train" and root is not None and eval_split_dir(root) is None:
+    plain = root is not None and eval_split_dir(root) is None
+    if val_split is None and split != "train" and plain and trained_on(model, data):
         saved = model.config.extra.get("val_split")
         val_split = saved if type(saved) is float and 0 < saved < 1 else DEFAULT_HOLD_OUT
-    return data, val_split, [f"no --data: {data}, the data {spec} was trained on (its config records it)"]
+    return data, val_split, notes
+
+
+def trained_on(model: Any, data: str) -> bool:
+    """Whether ``model``'s run trained on the folder ``data`` (its config records the folder's absolute path)."""
+    recorded = (getattr(model.config, "extra", None) or {}).get("data")
+    try:
+        return isinstance(recorded, str) and Path(recorded).resolve() == Path(data).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def close_names(spec: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..train.spec.options import DATA_RULE, MEMORY_BUDGET_HELP
 from ._common import add_device_arg, add_model_arg, add_serving_args
@@ -16,11 +15,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         description=(
             "Evaluate a model on the evaluation split of a dataset (val/ or test/; with --val-split, that\n"
             "fraction held out of the training images; a class folder with neither is evaluated whole, and\n"
-            "the result says so); print the result and write it as JSON (--output, default MODEL/eval.json).\n"
-            "Without --data: the data the model's run trained on (its config records it), on the split the\n"
-            "run evaluated (the fraction it held out, for a folder without val/); the embedded digits for a\n"
-            "model that records none. A run's model/ on the folder it was trained on reads the decode cache\n"
-            "training wrote (the same pixels).\n\n"
+            "the result says so, except the folder the model's run trained on: the fraction that run held out,\n"
+            "the images that did not train it); print the result and write it as JSON (--output, default\n"
+            "MODEL/eval.json). Without --data: the data the model's run trained on (its config records it), on\n"
+            "the split the run evaluated; the embedded digits for a model that records none. A run's model/ on\n"
+            "the folder it was trained on reads the decode cache training wrote (the same pixels).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train           # the run's own evaluation split\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     for key in ("confusion", "confusion_cells"):  # (the latter: non-zero cells of a matrix too large to hold)
         if key in res:
             res[key] = res[key].tolist()
-    notes += split_notes(res, model, args.model, data, val_split=val_split, default=args.data is None)
+    notes += split_notes(res, args.model, data, val_split=val_split, asked=args.val_split is not None)
     for note in notes:  # --json: stdout is the JSON alone
         print(f"note: {shown(note)}", file=sys.stderr if args.json else sys.stdout)
     out = Path(args.output) if args.output else default_output(args.model, "eval.json")
@@ -129,37 +128,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def split_notes(res: dict, model, spec: str, data: str, *, val_split: float | None, default: bool) -> list[str]:
+def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, asked: bool) -> list[str]:
     """What the evaluation split was when the data set has none of its own: the whole folder (``all``), or the
-    fraction held out of it (by ``--val-split``, or the one the model's run held out)."""
+    fraction held out of it (by ``--val-split``, ``asked``; or the one the model's run held out of its own folder)."""
     from ..data.sources import data_folder
 
     if data_folder(data) is None:
         return []
     if res["split"] == "all":
-        trained_here = _trained_on(model, data)
         return [
             f"{data} has no val/ or test/ folder: all {res['count']:,} of its images were evaluated (--val-split F "
             "evaluates a fraction held out, as training holds it out)"
-            + (
-                f"; {spec} was trained on this folder, so they include its training images (without --data: the "
-                "images its run held out)"
-                if trained_here
-                else ""
-            )
         ]
     if val_split is not None:
-        why = "as its run held them out" if default else "--val-split"
+        why = "as --val-split asks" if asked else f"the images {spec}'s run held out (the others trained it)"
         return [
-            f"evaluation split: the {res['count']:,} images held out of {data} ({val_split:.0%} of each class, "
-            f"seed 0), {why}"
+            f"{data} has no val/ or test/ folder: evaluated {res['count']:,} images held out of it ({val_split:.0%} "
+            f"of each class, seed 0), {why}"
         ]
     return []
-
-
-def _trained_on(model, data: str) -> bool:
-    recorded = (getattr(model.config, "extra", None) or {}).get("data")
-    try:
-        return isinstance(recorded, str) and Path(recorded).resolve() == Path(data).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError):
-        return False
