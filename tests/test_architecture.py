@@ -22,6 +22,7 @@ ACCEL_CALLERS = {
     "vitlab.bench",  # ours against the references
     "vitlab.commands",  # a model argument served fast (eval, predict, few-shot)
     "vitlab.deploy",  # the exported graph's own runtime
+    "vitlab.resolve",  # the one model rule: a model argument served fast (eval, predict, a teacher)
     "vitlab.train.engine.model",  # the model a run trains
 }
 """Packages (and modules) whose modules may import :mod:`vitlab.accel`: the one-way seam's callers."""

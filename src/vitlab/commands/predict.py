@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .._text import shown
     from ..data.user_images import image_files, read_image
     from ..devices import resolve_device
     from ..errors import CheckpointError, ConfigError, InputError
@@ -114,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(failed[0]["error"] + ("" if len(failed) == 1 else f" (and {len(failed) - 1} more unreadable)"))
     if args.json:
         print(json.dumps(results, indent=2))
-    else:
+    else:  # paths and class names from files, shown escaped (a name may hold a terminal's control sequences)
         for r in results:
             if "top" in r:
-                print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['prob']:.3f}" for t in r["top"]))
+                print(f"{shown(r['image'])}: " + ", ".join(f"{shown(t['class'])} {t['prob']:.3f}" for t in r["top"]))
     for r in failed:
-        print(f"vitlab predict: skipped {r['error']}", file=sys.stderr)
+        print(f"vitlab predict: skipped {shown(r['error'])}", file=sys.stderr)
     if failed:
         print(f"vitlab predict: {len(failed)} of {len(results)} files unreadable", file=sys.stderr)
     return 1 if failed else 0

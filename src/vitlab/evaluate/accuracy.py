@@ -15,7 +15,7 @@ from torch import nn
 
 from ..data.transforms import resize_side
 from ..devices import autocast, resolve_device
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
@@ -74,10 +74,12 @@ def evaluate_batches(
     amp_dtype: torch.dtype | None = None,
     dist=None,
     tta: str | None = None,
+    finite: bool = False,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
     class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
-    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`).
+    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`). ``finite``: NaN or
+    infinite logits are an error (``vitlab eval``: a model whose outputs are NaN has no accuracy to report).
 
     Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
     in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
@@ -96,6 +98,12 @@ def evaluate_batches(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             logits = tta_logits(model, x, tta)
+        if finite and not bool(torch.isfinite(logits).all()):
+            bad = int((~torch.isfinite(logits)).any(1).sum())
+            raise CheckpointError(
+                f"the model's outputs hold NaN or infinite values ({bad} of {len(logits)} images of a batch); "
+                "it has no accuracy to report (its weights, or an exported graph, are broken)"
+            )
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=c - 1).cpu()
@@ -271,6 +279,10 @@ def evaluate_model(
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``; ``tta="flip"``: with
     test-time flip augmentation (:func:`tta_logits`).
 
+    The evaluation split is the data's own (``val/`` or ``test/``), or with ``val_split`` the fraction held out of
+    the training images (stratified, seed 0, as training holds it out); a folder with neither is evaluated whole
+    (``split`` ``all`` in the result: nothing trains on it here, so nothing is held out).
+
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
     images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``).
@@ -327,7 +339,7 @@ def evaluate_model(
     loader = DataLoader(ds, batch_size=batch_size)
     log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
     batches = log.wrap(loader)
-    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta, finite=True)
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res["class_names"] = names
@@ -345,22 +357,22 @@ def training_plan(
     training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
     folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
     file: it is only compared and checked (:meth:`~vitlab.data.sources.FolderPlan.from_record`)."""
-    from ..data.sources import FolderPlan
+    from ..data.sources import DEFAULT_HOLD_OUT, FolderPlan
 
     extra = model.config.extra or {}
     recorded, plan = extra.get("data"), FolderPlan.from_record(extra.get("data_plan"))
     saved = extra.get("val_split")
     if plan is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
         return None
-    if val_split is not None and val_split != saved:
-        return None
+    if val_split is not None and val_split not in (saved, DEFAULT_HOLD_OUT if saved is None else saved):
+        return None  # (no --val-split in training: a folder without val/ held out the default fraction)
     if plan.size is not None and tuple(plan.size) != tuple(model.config.img_size):
         return None
     try:
         same = Path(recorded).is_absolute() and Path(recorded).resolve() == Path(data).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return None
-    return (plan, saved) if same else None
+    return (plan, saved if val_split is None else val_split) if same else None
 
 
 def _evaluate_shards(
@@ -400,7 +412,7 @@ def _evaluate_shards(
     )
     model.to(device)
     batches = StreamBatches(DataLoader(ds, batch_size=batch_size))
-    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta, finite=True)
     present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])

@@ -12,7 +12,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ from torch import nn
 
 from ...data import ArrayDataset, eval_transform, train_transform
 from ...data.seeding import seeded
-from ...data.sources import ImageArray
+from ...data.sources import ImageArray, data_folder
 from ...devices import autocast
 from ...distributed import Dist
 from ..objectives import Objective
@@ -120,7 +119,7 @@ def wants_budget_size(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> boo
         and not cfg.img_size
         and not cfg.recipe.img_size
         and not cfg.pack
-        and Path(cfg.data).expanduser().is_dir()
+        and data_folder(cfg.data) is not None
     )
 
 

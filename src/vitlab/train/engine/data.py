@@ -19,7 +19,7 @@ from ...data.cache_admin import cache_line
 from ...data.decode import too_thin, typical_side
 from ...data.scan import scan_classes
 from ...data.shard_source import is_shard_spec, open_source
-from ...data.sources import DataError, DataSplits, FolderPlan
+from ...data.sources import DataError, DataSplits, FolderPlan, builtin_data, data_folder
 from ...data.stream import open_stream_data
 from ...data.transforms import resize_side
 from ...distributed import Dist, barrier
@@ -108,7 +108,7 @@ def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool =
     change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
     :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1). Nothing for the built-in
     data sets, whose splits are fixed and known."""
-    if not Path(spec).expanduser().is_dir():
+    if data_folder(spec) is None:
         return []
     n, total = len(data.val), len(data.train) + len(data.val)
     lines = []
@@ -134,7 +134,10 @@ def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool =
 
 def data_location(spec: str) -> str:
     """``--data`` as a run records it, usable from any folder: an existing path made absolute, a local tar-shard
-    pattern joined to the current folder; a built-in name (``digits``, ``cifar10``) or a URL as given."""
+    pattern joined to the current folder; a built-in name (``digits``, ``cifar10``) or a URL as given (a built-in name
+    is the data set even where a folder of that name exists: :func:`~vitlab.data.sources.builtin_data`)."""
+    if builtin_data(spec) is not None:
+        return spec
     p = Path(spec).expanduser()
     if p.exists():
         return str(p.resolve())
@@ -164,8 +167,8 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
     if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
         return open_source(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
-    root = Path(cfg.data).expanduser()
-    if not root.is_dir():
+    root = data_folder(cfg.data)  # (a built-in name is never a folder: `--out digits` is not read as data)
+    if root is None:
         return None
     train = root / "train"
     val = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..._fs import FolderLock
+from ..._text import shown
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
@@ -76,7 +77,7 @@ def fit(
     state: dict[str, Any] | None = None
     if resume:
         state = load_state(out / "last.pt")
-        cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
+        cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
     validate(cfg)
     check_trackers(cfg.log)  # a missing logger library before any data is read
     init = InitModel.read(cfg)  # read once; its architecture checked against the options before any data
@@ -86,12 +87,17 @@ def fit(
             if d.is_main:
                 held.enter_context(FolderLock(out))
                 if state is None:
-                    claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=print)
+                    claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=_say)
             summary = prepare(cfg, state=state, init=init, dist=d, device=device, out=out, stop=stop).run()
         barrier(d)  # no process tears its group down while another still writes its results or talks to it
         return summary
     finally:
         teardown()
+
+
+def _say(*parts: Any, **kw: Any) -> None:
+    """A run's line on the terminal, with what it quotes from files (class names, paths) shown escaped."""
+    print(*(shown(p) for p in parts), **kw)
 
 
 def prepare(
@@ -107,7 +113,7 @@ def prepare(
     """Everything before the first step, in order (see the module's notes); ``state``: the read ``last.pt`` of a
     resumed run (which keeps its fitted recipe and its plan)."""
     t_start = time.perf_counter()
-    log: Callable[..., None] = print if dist.is_main else (lambda *a, **k: None)
+    log: Callable[..., None] = _say if dist.is_main else (lambda *a, **k: None)
     amp_dtype, use_scaler = amp(cfg.precision, device)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)

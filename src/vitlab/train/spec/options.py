@@ -37,6 +37,7 @@ from .kinds import (
 )
 
 __all__ = [
+    "DATA_RULE",
     "INTERNAL",
     "MEMORY_BUDGET_HELP",
     "OPTIONS",
@@ -151,6 +152,12 @@ class Option:
             raise OptionError(Ref(self.path), f": {e}") from None
 
 
+DATA_RULE = (
+    "digits, cifar10 and cifar100 always name the built-in data sets (a folder of that name: ./digits); an output "
+    "folder is never read as data"
+)
+"""The rule of :data:`vitlab.data.sources.BUILTIN_DATA`, as every command's ``--data`` help states it."""
+
 MEMORY_BUDGET_HELP = (
     "memory for building the decode cache (at most half of it holds decoded images), e.g. 512M, 2G, 64MiB or bytes "
     "(K/M/G = KiB/MiB/GiB; kB/MB/GB are SI); images are then read through a memory map"
@@ -170,7 +177,8 @@ OPTIONS: tuple[Option, ...] = (
     # -- data ------------------------------------------------------------------------------------------------
     O(path="data", flag="--data", group=data, default="digits",
       help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
-      "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached)"),
+      "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached). "
+      + DATA_RULE),
     O(path="allow_pipe", flag="--allow-pipe", group=data, kind=FLAG, default=False, resume="process", file=False,
       help="let --data hold pipe: URLs ('pipe:curl -sfL https://host/train-{000000..000099}.tar'), which run a "
       "shell command: only a --data typed on this command line with it, never a config file's data or a resumed "
