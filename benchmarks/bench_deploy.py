@@ -29,15 +29,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from _common import (
+    export_model,
+    folder_images,
+    generated_images,
+    int8_state,
+    logits_of,
+    ort_dynamic,
+    ort_static,
+    resolve_model,
+    timings,
+    torch_dynamic,
+)
 
-from vitlab import accel
-from vitlab.bench.references import build_reference
-from vitlab.commands._common import resolve_model
-from vitlab.deploy.images import folder_images, generated_images
-from vitlab.deploy.quantize import int8_state, ort_dynamic, ort_static, torch_dynamic
-from vitlab.deploy.report import logits_of, timings
-from vitlab.errors import VitlabError
-from vitlab.export import export_model
+from vitlab import VitlabError, accel
+from vitlab.bench import build_reference
 from vitlab.models import VisionTransformer
 
 SMOKE = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
