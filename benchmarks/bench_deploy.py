@@ -42,7 +42,8 @@ from _common import (
     torch_dynamic,
 )
 
-from vitlab import VitlabError, accel
+from vitlab import VitlabError
+from vitlab.accel import accelerate
 from vitlab.bench import build_reference
 from vitlab.models import VisionTransformer
 
@@ -93,7 +94,7 @@ def rows_for(model: VisionTransformer, r: int, tmp: Path, calib: np.ndarray, thr
             rows["timm eager fp32"] = (timm_model, _float_bytes(model))
         except (VitlabError, RuntimeError) as e:  # no timm twin (another posemb, head ...), or names that differ
             print(f"# timm eager fp32: no row ({str(e).splitlines()[0]})")
-    rows["vitlab eager fp32"] = (accel.accelerate(copy.deepcopy(merged)).eval(), _float_bytes(model))
+    rows["vitlab eager fp32"] = (accelerate(copy.deepcopy(merged)).eval(), _float_bytes(model))
     fp32 = tmp / f"r{r}-fp32.onnx"
     export_model(merged, fp32, format="onnx", overwrite=True)
     ort_dynamic(fp32, tmp / f"r{r}-dyn.onnx")
@@ -124,7 +125,7 @@ def bench_model(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         else None
     )
     with torch.inference_mode():
-        ref = logits_of(accel.accelerate(copy.deepcopy(model)).eval(), check.inputs)
+        ref = logits_of(accelerate(copy.deepcopy(model)).eval(), check.inputs)
     out = []
     with tempfile.TemporaryDirectory() as d:
         for r in [0, *args.tome]:
