@@ -118,3 +118,40 @@ def test_every_script_loads_without_running(script: str) -> None:
     at the top exists."""
     mod = load(script)
     assert callable(getattr(mod, "main", None)), f"{script}.py has no main()"
+
+
+# -- the timing loops that moved to vitlab.bench.time_calls, run on tiny inputs (their rows, never their numbers) ----
+
+
+def test_packed_attention_times_every_method_each_round() -> None:
+    import torch
+
+    bench = load("bench_packed_attention")
+    segs = bench.segments(16, 2, 2, 6)
+    ctx = bench.context(segs, 16)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 4, generator=g) for _ in range(3))
+    methods = {m: bench.METHODS[m] for m in ("split", "mask", "padded")}
+    times = bench.passes(methods, q, k, v, ctx, rounds=2)
+    assert list(times) == ["split", "mask", "padded"]
+    for m in methods:
+        assert len(times[m]["fwd"]) == len(times[m]["bwd"]) == 2 and all(t > 0 for t in times[m]["fwd"])
+    assert q.grad is None  # the backward passes ran on fresh copies
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "says"),
+    [
+        ("bench_cpu_inference", ["vit_ti16", "1", "1"], "| both off (aten) |"),
+        ("bench_scaling", ["--models", "vit_ti16", "--sizes", "32", "--batch-size", "1", "--steps", "1"], '"tokens"'),
+        ("bench_export", ["--model", "vit_ti16", "--batch-size", "1", "--steps", "1"], "onnxruntime / pytorch:"),
+    ],
+)
+def test_scripts_without_a_smoke_mode_print_their_rows(script: str, argv: list[str], says: str, monkeypatch, capsys):
+    if script == "bench_export":
+        pytest.importorskip("onnxruntime")
+    bench = load(script)
+    monkeypatch.setattr("sys.argv", [f"{script}.py", *argv])
+    bench.main()
+    out = capsys.readouterr().out
+    assert says in out and "# load average at end" in out, out
