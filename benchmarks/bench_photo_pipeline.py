@@ -50,29 +50,37 @@ import json
 import resource
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from bench_data import photo_pixels  # this folder is on the path when the script runs
+from _common import (
+    LEVELS,
+    FolderLoaders,
+    Objective,
+    Stopwatch,
+    amp,
+    batches,
+    build_config,
+    build_folder_loaders,
+    build_net,
+    build_objective,
+    build_optimizer,
+    forward_macs,
+    holds_photos,
+    level_fields,
+    load_run_data,
+    objective_for,
+    photo_pixels,
+    time_steps,
+)
 
 from vitlab.data import load_data
-from vitlab.data.loading import batches
 from vitlab.distributed import Dist
 from vitlab.models import ViTConfig
-from vitlab.train.engine.calibrate import time_steps
-from vitlab.train.engine.data import load_run_data
-from vitlab.train.engine.loaders import FolderLoaders, build_folder_loaders
-from vitlab.train.engine.model import amp, build_net
-from vitlab.train.engine.optim import build_optimizer
-from vitlab.train.objectives import Objective, build_objective, objective_for
-from vitlab.train.spec.config import TrainConfig, build_config
-from vitlab.train.spec.fitting import LEVELS, forward_macs
-from vitlab.train.spec.image_size import holds_photos
-from vitlab.train.spec.levels import level_fields
+from vitlab.train import TrainConfig
 
 PHOTO_SIZES = [(4032, 3024), (3024, 4032), (1920, 1080), (1080, 1920), (400, 533), (533, 400), (400, 711)]
 """(width, height) of the generated photos: 12-MP phone photos both ways, 1080p both ways, the clothing set's
@@ -96,7 +104,7 @@ class Timed:
 
 
 def make_photos(root: Path, *, n: int, sizes: Sequence[tuple[int, int]], classes: int = 4, seed: int = 0) -> Path:
-    """``root/c<k>/<i>.jpg``: ``n`` photo-like JPEGs (quality 90, :func:`bench_data.photo_pixels`), the sizes in
+    """``root/c<k>/<i>.jpg``: ``n`` photo-like JPEGs (quality 90, ``_common.photo_pixels``), the sizes in
     turn and the classes round robin; :data:`UNIQUE` distinct files per size, the rest byte copies of them."""
     from PIL import Image
 
@@ -130,9 +138,9 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
     which holds out the evaluation split, imported first: its import is no part of decoding)."""
     import sklearn.model_selection  # noqa: F401
 
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     data = load_run_data(cfg, dist=Dist(), out=out, log=lambda line: None)
-    wall = time.perf_counter() - t0
+    wall = clock.elapsed()
     n = len(data.train) + len(data.val)
     stored = data.train.images
     sides = [min(stored[i].shape[:2]) for i in range(min(len(stored), 64))]
@@ -176,7 +184,7 @@ def time_batches(make: Callable[[], Iterable[Any]], *, n: int, threads: int) -> 
     CPU time is read."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    cpu0, clock = _cpu_seconds(), Stopwatch()
     it = iter(make())
     first, images = None, 0
     try:
@@ -185,7 +193,7 @@ def time_batches(make: Callable[[], Iterable[Any]], *, n: int, threads: int) -> 
             images += len(x)
             if i + 1 >= n:
                 break
-        wall = time.perf_counter() - t0
+        wall = clock.elapsed()
     finally:
         getattr(it, "close", lambda: None)()
         torch.set_num_threads(before)

@@ -76,8 +76,10 @@ def _status(key: str) -> int:
 
 def child(name: str, tmp: Path) -> dict:
     """One run in this process: the estimate and the measured peak over the RSS at the estimate."""
-    import vitlab.train.engine.memory as memory
-    import vitlab.train.engine.run as setup
+    # (imported here: the "worker" run's process, and the DataLoader worker it forks, never hold these modules)
+    from _common import engine_memory as memory
+    from _common import engine_run as setup
+
     from vitlab.train import TrainConfig, get_recipe
 
     spec = CONFIGS[name]
@@ -98,7 +100,7 @@ def child(name: str, tmp: Path) -> dict:
         seen["estimate"] = got.estimate
         return got
 
-    import vitlab.train.engine.trainer as trainer
+    from _common import engine_trainer as trainer
 
     real_end = trainer.Trainer._end_epoch
 
@@ -137,7 +139,8 @@ def child(name: str, tmp: Path) -> dict:
     )
     import contextlib
 
-    from vitlab.accel import fused_block
+    from _common import fused_block
+
     from vitlab.train import fit
 
     with fused_block.disabled() if spec.get("unfused") else contextlib.nullcontext():
