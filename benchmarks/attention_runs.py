@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitlab.inspect.alarms import RunContext, named_alarms, named_notes
-from vitlab.train.persist.health import alarm_history, health_records
-from vitlab.train.persist.outputs import read_metrics
+from _common import alarm_history, health_records, named_alarms, named_notes, read_metrics
+
+from vitlab.inspect import RunContext
 
 MAX_JSON = 1 << 20
 """The most bytes read of a run's ``summary.json`` or model ``config.json``."""

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import statistics
 import sys
-import time
 
 import torch
+from _common import onednn
 
 from vitlab import create_model
-from vitlab.accel import onednn
-from vitlab.bench import build_reference
+from vitlab.bench import build_reference, time_calls
 
 
 def main() -> None:
@@ -56,18 +54,10 @@ def main() -> None:
             want = model(x)
         model.inference_chunk_bytes = default_chunk
         print(f"max |default - aten path| logits: {(model(x) - want).abs().max().item():.2e}", flush=True)
-        times: dict[str, list[float]] = {k: [] for k in runs}
-        faults: dict[str, list[int]] = {k: [] for k in runs}
-        keys = list(runs)
-        for fn in runs.values():  # warm-up
-            fn()
-        for i in range(rounds):
-            for k in keys if i % 2 == 0 else keys[::-1]:
-                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                t0 = time.perf_counter()
-                runs[k]()
-                times[k].append(time.perf_counter() - t0)
-                faults[k].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        timed = time_calls(runs, rounds=rounds, warmup=1)  # one warm-up call each, then the rounds in turn
+    keys = list(runs)
+    times = {k: list(t.seconds) for k, t in timed.items()}
+    faults = {k: list(t.faults) for k, t in timed.items()}
     base = times["timm"]
     print(f"{name}, batch {batch}, {rounds} rounds")
     print("| variant | img/s | page faults / forward | vs timm: medians | per-round median [range] |")

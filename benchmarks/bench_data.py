@@ -22,18 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import CIFAR_TRAIN_STEP, Stopwatch, TrainDecode, decode_encoded, photo_pixels
 from torch.utils.data import DataLoader
 
-from vitlab.bench import benchmark
+from vitlab.bench import benchmark, time_calls
 from vitlab.data import ArrayDataset, load_data, mix_transform, train_transform
-from vitlab.train.spec.recipes import get_recipe
+from vitlab.train import get_recipe
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -53,26 +52,11 @@ def write_jpegs(folder: Path, *, n: int, size: tuple[int, int], seed: int = 0) -
     return paths
 
 
-def photo_pixels(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
-    """A photo-like uint8 ``(H, W, 3)`` image of ``size`` (width, height): a smooth colour field upsampled
-    (bicubic) from a grid of one random colour per 64 px, plus fine noise, so that it compresses and decodes
-    as a photo does (noise alone would not)."""
-    from PIL import Image
-
-    w, h = size
-    coarse = Image.fromarray(rng.integers(0, 256, (max(2, h // 64), max(2, w // 64), 3), dtype=np.uint8))
-    arr = np.asarray(coarse.resize((w, h), Image.Resampling.BICUBIC), dtype=np.int16)
-    return np.clip(arr + rng.normal(0, 4, arr.shape), 0, 255).astype(np.uint8)
-
-
 def decode_paths(paths: list[Path], root: Path, img_size: int) -> dict[str, object]:
     """name -> a callable ``i -> normalised CHW tensor`` of the ``i``-th file, for each of the compared paths."""
     import timm.data
     import torchvision
     from torchvision.transforms import v2
-
-    from vitlab.data.decode import decode_encoded
-    from vitlab.data.stream import TrainDecode
 
     rest = train_transform(img_size=img_size, mean=MEAN, std=STD, crop=False)
     crop = train_transform(img_size=img_size, mean=MEAN, std=STD)  # RandomResizedCrop + flip + normalise
@@ -104,19 +88,21 @@ def decode_rows(paths: list[Path], root: Path, *, img_size: int, repeats: int) -
     torch.set_num_threads(1)
     try:
         fns = decode_paths(paths, root, img_size)
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for r in range(repeats + 1):
-            for name, fn in fns.items():
-                torch.manual_seed(r)
-                t0 = time.perf_counter()
+
+        def decode_all(name: str, fn):
+            def run() -> None:
                 for i in range(len(paths)):
                     x = fn(i)
                     assert x.shape[-2:] == (img_size, img_size), (name, x.shape)
-                if r:
-                    times[name].append(time.perf_counter() - t0)
+
+            return run
+
+        calls = {name: decode_all(name, fn) for name, fn in fns.items()}
+        # each pass seeds torch with its number before each path (outside the timing): the same crops for all
+        times = time_calls(calls, rounds=repeats, warmup=1, alternate=False, setup=lambda _, r: torch.manual_seed(r))
     finally:
         torch.set_num_threads(threads)
-    return [{"path": name, "img_per_s_per_core": len(paths) / statistics.median(t)} for name, t in times.items()]
+    return [{"path": name, "img_per_s_per_core": len(paths) / t.median} for name, t in times.items()]
 
 
 def run_decode(args: argparse.Namespace) -> None:
@@ -172,10 +158,10 @@ def main() -> None:
 
 
 def run_pipeline(args: argparse.Namespace) -> None:
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     splits = load_data(args.data, progress=True)
     print(
-        f"decode cache: {len(splits.train)} train images ready in {time.perf_counter() - t0:.1f} s "
+        f"decode cache: {len(splits.train)} train images ready in {clock.elapsed():.1f} s "
         "(includes decoding on a cold cache)"
     )
     img_size = splits.train.images.shape[1]
@@ -205,31 +191,21 @@ def run_pipeline(args: argparse.Namespace) -> None:
         )
         it = iter(loader)
         next(it)  # start the workers
-        ts = []
-        for _ in range(args.batches):
-            t = time.perf_counter()
+
+        def batch(it=it) -> None:
             x, y = next(it)
             if mix is not None:
                 x, y = mix(x, y)
-            ts.append(time.perf_counter() - t)
-        med = statistics.median(ts)
+
+        med = time_calls({"batch": batch}, rounds=args.batches)["batch"].median
         rates[workers] = args.batch_size / med
         print(
             f"workers={workers}: {rates[workers]:8.0f} img/s "
             f"(median of {args.batches} batches of {args.batch_size}, recipe small-data augmentation)"
         )
     if args.train_steps:
-        kw = dict(img_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=3, mlp_dim=384)
-        t = benchmark(
-            "vit_ti16",
-            mode="train",
-            batch_size=args.batch_size,
-            num_classes=10,
-            steps=args.train_steps,
-            warmup=1,
-            measure_peak=False,
-            **kw,
-        )
+        kw = {**CIFAR_TRAIN_STEP, "batch_size": args.batch_size}  # the small CIFAR model's training step
+        t = benchmark(kw.pop("model"), steps=args.train_steps, warmup=1, measure_peak=False, **kw)
         print(f"training step (same process, just after): {t.images_per_sec:.0f} img/s")
         for w, v in rates.items():
             print(f"data pipeline / training step, workers={w}: {v / t.images_per_sec:.1f}x")

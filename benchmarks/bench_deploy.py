@@ -2,7 +2,7 @@
 
 Rows, for each model and each token-merging rate r (0 and the two of --tome): timm eager fp32 (r = 0 only:
 timm has no token merging), vitlab eager fp32, ONNX Runtime fp32, ORT int8 dynamic, ORT int8 static
-(calibrated on --calib-data), torch int8 dynamic (torch.ao). Columns: batch-1 latency (median of --runs
+(calibrated on --calib-data), torch int8 dynamic (vitlab's Int8Linear). Columns: batch-1 latency (median of --runs
 calls) and batch-32 throughput (median of max(2, runs // 4) calls), the rows taking turns for each measure;
 top-1 agreement and mean logit cosine with vitlab eager fp32 at r = 0 on --check-data (generated images
 without it), top-1 on labelled check data, size on disk. Run it alone on the machine (docs/deploy.md):
@@ -29,15 +29,22 @@ from typing import Any
 
 import numpy as np
 import torch
+from _common import (
+    export_model,
+    folder_images,
+    generated_images,
+    int8_state,
+    logits_of,
+    ort_dynamic,
+    ort_static,
+    resolve_model,
+    timings,
+    torch_dynamic,
+)
 
-from vitlab import accel
-from vitlab.bench.references import build_reference
-from vitlab.commands._common import resolve_model
-from vitlab.deploy.images import folder_images, generated_images
-from vitlab.deploy.quantize import int8_state, ort_dynamic, ort_static, torch_dynamic
-from vitlab.deploy.report import logits_of, timings
-from vitlab.errors import VitlabError
-from vitlab.export import export_model
+from vitlab import VitlabError
+from vitlab.accel import accelerate
+from vitlab.bench import build_reference
 from vitlab.models import VisionTransformer
 
 SMOKE = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10)
@@ -87,7 +94,7 @@ def rows_for(model: VisionTransformer, r: int, tmp: Path, calib: np.ndarray, thr
             rows["timm eager fp32"] = (timm_model, _float_bytes(model))
         except (VitlabError, RuntimeError) as e:  # no timm twin (another posemb, head ...), or names that differ
             print(f"# timm eager fp32: no row ({str(e).splitlines()[0]})")
-    rows["vitlab eager fp32"] = (accel.accelerate(copy.deepcopy(merged)).eval(), _float_bytes(model))
+    rows["vitlab eager fp32"] = (accelerate(copy.deepcopy(merged)).eval(), _float_bytes(model))
     fp32 = tmp / f"r{r}-fp32.onnx"
     export_model(merged, fp32, format="onnx", overwrite=True)
     ort_dynamic(fp32, tmp / f"r{r}-dyn.onnx")
@@ -118,7 +125,7 @@ def bench_model(spec: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         else None
     )
     with torch.inference_mode():
-        ref = logits_of(accel.accelerate(copy.deepcopy(model)).eval(), check.inputs)
+        ref = logits_of(accelerate(copy.deepcopy(model)).eval(), check.inputs)
     out = []
     with tempfile.TemporaryDirectory() as d:
         for r in [0, *args.tome]:

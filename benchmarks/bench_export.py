@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 
 import numpy as np
 import torch
+from _common import export_model, load_exported, run_exported
 
 from vitlab import create_model
-from vitlab.export import export_model, load_exported, run_exported
+from vitlab.bench import time_calls
 
 
 def main() -> None:
@@ -37,14 +36,9 @@ def main() -> None:
         with torch.inference_mode():
             diff = float(np.abs(run_exported(sess, xn) - m(x).numpy()).max())
             print(f"max |diff| at batch {args.batch_size}: {diff:.2e}")
-            ts: dict[str, list[float]] = {"pytorch": [], "onnxruntime": []}
-            for i in range(args.steps + 1):
-                for k in ("pytorch", "onnxruntime") if i % 2 else ("onnxruntime", "pytorch"):
-                    t0 = time.perf_counter()
-                    m(x) if k == "pytorch" else run_exported(sess, xn)
-                    if i:
-                        ts[k].append(time.perf_counter() - t0)
-    rates = {k: args.batch_size / statistics.median(v) for k, v in ts.items()}
+            calls = {"onnxruntime": lambda: run_exported(sess, xn), "pytorch": lambda: m(x)}
+            ts = time_calls(calls, rounds=args.steps, warmup=1)  # in turn, onnxruntime first in the warm-up round
+    rates = {k: args.batch_size / ts[k].median for k in ("pytorch", "onnxruntime")}
     for k, v in rates.items():
         print(f"{k:>12}: {v:.2f} img/s")
     print(f"onnxruntime / pytorch: {rates['onnxruntime'] / rates['pytorch']:.3f}x")

@@ -19,15 +19,15 @@ import argparse
 import os
 import statistics
 
-from bench_targets import RUNS  # this folder is on the path when the script runs
+from _common import CIFAR_TRAIN_STEP, native
 
-from vitlab.accel import native
 from vitlab.bench import Side, WorkerProcess
 
 
 def side(drop_path: float) -> Side:
-    """The training target's run of ``bench_targets.py``, with stochastic depth ``drop_path``."""
-    run = dict(RUNS["train"])
+    """The training target's run of ``bench_targets.py`` (the CIFAR training step), with stochastic depth
+    ``drop_path``."""
+    run = dict(CIFAR_TRAIN_STEP)
     fixed = {k: run.pop(k) for k in ("model", "mode", "batch_size", "num_classes")}
     return Side(key="ours", overrides={**run, "drop_path_rate": drop_path}, threads=2, **fixed)
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 import warnings
 
 import torch
 import torch.nn.functional as F
+from _common import PackedAttention
 
-from vitlab.models.packed import PackedAttention
+from vitlab.bench import time_calls
 
 CONFIGS = {  # name: (tokens a sequence, sequences, width, heads, smallest and largest image in tokens)
     "S512-w192-small": (512, 4, 192, 3, 32, 160),
@@ -108,6 +108,46 @@ def by_flex(q, k, v, ctx):
 
 
 METHODS = {"split": by_split, "mask": by_mask, "padded": by_padding, "flex": by_flex}
+FORWARDS, BACKWARDS = 5, 3
+"""Calls a timed forward pass makes (without autograd), and forward + backward passes: a time is their mean."""
+
+
+def passes(methods: dict, q, k, v, ctx, *, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """``method -> {"fwd": ms, "bwd": ms}`` over ``rounds``: each round times every method in turn, its forward
+    then its forward + backward (on fresh leaf copies of q, k, v made outside the timing; flex: forward only)."""
+    leaves: dict[str, list[torch.Tensor]] = {}
+
+    def forward(f):
+        def run() -> None:
+            with torch.no_grad():
+                for _ in range(FORWARDS):
+                    f(q, k, v, ctx)
+
+        return run
+
+    def backward(m, f):
+        def run() -> None:
+            for _ in range(BACKWARDS):
+                f(*leaves[m], ctx).sum().backward()
+
+        return run
+
+    def fresh(name: str, _round: int) -> None:
+        m, _, part = name.partition(" ")
+        if part == "bwd":
+            leaves[m] = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    calls = {}
+    for m, f in methods.items():
+        calls[f"{m} fwd"] = forward(f)
+        if m != "flex":
+            calls[f"{m} bwd"] = backward(m, f)
+    timed = time_calls(calls, rounds=rounds, alternate=False, setup=fresh)
+
+    def ms(name: str, reps: int) -> list[float]:
+        return [t / reps * 1e3 for t in timed[name].seconds] if name in timed else []
+
+    return {m: {"fwd": ms(f"{m} fwd", FORWARDS), "bwd": ms(f"{m} bwd", BACKWARDS)} for m in methods}
 
 
 def main() -> None:
@@ -132,21 +172,7 @@ def main() -> None:
         with torch.no_grad():
             ref = by_mask(q, k, v, ctx)
             diff = {m: float(((f(q, k, v, ctx) - ref) * real).abs().max()) for m, f in methods.items()}
-        times: dict[str, dict[str, list[float]]] = {m: {"fwd": [], "bwd": []} for m in methods}
-        for _ in range(args.rounds):
-            for m, f in methods.items():
-                with torch.no_grad():
-                    t = time.perf_counter()
-                    for _ in range(5):
-                        f(q, k, v, ctx)
-                    times[m]["fwd"].append((time.perf_counter() - t) / 5 * 1e3)
-                if m == "flex":
-                    continue
-                qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-                t = time.perf_counter()
-                for _ in range(3):
-                    f(qg, kg, vg, ctx).sum().backward()
-                times[m]["bwd"].append((time.perf_counter() - t) / 3 * 1e3)
+        times = passes(methods, q, k, v, ctx, rounds=args.rounds)
         images = sum(len(s) for s in segs)  # (padding runs included)
         ref = times["split"]
         for m, tm in times.items():

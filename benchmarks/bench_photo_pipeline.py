@@ -1,6 +1,6 @@
 """Does the training input pipeline keep up on photos? (issue 34, item 5)
 
-For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.sizing.recipe.LEVELS`)
+For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.spec.fitting.LEVELS`)
 one run's whole input pipeline on a folder of full-size JPEG photos, against timm's loader on the same files and
 against the default model's training step, in one process:
 
@@ -11,16 +11,16 @@ against the default model's training step, in one process:
 2. **vitlab, epoch**: the run's training loader (:func:`~vitlab.train.engine.loaders.build_folder_loaders` with the
    level's recipe: the crop drawn on the stored photo, flip, RandAugment, normalisation, per-sample seeding) over
    ``--batches`` batches of a fresh epoch, worker start included; once with the threads and workers the run
-   chooses (:func:`~vitlab.train.engine.model.build_net`: :func:`~vitlab.train.sizing.machine.set_threads`,
-   :func:`~vitlab.train.sizing.machine.workers_for`), and with each of ``--workers``.
+   chooses (:func:`~vitlab.train.engine.model.build_net`: :func:`~vitlab.train.engine.cores.set_threads`,
+   :func:`~vitlab.train.engine.cores.workers_for`), and with each of ``--workers``.
 3. **timm, epoch**: ``timm.data.create_loader`` (``create_transform`` inside, ``use_prefetcher=False``: the CPU
    path) over ``timm.data.ImageDataset`` of the same files, which decodes every full-size JPEG every epoch: the real
    comparison. Augmentation as close to the level's as timm has: minimal = RandomResizedCrop with scale and ratio
    (1, 1) (the centre square, resized) + flip; light = scale (0.5, 1), ratio (3/4, 4/3), flip, ``rand-m7-n2``
    (timm applies each RandAugment op with probability 0.5, torchvision always); colour jitter off; bilinear.
 4. **model step**: the run's model (``auto``'s for this data and size, built by ``build_net``, with the token dropping
-   of a ``--time-budget`` run, :data:`~vitlab.train.sizing.recipe.BUDGET_TOKEN_DROP`, in training mode), one
-   forward + backward + the recipe's AdamW step (:func:`~vitlab.train.sizing.probe.time_steps`) on the first
+   of a ``--time-budget`` run, :data:`~vitlab.train.spec.fitting.BUDGET_TOKEN_DROP`, in training mode), one
+   forward + backward + the recipe's AdamW step (:func:`~vitlab.train.engine.calibrate.time_steps`) on the first
    vitlab batch, at each of ``--threads`` torch threads: images/s the model consumes.
 
 **Images/s per core**: wall-clock images/s divided by the cores the configuration occupies: its worker processes
@@ -50,29 +50,40 @@ import json
 import resource
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from bench_data import photo_pixels  # this folder is on the path when the script runs
+from _common import (
+    LEVELS,
+    FolderLoaders,
+    Objective,
+    Stopwatch,
+    amp,
+    batches,
+    build_config,
+    build_folder_loaders,
+    build_net,
+    build_objective,
+    build_optimizer,
+    forward_macs,
+    holds_photos,
+    level_fields,
+    load_run_data,
+    photo_pixels,
+    planned_config,
+    recipe_for,
+    sizing_choose,
+    sizing_here,
+    time_steps,
+)
 
 from vitlab.data import load_data
-from vitlab.data.loading import batches
 from vitlab.distributed import Dist
 from vitlab.models import ViTConfig
-from vitlab.train.sizing.probe import time_steps
-from vitlab.train.engine.data import load_run_data
-from vitlab.train.engine.loaders import FolderLoaders, build_folder_loaders
-from vitlab.train.engine.model import amp, build_net
-from vitlab.train.engine.optim import build_optimizer
-from vitlab.train.objectives import Objective, build_objective, objective_for
-from vitlab.train.spec.config import TrainConfig, build_config
-from vitlab.train.sizing.recipe import LEVELS, forward_macs
-from vitlab.train.sizing.side import holds_photos
-from vitlab.train.sizing.levels import level_fields
+from vitlab.train import TrainConfig
 
 PHOTO_SIZES = [(4032, 3024), (3024, 4032), (1920, 1080), (1080, 1920), (400, 533), (533, 400), (400, 711)]
 """(width, height) of the generated photos: 12-MP phone photos both ways, 1080p both ways, the clothing set's
@@ -96,7 +107,7 @@ class Timed:
 
 
 def make_photos(root: Path, *, n: int, sizes: Sequence[tuple[int, int]], classes: int = 4, seed: int = 0) -> Path:
-    """``root/c<k>/<i>.jpg``: ``n`` photo-like JPEGs (quality 90, :func:`bench_data.photo_pixels`), the sizes in
+    """``root/c<k>/<i>.jpg``: ``n`` photo-like JPEGs (quality 90, ``_common.photo_pixels``), the sizes in
     turn and the classes round robin; :data:`UNIQUE` distinct files per size, the rest byte copies of them."""
     from PIL import Image
 
@@ -130,9 +141,9 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
     which holds out the evaluation split, imported first: its import is no part of decoding)."""
     import sklearn.model_selection  # noqa: F401
 
-    t0 = time.perf_counter()
-    data = load_run_data(cfg, dist=Dist(), out=out, log=lambda line: None)
-    wall = time.perf_counter() - t0
+    clock = Stopwatch()
+    data = load_run_data(cfg, _here(), out=out, log=lambda line: None)
+    wall = clock.elapsed()
     n = len(data.train) + len(data.val)
     stored = data.train.images
     sides = [min(stored[i].shape[:2]) for i in range(min(len(stored), 64))]
@@ -142,27 +153,43 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
                   "plan": data.plan.line}  # fmt: skip
 
 
+def _here() -> Any:
+    """Where the run is sized: this process on the CPU, float32, the run's optimizer builder."""
+    return sizing_here(dist=Dist(), device=CPU, amp_dtype=None, t_start=Stopwatch().started,
+                       optimizer=build_optimizer)  # fmt: skip
+
+
 def level_config(cfg: TrainConfig, data: Any, level: str) -> TrainConfig:
-    """``cfg`` fitted to the data as a run fits it (the ``auto`` recipe, the stored size's ``crop_pct``), with the
-    augmentation and regularisation of ``level`` (as a run on these data builds it: photos keep its crop and flip
-    only) in place of the one the recipe chose."""
-    fitted = objective_for(cfg).fit_recipe(cfg, data, device_type="cpu")
-    return dataclasses.replace(fitted, recipe=fitted.recipe.replace(**level_fields(level, photos=holds_photos(data))))
+    """``cfg`` asking for the recipe a run fits to the data (the ``auto`` recipe, the stored size's ``crop_pct``), with
+    the augmentation and regularisation of ``level`` (as a run on these data builds it: photos keep its crop and flip
+    only) in place of the one the recipe chose: every field given, so a run of it trains that recipe as it is."""
+    recipe, _, _ = recipe_for(cfg, data)
+    recipe = recipe.replace(**level_fields(level, photos=holds_photos(data)))
+    return dataclasses.replace(cfg, recipe=recipe, recipe_given=[f.name for f in dataclasses.fields(recipe)])
 
 
-def run_model(cfg: TrainConfig, data: Any) -> tuple[Objective, torch.nn.Module, int, int]:
-    """``(objective, net, threads, workers)`` as the run builds and chooses them."""
-    objective = build_objective(cfg, data, device=CPU)
-    net, workers, _ = build_net(cfg, data, objective=objective, init=None, dist=Dist(), device=CPU)
-    return objective, net, torch.get_num_threads(), workers
+def run_model(cfg: TrainConfig, data: Any) -> tuple[Objective, torch.nn.Module, int, int, Any]:
+    """``(objective, net, threads, workers, sizing)`` as the run chooses and builds them."""
+    here = _here()
+    objective = build_objective(cfg, cfg.recipe, data, device=CPU)
+    sizing = sizing_choose(
+        cfg,
+        data=data,
+        here=here,
+        num_classes=data.num_classes,
+        log=lambda line: None,
+        architecture=lambda r: planned_config(cfg, r, data, objective=type(objective), init=None),
+    )
+    net, _ = build_net(cfg, sizing, data, objective=objective, init=None, dist=Dist(), device=CPU)
+    return objective, net, torch.get_num_threads(), sizing.workers, sizing
 
 
 def folder_loaders(
-    cfg: TrainConfig, data: Any, net: torch.nn.Module, objective: Objective, workers: int
+    cfg: TrainConfig, data: Any, net: torch.nn.Module, objective: Objective, sizing: Any
 ) -> FolderLoaders:
-    """The run's training loaders with ``workers`` DataLoader workers."""
+    """The run's training loaders with the sizing's workers."""
     vit = objective.exported(net)
-    return build_folder_loaders(cfg, data=data, model_config=vit.config, dist=Dist(), device=CPU, workers=workers)
+    return build_folder_loaders(cfg, sizing, data=data, model_config=vit.config, dist=Dist(), device=CPU)
 
 
 def _cpu_seconds() -> float:
@@ -176,7 +203,7 @@ def time_batches(make: Callable[[], Iterable[Any]], *, n: int, threads: int) -> 
     CPU time is read."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    cpu0, clock = _cpu_seconds(), Stopwatch()
     it = iter(make())
     first, images = None, 0
     try:
@@ -185,7 +212,7 @@ def time_batches(make: Callable[[], Iterable[Any]], *, n: int, threads: int) -> 
             images += len(x)
             if i + 1 >= n:
                 break
-        wall = time.perf_counter() - t0
+        wall = clock.elapsed()
     finally:
         getattr(it, "close", lambda: None)()
         torch.set_num_threads(before)
@@ -206,12 +233,12 @@ def vitlab_rows(
 ) -> tuple[list[dict[str, Any]], Any, Objective, torch.nn.Module]:
     """vitlab's epoch rows: the run's own threads and workers first, then each of ``extra_workers`` (one torch
     thread in this process); with the first batch of the run's configuration and the run's model."""
-    objective, net, threads, run_workers = run_model(cfg, data)
+    objective, net, threads, run_workers, sizing = run_model(cfg, data)
     configs = [(run_workers, threads if run_workers == 0 else 1, True)]
     configs += [(w, 1, False) for w in extra_workers if not (w == run_workers and (w > 0 or threads == 1))]
     rows, first = [], None
     for workers, main_threads, is_run in configs:
-        loaders = folder_loaders(cfg, data, net, objective, workers)
+        loaders = folder_loaders(cfg, data, net, objective, dataclasses.replace(sizing, workers=workers))
         t = time_batches(
             lambda lo=loaders: lo.train_batches(0), n=min(n, loaders.micro_per_epoch), threads=main_threads
         )

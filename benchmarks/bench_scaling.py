@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from vitlab import create_model
+from vitlab.bench import time_calls
 from vitlab.models import count_macs
 
 
@@ -48,16 +47,11 @@ def main() -> None:
             cfg = m.config
             x = torch.randn(args.batch_size, 3, size, size)
             with torch.inference_mode():
-                m(x)
-                ts = []
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    m(x)
-                    ts.append(time.perf_counter() - t0)
+                timed = time_calls({name: lambda m=m, x=x: m(x)}, rounds=args.steps, warmup=1)[name]
             t = cfg.num_patches + 1
             d, h = cfg.embed_dim, cfg.mlp_dim
             flop_share = 2 * t * t * d / (4 * t * d * d + 2 * t * t * d + 2 * t * d * h)
-            med = statistics.median(ts)
+            med = timed.median
             row = {
                 "model": name,
                 "img_size": size,

@@ -21,24 +21,15 @@ import json
 import os
 import statistics
 
+from _common import CIFAR_TRAIN_STEP
+
 from vitlab.bench import benchmark
 
 RUNS = {
     "s16": dict(model="vit_s16", mode="infer", batch_size=32),
     "b16": dict(model="vit_b16", mode="infer", batch_size=16),
     # The small CIFAR configuration of the training issue: 32 px, patch 4, width 192, depth 9, 3 heads, MLP ratio 2.
-    "train": dict(
-        model="vit_ti16",
-        mode="train",
-        batch_size=128,
-        num_classes=10,
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=9,
-        num_heads=3,
-        mlp_dim=384,
-    ),
+    "train": dict(CIFAR_TRAIN_STEP),
 }
 
 TARGETS = {"s16": 1.15, "b16": 1.15, "train": 1.3}

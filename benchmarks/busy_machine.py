@@ -11,8 +11,9 @@ the timm script busy. Each child's throughput is its training steps' images per 
   not the evaluations), its threads from its first lines (``cpu: N torch thread(s) (...)``) and any change of them
   at an epoch's end;
 - the timm script: ``run_photo_baseline`` of ``benchmarks/defaults_vs_baseline.py`` (the photos pre-resized once,
-  outside its clock) with the architecture the quiet vitlab run chose, the same ``--epochs``, and torch's default
-  thread count (a plain script sets none); its throughput the training steps' images over their seconds.
+  outside its clock), run as ``python benchmarks/defaults_vs_baseline.py --photo-baseline SPEC``, with the
+  architecture the quiet vitlab run chose, the same ``--epochs``, and torch's default thread count (a plain script
+  sets none); its throughput the training steps' images over their seconds.
 
 Prints one JSON line per measurement, then a Markdown table with a row per side (quiet img/s, busy img/s, the share
 kept, the threads), as docs/training.md ("Threads on a busy machine") has it::
@@ -41,6 +42,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from _common import Stopwatch, make_photo_folder
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -132,16 +135,16 @@ def measure_vitlab(a: argparse.Namespace, data: Path, tmp: Path, *, load: str, e
     """One vitlab run, ``load`` ``quiet`` or ``busy``: its row."""
     out = tmp / f"vitlab-{load}"
     cmd = vitlab_command(data, out, img_size=a.img_size, epochs=a.epochs, seed=a.seed, cache=tmp / "cache")
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     pids = run_child(cmd, hog_count=a.hogs if load == "busy" else 0, log=tmp / f"vitlab-{load}.log", env=env)
-    wall = time.perf_counter() - t0
+    wall = clock.elapsed()
     s = json.loads((out / "summary.json").read_text())
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     m = s["model"]
     arch = {k: m[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")}
     img = m["img_size"][0] if isinstance(m["img_size"], list) else m["img_size"]
     return {
-        "side": "vitlab", "load": load, **_common(a, load, pids, wall), "img_per_s": s["images_per_sec"],
+        "side": "vitlab", "load": load, **_fields(a, load, pids, wall), "img_per_s": s["images_per_sec"],
         "epoch_img_per_s": [round(e["images_per_sec"], 1) for e in epochs], "steps": s["steps"],
         **threads_from_log((tmp / f"vitlab-{load}.log").read_text(errors="replace")),
         "arch": arch, "img": img, "top1": s["top1"], "command": " ".join(cmd[1:]),
@@ -151,44 +154,33 @@ def measure_vitlab(a: argparse.Namespace, data: Path, tmp: Path, *, load: str, e
 def measure_timm(
     a: argparse.Namespace, data: Path, tmp: Path, *, load: str, arch: dict, img: int, env: dict[str, str]
 ) -> dict:
-    """One run of the plain timm script in a child process (``--timm-child``), ``load`` ``quiet`` or ``busy``."""
+    """One run of the plain timm script in a child process (:func:`timm_command`), ``load`` ``quiet`` or ``busy``."""
     spec = {"data": str(data), "arch": arch, "img": img, "epochs": a.epochs, "seed": a.seed, "batch": a.batch,
             "result": str(tmp / f"timm-{load}.json")}  # fmt: skip
     (tmp / f"timm-{load}.spec.json").write_text(json.dumps(spec))
     cmd = timm_command(tmp / f"timm-{load}.spec.json")
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     pids = run_child(cmd, hog_count=a.hogs if load == "busy" else 0, log=tmp / f"timm-{load}.log", env=env)
-    wall = time.perf_counter() - t0
+    wall = clock.elapsed()
     r = json.loads(Path(spec["result"]).read_text())
     return {
-        "side": "timm script", "load": load, **_common(a, load, pids, wall),
+        "side": "timm script", "load": load, **_fields(a, load, pids, wall),
         "img_per_s": r["images"] / max(r["train_s"], 1e-9), "steps": r["steps"], "threads": r["threads"],
         "workers": 0, "arch": arch, "img": img, "top1": r["top1"], "batch": r["images"] // max(r["steps"], 1),
     }  # fmt: skip
 
 
 def timm_command(spec: Path) -> list[str]:
-    """The timm script's child process: this file with ``--timm-child SPEC`` (:func:`timm_child`)."""
-    return [sys.executable, str(Path(__file__).resolve()), "--timm-child", str(spec)]
+    """The timm script's child process: ``defaults_vs_baseline.py --photo-baseline SPEC`` (its
+    ``photo_baseline_child``: reads the spec, writes the result file the spec names)."""
+    return [sys.executable, str(HERE / "defaults_vs_baseline.py"), "--photo-baseline", str(spec)]
 
 
-def _common(a: argparse.Namespace, load: str, pids: list[int], wall: float) -> dict:
+def _fields(a: argparse.Namespace, load: str, pids: list[int], wall: float) -> dict:
     """The fields every measurement's row has beside its own."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"hogs": a.hogs if load == "busy" else 0, "cores": cores, "epochs": a.epochs,
             "hog_pids": pids, "child_wall_s": round(wall, 1)}  # fmt: skip
-
-
-def timm_child(spec_path: Path) -> None:
-    """In the child: the timm script on the spec's data with torch's default threads; writes its result."""
-    import torch
-    from defaults_vs_baseline import run_photo_baseline  # this folder is on the path when the script runs
-
-    spec = json.loads(spec_path.read_text())
-    threads = torch.get_num_threads()  # a plain script's: never set
-    r = run_photo_baseline(Path(spec["data"]), arch=spec["arch"], img=spec["img"], epochs=spec["epochs"],
-                           budget=None, seed=spec["seed"], batch=spec["batch"])  # fmt: skip
-    Path(spec["result"]).write_text(json.dumps({**r, "threads": threads}))
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -224,8 +216,6 @@ def smoke_data(root: Path) -> Path:
 
 def run(a: argparse.Namespace, tmp: Path) -> list[dict]:
     """The four measurements, in order; each row printed as a JSON line as soon as it is measured."""
-    from defaults_vs_baseline import make_photo_folder
-
     for old in (tmp / "smoke-data", tmp / "photos"):  # a reused --out (rmtree removes links, not their targets)
         shutil.rmtree(old, ignore_errors=True)
     src = smoke_data(tmp / "smoke-data") if a.smoke else Path(a.data)
@@ -252,11 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=128, help="the timm script's batch (default 128)")
     p.add_argument("--out", default=None, help="keep the runs, logs and caches here (default: a temporary folder)")
     p.add_argument("--smoke", action="store_true", help="tiny generated photos, 32 px, 1 epoch: the plumbing")
-    p.add_argument("--timm-child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.timm_child:
-        timm_child(Path(a.timm_child))
-        return 0
     if a.smoke:
         a.img_size, a.epochs = 32, 1
     elif not a.data:

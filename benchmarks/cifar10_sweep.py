@@ -16,15 +16,14 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import Stopwatch, param_groups
 
 from vitlab.data import load_data
 from vitlab.models import create_model
-from vitlab.train.engine.optim import param_groups
 
 DEFAULTS = dict(
     dim=128, depth=6, heads=4, mlp=2.0, patch=4, bs=128, lr=2e-3, wd=0.05, warm=0.03, ls=0.1, posemb="learn",
@@ -66,12 +65,12 @@ def main(argv: list[str]) -> dict:
     def norm(x: torch.Tensor) -> torch.Tensor:
         return (x.float() / 255 - 0.5) / 0.5
 
-    t0, step, seen, losses = time.perf_counter(), 0, 0, []
+    clock, step, seen, losses = Stopwatch(), 0, 0, []
     done = False
     while not done:
         perm = torch.randperm(len(xtr))
         for k in range(0, len(perm) - a["bs"] + 1, a["bs"]):
-            frac = step / a["steps"] if a["steps"] else (time.perf_counter() - t0) / budget
+            frac = step / a["steps"] if a["steps"] else clock.elapsed() / budget
             if frac >= 1:
                 done = True
                 break
@@ -89,10 +88,10 @@ def main(argv: list[str]) -> dict:
             losses.append(loss.item())
             if step % 200 == 0:
                 print(
-                    f"  {name} step {step} {time.perf_counter() - t0:.0f}s loss {np.mean(losses[-200:]):.3f}",
+                    f"  {name} step {step} {clock.elapsed():.0f}s loss {np.mean(losses[-200:]):.3f}",
                     flush=True,
                 )
-    wall = time.perf_counter() - t0
+    wall = clock.elapsed()
     m.eval()
     with torch.inference_mode():
         correct = sum(

@@ -31,11 +31,11 @@ import math
 import shlex
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import Stopwatch, make_photo_folder
 from PIL import Image
 
 
@@ -84,11 +84,11 @@ def run_default(
     args += ["--epochs", str(epochs)] if epochs is not None else []  # None: ``extra`` says how long
     args += ["--recipe", recipe] if recipe else []
     args += list(extra)
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     code = main([*args, "--overwrite", "--no-progress", "--cache-dir", str(cache)])
     assert code == 0, code
     s = json.loads((out / "summary.json").read_text())
-    s["bench_wall_s"] = time.perf_counter() - t0
+    s["bench_wall_s"] = clock.elapsed()
     return s
 
 
@@ -124,7 +124,7 @@ def run_baseline(data: Path, *, arch: dict, img: int, in_chans: int, epochs: int
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm)))
     )
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for _ in range(epochs):
         model.train()
         for x, y in tl:
@@ -139,20 +139,7 @@ def run_baseline(data: Path, *, arch: dict, img: int, in_chans: int, epochs: int
         for x, y in el:
             correct += (model(x).argmax(1) == y).sum().item()
             n += len(y)
-    return {"top1": correct / n, "steps": total, "wall_s": time.perf_counter() - t0}
-
-
-def make_photo_folder(src: Path, dst: Path, *, split: str) -> Path:
-    """``dst/{train,val}`` as links to ``src/train`` and ``src/<split>``: vitlab evaluates on ``val``; the photos
-    are not copied (the clothing set is 3,781 JPEGs)."""
-    if split not in ("validation", "test"):
-        raise SystemExit(f"--split: validation or test, not {split!r}")
-    dst.mkdir(parents=True, exist_ok=True)
-    for name, sub in (("train", "train"), ("val", split)):
-        if not (src / sub).is_dir():
-            raise SystemExit(f"--data {src}: no {sub}/ folder (--photos wants train/, validation/ and test/)")
-        (dst / name).symlink_to((src / sub).resolve(), target_is_directory=True)
-    return dst
+    return {"top1": correct / n, "steps": total, "wall_s": clock.elapsed()}
 
 
 def _photo_tensors(folder: Path, *, short: int, crop: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -212,9 +199,9 @@ def run_photo_baseline(
         )
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    t0, step, timed = time.perf_counter(), 0, None
-    deadline = t0 + budget * 0.97 if budget else math.inf  # 3%: the final evaluation
-    while step < plan["total"] and time.perf_counter() < deadline:
+    clock, step, timed = Stopwatch(), 0, 0.0
+    deadline = budget * 0.97 if budget else math.inf  # seconds on the clock; 3%: the final evaluation
+    while step < plan["total"] and clock.elapsed() < deadline:
         model.train()
         order = torch.randperm(len(train_x))
         for i in range(per_epoch):
@@ -227,13 +214,13 @@ def run_photo_baseline(
             sched.step()
             step += 1
             if budget and step == 5:
-                timed = time.perf_counter()
+                timed = clock.elapsed()
             if budget and step == 15:  # plan from the pace of steps 5-15, as a user timing an epoch would
-                pace = (time.perf_counter() - timed) / 10
-                plan["total"] = step + max(1, int((deadline - time.perf_counter()) / pace))
-            if step >= plan["total"] or time.perf_counter() >= deadline:
+                pace = (clock.elapsed() - timed) / 10
+                plan["total"] = step + max(1, int((deadline - clock.elapsed()) / pace))
+            if step >= plan["total"] or clock.elapsed() >= deadline:
                 break
-    train_s = time.perf_counter() - t0  # the training steps alone (benchmarks/busy_machine.py: their img/s)
+    train_s = clock.elapsed()  # the training steps alone (benchmarks/busy_machine.py: their img/s)
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -241,9 +228,20 @@ def run_photo_baseline(
             x = test_x[i : i + 256].float().div_(255).sub_(mean).div_(std)
             correct += (model(x).argmax(1) == test_y[i : i + 256]).sum().item()
     return {
-        "top1": correct / len(test_x), "steps": step, "wall_s": time.perf_counter() - t0,
+        "top1": correct / len(test_x), "steps": step, "wall_s": clock.elapsed(),
         "train_s": train_s, "images": step * batch,
     }  # fmt: skip
+
+
+def photo_baseline_child(spec_path: Path) -> None:
+    """``--photo-baseline SPEC``: :func:`run_photo_baseline` alone on the JSON spec's data (``data``, ``arch``, ``img``,
+    ``epochs``, ``seed``, ``batch``) with torch's default threads (a plain script sets none), its result and those
+    threads written to the spec's ``result``: the timm script's process of ``benchmarks/busy_machine.py``."""
+    spec = json.loads(spec_path.read_text())
+    threads = torch.get_num_threads()  # a plain script's: never set
+    r = run_photo_baseline(Path(spec["data"]), arch=spec["arch"], img=spec["img"], epochs=spec["epochs"],
+                           budget=None, seed=spec["seed"], batch=spec["batch"])  # fmt: skip
+    Path(spec["result"]).write_text(json.dumps({**r, "threads": threads}))
 
 
 PHOTO_ROWS = [("--time-budget", m * 60, size) for m in (2, 5, 10) for size in (None, 64)] + [("--epochs", 30, None)]
@@ -322,7 +320,11 @@ def main() -> None:
     p.add_argument("--split", default="validation", help="with --photos: evaluate on validation (choose) or test")
     p.add_argument("--time-budget", type=float, default=None, help="with --photos: seconds for each side")
     p.add_argument("--photo-rows", action="store_true", help="with --photos: the issue's grid of rows (PHOTO_ROWS)")
+    p.add_argument("--photo-baseline", default=None, metavar="SPEC", help=argparse.SUPPRESS)  # busy_machine's child
     a = p.parse_args()
+    if a.photo_baseline:
+        photo_baseline_child(Path(a.photo_baseline))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if a.photos:

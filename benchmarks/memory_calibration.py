@@ -1,4 +1,4 @@
-"""The run's memory estimate (vitlab.train.sizing.memory) against the peak resident memory of real training runs,
+"""The run's memory estimate (vitlab.train.engine.memory) against the peak resident memory of real training runs,
 on CPU.
 
 Each configuration trains one epoch of 4 optimizer steps and one evaluation of 256 images in its own process
@@ -77,8 +77,10 @@ def _status(key: str) -> int:
 
 def child(name: str, tmp: Path) -> dict:
     """One run in this process: the estimate and the measured peak over the RSS at the estimate."""
-    import vitlab.train.sizing.memory as memory
-    import vitlab.train.sizing.sizer as setup
+    # (imported here: the "worker" run's process, and the DataLoader worker it forks, never hold these modules)
+    from _common import sizing_memory as memory
+    from _common import sizing_sizer as setup
+
     from vitlab.train import TrainConfig, get_recipe
 
     spec = CONFIGS[name]
@@ -99,7 +101,7 @@ def child(name: str, tmp: Path) -> dict:
         seen["estimate"] = got.estimate
         return got
 
-    import vitlab.train.engine.trainer as trainer
+    from _common import engine_trainer as trainer
 
     real_end = trainer.Trainer._end_epoch
 
@@ -138,7 +140,8 @@ def child(name: str, tmp: Path) -> dict:
     )
     import contextlib
 
-    from vitlab.accel import fused_block
+    from _common import fused_block
+
     from vitlab.train import fit
 
     with fused_block.disabled() if spec.get("unfused") else contextlib.nullcontext():

@@ -25,10 +25,10 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from _common import Stopwatch
 
 ARMS = ("square", "pack")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -116,10 +116,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict:
     """One training run and its row: the run's own numbers and its model at each ``--eval-res``."""
     from vitlab.cli import main as vitlab
 
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     if vitlab(train_argv(arm, seed, args)) != 0:
         raise SystemExit(f"the {arm} run of seed {seed} failed (its error is above)")
-    wall = time.perf_counter() - t0
+    wall = clock.elapsed()
     out = Path(args.runs) / f"{arm}-s{seed}"
     summary = json.loads((out / "summary.json").read_text())
     last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
@@ -143,14 +143,11 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict:
 def native_at(out: Path, args: argparse.Namespace) -> dict[str, float]:
     """The run's exported model (``model/``, the last epoch's with ``--keep last``) at native aspect ratio at each
     ``--eval-res`` side."""
-    from vitlab.checkpoints.native import load_folder
+    from vitlab.checkpoints import load
     from vitlab.evaluate import evaluate_native
-    from vitlab.models import VisionTransformer
 
-    cfg, weights, _ = load_folder(out / "model")
-    model = VisionTransformer(cfg)
-    model.load_state_dict(weights)
-    model.eval()
+    model = load(out / "model")  # the plain model (no speed paths), in eval mode
+    cfg = model.config
     split = EvalSplit(Path(args.data), list(cfg.class_names), side=int(2 * max(args.eval_res)))
     return {f"{r:g}": evaluate_native(model, split, resolution=r)["top1"] for r in args.eval_res}
 

@@ -21,8 +21,9 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
+
+from _common import Stopwatch
 
 # name -> ViTConfig changes; Table 8 compares the first four (with the class token).
 VARIANTS: dict[str, dict] = {
@@ -103,8 +104,9 @@ def subset_folder(data: str, dest: Path, *, train_per_class: int, test_per_class
 
 def train_variant(name: str, data: str, n_train: int, args: argparse.Namespace) -> dict:
     """One ``fit`` with the shared recipe and this variant's architecture."""
+    from _common import parse_duration
+
     from vitlab.train import TrainConfig, fit, get_recipe
-    from vitlab.train.spec.kinds import parse_duration
 
     steps_per_epoch = n_train // args.batch_size
     if steps_per_epoch < 1:
@@ -139,7 +141,7 @@ def train_variant(name: str, data: str, n_train: int, args: argparse.Namespace) 
         keep="last",
         progress=not args.no_progress,
     )
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     s = fit(cfg)
     return {
         "variant": name,
@@ -150,7 +152,7 @@ def train_variant(name: str, data: str, n_train: int, args: argparse.Namespace) 
         "epochs": s["epochs"],
         "top1": s["top1"],
         "best_top1": s["best_top1"],
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": clock.elapsed(),
         "load_1min": os.getloadavg()[0],
     }
 

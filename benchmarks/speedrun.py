@@ -6,18 +6,19 @@
 
 Each runs the track's recipe (``docs/cifar10.md``: width 128, depth 6, 4 heads, MLP ratio 2, GAP, sine-cosine
 position embeddings, AdamW 2e-3, warmup + cosine planned for the budget, crop + flip, label smoothing 0.1) plus, by
-default, the flags of the track's current record (``speedrun_records.RECORDS``), so that ``python
-benchmarks/speedrun.py --track T --minutes 20 --data DIR`` re-runs the record; ``--from recipe`` starts from the bare
-recipe instead. Levers are added after the record's flags: ``--levers a,b`` names those of issue 38
-(``speedrun_levers.LEVERS``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, ema, mpp), then the flags
-``--token-drop``, ``--token-drop-until``, ``--res-schedule``, and any other ``vitlab train`` flag through
-``--train-args``, last, so that a run with a lever and one without differ in nothing else; a ``--model`` in
+default, the flags of the track's current record (:data:`RECORDS`, read from ``speedrun_records.json``), so that
+``python benchmarks/speedrun.py --track T --minutes 20 --data DIR`` re-runs the record; ``--from recipe`` starts from
+the bare recipe instead. Levers are added after the record's flags: ``--levers a,b`` names those of issue 38
+(:data:`LEVERS`, read from ``speedrun_levers.json``: cct, seq-pool, muon, whiten, tta-flip, tta-flip-last, ema, mpp),
+then the flags ``--token-drop``, ``--token-drop-until``, ``--res-schedule``, and any other ``vitlab train`` flag
+through ``--train-args``, last, so that a run with a lever and one without differ in nothing else; a ``--model`` in
 ``--train-args`` replaces the track's model and shape (the name's own shape holds unless ``--train-args`` sets one).
 The last stdout line is one JSON object: ``track, minutes, top1, top5, steps, images_per_sec, wall_s, device,
 minutes_to, levers, named_levers, record, command, reproduce``; ``minutes_to``: training minutes to 60%, 70% and
 80% test top-1 (``command``: the exact ``vitlab train`` command line; ``reproduce``: this run's speedrun command with
 every choice spelled out). ``--baseline timm`` runs a plain timm script of the same model and recipe for the same
-budget instead (``speedrun_timm.py``); ``--records`` prints docs/speedrun.md's records and levers tables.
+budget instead (``speedrun_timm.py``, in a process of its own); ``--records`` prints docs/speedrun.md's records and
+levers tables, from the two data files.
 
     python benchmarks/speedrun.py --track vit --minutes 20 --data ../shared/data/cifar10      # the vit record
     python benchmarks/speedrun.py --track hybrid --minutes 20 --data ../shared/data/cifar10 --levers cct,whiten
@@ -36,11 +37,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from speedrun_levers import lever_flags, levers_markdown
-from speedrun_records import TRACKS, current, records_markdown
+from _common import Stopwatch, tiny_data
+
+HERE = Path(__file__).resolve().parent
 
 ARCH = {"vit": ["--patch-size", "4"], "hybrid": ["--model", "vit_r_ti16", "--patch-size", "1"]}
 """Each track's model (the ``cct`` lever replaces the hybrid's)."""
@@ -66,21 +69,233 @@ GPU_NOTE = (
 )
 
 
-def tiny_data(root: Path, *, per_class: int = 12, size: int = 8) -> Path:
-    """A generated ImageFolder (class = the dominant colour channel) with ``train/`` and ``test/``."""
-    import numpy as np
-    from PIL import Image
+# -- the records and the levers: data in speedrun_records.json and speedrun_levers.json ------------------------------
 
-    rng = np.random.default_rng(0)
-    for split, n in (("train", per_class), ("test", 4)):
-        for c in range(3):
-            d = root / split / f"class{c}"
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(n):
-                arr = rng.integers(0, 80, (size, size, 3)).astype(np.uint8)
-                arr[..., c] += 150
-                Image.fromarray(arr).save(d / f"{i:02d}.png")
-    return root
+RECORDS_FILE = HERE / "speedrun_records.json"
+"""The measured records (docs/speedrun.md, "Records"): the default recipe of each track comes from it, and the page's
+tables are :func:`records_markdown` of it (``--records`` prints them; tests/test_speedrun.py checks the page holds
+them verbatim)."""
+LEVERS_FILE = HERE / "speedrun_levers.json"
+"""The named levers of issue 38 (docs/speedrun.md, "The levers"): what ``--levers a,b`` adds, and what each gave."""
+MAX_DATA_BYTES = 1 << 20
+"""The most bytes read of either file."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """A measured result on 2 CPU cores: the track, the ``--minutes`` budget, the ``vitlab train`` flags it adds
+    over the track's recipe, the test top-1 of each run (%, seeds 0, 1, ...), when and on which commits it was run,
+    and the command that ran it (``--seed S``: each run's seed); the :data:`MACHINES` key it ran on and, where that
+    is not the previous record's machine, ``against``: the previous record's command run there beside it (seeds
+    0, 1), the result it beat."""
+
+    track: str
+    minutes: float
+    flags: tuple[str, ...]
+    runs: tuple[float, ...]
+    date: str
+    commits: str
+    command: str
+    note: str = ""
+    machine: str = "Intel Xeon"
+    against: tuple[float, ...] = ()
+
+    @property
+    def top1(self) -> float:
+        """The mean of the runs (%)."""
+        return _mean(self.runs)
+
+    @property
+    def verified(self) -> bool:
+        """Two runs or more (the rule: two seeds, their mean)."""
+        return len(self.runs) >= 2
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A named lever of issue 38: the ``vitlab train`` flags it adds (``value``: the last flag's value, which
+    ``name=V`` replaces), the tracks it applies to, what it is, and what its 20-minute runs gave (``measured``:
+    track -> the result in a few words, docs/speedrun.md has the runs; a track not there is not yet measured)."""
+
+    flags: tuple[str, ...]
+    tracks: tuple[str, ...]
+    what: str
+    value: bool = False
+    measured: tuple[tuple[str, str], ...] = ()
+
+
+def read_data(path: Path) -> dict:
+    """One of the two data files: a JSON object (its ``about`` says what it holds), at most :data:`MAX_DATA_BYTES`."""
+    with path.open(encoding="utf-8") as f:
+        text = f.read(MAX_DATA_BYTES + 1)
+    if len(text) > MAX_DATA_BYTES:
+        raise SystemExit(f"speedrun: {path}: larger than {MAX_DATA_BYTES} bytes")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise SystemExit(f"speedrun: {path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"speedrun: {path}: not a JSON object")
+    return data
+
+
+def _records(rows: list[dict]) -> tuple[Record, ...]:
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            tuples = {k: tuple(row[k]) for k in ("flags", "runs", "against") if k in row}
+            out.append(Record(**{**row, **tuples, "minutes": float(row["minutes"])}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise SystemExit(f"speedrun: {RECORDS_FILE}: record {i + 1}: {e}") from None
+    return tuple(out)
+
+
+def _levers(rows: dict[str, dict]) -> dict[str, Lever]:
+    out = {}
+    for name, row in rows.items():
+        try:
+            tuples = {k: tuple(row[k]) for k in ("flags", "tracks")}
+            out[name] = Lever(**{**row, **tuples, "measured": tuple(row.get("measured", {}).items())})
+        except (KeyError, TypeError) as e:
+            raise SystemExit(f"speedrun: {LEVERS_FILE}: lever {name!r}: {e}") from None
+    return out
+
+
+def _field(book: dict, key: str, path: Path) -> Any:
+    if key not in book:
+        raise SystemExit(f"speedrun: {path}: no {key!r}")
+    return book[key]
+
+
+_BOOK, _LEVER_BOOK = read_data(RECORDS_FILE), read_data(LEVERS_FILE)
+DATA: str = _field(_BOOK, "data", RECORDS_FILE)
+"""The data folder the records' commands name (CIFAR-10 as an ImageFolder: ``train/`` 50,000, ``test/`` 10,000)."""
+TRACKS: dict[str, str] = _field(_BOOK, "tracks", RECORDS_FILE)
+"""The CPU tracks (2 cores) and what each allows; the GPU class runs the same tracks with ``--device cuda``."""
+RECORD_MINUTES = float(_field(_BOOK, "record_minutes", RECORDS_FILE))
+"""The budget a track's current record is held at; rows at other budgets are reference points."""
+MACHINES: dict[str, str] = _field(_BOOK, "machines", RECORDS_FILE)
+"""The 2-core machines records were set on (torch's default two threads, the machine otherwise idle)."""
+RECORDS = _records(_field(_BOOK, "records", RECORDS_FILE))
+"""Every measured record, oldest first within a track and budget (the rows of docs/speedrun.md's "Measurements")."""
+LEVERS = _levers(_field(_LEVER_BOOK, "levers", LEVERS_FILE))
+"""The levers ``--levers a,b`` adds, in this order, after the record's flags."""
+
+
+def current(track: str) -> Record:
+    """The track's current record: the newest verified one at :data:`RECORD_MINUTES` (what a run without ``--from
+    recipe`` adds to the recipe, at any budget). A record enters only when it beats the one before it on the same
+    machine (:func:`beaten`) by 0.1 points or more, so the newest holds, whatever its machine's pace."""
+    return [r for r in RECORDS if r.track == track and r.minutes == RECORD_MINUTES and r.verified][-1]
+
+
+def beaten(record: Record) -> tuple[float, ...]:
+    """The runs ``record`` beat: the previous verified record's of its track at :data:`RECORD_MINUTES` on its own
+    machine, or that record's command run beside it (``against``) on another; () for the first."""
+    before = [r for r in RECORDS[: RECORDS.index(record)] if (r.track, r.minutes) == (record.track, record.minutes)]
+    before = [r for r in before if r.verified]
+    if not before:
+        return ()
+    return record.against if record.machine != before[-1].machine else before[-1].runs
+
+
+def adds(record: Record) -> tuple[str, ...]:
+    """The flags ``record`` adds over the previous record of its track and budget (over the recipe: all its own)."""
+    before = [r for r in RECORDS[: RECORDS.index(record)] if (r.track, r.minutes) == (record.track, record.minutes)]
+    prev = _pairs(before[-1].flags) if before else []
+    return tuple(x for pair in _pairs(record.flags) if pair not in prev for x in pair)
+
+
+def _mean(runs: tuple[float, ...]) -> float:
+    return round(sum(runs) / len(runs) + 1e-9, 2)  # half up, as the page's means
+
+
+def _pairs(flags: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``--flag value`` pairs (a flag without a value alone)."""
+    out: list[tuple[str, ...]] = []
+    for x in flags:
+        if x.startswith("--") or not out:
+            out.append((x,))
+        else:
+            out[-1] = (*out[-1], x)
+    return out
+
+
+def records_markdown() -> str:
+    """docs/speedrun.md's records tables, one per track (the current record in bold)."""
+    out = []
+    for track, title in TRACKS.items():
+        best = current(track)
+        there = f"; the previous record's command gives {_mean(best.against):.2f}% there" if best.against else ""
+        out += [
+            f"**{title}.** Current record: **{best.top1:.2f}%** in {best.minutes:g} minutes, on "
+            f"{MACHINES[best.machine]}{there}.",
+            "",
+        ]
+        out += [
+            "| budget | test top-1, mean | runs | flags over the recipe | adds | machine | date | commits | command |"
+        ]
+        out += ["|---:|---:|---|---|---|---|---|---|---|"]
+        for r in sorted(
+            (r for r in RECORDS if r.track == track), key=lambda r: (r.minutes != RECORD_MINUTES, -r.minutes)
+        ):
+            top1 = f"**{r.top1:.2f}%**" if r is best else f"{r.top1:.2f}%"
+            runs = " / ".join(f"{x:.2f}" for x in r.runs) + ("" if r.verified else f" ({r.note})")
+            if r.against:
+                runs += " (over " + " / ".join(f"{x:.2f}" for x in r.against) + ": the previous record's command there)"
+            new = " ".join(adds(r)) or "-"
+            out += [
+                f"| {r.minutes:g} min | {top1} | {runs} | `{' '.join(r.flags)}` | `{new}` | {r.machine} | {r.date} | "
+                f"{r.commits} | "
+                f"`{r.command}` |"
+            ]
+        out += [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def lever_flags(track: str, spec: str) -> list[str]:
+    """The ``vitlab train`` flags of ``--levers spec`` (``a,b,mpp=0.2``) on ``track``; ValueError: the line that
+    says which lever does not exist or apply."""
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    given = {n.partition("=")[0] for n in names}
+    if {"tta-flip", "tta-flip-last"} <= given:
+        raise ValueError("--levers: tta-flip and tta-flip-last are two values of --tta: give one")
+    flags: list[str] = []
+    for item in names:
+        name, eq, value = item.partition("=")
+        lever = LEVERS.get(name)
+        if lever is None:
+            raise ValueError(f"--levers: no lever {name!r} (known: {', '.join(LEVERS)})")
+        if track not in lever.tracks:
+            raise ValueError(f"--levers: {name} does not apply to the {track} track (only {', '.join(lever.tracks)})")
+        if name == "whiten" and track == "hybrid" and "cct" not in given:
+            raise ValueError(
+                "--levers: whiten on the hybrid track needs cct (the ResNet stem standardises its weights)"
+            )
+        if eq and not lever.value:
+            raise ValueError(f"--levers: {name} takes no value")
+        flags += [*lever.flags[:-1], value] if eq else list(lever.flags)
+    return flags
+
+
+def levers_markdown() -> str:
+    """docs/speedrun.md's "The levers": each lever, what it adds, the command of each run and what the runs gave."""
+    out = ["| lever | `vitlab train` flags | what it is | commands (seeds S = 0, 1) | measured at 20 minutes |"]
+    out += ["|---|---|---|---|---|"]
+    for name, lever in LEVERS.items():
+        cmds = []
+        for track in lever.tracks:
+            extra = "cct,whiten" if name == "whiten" and track == "hybrid" else name
+            cmds += [
+                f"`python benchmarks/speedrun.py --track {track} --minutes 20 --data {DATA} --levers {extra} --seed S`"
+            ]
+        got = dict(lever.measured)
+        runs = "<br>".join(f"{t}: {got.get(t, 'not yet')}" for t in lever.tracks)
+        out += [f"| `{name}` | `{' '.join(lever.flags)}` | {lever.what} | {'<br>'.join(cmds)} | {runs} |"]
+    return "\n".join(out) + "\n"
+
+
+# -- the run ---------------------------------------------------------------------------------------------------------
 
 
 def named_model(train_args: str | None) -> bool:
@@ -153,6 +368,18 @@ def reproduce(args: argparse.Namespace) -> str:
     return shlex.join(cmd)
 
 
+def run_timm_baseline(data: str, args: argparse.Namespace) -> dict | None:
+    """``--baseline timm``: the plain timm script (``speedrun_timm.py``) in a process of its own for the budget; its
+    last stdout line, the result (None, after saying so, when it failed)."""
+    cmd = [sys.executable, str(HERE / "speedrun_timm.py"), "--data", data, "--minutes", repr(args.minutes)]
+    cmd += ["--seed", str(args.seed), "--threads", str(args.threads), *(["--smoke"] if args.smoke else [])]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0:
+        print(f"speedrun: the timm script exited with {proc.returncode}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--track", choices=list(TRACKS), default=None, help="required (unless --records)")
@@ -218,19 +445,19 @@ def main(argv: list[str] | None = None) -> int:
         data = str(tiny_data(Path(tmp) / "data")) if args.smoke else args.data
         out = args.out or str(Path(tmp) / "run")
         if args.baseline:
-            from speedrun_timm import run
-
             shown = "python benchmarks/speedrun.py " + shlex.join(argv if argv is not None else sys.argv[1:])
             print(shown, flush=True)
-            s = run(data, minutes=args.minutes, seed=args.seed, threads=args.threads, smoke=args.smoke)
+            s = run_timm_baseline(data, args)
+            if s is None:
+                return 1
             rows, wall = s["rows"], s["wall_s"]
         else:
             cmd = train_command(args, data, out)
             shown = "vitlab " + shlex.join(cmd)
             print(shown, flush=True)
-            t0 = time.perf_counter()
+            clock = Stopwatch()
             rc = subprocess.call([sys.executable, "-m", "vitlab", *cmd], env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            wall = time.perf_counter() - t0
+            wall = clock.elapsed()
             if rc != 0:
                 print(f"speedrun: vitlab train exited with {rc}", file=sys.stderr)
                 return rc

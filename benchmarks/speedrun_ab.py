@@ -26,12 +26,11 @@ import json
 import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from speedrun_timm import model_kwargs, timm_model
+from _common import Stopwatch, speedrun_timm_model, speedrun_vit_kwargs, tiny_data
 from torch import nn
 
 CIFAR_SIZE = 32
@@ -40,10 +39,10 @@ CIFAR_SIZE = 32
 def build(model: str, *, init: str, fc_norm: bool, img: int, classes: int, smoke: bool) -> nn.Module:
     """The timm script's architecture from timm or from vitlab, with the given initialisation and LayerNorm."""
     if model == "timm":
-        return timm_model(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
+        return speedrun_timm_model(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
     from vitlab.models import VisionTransformer
 
-    kw = model_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
+    kw = speedrun_vit_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
     m = VisionTransformer(**kw, mlp_dim=2 * kw["embed_dim"], pool="gap", posemb="learn")
     if init == "timm":
         with torch.no_grad():
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace, root: Path, *, cache: str | None = None) -> di
         groups = [{"params": matrix, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=2e-3)
     warm = max(1, min(args.steps - 1, round(0.3 * len(tl))))
-    step, t0 = 0, time.perf_counter()
+    step, clock = 0, Stopwatch()
     model.train()
     while step < args.steps:
         for x, y in tl:
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace, root: Path, *, cache: str | None = None) -> di
         for x, y in torch.utils.data.DataLoader(test, batch_size=500):
             correct += (model(x).argmax(1) == y).sum().item()
             n += len(y)
-    return {"top1": correct / n, "seconds": round(time.perf_counter() - t0, 1)}
+    return {"top1": correct / n, "seconds": round(clock.elapsed(), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.steps = min(args.steps, 4)
     with tempfile.TemporaryDirectory(prefix="speedrun-ab-") as tmp:
-        from speedrun import tiny_data
-
         root = tiny_data(Path(tmp) / "data") if args.smoke else Path(args.data)
         cache = str(Path(tmp) / "cache") if args.smoke else None
         row = {k: v for k, v in vars(args).items() if k not in ("data", "threads")} | run(args, root, cache=cache)

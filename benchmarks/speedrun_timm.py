@@ -7,48 +7,28 @@ no class token, timm's learned position embeddings), torchvision's ``ImageFolder
 clipping at 1, linear warmup over 0.3 epochs then cosine to 0. A plain script has no wall-budget planner, so this
 one times its first steps and sets the schedule's length from them (as ``--time-budget`` does), stops at the
 budget, then evaluates every test image once.
+
+    python benchmarks/speedrun_timm.py --data ../shared/data/cifar10 --minutes 20 --seed 0
+    python benchmarks/speedrun_timm.py --smoke --data DIR --minutes 0.1     # what speedrun.py --smoke runs
+
+Prints one JSON line: ``top1, top5, best_top1, steps, epochs, images_per_sec, wall_s, rows``; ``python
+benchmarks/speedrun.py --baseline timm`` runs it in a process of its own and reports it as a speedrun row.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-import time
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import Stopwatch, speedrun_timm_model
 
-SIZE = (128, 6, 4)
-"""Width, depth and heads of the model (the speedrun's ``vit`` track)."""
-SMOKE_SIZE = (16, 1, 2)
-"""The same for ``--smoke``."""
 PROBE_STEPS = 10
 """Steps timed (after two warm-up steps) to plan the schedule's length for the budget."""
-
-
-def model_kwargs(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> dict:
-    """The speedrun's ``vit`` model as keywords that timm's and vitlab's ``VisionTransformer`` both take (vitlab
-    keeps timm's names): 4x4 patches, width 128, depth 6, 4 heads, no class token (``fc_norm`` None: timm's default
-    with global average pooling, the LayerNorm after pooling)."""
-    width, depth, heads = SMOKE_SIZE if smoke else SIZE
-    return {
-        "img_size": img,
-        "patch_size": 4,
-        "num_classes": classes,
-        "embed_dim": width,
-        "depth": depth,
-        "num_heads": heads,
-        "class_token": False,
-        "fc_norm": fc_norm,
-    }
-
-
-def timm_model(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> torch.nn.Module:
-    """The speedrun's ``vit`` model in timm (:func:`model_kwargs`), MLP ratio 2, global average pooling."""
-    import timm
-
-    kw = model_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
-    return timm.models.VisionTransformer(**kw, mlp_ratio=2.0, global_pool="avg")
 
 
 def run(
@@ -86,10 +66,10 @@ def run(
         train, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers, persistent_workers=workers > 0
     )
     el = torch.utils.data.DataLoader(test, batch_size=256, num_workers=workers)
-    model = timm_model(img=size, classes=len(train.classes), smoke=smoke)
+    model = speedrun_timm_model(img=size, classes=len(train.classes), smoke=smoke)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     budget = minutes * 60
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     total = None  # planned after the probe steps
     warm = max(1, round(0.3 * len(tl)))
     step = images = epochs = 0
@@ -114,15 +94,15 @@ def run(
             step += 1
             images += len(y)
             if step == 2:
-                t_probe = time.perf_counter()
+                t_probe = clock.elapsed()
             elif step == 2 + PROBE_STEPS:
-                per_step = (time.perf_counter() - t_probe) / PROBE_STEPS
-                left = budget - (time.perf_counter() - t0) - 10  # ~10 s kept for the evaluation
+                per_step = (clock.elapsed() - t_probe) / PROBE_STEPS
+                left = budget - clock.elapsed() - 10  # ~10 s kept for the evaluation
                 total = max(step + 1, step + int(left / per_step), warm + 1)
-            if time.perf_counter() - t0 >= budget - 10 or (total is not None and step >= total):
+            if clock.elapsed() >= budget - 10 or (total is not None and step >= total):
                 done = True
                 break
-    train_s = time.perf_counter() - t0
+    train_s = clock.elapsed()
     model.eval()
     correct1 = correct5 = n = 0
     with torch.no_grad():
@@ -131,7 +111,7 @@ def run(
             correct1 += (top[:, 0] == y).sum().item()
             correct5 += (top == y[:, None]).any(1).sum().item()
             n += len(y)
-    top1, wall = correct1 / n, time.perf_counter() - t0
+    top1, wall = correct1 / n, clock.elapsed()
     return {
         "top1": top1,
         "top5": correct5 / n,
@@ -142,3 +122,19 @@ def run(
         "wall_s": wall,
         "rows": [{"top1": top1, "wall_s": wall}],  # as metrics.jsonl, for speedrun.minutes_to
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", required=True, help="ImageFolder with train/ and test/ (e.g. ../shared/data/cifar10)")
+    p.add_argument("--minutes", type=float, default=20.0, help="wall budget (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default 0: torch's own)")
+    p.add_argument("--smoke", action="store_true", help="8 px images and a tiny model: checks the pipeline only")
+    args = p.parse_args(argv)
+    print(json.dumps(run(args.data, minutes=args.minutes, seed=args.seed, threads=args.threads, smoke=args.smoke)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from benchscripts import load
 from imagefolder import tiny_folder
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "posemb_ablation.py"
 
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("posemb_ablation", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("posemb_ablation")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ ACCEL_CALLERS = {
     "vitlab.bench",  # ours against the references
     "vitlab.commands",  # a model argument served fast (eval, predict, few-shot)
     "vitlab.deploy",  # the exported graph's own runtime
+    "vitlab.resolve",  # the one model rule: a model argument served fast (eval, predict, a teacher)
     "vitlab.train.engine.model",  # the model a run trains
     "vitlab.train.sizing.probe",  # the probes time the run's candidates as the run will train them
 }
@@ -49,9 +50,7 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(
-    tree: ast.AST, *, in_function: bool = False, typing: bool = False
-) -> Iterator[tuple[ast.AST, bool]]:
+def _imports(tree: ast.AST, *, in_function: bool = False, typing: bool = False) -> Iterator[tuple[ast.AST, bool]]:
     """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` blocks skipped (with
     ``typing``: walked too)."""
     for node in ast.iter_child_nodes(tree):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from vitlab import create_model
 from vitlab.bench import (
+    CallTimes,
     InProcess,
     Side,
     WorkerProcess,
@@ -20,6 +21,7 @@ from vitlab.bench import (
     matmul_peak,
     median_interval,
     model_overrides,
+    time_calls,
 )
 from vitlab.bench.paths import inference_path, training_path
 from vitlab.cli import main
@@ -350,3 +352,62 @@ def test_the_path_labels_are_public() -> None:
     model = create_model("vit_ti16", num_classes=5, **TINY)
     assert inference_path(model, torch.randn(2, 3, 16, 16)).split(",")[0] in ("oneDNN fused linears", "aten")
     assert training_path(model.train()) in ("fused blocks, C kernels", "fused blocks, ATen kernels", "autograd")
+
+
+def test_time_calls_takes_turns_and_alternates_the_order(monkeypatch) -> None:
+    """Each round calls every callable once; the order reverses every other round, warm-up rounds counted (as
+    ``benchmark`` alternates its sides), or stays with ``alternate=False``; only the timed rounds are kept."""
+    import vitlab.bench.workers as workers
+
+    clock = [0.0]
+    monkeypatch.setattr(workers, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    seen: list[str] = []
+
+    def call(name: str, cost: float):
+        def run() -> None:
+            seen.append(name)
+            clock[0] += cost
+
+        return run
+
+    calls = {"a": call("a", 1.0), "b": call("b", 2.0), "c": call("c", 4.0)}
+    got = time_calls(calls, rounds=3, warmup=1)
+    assert "".join(seen) == "abc" + "cba" + "abc" + "cba"
+    assert list(got) == ["a", "b", "c"] and all(isinstance(t, CallTimes) for t in got.values())
+    assert [got[k].seconds for k in "abc"] == [(1.0,) * 3, (2.0,) * 3, (4.0,) * 3]
+    assert got["b"].median == 2.0 and len(got["c"].faults) == 3
+    assert all(f is None or f >= 0 for f in got["a"].faults)
+    seen.clear()
+    time_calls(calls, rounds=2, alternate=False)
+    assert "".join(seen) == "abcabc"
+
+
+def test_time_calls_runs_setup_before_each_call_outside_its_timing(monkeypatch) -> None:
+    import vitlab.bench.workers as workers
+
+    clock = [0.0]
+    monkeypatch.setattr(workers, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    done: list[tuple[str, int]] = []
+
+    def setup(name: str, r: int) -> None:
+        done.append((name, r))
+        clock[0] += 100.0  # (a setup's cost must not count)
+
+    def tick() -> None:
+        clock[0] += 0.5
+
+    got = time_calls({"x": tick, "y": tick}, rounds=2, warmup=1, setup=setup)
+    assert done == [("x", 0), ("y", 0), ("y", 1), ("x", 1), ("x", 2), ("y", 2)]
+    assert got["x"].seconds == got["y"].seconds == (0.5, 0.5)
+
+
+def test_time_calls_times_real_calls_and_refuses_nothing_to_time() -> None:
+    model = create_model("vit_ti16", num_classes=3, **TINY).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.inference_mode():
+        got = time_calls({"model": lambda: model(x)}, rounds=2, warmup=1)
+    assert all(_finite_positive(t) for t in got["model"].seconds) and len(got["model"].seconds) == 2
+    with pytest.raises(ConfigError, match="rounds must be positive"):
+        time_calls({"model": lambda: None}, rounds=0)
+    with pytest.raises(ConfigError, match="no callables"):
+        time_calls({}, rounds=1)

@@ -6,7 +6,6 @@ processes, most of a minute on two cores) runs with ``VITLAB_BENCH_SMOKE=1``."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from benchscripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "busy_machine.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("busy_machine_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("busy_machine")
 
 
 def _hog_alive(pid: int) -> bool:
@@ -63,8 +61,8 @@ def test_hog_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
     if not Path("/proc/self/stat").exists():
         pytest.skip("Linux only")
     code = (
-        f"import importlib.util, sys, time; s = importlib.util.spec_from_file_location('b', {str(SCRIPT)!r}); "
-        "b = importlib.util.module_from_spec(s); s.loader.exec_module(b)\n"
+        f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+        "from benchscripts import load; b = load('busy_machine')\n"
         "with b.hogs(1, lead_s=0.1) as procs:\n    print(procs[0].pid, flush=True); time.sleep(60)"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -151,7 +149,6 @@ def _stand_ins(bench, monkeypatch, tmp_path: Path) -> list[int]:
     )
     monkeypatch.setattr(bench, "timm_command", lambda spec: [sys.executable, str(tmp_path / "fake_timm.py"), str(spec)])
     monkeypatch.setattr(bench, "HOG_LEAD_S", 0.1)
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # run() imports defaults_vs_baseline, as the script does
     pids: list[int] = []
     real = bench.hogs
 
@@ -192,6 +189,34 @@ def test_a_failing_busy_child_ends_the_run_and_its_hogs(tmp_path: Path, monkeypa
     assert bench.main(["--smoke", "--out", str(tmp_path / "out")]) == 1
     assert "a measured process failed, exit code 5" in capsys.readouterr().err
     assert len(pids) == 2 and not any(_hog_alive(pid) for pid in pids)  # vitlab busy's and the failed child's
+
+
+def test_the_timm_child_is_the_photo_baseline_of_defaults_vs_baseline(tmp_path: Path, monkeypatch) -> None:
+    """The timm script's process runs ``defaults_vs_baseline.py --photo-baseline SPEC`` (no script imports another):
+    it trains the spec's baseline with torch's default threads and writes the result the spec names."""
+    import torch
+
+    cmd = _bench().timm_command(tmp_path / "timm-busy.spec.json")
+    assert cmd[0] == sys.executable and Path(cmd[1]) == ROOT / "benchmarks" / "defaults_vs_baseline.py"
+    assert cmd[2:] == ["--photo-baseline", str(tmp_path / "timm-busy.spec.json")]
+    baseline = load("defaults_vs_baseline")
+    got: dict = {}
+    result = {"top1": 0.5, "steps": 4, "wall_s": 2.5, "train_s": 2.0, "images": 64}
+
+    def fake(data: Path, **kw) -> dict:
+        got.update(data=data, **kw)
+        return dict(result)
+
+    monkeypatch.setattr(baseline, "run_photo_baseline", fake)
+    spec = {"data": str(tmp_path / "photos"), "arch": {"patch_size": 4}, "img": 32, "epochs": 1, "seed": 3,
+            "batch": 16, "result": str(tmp_path / "timm-busy.json")}  # fmt: skip
+    (tmp_path / "timm-busy.spec.json").write_text(json.dumps(spec))
+    monkeypatch.setattr(sys, "argv", [cmd[1], *cmd[2:]])
+    baseline.main()
+    assert got == {"data": tmp_path / "photos", "arch": {"patch_size": 4}, "img": 32, "epochs": 1, "budget": None,
+                   "seed": 3, "batch": 16}  # fmt: skip
+    r = json.loads((tmp_path / "timm-busy.json").read_text())
+    assert r == {**result, "threads": torch.get_num_threads()}
 
 
 @pytest.mark.skipif(not os.environ.get("VITLAB_BENCH_SMOKE"), reason="four torch processes: VITLAB_BENCH_SMOKE=1")

@@ -4,40 +4,25 @@ run's sampler), not some other transform."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
+from benchscripts import load
 from vitlab.data import ArrayDataset, train_transform
 from vitlab.data.seeding import SeededItems
 from vitlab.train.sizing.levels import level_fields
 from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP
 from vitlab.train.sizing.side import PHOTO_CROP_PCT, holds_photos, store_side
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[ModuleType]:
-    """The script as a module (registered while the tests run: its dataclass needs it), with its neighbour
-    bench_data importable as when the script runs."""
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_photo_pipeline", BENCH / "bench_photo_pipeline.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.path.remove(str(BENCH))
+def bench() -> ModuleType:
+    """The script as a module, its shared helper importable as when the script runs."""
+    return load("bench_photo_pipeline")
 
 
 def test_smoke_rows_table_and_files(bench, tmp_path, capsys):

@@ -73,7 +73,12 @@ CASES = [
 
 
 @pytest.mark.parametrize(("fmt", "int8", "r"), CASES, ids=[f"{f}-{i or 'fp32'}-tome{r}" for f, i, r in CASES])
-def test_export_paths(fmt, int8, r, trained, data, tmp_path):
+def test_export_paths(fmt, int8, r, trained, data, tmp_path, monkeypatch):
+    import vitlab.deploy.pipeline
+
+    # int8 measured faster at every batch size (the float32 model is then not kept: test_reliability_exports.py
+    # tests the other outcomes of the measurement)
+    monkeypatch.setattr(vitlab.deploy.pipeline, "serving_table", lambda timing: None)
     opts = ExportOptions(
         format=fmt,
         int8=int8,
@@ -130,9 +135,9 @@ def test_onnx_file_runs_alone(trained, tmp_path):
 
 
 def test_external_data_only_past_the_limit_and_named(trained, tmp_path, monkeypatch, capsys):
-    import vitlab.export
+    import vitlab.deploy.model_file
 
-    monkeypatch.setattr(vitlab.export, "ONNX_SINGLE_FILE_BYTES", 0)  # every model is "past 2 GiB"
+    monkeypatch.setattr(vitlab.deploy.model_file, "ONNX_SINGLE_FILE_BYTES", 0)  # every model is "past 2 GiB"
     res = export_model(trained, tmp_path / "m.onnx", format="onnx")
     assert res.files == [tmp_path / "m.onnx", tmp_path / "m.onnx.data"] and all(f.is_file() for f in res.files)
     save(trained, tmp_path / "model")

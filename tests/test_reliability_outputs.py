@@ -114,12 +114,16 @@ def test_reusing_a_run_folder_is_refused_and_overwrite_leaves_only_the_new_run(d
     assert "is inside" in one_line(capsys.readouterr().err) and (out / "model").is_dir()
 
     assert main(train_args(data_dir, out, epochs=1, extra=["--overwrite", "--dim", "8"])) == 0
-    assert "removed the previous run's summary.json, last.pt, metrics.jsonl, model" in capsys.readouterr().out
+    log = capsys.readouterr().out
+    assert "removed the previous run's summary.json, last.pt, metrics.jsonl, model" in log
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1]  # only the new run's
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["epochs"], summary["model"]["embed_dim"]) == (1, 8)
-    assert sorted(p.name for p in (out / "model").iterdir()) == ["config.json", "model.safetensors"]
+    # issue 56: --overwrite never removes what vitlab did not write: the file put in model/ is kept, and named
+    assert "kept 1 entries vitlab did not write (model/extra-from-the-old-run.txt)" in log
+    names = ["config.json", "extra-from-the-old-run.txt", "model.safetensors"]
+    assert sorted(p.name for p in (out / "model").iterdir()) == names
     assert vitlab.load(out / "model").config.embed_dim == 8
     assert load_state(out / "last.pt")["step"] == 3
 

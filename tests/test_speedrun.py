@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from benchscripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _speedrun(name: str = "speedrun"):
-    """benchmarks/speedrun.py (or its records, ``speedrun_records``, or levers, ``speedrun_levers``) as a module."""
-    import importlib
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+def _speedrun():
+    """benchmarks/speedrun.py as a module: the script, its records (``speedrun_records.json``) and its levers
+    (``speedrun_levers.json``) as it reads them."""
+    return load("speedrun")
 
 
 VIT_LEVERS = "seq-pool,muon,whiten,tta-flip,mpp=0.5"
@@ -69,11 +66,7 @@ def test_real_runs_need_data() -> None:
 
 
 def test_minutes_to_target_is_the_first_epoch_that_reached_it() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from speedrun import minutes_to
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    minutes_to = _speedrun().minutes_to
     rows = [{"top1": 0.5, "wall_s": 60}, {"top1": 0.61, "wall_s": 120}, {"top1": 0.59, "wall_s": 180}]
     rows.append({"top1": 0.72, "wall_s": 240})
     assert minutes_to(rows) == {"60": 2.0, "70": 4.0, "80": None}
@@ -156,9 +149,9 @@ def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> 
 
 
 def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() -> None:
-    """docs/speedrun.md holds the records and levers tables speedrun_records.py and speedrun_levers.py write,
-    verbatim: the table the default recipe comes from and the page cannot disagree."""
-    sr, rec, lev = _speedrun(), _speedrun("speedrun_records"), _speedrun("speedrun_levers")
+    """docs/speedrun.md holds the records and levers tables speedrun.py writes from speedrun_records.json and
+    speedrun_levers.json, verbatim: the table the default recipe comes from and the page cannot disagree."""
+    sr = rec = lev = _speedrun()
     assert set(sr.TRACKS) == set(sr.ARCH) == set(sr.INPUTS) == {"vit", "hybrid"}
     assert sr.current("vit").top1 == 76.80 and sr.current("vit").machine == "AMD EPYC"
     vit_flags = ("--token-drop", "0.5", *RS, "--optimizer", "muon", "--tta", "flip-last", "--whiten-init")
@@ -192,12 +185,60 @@ def test_the_records_table_holds_the_measured_records_and_the_page_mirrors_it() 
 RS = ("--res-schedule", "24:0.5,32:1.0")
 
 
+def _copy_of_the_script(tmp_path: Path) -> Path:
+    """speedrun.py, its shared helper and its two data files in a folder of their own."""
+    import shutil
+
+    for name in ("speedrun.py", "_common.py", "speedrun_records.json", "speedrun_levers.json"):
+        shutil.copy(ROOT / "benchmarks" / name, tmp_path / name)
+    return tmp_path
+
+
+def test_the_records_and_levers_are_data_files_the_tables_are_made_from(tmp_path) -> None:
+    """The records and the levers are JSON data read by speedrun.py, not Python tables: a record added to
+    speedrun_records.json becomes the track's current record (its flags the default run's) and a row of the page's
+    table, and a lever's result edited in speedrun_levers.json is what the levers table says."""
+    folder = _copy_of_the_script(tmp_path)
+    records = json.loads((folder / "speedrun_records.json").read_text())
+    best = [r for r in records["records"] if r["track"] == "vit" and r["minutes"] == 20][-1]
+    newer = {**best, "flags": [*best["flags"], "--ema", "0.999"], "runs": [77.5, 77.7], "commits": "abc1234"}
+    records["records"].append(newer)
+    (folder / "speedrun_records.json").write_text(json.dumps(records))
+    levers = json.loads((folder / "speedrun_levers.json").read_text())
+    levers["levers"]["ema"]["measured"]["vit"] = "won, all of it"
+    (folder / "speedrun_levers.json").write_text(json.dumps(levers))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(folder / "speedrun.py"), "--records"], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Current record: **77.60%** in 20 minutes" in proc.stdout
+    assert "| 20 min | **77.60%** | 77.50 / 77.70 |" in proc.stdout and "`--ema 0.999` |" in proc.stdout
+    assert "vit: won, all of it<br>hybrid: lost, -1.05" in proc.stdout
+    sr = _speedrun()
+    assert "**77.60%**" not in sr.records_markdown()  # the repository's files are untouched
+    assert json.loads((ROOT / "benchmarks" / "speedrun_records.json").read_text())["records"][-1]["track"] == "hybrid"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("[1, 2]", "not a JSON object"), ("{", "not JSON"), ('{"data": "d"}', "'tracks'")],
+)
+def test_a_broken_records_file_is_one_line_naming_it(tmp_path, text: str, says: str) -> None:
+    folder = _copy_of_the_script(tmp_path)
+    (folder / "speedrun_records.json").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(folder / "speedrun.py"), "--records"], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.startswith("speedrun: ") and says in proc.stderr, proc.stderr
+    assert "speedrun_records.json" in proc.stderr and proc.stderr.count("\n") == 1
+
+
 def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_path) -> None:
     from vitlab.cli import build_parser
     from vitlab.train.spec.parser import config_from_args
     from vitlab.train.spec.rules import validate
 
-    sr, lev = _speedrun(), _speedrun("speedrun_levers")
+    sr = lev = _speedrun()
     assert lev.lever_flags("vit", "seq-pool, muon,mpp=0.25,ema") == [
         "--pool",
         "seq",
@@ -248,12 +289,7 @@ def test_timm_baseline_smoke_run() -> None:
 
 
 def _ab():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import speedrun_ab
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return speedrun_ab
+    return load("speedrun_ab")
 
 
 def test_ab_models_are_one_architecture_and_the_timm_init_is_timms() -> None:

@@ -5,15 +5,14 @@ sequence length."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from benchscripts import load as load_benchmark
 from vitlab.cli import main
 from vitlab.models import model_config
 from vitlab.train.engine import trainer
@@ -131,10 +130,7 @@ def test_the_memory_estimate_follows_the_packed_sequence_length():
 
 
 def test_the_pack_vs_square_benchmark_runs_both_arms_and_writes_its_table(sources, tmp_path):
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pack_vs_square.py"
-    spec = importlib.util.spec_from_file_location("pack_vs_square", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("pack_vs_square")
     out = tmp_path / "table.md"
     argv = ["--data", sources["folder"][1], "--cache-dir", sources["folder"][3], "--out", str(out), "--seeds", "0"]
     argv += ["--runs", str(tmp_path / "runs"), "--epochs", "1", "--img-size", "12", "--patch-size", "2"]

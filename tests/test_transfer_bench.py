@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from benchscripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "transfer.py"
 
 
 def _module():
-    sys.path.insert(0, str(SCRIPT.parent))  # transfer.py imports its sibling transfer_report, as when run as a script
-    spec = importlib.util.spec_from_file_location("transfer_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["transfer_bench"] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load("transfer")
 
 
 def _names(folder: Path) -> set[str]:

@@ -4,6 +4,7 @@ with timm, Hugging Face and Google's checkpoints.
     import vitlab
     model = vitlab.create_model("vit_b16", num_classes=10)
     model = vitlab.load("path/to/checkpoint")     # timm, HF, npz or vitlab folder
+    model = vitlab.resolve_model("runs/X")        # a model argument, by the commands' one rule
     x = vitlab.transforms_for(model)(pil_image)   # its evaluation preprocessing
     vitlab.save(model, "out/model")
 """
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from .checkpoints import save
     from .evaluate.accuracy import transforms_for
     from .models import VisionTransformer, ViTConfig, list_models, resample_posemb
+    from .resolve import resolve_model
 
 __all__ = [
     "CheckpointError",
@@ -38,6 +40,7 @@ __all__ = [
     "list_models",
     "load",
     "resample_posemb",
+    "resolve_model",
     "save",
     "transforms_for",
 ]
@@ -90,6 +93,7 @@ _LAZY = {
     "list_models": "models",
     "resample_posemb": "models",
     "transforms_for": "evaluate.accuracy",
+    "resolve_model": "resolve",
 }
 
 

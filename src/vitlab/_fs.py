@@ -1,6 +1,13 @@
 """File-system helpers shared by the data cache, the training run folder and the model writers:
-temporary names unique to each writer, the clean-up of those left by killed writers, and the
-lock that keeps two runs out of one folder."""
+temporary names unique to each writer, the clean-up of those left by killed writers, the lock that
+keeps two runs out of one folder, and the one way every output is written.
+
+Nothing is written through a link (git's rule for what it did not create). Every file vitlab writes goes
+to a temporary name beside it and is renamed over its entry (:func:`replacing`): a symbolic link there is
+replaced by the new file, never followed, and a reader never sees half a file. Every folder vitlab writes
+into inside a run or export folder is made real first (:func:`own_folder`): a link there is replaced by an
+empty folder, never written into. A write that fails (a full disk, a read-only folder, a folder where a
+file goes) is one :class:`~vitlab.errors.OutputError` line, and leaves no partial file behind."""
 
 from __future__ import annotations
 
@@ -9,21 +16,31 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from .errors import VitlabError
+from .errors import OutputError, VitlabError
 
 __all__ = [
     "FolderLock",
     "FolderLockedError",
+    "append_text",
+    "atomic_write_bytes",
     "atomic_write_text",
     "default_file_mode",
     "fsync_dir",
+    "open_append",
+    "output_error",
+    "own_folder",
+    "refuse_folder",
     "remove_stale",
     "removed_if_unused",
+    "replacing",
+    "staging",
     "temp_path",
     "writer_suffix",
     "writes_onto",
@@ -75,18 +92,174 @@ def removed_if_unused(folder: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a :func:`temp_path` and rename it over ``path``: readers see the old file or
-    the new one, never half of one. The temporary file is removed if the write fails, and those of
-    writers killed mid-write are removed first."""
-    remove_stale(path.parent, f".{path.name}.tmp")
+def output_error(path: Path, e: OSError, *, what: str = "it", kept: str | None = None) -> OutputError:
+    """The one line for a write of ``path`` that failed with ``e``: the path, the system's reason and what is
+    left (``kept``: by default, whether an earlier file of that name is kept)."""
+    why = e.strerror or str(e) or type(e).__name__
+    if kept is None:
+        kept = f"the previous {path.name} is kept" if path.is_file() else "nothing was written"
+    err = OutputError(f"{path}: cannot write {what} ({why}); {kept}")
+    err.errno, err.strerror = e.errno, e.strerror
+    return err
+
+
+def refuse_folder(path: Path) -> None:
+    """A one-line :class:`~vitlab.errors.OutputError` when ``path``, where vitlab writes a file, is a real folder
+    (a link is fine: it is replaced)."""
+    if path.is_dir() and not path.is_symlink():
+        raise OutputError(
+            f"{path}: is a folder, where vitlab writes a file of that name; move it away or write elsewhere"
+        )
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str], *, durable: bool = False, what: str = "it") -> Iterator[Path]:
+    """Write the file ``path`` through a temporary name: yields :func:`temp_path` ``(path)`` for the caller
+    (or a library: ``savefig``, ``save_file``, ``onnx``) to write, then renames it over ``path``. The rename
+    replaces the entry itself: a symbolic link at ``path`` becomes the new file and what it pointed to is never
+    touched; readers see the old file or the new one, never half of one. ``durable``: fsync the file and the
+    folder (for checkpoints). On any failure the temporary file is removed and the previous ``path`` stays; a
+    system error is one :class:`~vitlab.errors.OutputError` line (``what``: how it names the file). A real
+    folder at ``path`` is refused before anything is written."""
+    path = Path(path)
+    refuse_folder(path)
+    with contextlib.suppress(OSError):  # temporary files of writers killed mid-write
+        remove_stale(path.parent, f".{path.name}.tmp")
     tmp = temp_path(path)
     try:
-        tmp.write_text(text)
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        _discard(tmp)
+        if isinstance(e, OSError) and not isinstance(e, VitlabError):
+            if isinstance(e, IsADirectoryError):
+                refuse_folder(path)
+            raise output_error(path, e, what=what) from None
         raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a temporary file (or a folder a library made under its name)."""
+    try:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: Path, text: str, *, what: str = "it") -> None:
+    """Write ``text`` to ``path`` through :func:`replacing`: readers see the old file or the new one, never
+    half of one; a link at ``path`` is replaced, never written through."""
+    with replacing(path, what=what) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, what: str = "it") -> None:
+    """Write ``data`` to ``path`` through :func:`replacing` (see :func:`atomic_write_text`)."""
+    with replacing(path, what=what) as tmp:
+        tmp.write_bytes(data)
+
+
+_COPY_LIMIT = 1 << 30
+"""The most bytes copied from what a link pointed to when the link is made a file of its own (a log)."""
+
+
+def open_append(path: str | os.PathLike[str], *, what: str = "it") -> Any:
+    """``path`` opened to append text. A link there is first replaced by a file of its own holding a copy of
+    the regular file it pointed to (at most :data:`_COPY_LIMIT` bytes; nothing from anything else), so the
+    appended lines never reach the link's target; the file is then opened without following links."""
+    p = Path(path)
+    refuse_folder(p)
+    if p.is_symlink():
+        with replacing(p, what=what) as tmp, open(tmp, "wb") as dst:
+            try:
+                if os.path.isfile(p):  # (never opened otherwise: a FIFO would block)
+                    with open(p, "rb") as src:
+                        dst.write(src.read(_COPY_LIMIT))
+            except OSError:
+                pass  # a target that cannot be read: start anew
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o666)
+        return os.fdopen(fd, "a", encoding="utf-8", newline="")
+    except OSError as e:
+        raise output_error(p, e, what=what, kept="the lines before are kept") from None
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def append_text(path: str | os.PathLike[str], text: str, *, durable: bool = True, what: str = "it") -> None:
+    """Append ``text`` to ``path`` (:func:`open_append`: never through a link); ``durable``: fsync it."""
+    f = open_append(path, what=what)
+    try:
+        with f:
+            f.write(text)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+    except OSError as e:
+        if isinstance(e, VitlabError):
+            raise
+        raise output_error(Path(path), e, what=what, kept="the lines before are kept") from None
+
+
+def own_folder(
+    path: str | os.PathLike[str], *, what: str = "its outputs", log: Callable[[str], None] | None = None
+) -> Path:
+    """The folder ``path`` inside a run or export folder, made real before anything is written into it:
+    made when missing (with its parents); a symbolic link there (to a folder, a file or nothing) is removed
+    and an empty folder made in its place, so that nothing is written into what it pointed to (``log`` says
+    so); a file there is refused in one line (``what``: what vitlab writes in the folder)."""
+    p = Path(path)
+    try:
+        if p.is_symlink():
+            target = os.readlink(p)
+            p.unlink()
+            if log is not None:
+                log(f"{p}: was a link to {target}; replaced by a folder of its own (nothing is written through it)")
+        elif p.exists() and not p.is_dir():
+            raise OutputError(f"{p}: is a file, where vitlab writes {what} (a folder); move it away or write elsewhere")
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if isinstance(e, VitlabError):
+            raise
+        raise output_error(p, e, what=what, kept="nothing was written") from None
+    return p
+
+
+@contextlib.contextmanager
+def staging(folder: str | os.PathLike[str], *, what: str = "it", shown: Path | None = None) -> Iterator[Path]:
+    """Write several files into ``folder`` at once: yields a new temporary folder beside them for the caller to
+    fill with the files' final names (a writer that names one file after another: an ONNX graph and its
+    ``.data``), then renames each over its entry in ``folder`` (a link there is replaced, never followed). On any
+    failure the temporary folder is removed with what it holds; a system error is one
+    :class:`~vitlab.errors.OutputError` line naming ``shown`` (by default ``folder``)."""
+    folder = Path(folder)
+    with contextlib.suppress(OSError):
+        remove_stale(folder, ".vitlab-stage.tmp")
+    stage = folder / f".vitlab-stage.tmp{writer_suffix()}"
+    try:
+        stage.mkdir()
+        yield stage
+        names = sorted(p.name for p in stage.iterdir())
+        for n in names:
+            refuse_folder(folder / n)
+        for n in names:
+            os.replace(stage / n, folder / n)
+    except BaseException as e:
+        if isinstance(e, OSError) and not isinstance(e, VitlabError):
+            raise output_error(shown or folder, e, what=what) from None
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def fsync_dir(path: Path) -> None:
@@ -112,7 +285,10 @@ def remove_stale(folder: Path, prefix: str) -> None:
         if not m or int(m.group(1)) == os.getpid():
             continue
         if not _alive(int(m.group(1))):
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir() and not tmp.is_symlink():  # a staging folder (:func:`staging`)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -170,10 +346,20 @@ class FolderLock:
     def acquire(self) -> None:
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise output_error(self.folder, e, what="the folder", kept="nothing was written") from None
         me = f"{os.getpid()} {socket.gethostname()}"
         for _ in range(10):  # the file may be replaced between open and flock: retry with the new one
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if self.path.is_symlink():  # not a lock vitlab made: the link goes, what it points to is never written
+                self.path.unlink(missing_ok=True)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:  # a link made after the check: look again
+                    continue
+                raise output_error(self.path, e, what="the run folder's lock", kept="nothing was written") from None
             owner = os.read(fd, 4096).decode("utf-8", "replace").split()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -141,8 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (VitlabError, ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError) as e:
         if args.debug:
             raise
+        from ._text import shown
+
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
-        print(f"vitlab {args.command}: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+        line = shown(msg.splitlines()[0]) if msg else type(e).__name__  # names from files: escaped
+        print(f"vitlab {args.command}: error: {line}", file=sys.stderr)
         return 2
 
 

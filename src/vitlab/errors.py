@@ -9,6 +9,7 @@ __all__ = [
     "InputError",
     "NonFiniteLossError",
     "OfflineError",
+    "OutputError",
     "UnknownModelError",
     "VitlabError",
 ]
@@ -51,6 +52,12 @@ class CheckpointError(VitlabError, ValueError):
 
 class OfflineError(VitlabError, OSError):
     """A download was needed but the network (or the file) is unreachable."""
+
+
+class OutputError(VitlabError, OSError):
+    """An output vitlab cannot write where it was asked to: a full disk, a read-only folder, a folder where a
+    file goes (or a file where a folder goes). The message names the path and says what was kept; ``errno``
+    and ``strerror`` are the system's, when it gave them."""
 
 
 class NonFiniteLossError(VitlabError, FloatingPointError):

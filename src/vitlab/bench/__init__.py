@@ -14,14 +14,18 @@ FLOPs are counted analytically (:func:`vitlab.models.count_macs`, matmuls only,
     r = benchmark("vit_s16", batch_size=32, vs="timm")
     print(r.images_per_sec, r.ratio)
 
-The modules: :mod:`.runner` (:func:`benchmark`), :mod:`.sides` (what one side builds and times),
-:mod:`.workers` (timing a side here or in a worker process), :mod:`.references` (timm / HF
-models and the optimizers), :mod:`.stats` (peak, bootstrap interval), :mod:`.result`
-(:class:`BenchResult`) and :mod:`.paths` (which of vitlab's fast paths ran).
+Anything else a benchmark times (a decoder, an exported model, one kernel) goes through :func:`time_calls`: the
+same interleaving for plain callables.
+
+The modules: :mod:`.runner` (:func:`benchmark`), :mod:`.calls` (:func:`time_calls`), :mod:`.sides` (what one
+side builds and times), :mod:`.workers` (timing a side here or in a worker process), :mod:`.references` (timm / HF
+models and the optimizers), :mod:`.stats` (peak, bootstrap interval), :mod:`.result` (:class:`BenchResult`) and
+:mod:`.paths` (which of vitlab's fast paths ran).
 """
 
 from __future__ import annotations
 
+from .calls import CallTimes, time_calls
 from .references import (
     REFERENCES,
     MissingReferenceError,
@@ -43,6 +47,7 @@ __all__ = [
     "REFERENCES",
     "BenchResult",
     "Built",
+    "CallTimes",
     "InProcess",
     "MissingReferenceError",
     "Side",
@@ -54,5 +59,6 @@ __all__ = [
     "median_interval",
     "model_overrides",
     "plain_adamw",
+    "time_calls",
     "vitlab_optimizer",
 ]

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from .sides import Built, Side, build_side
 from .stats import sync
 
-__all__ = ["InProcess", "WorkerProcess", "minor_faults", "num_threads"]
+__all__ = ["InProcess", "WorkerProcess", "minor_faults", "num_threads", "timed_call"]
 
 
 def minor_faults() -> int | None:
@@ -27,7 +27,8 @@ def minor_faults() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _timed(step: Callable[[], None], dev: torch.device) -> tuple[float, int | None]:
+def timed_call(step: Callable[[], object], dev: torch.device) -> tuple[float, int | None]:
+    """One call of ``step``: (seconds, minor page faults or None), the device synchronised before and after."""
     sync(dev)
     f0 = minor_faults()
     t0 = time.perf_counter()
@@ -61,7 +62,7 @@ class InProcess:
 
     def step(self) -> tuple[float, int | None]:
         """One timed step: (seconds, minor page faults or None)."""
-        return _timed(self.built.step, self._dev)
+        return timed_call(self.built.step, self._dev)
 
     def close(self) -> None:
         pass
@@ -76,7 +77,7 @@ def _serve(conn: Any, side: Side) -> None:
             conn.send(("ready", info))
             dev = torch.device(side.device)
             while conn.recv() == "step":
-                conn.send(_timed(built.step, dev))
+                conn.send(timed_call(built.step, dev))
     except Exception as e:  # report it to the parent, which raises it there
         conn.send(("error", e))
     finally:

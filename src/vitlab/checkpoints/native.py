@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .._fs import default_file_mode, remove_stale, temp_path
+from .._fs import default_file_mode, replacing
 from .._version import __version__
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
@@ -50,9 +50,11 @@ def save(
     preprocessing) that :func:`~vitlab.load` needs.
 
     A folder that already holds a model is refused unless ``overwrite`` (as git refuses to clobber
-    work without ``--force``). Files are written to temporary names unique to this writer and
-    renamed into place, so a crash never leaves a half-written model behind and two writers never
-    write into each other's files.
+    work without ``--force``); even then a ``config.json`` vitlab did not write (another program's
+    model) is never replaced. Files are written to temporary names unique to this writer and
+    renamed over their entries (:func:`vitlab._fs.replacing`), so a crash never leaves a half-written
+    model behind, two writers never write into each other's files, and a link named
+    ``model.safetensors`` or ``config.json`` is replaced, never written through.
     """
     cfg: ViTConfig = getattr(model, "config", None)  # type: ignore[assignment]
     if not isinstance(cfg, ViTConfig):
@@ -67,33 +69,37 @@ def save(
         )
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: is a file, not a folder; a model is saved as a folder")
-    held = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if (out / n).exists()]
+    held = [n for n in (WEIGHTS_NAME, CONFIG_NAME) if (out / n).exists() or (out / n).is_symlink()]
     if held and not overwrite:
         raise CheckpointError(f"{out}: already holds a model ({', '.join(held)}); pass overwrite=True to replace it")
-    out.mkdir(parents=True, exist_ok=True)
+    if CONFIG_NAME in held and not (out / CONFIG_NAME).is_symlink() and not _ours(out / CONFIG_NAME):
+        raise CheckpointError(  # (another program's model: overwrite replaces only what vitlab wrote)
+            f"{out}: holds a {CONFIG_NAME} vitlab did not write (another program's model?); overwrite replaces only "
+            "vitlab's own model files: choose another folder"
+        )
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     meta = config_record(cfg, architecture=type(model).__name__)
-    for name in (WEIGHTS_NAME, CONFIG_NAME):
-        remove_stale(out, f".{name}.tmp")  # left by writers killed mid-write
-    tmp_w, tmp_c = temp_path(out / WEIGHTS_NAME), temp_path(out / CONFIG_NAME)
     try:
-        save_file(state, str(tmp_w), metadata={"format": "pt"})
-        os.chmod(tmp_w, default_file_mode())  # safetensors creates it private (0600); a model is shared
-        tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
-        for tmp in (tmp_w, tmp_c):
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp_w, out / WEIGHTS_NAME)
-        os.replace(tmp_c, out / CONFIG_NAME)
-    except BaseException as e:  # full disk, quota, Ctrl-C: remove the partial files, keep the previous model
-        for tmp in (tmp_w, tmp_c):
-            tmp.unlink(missing_ok=True)
-        if not isinstance(e, OSError):
-            raise
+        out.mkdir(parents=True, exist_ok=True)
+        # Both files through temporary names renamed over their entries (a link there is replaced, never written
+        # through); the weights are renamed first, the config last: a folder with vitlab's config is complete.
+        with replacing(out / CONFIG_NAME, durable=True) as tmp_c, replacing(out / WEIGHTS_NAME, durable=True) as tmp_w:
+            save_file(state, str(tmp_w), metadata={"format": "pt"})
+            os.chmod(tmp_w, default_file_mode())  # safetensors creates it private (0600); a model is shared
+            tmp_c.write_text(json.dumps(meta, indent=2) + "\n")
+    except OSError as e:  # full disk, quota, read-only: the partial files are removed, the previous model kept
         raise CheckpointError(
             f"{out}: cannot write the model ({e.strerror or e}); the previous files there are kept"
         ) from None
     return out
+
+
+def _ours(config: Path) -> bool:
+    """Whether ``config`` is a ``config.json`` vitlab wrote (format ``vitlab``)."""
+    try:
+        return read_config_file(config).get("format") == FORMAT_TAG
+    except CheckpointError:
+        return False
 
 
 def config_record(cfg: ViTConfig, *, architecture: str) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     ``MAPHead_0`` for attention pooling. Options without a Google layout (hybrid and convolutional stems, axial,
     2-D learned position embeddings, registers, layer scale, qk-norm, distillation, sequence pooling) are refused.
     The file is written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
-    from .._fs import remove_stale, temp_path
+    from .._fs import replacing
     from ..errors import ConfigError
 
     path = Path(path)
@@ -150,13 +150,7 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         dense("head", "head")
     record = json.dumps(config_record(cfg, architecture=type(model).__name__)).encode("utf-8")
     out[CONFIG_KEY] = np.frombuffer(record, dtype=np.uint8)  # outside the layout's names; no pickle
-    remove_stale(path.parent, f".{path.name}.tmp")
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **out)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, what="the .npz") as tmp, open(tmp, "wb") as f:  # (a link at path is replaced, not followed)
+        np.savez(f, **out)
     return path

@@ -19,7 +19,9 @@ __all__ = [
     "add_serving_args",
     "close_names",
     "default_output",
+    "model_data",
     "resolve_model",
+    "trained_on",
     "write_json",
 ]
 
@@ -63,59 +65,63 @@ def resolve_model(
     fast: bool = False,
     exported: bool = False,
     trust_torchscript: bool = False,
+    finite: bool = False,
 ) -> tuple[Any, Path | None]:
-    """``(model in eval mode, folder it came from or None)`` for a model argument: the one rule every
-    command (``eval``, ``predict``, ``inspect``, ``fewshot``, ``export``; ``convert`` and ``finetune
-    --init`` through :func:`vitlab.load`) follows.
+    """``(model in eval mode, folder it came from or None)`` for a ``--model`` argument, by the library's one rule
+    (:mod:`vitlab.resolve`: a model folder, a run folder -- its ``model/``, never an export written beside it --, an
+    export where ``exported``, a checkpoint file, a registered architecture, a public name). The rule's notes go to
+    stderr, one line each. ``finite``: a model with NaN or infinite weights is refused in one line (``eval``,
+    ``fewshot``, ``inspect``). The folder is the path given when it is one (outputs go there:
+    :func:`default_output`)."""
+    import sys
 
-    In order: an existing path is read by :func:`vitlab.load` (a model folder, a run folder
-    -- ``vitlab train --out``, whose ``model/`` is loaded --, a Hugging Face folder or a checkpoint
-    file); a registered architecture name (``vit_ti16``) gives a randomly initialised model; anything
-    else is a public name for :func:`vitlab.load` (``augreg_in21k/vit_b16``). ``fast``: with the speed
-    paths of :mod:`vitlab.accel` (eval, predict, few-shot features); otherwise the plain reference
-    model (the analyses of ``inspect``, ``export``'s traced graph).
-    The folder is the path given when it is one (outputs go there: :func:`default_output`).
+    from .._text import shown
+    from ..resolve import check_finite, model_source, open_model
 
-    An exported folder (``vitlab export``) is served only where ``exported`` (``predict``, ``eval``): a
-    :class:`vitlab.deploy.ExportedModel` with the folder's preprocessing config; TorchScript only with
-    ``trust_torchscript``. Elsewhere it is an error naming the folder.
-    """
-    from ..checkpoints import load
-    from ..errors import ConfigError, UnknownModelError, VitlabError
-    from ..models import create_model, list_models
-    from ..models.registry import resolve_name
+    source = model_source(spec, exported=exported)
+    for note in source.notes:
+        print(f"note: {shown(note)}", file=sys.stderr)
+    model = open_model(source, img_size=img_size, fast=fast, trust_torchscript=trust_torchscript)
+    if finite:
+        check_finite(model, spec=spec)
+    return model, source.folder
 
-    def ready(model: Any) -> Any:
-        if fast:
-            from ..accel import accelerate
 
-            model = accelerate(model)
-        return model.eval()
+def model_data(
+    model: Any, spec: str, data: str | None, *, val_split: float | None = None, split: str = "val"
+) -> tuple[str, float | None, list[str]]:
+    """``(--data value, held-out fraction, notes)`` of a command that defaults to the model's own data (``eval``,
+    ``fewshot``): ``data`` when given; else the data the model's run trained on (:func:`vitlab.resolve.recorded_data`:
+    an error naming ``--data`` when that is gone); else, for a model that records no data (an architecture, a public
+    checkpoint), the embedded digits. ``notes`` say which was taken. The folder the model's run trained on, when it
+    has no ``val/``, is evaluated on the fraction the run held out (seed 0), the images that did not train it: the
+    run's own number, never one over its training images."""
+    from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir
+    from ..resolve import recorded_data
 
-    overrides = {"img_size": img_size} if img_size else {}
-    path = Path(spec)
-    if path.exists():
-        from ..deploy.folder import is_exported
+    notes = []
+    if data is None:
+        recorded = (getattr(model.config, "extra", None) or {}).get("data")
+        if not isinstance(recorded, str) or not recorded.strip():
+            note = f"no --data: {spec} records no training data; the embedded digits (--data digits)"
+            return "digits", val_split, [note]
+        data = recorded_data(model, spec, ask="pass --data with its location, or --data digits for the embedded digits")
+        notes.append(f"no --data: {data}, the data {spec} was trained on (its config records it)")
+    root = data_folder(data)
+    plain = root is not None and eval_split_dir(root) is None
+    if val_split is None and split != "train" and plain and trained_on(model, data):
+        saved = model.config.extra.get("val_split")
+        val_split = saved if type(saved) is float and 0 < saved < 1 else DEFAULT_HOLD_OUT
+    return data, val_split, notes
 
-        if is_exported(path):
-            if not exported:
-                raise ConfigError(
-                    f"--model {spec}: an exported folder (vitlab export) serves predict and eval only; "
-                    "give the vitlab model it was exported from"
-                )
-            from ..deploy import open_exported
 
-            return open_exported(path, trust_torchscript=trust_torchscript), path
-        return ready(load(path, **overrides)), path if path.is_dir() else None
-    if resolve_name(spec) in list_models():
-        return ready(create_model(spec, **overrides)), None
+def trained_on(model: Any, data: str) -> bool:
+    """Whether ``model``'s run trained on the folder ``data`` (its config records the folder's absolute path)."""
+    recorded = (getattr(model.config, "extra", None) or {}).get("data")
     try:
-        return ready(load(spec, **overrides)), None
-    except VitlabError as e:
-        raise UnknownModelError(
-            f"--model {spec!r}: not a registered name, an existing path, or a loadable checkpoint{close_names(spec)} "
-            f"({e})"
-        ) from None
+        return isinstance(recorded, str) and Path(recorded).resolve() == Path(data).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def close_names(spec: str) -> str:
@@ -140,8 +146,15 @@ def default_output(spec: str, filename: str) -> Path | None:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    """``obj`` as indented JSON in ``path`` (its folder made when missing); returns the path."""
+    """``obj`` as indented JSON in ``path`` (its folder made when missing), through a temporary file renamed over
+    it (:func:`vitlab._fs.atomic_write_text`: a link at ``path`` is replaced, never written through); returns the
+    path."""
+    from .._fs import atomic_write_text, output_error
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(obj, indent=2) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(out, e) from None
+    atomic_write_text(out, json.dumps(obj, indent=2) + "\n")
     return out

@@ -10,23 +10,38 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
     p = sub.add_parser(
         "cache",
-        help="list or clear the decoded-image caches (~/.cache/vitlab)",
+        help="list, clear or cap the decoded-image caches (~/.cache/vitlab)",
         description=(
             "Training or evaluating on an image folder decodes it once into a cache (default ~/.cache/vitlab,\n"
-            "or $VITLAB_CACHE, or --cache-dir). List those caches, or delete them; a deleted cache is decoded\n"
-            "again by the next run that needs it.\n\n"
-            "examples:\n  vitlab cache ls\n  vitlab cache clear --older-than 7d"
+            "or $VITLAB_CACHE, or --cache-dir). List those caches, delete them, or cap what they take: before a\n"
+            "new cache is built, the least recently used ones that no running job reads are deleted until all\n"
+            "fit the cap (default 20 GiB; $VITLAB_CACHE_MAX_SIZE wins over the setting). A deleted cache is\n"
+            "decoded again by the next run that needs it. Only vitlab's own cache files are ever deleted.\n\n"
+            "examples:\n  vitlab cache ls\n  vitlab cache clear --older-than 7d\n"
+            "  vitlab cache limit 50G     # the cap, kept in the cache folder's cache-settings.json\n"
+            "  vitlab cache limit         # show it"
         ),
         formatter_class=formatter,
     )
-    p.add_argument("action", choices=["ls", "clear"], help="ls: list the caches; clear: delete them")
+    p.add_argument(
+        "action",
+        choices=["ls", "clear", "limit"],
+        help="ls: list the caches; clear: delete them; limit: show or set the cap",
+    )
+    p.add_argument(
+        "size",
+        nargs="?",
+        default=None,
+        metavar="SIZE",
+        help="limit: the cap (20G, 512MiB; none: no cap; default: back to the default)",
+    )
     p.add_argument("--cache-dir", default=None, help="cache folder (default ~/.cache/vitlab or $VITLAB_CACHE)")
     p.add_argument(
         "--older-than",
         type=parse_duration,
         default=None,
         metavar="AGE",
-        help="clear: only caches last written more than AGE ago (e.g. 7d, 12h)",
+        help="clear: only caches last used more than AGE ago (e.g. 7d, 12h)",
     )
     p.set_defaults(func=run)
 
@@ -39,32 +54,50 @@ def _age(seconds: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
+    from .._text import shown
     from .._units import format_size
     from ..data.cache import default_cache_dir
     from ..data.cache_admin import clear_caches, list_caches
+    from ..data.cache_limit import MAX_SIZE_ENV, cache_limit, make_room, set_cache_limit
     from ..errors import ConfigError
 
     where = args.cache_dir or str(default_cache_dir())
+    if args.size is not None and args.action != "limit":
+        raise ConfigError(f"{args.size}: a size is for `vitlab cache limit SIZE`")
+    if args.older_than is not None and args.action != "clear":
+        raise ConfigError(f"--older-than is for `vitlab cache clear`, not {args.action}")
+    if args.action == "limit":
+        limit = set_cache_limit(where, args.size) if args.size is not None else cache_limit(where)
+        if limit.warning:
+            print(f"warning: {shown(limit.warning)}", file=sys.stderr)
+        if args.size is not None and limit.source == f"${MAX_SIZE_ENV}":
+            print(f"note: ${MAX_SIZE_ENV} is set: it wins over the setting written", file=sys.stderr)
+        total = sum(e.bytes for e in list_caches(where))
+        print(f"decode caches under {shown(where)}: {format_size(total)}; cap {shown(limit.describe())}")
+        if args.size is not None:
+            make_room(where, 0, name="the caches")  # a lower cap applies now
+        return 0
     if args.action == "ls":
-        if args.older_than is not None:
-            raise ConfigError("--older-than is for `vitlab cache clear`")
         entries = list_caches(where)
         now = time.time()
         if not entries:
-            print(f"no decode caches under {where}")
+            print(f"no decode caches under {shown(where)}")
             return 0
-        print(f"{'size':>10}{'images':>9}{'age':>8}  {'source':<40} file")
+        print(f"{'size':>10}{'images':>9}{'used':>8}  {'source':<40} file")
         for e in entries:
             age = _age(now - e.mtime)
-            print(f"{format_size(e.bytes):>10}{e.images:>9}{age:>8}  {e.source or '?':<40} {e.path.name}")
-        print(f"{len(entries)} cache(s), {format_size(sum(e.bytes for e in entries))} under {where}")
+            print(f"{format_size(e.bytes):>10}{e.images:>9}{age:>8}  {shown(e.source or '?'):<40} {shown(e.path.name)}")
+        total = sum(e.bytes for e in entries)
+        cap = shown(cache_limit(where).describe())
+        print(f"{len(entries)} cache(s), {format_size(total)} under {shown(where)}; cap {cap}")
         return 0
     gone = clear_caches(where, older_than=args.older_than)
     kept = len(list_caches(where))
     print(
-        f"deleted {len(gone)} cache(s), {format_size(sum(e.bytes for e in gone))} under {where}"
+        f"deleted {len(gone)} cache(s), {format_size(sum(e.bytes for e in gone))} under {shown(where)}"
         + (f"; kept {kept} newer" if kept else "")
     )
     return 0

@@ -46,7 +46,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--layout", choices=["vit_jax", "big_vision"], default="vit_jax", help="the .npz layout when DST ends in .npz"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace a model already in DST")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a vitlab model already in DST (never another program's config.json)",
+    )
     p.set_defaults(func=run)
 
 

@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the shards and manifest.json already in OUT (nothing else there is deleted)",
+        help="replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write stops it; "
+        "nothing else there is deleted)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -51,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .._text import shown
     from .._units import counted, format_size, size_option
     from ..data.manifest import MANIFEST
     from ..data.shards import pack_folder
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         strict=args.strict_data,
         overwrite=args.overwrite,
         max_pixels=args.max_image_pixels,
-        log=print,
+        log=lambda line: print(shown(line)),  # names from the folder, shown escaped
     )
     for split, s in m["splits"].items():
         total = sum(sh["bytes"] for sh in s["shards"])
@@ -76,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
             f"{split}: {counted(s['samples'], 'sample')} in {counted(len(s['shards']), 'shard')}, {format_size(total)}"
         )
     manifest = Path(args.out) / MANIFEST  # joined as a path: `--out shards/` gives shards/manifest.json
-    print(f"{counted(len(m['classes']), 'class')}; manifest: {manifest}; train from it: --data {args.out}")
+    classes = counted(len(m["classes"]), "class")
+    print(f"{classes}; manifest: {shown(manifest)}; train from it: --data {shown(args.out)}")
     return 0

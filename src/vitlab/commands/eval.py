@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..train.spec.options import MEMORY_BUDGET_HELP
+from ..train.spec.options import DATA_RULE, MEMORY_BUDGET_HELP
 from ._common import add_device_arg, add_model_arg, add_serving_args
 
 
@@ -13,10 +13,15 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "eval",
         help="top-1 / top-5 / per-class accuracy of a model on a dataset",
         description=(
-            "Evaluate a model on the evaluation split (val/ or test/, or the held-out --val-split) of a\n"
-            "dataset; print the result and write it as JSON (--output, default MODEL/eval.json). A run's model/\n"
-            "on the folder it was trained on reads the decode cache training wrote (the same pixels).\n\n"
+            "Evaluate a model on the evaluation split of a dataset (val/ or test/; with --val-split, that\n"
+            "fraction held out of the training images; a class folder with neither is evaluated whole, and\n"
+            "the result says so, except the folder the model's run trained on: the fraction that run held out,\n"
+            "the images that did not train it); print the result and write it as JSON (--output, default\n"
+            "MODEL/eval.json). Without --data: the data the model's run trained on (its config records it), on\n"
+            "the split the run evaluated; the embedded digits for a model that records none. A run's model/ on\n"
+            "the folder it was trained on reads the decode cache training wrote (the same pixels).\n\n"
             "examples:\n"
+            "  vitlab eval --model runs/20260101-120000-train           # the run's own evaluation split\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
             "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --output cifar_eval.json\n"
             "  vitlab eval --model runs/cifar/model --data path/to/cifar10 --tta flip   # image and mirror averaged\n"
@@ -28,13 +33,20 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     add_serving_args(p)
     p.add_argument(
         "--data",
-        default="digits",
+        default=None,
         help="digits, cifar10, cifar100, an ImageFolder path, or tar shards (a `vitlab data pack` folder: its "
-        "evaluation split; a pattern 'shards/val-{000000..000009}.tar': those shards)",
+        "evaluation split; a pattern 'shards/val-{000000..000009}.tar': those shards). Default: the data the "
+        f"model was trained on, else digits. {DATA_RULE}",
     )
     p.add_argument("--allow-pipe", action="store_true", help="let --data hold pipe: URLs, which run a shell command")
     p.add_argument("--split", choices=["val", "train"], default="val", help="val: the evaluation split (val/ or test/)")
-    p.add_argument("--val-split", type=float, default=None, help="held-out fraction for a folder without val/ or test/")
+    p.add_argument(
+        "--val-split",
+        type=float,
+        default=None,
+        help="evaluate this fraction held out of a folder without val/ or test/ (stratified, seed 0, as training "
+        "holds it out); default: the whole folder, or the fraction the model's run held out of its own data",
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument(
         "--tta",
@@ -55,25 +67,30 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
     from pathlib import Path
 
+    from .._text import shown
     from .._units import size_option
     from ..devices import resolve_device
     from ..evaluate import evaluate_model
-    from ._common import default_output, resolve_model, write_json
+    from ._common import default_output, model_data, resolve_model, write_json
 
     budget = size_option("--memory-budget", args.memory_budget)  # before loading the model: a typo fails fast
     device = resolve_device(args.device)
-    model, _ = resolve_model(args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript)
+    model, _ = resolve_model(
+        args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript, finite=True
+    )
     if args.tome is not None:
         model.set_tome(args.tome)
+    data, val_split, notes = model_data(model, args.model, args.data, val_split=args.val_split, split=args.split)
     res = evaluate_model(
         model,
-        args.data,
+        data,
         split=args.split,
         batch_size=args.batch_size,
         device=device,
-        val_split=args.val_split,
+        val_split=val_split,
         cache_dir=args.cache_dir,
         strict=args.strict_data,
         buffer_bytes=budget,
@@ -85,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     for key in ("confusion", "confusion_cells"):  # (the latter: non-zero cells of a matrix too large to hold)
         if key in res:
             res[key] = res[key].tolist()
+    notes += split_notes(res, args.model, data, val_split=val_split, asked=args.val_split is not None)
+    for note in notes:  # --json: stdout is the JSON alone
+        print(f"note: {shown(note)}", file=sys.stderr if args.json else sys.stdout)
     out = Path(args.output) if args.output else default_output(args.model, "eval.json")
     if out is not None:
         write_json(out, res)
@@ -94,14 +114,36 @@ def run(args: argparse.Namespace) -> int:
     epoch = (model.config.extra or {}).get("epoch")
     weights = f" (epoch {epoch} of its run)" if type(epoch) is int else ""  # a run's model/ records its epoch
     print(
-        f"{args.model}{weights} on {args.data} ({res['split']}, {res['count']:,} images): "
+        f"{shown(args.model)}{weights} on {shown(data)} ({res['split']}, {res['count']:,} images): "
         f"top-1 {100 * res['top1']:.2f}%"
         + (f"  top-5 {100 * res['top5']:.2f}%" if len(res["class_names"]) > 5 else "")
         + ("  (flip TTA)" if args.tta == "flip" else "")
     )
-    width = max(len(n) for n in res["per_class"])
-    for name, acc in res["per_class"].items():
+    names = {shown(name): acc for name, acc in res["per_class"].items()}
+    width = max(len(n) for n in names)
+    for name, acc in names.items():
         print(f"  {name:<{width}}  {100 * acc:6.2f}%")
     if out is not None:
-        print(f"wrote {out}")
+        print(f"wrote {shown(out)}")
     return 0
+
+
+def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, asked: bool) -> list[str]:
+    """What the evaluation split was when the data set has none of its own: the whole folder (``all``), or the
+    fraction held out of it (by ``--val-split``, ``asked``; or the one the model's run held out of its own folder)."""
+    from ..data.sources import data_folder
+
+    if data_folder(data) is None:
+        return []
+    if res["split"] == "all":
+        return [
+            f"{data} has no val/ or test/ folder: all {res['count']:,} of its images were evaluated (--val-split F "
+            "evaluates a fraction held out, as training holds it out)"
+        ]
+    if val_split is not None:
+        why = "as --val-split asks" if asked else f"the images {spec}'s run held out (the others trained it)"
+        return [
+            f"{data} has no val/ or test/ folder: evaluated {res['count']:,} images held out of it ({val_split:.0%} "
+            f"of each class, seed 0), {why}"
+        ]
+    return []

@@ -25,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "`vitlab predict` and `vitlab eval` run the folder as they run a model folder.\n"
             "Formats: onnx (onnxruntime; pip install 'vitlab[onnx]'), torch (vitlab's eager model as\n"
             "tensors: no extra dependency), torchscript (runs code when loaded: served only with\n"
-            "--trust-torchscript). int8: dynamic (onnx, torch, torchscript; torch.ao for the last two) or\n"
-            "static (onnx, calibrated on --calib-data).\n\n"
+            "--trust-torchscript). int8: dynamic (onnx, torch, torchscript; vitlab's own int8 layer for the last\n"
+            "two) or static (onnx, calibrated on --calib-data). When the report times an int8 model slower than\n"
+            "its float32 model at a batch size, the folder keeps both and config.json says which serves which.\n\n"
             "examples:\n"
             "  vitlab export --model runs/photos/model --int8 dynamic --check-data photos/val --out deploy/\n"
             "  vitlab export --model runs/photos/model --int8 static --calib-data photos/train \\\n"
@@ -59,11 +60,15 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     p.add_argument("--timing-runs", type=int, default=10, metavar="N", help="batch-1 runs per model for the latency")
     p.add_argument("--no-timing", action="store_true", help="skip the latency and throughput measures")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset (17 or later; the graph's own is recorded)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |exported - PyTorch| logit difference (float)")
     p.add_argument("--no-check", action="store_true", help="skip the float parity check (the agreement still runs)")
     p.add_argument("--max-image-pixels", type=int, default=89_478_485, metavar="N", help="refuse larger images")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in --out (only its own files; links there are replaced, never followed)",
+    )
     p.set_defaults(func=run)
 
 
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from .._fs import writes_onto
+    from .._fs import own_folder, writes_onto
     from ..deploy import ExportOptions, export_folder, format_report
     from ..errors import ConfigError
     from ._common import resolve_model
@@ -118,14 +123,17 @@ def run(args: argparse.Namespace) -> int:
     if hit is not None and (not hit.is_dir() or hit.resolve() == Path(args.model).resolve()):
         raise ConfigError(f"--out {out}: is the input model {args.model} or a file in it; choose another folder")
     model, _ = resolve_model(args.model)
+    if args.out is None and Path(out).is_symlink():  # the default folder, in the model's folder: never written into
+        own_folder(out, what="the export")
     command = "vitlab " + shlex.join(sys.argv[1:]) if sys.argv and sys.argv[0] else ""
     rep = export_folder(model, out, opts, source=args.model, command=command)
     print(f"exported {args.model} -> {out}/ ({rep['export']}): {', '.join(rep['files'])}")
     if "tome" in rep:
         t = rep["tome"]
+        capped = f" (--tome {t['asked']}: at most {t['r']} a block in this model; recorded r={t['r']})"
         print(
             f"  token merging: {sum(t['schedule'])} tokens merged over {len(t['schedule'])} blocks, "
-            f"{t['macs_tome'] / t['macs_fp32']:.2f}x the MACs"
+            f"{t['macs_tome'] / t['macs_fp32']:.2f}x the MACs{capped if t['asked'] != t['r'] else ''}"
         )
     for line in format_report(rep):
         print(line)
@@ -146,8 +154,9 @@ def _single_file(args: argparse.Namespace, target) -> int:
     from pathlib import Path
 
     from .._fs import writes_onto
+    from ..deploy.graph import check_opset
+    from ..deploy.model_file import export_model
     from ..errors import ConfigError
-    from ..export import export_model
     from ._common import resolve_model
 
     asked = [f for f, v in (("--int8", args.int8), ("--tome", args.tome), ("--check-data", args.check_data)) if v]
@@ -156,11 +165,13 @@ def _single_file(args: argparse.Namespace, target) -> int:
         raise ConfigError(
             f"--out {target}: a single file takes no {what}; give a folder (--out DIR) for the full export"
         )
+    if args.format == "onnx":
+        check_opset(args.opset)
     if Path(target).suffix != {"onnx": ".onnx", "torchscript": ".pt"}[args.format]:
         raise ConfigError(f"--out {target}: a {args.format} file ends in {'.onnx' if args.format == 'onnx' else '.pt'}")
     if writes_onto([target], args.model):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"--out {target}: is the input model {args.model} or a file in it; choose another --out")
-    if target.exists() and not args.overwrite:
+    if (target.exists() or target.is_symlink()) and not args.overwrite:
         raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
     model, _ = resolve_model(args.model)
     res = export_model(
@@ -173,6 +184,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
         overwrite=args.overwrite,
     )
     check = f", max |diff| vs PyTorch {res.max_abs_diff:.1e}" if res.max_abs_diff is not None else ""
+    check += f", opset {res.opset}" if res.opset is not None else ""
     also = f" + {', '.join(str(f) for f in res.files[1:])}" if len(res.files) > 1 else ""
     print(f"wrote {res.path}{also} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
     print("  (a file alone: no preprocessing config, no agreement report; --out DIR writes the deployable folder)")

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from .._units import counted
+from ..train.spec.options import DATA_RULE
 from ._common import add_device_arg, add_model_arg
 
 
@@ -42,8 +43,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "            N images per class of the training split, averaged over --seeds draws;\n"
             "  probe     logistic regression on the features of the whole training split.\n"
             "Accuracies are measured on the test split. Prints a table (or --json) and writes --out.\n\n"
+            "Without --data: the data the model's run trained on (its config records it); the embedded digits\n"
+            "for a model that records none.\n\n"
             "examples:\n"
-            "  vitlab fewshot --model runs/digits --data digits\n"
+            "  vitlab fewshot --model runs/digits                  # the run's own data\n"
             "  vitlab fewshot --model runs/cifar/model --data path/to/cifar10 --shots 1,5,10,25 \\\n"
             "                 --max-train 10000\n"
             "  vitlab fewshot --model vit_ti16 --img-size 32 --data path/to/imagefolder --json"
@@ -52,7 +55,10 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     add_model_arg(p)
     p.add_argument(
-        "--data", default="digits", help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`)"
+        "--data",
+        default=None,
+        help="digits, cifar10, cifar100 or an ImageFolder path (as for `vitlab train`); default: the data the model "
+        f"was trained on, else digits. {DATA_RULE}",
     )
     p.add_argument("--shots", type=_shots, default="1,5,10,25", help="training images per class, comma-separated")
     p.add_argument("--seeds", type=int, default=3, help="random draws averaged per shot count")
@@ -78,9 +84,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from .._text import shown
     from ..devices import resolve_device
     from ..evaluate.fewshot import FewShotConfig, evaluate_fewshot
-    from ._common import default_output, resolve_model, write_json
+    from ._common import default_output, model_data, resolve_model, write_json
 
     cfg = FewShotConfig(
         shots=args.shots,
@@ -93,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     device = resolve_device(args.device)  # before loading the model: a typo fails fast
-    model, _ = resolve_model(args.model, img_size=args.img_size, fast=True)
+    model, _ = resolve_model(args.model, img_size=args.img_size, fast=True, finite=True)
+    data, _, notes = model_data(model, args.model, args.data)  # (its own test split: a folder's held-out part)
+    for note in notes:  # --json: stdout is the JSON alone
+        print(f"note: {shown(note)}", file=sys.stderr if args.json else sys.stdout)
     model.to(device)
-    result = evaluate_fewshot(model, args.data, cfg)
+    result = evaluate_fewshot(model, data, cfg)
     result["model"] = args.model
     target = args.out or default_output(args.model, "fewshot.json")
     out = write_json(target, result) if target else None
@@ -103,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(
-        f"{args.model} on {args.data}: {result['num_classes']} classes, {result['feature_dim']}-d features, "
+        f"{shown(args.model)} on {shown(data)}: {result['num_classes']} classes, {result['feature_dim']}-d features, "
         f"{result['test_size']} test images"
     )
     for shots, r in result["fewshot"].items():
@@ -114,5 +126,5 @@ def run(args: argparse.Namespace) -> int:
     if "linear_probe" in result:
         lp = result["linear_probe"]
         print(f"  probe     {100 * lp['accuracy']:6.2f}%  (logistic regression on {lp['train_size']} train images)")
-    print(f"wrote {out}" if out else "not written: pass --out FILE to keep the result")
+    print(f"wrote {shown(out)}" if out else "not written: pass --out FILE to keep the result")
     return 0

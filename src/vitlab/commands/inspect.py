@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..train.spec.options import DATA_RULE
 from ._common import add_device_arg, add_model_arg
 
 
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--data",
         default=None,
-        help="take the images from this data set's evaluation split (val/ or test/; digits, cifar10, a folder)",
+        help="take the images from this data set's evaluation split (val/ or test/; digits, cifar10, a folder); "
+        f"default: the data the model was trained on. {DATA_RULE}",
     )
     p.add_argument(
         "--out", default=None, help="output folder (default: inspect/ next to the model; ./inspect for a name)"
@@ -62,55 +64,26 @@ def _registered(spec: str) -> bool:
 _ASK = "pass --data with its location, --image FILE ..., or --data digits for the embedded digits"
 
 
-def recorded_data(model, spec: str) -> str:
-    """The ``--data`` value for the data ``model`` was trained on, as its config records it (a run's
-    ``model/``), usable from here: ``digits``, ``cifar10``/``cifar100``, or an absolute folder that exists.
-    Anything else is a :class:`~vitlab.errors.DataError` naming ``--data``: a folder that is gone, a
-    relative path (it named a folder of the directory training ran in, which is not recorded), tar
-    shards (inspect reads image folders), or no record at all. Never another data set in its place."""
-    from ..data.shard_source import is_shard_spec
-    from ..errors import DataError
-
-    recorded = (model.config.extra or {}).get("data")
-    if not isinstance(recorded, str) or not recorded.strip():
-        raise DataError(f"--data: {spec} records no training data; {_ASK}")
-    shown = recorded if len(recorded) <= 200 else recorded[:197] + "..."
-    where = f"{spec} was trained on {shown!r}"
-    key = recorded.strip().lower()
-    path = Path(recorded).expanduser()
-    if key == "digits" or (key in ("cifar10", "cifar100") and not path.is_dir()):
-        return key
-    if is_shard_spec(recorded):
-        raise DataError(f"--data: {where}, tar shards, which inspect does not read; {_ASK}")
-    if not path.is_absolute():
-        raise DataError(
-            f"--data: {where}, a path relative to the folder training ran in, which the run does not record; {_ASK}"
-        )
-    if not path.is_dir():
-        raise DataError(f"--data: {where}, which is not a folder here (moved or on another machine?); {_ASK}")
-    return recorded
-
-
-def _pick(n: int, labels, seed: int = 0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return rng.permutation(len(labels))[:n]
-
-
 def run(args: argparse.Namespace) -> int:
+    from .._fs import own_folder
+    from .._text import shown
+    from ..data.shard_source import is_shard_spec
     from ..devices import resolve_device
-    from ..errors import ConfigError
-    from ..inspect.images import digits_images, labelled_splits, read_images
+    from ..errors import ConfigError, DataError
+    from ..evaluate.accuracy import decode_crop, decode_size
+    from ..inspect.images import digits_images, read_images, sample_split
     from ..inspect.report import inspect_model
+    from ..resolve import recorded_data
     from ._common import default_output, resolve_model
 
     for opt in ("num_images", "show", "batch_size"):
         if getattr(args, opt) <= 0:
             raise ConfigError(f"--{opt.replace('_', '-')} must be positive, got {getattr(args, opt)}")
     device = resolve_device(args.device)  # before loading the model: a typo fails fast
+    if args.out is None and (default := default_output(args.model, "inspect")) is not None and default.is_symlink():
+        own_folder(default, what="the report")  # the default folder, in the model's folder: never written into
     args.out = str(args.out or default_output(args.model, "inspect") or "inspect")
-    model, model_dir = resolve_model(args.model, img_size=args.img_size)
+    model, model_dir = resolve_model(args.model, img_size=args.img_size, finite=True)
     model.to(device)
     notes, recorded = [], False
     if not Path(args.model).exists() and _registered(args.model):
@@ -122,27 +95,35 @@ def run(args: argparse.Namespace) -> int:
         if notes:  # a bare architecture: no data of its own
             notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
         else:
-            args.data = recorded_data(model, args.model)
+            args.data = recorded_data(model, args.model, ask=_ASK)
             recorded = True
+    if args.data and is_shard_spec(args.data):
+        where = f"{shown(args.model)} was trained on tar shards" if recorded else f"{shown(args.data)}: tar shards"
+        raise DataError(f"--data: {where}, which inspect does not read; {_ASK}")
     if args.image:
         images, names = read_images(args.image)
         distance_images = images[: args.num_images]
-    elif args.data:
-        _, test = labelled_splits(args.data)
+    elif args.data:  # only the images shown and measured are decoded, as the evaluation decodes them
+        saved = (model.config.extra or {}).get("val_split") if recorded else None
+        distance_images, names, split = sample_split(
+            args.data,
+            max(args.num_images, args.show),
+            size=decode_size(model),
+            crop=decode_crop(model),
+            val_split=saved if type(saved) is float else None,
+        )
+        if not distance_images:
+            raise DataError(f"--data {shown(args.data)}: none of the images of its evaluation split can be decoded")
         if recorded:
             notes.append(
-                f"Images: the {test.name} split of the data the model was trained on ({args.data}, from its config)."
+                f"Images: the {split} split of the data the model was trained on ({args.data}, from its config)."
             )
-        idx = _pick(max(args.num_images, args.show), test.labels)
-        distance_images = test.get(idx)
-        cls = test.class_names
-        names = [cls[int(test.labels[i])] if cls else f"label {int(test.labels[i])}" for i in idx]
         images = distance_images
     else:
         distance_images, names = digits_images(max(args.num_images, args.show))
         images = distance_images
     for n in notes:
-        print(f"note: {n}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
+        print(f"note: {shown(n)}", file=sys.stderr if args.json else sys.stdout)  # --json: stdout is the JSON alone
     result = inspect_model(
         model,
         images[: args.show],
@@ -163,5 +144,5 @@ def run(args: argparse.Namespace) -> int:
             f"mean attention distance (px), layer 1: {min(dist[0]):.1f}-{max(dist[0]):.1f}, "
             f"layer {len(dist)}: {min(dist[-1]):.1f}-{max(dist[-1]):.1f}"
         )
-        print(f"wrote {len(result['files'])} files to {args.out}; open {report}")
+        print(f"wrote {len(result['files'])} files to {shown(args.out)}; open {shown(report)}")
     return 0

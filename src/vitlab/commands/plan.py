@@ -17,12 +17,21 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "gradients, AdamW state and activations under DDP, FSDP and FSDP with activation checkpointing,\n"
             "the step time at an assumed MFU, and the paper's pre-training runs (Table 2) at that MFU.\n"
             "Nothing is allocated: the model is built on the meta device. See docs/scale.md.\n\n"
-            "example:\n  vitlab plan --model vit_l16 --img-size 224 --batch-size 4096 --devices 64 --device-memory 80G"
+            "--model takes what the other commands take (the one model rule): a registered name, a run or\n"
+            "model folder, a checkpoint file; only its configuration is read.\n\n"
+            "examples:\n"
+            "  vitlab plan --model vit_l16 --img-size 224 --batch-size 4096 --devices 64 --device-memory 80G\n"
+            "  vitlab plan --model runs/photos --batch-size 256 --devices 2 --device-memory 24G"
         ),
         formatter_class=formatter,
     )
-    p.add_argument("--model", required=True, help="registered architecture name (vitlab models)")
-    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a registered architecture name (vitlab models), a run or model folder, a checkpoint file or a public "
+        "name: its configuration",
+    )
+    p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's; 224 for a name)")
     p.add_argument("--batch-size", type=int, default=4096, help="global batch (the paper pre-trains with 4096)")
     p.add_argument("--devices", type=int, default=8, help="number of devices (processes) sharing the batch")
     p.add_argument(
@@ -49,19 +58,18 @@ def _gb(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._text import shown
     from .._units import size_option
-    from ..errors import UnknownModelError
-    from ..models import list_models
-    from ..models.registry import resolve_name
+    from ..resolve import model_source, source_config
     from ..train.sizing.capacity import plan
-    from ._common import close_names
 
-    if resolve_name(args.model) not in list_models():
-        raise UnknownModelError(f"--model {args.model!r}: not a registered architecture{close_names(args.model)}")
     memory = size_option("--device-memory", args.device_memory)
+    source = model_source(args.model)  # the one model rule; nothing but the configuration is read
+    config = None if source.kind == "architecture" else source_config(source)
     pl = plan(
         model=args.model,
-        img_size=args.img_size,
+        config=config,
+        img_size=args.img_size if args.img_size is not None else config.img_size[0] if config is not None else 224,
         batch_size=args.batch_size,
         devices=args.devices,
         device_memory=memory,
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(pl.to_dict(), indent=2))
         return 0
     print(
-        f"{pl.model} at {pl.img_size} px: {pl.params / 1e6:.1f}M params, {2 * pl.macs / 1e9:.1f} GFLOPs forward; "
+        f"{shown(pl.model)} at {pl.img_size} px: {pl.params / 1e6:.1f}M params, "
+        f"{2 * pl.macs / 1e9:.1f} GFLOPs forward; "
         f"batch {pl.batch_size} over {counted(pl.devices, 'device')}"
         + (f" x {pl.accum_steps} accumulation steps" if pl.accum_steps > 1 else "")
         + f" = {pl.per_device_batch} per device{' and step' if pl.accum_steps > 1 else ''}, "

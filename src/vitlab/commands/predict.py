@@ -60,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .._text import shown
     from ..data.user_images import image_files, read_image
     from ..devices import resolve_device
-    from ..errors import ConfigError, InputError
+    from ..errors import CheckpointError, ConfigError, InputError
     from ..evaluate import model_inputs, native_inputs
     from ._common import resolve_model
 
@@ -83,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
     k = min(args.top, cfg.num_classes)
+    batch = batch_size(cfg)
     results: list[dict] = []
-    for start in range(0, len(files), _BATCH):  # in batches: a folder of many images never sits in memory at once
+    for start in range(0, len(files), batch):  # in batches: a folder of many images never sits in memory at once
         entries, arrays = [], []
-        for f in files[start : start + _BATCH]:
+        for f in files[start : start + batch]:
             try:
                 arrays.append(read_image(f, max_pixels=args.max_image_pixels))
                 entries.append({"image": str(f)})
@@ -97,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
         native = args.native
         x = native_inputs(model, arrays, resolution=args.native_res) if native else model_inputs(model, arrays)
         with torch.no_grad():
-            probs = model(x.to(dev)).float().softmax(-1).cpu()
+            logits = model(x.to(dev)).float()
+        if not bool(torch.isfinite(logits).all()):
+            raise CheckpointError(
+                f"--model {args.model}: the model answers NaN or infinity (non-finite weights?); no prediction made"
+            )
+        probs = logits.softmax(-1).cpu()
         for entry, ps, ix in zip(entries, *probs.topk(k, dim=1)):
             top = [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)]
             results.append({**entry, "top": top})
@@ -108,15 +115,25 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(failed[0]["error"] + ("" if len(failed) == 1 else f" (and {len(failed) - 1} more unreadable)"))
     if args.json:
         print(json.dumps(results, indent=2))
-    else:
+    else:  # paths and class names from files, shown escaped (a name may hold a terminal's control sequences)
         for r in results:
             if "top" in r:
-                print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['prob']:.3f}" for t in r["top"]))
+                print(f"{shown(r['image'])}: " + ", ".join(f"{shown(t['class'])} {t['prob']:.3f}" for t in r["top"]))
     for r in failed:
-        print(f"vitlab predict: skipped {r['error']}", file=sys.stderr)
+        print(f"vitlab predict: skipped {shown(r['error'])}", file=sys.stderr)
     if failed:
         print(f"vitlab predict: {len(failed)} of {len(results)} files unreadable", file=sys.stderr)
     return 1 if failed else 0
 
 
 _BATCH = 64
+_BATCH_BYTES = 256 << 20
+"""At most this many bytes of model inputs at once (float32, ``C x H x W`` each): 64 images of a ViT-B at 224 px
+take 38 MB; a 2048 px model's take 50 MB each, so its batch is 5."""
+
+
+def batch_size(cfg) -> int:
+    """Images per batch for a model of config ``cfg``: :data:`_BATCH`, fewer when their inputs would pass
+    :data:`_BATCH_BYTES`."""
+    h, w = cfg.img_size
+    return max(1, min(_BATCH, _BATCH_BYTES // max(1, 4 * cfg.in_chans * h * w)))

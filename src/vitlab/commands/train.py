@@ -46,12 +46,13 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 def run(args: argparse.Namespace) -> int:
     from .._fs import removed_if_unused
+    from .._text import shown
     from ..errors import ConfigError
     from ..train import fit
     from ..train.engine.signals import StoppedBeforeTraining
     from ..train.spec.config import build_config
     from ..train.spec.files import Sources, merge, read_config_file
-    from ..train.spec.options import OptionError
+    from ..train.spec.options import OptionError, overwrite_target, pipe_trusted
     from ..train.spec.parser import namespace_values
 
     if args.resume and not args.out:
@@ -62,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--replan applies to --config runs/X/config.yaml: it chooses afresh instead of reading X's "
                           "sizing.json; give --config, or drop --replan")  # fmt: skip
     values, given = namespace_values(args, command=args.command)
+    typed = set(given)  # typed on this command line (the config file's keys join `given` below, never this)
+    values["allow_pipe"] = pipe_trusted(values.get("allow_pipe", False), typed)  # one rule: fresh, --config, resume
     sources = Sources()
     replay = None
     if args.config:  # the flags given over the file's values
@@ -69,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
         replay = None if args.replan else _sizing_beside(Path(args.config))
     try:
         cfg = build_config(values, given=given)
+        overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
+        check_out_is_not_data(cfg.data, cfg.out)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
-            summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite, replay=replay)
+            summary = fit(cfg, resume=args.resume, given=given, overwrite=overwrite, replay=replay)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key
         raise ConfigError(sources.explain(e)) from None
     except StoppedBeforeTraining as e:
@@ -83,13 +88,15 @@ def run(args: argparse.Namespace) -> int:
             f"after {counted(summary['epochs'], 'epoch')} / {counted(summary['steps'], 'step')}; "
             f"{summary['wall_s']:.1f} s"
         )
-        print(f"results in {summary['out']}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
-        print(f"fine-tune it with: vitlab finetune --init {summary['out']}/model --data DATA")
+        out = shown(summary["out"])
+        print(f"results in {out}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
+        print(f"fine-tune it with: vitlab finetune --init {out}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
         print(result_line(summary))
         health = "health.png " if (Path(summary["out"]) / "health.png").is_file() else ""  # --watch-attention
         print(
-            f"results in {summary['out']}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ last.pt"
+            f"results in {shown(summary['out'])}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ "
+            "last.pt"
         )
     if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
         return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
@@ -109,6 +116,30 @@ def _sizing_beside(config: Path) -> dict | None:
         raise ConfigError(f"{config.parent / SIZING_FILE}: cannot read what that run chose ({e}); "
                           "--replan to choose afresh") from None  # fmt: skip
     return None if rec is None else {**rec, "where": str(config.parent / SIZING_FILE)}
+
+
+def check_out_is_not_data(data: str, out: str | None) -> None:
+    """An output folder is never read as a data set: ``--data`` naming the run's ``--out`` (or a folder inside it, or
+    one holding it) is refused in one line, before anything is written. A built-in name (``digits``) is the data set
+    whatever folders exist (:func:`vitlab.data.sources.builtin_data`), so ``--out digits`` trains on the digits."""
+    from .._text import shown
+    from ..data.sources import data_folder
+    from ..errors import ConfigError
+
+    root = data_folder(data)
+    if root is None or not out:
+        return
+    d, o = root.resolve(), Path(out).expanduser().resolve()
+    if d == o or o in d.parents:
+        raise ConfigError(
+            f"--data {shown(data)}: the run's output folder (--out {shown(out)}) or a folder in it; an output folder "
+            "is never read as data: give the data's own folder"
+        )
+    if d in o.parents:
+        raise ConfigError(
+            f"--out {shown(out)}: inside the data folder --data {shown(data)}, where the run's files would be read as "
+            "data (a class folder); choose an --out outside it"
+        )
 
 
 def result_line(summary: dict) -> str:

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -58,6 +59,7 @@ from .._fs import remove_stale, writer_suffix
 from .._units import format_size as _bytes
 from ..errors import VitlabError
 from .cache_check import byte_offsets, content_problem, metadata_problem
+from .cache_limit import cache_entry, hold, make_room, touch
 from .cache_plan import plan_layout, windows
 from .decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, OverBudget, decode_image
 from .rows import PackedImages
@@ -101,14 +103,23 @@ class DecodedFiles:
     path: Path | None = None
 
 
-def _key(paths: Sequence[str], size: int | str | None, mode: str, *, version: int = _VERSION) -> str:
-    h = hashlib.sha256(f"v{version}|{size}|{mode}|".encode())
+def _stat_lines(paths: Sequence[str]) -> bytes:
+    """Every file's absolute path, size and modification time (``missing`` for a file gone): what a key hashes."""
+    lines = []
     for p in paths:
         try:
             st = os.stat(p)
-            h.update(os.fsencode(os.path.abspath(p)) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            lines.append(os.fsencode(os.path.abspath(p)) + f"|{st.st_size}|{st.st_mtime_ns}\n".encode())
         except OSError:
-            h.update(os.fsencode(os.path.abspath(p)) + b"|missing\n")
+            lines.append(os.fsencode(os.path.abspath(p)) + b"|missing\n")
+    return b"".join(lines)
+
+
+def _key(
+    paths: Sequence[str], size: int | str | None, mode: str, *, version: int = _VERSION, lines: bytes | None = None
+) -> str:
+    h = hashlib.sha256(f"v{version}|{size}|{mode}|".encode())
+    h.update(_stat_lines(paths) if lines is None else lines)
     return h.hexdigest()[:20]
 
 
@@ -127,14 +138,16 @@ def _source(paths: Sequence[str]) -> str:
         return ""
 
 
-def _mapped(data_f: Path, meta: dict) -> np.ndarray | PackedImages:
-    """The images of a complete cache file, read-only through a memory map (none for zero images)."""
+def _mapped(f: IO[bytes], meta: dict) -> np.ndarray | PackedImages:
+    """The images of a complete cache file ``f`` (open, its shared lock taken: :func:`.cache_limit.hold`),
+    read-only through a memory map (none for zero images); the map keeps its own copy of the descriptor, and with
+    it the lock, for as long as it lives, so an evictor never deletes a cache that is read."""
     n, h, w, c = meta["shape"]
     if "heights" not in meta:
         shape = (n, h, w, c)
-        return np.memmap(data_f, dtype=np.uint8, mode="r", shape=shape) if n else np.zeros(shape, np.uint8)
+        return np.memmap(f, dtype=np.uint8, mode="r", shape=shape) if n else np.zeros(shape, np.uint8)
     total = int(byte_offsets(meta)[-1])
-    flat = np.memmap(data_f, dtype=np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
+    flat = np.memmap(f, dtype=np.uint8, mode="r", shape=(total,)) if total else np.zeros(0, np.uint8)
     return PackedImages(flat, heights=meta["heights"], widths=meta["widths"], chans=c)
 
 
@@ -155,13 +168,17 @@ def _open(
         problem = f"the metadata cannot be read ({e.strerror or e})"
     if problem is None:
         problem = metadata_problem(meta, version=_VERSION, key=key, count=count, chans=chans)
+    if problem is None and not _budget_fits(meta, max_bytes):
+        return None  # another budget would skip other images: decode again (the new cache replaces this one)
+    f = None
     if problem is None:
-        built = meta["max_bytes"]
-        if built != max_bytes and (meta["over_budget"] or max_bytes < built):
-            return None  # another budget would skip other images: decode again (the new cache replaces this one)
         bad, offsets = data_f, byte_offsets(meta)
         try:
-            held = data_f.stat().st_size
+            f = open(data_f, "rb")  # noqa: SIM115  (kept open into the memory map, which holds the lock)
+            if not hold(f):  # an evictor is deleting it: decode again
+                f.close()
+                return None
+            held = os.fstat(f.fileno()).st_size
             if held != offsets[-1]:
                 problem = f"it holds {held:,} bytes, not the {int(offsets[-1]):,} of {meta['shape'][0]} images"
         except OSError as e:
@@ -171,10 +188,49 @@ def _open(
             data_f, offsets=offsets, chunk_ends=meta["chunk_ends"], crcs=meta["crc32"], buffer_bytes=buffer_bytes
         )
     if problem is None:
-        return DecodedFiles(_mapped(data_f, meta), meta["kept"], [tuple(s) for s in meta["skipped"]], data_f)  # type: ignore[misc]
+        try:
+            images = _mapped(f, meta)  # type: ignore[arg-type]
+        finally:
+            f.close()  # type: ignore[union-attr]
+        touch(data_f)
+        return DecodedFiles(images, meta["kept"], [tuple(s) for s in meta["skipped"]], data_f)  # type: ignore[misc]
+    if f is not None:
+        f.close()
     print(f"warning: {bad}: not a valid decode cache: {problem}; deleting it and decoding again", file=sys.stderr)
     meta_f.unlink(missing_ok=True)
     data_f.unlink(missing_ok=True)
+    return None
+
+
+def _budget_fits(meta: dict, max_bytes: int) -> bool:
+    """Whether a cache built under ``meta``'s memory budget skipped what ``max_bytes`` would: the same budget, or
+    none skipped for it and a larger one now."""
+    built = meta["max_bytes"]
+    return built == max_bytes or (not meta["over_budget"] and max_bytes >= built)
+
+
+def _native_twin(
+    cache: Path, name: str, *, files: str, mode_key: str, count: int, chans: int, buffer_bytes: int, max_bytes: int
+) -> DecodedFiles | None:
+    """A cache of the same files, mode and budget that stored every image at its own size, as this request would
+    too (a larger ``max_side``, or another layout of the same native images): its pixels are this request's, byte
+    for byte, so it serves it instead of a second copy. None when there is none."""
+    for meta_f in sorted(cache.glob(f"{name}-*.json")):
+        entry = cache_entry(meta_f)
+        if entry is None:
+            continue
+        try:
+            meta = json.loads(meta_f.read_bytes())
+        except (OSError, ValueError):
+            continue
+        twin = meta.get("files") == files and meta.get("mode_key") == mode_key and meta.get("native") is True
+        if twin and meta.get("version") == _VERSION and isinstance(meta.get("max_bytes"), int):
+            found = _open(
+                entry.path, meta_f, key=str(meta["key"]), count=count, chans=chans, buffer_bytes=buffer_bytes,
+                max_bytes=max_bytes,
+            )  # fmt: skip
+            if found is not None:
+                return found
     return None
 
 
@@ -251,12 +307,14 @@ def decode_files(
     layout = size if size is not None else f"aspect-{max_side}" if keep_aspect else f"native-or-{fallback_size}"
     if size is not None and crop not in (None, size):
         layout = f"{size}-crop{crop}"
+    mode_key = mode + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else "")
+    lines = _stat_lines(paths)
+    files = hashlib.sha256(lines).hexdigest()[:20]  # the files alone, whatever the layout (twins share it)
     key = _key(
         paths,
         layout,
-        mode
-        + (f"|{max_pixels}" if max_pixels and max_pixels != DEFAULT_MAX_IMAGE_PIXELS else "")
-        + (f"|max{max_side}" if max_side is not None and size is None and not keep_aspect else ""),
+        mode_key + (f"|max{max_side}" if max_side is not None and size is None and not keep_aspect else ""),
+        lines=lines,
     )
     chans = 3 if mode == "RGB" else 1
     max_bytes = buffer_bytes // 2
@@ -277,9 +335,17 @@ def decode_files(
         max_pixels=max_pixels,
         name=name,
     )
+    if plan.native:  # every image at its own size: a cache that stored them so (another max_side) is this one
+        twin = _native_twin(
+            cache, name, files=files, mode_key=mode_key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes,
+            max_bytes=max_bytes,
+        )  # fmt: skip
+        if twin is not None:
+            return twin
     planned = [hw[0] * hw[1] * chans if hw is not None else 0 for hw in plan.shapes]
     held = [b if b <= max_bytes else 0 for b in planned]  # the decoder refuses a larger one from its header
     need = len(paths) * planned[0] if plan.uniform and paths else sum(held)
+    make_room(cache, need, name=name, keep=[data_f])  # the cap: the least recently used caches no one reads go
     remove_stale(cache, f"{stem}.tmp")  # temp files of killed writers
     free = _free_bytes(cache)
     if free is not None and free < need:
@@ -360,6 +426,9 @@ def decode_files(
             "crc32": crcs if kept else [],
             "max_bytes": max_bytes,
             "over_budget": over,
+            "files": files,
+            "mode_key": mode_key,
+            "native": plan.native,
         }
         if plan.uniform or (shapes and len(set(shapes)) == 1):  # one size: an (N, H, W, C) array
             h, w = shapes[0] if shapes else plan.shapes[0] if plan.shapes and plan.shapes[0] else (1, 1)
@@ -367,6 +436,8 @@ def decode_files(
         else:
             meta.update(shape=[len(kept), 0, 0, chans], heights=[s[0] for s in shapes], widths=[s[1] for s in shapes])
         tmp_meta.write_text(json.dumps(meta))
+        reader = open(tmp, "rb")  # noqa: SIM115  (held before it appears, and mapped below: no evictor takes it)
+        hold(reader)
         os.replace(tmp, data_f)
         os.replace(tmp_meta, meta_f)  # the metadata appears last: its presence marks a complete cache
     except OSError as e:
@@ -382,4 +453,8 @@ def decode_files(
         tmp.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)
         raise
-    return DecodedFiles(_mapped(data_f, meta), kept, skipped, data_f)
+    try:
+        images = _mapped(reader, meta)
+    finally:
+        reader.close()
+    return DecodedFiles(images, kept, skipped, data_f)

@@ -1,57 +1,32 @@
-"""The decode caches a machine holds: ``vitlab cache ls`` and ``vitlab cache clear``, and the one line a
-run prints about its cache (where, how big). The caches themselves are written and checked by
-:mod:`vitlab.data.cache`."""
+"""The decode caches a machine holds: ``vitlab cache ls``, ``vitlab cache clear`` (and ``limit``:
+:mod:`.cache_limit`), and the one line a run prints about its cache (where, how big). The caches themselves are
+written and checked by :mod:`vitlab.data.cache`."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from .._units import format_size
 from .cache import default_cache_dir
+from .cache_limit import CacheEntry, cache_limit, our_caches, remove_cache
 
 __all__ = ["CacheEntry", "cache_line", "clear_caches", "list_caches"]
 
 
-@dataclass(frozen=True)
-class CacheEntry:
-    """One decode cache in a cache folder: its data file, bytes on disk, images, source folder, last write."""
-
-    path: Path
-    bytes: int
-    images: int
-    source: str
-    mtime: float
-
-
 def list_caches(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry]:
-    """The decode caches under ``cache_dir`` (default :func:`default_cache_dir`), newest first: every
-    ``<name>-<key>.u8`` with its ``.json`` metadata. Other files there (downloads, build caches) are
-    not decode caches and are never listed."""
+    """The decode caches under ``cache_dir`` (default :func:`default_cache_dir`), most recently used first: every
+    ``<name>-<key>.u8`` with its ``.json`` metadata that vitlab wrote (:func:`.cache_limit.cache_entry`). Other
+    files there (downloads, build caches, the settings, links) are not decode caches and are never listed."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entries = []
-    for meta_f in cache.glob("*.json") if cache.is_dir() else ():
-        data_f = meta_f.with_suffix(".u8")
-        if not data_f.is_file():
-            continue
-        try:
-            meta = json.loads(meta_f.read_bytes())
-            images = int(meta["shape"][0])
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            continue
-        st = data_f.stat()
-        size = st.st_size + meta_f.stat().st_size
-        entries.append(CacheEntry(data_f, size, images, str(meta.get("source", "")), st.st_mtime))
-    return sorted(entries, key=lambda e: -e.mtime)
+    return our_caches(cache)[::-1]
 
 
 def clear_caches(
     cache_dir: str | os.PathLike[str] | None = None, *, older_than: float | None = None, now: float | None = None
 ) -> list[CacheEntry]:
-    """Delete the decode caches under ``cache_dir`` (all, or those last written more than ``older_than``
+    """Delete the decode caches under ``cache_dir`` (all, or those last used more than ``older_than``
     seconds before ``now``) and return them. A cache in use by a running job stays readable by it
     (its memory map holds the file) and is decoded again by the next run that needs it."""
     import time
@@ -61,8 +36,7 @@ def clear_caches(
     for e in list_caches(cache_dir):
         if older_than is not None and now - e.mtime <= older_than:
             continue
-        e.path.with_suffix(".json").unlink(missing_ok=True)  # the metadata first: no half cache looks complete
-        e.path.unlink(missing_ok=True)
+        remove_cache(e)  # the metadata first: no half cache looks complete
         gone.append(e)
     return gone
 
@@ -75,7 +49,9 @@ def cache_line(files: Sequence[str | os.PathLike[str]]) -> str | None:
     if not sizes:
         return None
     where = sorted({str(p.parent) for p in paths})
+    cap = cache_limit(where[0]).max_bytes
+    capped = f"; the caches there are capped at {format_size(cap)}, vitlab cache limit" if cap is not None else ""
     return (
         f"decode cache: {format_size(sum(sizes))} in {len(sizes)} file(s) under {', '.join(where)} "
-        "(vitlab cache ls; vitlab cache clear)"
+        f"(vitlab cache ls; vitlab cache clear{capped})"
     )

@@ -23,6 +23,9 @@ class Layout:
     uniform: bool
     size: int | None = None
     shorter_side: int | None = None
+    native: bool = False
+    """Every image stored at its own (decoded) size, nothing resized or cropped: the pixels of any other request
+    that stores them so too (a larger ``max_side``), which the cache of either then serves."""
 
 
 def plan_layout(
@@ -43,13 +46,16 @@ def plan_layout(
     if keep_aspect:  # each image at its own aspect ratio, its shorter side at most max_side
         limit = max_pixels or DEFAULT_MAX_IMAGE_PIXELS
         shapes: list[tuple[int, int] | None] = []
+        shrunk = False
         for wh in headers:
             if wh is None or too_thin(*wh) or wh[0] * wh[1] > limit:
                 shapes.append(None)  # decode_image says why
                 continue
-            w, h = resized_shape(*wh, max_side) if max_side is not None and min(wh) > max_side else wh
+            shrink = max_side is not None and min(wh) > max_side
+            shrunk |= shrink
+            w, h = resized_shape(*wh, max_side) if shrink else wh
             shapes.append((h, w))
-        return Layout(shapes=shapes, uniform=False, shorter_side=max_side)
+        return Layout(shapes=shapes, uniform=False, shorter_side=max_side, native=not shrunk)
     sizes: dict[tuple[int, int], int] = {}
     for wh in headers:
         if wh is not None:
@@ -65,7 +71,7 @@ def plan_layout(
     if max_side is not None and min(height, width) > max_side:  # as decode_image(shorter_side=) shrinks
         width, height = resized_shape(width, height, max_side)
         return Layout(shapes=[(height, width)] * len(paths), uniform=True, shorter_side=max_side)
-    return Layout(shapes=[(height, width)] * len(paths), uniform=True)
+    return Layout(shapes=[(height, width)] * len(paths), uniform=True, native=True)
 
 
 def windows(shape_bytes: list[int], budget: int) -> list[range]:

@@ -31,6 +31,7 @@ __all__ = [
     "convert_mode",
     "decode_encoded",
     "decode_image",
+    "decode_pil",
     "file_kind",
     "header_sizes",
     "image_size",
@@ -148,6 +149,13 @@ def convert_mode(im: Image.Image, mode: str = "RGB") -> Image.Image:
     if mode == "L":
         im = im.convert("L")  # ITU-R 601-2 luma, rounded: what match_channels computes
     return im
+
+
+def decode_pil(im: Image.Image, mode: str = "RGB") -> Image.Image:
+    """An opened PIL image as the decoder turns a file into pixels (after its size checks): turned as its EXIF
+    orientation tag says, then :func:`convert_mode` (transparency on white, 16-bit scaled, ``mode``). What
+    :func:`decode_image` does to every file, and :func:`vitlab.transforms_for` to a PIL image it is given."""
+    return convert_mode(_oriented(im), mode)
 
 
 def _oriented(im: Image.Image) -> Image.Image:
@@ -303,7 +311,7 @@ def _decode(
                     return fast
         if size is None:  # JPEG: decode at a reduced DCT scale when possible (never below the size asked for)
             im.draft("RGB", (ow, oh))
-        im = convert_mode(_oriented(im), mode)
+        im = decode_pil(im, mode)
         if box is not None:
             sx, sy = im.size[0] / fw, im.size[1] / fh  # the draft scale (1 when none applied)
             x0, y0 = min(im.size[0] - 1, int(box[0] * sx)), min(im.size[1] - 1, int(box[1] * sy))

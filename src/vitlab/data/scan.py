@@ -15,17 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .._text import readable, shown
 from ..errors import DataError
 from .decode import IMAGE_EXTENSIONS, is_image_name
 
-__all__ = ["readable", "scan_classes"]
-
-
-def readable(name: str | bytes) -> str:
-    """A file name as printable, writable text: bytes that are not UTF-8 (which ``os.fsdecode`` keeps as
-    surrogates, and which any ``print`` or ``write_text`` would fail on) are shown as ``\\xff``."""
-    raw = name if isinstance(name, bytes) else os.fsencode(name)
-    return raw.decode("utf-8", "backslashreplace")
+__all__ = ["readable", "scan_classes", "shown"]
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .manifest import FORMAT, MANIFEST, VERSION, PackError, read_manifest
+from .manifest import FORMAT, MANIFEST, MAX_MANIFEST_BYTES, VERSION, PackError, read_manifest
 from .shard_source import MAX_MEMBER_BYTES
 
 __all__ = ["BAD_FILES", "MANIFEST", "PackError", "pack_folder", "read_manifest", "read_shard"]
@@ -189,12 +189,29 @@ def _check_out(dest: Path, root: Path, *, overwrite: bool) -> list[str]:
                 f"{dest}: already holds packed shards ({held}); choose another OUT, or pass --overwrite to replace them"
             )
         return []
+    old: list[str] = []
     try:
         old = [sh["name"] for s in read_manifest(dest)["splits"].values() for sh in s["shards"]]
-    except PackError:
-        old = []
+    except PackError as e:  # a damaged pack of vitlab's is replaced; another program's manifest is never removed
+        if has_manifest and not _our_manifest(dest / MANIFEST):
+            raise PackError(
+                f"{dest}: its {MANIFEST} is not one vitlab wrote ({str(e).removeprefix(f'{dest / MANIFEST}: ')}); "
+                "--overwrite replaces only a pack's own files: move it away, or choose another OUT"
+            ) from None
     (dest / MANIFEST).unlink(missing_ok=True)  # replaced at the end; until then the folder is not complete
     return old
+
+
+def _our_manifest(path: Path) -> bool:
+    """Whether ``path`` is a manifest vitlab wrote (its ``format``), however damaged its pack is."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT
 
 
 def _text(s: str) -> str:

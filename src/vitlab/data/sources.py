@@ -24,16 +24,27 @@ from .rows import ImageRows, PackedImages
 from .scan import readable, scan_classes
 
 __all__ = [
+    "BUILTIN_DATA",
+    "DEFAULT_HOLD_OUT",
+    "EVAL_DIRS",
     "DataError",
     "DataSplits",
     "FolderPlan",
     "ImageArray",
+    "builtin_data",
+    "data_folder",
     "describe_splits",
     "digits_arrays",
+    "eval_split_dir",
     "load_data",
     "stratified_split",
 ]
 
+BUILTIN_DATA = ("digits", "cifar10", "cifar100")
+"""The data sets ``--data`` names by a bare name. A name is always the data set, even where a folder of that name
+exists here (the run's own ``--out digits``, say): a folder of that name is given as a path, ``./digits``."""
+DEFAULT_HOLD_OUT = 0.1
+"""The fraction of a folder without ``val/`` or ``test/`` a training run holds out for evaluation (``--val-split``)."""
 HEADER_SAMPLE = 1024
 """Files of a training split whose headers decide a :class:`FolderPlan` (evenly spread; all of a smaller split)."""
 
@@ -97,6 +108,43 @@ class DataSplits:
 
     def describe(self) -> dict[str, object]:
         return describe_splits(self)
+
+
+def builtin_data(spec: str) -> str | None:
+    """The built-in data set a ``--data`` value names (:data:`BUILTIN_DATA`, any case, blanks around ignored), or
+    None: then it is a path (a folder, tar shards) or a mistake."""
+    key = str(spec).strip().lower()
+    return key if key in BUILTIN_DATA else None
+
+
+def data_folder(spec: str) -> Path | None:
+    """The folder a ``--data`` value names, or None: a built-in name (:func:`builtin_data`) is never a folder, even
+    where one of that name exists here. A run folder (``vitlab train --out``: ``last.pt``, or a model in ``model/``)
+    is an output folder, never read as data: a :class:`DataError` in one line."""
+    if builtin_data(spec) is not None:
+        return None
+    path = Path(str(spec)).expanduser()
+    if not path.is_dir():
+        return None
+    model = path / "model"
+    if (path / "last.pt").is_file() or ((model / "model.safetensors").is_file() and (model / "config.json").is_file()):
+        raise DataError(
+            f"--data {spec}: a run folder (vitlab train --out wrote it), not a data set; an output folder is never "
+            "read as data: give the data's own folder"
+        )
+    return path
+
+
+EVAL_DIRS = ("val", "valid", "validation", "test")
+"""The names of a folder's own evaluation split, beside ``train/``, in the order one is looked for."""
+
+
+def eval_split_dir(root: Path) -> Path | None:
+    """The evaluation split folder of ``root`` (:data:`EVAL_DIRS`) when it also holds ``train/``, else None: a
+    plain class folder, evaluated whole or by a held-out fraction."""
+    if not (root / "train").is_dir():
+        return None
+    return next((root / n for n in EVAL_DIRS if (root / n).is_dir()), None)
 
 
 def describe_splits(data: Any) -> dict[str, object]:
@@ -163,10 +211,11 @@ def _cifar(name: str, cache_dir: Path) -> DataSplits:
         train = cls(str(root), train=True, download=True)
         test = cls(str(root), train=False, download=True)
     except Exception as e:  # no network: say what to do instead
+        here = f"; the folder {name}/ here is given as --data ./{name}" if Path(name).is_dir() else ""
         raise OfflineError(
             f"{name}: could not download through torchvision into {root} ({type(e).__name__}); copy the "
             f"torchvision files there, or pass a local ImageFolder instead (--data path/to/{name}, holding "
-            "train/<class>/ and test/<class>/)"
+            f"train/<class>/ and test/<class>/){here}"
         ) from None
     return DataSplits(
         name,
@@ -263,8 +312,8 @@ def _decode_split(
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:
     train_dir = root / "train"
-    val_dir = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)
-    if train_dir.is_dir() and val_dir is not None and val_split is None:
+    val_dir = eval_split_dir(root)
+    if val_dir is not None and val_split is None:
         seen: dict[tuple[int, int], str] = {}
         if eval_only:  # train/ is only scanned: its class names and its files (none of which val may reuse)
             _, _, names = scan_classes(train_dir, None, min_classes=opt.min_classes, seen=seen, problems=[])
@@ -290,7 +339,14 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         )
     tree = train_dir if train_dir.is_dir() else root
     full, names, skipped, f1, plan = _decode_split(tree, None, opt)  # one cache: val is not stored apart
-    tr, va = stratified_split(full.labels, val_split or 0.1, seed=0)
+    if eval_only and val_split is None:  # nothing trains on it: the whole folder is evaluated, none held out
+        whole = dataclasses.replace(plan, eval_side=None) if plan is not None else None
+        files = [f1] if f1 else []
+        return DataSplits(
+            root.name, full.subset(np.arange(0)), full, names, val_name="all", skipped=skipped, cache_files=files,
+            plan=whole,
+        )  # fmt: skip
+    tr, va = stratified_split(full.labels, val_split or DEFAULT_HOLD_OUT, seed=0)
     # views over the decode cache, not copies: the tree may be larger than RAM
     files = [f1] if f1 else []
     return DataSplits(
@@ -302,7 +358,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         skipped=skipped,
         cache_files=files,
         plan=dataclasses.replace(plan, eval_side=None) if plan is not None else None,
-        held_out=val_split or 0.1,
+        held_out=val_split or DEFAULT_HOLD_OUT,
     )
 
 
@@ -340,7 +396,9 @@ def load_data(
     evaluation class folder absent from ``train/``, is a :class:`DataError`.
 
     ``eval_only``: a folder with ``train/`` and ``val/`` (or ``test/``) decodes its evaluation split
-    alone (``train/`` is scanned for its class names, and the returned ``train`` is empty).
+    alone (``train/`` is scanned for its class names, and the returned ``train`` is empty); a folder without them
+    and without ``val_split`` is evaluated whole (``val`` is every image, named ``all``; nothing is held out, as
+    nothing trains on it).
 
     ``crop`` (with ``size``, without ``plan``): a folder stored for evaluating a square model that centre-crops
     ``crop`` after resizing the shorter side to ``size`` (:func:`vitlab.evaluate.decode_size`): every image of
@@ -365,11 +423,13 @@ def load_data(
     from .cache import default_cache_dir
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = spec.strip().lower()
+    key = builtin_data(spec)
     if key == "digits":
         return _digits(val_split)
-    root = Path(spec).expanduser()
-    if root.is_dir():
+    if key is not None:
+        return _cifar(key, cache)
+    root = data_folder(spec)
+    if root is not None:
         opt = _Decode(
             size=size,
             mode="L" if grayscale else "RGB",
@@ -384,9 +444,7 @@ def load_data(
             crop=crop,
         )
         return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)
-    if key in ("cifar10", "cifar100"):
-        return _cifar(key, cache)
-    if key.startswith("hf:"):
+    if spec.strip().lower().startswith("hf:"):
         raise DataError(
             f"--data {spec}: the Hugging Face datasets reader is not built; write the data set as an ImageFolder and "
             "`vitlab data pack` it (docs/scale.md)"

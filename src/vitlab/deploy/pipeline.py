@@ -1,11 +1,15 @@
 """``vitlab export`` as a function: a float32 model -> an exported folder (:mod:`.folder`) and its agreement
-report (:mod:`.report`), checked on images before anything is trusted."""
+report (:mod:`.report`), checked on images before anything is trusted.
+
+The folder records what runs, read from what was written: the graph's own opset, the token-merging schedule the
+model applies (``--tome 100`` on a model that can merge 8 tokens a block records 8), the content hash of each
+model file. An int8 export whose report measures it slower than its float32 model at a batch size keeps both
+and says which serves which batch (:func:`.report.serving_table`)."""
 
 from __future__ import annotations
 
 import copy
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,22 +18,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._fs import atomic_write_text, output_error, staging
 from .._version import __version__
-from ..errors import ConfigError
-from ..export import export_model
+from ..errors import ConfigError, OutputError
 from ..models.tome import check as tome_check
 from .folder import (
     CONFIG_NAME,
+    FLOAT_FILES,
     INT8_MODES,
     OUR_FILES,
     QUANT_FORMATS,
     REPORT_NAME,
     ExportInfo,
+    hashed_files,
     is_exported,
     write_config,
 )
+from .graph import check_opset, file_digest, read_graph
 from .images import CheckImages, folder_images, generated_images
-from .report import agreement, logits_of, timings
+from .model_file import check_finite, export_model
+from .report import agreement, logits_of, serving_table, timings
 from .runtime import open_exported, save_torch
 
 __all__ = ["ExportOptions", "export_folder"]
@@ -77,6 +85,8 @@ class ExportOptions:
                 raise ConfigError(f"{flag}: must be >= 1, got {v}")
         if self.timing_runs < 0:
             raise ConfigError(f"--timing-runs: must be >= 0, got {self.timing_runs}")
+        if self.format == "onnx":
+            check_opset(self.opset)
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -108,14 +118,28 @@ def _images(model: nn.Module, opts: ExportOptions) -> tuple[CheckImages, CheckIm
     return check, calib
 
 
-def _write_model(model: nn.Module, stage: Path, opts: ExportOptions, calib: CheckImages | None) -> ExportInfo:
-    """The model file(s) and config.json in ``stage``; returns what was exported."""
+def effective_tome(model: nn.Module, r: int) -> tuple[int, list[int]]:
+    """``(r, schedule)`` of what ``--tome r`` makes ``model`` merge: the tokens merged in each block, and the
+    smallest ``r`` with that schedule (the first block's count: ``--tome 100`` on 16 patch tokens merges 8, then
+    4, then none, which is ``--tome 8``); ``(0, [])`` when nothing merges."""
+    if not r:
+        return 0, []
+    schedule = model.tome_schedule(r=r)
+    first = schedule[0] if schedule else 0
+    return first, schedule if first else []
+
+
+def _write_model(
+    model: nn.Module, stage: Path, opts: ExportOptions, calib: CheckImages | None, *, r: int, keep_float: bool
+) -> ExportInfo:
+    """The model file(s) in ``stage`` (with ``keep_float``, an int8 export's float32 model too, as
+    :data:`FLOAT_FILES` names it); returns what was exported."""
     from .quantize import ort_dynamic, ort_static, torch_dynamic
 
-    deployed = copy.deepcopy(model).set_tome(opts.tome).eval()
-    info = ExportInfo(format=opts.format, int8=opts.int8, tome_r=opts.tome)
+    deployed = copy.deepcopy(model).set_tome(r).eval()
+    info = ExportInfo(format=opts.format, int8=opts.int8, tome_r=r)
+    float_name = FLOAT_FILES[opts.format]
     if opts.format == "onnx":
-        info.opset = opts.opset
         plain = stage / ("model.onnx" if opts.int8 is None else "float.onnx")
         res = export_model(
             deployed, plain, format="onnx", check=opts.parity_check, tolerance=opts.tolerance, opset=opts.opset
@@ -127,30 +151,38 @@ def _write_model(model: nn.Module, stage: Path, opts: ExportOptions, calib: Chec
             info.quant_format = opts.quant_format
             ort_static(plain, stage / "model.onnx", calib.inputs.numpy(), quant_format=opts.quant_format)
         if opts.int8 is not None:
-            for f in res.files:
-                f.unlink()
+            if keep_float and len(res.files) == 1:  # (a graph with external weights names its .data file)
+                os.replace(plain, stage / float_name)
+            else:
+                for f in res.files:
+                    f.unlink()
+        info.opset = read_graph(stage / "model.onnx").opset  # the graph's own, not the one asked for
     else:
-        if opts.int8 == "dynamic":
-            deployed = torch_dynamic(deployed)
+        quantised = torch_dynamic(deployed) if opts.int8 == "dynamic" else deployed
         if opts.format == "torchscript":
             export_model(
-                deployed, stage / "model.pt", format="torchscript", check=opts.parity_check, tolerance=opts.tolerance
+                quantised, stage / "model.pt", format="torchscript", check=opts.parity_check, tolerance=opts.tolerance
             )
+            if opts.int8 and keep_float:
+                export_model(deployed, stage / float_name, format="torchscript", check=False)
         else:
-            save_torch(deployed, stage / "model.safetensors", int8=opts.int8 is not None)
+            save_torch(quantised, stage / "model.safetensors", int8=opts.int8 is not None)
+            if opts.int8 and keep_float:
+                save_torch(deployed, stage / float_name, int8=False)
+    names = [n for n in (info.file, float_name) if (stage / n).is_file()]
+    info.sha256 = {n: file_digest(hashed_files(stage, n)) for n in names}
     return info
 
 
-def _place(stage: Path, out: Path) -> list[str]:
-    """Move the staged files into ``out``; earlier export files there that this export does not write are
-    removed (they are vitlab's own: the folder's config says it is an export). Returns the file names."""
+def _clear_earlier(stage: Path, out: Path) -> list[str]:
+    """Before the staged files are moved into ``out``: earlier export files there that this export does not write
+    are removed (they are vitlab's own: the folder's config says it is an export; a link is removed as a link).
+    Returns the staged file names."""
     names = sorted(p.name for p in stage.iterdir())
     if is_exported(out):
         for n in OUR_FILES:  # (the earlier report too: it describes the model replaced now)
             if n not in names:
                 (out / n).unlink(missing_ok=True)
-    for n in names:
-        os.replace(stage / n, out / n)
     return names
 
 
@@ -165,20 +197,28 @@ def export_folder(
     opts.validate()
     out = Path(out)
     check_out(out, opts.overwrite)
+    check_finite(model, where=f"--model {source}" if source else "export")  # before any work
     tome_check(model, opts.tome)  # a model that cannot merge tokens fails before any work
+    r, schedule = effective_tome(model, opts.tome)
     check, calib = _images(model, opts)
     made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = out / f".vitlab-export-{os.getpid()}"
-    stage.mkdir()
+    keep_float = bool(opts.int8) and opts.timing_runs > 0
     try:
-        info = _write_model(model, stage, opts, calib)
-        info.source = source
-        write_config(stage, model.config, info)
-        files = _place(stage, out)
+        out.mkdir(parents=True, exist_ok=True)
+        # Every file is written in a fresh folder beside its entry and renamed over it (:func:`vitlab._fs.staging`):
+        # a link in ``out`` is replaced, never written through; a failure leaves the earlier export as it was.
+        with staging(out, what="the export") as stage:
+            info = _write_model(model, stage, opts, calib, r=r, keep_float=keep_float)
+            info.source = source
+            info.tome_schedule = schedule or None
+            write_config(stage, model.config, info)
+            files = _clear_earlier(stage, out)
+    except OSError as e:
+        if isinstance(e, OutputError):
+            raise
+        raise output_error(out, e, what="the export", kept="nothing was written") from None
     finally:
-        shutil.rmtree(stage, ignore_errors=True)  # (only this process's staging folder)
-        if made and not any(out.iterdir()):  # a failed export leaves no empty folder it made
+        if made and out.is_dir() and not any(out.iterdir()):  # a failed export leaves no empty folder it made
             out.rmdir()
     exported = open_exported(out, trust_torchscript=True)  # (written by this process a moment ago)
     reference = accelerate(copy.deepcopy(model)).eval()
@@ -194,6 +234,7 @@ def export_folder(
         "int8": info.int8,
         "quant_format": info.quant_format,
         "tome_r": info.tome_r,
+        "opset": info.opset,
         "files": [*files, REPORT_NAME],
         "check_data": {"source": check.source, "images": len(check.names), "description": check.describe()},
         "calib_data": None if calib is None else {"source": calib.source, "images": len(calib.names)},
@@ -208,24 +249,35 @@ def export_folder(
     ):
         rep["calib_data"]["note"] = "calibrated on the check images: the agreement is optimistic"
     if opts.tome:
-        r = opts.tome
         rep["tome"] = {
-            "schedule": model.tome_schedule(r=r),
+            "asked": opts.tome,
+            "r": r,
+            "schedule": model.tome_schedule(r=r) if r else [0] * len(model.blocks),
             "macs_fp32": model.macs(),
             "macs_tome": model.tome_macs(r=r),
         }
-    rep["timing"] = (
-        timings(
-            {"fp32": reference, "exported": exported},
-            (model.config.in_chans, *model.config.img_size),
-            runs=opts.timing_runs,
-        )
-        if opts.timing_runs
-        else None
-    )
+    float_name = info.float_file if (out / info.float_file).is_file() and info.int8 else None
+    if opts.timing_runs:
+        timed = {"fp32": reference, "exported": exported}
+        if float_name:
+            timed["exported_fp32"] = open_exported(out, trust_torchscript=True, only="float32")
+        rep["timing"] = timings(timed, (model.config.in_chans, *model.config.img_size), runs=opts.timing_runs)
+    else:
+        rep["timing"] = None
+    if float_name:
+        info.by_batch = serving_table(rep["timing"])
+        if not info.serves_float:  # int8 serves every batch: the float32 model is not kept
+            (out / float_name).unlink()
+            info.by_batch = None
+            info.sha256.pop(float_name, None)
+            rep["files"].remove(float_name)
+        else:
+            rep["size_bytes"]["exported_fp32"] = (out / float_name).stat().st_size
+        write_config(out, model.config, info)
+    rep["serving"] = {"by_batch": info.by_batch or [[1, "int8" if info.int8 else "float32"]]}
     rep["passed"] = 1.0 - ag["top1_agreement"] <= opts.max_disagreement + 1e-12
     rep["agreement"] = ag  # (last in the file: it holds the per-image predictions)
-    (out / REPORT_NAME).write_text(_json(rep))
+    atomic_write_text(out / REPORT_NAME, _json(rep), what="the report")
     return rep
 
 

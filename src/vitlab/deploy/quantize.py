@@ -6,9 +6,14 @@
   quantised (``MatMul``, ``Gemm``, the patch ``Conv``): LayerNorm, softmax, GELU and the residual adds stay
   float, which keeps the logits' cosine to the float model highest for the same speed-critical work.
   Weights per output channel.
-- **PyTorch** (no extra): :func:`torch_dynamic` swaps every ``nn.Linear`` for ``torch.ao``'s dynamically
-  quantised Linear (per-channel int8 weights). :func:`int8_state` / :func:`load_int8` store and rebuild
-  it from plain tensors (int8 weights, scales, zero points in safetensors): no pickle, no code in the file.
+- **PyTorch** (no extra): :func:`torch_dynamic` swaps every ``nn.Linear`` for :class:`Int8Linear`, vitlab's own
+  dynamically quantised linear layer on plain torch ops: int8 weights per output channel (symmetric), each call's
+  activations quantised per row (token) to int8, the products summed in int32 (``torch._int_mm``, the kernel
+  torchao's ``Int8DynamicActivationInt8WeightConfig`` runs), then scaled back to float. Not ``torch.ao.quantization``,
+  which PyTorch deprecated for removal (its successor, torchao, is a separate package that is not a vitlab
+  dependency); the scheme is torchao's, the layer twenty lines. :func:`int8_state` / :func:`load_int8` store and
+  rebuild it from plain tensors (int8 weights and their scales in safetensors): no pickle, no code in the file.
+  Folders written with ``torch.ao`` (the same tensors plus all-zero zero points) load as they are.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..export import ExportError
+from ..errors import CheckpointError
+from .graph import ExportError
 
-__all__ = ["OP_TYPES", "int8_state", "load_int8", "ort_dynamic", "ort_static", "torch_dynamic"]
+__all__ = ["OP_TYPES", "Int8Linear", "int8_state", "load_int8", "ort_dynamic", "ort_static", "torch_dynamic"]
 
 OP_TYPES = ["MatMul", "Gemm", "Conv"]
 """The ONNX ops quantised: the matrix products (attention's and the linear layers') and the patch projection."""
@@ -33,8 +39,8 @@ OP_TYPES = ["MatMul", "Gemm", "Conv"]
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Without torch.ao's deprecation notices and onnxruntime's per-tensor log lines (it logs on the root
-    logger: integer shape tensors it leaves alone)."""
+    """Without onnxruntime's per-tensor log lines (it logs on the root logger: integer shape tensors it leaves
+    alone) and its quantiser's deprecation notices."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
@@ -103,70 +109,99 @@ def ort_static(src: Path, dst: Path, calib: np.ndarray, *, quant_format: str = "
             pre.unlink(missing_ok=True)
 
 
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` stored as int8 per output channel (``W[o] ~ weight_scale[o] * weight[o]``,
+    symmetric) and ``x`` quantised to int8 per row for each call (scale ``max|x_row| / 127``, dynamic: no
+    calibration), ``x_q W_q^T`` summed in int32, then scaled back to float32. Buffers only: it is not trained."""
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.to(torch.int8).contiguous())
+        self.register_buffer("weight_scale", weight_scale.to(torch.float32).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> Int8Linear:
+        """``linear``'s weights rounded to int8 per output channel."""
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        q = (w / scale[:, None]).round().clamp(-127, 127)
+        return cls(q, scale, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        s = (rows.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+        q = (rows / s).round().clamp(-127, 127).to(torch.int8)
+        y = _int8_matmul(q, self.weight).float() * (s * self.weight_scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _int8_matmul(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``q @ w.T`` of int8 matrices, in int32 (``torch._int_mm``; where this torch lacks it for the device, the
+    same sums in float64, exact for these sizes)."""
+    try:
+        return torch._int_mm(q, w.t())
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return (q.double() @ w.double().t()).round().to(torch.int32)
+
+
 def torch_dynamic(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose ``nn.Linear`` layers are ``torch.ao``'s dynamically quantised Linear
-    (int8 weights per output channel, activations quantised per batch), in eval mode."""
+    """A copy of ``model`` in eval mode whose ``nn.Linear`` layers are :class:`Int8Linear` (int8 weights per
+    output channel, activations quantised per row for each batch)."""
     import copy
 
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    out = copy.deepcopy(model).eval()
+    for name, m in list(out.named_modules()):
+        if isinstance(m, nn.Linear):
+            _replace(out, name, Int8Linear.from_float(m))
+    return out
 
-    with _quiet():
-        return quantize_dynamic(copy.deepcopy(model).eval(), {nn.Linear: per_channel_dynamic_qconfig})
 
-
-def _qlinear_type() -> type:
-    from torch.ao.nn.quantized.dynamic import Linear
-
-    return Linear
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
 
 
 def int8_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The tensors of a :func:`torch_dynamic` model: plain parameters and buffers as they are; for each
-    quantised Linear ``L``: ``L.weight`` (int8), ``L.weight_scale`` and ``L.weight_zero_point`` (per output
-    channel) and ``L.bias`` (float)."""
-    qlinear = _qlinear_type()
-    state: dict[str, torch.Tensor] = {}
-    quantised = [name for name, m in model.named_modules() if isinstance(m, qlinear)]
-    for name, m in model.named_modules():
-        if isinstance(m, qlinear):
-            w, b = m.weight(), m.bias()
-            state[f"{name}.weight"] = w.int_repr().contiguous()
-            state[f"{name}.weight_scale"] = w.q_per_channel_scales().double().contiguous()
-            state[f"{name}.weight_zero_point"] = w.q_per_channel_zero_points().long().contiguous()
-            if b is not None:
-                state[f"{name}.bias"] = b.detach().float().contiguous()
-        elif not any(name.startswith(q + ".") for q in quantised):
-            prefix = f"{name}." if name else ""
-            for k, t in (*m._parameters.items(), *m._buffers.items()):
-                if t is not None and k not in m._non_persistent_buffers_set:
-                    state[prefix + k] = t.detach().contiguous()
-    return state
+    :class:`Int8Linear` ``L``: ``L.weight`` (int8), ``L.weight_scale`` (per output channel) and ``L.bias``
+    (float)."""
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
 def load_int8(model: nn.Module, state: dict[str, torch.Tensor], *, source: str) -> nn.Module:
     """``model`` (a float ViT of the right config) as :func:`torch_dynamic` made it, with the int8 weights
-    of ``state`` (:func:`int8_state`). Every tensor must fit: a missing, extra or mis-shaped one is a
-    :class:`~vitlab.errors.CheckpointError` naming ``source``."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
+    of ``state`` (:func:`int8_state`, or the same tensors as ``torch.ao`` stored them, with zero points). Every
+    tensor must fit: a missing, extra or mis-shaped one is a :class:`~vitlab.errors.CheckpointError` naming
+    ``source``."""
     from ..checkpoints import load_state
-    from ..errors import CheckpointError
 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     names = [n for n, m in linears.items() if state.get(f"{n}.weight", torch.empty(0)).dtype == torch.int8]
     prefixes = tuple(n + "." for n in names)
     load_state(model, {k: v for k, v in state.items() if not k.startswith(prefixes)}, source=source, fresh=prefixes)
-    with _quiet():
-        model = quantize_dynamic(model.eval(), {n: per_channel_dynamic_qconfig for n in names})
     for n in names:
         w8, scale, zp = (state.get(f"{n}.{k}") for k in ("weight", "weight_scale", "weight_zero_point"))
         out_f, in_f = linears[n].out_features, linears[n].in_features
-        if w8.shape != (out_f, in_f) or scale is None or zp is None or scale.shape != (out_f,) or zp.shape != (out_f,):
-            raise CheckpointError(f"{source}: {n}: int8 weight, scales or zero points do not fit ({out_f}x{in_f})")
+        if w8.shape != (out_f, in_f) or scale is None or scale.shape != (out_f,):
+            raise CheckpointError(f"{source}: {n}: int8 weight or scales do not fit ({out_f}x{in_f})")
+        if not scale.is_floating_point() or not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
+            raise CheckpointError(f"{source}: {n}.weight_scale: expected positive finite scales")
+        if zp is not None and (zp.shape != (out_f,) or bool(zp.any())):
+            raise CheckpointError(f"{source}: {n}.weight_zero_point: only symmetric int8 weights (zero points 0)")
         bias = state.get(f"{n}.bias")
         if (bias is None) != (linears[n].bias is None) or (bias is not None and bias.shape != (out_f,)):
             raise CheckpointError(f"{source}: {n}.bias: missing or mis-shaped")
-        with _quiet():
-            qw = torch._make_per_channel_quantized_tensor(w8, scale.double(), zp.long(), 0)
-        model.get_submodule(n).set_weight_bias(qw, bias)
-    return model
+        extra = set(k for k in state if k.startswith(f"{n}.")) - {
+            f"{n}.{k}" for k in ("weight", "weight_scale", "weight_zero_point", "bias")
+        }
+        if extra:
+            raise CheckpointError(f"{source}: unexpected tensors {', '.join(sorted(extra))}")
+        _replace(model, n, Int8Linear(w8, scale, bias))
+    return model.eval()

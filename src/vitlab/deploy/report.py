@@ -16,7 +16,7 @@ import torch
 
 from .images import CheckImages
 
-__all__ = ["agreement", "format_report", "logits_of", "timings"]
+__all__ = ["agreement", "format_report", "logits_of", "serving_table", "timings"]
 
 _BATCH = 32
 
@@ -84,6 +84,22 @@ def timings(
     return out
 
 
+def serving_table(timing: dict[str, Any] | None) -> list[list[Any]] | None:
+    """Which model of an int8 export serves a batch of each size, from the report's own measurement ``timing``
+    (:func:`timings` of ``exported``, the int8 model, and ``exported_fp32``, its float32 model in the same
+    runtime): ``[[1, "int8"], [32, "float32"]]`` when int8 is the faster at batch 1 and the slower at 32 (a
+    batch of 2 to 31 takes the batch-1 choice: only the measured sizes decide); ``None`` when int8 is as fast or
+    faster at both sizes measured (or nothing was measured): the int8 model for every batch."""
+    if not timing or "exported_fp32" not in timing:
+        return None
+    q, f = timing["exported"], timing["exported_fp32"]
+    one = "float32" if q["latency_ms_batch1"] > f["latency_ms_batch1"] else "int8"
+    many = "float32" if q["images_per_s_batch32"] < f["images_per_s_batch32"] else "int8"
+    if one == many == "int8":
+        return None
+    return [[1, one]] if one == many else [[1, one], [_BATCH, many]]
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
@@ -119,6 +135,23 @@ def format_report(rep: dict[str, Any]) -> list[str]:
             f"{f['images_per_s_batch32']:.1f} img/s, exported {e['images_per_s_batch32']:.1f} img/s "
             f"({_ratio(e['images_per_s_batch32'], f['images_per_s_batch32'])}) on {t['threads']} threads"
         )
+        q = t.get("exported_fp32")
+        if q:
+            lines.append(
+                f"  its float32 model: batch 1 {q['latency_ms_batch1']:.2f} ms, batch 32 "
+                f"{q['images_per_s_batch32']:.1f} img/s (int8: {_ratio(q['latency_ms_batch1'], e['latency_ms_batch1'])}"
+                f" at batch 1, {_ratio(e['images_per_s_batch32'], q['images_per_s_batch32'])} at batch 32)"
+            )
     else:
         lines.append("  timing: not measured (--no-timing)")
+    table = (rep.get("serving") or {}).get("by_batch")
+    if table and any(kind == "float32" for _, kind in table) and rep.get("int8"):
+        parts = [
+            f"batches of {first}{'+' if i == len(table) - 1 else f'-{table[i + 1][0] - 1}'}: {kind}"
+            for i, (first, kind) in enumerate(table)
+        ]
+        lines.append(
+            "  serving: " + "; ".join(parts) + " (int8 measured slower there; both models kept, config.json's "
+            "export.by_batch says which serves which batch)"
+        )
     return lines

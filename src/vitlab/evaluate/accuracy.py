@@ -3,6 +3,7 @@ files to a model's evaluation inputs (``vitlab eval``, ``fewshot`` and ``predict
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from torch import nn
 
 from ..data.resize import resize_side
 from ..devices import autocast, resolve_device
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
@@ -73,10 +74,12 @@ def evaluate_batches(
     amp_dtype: torch.dtype | None = None,
     dist=None,
     tta: str | None = None,
+    finite: bool = False,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
     class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
-    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`).
+    ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`). ``finite``: NaN or
+    infinite logits are an error (``vitlab eval``: a model whose outputs are NaN has no accuracy to report).
 
     Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
     in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
@@ -95,6 +98,12 @@ def evaluate_batches(
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             logits = tta_logits(model, x, tta)
+        if finite and not bool(torch.isfinite(logits).all()):
+            bad = int((~torch.isfinite(logits)).any(1).sum())
+            raise CheckpointError(
+                f"the model's outputs hold NaN or infinite values ({bad} of {len(logits)} images of a batch); "
+                "it has no accuracy to report (its weights, or an exported graph, are broken)"
+            )
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=c - 1).cpu()
@@ -154,21 +163,23 @@ def preprocess_for(model: nn.Module):
 
 
 def transforms_for(model: nn.Module, *, training: bool = False):
-    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from a PIL
-    image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1] too) to the
-    normalised float tensor the model takes.
+    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from an image
+    file's path, a PIL image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1]
+    too) to the normalised float tensor the model takes.
 
-    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``. A PIL image stays one until
-    after the crop: its mode is converted first as vitlab's decoder converts it
-    (:func:`~vitlab.data.decode.convert_mode`: transparency on white, 16-bit scaled, ``L`` for a one-channel
-    model), then PIL resizes it (bicubic) and crops it, so the result equals
-    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same image
-    (timm's transform is given RGB; EXIF orientation is the caller's, as in timm: ``ImageOps.exif_transpose``).
-    A uint8 array or tensor of 1 or 3 channels is resized as a PIL image too (the same pixels); a float tensor,
-    or another channel count, is resized by torch (bicubic, antialiased), which may differ from PIL by about
-    one grey level where it resizes. ``training=True``: the paper's Inception crop and a horizontal flip
-    (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are matched to the model as
-    vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
+    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``, after what vitlab's decoder
+    does to a file (:func:`~vitlab.data.decode.decode_image`): a path is decoded by it, and a PIL image is treated
+    as it treats the file it opened (:func:`~vitlab.data.decode.decode_pil`: turned as its EXIF orientation tag
+    says, transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so
+    ``transforms_for(model)(path)`` and ``transforms_for(model)(Image.open(path))`` are the pixels ``vitlab predict
+    path`` feeds the model: a phone's portrait stands upright, a transparent PNG lies on white. A PIL image stays
+    one until after the crop: PIL resizes it (bicubic) and crops it, so the result equals
+    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same (turned, RGB)
+    image. A uint8 array or tensor of 1 or 3 channels is taken as already decoded and resized as a PIL image too
+    (the same pixels); a float tensor, or another channel count, is resized by torch (bicubic, antialiased),
+    which may differ from PIL by about one grey level where it resizes. ``training=True``: the paper's Inception
+    crop and a horizontal flip (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are
+    matched to the model as vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
     from torchvision.transforms import v2
 
     from ..data import train_transform
@@ -182,7 +193,8 @@ def transforms_for(model: nn.Module, *, training: bool = False):
 
 class _ModelChannels:
     """Any image :func:`transforms_for` takes -> the model's channel count, by the decoder's rule: a uint8
-    ``(C, H, W)`` tensor, or with ``keep_pil`` a PIL image in ``L`` (a one-channel model) or ``RGB`` (three)."""
+    ``(C, H, W)`` tensor, or with ``keep_pil`` a PIL image in ``L`` (a one-channel model) or ``RGB`` (three). A
+    path is decoded by the one decoder; a PIL image is turned and converted as it turns and converts a file."""
 
     def __init__(self, in_chans: int, *, keep_pil: bool) -> None:
         self.in_chans, self.keep_pil = in_chans, keep_pil
@@ -191,11 +203,14 @@ class _ModelChannels:
         from PIL import Image
         from torchvision.transforms import v2
 
-        from ..data.decode import convert_mode, match_channels
+        from ..data.decode import decode_pil, match_channels
+        from ..data.user_images import read_image
 
-        if isinstance(image, Image.Image):
+        if isinstance(image, (str, os.PathLike)):
+            image = read_image(image).copy()  # the one decoder: EXIF orientation, transparency on white, RGB
+        elif isinstance(image, Image.Image):
             grey = image.mode in ("1", "L", "LA", "La", "I", "F") or image.mode.startswith("I;")
-            image = convert_mode(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
+            image = decode_pil(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
             if self.keep_pil and self.in_chans in (1, 3):
                 return image
         return match_channels(v2.ToImage()(image).as_subclass(torch.Tensor), self.in_chans)
@@ -264,6 +279,10 @@ def evaluate_model(
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``; ``tta="flip"``: with
     test-time flip augmentation (:func:`tta_logits`).
 
+    The evaluation split is the data's own (``val/`` or ``test/``), or with ``val_split`` the fraction held out of
+    the training images (stratified, seed 0, as training holds it out); a folder with neither is evaluated whole
+    (``split`` ``all`` in the result: nothing trains on it here, so nothing is held out).
+
     The data's class folders are matched to ``model.config.class_names`` by name, so a folder
     holding only some of the classes still evaluates correctly. ``buffer_bytes`` bounds the decoded
     images held in memory while a folder's decode cache is built (default 64 MiB, ``--memory-budget``).
@@ -320,7 +339,7 @@ def evaluate_model(
     loader = DataLoader(ds, batch_size=batch_size)
     log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
     batches = log.wrap(loader)
-    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta, finite=True)
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res["class_names"] = names
@@ -338,22 +357,22 @@ def training_plan(
     training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
     folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
     file: it is only compared and checked (:meth:`~vitlab.data.sources.FolderPlan.from_record`)."""
-    from ..data.sources import FolderPlan
+    from ..data.sources import DEFAULT_HOLD_OUT, FolderPlan
 
     extra = model.config.extra or {}
     recorded, plan = extra.get("data"), FolderPlan.from_record(extra.get("data_plan"))
     saved = extra.get("val_split")
     if plan is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
         return None
-    if val_split is not None and val_split != saved:
-        return None
+    if val_split is not None and val_split not in (saved, DEFAULT_HOLD_OUT if saved is None else saved):
+        return None  # (no --val-split in training: a folder without val/ held out the default fraction)
     if plan.size is not None and tuple(plan.size) != tuple(model.config.img_size):
         return None
     try:
         same = Path(recorded).is_absolute() and Path(recorded).resolve() == Path(data).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return None
-    return (plan, saved) if same else None
+    return (plan, saved if val_split is None else val_split) if same else None
 
 
 def _evaluate_shards(
@@ -393,7 +412,7 @@ def _evaluate_shards(
     )
     model.to(device)
     batches = StreamBatches(DataLoader(ds, batch_size=batch_size))
-    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta, finite=True)
     present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])

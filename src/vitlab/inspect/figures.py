@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
 
+from .._fs import atomic_write_bytes
+
 __all__ = [
     "plot_attention_distance",
     "plot_filter_pcs",
@@ -44,7 +46,7 @@ def png_bytes(fig: Figure, *, dpi: int = 100) -> bytes:
 def save_png(fig: Figure, path: str | os.PathLike[str], *, dpi: int = 100) -> bytes:
     """Write ``fig`` as a PNG file, close it, and return the bytes (for embedding)."""
     data = png_bytes(fig, dpi=dpi)
-    Path(path).write_bytes(data)
+    atomic_write_bytes(Path(path), data)  # (a link at path is replaced, never written through)
     return data
 
 

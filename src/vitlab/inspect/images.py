@@ -18,7 +18,15 @@ import torch
 from ..data.decode import match_channels
 from ..data.user_images import image_files, read_image
 
-__all__ = ["LabelledSplit", "digits_images", "labelled_splits", "preprocess", "read_images", "to_chw"]
+__all__ = [
+    "LabelledSplit",
+    "digits_images",
+    "labelled_splits",
+    "preprocess",
+    "read_images",
+    "sample_split",
+    "to_chw",
+]
 
 
 @dataclass
@@ -111,3 +119,61 @@ def labelled_splits(
         )
 
     return split(splits.train, "train"), split(splits.val, splits.val_name)
+
+
+def sample_split(
+    data: str,
+    n: int,
+    *,
+    size: int | None = None,
+    crop: int | None = None,
+    val_split: float | None = None,
+    max_pixels: int | None = None,
+    seed: int = 0,
+) -> tuple[list[np.ndarray], list[str], str]:
+    """``(images, their class names, the split's name)``: ``n`` images drawn (``seed``) from the evaluation split of
+    a ``--data`` value, decoding only those. A folder's files are listed (no pixels read), ``n`` of its evaluation
+    split drawn, and those decoded one by one (:func:`~vitlab.data.decode.decode_image`) -- never the whole folder,
+    nor its training split, into a decode cache. ``size`` and ``crop``: as the evaluation stores them (the shorter
+    side resized to ``size``, then the centre ``crop``: the pixels ``vitlab eval`` feeds the model); ``None``: at
+    their own size. The evaluation split is the folder's ``val/`` (or ``test/``), else the fraction ``val_split``
+    (default :data:`~vitlab.data.sources.DEFAULT_HOLD_OUT`) held out as training holds it out. The built-in data
+    sets are in memory already: drawn from their evaluation split. A file that does not decode is passed over."""
+    from ..data.decode import MAX_ASPECT, decode_image
+    from ..data.scan import scan_classes
+    from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir, stratified_split
+
+    rng = np.random.default_rng(seed)
+    root = data_folder(data)
+    if root is None:  # digits, cifar10, cifar100: arrays already
+        _, test = labelled_splits(data)
+        idx = rng.permutation(len(test.labels))[:n]
+        names = [test.class_names[int(test.labels[i])] for i in idx]
+        return list(test.get(idx)), names, test.name
+    seen: dict[tuple[int, int], str] = {}
+    val_dir = eval_split_dir(root) if val_split is None else None
+    if val_dir is not None:
+        _, _, classes = scan_classes(root / "train", None, seen=seen, problems=[])
+        paths, labels, _ = scan_classes(val_dir, classes, seen=seen, problems=[])
+        split = val_dir.name
+    else:
+        tree = root / "train" if (root / "train").is_dir() else root
+        paths, labels, classes = scan_classes(tree, None, problems=[])
+        _, held = stratified_split(labels, val_split or DEFAULT_HOLD_OUT, seed=0)
+        paths, labels, split = [paths[i] for i in held], labels[held], "val"
+    images, names = [], []
+    for i in rng.permutation(len(paths)):
+        if len(images) == n:
+            break
+        try:
+            arr = decode_image(paths[i], size=size, crop=crop, max_pixels=max_pixels, max_aspect=MAX_ASPECT)
+        except Exception:  # unreadable: the next one
+            continue
+        if size is not None and crop is not None and crop < size:
+            # the evaluation's centre crop of the stored square (torchvision's CenterCrop offset), which the decoder
+            # placed so that it is the centre crop of the whole resized image (data.resize.centre_square)
+            at = round((size - crop) / 2.0)
+            arr = arr[at : at + crop, at : at + crop]
+        images.append(arr)
+        names.append(classes[int(labels[i])])
+    return images, names, split

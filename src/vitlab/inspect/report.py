@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._fs import atomic_write_bytes, atomic_write_text, output_error
 from .._progress import ProgressLog
 from .._units import counted
 from ..devices import model_device
@@ -176,7 +177,10 @@ def inspect_model(
     Returns the numbers written to ``inspect.json`` plus ``"files"``.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise output_error(out, e, what="the report") from None
     model.eval()
     cfg = model.config
     res = _Results()
@@ -191,7 +195,7 @@ def inspect_model(
 
     def add(section: Section) -> None:
         if section.png is not None and section.filename:
-            (out / section.filename).write_bytes(section.png)
+            atomic_write_bytes(out / section.filename, section.png)
             files.append(str(out / section.filename))
         res.sections.append(section)
 
@@ -297,7 +301,7 @@ def inspect_model(
     if run_dir is not None:
         res.numbers["training_run"] = str(run_dir)
 
-    (out / "inspect.json").write_text(json.dumps(res.numbers, indent=2) + "\n")
+    atomic_write_text(out / "inspect.json", json.dumps(res.numbers, indent=2) + "\n")
     files.append(str(out / "inspect.json"))
     page = render_html(
         res.sections,
@@ -307,7 +311,7 @@ def inspect_model(
         f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
         "Figure numbers refer to Dosovitskiy et al., ICLR 2021." + "".join(f" {n}" for n in notes),
     )
-    (out / "report.html").write_text(page, encoding="utf-8")
+    atomic_write_text(out / "report.html", page)
     files.append(str(out / "report.html"))
     res.numbers["files"] = files
     return res.numbers

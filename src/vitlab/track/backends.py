@@ -17,6 +17,7 @@ import importlib
 import json
 import netrc
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ from types import ModuleType
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-from .._fs import remove_stale, temp_path
+from .._fs import atomic_write_text, open_append, output_error, own_folder, refuse_folder, replacing
 from ..errors import ConfigError
 
 __all__ = ["CsvTracker", "MlflowTracker", "TensorBoardTracker", "WandbTracker", "make"]
@@ -60,6 +61,10 @@ def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr)
+
+
 def _json(config: Mapping[str, Any]) -> str:
     return json.dumps(config, indent=2, sort_keys=True, default=str)
 
@@ -73,12 +78,16 @@ class CsvTracker:
     Column order is stable: ``step``, then each scalar in the order it was first logged. A scalar first
     seen after rows were written widens the header: the file is rewritten (through a temporary file and a
     rename) with empty cells for the rows before. An existing file (a resumed run) is appended to, its
-    columns kept; one that vitlab did not write (no ``step`` first in its header) is refused, not touched.
+    columns kept; one that vitlab did not write (no ``step`` first in its header) is refused, not touched. Nothing
+    is written through a link: a link named ``scalars.csv`` (or ``scalars_config.json``) is replaced by a file of
+    its own (holding the rows it pointed to), and a folder of that name is refused in one line.
     """
 
     def __init__(self, *, out: Path, filename: str = "scalars.csv") -> None:
         self.path = Path(out) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_folder(self.path)
+        refuse_folder(self._config_path)
         self.columns: list[str] = self._read_header()
         self._file: TextIO | None = None
 
@@ -95,9 +104,13 @@ class CsvTracker:
             )
         return header[1:]
 
+    @property
+    def _config_path(self) -> Path:
+        return self.path.parent / f"{self.path.stem}_config.json"
+
     def _handle(self) -> TextIO:
         if self._file is None:
-            self._file = self.path.open("a", newline="", encoding="utf-8")
+            self._file = open_append(self.path)
         return self._file
 
     def _rewrite(self, columns: list[str]) -> None:
@@ -105,22 +118,15 @@ class CsvTracker:
         if self._file is not None:
             self._file.close()
             self._file = None
-        remove_stale(self.path.parent, f".{self.path.name}.tmp")
-        tmp = temp_path(self.path)
-        try:
-            with tmp.open("w", newline="", encoding="utf-8") as dst:
-                w = csv.writer(dst)
-                w.writerow(["step", *columns])
-                if self.path.is_file():
-                    with self.path.open(newline="", encoding="utf-8", errors="replace") as src:
-                        rows = csv.reader(src)
-                        next(rows, None)
-                        for row in rows:
-                            w.writerow(row + [""] * (len(columns) + 1 - len(row)))
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with replacing(self.path) as tmp, tmp.open("w", newline="", encoding="utf-8") as dst:
+            w = csv.writer(dst)
+            w.writerow(["step", *columns])
+            if self.path.is_file():
+                with self.path.open(newline="", encoding="utf-8", errors="replace") as src:
+                    rows = csv.reader(src)
+                    next(rows, None)
+                    for row in rows:
+                        w.writerow(row + [""] * (len(columns) + 1 - len(row)))
         self.columns = columns
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -129,11 +135,14 @@ class CsvTracker:
         if new or not self.path.is_file():
             self._rewrite(self.columns + new)
         f = self._handle()
-        csv.writer(f).writerow([int(step)] + [repr(row[k]) if k in row else "" for k in self.columns])
-        f.flush()
+        try:
+            csv.writer(f).writerow([int(step)] + [repr(row[k]) if k in row else "" for k in self.columns])
+            f.flush()
+        except OSError as e:  # a full disk: one line, the rows before are kept
+            raise output_error(self.path, e, kept="the rows before are kept") from None
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        (self.path.parent / f"{self.path.stem}_config.json").write_text(_json(config) + "\n", encoding="utf-8")
+        atomic_write_text(self._config_path, _json(config) + "\n")
 
     def close(self) -> None:
         if self._file is not None:
@@ -151,7 +160,7 @@ class TensorBoardTracker:
     def __init__(self, *, out: Path) -> None:
         _require("tensorboard", logger="tensorboard", package="tensorboard")
         writer_mod = _require("torch.utils.tensorboard", logger="tensorboard", package="tensorboard")
-        self.log_dir = Path(out) / "tensorboard"
+        self.log_dir = own_folder(Path(out) / "tensorboard", what="TensorBoard's event files", log=_note)
         self.writer = writer_mod.SummaryWriter(log_dir=str(self.log_dir))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
@@ -198,7 +207,7 @@ class WandbTracker:
     def __init__(self, *, out: Path) -> None:
         wandb = _require("wandb", logger="wandb", package="wandb")
         folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
+        own_folder(folder / "wandb", what="the W&B run's files", log=_note)  # wandb writes in <out>/wandb
         self.mode = wandb_mode()
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or "vitlab",
@@ -249,7 +258,7 @@ class MlflowTracker:
         folder = Path(out)
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or ""
         if not self.uri:
-            self.uri = (folder / "mlruns").resolve().as_uri()
+            self.uri = own_folder(folder / "mlruns", what="MLflow's file store", log=_note).resolve().as_uri()
             if not os.environ.get("MLFLOW_ALLOW_FILE_STORE"):
                 os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
         try:

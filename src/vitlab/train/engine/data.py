@@ -12,12 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..._fs import atomic_write_text
 from ...data import load_data
 from ...data.cache import cache_key
 from ...data.cache_admin import cache_line
 from ...data.scan import scan_classes
 from ...data.shard_source import is_shard_spec, open_source
-from ...data.sources import DataError, DataSplits, FolderPlan
+from ...data.sources import DataError, DataSplits, FolderPlan, builtin_data, data_folder
 from ...data.stream import open_stream_data
 from ...distributed import barrier
 from ..persist.advice import top1_stderr
@@ -90,7 +91,7 @@ def load_run_data(
     if data.skipped:
         log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
         if dist.is_main:
-            (out / "bad_files.txt").write_text("".join(f"{p}\t{why}\n" for p, why in data.skipped))
+            atomic_write_text(out / "bad_files.txt", "".join(f"{p}\t{why}\n" for p, why in data.skipped))
     if data.num_classes == 1 and labels:
         log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
@@ -105,7 +106,7 @@ def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool =
     change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
     :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1). Nothing for the built-in
     data sets, whose splits are fixed and known."""
-    if not Path(spec).expanduser().is_dir():
+    if data_folder(spec) is None:
         return []
     n, total = len(data.val), len(data.train) + len(data.val)
     lines = []
@@ -131,7 +132,10 @@ def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool =
 
 def data_location(spec: str) -> str:
     """``--data`` as a run records it, usable from any folder: an existing path made absolute, a local tar-shard
-    pattern joined to the current folder; a built-in name (``digits``, ``cifar10``) or a URL as given."""
+    pattern joined to the current folder; a built-in name (``digits``, ``cifar10``) or a URL as given (a built-in name
+    is the data set even where a folder of that name exists: :func:`~vitlab.data.sources.builtin_data`)."""
+    if builtin_data(spec) is not None:
+        return spec
     p = Path(spec).expanduser()
     if p.exists():
         return str(p.resolve())
@@ -161,8 +165,8 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
     if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
         return open_source(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
-    root = Path(cfg.data).expanduser()
-    if not root.is_dir():
+    root = data_folder(cfg.data)  # (a built-in name is never a folder: `--out digits` is not read as data)
+    if root is None:
         return None
     train = root / "train"
     val = next((root / n for n in ("val", "valid", "validation", "test") if (root / n).is_dir()), None)

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from ...accel import accelerate
-from ...checkpoints import Checkpoint, checkpoint_config, load, read_checkpoint
+from ...checkpoints import Checkpoint, checkpoint_config, load
 from ...data import ArrayDataset, ImageArray, channel_stats, eval_transform
 from ...data.stream import STATS_SAMPLES, StreamData, first_images
 from ...distributed import Dist
 from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
 from ...models.whiten import whiten_init_
+from ...resolve import model_source, read_model
 from ..objectives import Objective
 from ..sizing.result import Sizing
 from ..spec.arch import fresh_config, head_choice
@@ -65,7 +66,12 @@ class InitModel:
         """The run's ``--init`` checkpoint, checked against its options (None without ``--init``)."""
         if not cfg.init:
             return None
-        ckpt = read_checkpoint(cfg.init)
+        try:  # the one model rule (vitlab.resolve): a run folder is its model/; an architecture or export refused
+            ckpt = read_model(model_source(cfg.init, option="--init", trained=True), option="--init")
+        except VitlabError as e:
+            if getattr(e, "problem", None) is None:  # the checkpoint's own error names its file
+                raise
+            raise OptionError(ref("init"), f" {cfg.init}: {e.problem}") from None
         have = checkpoint_config(ckpt)
         check_init(cfg, have)
         return cls(cfg.init, ckpt, have)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PackedLoaders", "packed_counts", "packed_loaders", "packed_metrics"]
 
+
 @dataclass(kw_only=True)
 class PackedLoaders(EpochCut):
     """This process's packed training batches (``(PackedPatches, labels)``), the wrapped square loaders'

@@ -27,13 +27,15 @@ from typing import Any
 import torch
 
 from ..._fs import FolderLock
+from ..._text import shown
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
 from ...track import check_trackers
 from ..objectives import build_objective, objective_for
 from ..objectives.distill import load_teacher
-from ..persist.outputs import claim_run_folder, truncate_metrics
+from ..persist.claim import claim_run_folder
+from ..persist.outputs import truncate_metrics
 from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..persist.state import load_state
@@ -74,7 +76,7 @@ def fit(
 
     The run folder is locked while the run writes it (:class:`~vitlab._fs.FolderLock`; rank 0 under
     torchrun). A new run into a folder that holds another run is refused unless ``overwrite``, which
-    first removes the previous run's outputs (:func:`~vitlab.train.persist.outputs.claim_run_folder`).
+    first removes the previous run's outputs (:func:`~vitlab.train.persist.claim.claim_run_folder`).
     A stop signal that arrives before training begins ends the run at once
     (:class:`~vitlab.train.engine.signals.StoppedBeforeTraining`).
     """
@@ -85,7 +87,7 @@ def fit(
     saved: Sizing | None = None
     if resume:
         state = load_state(out / "last.pt")
-        cfg = resumed_config(state, cfg, flags=given, log=print if os.environ.get("RANK", "0") == "0" else None)
+        cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
         saved = _resumed_sizing(state)
     validate(cfg)
     check_trackers(cfg.log)  # a missing logger library before any data is read
@@ -97,7 +99,7 @@ def fit(
             if d.is_main:
                 held.enter_context(FolderLock(out))
                 if state is None:
-                    claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=print)
+                    claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=_say)
             summary = prepare(
                 cfg, state=state, saved=saved, replay=replay, init=init, teacher=teacher, dist=d, device=device,
                 out=out, stop=stop,
@@ -106,6 +108,11 @@ def fit(
         return summary
     finally:
         teardown()
+
+
+def _say(*parts: Any, **kw: Any) -> None:
+    """A run's line on the terminal, with what it quotes from files (class names, paths) shown escaped."""
+    print(*(shown(p) for p in parts), **kw)
 
 
 def _resumed_sizing(state: dict[str, Any]) -> Sizing:
@@ -152,7 +159,7 @@ def prepare(
     """Everything before the first step, in order (see the module's notes); ``state``: the read ``last.pt`` of a
     resumed run, ``saved``: its sizing (kept, with its plan)."""
     t_start = time.perf_counter()
-    log: Callable[..., None] = print if dist.is_main else (lambda *a, **k: None)
+    log: Callable[..., None] = _say if dist.is_main else (lambda *a, **k: None)
     amp_dtype, use_scaler = amp(cfg.precision, device)
     here = Here(dist=dist, device=device, amp_dtype=amp_dtype, t_start=t_start, optimizer=build_optimizer)
     if dist.is_main:
@@ -204,7 +211,7 @@ def prepare(
     schedule.refit(run_plan.total_steps, warmup_steps=run_plan.warmup_steps)
     opt = build_optimization(net, recipe=recipe, lr=lr, device=device, use_scaler=use_scaler,
                              lr_factor=schedule.lr)  # fmt: skip
-    saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp)
+    saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp, log=log)
     position = _start_position(state, saver=saver, net=net, opt=opt, generator=loaders.generator, plan=run_plan,
                                schedule=schedule, dist=dist, out=out, log=log)  # fmt: skip
     return Trainer(

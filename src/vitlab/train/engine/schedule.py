@@ -132,36 +132,12 @@ class LRFactor:
         self.anchor_step, self.anchor_factor, self.total_steps = step, now, total_steps
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
     """``x`` ``(B, C, H, W)`` resized to ``size`` x ``size`` (bilinear, antialiased when shrinking); as is when
     it already has that size."""
     if x.shape[-2:] == (size, size):
         return x
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-
-
-
 
 
 class StepSchedule:

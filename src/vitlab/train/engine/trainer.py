@@ -113,7 +113,9 @@ class Trainer:
             self._begin()
             scope.callback(self.tracker.close)
             self.bar = ProgressLog(
-                total=self.plan.total_steps, initial=p.step, desc="train",
+                total=self.plan.total_steps,
+                initial=p.step,
+                desc="train",
                 enabled=self.cfg.progress and self.dist.is_main,
             )
             self._enter(self.schedule.lookup(p.step))

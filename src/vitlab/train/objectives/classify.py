@@ -49,4 +49,3 @@ class Classify(Objective):
             net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist, tta=tta
         )
         return {**res, "tta": tta} if tta else res
-

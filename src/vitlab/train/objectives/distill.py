@@ -19,18 +19,14 @@ at evaluation the model averages the two heads, as DeiT. Without it the class he
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import vitlab
-
-from ...deploy.folder import is_exported
 from ...errors import VitlabError
-from ...models.variants import close_names, list_models, resolve_name
+from ...resolve import resolve_model
 from ..spec.options import OptionError, ref
 from .classify import Classify
 
@@ -143,21 +139,11 @@ def _some(names: list[str]) -> str:
 
 
 def load_teacher(spec: str) -> Any:
-    """The trained classifier ``spec`` names: a run or model folder, a checkpoint file or a public name, read by
-    :func:`vitlab.load` (with the speed paths), in eval mode. A registered name (an untrained architecture) and
-    an exported folder are refused in one line naming ``--teacher``."""
-    path = Path(spec)
-    if not path.exists() and resolve_name(spec) in list_models():
-        raise OptionError(ref("teacher"), f" {spec}: a registered name is an untrained architecture; give a trained "
-                          "model (a run or model folder, a checkpoint file or a public name)")  # fmt: skip
-    if path.exists() and is_exported(path):
-        raise OptionError(ref("teacher"), f" {spec}: an exported folder (vitlab export) serves predict and eval "
-                          "only; give the vitlab model it was exported from")  # fmt: skip
+    """The trained classifier ``spec`` names, by the one model rule (:func:`vitlab.resolve.resolve_model`: a run or
+    model folder, a checkpoint file or a public name), with the speed paths, in eval mode. A registered name (an
+    untrained architecture), an exported folder and a model with NaN or infinite weights are refused in one line
+    naming ``--teacher``."""
     try:
-        return vitlab.load(spec).eval()
+        return resolve_model(spec, fast=True, trained=True, finite=True, option="--teacher")
     except VitlabError as e:
-        if path.exists():
-            raise OptionError(ref("teacher"), f" {spec}: {e}") from None
-        hint = f"; did you mean {', '.join(close)}?" if (close := close_names(spec)) else ""
-        raise OptionError(ref("teacher"), f" {spec}: not a registered name, an existing path, or a loadable "
-                          f"checkpoint{hint} ({e})") from None  # fmt: skip
+        raise OptionError(ref("teacher"), f" {spec}: {getattr(e, 'problem', None) or e}") from None

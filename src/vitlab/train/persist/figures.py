@@ -1,16 +1,21 @@
-"""A run's figures: ``curves.png`` (loss, accuracy and learning rate against epochs), ``health.png`` (the attention
-health per layer against epochs, when the run watched it) and ``confusion.png``."""
+"""A run's figures: ``curves.png`` (the training and evaluation loss, accuracy and learning rate against epochs),
+``health.png`` (the attention health per layer against epochs, when the run watched it) and ``confusion.png``. Each
+is drawn to a temporary file and renamed over its entry (:func:`vitlab._fs.replacing`): a link named like a figure
+is replaced, never written through."""
 
 from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..._fs import replacing
+from ..._version import __version__
 from .health import health_records
 from .outputs import read_metrics
 
@@ -20,8 +25,9 @@ __all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "draw_run_figures", "plot_con
 def plot_curves(
     rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, num_classes: int | None = None
 ) -> None:
-    """Training loss, test top-1/top-5 and learning rate against epochs; no top-5 with 5 classes or
-    fewer (it is 100% by construction)."""
+    """The training and evaluation loss, evaluation top-1/top-5 and learning rate against epochs; no top-5 with 5
+    classes or fewer (it is 100% by construction). A loss that is not a number in a row (none measured) is left out
+    of its curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,8 +35,13 @@ def plot_curves(
 
     ep = [r["epoch"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    axes[0].plot(ep, [r["train_loss"] for r in rows], marker=".")
-    axes[0].set(title="train loss", xlabel="epoch")
+    for key, label in (("train_loss", "train"), ("eval_loss", "eval")):
+        pts = [(r["epoch"], r[key]) for r in rows if _number(r.get(key))]
+        if pts:
+            axes[0].plot(*zip(*pts), marker=".", label=label)
+    axes[0].set(title="loss", xlabel="epoch")
+    if axes[0].get_lines():
+        axes[0].legend()
     axes[1].plot(ep, [100 * r["top1"] for r in rows], marker=".", label="top-1")
     if num_classes is None or num_classes > 5:
         axes[1].plot(ep, [100 * r["top5"] for r in rows], marker=".", label="top-5")
@@ -41,8 +52,22 @@ def plot_curves(
     for a in axes:
         a.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> None:
+    """``fig`` as the PNG ``path`` (through a temporary file renamed over it; tagged as vitlab's), then closed."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(Path(path)) as tmp:
+            fig.savefig(tmp, format="png", dpi=100, metadata={"Software": f"vitlab {__version__}"})
+    finally:
+        plt.close(fig)
 
 
 _HEALTH_PANELS = (
@@ -93,8 +118,7 @@ def plot_health(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) ->
     axes[-1].axis("off")  # the sixth cell names the layers
     axes[-1].legend(handles, labels, loc="center", fontsize=8, title=f"{layers} layers")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -130,11 +154,19 @@ def plot_confusion(
                         color="white" if norm[i, j] > 0.5 else "black",
                     )
     on = f" on {where}" if where else ""
-    ax.set(xlabel="predicted", ylabel="true", title=f"confusion{on} (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})")
+    title = f"confusion{on} (accuracy {np.trace(cm) / max(cm.sum(), 1):.1%})"
+    ax.set(xlabel="predicted", ylabel="true")
+    ax.set_title(_wrapped(title, width_in=size + 1, fontsize=11), fontsize=11)
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
+
+
+def _wrapped(text: str, *, width_in: float, fontsize: float) -> str:
+    """``text`` broken into lines that fit a figure ``width_in`` inches wide at ``fontsize`` points (an average
+    character is about 0.6 of the font size wide), so that a long title is never cut at the figure's edge."""
+    chars = max(16, int(0.8 * width_in * 72 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars, break_long_words=True, break_on_hyphens=False)) or text
 
 
 MAX_CONFUSION_FIGURE = 100

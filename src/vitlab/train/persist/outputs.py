@@ -1,23 +1,20 @@
 """A run's folder and what it writes there besides checkpoints: ``metrics.jsonl`` (one line per epoch),
-``summary.json``, ``config.yaml`` (what re-creates the run), and the claim of the folder by a new run
-(:func:`claim_run_folder`)."""
+``summary.json``, ``config.yaml`` (what re-creates the run); every write replaces its entry, never follows a link
+(:mod:`vitlab._fs`). The claim of the folder by a new run is :mod:`.claim`."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._fs import atomic_write_text
-from ...errors import ConfigError
+from ..._fs import append_text, atomic_write_text
 from ..sizing.result import SIZING_FILE, Sizing
 from ..sizing.steps import RunPlan
 from ..spec.files import config_text
 from .advice import top1_stderr
-from .dcp import SHARDED_DIR, clear
 from .position import RunPosition
 
 if TYPE_CHECKING:
@@ -31,7 +28,6 @@ __all__ = [
     "RUN_MARKERS",
     "RUN_OUTPUTS",
     "append_metrics",
-    "claim_run_folder",
     "model_epoch",
     "model_summary",
     "read_metrics",
@@ -46,45 +42,9 @@ RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
 RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "sizing.json",
                "health.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns")  # fmt: skip
-"""Everything a run writes in its folder (``.lock`` aside): what ``--overwrite`` removes (with the folders of the
-``--log`` trackers, :mod:`vitlab.track.backends`, so that an overwritten run's curves do not mix with the new)."""
-
-
-def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Callable[[str], None]) -> None:
-    """Make ``out`` ready for a new run (not a resumed one); the caller holds its lock.
-
-    A folder that holds another run (:data:`RUN_MARKERS`: finished, stopped or foreign) is refused
-    in one line, unless ``overwrite``: then the previous run's outputs are removed before the new
-    run writes anything, so that the folder holds only the new run. Other files are left alone. An
-    empty or new folder is fine."""
-    found = [n for n in RUN_MARKERS if (out / n).exists() or (out / n).is_symlink()]
-    if not found:
-        return
-    if not overwrite:
-        raise ConfigError(
-            f"{out}: holds another run ({', '.join(found)}); pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --out"
-        )
-    if init is not None and Path(init).exists() and out.resolve() in Path(init).resolve().parents:
-        raise ConfigError(f"--init {init}: is inside {out}, which --overwrite would clear; copy it elsewhere first")
-    removed, kept = [], []
-    for name in RUN_OUTPUTS:
-        p = out / name
-        if name == SHARDED_DIR:  # only the checkpoints vitlab wrote there; a link the user made stays
-            if p.exists() or p.is_symlink():
-                kept = clear(out)
-                removed.append(name if not (p.exists() or p.is_symlink()) else f"checkpoints in {name}/")
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()  # (a link is removed, never what it points to)
-        else:
-            continue
-        removed.append(name)
-    log(f"{out}: --overwrite: removed the previous run's {', '.join(removed)}")
-    if kept:
-        log(f"{out / SHARDED_DIR}: kept {len(kept)} entries vitlab did not write ({', '.join(kept[:5])})")
+"""Everything a run writes in its folder (``.lock`` aside), the folders of the ``--log`` trackers included
+(:mod:`vitlab.track.backends`): the names ``--overwrite`` looks at, removing only what vitlab wrote there
+(:func:`~vitlab.train.persist.claim.claim_run_folder`)."""
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -106,10 +66,8 @@ def write_sizing(out: Path, record: dict[str, Any]) -> None:
 
 
 def append_metrics(row: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """One line of ``metrics.jsonl``, fsynced; never through a link (:func:`~vitlab._fs.append_text`)."""
+    append_text(path, json.dumps(row) + "\n")
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ its pruning (:mod:`.dcp`), and ``model/`` (the best or the last weights, as a vi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ..._fs import own_folder
 from ...checkpoints import save
 from ...distributed import Dist
 from ..sizing.result import Sizing
@@ -39,8 +41,11 @@ class CheckpointSaver:
     """The checkpoint files of the run in ``out`` for this process (``dist``, ``device``); ``sharded``: an ``--fsdp``
     run, whose weights and optimizer state ``last.pt`` names in a sharded folder instead of holding them."""
 
-    def __init__(self, out: Path, *, dist: Dist, device: torch.device, sharded: bool = False) -> None:
-        self.out, self.dist, self.device, self.sharded = out, dist, device, sharded
+    def __init__(
+        self, out: Path, *, dist: Dist, device: torch.device, sharded: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.out, self.dist, self.device, self.sharded, self.log = out, dist, device, sharded, log
 
     @property
     def last(self) -> Path:
@@ -162,11 +167,13 @@ class CheckpointSaver:
         accuracy, ``--init``).
         ``data``: what the run records of its data (:func:`vitlab.train.engine.data.data_record`: its absolute
         location, fingerprint, how a folder was stored), else ``cfg.data`` as given. It replaces the run's own earlier
-        ``model/`` (the run folder was checked when the run started)."""
+        ``model/`` (the run folder was checked when the run started); a link named ``model`` is replaced by a folder
+        of its own, never written into (:func:`~vitlab._fs.own_folder`)."""
         r = recipe
+        folder = own_folder(self.out / "model", what="the model (model.safetensors, config.json)", log=self.log)
         save(
             model,
-            self.out / "model",
+            folder,
             overwrite=True,
             extra={
                 "crop_pct": r.crop_pct,

@@ -15,34 +15,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..._fs import fsync_dir, remove_stale, temp_path
+from ..._fs import replacing
 from ...checkpoints.files import torch_load_safe
-from ...errors import CheckpointError
+from ...errors import CheckpointError, OutputError
 
 __all__ = ["atomic_torch_save", "get_rng_state", "load_state", "set_rng_state"]
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write to a temporary file, fsync it, rename it over ``path`` and fsync the folder:
-    a kill at any moment leaves either the old file or the new one, never half of one.
-    A write failure (full disk, quota, permissions) removes the temporary file and raises a
-    one-line :class:`~vitlab.errors.CheckpointError`; the previous ``path`` stays readable."""
+    """Write to a temporary file, fsync it, rename it over ``path`` and fsync the folder
+    (:func:`~vitlab._fs.replacing`): a kill at any moment leaves either the old file or the new one, never
+    half of one, and a link at ``path`` is replaced, never written through. A write failure (full disk,
+    quota, permissions) removes the temporary file and raises a one-line
+    :class:`~vitlab.errors.CheckpointError`; the previous ``path`` stays readable."""
     path = Path(path)
-    tmp = temp_path(path)
-    remove_stale(path.parent, f".{path.name}.tmp")  # temp files of writers killed mid-write
     try:
-        with open(tmp, "wb") as f:
+        with replacing(path, durable=True, what="the checkpoint") as tmp, open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)  # never leave half a file behind (a full disk stays full otherwise)
-        if isinstance(e, OSError):
-            kept = f"the previous {path.name} is kept" if path.is_file() else f"no {path.name} was written"
-            raise CheckpointError(f"{path}: cannot write the checkpoint ({e.strerror or e}); {kept}") from None
-        raise
-    fsync_dir(path.parent)
+    except OutputError as e:  # never half a file left behind (a full disk stays full otherwise)
+        raise CheckpointError(str(e)) from None
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from ..._units import format_size
 from ...errors import ConfigError
 from ..spec.rules import micro_batch
+
+if TYPE_CHECKING:
+    from ...models import ViTConfig
 
 __all__ = [
     "LIMITS",
@@ -317,14 +321,16 @@ def plan(
     peak_tflops: float = 312.0,
     precision: str = "fp32",
     accum_steps: int = 1,
+    config: ViTConfig | None = None,
 ) -> Plan:
-    """The plan for training registered model ``model`` at ``img_size`` with a global ``batch_size``
+    """The plan for training registered model ``model`` (or the model of ``config``, named ``model``: a run folder's,
+    a checkpoint's) at ``img_size`` with a global ``batch_size``
     split over ``devices`` devices of ``device_memory`` bytes each and ``accum_steps`` accumulation steps (by
     ``vitlab train``'s rule, :func:`~vitlab.train.spec.rules.micro_batch`: the batch must split evenly), at ``mfu`` of
     ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
     import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 
-    from ...models import count_macs, create_model  # lazy: as torch, for the meta-device model
+    from ...models import VisionTransformer, count_macs, create_model  # lazy: as torch, for the meta model
 
     check_plan_numbers(
         img_size=img_size,
@@ -339,7 +345,10 @@ def plan(
         raise ConfigError(f"--precision {precision!r}: choose fp32 or bf16")
     local = micro_batch(batch_size, world_size=devices, accum_steps=accum_steps)  # train's rule, train's message
     with torch.device("meta"):
-        m = create_model(model, img_size=img_size)
+        if config is None:
+            m = create_model(model, img_size=img_size)
+        else:
+            m = VisionTransformer(config.replace(img_size=(img_size, img_size)))
     cfg = m.config
     params = sum(p.numel() for p in m.parameters())
     macs = count_macs(cfg, img_size)

@@ -114,9 +114,10 @@ def finetune_recipe(
         f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
         f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
     )
-    line = head + auto_reason(new, level=level, passes=passes, n_train=n_train, model="", photos=photos).rsplit(
-        "; model", 1
-    )[0]
+    line = (
+        head
+        + auto_reason(new, level=level, passes=passes, n_train=n_train, model="", photos=photos).rsplit("; model", 1)[0]
+    )
     line += (
         f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "
         f"x {FT_WIDTH}/width beyond, x the square root of the batch ratio"

@@ -300,6 +300,7 @@ def workers_for(cfg: TrainConfig, *, device: torch.device) -> int:
     usable = _usable(_sample_free_cores())
     return int((usable if usable is not None else len(allowed_cpus())) >= 2)
 
+
 def _read(path: str | Path, limit: int = 1 << 16) -> str | None:
     """A small kernel file's text (bounded), or None when it cannot be read."""
     try:

@@ -23,7 +23,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +33,7 @@ from ...accel import accelerate
 from ...data import ArrayDataset, eval_transform, train_transform
 from ...data.seeding import seeded
 from ...data.shard_source import is_shard_spec
-from ...data.sources import ImageArray
+from ...data.sources import ImageArray, data_folder
 from ...data.stream import StreamData, first_images
 from ...devices import autocast
 from ...distributed import Dist
@@ -161,7 +160,7 @@ def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
 
 def _user_data(cfg: TrainConfig) -> bool:
     """Whether ``--data`` is the user's images (a folder, or tar shards), not a built-in data set."""
-    return Path(cfg.data).expanduser().is_dir() or is_shard_spec(cfg.data)
+    return data_folder(cfg.data) is not None or is_shard_spec(cfg.data)
 
 
 def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
@@ -299,9 +298,7 @@ def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[],
     return images, (clock() - t0) / max(1, len(images))
 
 
-def measure_pace(
-    cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter
-) -> Pace:
+def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter) -> Pace:
     """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes). The probe
     model is thrown away; the random draws are made in a fork of the generators (:func:`~vitlab.data.seeding.seeded`),
     so the run's own weights and augmentation do not depend on it. Sets torch's threads as the run will

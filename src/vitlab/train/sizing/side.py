@@ -241,4 +241,3 @@ def faster_side_line(*, side: int, epochs: int, seconds: float, fast_seconds: fl
         f"note: --img-size {FAST_SIDE} would take ~{duration(fast_seconds)} instead of ~{duration(seconds)} for these "
         f"{epochs} epochs; on photos it measured as good for up to {FAST_EPOCHS} epochs (docs/training.md)"
     )
-

@@ -199,7 +199,7 @@ def config_values(cfg: TrainConfig) -> dict[str, Any]:
 def config_text(cfg: TrainConfig) -> str:
     """``config.yaml`` of the run ``cfg``: what it was asked (:func:`config_values`), what asks for it again."""
     head = (
-        "# What this run was asked (vitlab train --config <this file> --out <folder> asks for it again); what it\n"
+        "# vitlab train --config <this file> --out <folder> asks for this run again: what it was asked. What it\n"
         "# chose (recipe fitted to the data, side, batch, threads, steps) is sizing.json beside it, which a run from\n"
         "# this file reads back: the same choices (--replan: measure afresh). Flags given with --config win.\n"
     )

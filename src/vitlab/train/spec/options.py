@@ -16,7 +16,7 @@ value (it describes the process or the machine, never the run); ``saved``: the s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from .kinds import (
 )
 
 __all__ = [
+    "DATA_RULE",
     "INTERNAL",
     "MEMORY_BUDGET_HELP",
     "OPTIONS",
@@ -151,6 +152,12 @@ class Option:
             raise OptionError(Ref(self.path), f": {e}") from None
 
 
+DATA_RULE = (
+    "digits, cifar10 and cifar100 always name the built-in data sets (a folder of that name: ./digits); an output "
+    "folder is never read as data"
+)
+"""The rule of :data:`vitlab.data.sources.BUILTIN_DATA`, as every command's ``--data`` help states it."""
+
 MEMORY_BUDGET_HELP = (
     "memory for building the decode cache (at most half of it holds decoded images), e.g. 512M, 2G, 64MiB or bytes "
     "(K/M/G = KiB/MiB/GiB; kB/MB/GB are SI); images are then read through a memory map"
@@ -171,10 +178,12 @@ OPTIONS: tuple[Option, ...] = (
     # -- data ------------------------------------------------------------------------------------------------
     O(path="data", flag="--data", group=data, default="digits",
       help="digits (embedded), cifar10, cifar100 (torchvision, online), an ImageFolder path, or tar shards: "
-      "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached)"),
+      "a folder `vitlab data pack` wrote or a pattern 'shards/train-{000000..000099}.tar' (streamed, not cached). "
+      + DATA_RULE),
     O(path="allow_pipe", flag="--allow-pipe", group=data, kind=FLAG, default=False, resume="process", file=False,
       help="let --data hold pipe: URLs ('pipe:curl -sfL https://host/train-{000000..000099}.tar'), which run a "
-      "shell command; never taken from a resumed run's last.pt: give it, and the same --data, again"),
+      "shell command: only a --data typed on this command line with it, never a config file's data or a resumed "
+      "run's (give it, and the same --data, again)"),
     O(path="shuffle_buffer", flag="--shuffle-buffer", group=data, kind=INT, default=8192, metavar="N",
       help="tar shards: samples shuffled together (the window of each epoch's order; bounds the reader's memory)"),
     O(path="val_split", flag="--val-split", group=data, kind=FLOAT,
@@ -360,8 +369,9 @@ OPTIONS: tuple[Option, ...] = (
       help="with --config runs/X/config.yaml: choose afresh on this machine (recipe, side, batch, threads, steps) "
       "instead of reading X's choices back from its sizing.json"),
     O(path=None, flag="--overwrite", group=run, kind=FLAG, default=False,
-      help="replace the run already in --out (its metrics, summary, last.pt, model/ and figures are deleted "
-      "first)"),
+      help="replace the run already in --out, typed on this command line (never a config file's out:): what the run "
+      "wrote there (metrics, summary, last.pt, model/ files, figures, tensorboard events) is deleted first; what "
+      "vitlab did not write is kept, or stops it when the new run would replace it"),
     O(path="progress", flag="--no-progress", group=run, kind=FLAG, default=False, invert=True, resume="process",
       help="no progress bar or step lines (one line per epoch is still printed); off a terminal, plain lines "
       "replace the bar"),
@@ -389,6 +399,31 @@ def path_of(name: str) -> str | None:
         return name
     row = _BY_FLAG.get(name)
     return None if row is None else row.path
+
+
+def pipe_trusted(allow_pipe: bool, typed: Collection[str]) -> bool:
+    """THE rule for ``pipe:`` URLs in ``data`` (each runs a shell command): trusted only when ``--allow-pipe`` and the
+    ``--data`` holding them were both typed on this command line (``typed``: the flags or config paths typed there).
+    A config file's ``data``, a resumed run's saved one, a default: never (a config file cannot set ``allow_pipe``
+    either; a resume also needs the same ``--data`` as saved, :func:`~.resume.resumed_config`)."""
+    return bool(allow_pipe) and "data" in {path_of(t) for t in typed}
+
+
+def overwrite_target(overwrite: bool, typed: Collection[str], *, out: str, file: str | None) -> bool:
+    """THE rule for ``--overwrite``: it acts only on a ``--out`` typed on this command line (``typed``: the flags or
+    config paths typed there), never on the folder a config file names (``file``: its path; a one-line error) nor
+    on a default one. Whether this run may replace the run in ``out`` (what it removes there: only what vitlab
+    wrote, :mod:`vitlab.train.persist.claim`)."""
+    if not overwrite:
+        return False
+    if "out" in {path_of(t) for t in typed}:
+        return True
+    if file is not None:
+        raise ConfigError(
+            f"--overwrite: acts only on a --out typed on this command line, never on the folder a config file "
+            f"names ({file}: out: {out}); type --out {out} to replace the run there"
+        )
+    return False
 
 
 def flag_for(path: str) -> str:

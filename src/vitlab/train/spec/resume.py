@@ -12,7 +12,7 @@ from typing import Any
 from ...errors import ConfigError
 from . import arch
 from .config import TrainConfig
-from .options import OPTIONS, flag_for, path_of
+from .options import OPTIONS, flag_for, path_of, pipe_trusted
 from .recipes import Recipe
 
 __all__ = ["resumed_config", "trained_recipe"]
@@ -58,8 +58,9 @@ def resumed_config(
     else:
         paths = {p for f in flags if (p := path_of(f)) is not None}
     process = {o.path: getattr(given, o.path) for o in OPTIONS if o.resume == "process" and o.path != "allow_pipe"}
-    same_data = "data" in paths and str(saved.data).strip() == str(given.data).strip()
-    cfg = dataclasses.replace(saved, **process, allow_pipe=given.allow_pipe and same_data)  # type: ignore[arg-type]
+    same_data = str(saved.data).strip() == str(given.data).strip()
+    allow_pipe = pipe_trusted(given.allow_pipe, paths) and same_data  # (None: a library call typed nothing)
+    cfg = dataclasses.replace(saved, **process, allow_pipe=allow_pipe)  # type: ignore[arg-type]
     plan = state.get("plan", {})
     refused, applied = [], []
     for row in OPTIONS:
