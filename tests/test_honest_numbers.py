@@ -22,6 +22,7 @@ from vitlab.inspect.report import training_artifacts
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train.engine.model import input_norm
 from vitlab.train.engine.shards import build_shard_loaders
+from vitlab.train.sizing import Sizing
 from vitlab.train.spec.config import build_config
 
 TINY = ["--img-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress"]
@@ -86,7 +87,8 @@ def test_shard_training_evaluates_the_pixels_vitlab_eval_does(packed):
     data = open_stream_data(str(packed / "p"))
     cfg = build_config({"data": str(packed / "p"), "recipe.batch_size": 2}, given={"recipe.batch_size"})
     mcfg = ViTConfig(img_size=(8, 8), patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=2)
-    loaders = build_shard_loaders(cfg, data=data, model_config=mcfg, dist=Dist(), device=torch.device("cpu"), workers=0)
+    sizing = Sizing(recipe=cfg.recipe, micro=2, eval_batch=256, threads=1, workers=0)  # what a run chose: no workers
+    loaders = build_shard_loaders(cfg, sizing, data=data, model_config=mcfg, dist=Dist(), device=torch.device("cpu"))
     x = loaders.eval_items(0, 1)[0]
     raw = loaders.probe_eval._items[0][0]  # the same sample's bytes
     y = EvalDecode(in_chans=3, tf=preprocess_for(VisionTransformer(mcfg)))(raw)  # vitlab eval's decode

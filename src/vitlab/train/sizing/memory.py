@@ -258,7 +258,11 @@ def parameter_counts(model_config: Any, *, learns: str = "classify") -> tuple[in
     allocated."""
     with torch.device("meta"):
         vit = VisionTransformer(model_config)
-        net = MaskedPatchPrediction(vit) if learns in ("mpp", "warmstart") else vit
+        net = (
+            MaskedPatchPrediction(vit, switched_token_drop=learns == "warmstart")
+            if learns in ("mpp", "warmstart")
+            else vit
+        )
     block, vit_root = capacity.block_params(vit)
     params = sum(p.numel() for p in net.parameters())
     return params, block, vit_root + params - sum(p.numel() for p in vit.parameters())
