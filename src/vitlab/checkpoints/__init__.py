@@ -122,21 +122,30 @@ def read_checkpoint(
         return Checkpoint(state, fields, "npz")
     state = read_state_dict(p, max_unpacked_bytes=max_unpacked_bytes)
     hub_config = p.parent / "config.json"
-    fields = timm.read_hub_config(p)
+    proj = state.get("patch_embed.proj.weight")
+    fields = timm.read_hub_config(p, width=int(proj.shape[0]) if proj is not None and proj.ndim == 4 else None)
     return _from_state_dict(state, str(p), fields, config_file=str(hub_config) if fields else None)
 
 
 def _from_state_dict(
     state: dict[str, torch.Tensor], source: str, fields: dict[str, Any], *, config_file: str | None = None
 ) -> Checkpoint:
-    from . import hf, timm
+    from . import families, hf, timm
 
     if hf.is_hf_state(state):
         return Checkpoint(
             hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface", config_file=config_file
         )
     if timm.is_timm_state(state):
-        return Checkpoint(timm.convert_state(state), fields, "timm", config_file=config_file)
+        family = families.identify(state, source=source, stated=fields)
+        layout = families.timm_layout(state)
+        fields = {**(family.fields if family else {}), **fields}  # (what a Hub config.json names wins)
+        extra = {"family": family.name} if family else {}
+        if layout:
+            extra["timm_layout"] = layout
+        return Checkpoint(
+            timm.convert_state(state, source=source), fields, "timm", config_file=config_file, extra=extra
+        )
     names = ", ".join(list(state)[:5])
     raise CheckpointError(
         f"{source}: not a ViT checkpoint: no patch embedding ('patch_embed.proj.weight' as in timm, or "
