@@ -33,6 +33,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
+from .families import backbone_name
 from .native import is_native, load_folder, save
 
 __all__ = [
@@ -130,8 +131,13 @@ def read_checkpoint(
 def _from_state_dict(
     state: dict[str, torch.Tensor], source: str, fields: dict[str, Any], *, config_file: str | None = None
 ) -> Checkpoint:
-    from . import families, hf, timm
+    from . import dinov3, families, hf, timm
 
+    if dinov3.is_meta_state(state):  # Meta's DINOv3 release (its keys are timm-like: told apart first)
+        meta_state, implied = dinov3.from_meta(state, source=source)
+        return Checkpoint(
+            meta_state, {**implied, **fields}, "meta", config_file=config_file, extra={"family": "DINOv3"}
+        )
     if hf.is_hf_state(state):
         return Checkpoint(
             hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface", config_file=config_file
@@ -176,12 +182,17 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     if unknown:
         raise ConfigError(f"unknown ViTConfig option(s): {', '.join(sorted(unknown))}")
     try:
-        return ViTConfig.from_dict({**base, **overrides})
+        cfg = ViTConfig.from_dict({**base, **overrides})
     except ConfigError as e:  # a value of the file's config (not one the caller gave): name the file
         option = str(e).split(":", 1)[0].split("[", 1)[0]
         if ckpt.config_file is None or option in overrides:
             raise
         raise CheckpointError(f"{ckpt.blame(option)}{str(e)[len(option) :]}") from None
+    family = (base.get("extra") or {}).get("family")
+    if ckpt.config is None and family and "name" not in overrides:  # timm's name when it is one, else the family's
+        slug = re.sub(r"[^a-z0-9]+", "_", family.lower()).strip("_")
+        cfg = cfg.replace(name=backbone_name(cfg) or f"{slug}_custom")
+    return cfg
 
 
 def checkpoint_config(ckpt: Checkpoint, **overrides: Any) -> ViTConfig:

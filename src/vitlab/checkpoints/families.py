@@ -27,6 +27,7 @@ takes precedence over the signature.
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Collection
@@ -36,9 +37,19 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..models.config import ViTConfig
 from ..models.variants import BACKBONES
 
-__all__ = ["Family", "architecture_fields", "from_eva", "identify", "is_eva_state", "timm_layout", "to_eva"]
+__all__ = [
+    "Family",
+    "architecture_fields",
+    "backbone_name",
+    "from_eva",
+    "identify",
+    "is_eva_state",
+    "timm_layout",
+    "to_eva",
+]
 
 _B0 = "blocks.0."
 
@@ -58,6 +69,8 @@ _INVISIBLE = (
 )
 """The fields a timm architecture name states that its weights cannot show."""
 
+_NORM = ("mean", "std")
+"""The input normalisation a family's weights were trained with (the weights cannot show it either)."""
 _PE_REF_GRID = {192: 24, 384: 24, 768: 14, 1024: 24, 1536: 32}
 """The Perception Encoder's RoPE reference grid by width (timm's ``ref_feat_shape`` of the PE core names)."""
 
@@ -143,13 +156,14 @@ def identify(
                     stacklevel=4,
                 )
         fields: dict[str, Any] = dict(BACKBONES["vit_pe_core_tiny_patch16_384"])
-        fields = {k: fields[k] for k in ("rope", "rope_kind", "rope_theta", "norm_eps", "pool_include_prefix")}
+        fields = {k: fields[k] for k in ("rope", "rope_kind", "rope_theta", "norm_eps", "pool_include_prefix", *_NORM)}
         fields.update(map_heads=8, rope_ref_grid=(ref, ref), rope_offset=1.0 if cls else 0.0)
         if d == 1536:
             fields["num_heads"] = 16
         return Family("Perception Encoder (PE core)", fields)
     if cls and reg and ls and not pos and final_norm and not fc_norm:
-        fields = {k: BACKBONES["vit_small_patch16_dinov3"][k] for k in ("rope", "rope_kind", "rope_theta", "norm_eps")}
+        dinov3 = BACKBONES["vit_small_patch16_dinov3"]
+        fields = {k: dinov3[k] for k in ("rope", "rope_kind", "rope_theta", "norm_eps", *_NORM)}
         fields.update(posemb="none", pool="gap", fc_norm=False)  # timm's default pooling for its DINOv3 names
         heads = {1280: 20, 4096: 32}.get(d)
         if heads:
@@ -165,7 +179,7 @@ def identify(
         return Family("RoPE-ViT (Naver, axial)", naver)
     if cls and pos and not ls and eva_attn and swiglu:
         eva02 = BACKBONES["eva02_tiny_patch14_224"]
-        return Family("EVA-02", {k: eva02[k] for k in _INVISIBLE[:5] if k in eva02})
+        return Family("EVA-02", {k: eva02[k] for k in (*_INVISIBLE[:5], *_NORM) if k in eva02})
     if cls and pos and not ls and eva_attn and not swiglu:
         raise refuse(
             "an EVA-01 or EVA-02-E checkpoint (q/v biases, a GELU MLP): EVA-02-E's post-norm blocks have the same "
@@ -214,13 +228,16 @@ def from_eva(state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> d
     return out
 
 
-def to_eva(state: dict[str, torch.Tensor], *, split_qkv: bool, packed_glu: bool) -> dict[str, torch.Tensor]:
+def to_eva(
+    state: dict[str, torch.Tensor], *, split_qkv: bool, packed_glu: bool, eva: bool = True
+) -> dict[str, torch.Tensor]:
     """vitlab's names -> timm's ``Eva`` names, the reverse of :func:`from_eva`: ``split_qkv`` writes
-    ``q_proj``/``k_proj``/``v_proj`` (EVA-02 B/L), ``packed_glu`` one ``fc1`` ``[gate; value]`` (EVA-02 T/S)."""
+    ``q_proj``/``k_proj``/``v_proj`` (EVA-02 B/L), ``packed_glu`` one ``fc1`` ``[gate; value]`` (EVA-02 T/S, and
+    timm's ``VisionTransformer`` with ``SwiGLUPacked``: ``eva=False`` keeps the layer scales' ``ls1.gamma``)."""
     out: dict[str, torch.Tensor] = {}
     for k, t in state.items():
         m = re.fullmatch(r"(blocks\.\d+\.)ls([12])\.gamma", k)
-        if m:
+        if m and eva:
             out[f"{m.group(1)}gamma_{m.group(2)}"] = t
             continue
         m = re.fullmatch(r"(blocks\.\d+\.attn\.)(qkv\.weight|qkv\.bias|q_bias|v_bias)", k)
@@ -247,12 +264,20 @@ def to_eva(state: dict[str, torch.Tensor], *, split_qkv: bool, packed_glu: bool)
 
 def timm_layout(state: dict[str, torch.Tensor]) -> str:
     """How a timm state dict lays out what vitlab keeps one way (recorded in the config's ``extra``, so that
-    :func:`to_eva` writes it back the same): ``"split_qkv"``, ``"packed_glu"``, both (comma-separated) or ""."""
+    the timm layout is written back the same, :mod:`.layouts`): ``split_qkv`` (q/k/v projections of their own),
+    ``packed_glu`` (one SwiGLU ``fc1``), ``no_embed_class`` (no position embeddings for the prefix tokens), comma
+    separated, or ""."""
     facts = []
     if _B0 + "attn.q_proj.weight" in state:
         facts.append("split_qkv")
     if _packed_glu(state, _B0):
         facts.append("packed_glu")
+    pe = state.get("pos_embed")
+    prefix = int("cls_token" in state) + int("dist_token" in state) + _registers(state)
+    if pe is not None and pe.ndim == 3 and prefix:
+        n = int(pe.shape[1])
+        if math.isqrt(n) ** 2 == n and (n < prefix or math.isqrt(n - prefix) ** 2 != n - prefix):
+            facts.append("no_embed_class")
     return ",".join(facts)
 
 
@@ -267,3 +292,42 @@ def architecture_fields(architecture: str, *, width: int | None = None) -> dict[
     if width == fields["embed_dim"]:
         out["num_heads"] = fields["num_heads"]
     return out
+
+
+_OPTIONS = (
+    "mlp",
+    "qkv_bias",
+    "key_bias",
+    "rope",
+    "rope_kind",
+    "class_token",
+    "posemb",
+    "pre_norm",
+    "attn_norm",
+    "mlp_norm",
+    "pool_include_prefix",
+    "qk_norm",
+    "dist_token",
+)
+"""What makes two configs the same architecture at other sizes (with registers and layer scale present or not)."""
+_SIZES = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "reg_tokens")
+
+
+def _same_options(a: ViTConfig, b: ViTConfig) -> bool:
+    return (
+        all(getattr(a, f) == getattr(b, f) for f in _OPTIONS)
+        and (a.reg_tokens > 0) == (b.reg_tokens > 0)
+        and (a.init_values is None) == (b.init_values is None)
+        and (not a.key_bias or not a.qkv_bias) == (not b.key_bias or not b.qkv_bias)
+    )
+
+
+def backbone_name(cfg: ViTConfig, *, sizes: bool = True) -> str | None:
+    """The name of :data:`~vitlab.models.variants.BACKBONES` whose architecture ``cfg`` is (at its sizes too, with
+    ``sizes``; the nearest width first, then its own resolution), or None."""
+    hits = []
+    for name, fields in BACKBONES.items():
+        ref = ViTConfig(**fields)
+        if _same_options(ref, cfg) and (not sizes or all(getattr(ref, f) == getattr(cfg, f) for f in _SIZES)):
+            hits.append((abs(ref.embed_dim - cfg.embed_dim), ref.img_size != cfg.img_size, name))
+    return min(hits)[2] if hits else None

@@ -1,4 +1,5 @@
-"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints.
+"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints (and ``DINOv3ViTModel`` folders, whose
+names :mod:`.dinov3` maps).
 
 A ``save_pretrained`` folder holds ``config.json`` and ``model.safetensors`` (or
 ``pytorch_model.bin``). Names map onto timm's as in the table of
@@ -30,6 +31,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from ..models.config import check_fields
+from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
 from .files import read_config_file
 
 __all__ = [
@@ -86,7 +88,7 @@ def is_hf_folder(path: str | os.PathLike[str]) -> bool:
     cfg = Path(path) / "config.json"
     if not os.path.lexists(cfg):
         return False
-    return read_config_file(cfg).get("model_type") == "vit"
+    return read_config_file(cfg).get("model_type") in ("vit", HF_MODEL_TYPE)
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
@@ -170,8 +172,12 @@ def read_folder(
                 f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')"
             )
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
-    state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
-    fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
+    if raw.get("model_type") == HF_MODEL_TYPE:  # DINOv3ViTModel (.dinov3)
+        state, implied = from_hf(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), source=str(weights))
+        fields = {**hf_fields(raw, source=str(p / "config.json")), **implied, "extra": {"family": "DINOv3"}}
+    else:
+        state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
+        fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
     pre_path = p / "preprocessor_config.json"
     if os.path.lexists(pre_path):
         pre = read_config_file(pre_path)

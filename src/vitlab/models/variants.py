@@ -295,7 +295,7 @@ def _backbones() -> dict[str, dict[str, Any]]:
     # attention pooling or, "_gap", the mean of the patch tokens); So400m and giant-opt are shapes of their own.
     siglip = dict(class_token=False, num_classes=0, crop_pct=0.9)
     for name, (d, depth, heads, mlp, patch, act, resolutions) in {
-        "so400m_patch14": (1152, 27, 16, 4304, 14, "gelu", (224, 378, 384)),
+        "so400m_patch14": (1152, 27, 16, 4304, 14, "gelu", (224, 378)),  # (384 px: SigLIP 1, not a multiple of 14)
         "so400m_patch16": (1152, 27, 16, 4304, 16, "gelu_tanh", (256, 384, 512)),
         "giantopt_patch16": (1536, 40, 16, 6144, 16, "gelu_tanh", (256, 384)),
     }.items():
@@ -303,7 +303,6 @@ def _backbones() -> dict[str, dict[str, Any]]:
         for res in resolutions:
             table[f"vit_{name}_siglip_{res}"] = dict(dims, img_size=res, pool="map")
             table[f"vit_{name}_siglip_gap_{res}"] = dict(dims, img_size=res, pool="gap")
-    table["vit_so400m_patch14_siglip_gap_384"]["crop_pct"] = 1.0  # (SigLIP's own weights for it, not SigLIP 2's)
     return table
 
 
@@ -324,4 +323,4 @@ def backbone_tag(name: str) -> str:
         return "eupe_lvd1689m" if name.startswith("vit_tiny_") else "lvd1689m"
     if name.startswith("vit_pe_core_"):
         return "fb"
-    return "webli" if name.startswith("vit_so400m_patch14_siglip") and name.endswith("_384") else "v2_webli"
+    return "v2_webli"
