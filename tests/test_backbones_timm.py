@@ -69,6 +69,7 @@ FAMILIES = {
     "vit_small_patch16_rope_224": (dict(depth=1, img_size=64), "RoPE-ViT (Naver, axial)", {}),
     "vit_small_patch16_rope_ape_224": (dict(depth=1, img_size=64), "RoPE-ViT (Naver, axial)", {}),
     "vit_so400m_patch14_siglip_224": (dict(depth=1, img_size=56), "SigLIP", {}),
+    "naflexvit_so400m_patch16_siglip": (dict(depth=1, img_size=256), "SigLIP 2 NaFlex", {}),
 }
 
 
@@ -166,6 +167,7 @@ def test_an_eva_layout_of_no_known_family_is_refused():
         "vit_giantopt_patch16_siglip_gap_256",
         "vit_base_patch16_siglip_gap_224",
         "vit_base_patch32_siglip_256",
+        "naflexvit_so400m_patch16_siglip",
     ],
 )
 def test_create_model_builds_timms_architecture(name):
@@ -180,9 +182,12 @@ def test_create_model_builds_timms_architecture(name):
         k.endswith("mlp.fc1.weight") and v[0] == 2 * theirs[k.replace("fc1", "fc2")][1] for k, v in theirs.items()
     )
     ours = families.to_eva(model.state_dict(), split_qkv=bool(layout), packed_glu=packed)
+    if name.startswith("naflexvit_"):
+        ours = families.to_naflex(ours, model.config.grid_size)
     assert {k: tuple(v.shape) for k, v in ours.items()} == theirs
     assert model.config.num_params() == model.num_params() == sum(p.numel() for p in ref.parameters())
-    assert model.config.img_size == tuple(ref.pretrained_cfg["input_size"][1:])
+    if not name.startswith("naflexvit_"):  # (NaFlex: any size; vitlab's is its table's, 256 px, timm's 384)
+        assert model.config.img_size == tuple(ref.pretrained_cfg["input_size"][1:])
     assert model.config.num_classes == ref.num_classes
     if name in BACKBONES:  # (the others are aliases of vitlab's Table 1 names)
         assert vitlab.models.resolve_name(f"{name}.some_tag") == name
@@ -235,3 +240,25 @@ def test_npz_layouts_refuse_the_backbones_options(tmp_path):
     model = vitlab.create_model("vit_small_patch16_dinov3_qkvb", depth=1)
     with pytest.raises(ConfigError, match="reg_tokens|init_values|mlp|key_bias"):
         write_npz(model, tmp_path / "m.npz", layout="big_vision")
+
+
+def test_siglip2_naflex_tower_at_any_size_and_packed(tmp_path):
+    """SigLIP 2's NaFlex tower (timm's NaFlexVit): its linear patch embedding is Eq. 1's convolution and its 16x16
+    table is resampled bilinearly to each image's grid, so vitlab gives timm's logits at any size and aspect
+    ratio, and for images of several shapes packed in one sequence (NaViT); timm's layout is written back."""
+    from vitlab.checkpoints.layouts import write_layout
+    from vitlab.models.packed import pack, patchify
+
+    ref = timm_model("naflexvit_base_patch16_siglip", depth=2, embed_dim=64, num_heads=4, num_classes=5)
+    model = vitlab.load(save(ref, tmp_path / "model.safetensors"), num_heads=4)
+    assert model.config.extra["family"] == "SigLIP 2 NaFlex" and model.config.act == "gelu_tanh"
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(3, 64, 96, generator=g), torch.randn(3, 32, 160, generator=g)
+    with torch.no_grad():
+        for x in (images(256), images(384), a[None]):
+            assert_close_rel(model(x), ref(x))
+        packed = pack([[patchify(a, 16), patchify(b, 16)]], seq_len=60, prefix_tokens=0)
+        assert_close_rel(model(packed), torch.cat([ref(a[None]), ref(b[None])]))
+    out, _ = write_layout(model, tmp_path / "back.safetensors", layout="timm")
+    again = timm.create_model("naflexvit_base_patch16_siglip", depth=2, embed_dim=64, num_heads=4, num_classes=5)
+    again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)

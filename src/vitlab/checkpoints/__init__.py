@@ -142,9 +142,15 @@ def _from_state_dict(
         return Checkpoint(
             hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface", config_file=config_file
         )
+    naflex = families.is_naflex_state(state)
+    if naflex:  # SigLIP 2's NaFlex towers: timm's VisionTransformer names, then as any timm state
+        state = families.from_naflex(state, source=source)
     if timm.is_timm_state(state):
         family = families.identify(state, source=source, stated=fields)
         layout = families.timm_layout(state)
+        if naflex:
+            family = families.Family("SigLIP 2 NaFlex", {**(family.fields if family else {}), **families.NAFLEX})
+            layout = ",".join(filter(None, (layout, "naflex")))
         fields = {**(family.fields if family else {}), **fields}  # (what a Hub config.json names wins)
         extra = {"family": family.name} if family else {}
         if layout:

@@ -45,10 +45,13 @@ __all__ = [
     "architecture_fields",
     "backbone_name",
     "from_eva",
+    "from_naflex",
     "identify",
     "is_eva_state",
+    "is_naflex_state",
     "timm_layout",
     "to_eva",
+    "to_naflex",
 ]
 
 _B0 = "blocks.0."
@@ -191,6 +194,50 @@ def identify(
         "a checkpoint in the layout of timm's Eva class (EVA, DINOv3, Perception Encoder, RoPE ViTs) of no family "
         "vitlab recognises"
     )
+
+
+def is_naflex_state(state: dict[str, torch.Tensor]) -> bool:
+    """timm's ``NaFlexVit`` (NaViT + FlexiViT; SigLIP 2's NaFlex towers): a linear patch embedding of flattened
+    patches and a 2-D table of position embeddings, under ``embeds.``."""
+    return "embeds.proj.weight" in state and "embeds.pos_embed" in state
+
+
+def from_naflex(state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """``NaFlexVit``'s embedding -> timm's ``VisionTransformer`` names: the linear projection of each patch
+    flattened as (row, column, channel) is the convolution ``patch_embed.proj`` of Eq. 1 (weights reordered to
+    ``(D, C, P, P)``), the ``(1, rows, cols, D)`` table a ``pos_embed`` of ``rows x cols`` rows."""
+    out = {k: v for k, v in state.items() if not k.startswith("embeds.")}
+    w, pe = state["embeds.proj.weight"], state["embeds.pos_embed"]
+    k = int(w.shape[1]) if w.ndim == 2 else 0
+    p = math.isqrt(k // 3) if k % 3 == 0 else 0
+    if not p or 3 * p * p != k or pe.ndim != 4:
+        raise CheckpointError(f"{source}: embeds.proj.weight {tuple(w.shape)}: not 3-channel square patches")
+    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, 3).permute(0, 3, 1, 2).contiguous()
+    if "embeds.proj.bias" in state:
+        out["patch_embed.proj.bias"] = state["embeds.proj.bias"]
+    out["pos_embed"] = pe.reshape(1, pe.shape[1] * pe.shape[2], pe.shape[3])
+    other = sorted(set(state) - {"embeds.proj.weight", "embeds.proj.bias", "embeds.pos_embed"} - set(out))
+    if other or "attn_pool.latent" not in state:
+        what = ", ".join(other) if other else "no attention pooling"
+        raise CheckpointError(
+            f"{source}: a NaFlexViT other than SigLIP 2's ({what}); vitlab loads SigLIP 2's NaFlex towers only"
+        )
+    return out
+
+
+def to_naflex(state: dict[str, torch.Tensor], grid: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """vitlab's names -> ``NaFlexVit``'s, the reverse of :func:`from_naflex` (``grid``: the table's rows, cols)."""
+    out = {k: v for k, v in state.items() if k not in ("patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed")}
+    w = state["patch_embed.proj.weight"]
+    out["embeds.proj.weight"] = w.permute(0, 2, 3, 1).reshape(w.shape[0], -1).contiguous()
+    out["embeds.proj.bias"] = state["patch_embed.proj.bias"]
+    out["embeds.pos_embed"] = state["pos_embed"].reshape(1, grid[0], grid[1], -1).contiguous()
+    return out
+
+
+NAFLEX = dict(act="gelu_tanh", posemb_resample="bilinear", dynamic_img_pad=True)
+"""What SigLIP 2's NaFlex towers compute that their keys cannot show: tanh-GELU, the position table resampled
+bilinearly (antialiased) to each image's grid, images padded to whole patches (timm's ``naflexvit_*_siglip``)."""
 
 
 def from_eva(state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> dict[str, torch.Tensor]:

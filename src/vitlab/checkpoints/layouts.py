@@ -93,6 +93,8 @@ def _timm_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             state = families.to_eva(state, split_qkv=False, packed_glu=True, eva=False)
         if "no_embed_class" in layout and "pos_embed" in state:
             state["pos_embed"] = state["pos_embed"][:, cfg.num_prefix_tokens :]
+        if "naflex" in layout:  # timm's NaFlexVit (SigLIP 2 NaFlex)
+            state = families.to_naflex(state, cfg.grid_size)
         return state
     bad = [
         o

@@ -303,6 +303,12 @@ def _backbones() -> dict[str, dict[str, Any]]:
         for res in resolutions:
             table[f"vit_{name}_siglip_{res}"] = dict(dims, img_size=res, pool="map")
             table[f"vit_{name}_siglip_gap_{res}"] = dict(dims, img_size=res, pool="gap")
+    # SigLIP 2's NaFlex towers (timm's NaFlexVit): the same ViT, its 16x16 position table resampled bilinearly to
+    # each image's grid (any size and aspect ratio), images padded to whole patches; timm's layout of its own
+    naflex = dict(siglip, act="gelu_tanh", posemb_resample="bilinear", dynamic_img_pad=True, crop_pct=1.0)
+    naflex.update(pool="map", patch_size=16, img_size=256, extra={"timm_layout": "naflex"})
+    table["naflexvit_base_patch16_siglip"] = dict(naflex, embed_dim=768, depth=12, num_heads=12, mlp_dim=3072)
+    table["naflexvit_so400m_patch16_siglip"] = dict(naflex, embed_dim=1152, depth=27, num_heads=16, mlp_dim=4304)
     return table
 
 
