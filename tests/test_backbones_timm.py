@@ -262,3 +262,62 @@ def test_siglip2_naflex_tower_at_any_size_and_packed(tmp_path):
     out, _ = write_layout(model, tmp_path / "back.safetensors", layout="timm")
     again = timm.create_model("naflexvit_base_patch16_siglip", depth=2, embed_dim=64, num_heads=4, num_classes=5)
     again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+
+
+def _readme_families() -> list[str]:
+    """The first column of README's family table."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    table = text.split("| Family | timm names `create_model` accepts |", 1)[1].split("\n\n", 1)[0]
+    return [row.split("|")[1].strip() for row in table.strip().splitlines()[2:]]  # (after the header's rest, ---)
+
+
+def _hybrid() -> nn.Module:
+    from timm.models import vision_transformer_hybrid as tvh
+
+    return tvh._create_vision_transformer_hybrid(
+        "vit_tiny_r_s16_p8_224", backbone=tvh._resnetv2((1, 1)), img_size=32, patch_size=1, embed_dim=192, depth=1,
+        num_heads=3, num_classes=5,
+    )  # fmt: skip
+
+
+# README's family -> (a tiny timm model of it, its input size)
+README_FAMILIES = {
+    "ViT / AugReg / original": (lambda: timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32), 32),
+    "Hybrid ViT": (_hybrid, 32),
+    "DeiT": (lambda: timm.create_model("deit_tiny_patch16_224", depth=1, img_size=32), 32),
+    "DeiT distilled": (lambda: timm.create_model("deit_tiny_distilled_patch16_224", depth=1, img_size=32), 32),
+    "DINOv2": (lambda: timm.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28), 28),
+    "SigLIP image tower": (lambda: timm.create_model("vit_base_patch16_siglip_224", depth=1, img_size=32), 32),
+    "CLIP image tower": (lambda: timm.create_model("vit_base_patch32_clip_224", depth=1, img_size=64), 64),
+    "qk-norm models": (lambda: timm.create_model("vit_tiny_patch16_224", depth=1, img_size=32, qk_norm=True), 32),
+    "EVA-02": (lambda: timm.create_model("eva02_tiny_patch14_224", depth=1, img_size=28), 28),
+    "DINOv3": (lambda: timm.create_model("vit_small_plus_patch16_dinov3_qkvb", depth=1, img_size=32), 32),
+    "Perception Encoder (PE core)": (
+        lambda: timm.create_model("vit_pe_core_small_patch16_384", depth=1, img_size=32),
+        32,
+    ),
+    "SigLIP 2 image tower": (lambda: timm.create_model("naflexvit_base_patch16_siglip", depth=1), 48),
+    "RoPE ViTs of timm and Naver": (lambda: timm.create_model("vit_small_patch16_rope_224", depth=1, img_size=32), 32),
+}
+
+
+def test_every_family_of_the_readme_table_loads_with_timms_outputs(tmp_path):
+    """Each row of README's family table: a tiny timm model of it, saved as safetensors, loads with timm's logits
+    (a row without a check here fails: the table says nothing this test does not hold)."""
+    assert _readme_families() == list(README_FAMILIES)
+    for family, (build, size) in README_FAMILIES.items():
+        torch.manual_seed(0)
+        ref = randomize(build())
+        model = vitlab.load(save(ref, tmp_path / "model.safetensors"))
+        x = images(size)
+        with torch.no_grad():
+            assert_close_rel(model(x), ref(x), msg=family)
+
+
+def test_rope_refuses_token_dropping():
+    from vitlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="patch_drop_rate: token dropping with 2-D RoPE is not supported"):
+        vitlab.create_model("vit_small_patch16_dinov3", depth=1, patch_drop_rate=0.5)
