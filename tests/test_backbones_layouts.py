@@ -180,3 +180,24 @@ def test_timm_layout_round_trip_loads_strictly_in_timm(name, tmp_path):
     x = images(kw["img_size"], kw["img_size"])
     with torch.no_grad():
         assert_close_rel(again(x), ref(x))
+
+
+def test_hf_layout_of_the_papers_vit(tmp_path):
+    """The paper's ViT goes to Hugging Face's ViTForImageClassification (ViTModel with its pooler for the mlp
+    head), which from_pretrained loads with nothing missing and timm's logits; vitlab reads it back."""
+    torch.manual_seed(0)
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", depth=2, img_size=32, num_classes=4))
+    model = vitlab.load(dict(ref.state_dict()))
+    write_layout(model, tmp_path / "cls", layout="hf")
+    hf, info = transformers.ViTForImageClassification.from_pretrained(tmp_path / "cls", output_loading_info=True)
+    assert not any(info.values())  # no missing, unexpected or mismatched key
+    pooled = vitlab.create_model("vit_ti16", depth=1, img_size=32, head="mlp", num_classes=0)
+    write_layout(randomize(pooled), tmp_path / "pool", layout="hf")
+    model_hf = transformers.ViTModel.from_pretrained(tmp_path / "pool").eval()
+    x = images()
+    with torch.no_grad():
+        assert_close_rel(hf.eval()(pixel_values=x).logits, ref(x))
+        assert_close_rel(vitlab.load(tmp_path / "cls")(x), ref(x))
+        assert_close_rel(model_hf(pixel_values=x).pooler_output, pooled(x))
+    with pytest.raises(CheckpointError, match="init_values"):  # DINOv2's layer scale: no place in ViTModel
+        write_layout(vitlab.create_model("vit_small_patch14_dinov2", depth=1), tmp_path / "d2", layout="hf")

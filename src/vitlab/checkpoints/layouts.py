@@ -10,8 +10,8 @@ layout    what is written                                           families
           ``pretrained_cfg``; ``timm.create_model("local-dir:DST",   the Perception Encoder and the RoPE ViTs
           pretrained=True)``), or the weights alone when ``DST``
           ends in ``.safetensors``/``.pth``/``.bin``
-``hf``    ``DST/config.json`` + ``model.safetensors`` +              DINOv3 (``DINOv3ViTModel``)
-          ``preprocessor_config.json`` (``save_pretrained``'s)
+``hf``    ``DST/config.json`` + ``model.safetensors`` +              DINOv3 (``DINOv3ViTModel``), the paper's ViT
+          ``preprocessor_config.json`` (``save_pretrained``'s)       (``ViTModel``, ``ViTForImageClassification``)
 ``meta``  Meta's state dict: ``DST`` (``.pth``/``.safetensors``) or  DINOv3 (``DinoVisionTransformer``; its keyword
           ``DST/model.safetensors``, with ``DST/dinov3_kwargs.json``  arguments in ``dinov3_kwargs.json``)
 ========  ========================================================  =================================================
@@ -36,7 +36,7 @@ from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
 from ..models.variants import BACKBONES, TIMM_ALIASES, model_config
-from . import dinov3, families
+from . import dinov3, families, hf
 
 __all__ = ["LAYOUTS", "layout_files", "write_layout"]
 
@@ -254,6 +254,18 @@ def write_layout(
         elif config is not None:
             args = ", ".join(f"{k}={v!r}" for k, v in config["model_args"].items())
             notes.append(f"timm: timm.create_model({config['architecture']!r}, {args}) loads it strictly")
+    elif layout == "hf" and not (cfg.rope and cfg.rope_kind == "dinov3"):  # the paper's ViT: ViTModel
+        bad = hf.unsupported(cfg)
+        if bad:
+            raise _refuse(cfg, layout, bad, "Hugging Face's ViTModel (and DINOv3ViTModel, for DINOv3)")
+        files = {
+            paths[0]: hf.vit_state(_state(model), cfg),
+            paths[1]: hf.vit_config(cfg),
+            paths[2]: hf.vit_preprocessor(cfg),
+        }
+        cls = hf.vit_config(cfg)["architectures"][0]
+        pool = "" if cfg.num_classes or cfg.head == "mlp" else ", add_pooling_layer=False"
+        notes.append(f"hf: transformers.{cls}.from_pretrained({str(Path(dst))!r}{pool})")
     else:
         bad = dinov3.unsupported(cfg, layout)
         if bad:
