@@ -316,8 +316,17 @@ def test_every_family_of_the_readme_table_loads_with_timms_outputs(tmp_path):
             assert_close_rel(model(x), ref(x), msg=family)
 
 
-def test_rope_refuses_token_dropping():
-    from vitlab.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="patch_drop_rate: token dropping with 2-D RoPE is not supported"):
-        vitlab.create_model("vit_small_patch16_dinov3", depth=1, patch_drop_rate=0.5)
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3_qkvb", "eva02_tiny_patch14_224"])
+def test_token_dropping_with_rope_is_timms(name):
+    """Token dropping (PatchDropout) in training: each kept patch is rotated by its own place, as timm does
+    (``apply_keep_indices_nlc``); with the same draws, timm's training logits. Before: a shape error."""
+    kw = {"depth": 2, "img_size": 64 if "dinov3" in name else 56}
+    ref = timm_model(name, num_classes=5, patch_drop_rate=0.5, **kw).train()
+    model = vitlab.load(dict(ref.state_dict()), patch_drop_rate=0.5).train()
+    x = images(kw["img_size"], 3)
+    torch.manual_seed(5)
+    want = ref(x)
+    torch.manual_seed(5)
+    got = model(x)
+    assert_close_rel(got, want)
+    got.sum().backward()

@@ -329,8 +329,6 @@ class ViTConfig:
             bad("rope_kind", f"{self.rope_kind!r} needs rope=True")
         if self.rope_ref_grid is not None and (self.rope_kind not in ("eva", "pe") or min(self.rope_ref_grid) <= 0):
             bad("rope_ref_grid", "a positive (rows, columns) pair, only with rope_kind 'eva' or 'pe'")
-        if self.rope and self.patch_drop_rate:
-            bad("patch_drop_rate", "token dropping with 2-D RoPE is not supported (the rotations need every patch)")
         if self.pool_include_prefix and self.pool not in ("map", "gap"):
             bad("pool_include_prefix", "only applies with pool 'map' or 'gap'")
         for opt in ("map_heads", "map_mlp_dim"):

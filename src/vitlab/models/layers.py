@@ -322,6 +322,9 @@ class PatchDropout(nn.Module):
             raise ConfigError(f"patch_drop_rate: must be in [0, 1), got {p}")
         self.p = p
         self.num_prefix_tokens = num_prefix_tokens
+        self.kept: torch.Tensor | None = None
+        """The patches the last forward kept, ``(B, kept)`` (None: all): 2-D RoPE rotates each kept token by its
+        own place (:meth:`~.vit.VisionTransformer.encode`, as timm's ``apply_keep_indices_nlc``)."""
 
     def keep_indices(self, x: torch.Tensor) -> torch.Tensor | None:
         """Indices ``(B, kept)`` of the patch tokens of ``x`` to keep, or None when all are kept."""
@@ -332,7 +335,7 @@ class PatchDropout(nn.Module):
         return torch.argsort(torch.randn(b, n, device=x.device), dim=-1)[:, :keep]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        idx = self.keep_indices(x)
+        idx = self.kept = self.keep_indices(x)
         if idx is None:
             return x
         pre, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]

@@ -118,10 +118,13 @@ def _rotate(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kind: str = "axial") -> torch.Tensor:
     """Rotate the last ``N`` tokens of ``x`` (``(..., T, head_dim)``) by the table ``(cos, sin)``
-    (``(N, head_dim)``): ``x cos + rotate(x) sin``; the ``T - N`` tokens before them are left as they are."""
-    n = cos.shape[0]
+    (``(N, head_dim)``, or ``(B, N, head_dim)`` for each image's own tokens, after token dropping):
+    ``x cos + rotate(x) sin``; the ``T - N`` tokens before them are left as they are."""
+    n = cos.shape[-2]
     prefix, patches = x[..., : x.shape[-2] - n, :], x[..., x.shape[-2] - n :, :]
     c, s = cos.to(x.dtype), sin.to(x.dtype)
+    if c.ndim == 3 and x.ndim == 4:  # (B, N, hd) -> (B, 1, N, hd): the same for every head
+        c, s = c[:, None], s[:, None]
     rotated = patches * c + _rotate(patches, kind) * s
     return torch.cat([prefix, rotated], dim=-2)
 

@@ -288,7 +288,15 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
         kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
         if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
-            kw["rope"] = self.blocks[0].attn.rope.table(grid, device=z.device)
+            cos, sin = self.blocks[0].attn.rope.table(grid, device=z.device)
+            kept = getattr(self.patch_drop, "kept", None)
+            if (
+                self.training
+                and kept is not None
+                and z.shape[:2] == (kept.shape[0], self.num_prefix_tokens + kept.shape[1])
+            ):
+                cos, sin = cos[kept], sin[kept]  # token dropping: each kept patch keeps its place, (B, kept, hd)
+            kw["rope"] = (cos, sin)
         if packing is not None:
             kw["packing"] = packing
         for blk in self.blocks:
