@@ -1,9 +1,11 @@
 """Reading and writing weights: vitlab's folder format and the world's formats.
 
 One small module per format: :mod:`.native` (vitlab folders), :mod:`.timm`,
-:mod:`.hf` (Hugging Face), :mod:`.npz` (Google's vit_jax and big_vision), and
-:mod:`.hub` (public names). :func:`load` detects the format, converts names to
-timm's, infers the architecture from the tensor shapes (:mod:`.infer`), applies
+:mod:`.hf` (Hugging Face), :mod:`.npz` (Google's vit_jax and big_vision), :mod:`.dinov3`
+(Meta's DINOv3 release and Hugging Face's port), and :mod:`.hub` (public names); :mod:`.families`
+tells the backbones of timm's ``Eva`` class apart by their keys, and :mod:`.layouts` writes a model in
+timm's, Hugging Face's or Meta's layout. :func:`load` detects the format, converts names to
+timm's, infers the architecture from the tensor shapes (:mod:`.infer`) and the family, applies
 overrides, and loads with a full report of missing, unexpected and mis-shaped keys.
 
 Checkpoints are untrusted input. Archives are inflated only within a bound
