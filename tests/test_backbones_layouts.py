@@ -150,6 +150,11 @@ def test_layouts_refuse_what_they_cannot_hold(tmp_path):
     eva = vitlab.create_model("eva02_tiny_patch14_224", depth=1)
     with pytest.raises(CheckpointError, match="rope_kind 'eva'"):
         write_layout(eva, tmp_path / "m", layout="meta")
+    dinov2 = vitlab.load(dict(timm.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28).state_dict()))
+    with torch.no_grad():
+        dinov2.pos_embed[:, :1] += 1.0  # the class token's row, trained: timm's layout (no_embed_class) has none
+    with pytest.raises(CheckpointError, match="no_embed_class"):
+        write_layout(dinov2, tmp_path / "d", layout="timm")
     assert not any(tmp_path.iterdir())  # refused before anything is written
     assert main(["convert", "nope.pth", str(tmp_path / "x.npz"), "--layout", "timm"]) == 2
 
@@ -165,6 +170,8 @@ ROUND_TRIP = {
     "vit_medium_patch16_rope_reg1_gap_256": dict(depth=1, img_size=64, embed_dim=192, num_heads=3),
     "vit_small_patch14_reg4_dinov2": dict(depth=1, img_size=56),
     "vit_base_patch16_siglip_224": dict(depth=1, img_size=32),
+    "vit_tiny_patch16_224": dict(depth=1, img_size=32),
+    "vit_small_patch16_rope_224": dict(depth=1, img_size=32),
 }
 
 
@@ -173,13 +180,15 @@ def test_timm_layout_round_trip_loads_strictly_in_timm(name, tmp_path):
     kw = ROUND_TRIP[name]
     ref = randomize(timm.create_model(name, pretrained=False, num_classes=5, **kw))
     heads = {"num_heads": kw["num_heads"]} if "num_heads" in kw else {}
-    model = vitlab.load(dict(ref.state_dict()), **heads)
-    out, _ = write_layout(model, tmp_path / "w.safetensors", layout="timm")
+    model = vitlab.load(dict(ref.state_dict()), img_size=kw["img_size"], **heads)  # (invisible without a table)
+    out, _ = write_layout(model, tmp_path / "w", layout="timm")
     again = timm.create_model(name, pretrained=False, num_classes=5, **kw).eval()
-    again.load_state_dict(safetensors_torch.load_file(str(out)), strict=True)
+    again.load_state_dict(safetensors_torch.load_file(str(out / "model.safetensors")), strict=True)
+    built = timm.create_model(f"local-dir:{out}", pretrained=True).eval()  # from timm's config.json written too
     x = images(kw["img_size"], kw["img_size"])
     with torch.no_grad():
         assert_close_rel(again(x), ref(x))
+        assert_close_rel(built(x), ref(x))
 
 
 def test_hf_layout_of_the_papers_vit(tmp_path):

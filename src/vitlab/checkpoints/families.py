@@ -355,6 +355,8 @@ _OPTIONS = (
     "pool_include_prefix",
     "qk_norm",
     "dist_token",
+    "act",
+    "dynamic_img_pad",
 )
 """What makes two configs the same architecture at other sizes (with registers and layer scale present or not)."""
 _SIZES = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "reg_tokens")
@@ -366,6 +368,7 @@ def _same_options(a: ViTConfig, b: ViTConfig) -> bool:
         and (a.reg_tokens > 0) == (b.reg_tokens > 0)
         and (a.init_values is None) == (b.init_values is None)
         and (not a.key_bias or not a.qkv_bias) == (not b.key_bias or not b.qkv_bias)
+        and ("naflex" in str(a.extra.get("timm_layout", ""))) == ("naflex" in str(b.extra.get("timm_layout", "")))
     )
 
 

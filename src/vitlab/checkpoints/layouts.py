@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .._fs import default_file_mode, remove_stale, temp_path
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
 from ..models.variants import BACKBONES, TIMM_ALIASES, model_config
@@ -88,11 +88,17 @@ def _timm_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             "rope_kind 'axial': vitlab's own 2-D RoPE convention has no timm model (timm's are eva, pe and dinov3); "
             "the model cannot be written in the timm layout"
         )
+    if "no_embed_class" in layout and "pos_embed" in state:  # (DINOv2, Naver's "_ape"): no rows for the prefix
+        rows = state["pos_embed"][:, : cfg.num_prefix_tokens]
+        if torch.count_nonzero(rows):
+            raise CheckpointError(
+                "pos_embed: the class and register tokens' position embeddings are not zero (trained here), and the "
+                "source's timm layout has no rows for them (no_embed_class); the model cannot be written in it"
+            )
+        state["pos_embed"] = state["pos_embed"][:, cfg.num_prefix_tokens :]
     if not _eva_class(cfg):
         if cfg.mlp == "swiglu":  # timm's VisionTransformer with SwiGLUPacked (DINOv2 giant)
             state = families.to_eva(state, split_qkv=False, packed_glu=True, eva=False)
-        if "no_embed_class" in layout and "pos_embed" in state:
-            state["pos_embed"] = state["pos_embed"][:, cfg.num_prefix_tokens :]
         if "naflex" in layout:  # timm's NaFlexVit (SigLIP 2 NaFlex)
             state = families.to_naflex(state, cfg.grid_size)
         return state
@@ -135,13 +141,15 @@ def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
     """``(timm architecture name, model_args)`` that ``timm.create_model`` builds ``cfg`` from, or None when no
     timm name has its options."""
     base = cfg.name.split(".", 1)[0]
-    if base not in BACKBONES and base not in TIMM_ALIASES:
-        base = families.backbone_name(cfg, sizes=False) or next(
-            (n for n, (ours, _) in TIMM_ALIASES.items() if _same(model_config(n), cfg)), ""
-        )
+    if base not in BACKBONES and base not in TIMM_ALIASES:  # the nearest of timm's names with the same options
+        refs = {n: c for n in (*BACKBONES, *TIMM_ALIASES) if (c := _timm_name_config(n)) is not None}
+        hits = [(_distance(c, cfg), not n.startswith("vit_"), n) for n, c in refs.items() if _same(c, cfg)]
+        base = min(hits)[2] if hits else ""
     if not base:
         return None
-    ref = model_config(base)
+    ref = _timm_name_config(base)
+    if ref is None:
+        return None
     args: dict[str, Any] = {}
     for ours, theirs in (("embed_dim", "embed_dim"), ("depth", "depth"), ("num_heads", "num_heads")):
         if getattr(cfg, ours) != getattr(ref, ours):
@@ -161,16 +169,29 @@ def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
         args["in_chans"] = cfg.in_chans
     if cfg.rope_ref_grid != ref.rope_ref_grid and cfg.rope_ref_grid is not None:
         args["ref_feat_shape"] = list(cfg.rope_ref_grid)
+    if cfg.fc_norm != ref.fc_norm or cfg.pool != ref.pool:  # (timm's default follows global_pool: say it)
+        args["use_fc_norm" if _eva_class(cfg) else "fc_norm"] = cfg.fc_norm
     return base, args
 
 
+def _timm_name_config(name: str) -> ViTConfig | None:
+    """The configuration timm's ``name`` builds (an alias of a Table 1 name with the fields it implies), or None
+    for a name vitlab cannot build (a 384 px input of patch 14)."""
+    try:
+        if name in TIMM_ALIASES:
+            ours, implied = TIMM_ALIASES[name]
+            return model_config(ours, **implied)
+        return model_config(name)
+    except ConfigError:
+        return None
+
+
+def _distance(a: ViTConfig, b: ViTConfig) -> tuple[int, ...]:
+    return (abs(a.embed_dim - b.embed_dim), abs(a.patch_size - b.patch_size), abs(a.img_size[0] - b.img_size[0]))
+
+
 def _same(a: ViTConfig, b: ViTConfig) -> bool:
-    return families._same_options(a, b) and (a.pool, a.fc_norm, a.act, a.norm_eps) == (
-        b.pool,
-        b.fc_norm,
-        b.act,
-        b.norm_eps,
-    )
+    return families._same_options(a, b) and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
 
 
 def _timm_config(cfg: ViTConfig) -> dict[str, Any] | None:

@@ -105,7 +105,7 @@ def create_model(
         raise UnknownModelError(f"unknown model {name!r}{hint}")
     implied = dict(TIMM_ALIASES.get(name.strip().lower().split(".", 1)[0], ("", {}))[1])
     if canon in BACKBONES:  # timm's own defaults for the name (its resolution, its head)
-        implied = {k: BACKBONES[canon][k] for k in ("img_size", "num_classes")}
+        implied = {k: BACKBONES[canon][k] for k in ("img_size", "num_classes") if k in BACKBONES[canon]}
     fields = {**implied, **timm_kwargs(overrides)}
     if "mlp_ratio" in fields:
         width = fields.get("embed_dim", model_config(canon).embed_dim)

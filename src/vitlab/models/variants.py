@@ -303,6 +303,26 @@ def _backbones() -> dict[str, dict[str, Any]]:
         for res in resolutions:
             table[f"vit_{name}_siglip_{res}"] = dict(dims, img_size=res, pool="map")
             table[f"vit_{name}_siglip_gap_{res}"] = dict(dims, img_size=res, pool="gap")
+    # timm's own RoPE ViTs ("SBB", Wightman et al.: registers, layer scale, EVA-02's RoPE on a 16x16 grid, the mean
+    # of the patch tokens) and Naver's RoPE-ViT (Heo et al. 2024, "RoPE-Axial": columns first, theta 100, integer
+    # positions; its "_ape" variants, whose learned table has no class row, load from their weights but are not
+    # built here)
+    sbb = dict(rope=True, rope_kind="eva", rope_theta=10000.0, rope_ref_grid=(16, 16), posemb="none", class_token=False)
+    sbb.update(init_values=1e-5, pool="gap", fc_norm=True, img_size=256, patch_size=16, crop_pct=0.95)
+    for name, (d, depth, heads, reg, bias) in {
+        "medium_patch16_rope_reg1_gap_256": (512, 12, 8, 1, True),
+        "mediumd_patch16_rope_reg1_gap_256": (512, 20, 8, 1, False),
+        "betwixt_patch16_rope_reg4_gap_256": (640, 12, 10, 4, True),
+        "base_patch16_rope_reg1_gap_256": (768, 12, 12, 1, True),
+    }.items():
+        dims = dict(sbb, embed_dim=d, depth=depth, num_heads=heads, mlp_dim=4 * d, reg_tokens=reg, qkv_bias=bias)
+        norm = dict(mean=CLIP_MEAN, std=CLIP_STD) if name.startswith("betwixt") else {}
+        table[f"vit_{name}"] = dict(dims, key_bias=not bias, **norm)
+    naver = dict(rope=True, rope_kind="pe", rope_theta=100.0, init_values=1e-5, pool="cls", img_size=224)
+    naver.update(patch_size=16, mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=0.9)
+    for size, (d, depth, heads) in {"small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}.items():
+        dims = dict(naver, embed_dim=d, depth=depth, num_heads=heads, mlp_dim=4 * d)
+        table[f"vit_{size}_patch16_rope_224"] = dict(dims, posemb="none")
     # SigLIP 2's NaFlex towers (timm's NaFlexVit): the same ViT, its 16x16 position table resampled bilinearly to
     # each image's grid (any size and aspect ratio), images padded to whole patches; timm's layout of its own
     naflex = dict(siglip, act="gelu_tanh", posemb_resample="bilinear", dynamic_img_pad=True, crop_pct=1.0)
@@ -329,4 +349,6 @@ def backbone_tag(name: str) -> str:
         return "eupe_lvd1689m" if name.startswith("vit_tiny_") else "lvd1689m"
     if name.startswith("vit_pe_core_"):
         return "fb"
+    if "_rope_" in name:
+        return "sbb_in1k" if name.endswith("_gap_256") else "naver_in1k"
     return "v2_webli"
