@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["readable", "shown"]
+__all__ = ["readable", "shown", "shown_lines"]
 
 # Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts the escape sequences that move
 # the cursor, recolour, retitle the window or rewrite the line), DEL, the line and paragraph separators, and the
@@ -37,3 +37,9 @@ def shown(text: object) -> str:
 def _escape(m: re.Match[str]) -> str:
     c = ord(m.group())
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def shown_lines(text: object) -> str:
+    """:func:`shown` of each line of a message vitlab writes over several lines (the end of a run's advice and its
+    notes): its own line breaks kept, every other character a terminal acts on escaped."""
+    return "\n".join(shown(line) for line in str(text).split("\n"))

@@ -253,9 +253,9 @@ def source_config(source: ModelSource, *, option: str = "--model") -> ViTConfig:
         with torch.device("meta"):
             return create_model(source.spec).config
     if source.kind == "export":
-        from .deploy.folder import read_export
+        from .deploy import exported_config
 
-        return read_export(source.path)[0]  # type: ignore[arg-type]
+        return exported_config(source.path)  # type: ignore[arg-type]
     if source.path is not None and is_native(source.path):
         where = source.path / CONFIG_NAME
         return config_from_record(read_config_file(where), where=str(where))

@@ -16,7 +16,7 @@ from . import fused_block, onednn
 from .buffers import Scratch, Workspace
 from .switch import enabled, running_eagerly, unchanged
 
-__all__ = ["BLOCK_LAYOUT", "FastBlock"]
+__all__ = ["BLOCK_LAYOUT", "FastBlock", "paper_block"]
 
 BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
     "norm1": nn.LayerNorm,
@@ -41,7 +41,15 @@ BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
 """The submodules (and their classes) a :class:`Block` is built with: the speed paths run
 only on a block that still has exactly these. The options they do not implement (layer scale
 ``ls1``/``ls2``, qk-norm ``attn.q_norm``/``attn.k_norm``) are identities here, so a block built
-with one of them takes the plain forward."""
+with one of them takes the plain forward; so does one with a submodule more (RoPE's ``attn.rope``,
+``attn.norm``, ``mlp.norm``) or another MLP (SwiGLU)."""
+
+
+def paper_block(block: nn.Module) -> bool:
+    """Whether ``block`` is the paper's block as built (:data:`BLOCK_LAYOUT`, :func:`.switch.unchanged`) and its
+    attention holds no parameters of its own: the q/v-only biases of BEiT, EVA and DINOv3 (``attn.q_bias``,
+    ``attn.v_bias``) are parameters, not submodules, and the speed paths read ``attn.qkv.bias`` alone."""
+    return unchanged(block, BLOCK_LAYOUT) and not block.attn._parameters
 
 
 class FastBlock(Block):
@@ -64,7 +72,7 @@ class FastBlock(Block):
         """Whether a speed path may stand in for the plain forward: the switch is on, the forward
         runs eagerly (no tracer records it), and the block is exactly as built (no hooks inside,
         no replaced or wrapped layers)."""
-        return enabled() and running_eagerly() and unchanged(self, BLOCK_LAYOUT)
+        return enabled() and running_eagerly() and paper_block(self)
 
     def train(self, mode: bool = True) -> FastBlock:
         if mode:  # packed inference weights would go stale and hold memory

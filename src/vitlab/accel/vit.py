@@ -28,12 +28,12 @@ from ..models.flops import block_macs
 from ..models.layers import Block, PatchDropout
 from ..models.packed import PackedPatches
 from ..models.vit import VisionTransformer
-from .blocks import BLOCK_LAYOUT, FastBlock
+from .blocks import FastBlock, paper_block
 from .buffers import share_scratch
 from .native import available as c_kernels_available
 from .onednn import applies as onednn_applies
 from .onednn import eager_cpu_inference
-from .switch import enabled, hooks_anywhere, running_eagerly, unchanged
+from .switch import enabled, hooks_anywhere, running_eagerly
 
 __all__ = ["INFERENCE_CHUNK_BYTES", "FastVisionTransformer", "accelerate", "inference_path", "training_path"]
 
@@ -84,7 +84,7 @@ class FastVisionTransformer(VisionTransformer):
             and not self.config.dist_token
             and self.cls_token is not None
             and type(last) is FastBlock
-            and unchanged(last, BLOCK_LAYOUT)
+            and paper_block(last)
             and type(self.norm) is nn.LayerNorm
             and not (self.grad_checkpointing and self.training and torch.is_grad_enabled())
         )

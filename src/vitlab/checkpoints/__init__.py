@@ -1,9 +1,11 @@
 """Reading and writing weights: vitlab's folder format and the world's formats.
 
 One small module per format: :mod:`.native` (vitlab folders), :mod:`.timm`,
-:mod:`.hf` (Hugging Face), :mod:`.npz` (Google's vit_jax and big_vision), and
-:mod:`.hub` (public names). :func:`load` detects the format, converts names to
-timm's, infers the architecture from the tensor shapes (:mod:`.infer`), applies
+:mod:`.hf` (Hugging Face), :mod:`.npz` (Google's vit_jax and big_vision), :mod:`.dinov3`
+(Meta's DINOv3 release and Hugging Face's port), and :mod:`.hub` (public names); :mod:`.families`
+tells the backbones of timm's ``Eva`` class apart by their keys, and :mod:`.layouts` writes a model in
+timm's, Hugging Face's or Meta's layout. :func:`load` detects the format, converts names to
+timm's, infers the architecture from the tensor shapes (:mod:`.infer`) and the family, applies
 overrides, and loads with a full report of missing, unexpected and mis-shaped keys.
 
 Checkpoints are untrusted input. Archives are inflated only within a bound
@@ -33,6 +35,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
+from .families import backbone_name
 from .native import is_native, load_folder, save
 
 __all__ = [
@@ -122,21 +125,41 @@ def read_checkpoint(
         return Checkpoint(state, fields, "npz")
     state = read_state_dict(p, max_unpacked_bytes=max_unpacked_bytes)
     hub_config = p.parent / "config.json"
-    fields = timm.read_hub_config(p)
+    proj = state.get("patch_embed.proj.weight")
+    fields = timm.read_hub_config(p, width=int(proj.shape[0]) if proj is not None and proj.ndim == 4 else None)
     return _from_state_dict(state, str(p), fields, config_file=str(hub_config) if fields else None)
 
 
 def _from_state_dict(
     state: dict[str, torch.Tensor], source: str, fields: dict[str, Any], *, config_file: str | None = None
 ) -> Checkpoint:
-    from . import hf, timm
+    from . import dinov3, families, hf, timm
 
+    if dinov3.is_meta_state(state):  # Meta's DINOv3 release (its keys are timm-like: told apart first)
+        meta_state, implied = dinov3.from_meta(state, source=source)
+        return Checkpoint(
+            meta_state, {**implied, **fields}, "meta", config_file=config_file, extra={"family": "DINOv3"}
+        )
     if hf.is_hf_state(state):
         return Checkpoint(
             hf.convert_state(state), {"norm_eps": 1e-12, **fields}, "huggingface", config_file=config_file
         )
+    naflex = families.is_naflex_state(state)
+    if naflex:  # SigLIP 2's NaFlex towers: timm's VisionTransformer names, then as any timm state
+        state = families.from_naflex(state, source=source)
     if timm.is_timm_state(state):
-        return Checkpoint(timm.convert_state(state), fields, "timm", config_file=config_file)
+        family = families.identify(state, source=source, stated=fields)
+        layout = families.timm_layout(state)
+        if naflex:
+            family = families.Family("SigLIP 2 NaFlex", {**(family.fields if family else {}), **families.NAFLEX})
+            layout = ",".join(filter(None, (layout, "naflex")))
+        fields = {**(family.fields if family else {}), **fields}  # (what a Hub config.json names wins)
+        extra = {"family": family.name} if family else {}
+        if layout:
+            extra["timm_layout"] = layout
+        return Checkpoint(
+            timm.convert_state(state, source=source), fields, "timm", config_file=config_file, extra=extra
+        )
     names = ", ".join(list(state)[:5])
     raise CheckpointError(
         f"{source}: not a ViT checkpoint: no patch embedding ('patch_embed.proj.weight' as in timm, or "
@@ -167,12 +190,17 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     if unknown:
         raise ConfigError(f"unknown ViTConfig option(s): {', '.join(sorted(unknown))}")
     try:
-        return ViTConfig.from_dict({**base, **overrides})
+        cfg = ViTConfig.from_dict({**base, **overrides})
     except ConfigError as e:  # a value of the file's config (not one the caller gave): name the file
         option = str(e).split(":", 1)[0].split("[", 1)[0]
         if ckpt.config_file is None or option in overrides:
             raise
         raise CheckpointError(f"{ckpt.blame(option)}{str(e)[len(option) :]}") from None
+    family = (base.get("extra") or {}).get("family")
+    if ckpt.config is None and family and "name" not in overrides:  # timm's name when it is one, else the family's
+        slug = re.sub(r"[^a-z0-9]+", "_", family.lower()).strip("_")
+        cfg = cfg.replace(name=backbone_name(cfg) or f"{slug}_custom")
+    return cfg
 
 
 def checkpoint_config(ckpt: Checkpoint, **overrides: Any) -> ViTConfig:

@@ -1,4 +1,5 @@
-"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints.
+"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints (and ``DINOv3ViTModel`` folders, whose
+names :mod:`.dinov3` maps).
 
 A ``save_pretrained`` folder holds ``config.json`` and ``model.safetensors`` (or
 ``pytorch_model.bin``). Names map onto timm's as in the table of
@@ -29,7 +30,8 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..models.config import check_fields
+from ..models.config import ViTConfig, check_fields
+from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
 from .files import read_config_file
 
 __all__ = [
@@ -40,6 +42,10 @@ __all__ = [
     "is_hf_folder",
     "is_hf_state",
     "read_folder",
+    "unsupported",
+    "vit_config",
+    "vit_preprocessor",
+    "vit_state",
 ]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -86,7 +92,7 @@ def is_hf_folder(path: str | os.PathLike[str]) -> bool:
     cfg = Path(path) / "config.json"
     if not os.path.lexists(cfg):
         return False
-    return read_config_file(cfg).get("model_type") == "vit"
+    return read_config_file(cfg).get("model_type") in ("vit", HF_MODEL_TYPE)
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
@@ -170,8 +176,12 @@ def read_folder(
                 f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')"
             )
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
-    state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
-    fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
+    if raw.get("model_type") == HF_MODEL_TYPE:  # DINOv3ViTModel (.dinov3)
+        state, implied = from_hf(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), source=str(weights))
+        fields = {**hf_fields(raw, source=str(p / "config.json")), **implied, "extra": {"family": "DINOv3"}}
+    else:
+        state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
+        fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
     pre_path = p / "preprocessor_config.json"
     if os.path.lexists(pre_path):
         pre = read_config_file(pre_path)
@@ -207,3 +217,101 @@ def _crop_pct(pre: dict[str, Any], source: Path) -> float | None:
             "expected positive sides, the crop no larger than the size"
         )
     return crop / size
+
+
+def unsupported(cfg: ViTConfig) -> list[str]:
+    """The options of ``cfg`` Hugging Face's ``ViTModel`` / ``ViTForImageClassification`` do not have."""
+    bad = {
+        "class_token": not cfg.class_token,
+        "dist_token": cfg.dist_token,
+        "reg_tokens": cfg.reg_tokens > 0,
+        "posemb": cfg.posemb != "learn",
+        "pool": cfg.pool != "cls",
+        "init_values": cfg.init_values is not None,
+        "qk_norm": cfg.qk_norm,
+        "pre_norm": cfg.pre_norm,
+        "key_bias": cfg.qkv_bias and not cfg.key_bias,
+        "mlp": cfg.mlp != "mlp",
+        "mlp_norm": cfg.mlp_norm,
+        "attn_norm": cfg.attn_norm,
+        "rope": cfg.rope,
+        "act": cfg.act not in ("gelu", "gelu_tanh"),
+        "num_classes": cfg.head == "mlp" and cfg.num_classes > 0,
+        "hybrid_layers": cfg.hybrid_layers is not None or cfg.stem != "patch" or cfg.attention != "global",
+    }
+    return [k for k, v in bad.items() if v]
+
+
+def vit_config(cfg: ViTConfig) -> dict[str, Any]:
+    """Hugging Face's ``config.json`` for ``cfg``: ``ViTForImageClassification`` with a classifier, else
+    ``ViTModel`` (its pooler is the ``mlp`` head's pre-logits layer)."""
+    h, w = cfg.img_size
+    out: dict[str, Any] = {
+        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
+        "model_type": "vit",
+        "hidden_size": cfg.embed_dim,
+        "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim,
+        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}[cfg.act],
+        "layer_norm_eps": cfg.norm_eps,
+        "image_size": h if h == w else [h, w],
+        "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_chans,
+        "qkv_bias": cfg.qkv_bias,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    if cfg.head == "mlp":
+        out.update(pooler_act="tanh", pooler_output_size=cfg.pre_logits_dim)
+    if cfg.num_classes:
+        names = cfg.class_names or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+        out["id2label"] = {str(i): n for i, n in enumerate(names)}
+        out["label2id"] = {n: i for i, n in enumerate(names)}
+    return out
+
+
+def vit_state(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitlab's names -> those ``save_pretrained`` writes for a ViT (the reverse of :func:`convert_state`)."""
+    pre = "vit." if cfg.num_classes else ""
+    out: dict[str, torch.Tensor] = {}
+    for k, t in state.items():
+        m = re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.(weight|bias)", k)
+        if m:
+            for part, x in zip(("query", "key", "value"), t.chunk(3)):
+                out[f"{pre}encoder.layer.{m.group(1)}.attention.attention.{part}.{m.group(2)}"] = x
+            continue
+        for pat, rep in (
+            (r"cls_token", "embeddings.cls_token"),
+            (r"pos_embed", "embeddings.position_embeddings"),
+            (r"patch_embed\.proj\.(weight|bias)", r"embeddings.patch_embeddings.projection.\1"),
+            (r"blocks\.(\d+)\.attn\.proj\.(weight|bias)", r"encoder.layer.\1.attention.output.dense.\2"),
+            (r"blocks\.(\d+)\.mlp\.fc1\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2"),
+            (r"blocks\.(\d+)\.mlp\.fc2\.(weight|bias)", r"encoder.layer.\1.output.dense.\2"),
+            (r"blocks\.(\d+)\.norm1\.(weight|bias)", r"encoder.layer.\1.layernorm_before.\2"),
+            (r"blocks\.(\d+)\.norm2\.(weight|bias)", r"encoder.layer.\1.layernorm_after.\2"),
+            (r"norm\.(weight|bias)", r"layernorm.\1"),
+            (r"pre_logits\.fc\.(weight|bias)", r"pooler.dense.\1"),
+        ):
+            if re.fullmatch(pat, k):
+                out[pre + re.sub(pat, rep, k)] = t
+                break
+        else:
+            if k.startswith("head."):
+                out["classifier." + k[len("head.") :]] = t
+    return out
+
+
+def vit_preprocessor(cfg: ViTConfig) -> dict[str, Any]:
+    """``preprocessor_config.json`` of ``ViTImageProcessor`` with the model's mean, std and input size."""
+    h, w = cfg.img_size
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": h, "width": w},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(cfg.mean),
+        "image_std": list(cfg.std),
+    }

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, OfflineError
+from ..models.variants import BACKBONES, backbone_tag
 
 __all__ = ["KNOWN", "HubEntry", "cache_dir", "card", "is_hub_name", "list_names", "pretrained_name", "resolve"]
 
@@ -163,12 +164,16 @@ _PREFERRED_TAGS = (
 
 def pretrained_name(model: str) -> str:
     """The public checkpoint ``create_model(model, pretrained=True)`` loads: ``timm/<arch>.<tag>`` for a
-    timm name with its tag (``vit_base_patch16_224.augreg_in1k``) or a DeiT name (the ``fb_in1k``
-    weights), else the first of the ImageNet-1k fine-tuned, then pre-trained, tags that exists
-    for the model (``vit_b16`` and ``vit_base_patch16_224`` give ``augreg2_in21k_ft_in1k/vit_b16``)."""
+    timm name with its tag (``vit_base_patch16_224.augreg_in1k``), a DeiT name (the ``fb_in1k``
+    weights) or one of the backbones of :data:`~vitlab.models.variants.BACKBONES` (timm's default tag:
+    ``vit_small_patch16_dinov3`` gives ``timm/vit_small_patch16_dinov3.lvd1689m``), else the first of the
+    ImageNet-1k fine-tuned, then pre-trained, tags that exists for the model (``vit_b16`` and
+    ``vit_base_patch16_224`` give ``augreg2_in21k_ft_in1k/vit_b16``)."""
     n = model.strip().lower()
     if re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_]+", n):
         return f"timm/{n}"
+    if n in BACKBONES:  # EVA-02, DINOv3, PE core, SigLIP 2: timm's default weights for the name
+        return f"timm/{n}.{backbone_tag(n)}"
     if n.startswith("deit_"):
         return f"timm/{n}.fb_in1k"
     m = re.fullmatch(r"vit_([a-z]+)_patch(\d+)_(\d+)", n)

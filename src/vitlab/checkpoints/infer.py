@@ -95,15 +95,20 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     depth = max(block_ids) + 1 if block_ids else 0
     if depth == 0:
         raise CheckpointError("not a ViT checkpoint: no 'blocks.N.' transformer layers")
-    fc1 = state.get("blocks.0.mlp.fc1.weight")
+    fc1 = state.get("blocks.0.mlp.fc1.weight", state.get("blocks.0.mlp.fc1_g.weight"))  # (SwiGLU: the gate's)
     mlp_dim = int(fc1.shape[0]) if fc1 is not None else 4 * width
+    qv_bias = "blocks.0.attn.q_bias" in state  # BEiT / EVA / DINOv3: no bias on the keys
     f: dict[str, Any] = {
         "embed_dim": int(width),
         "in_chans": int(in_chans),
         "patch_size": int(ph),
         "depth": depth,
         "mlp_dim": mlp_dim,
-        "qkv_bias": "blocks.0.attn.qkv.bias" in state,
+        "qkv_bias": "blocks.0.attn.qkv.bias" in state or qv_bias,
+        "key_bias": not qv_bias,
+        "mlp": "swiglu" if "blocks.0.mlp.fc1_g.weight" in state else "mlp",
+        "mlp_norm": "blocks.0.mlp.norm.weight" in state,
+        "attn_norm": "blocks.0.attn.norm.weight" in state,
         "class_token": "cls_token" in state,
         "name": variant_name(int(width), depth, mlp_dim, int(ph)),
         "reg_tokens": num_registers(state),
@@ -130,6 +135,9 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
         f["posemb"] = "none"
     if "attn_pool.latent" in state:  # SigLIP-style attention pooling (timm's AttentionPoolLatent)
         f["pool"], f["fc_norm"] = "map", False
+        pool_fc1 = state.get("attn_pool.mlp.fc1.weight")
+        if pool_fc1 is not None and pool_fc1.ndim == 2 and int(pool_fc1.shape[0]) != mlp_dim:
+            f["map_mlp_dim"] = int(pool_fc1.shape[0])
     elif "fc_norm.weight" in state:
         f["pool"], f["fc_norm"] = "gap", True
     else:

@@ -48,7 +48,8 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     prefix, sub-modules numbered from 0, ``pos_embedding`` without a class row (the class row is
     folded into ``cls``: big_vision adds no position embedding to the class token) and a
     ``MAPHead_0`` for attention pooling. Options without a Google layout (hybrid and convolutional stems, axial,
-    2-D learned position embeddings, registers, layer scale, qk-norm, distillation, sequence pooling) are refused.
+    2-D learned position embeddings, registers, layer scale, qk-norm, distillation, sequence pooling, SwiGLU, q/v-only
+    biases, NormFormer norms, the Perception Encoder's pooling) are refused.
     The file is written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
     from .._fs import replacing
     from ..errors import ConfigError
@@ -72,6 +73,13 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
         "dist_token": cfg.dist_token,
         "pool": cfg.pool == "seq" or (cfg.pool == "map" and layout == "vit_jax"),
         "fc_norm": cfg.fc_norm,
+        "mlp": cfg.mlp != "mlp",
+        "key_bias": cfg.qkv_bias and not cfg.key_bias,
+        "attn_norm": cfg.attn_norm,
+        "mlp_norm": cfg.mlp_norm,
+        "pool_include_prefix": cfg.pool_include_prefix,
+        "map_heads": cfg.map_heads is not None,
+        "map_mlp_dim": cfg.map_mlp_dim is not None,
     }
     bad = [k for k, v in unsupported.items() if v]
     if bad:

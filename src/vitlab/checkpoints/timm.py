@@ -25,6 +25,7 @@ import torch
 
 from ..errors import CheckpointError, ConfigError
 from ..models.config import check_fields
+from .families import architecture_fields, from_eva, is_eva_state
 from .files import read_config_file
 from .infer import num_registers
 
@@ -39,9 +40,10 @@ def is_timm_state(state: dict[str, torch.Tensor]) -> bool:
     return "patch_embed.proj.weight" in state
 
 
-def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """timm names -> vitlab names (the same), inserting the zero prefix rows of ``no_embed_class`` models."""
-    out = dict(state)
+def convert_state(state: dict[str, torch.Tensor], *, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """timm names -> vitlab names (the same for timm's ``VisionTransformer``; those of its ``Eva`` class renamed,
+    :func:`.families.from_eva`), inserting the zero prefix rows of ``no_embed_class`` models."""
+    out = from_eva(state, source=source) if is_eva_state(state) else dict(state)
     pe = out.get("pos_embed")
     prefix = int("cls_token" in out) + int("dist_token" in out) + num_registers(out)
     if pe is not None and prefix and pe.ndim == 3:
@@ -51,9 +53,10 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
+def read_hub_config(weights_path: str | Path, *, width: int | None = None) -> dict[str, Any]:
     """Fields from a timm Hub ``config.json`` beside the weights (pooling, heads, mean/std, crop_pct, label
-    names), or {}.
+    names, and for the families of :mod:`.families` what their architecture name implies: RoPE's convention,
+    LayerNorm eps, the head count at the name's ``width``), or {}.
 
     A ``config.json`` that is not a small regular JSON file, or whose values have the wrong types,
     is a :class:`CheckpointError` naming it and the key."""
@@ -69,6 +72,8 @@ def read_hub_config(weights_path: str | Path) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise CheckpointError(f"{cfg_path}: {key}: expected an object, got {type(value).__name__}")
     fields: dict[str, Any] = {}
+    if isinstance(raw["architecture"], str):
+        fields.update(architecture_fields(raw["architecture"], width=width))
     if "mean" in pre and "std" in pre:
         fields["mean"], fields["std"] = pre["mean"], pre["std"]
     if "crop_pct" in pre:

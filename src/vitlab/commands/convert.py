@@ -1,4 +1,5 @@
-"""``vitlab convert SRC DST``: any supported checkpoint -> vitlab's folder format."""
+"""``vitlab convert SRC DST``: any supported checkpoint -> vitlab's folder format, Google's ``.npz``, or another
+library's layout (``--layout timm|hf|meta``, :mod:`vitlab.checkpoints.layouts`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from .._units import counted
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
         "convert",
-        help="convert a timm / Hugging Face / npz checkpoint to a vitlab folder",
+        help="convert a checkpoint between vitlab's, timm's, Hugging Face's, Meta's and Google's layouts",
         description=(
             "Read a checkpoint in any supported format (timm .pth/.bin/.safetensors, a Hugging Face\n"
             "save_pretrained folder, a Google .npz of vit_jax or big_vision, a vitlab folder, or a\n"
             "known public name) and write it as DST/model.safetensors + DST/config.json, or, when DST\n"
             "ends in .npz, as Google's .npz (--layout vit_jax or big_vision) with vitlab's config in an extra\n"
-            "array, so that converting back gives the same model (options without a Google layout are refused).\n\n"
+            "array, so that converting back gives the same model (options without a Google layout are refused).\n"
+            "--layout timm|hf|meta writes it in another library's layout instead, loadable there strictly with the\n"
+            "same outputs: timm (DST/model.safetensors + timm's config.json, or DST.safetensors alone), Hugging\n"
+            "Face's DINOv3ViTModel (a save_pretrained folder), Meta's DINOv3 release keys (DST.pth or a folder).\n\n"
             "The architecture is inferred from the tensor shapes; the head count comes from the\n"
             "paper's table (width -> heads) unless the format stores it or --num-heads says.\n"
             "Known names (downloaded with huggingface_hub): <tag>/<model>, e.g.\n"
@@ -25,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  vitlab convert ViT-B_16.npz out/vit_b16\n"
             "  vitlab convert hf_vit_folder/ out/vit_hf --img-size 384\n"
             "  vitlab convert augreg_in21k_ft_in1k/vit_b16 out/b16 --num-classes 10   # new zero head for fine-tuning\n"
-            "  vitlab convert out/vit_b16 vit_b16.npz --layout big_vision"
+            "  vitlab convert out/vit_b16 vit_b16.npz --layout big_vision\n"
+            "  vitlab convert hf_dinov3_folder/ out/dinov3_timm --layout timm    # timm's vit_*_patch16_dinov3_qkvb\n"
+            "  vitlab convert dinov3_vits16_pretrain.pth out/dinov3_hf --layout hf  # Meta's release -> Hugging Face"
         ),
         formatter_class=formatter,
     )
@@ -44,7 +50,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     p.add_argument("--patch-size", type=int, default=None, help="resize the patch projection (FlexiViT)")
     p.add_argument(
-        "--layout", choices=["vit_jax", "big_vision"], default="vit_jax", help="the .npz layout when DST ends in .npz"
+        "--layout",
+        choices=["vit_jax", "big_vision", "timm", "hf", "meta"],
+        default=None,
+        help="vit_jax (default) or big_vision for a DST ending in .npz; timm, hf or meta: another library's layout "
+        "(default: a vitlab folder)",
     )
     p.add_argument(
         "--overwrite",
@@ -60,13 +70,25 @@ def run(args: argparse.Namespace) -> int:
 
     from .._fs import writes_onto
     from ..checkpoints import load, save
+    from ..checkpoints.layouts import LAYOUTS, layout_files, write_layout
     from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
     from ..checkpoints.npz import CONFIG_KEY
     from ..checkpoints.npz_write import outside_layout, write_npz
     from ..errors import ConfigError
 
     dst = Path(args.dst)
-    files = [dst] if dst.suffix == ".npz" else [dst / WEIGHTS_NAME, dst / CONFIG_NAME]
+    layout = args.layout
+    if dst.suffix == ".npz":
+        layout = layout or "vit_jax"
+        if layout in LAYOUTS:
+            raise ConfigError(f"--layout {layout}: writes timm's, Hugging Face's or Meta's files, not an .npz")
+        files = [dst]
+    elif layout in LAYOUTS:
+        files = layout_files(dst, layout)
+    elif layout is not None:
+        raise ConfigError(f"--layout {layout}: Google's .npz layouts need a DST ending in .npz")
+    else:
+        files = [dst / WEIGHTS_NAME, dst / CONFIG_NAME]
     same = Path(args.src).exists() and dst.exists() and dst.resolve() == Path(args.src).resolve()
     if same or writes_onto(files, args.src):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"{dst}: would overwrite the input {args.src}; convert into another folder")
@@ -83,12 +105,16 @@ def run(args: argparse.Namespace) -> int:
     )
     overrides = {k: v for k, v in pairs if v is not None}
     model = load(args.src, strict=not args.no_strict, **overrides)
-    if dst.suffix == ".npz":
-        out = write_npz(model, dst, layout=args.layout, overwrite=args.overwrite)
+    if layout in LAYOUTS:
+        out, notes = write_layout(model, dst, layout=layout, overwrite=args.overwrite)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    elif dst.suffix == ".npz":
+        out = write_npz(model, dst, layout=layout, overwrite=args.overwrite)
         lost = outside_layout(model.config)
         if lost:  # vitlab reads them back; a reader of the plain layout would not
             print(
-                f"note: {out}: {', '.join(lost)} have no place in the {args.layout} layout; they are kept in its "
+                f"note: {out}: {', '.join(lost)} have no place in the {layout} layout; they are kept in its "
                 f"{CONFIG_KEY} array, which vitlab reads back and other readers ignore (they assume the official "
                 "models' tanh-GELU, inputs in [-1, 1] and 224 px)",
                 file=sys.stderr,

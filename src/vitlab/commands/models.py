@@ -30,15 +30,21 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     )
     p.add_argument("--pretrained", action="store_true", help="only names with public weights")
     p.add_argument("--img-size", type=int, default=224, help="resolution for the params/GFLOPs columns")
-    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="classes of the head in the params column (default: each model's own: 1000, or timm's for its names)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def model_table(
-    img_size: int = 224, num_classes: int = 1000, names: list[str] | None = None
+    img_size: int = 224, num_classes: int | None = None, names: list[str] | None = None
 ) -> list[dict[str, object]]:
-    """One row per registered model (or per name of ``names``); built on the meta device, so no memory is spent."""
+    """One row per registered model (or per name of ``names``); built on the meta device, so no memory is spent.
+    ``num_classes`` None: each model's own head (1000 classes, or timm's head for its backbones' names)."""
     import torch
 
     from ..models import create_model, list_models
@@ -118,13 +124,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if table:
         weights = "   public weights" if args.pretrained else ""
+        w = max(16, *(len(str(r["name"])) + 1 for r in table))  # (timm's names of the backbones are long)
         print(
-            f"{'name':<16}{'layers':>7}{'width':>7}{'mlp':>7}{'heads':>6}{'patch':>6}{'params':>14}{'GFLOPs':>9}   "
+            f"{'name':<{w}}{'layers':>7}{'width':>7}{'mlp':>7}{'heads':>6}{'patch':>6}{'params':>14}{'GFLOPs':>9}   "
             f"(at {args.img_size} px; GFLOPs = 2 x GMACs){weights}",
         )
         for r in table:
             print(
-                f"{r['name']:<16}{r['layers']:>7}{r['width']:>7}{r['mlp']:>7}{r['heads']:>6}{r['patch']:>6}"
+                f"{r['name']:<{w}}{r['layers']:>7}{r['width']:>7}{r['mlp']:>7}{r['heads']:>6}{r['patch']:>6}"
                 f"{r['params']:>14,}{r['gflops']:>9.1f}" + (f"   {r['pretrained']}" if args.pretrained else ""),
             )
     if names["timm"]:

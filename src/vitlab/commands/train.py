@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(values, given=given)
         overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
-        check_out_is_not_data(cfg.data, cfg.out)
+        if not args.resume:  # (a resumed run reads the data it was started with: a --data typed again is compared)
+            check_out_is_not_data(cfg.data, cfg.out)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
             summary = fit(cfg, resume=args.resume, given=given, overwrite=overwrite, replay=replay)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key

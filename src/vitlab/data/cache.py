@@ -40,6 +40,7 @@ loader workers that would each check again, where the cache can no longer be reb
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -453,8 +454,16 @@ def decode_files(
         tmp.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)
         raise
+    named = None
+    with contextlib.suppress(OSError):  # the cache by its name now (its lock held through ``reader`` meanwhile), so
+        named = open(data_f, "rb")  # noqa: SIM115  (the map reports where it reads: data_f, not the temporary name)
+        if not hold(named):
+            named.close()
+            named = None
     try:
-        images = _mapped(reader, meta)
+        images = _mapped(named or reader, meta)
     finally:
         reader.close()
+        if named is not None:
+            named.close()
     return DecodedFiles(images, kept, skipped, data_f)

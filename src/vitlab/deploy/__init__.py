@@ -12,7 +12,14 @@ eval`` use it). :func:`export_model` writes one model file alone (``vitlab expor
     logits = open_exported("deploy/")(pixel_values)
 """
 
-from .folder import ExportInfo, is_exported, preprocess_config, preprocessing_contract, read_export
+from .folder import (
+    ExportInfo,
+    exported_config,
+    is_exported,
+    preprocess_config,
+    preprocessing_contract,
+    read_export,
+)
 from .graph import ExportError
 from .model_file import ExportResult, export_model, load_exported, run_exported
 from .pipeline import ExportOptions, export_folder
@@ -27,6 +34,7 @@ __all__ = [
     "ExportedModel",
     "export_folder",
     "export_model",
+    "exported_config",
     "format_report",
     "is_exported",
     "load_exported",

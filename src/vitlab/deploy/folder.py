@@ -50,6 +50,7 @@ __all__ = [
     "REPORT_NAME",
     "ExportInfo",
     "check_inference_config",
+    "exported_config",
     "hashed_files",
     "inference_config",
     "is_exported",
@@ -326,6 +327,12 @@ def is_exported(path: str | os.PathLike[str]) -> bool:
         return read_config_file(p / CONFIG_NAME).get("format") == FORMAT_TAG
     except CheckpointError:
         return False
+
+
+def exported_config(folder: str | os.PathLike[str]) -> ViTConfig:
+    """The model config an exported folder states (:func:`read_export`'s, every field checked), without opening its
+    model: what a command that plans from a model's shape reads (``vitlab plan --model DIR``)."""
+    return read_export(folder)[0]
 
 
 def read_export(folder: str | os.PathLike[str]) -> tuple[ViTConfig, ExportInfo]:

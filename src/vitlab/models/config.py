@@ -35,6 +35,9 @@ _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu")
 _RESAMPLE = ("jax", "bilinear", "bicubic")
+_MLPS = ("mlp", "swiglu")
+ROPE_KINDS = ("axial", "eva", "pe", "dinov3")
+"""The 2-D RoPE conventions :mod:`.rope` computes (``rope_kind``)."""
 
 
 def mlp_dim_for(embed_dim: int, mlp_ratio: float) -> int:
@@ -83,10 +86,24 @@ class ViTConfig:
     """Layer scale (Touvron et al. 2021, CaiT, Sec. 2.1; DINOv2): each residual branch multiplied by a
     learned per-channel ``gamma`` initialised to this value; None: no layer scale (the paper)."""
     qk_norm: bool = False
+    """LayerNorm on each head's queries and keys (Dehghani et al. 2023, ViT-22B, Sec. 2)."""
     pre_norm: bool = False
     """CLIP's image tower (Radford et al. 2021): a LayerNorm on the embedded sequence z_0 before the
     blocks (``norm_pre``, timm's name), and a patch projection without bias."""
-    """LayerNorm on each head's queries and keys (Dehghani et al. 2023, ViT-22B, Sec. 2)."""
+    key_bias: bool = True
+    """With ``qkv_bias``: whether the keys have a bias too. BEiT (Bao et al. 2022, Sec. 2), EVA (Fang et al.
+    2023) and DINOv3 (Simeoni et al. 2025) leave it out; the queries' and values' biases are then
+    ``attn.q_bias`` and ``attn.v_bias`` (timm's names) and ``attn.qkv`` has none."""
+    attn_norm: bool = False
+    """A LayerNorm on the attention's concatenated heads before the output projection (NormFormer, Shleifer
+    et al. 2021; EVA-02's CLIP towers, timm's ``scale_attn_inner``): ``attn.norm``."""
+    mlp: str = "mlp"
+    """The block's MLP: ``mlp``, two layers with ``act`` between (Sec. 3.1); ``swiglu``, the gated linear unit
+    with a SiLU gate (Shazeer 2020, "GLU Variants Improve Transformer"; EVA-02, DINOv3 S+/H+/7B),
+    ``fc2(silu(fc1_g(x)) * fc1_x(x))`` with ``fc1_g`` and ``fc1_x`` each ``mlp_dim`` wide (timm's ``SwiGLU``)."""
+    mlp_norm: bool = False
+    """A LayerNorm on the MLP's hidden activations before ``fc2`` (NormFormer; EVA-02 B/L, timm's
+    ``scale_mlp``): ``mlp.norm``."""
     fc_norm: bool = False
     """With ``gap``: apply the final LayerNorm after pooling (timm's ``fc_norm``, MAE/DeiT style)
     instead of to every token before pooling (official JAX / big_vision)."""
@@ -98,9 +115,30 @@ class ViTConfig:
     Fang et al. 2023; DINOv3, Simeoni et al. 2025; :mod:`.rope`); usually with ``posemb="none"``. The
     head width must be divisible by 4. Not timm's ``Eva`` parameter names."""
     rope_theta: float = 100.0
-    """RoPE's base period: channel pair ``i`` of a half of ``h`` turns by ``theta**(-2i/h)`` per patch."""
+    """RoPE's base period: frequency ``k`` of an axis (``n = head_dim / 4`` each) is ``theta**(-k/n)``; 100 in
+    DINOv3, 10000 in EVA-02 and the Perception Encoder."""
+    rope_kind: str = "axial"
+    """Which 2-D RoPE convention (:mod:`.rope`): ``axial`` (vitlab's: integer rows and columns, each half of the
+    head rotated as a half), ``eva`` (EVA-02, timm's ``RotaryEmbeddingCat``: adjacent channel pairs, rows then
+    columns, integer positions plus ``rope_offset`` scaled to ``rope_ref_grid``), ``pe`` (the Perception
+    Encoder, Bolya et al. 2025: as ``eva`` with columns first) or ``dinov3`` (patch centres normalised to
+    [-1, 1] per axis, angles ``2 pi x theta**(-k/n)``, the head rotated as one half)."""
+    rope_ref_grid: tuple[int, int] | None = None
+    """``eva``/``pe``: positions are rescaled as if the grid were this one (the pre-training grid, timm's
+    ``ref_feat_shape``: 16x16 for every EVA-02); None: integer positions as they are."""
+    rope_offset: float = 0.0
+    """``eva``/``pe``: added to every integer position before rescaling (1 in PE core T/S/B/L, timm's
+    ``rope_grid_offset``)."""
     posemb_resample: str = "bicubic"
     """How learned position embeddings are resampled to another grid: ``jax`` | ``bicubic`` | ``bilinear``."""
+    pool_include_prefix: bool = False
+    """``map`` and ``gap``: pool the class and register tokens too (timm's ``pool_include_prefix``; the
+    Perception Encoder's attention pooling reads every token), not only the patches."""
+    map_heads: int | None = None
+    """Heads of the ``map`` pooling's attention (timm's ``attn_pool_num_heads``; 8 in the Perception Encoder);
+    None: ``num_heads``."""
+    map_mlp_dim: int | None = None
+    """Hidden width of the ``map`` pooling's MLP (timm's ``attn_pool_mlp_ratio`` x width); None: ``mlp_dim``."""
     head: str = "linear"
     """``linear``: one zero-initialised layer (fine-tuning); ``mlp``: a tanh pre-logits layer then
     the classifier (pre-training, Sec. 3.1)."""
@@ -157,7 +195,9 @@ class ViTConfig:
         embeddings, blocks, norms, head, a hybrid's BiT ResNet); :mod:`vitlab.checkpoints` checks it
         against its parameter cap before it builds a model from an untrusted config."""
         d, m, b = self.embed_dim, self.mlp_dim, int(self.qkv_bias)
-        block = 2 * 2 * d + 3 * d * d + 3 * d * b + d * d + d + d * m + m + m * d + d
+        qkv_bias = (3 if self.key_bias else 2) * d * b  # (q and v only: BEiT / EVA / DINOv3)
+        mlp = (2 if self.mlp == "swiglu" else 1) * (d * m + m) + m * d + d + (2 * m if self.mlp_norm else 0)
+        block = 2 * 2 * d + 3 * d * d + qkv_bias + d * d + d + mlp + (2 * d if self.attn_norm else 0)
         block += (2 * d if self.init_values is not None else 0) + (4 * (d // self.num_heads) if self.qk_norm else 0)
         tokens = self.num_patches + self.num_prefix_tokens
         posemb = {"learn": tokens * d, "learn2d": (sum(self.grid_size)) * d // 2}.get(self.posemb, 0)
@@ -181,7 +221,8 @@ class ViTConfig:
         head *= 2 if self.dist_token else 1
         head += d + 1 if self.pool == "seq" else 0  # the score layer
         if self.pool == "map":  # latent, q, kv, proj, norm, MLP
-            head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * m + m + m * d + d
+            mm = self.map_mlp_dim or m
+            head += d + 3 * d * d + 3 * d * b + d * d + d + 2 * d + d * mm + mm + mm * d + d
         norms = 2 * d * (2 if self.pre_norm else 1)
         return patch + d * self.num_prefix_tokens + posemb + self.depth * block + norms + head
 
@@ -235,6 +276,8 @@ class ViTConfig:
             ("act", self.act, _ACTS),
             ("posemb_resample", self.posemb_resample, _RESAMPLE),
             ("stem", self.stem, _STEMS),
+            ("mlp", self.mlp, _MLPS),
+            ("rope_kind", self.rope_kind, ROPE_KINDS),
         ):
             if val not in allowed:
                 bad(opt, f"{val!r} is not one of {', '.join(allowed)}")
@@ -282,6 +325,19 @@ class ViTConfig:
             bad("rope", "2-D RoPE is not supported with axial attention")
         if self.rope and not self.rope_theta > 0:
             bad("rope_theta", f"must be positive, got {self.rope_theta}")
+        if self.rope_kind != "axial" and not self.rope:
+            bad("rope_kind", f"{self.rope_kind!r} needs rope=True")
+        if self.rope_ref_grid is not None and (self.rope_kind not in ("eva", "pe") or min(self.rope_ref_grid) <= 0):
+            bad("rope_ref_grid", "a positive (rows, columns) pair, only with rope_kind 'eva' or 'pe'")
+        if self.pool_include_prefix and self.pool not in ("map", "gap"):
+            bad("pool_include_prefix", "only applies with pool 'map' or 'gap'")
+        for opt in ("map_heads", "map_mlp_dim"):
+            if getattr(self, opt) is not None and self.pool != "map":
+                bad(opt, "only applies with pool='map'")
+        if self.map_heads is not None and (self.map_heads <= 0 or self.embed_dim % self.map_heads):
+            bad("map_heads", f"the width {self.embed_dim} is not divisible by {self.map_heads} heads")
+        if self.map_mlp_dim is not None and self.map_mlp_dim <= 0:
+            bad("map_mlp_dim", f"must be positive, got {self.map_mlp_dim}")
         if not 0.0 < self.crop_pct <= 1.0:
             bad("crop_pct", f"must be in (0, 1], got {self.crop_pct}")
         if not self.norm_eps > 0:
@@ -304,6 +360,7 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["img_size"] = list(self.img_size)
+        d["rope_ref_grid"] = None if self.rope_ref_grid is None else list(self.rope_ref_grid)
         d["mean"] = list(self.mean)
         d["std"] = list(self.std)
         return d

@@ -18,8 +18,11 @@ so no later product of fields is astronomical."""
 _INTS = ("patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "reg_tokens")
 _INTS += ("stem_layers", "stem_width")
 _BOOLS = ("qkv_bias", "class_token", "fc_norm", "dynamic_img_pad", "qk_norm", "dist_token", "pre_norm", "rope")
-_STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention", "stem")
+_BOOLS += ("key_bias", "attn_norm", "mlp_norm", "pool_include_prefix")
+_STRS = ("name", "pool", "posemb", "posemb_resample", "head", "act", "attention", "stem", "mlp", "rope_kind")
 _FLOATS = ("drop_rate", "attn_drop_rate", "drop_path_rate", "patch_drop_rate", "norm_eps", "rope_theta", "crop_pct")
+_FLOATS += ("rope_offset",)
+_OPTIONAL_INTS = ("representation_size", "map_heads", "map_mlp_dim")
 
 
 def _is_int(v: Any) -> bool:
@@ -87,8 +90,10 @@ def check_fields(fields: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError.at(opt, f"expected a string, got {describe_value(v)}")
         elif opt in _FLOATS or (opt == "init_values" and v is not None):
             out[opt] = _float(opt, v)
-        elif opt == "representation_size" and v is not None:
+        elif opt in _OPTIONAL_INTS and v is not None:
             out[opt] = _int(opt, v)
+        elif opt == "rope_ref_grid" and v is not None:
+            out[opt] = _ints(opt, v, length=2)
         elif opt == "hybrid_layers" and v is not None:
             out[opt] = _ints(opt, v, low=0)
         elif opt in ("mean", "std"):

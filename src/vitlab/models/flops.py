@@ -43,6 +43,7 @@ def count_macs(cfg: ViTConfig, img_size: tuple[int, int] | int | None = None) ->
 
 def block_macs(cfg: ViTConfig, tokens: int) -> int:
     """Multiply-accumulates of one encoder block (Eq. 2-3) on ``tokens`` tokens: qkv, the two
-    attention products, the output projection and the MLP."""
+    attention products, the output projection and the MLP (three matrices for SwiGLU)."""
     t, d = tokens, cfg.embed_dim
-    return t * d * 3 * d + 2 * t * t * d + t * d * d + 2 * t * d * cfg.mlp_dim
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * t * d * cfg.mlp_dim
+    return t * d * 3 * d + 2 * t * t * d + t * d * d + mlp

@@ -30,6 +30,7 @@ __all__ = [
     "PatchEmbed",
     "QuickGELU",
     "SeqPool",
+    "SwiGLU",
     "make_act",
     "set_patch_drop",
 ]
@@ -122,7 +123,13 @@ class Attention(nn.Module):
     (``q_norm``, ``k_norm``, as timm), which keeps the attention logits from growing without bound.
 
     ``rope_theta`` (2-D rotary position embeddings, EVA-02 / DINOv3: :mod:`.rope`) rotates the patch
-    tokens' queries and keys (after qk-norm) by the table the model passes as ``rope``.
+    tokens' queries and keys (after qk-norm) by the table the model passes as ``rope``, in the convention
+    ``rope_kind`` (with ``rope_ref_grid`` and ``rope_offset``).
+
+    ``key_bias=False`` (BEiT, Bao et al. 2022; EVA; DINOv3) keeps the biases of the queries and values only,
+    as ``q_bias`` and ``v_bias`` (timm's names): a key bias adds ``q . b_k`` to every logit of a query and so
+    cancels in the softmax, unless RoPE turns it with the key's position. ``attn_norm`` (NormFormer, Shleifer
+    et al. 2021; EVA-02's CLIP towers) normalises the concatenated heads before the projection (``norm``).
     """
 
     def __init__(
@@ -136,6 +143,11 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
         rope_theta: float | None = None,
+        rope_kind: str = "axial",
+        rope_ref_grid: tuple[int, int] | None = None,
+        rope_offset: float = 0.0,
+        key_bias: bool = True,
+        attn_norm: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -143,14 +155,31 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        qv_only = qkv_bias and not key_bias
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias and not qv_only)
+        if qv_only:  # (absent otherwise, as every option's parameters: the paper's attention has none of its own)
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
         self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
+        if attn_norm:
+            self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
-        if rope_theta is not None:  # (absent otherwise: the paper's block has no such submodule)
-            self.rope = RotaryPosition2D(self.head_dim, theta=rope_theta)
+        if rope_theta is not None:
+            self.rope = RotaryPosition2D(
+                self.head_dim, theta=rope_theta, kind=rope_kind, ref_grid=rope_ref_grid, offset=rope_offset
+            )
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``x W_qkv + b``: the stacked queries, keys and values ``(B, T, 3D)``; with q/v biases only, the keys'
+        third of the bias is zero."""
+        q_bias = getattr(self, "q_bias", None)
+        if q_bias is None:
+            return self.qkv(x)
+        bias = torch.cat([q_bias, torch.zeros_like(q_bias), self.v_bias])
+        return F.linear(x, self.qkv.weight, bias)
 
     def forward(
         self,
@@ -165,7 +194,7 @@ class Attention(nn.Module):
         ``packing``: the sequences hold packed images, each token attends only to its own image's
         (:class:`.packed.PackedAttention`)."""
         b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.project_qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = self.rope(q, rope), self.rope(k, rope)
@@ -180,23 +209,79 @@ class Attention(nn.Module):
             out = packing.attend(q, k, v, dropout_p=drop)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)
-        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, d)))
+        out = out.transpose(1, 2).reshape(b, n, d)
+        if "norm" in self._modules:  # attn_norm (NormFormer)
+            out = self.norm(out)
+        out = self.proj_drop(self.proj(out))
         return (out, weights) if return_attention else out
 
 
 class Mlp(nn.Module):
-    """The block's MLP: two layers with a GELU between (Sec. 3.1)."""
+    """The block's MLP: two layers with a GELU between (Sec. 3.1). ``hidden_norm``: a LayerNorm on the hidden
+    activations before ``fc2`` (NormFormer, Shleifer et al. 2021; timm's ``scale_mlp``), named ``norm``."""
 
-    def __init__(self, *, dim: int, hidden_dim: int, act: str = "gelu", drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        dim: int,
+        hidden_dim: int,
+        act: str = "gelu",
+        drop: float = 0.0,
+        hidden_norm: bool = False,
+        norm_eps: float = 1e-6,
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
         self.act = make_act(act)
         self.drop1 = nn.Dropout(drop)
+        if hidden_norm:  # (absent otherwise: the paper's MLP has no such submodule)
+            self.norm = nn.LayerNorm(hidden_dim, eps=norm_eps)
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        h = self.drop1(self.act(self.fc1(x)))
+        if "norm" in self._modules:
+            h = self.norm(h)
+        return self.drop2(self.fc2(h))
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP of EVA-02 and DINOv3's larger models: a GLU (Dauphin et al. 2017) with a SiLU gate,
+    SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 6),
+
+        ``MLP(x) = (silu(x W_g) * (x W_x)) W_2``,
+
+    with ``W_g`` (``fc1_g``) and ``W_x`` (``fc1_x``) each ``hidden_dim`` wide and biased, ``W_2`` (``fc2``):
+    timm's ``SwiGLU`` names (Meta's DINOv3 calls them ``w1``, ``w2``, ``w3``; Hugging Face ``gate_proj``,
+    ``up_proj``, ``down_proj``). ``hidden_norm`` as in :class:`Mlp` (EVA-02 B/L). ``act`` is ignored: the
+    gate is the SiLU of the definition."""
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        hidden_dim: int,
+        act: str = "silu",
+        drop: float = 0.0,
+        hidden_norm: bool = False,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden_dim)
+        self.fc1_x = nn.Linear(dim, hidden_dim)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        if hidden_norm:
+            self.norm = nn.LayerNorm(hidden_dim, eps=norm_eps)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))
+        if "norm" in self._modules:
+            h = self.norm(h)
+        return self.drop2(self.fc2(h))
 
 
 class DropPath(nn.Module):
@@ -246,6 +331,9 @@ class PatchDropout(nn.Module):
             raise ConfigError(f"patch_drop_rate: must be in [0, 1), got {p}")
         self.p = p
         self.num_prefix_tokens = num_prefix_tokens
+        self.kept: torch.Tensor | None = None
+        """The patches the last forward kept, ``(B, kept)`` (None: all): 2-D RoPE rotates each kept token by its
+        own place (:meth:`~.vit.VisionTransformer.encode`, as timm's ``apply_keep_indices_nlc``)."""
 
     def keep_indices(self, x: torch.Tensor) -> torch.Tensor | None:
         """Indices ``(B, kept)`` of the patch tokens of ``x`` to keep, or None when all are kept."""
@@ -256,7 +344,7 @@ class PatchDropout(nn.Module):
         return torch.argsort(torch.randn(b, n, device=x.device), dim=-1)[:, :keep]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        idx = self.keep_indices(x)
+        idx = self.kept = self.keep_indices(x)
         if idx is None:
             return x
         pre, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
@@ -300,7 +388,9 @@ class Block(nn.Module):
     With ``init_values`` each branch is scaled by a :class:`LayerScale` (``ls1``, ``ls2``, identities
     otherwise); with ``qk_norm`` the attention normalises queries and keys (:class:`Attention`).
     ``attn_layer`` and ``mlp_layer`` swap in other attention or MLP classes taking the same
-    keyword arguments, as timm's ``Block`` does.
+    keyword arguments, as timm's ``Block`` does (:class:`SwiGLU` for ``mlp="swiglu"``); ``attn_options``
+    are further keyword arguments of the attention (RoPE's convention, q/v-only biases, ``attn_norm``) and
+    ``mlp_norm`` normalises the MLP's hidden activations.
     """
 
     def __init__(
@@ -320,19 +410,25 @@ class Block(nn.Module):
         rope_theta: float | None = None,
         attn_layer: Callable[..., nn.Module] = Attention,
         mlp_layer: Callable[..., nn.Module] = Mlp,
+        attn_options: dict[str, Any] | None = None,
+        mlp_norm: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         qk = {"qk_norm": True, "norm_eps": norm_eps} if qk_norm else {}  # (other attention classes need not know it)
         if rope_theta is not None:
             qk["rope_theta"] = rope_theta
+        if attn_options:  # the later options (rope_kind, key_bias, attn_norm ...), passed only when set
+            qk.update(attn_options)
+            qk.setdefault("norm_eps", norm_eps)
         self.attn = attn_layer(
             dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, **qk
         )
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = mlp_layer(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop)
+        hidden = {"hidden_norm": True, "norm_eps": norm_eps} if mlp_norm else {}
+        self.mlp = mlp_layer(dim=dim, hidden_dim=mlp_dim, act=act, drop=drop, **hidden)
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
@@ -377,6 +473,8 @@ class MAPHead(nn.Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
+        if dim % num_heads:
+            raise ConfigError(f"width {dim} is not divisible by the pooling's {num_heads} heads")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))

@@ -16,6 +16,7 @@ from .config import mlp_dim_for
 from .timm_api import pool_name
 from .variants import (
     _PATCHES,
+    BACKBONES,
     CCTS,
     HYBRIDS,
     TIMM_ALIASES,
@@ -30,6 +31,7 @@ from .variants import (
 from .vit import VisionTransformer
 
 __all__ = [
+    "BACKBONES",
     "HYBRIDS",
     "TIMM_ALIASES",
     "VARIANTS",
@@ -62,7 +64,7 @@ def _vit_builder(name: str) -> Builder:
 for _v, _ps in _PATCHES.items():
     for _p in _ps:
         register(f"vit_{_v}{_p}", _vit_builder(f"vit_{_v}{_p}"))
-for _name in (*HYBRIDS, *CCTS):
+for _name in (*HYBRIDS, *CCTS, *BACKBONES):
     register(_name, _vit_builder(_name))
 for _p in (16, 32):  # Axial-ViT (Appendix D.6)
     register(
@@ -102,6 +104,8 @@ def create_model(
         hint = f"; did you mean {', '.join(close)}?" if close else "; run `vitlab models` for the list"
         raise UnknownModelError(f"unknown model {name!r}{hint}")
     implied = dict(TIMM_ALIASES.get(name.strip().lower().split(".", 1)[0], ("", {}))[1])
+    if canon in BACKBONES:  # timm's own defaults for the name (its resolution, its head)
+        implied = {k: BACKBONES[canon][k] for k in ("img_size", "num_classes") if k in BACKBONES[canon]}
     fields = {**implied, **timm_kwargs(overrides)}
     if "mlp_ratio" in fields:
         width = fields.get("embed_dim", model_config(canon).embed_dim)

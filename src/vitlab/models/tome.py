@@ -87,12 +87,15 @@ def block_forward(
     ``size`` None: every token has size 1 (no merge yet)."""
     attn = blk.attn
     b, t, d = x.shape
-    q, k, v = attn.qkv(blk.norm1(x)).view(b, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    qkv = attn.project_qkv(blk.norm1(x)).view(b, t, 3, attn.num_heads, attn.head_dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
     bias = None if size is None else size.log().view(b, 1, 1, t)  # proportional attention
     drop = attn.attn_drop if attn.training else 0.0
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
-    y = attn.proj_drop(attn.proj(y.transpose(1, 2).reshape(b, t, d)))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop).transpose(1, 2).reshape(b, t, d)
+    if "norm" in attn._modules:  # attn_norm
+        y = attn.norm(y)
+    y = attn.proj_drop(attn.proj(y))
     x = x + blk.drop_path1(blk.ls1(y))  # Eq. 2
     if r > 0:
         if size is None:

@@ -27,7 +27,7 @@ from .axial import AxialBlock
 from .config import ViTConfig
 from .flops import count_macs
 from .hybrid import ConvTokenizer, HybridEmbed
-from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool
+from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool, SwiGLU
 from .packed import PackedAttention, PackedInput, PackedPatches
 from .posemb import OtherResolutionLoad, patch_posemb_table
 from .timm_api import TimmModelApi
@@ -129,8 +129,8 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
     def _make_map_head(cfg: ViTConfig) -> MAPHead:
         return MAPHead(
             dim=cfg.embed_dim,
-            num_heads=cfg.num_heads,
-            mlp_dim=cfg.mlp_dim,
+            num_heads=cfg.map_heads or cfg.num_heads,
+            mlp_dim=cfg.map_mlp_dim or cfg.mlp_dim,
             qkv_bias=cfg.qkv_bias,
             act=cfg.act,
             norm_eps=cfg.norm_eps,
@@ -152,7 +152,27 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
             init_values=cfg.init_values,
             qk_norm=cfg.qk_norm,
             **({"rope_theta": cfg.rope_theta} if cfg.rope else {}),
+            **self._block_options(cfg),
         )
+
+    @staticmethod
+    def _block_options(cfg: ViTConfig) -> dict[str, Any]:
+        """The block's keyword arguments for the options after the paper's (passed only when set, so that a
+        ``block_fn`` written for the paper's block keeps working): RoPE's convention, q/v-only biases, the
+        NormFormer norms and the SwiGLU MLP."""
+        attn: dict[str, Any] = {}
+        if cfg.rope and cfg.rope_kind != "axial":
+            attn.update(rope_kind=cfg.rope_kind, rope_ref_grid=cfg.rope_ref_grid, rope_offset=cfg.rope_offset)
+        if cfg.qkv_bias and not cfg.key_bias:
+            attn["key_bias"] = False
+        if cfg.attn_norm:
+            attn["attn_norm"] = True
+        out: dict[str, Any] = {"attn_options": attn} if attn else {}
+        if cfg.mlp == "swiglu":
+            out["mlp_layer"] = SwiGLU
+        if cfg.mlp_norm:
+            out["mlp_norm"] = True
+        return out
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -268,7 +288,15 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and not attention
         kw: dict[str, Any] = {"grid": grid} if self.config.attention == "axial" else {}
         if self.config.rope:  # one table for every block (each has its RotaryPosition2D)
-            kw["rope"] = self.blocks[0].attn.rope.table(grid, device=z.device)
+            cos, sin = self.blocks[0].attn.rope.table(grid, device=z.device)
+            kept = getattr(self.patch_drop, "kept", None)
+            if (
+                self.training
+                and kept is not None
+                and z.shape[:2] == (kept.shape[0], self.num_prefix_tokens + kept.shape[1])
+            ):
+                cos, sin = cos[kept], sin[kept]  # token dropping: each kept patch keeps its place, (B, kept, hd)
+            kw["rope"] = (cos, sin)
         if packing is not None:
             kw["packing"] = packing
         for blk in self.blocks:
@@ -303,11 +331,12 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
     # -- Eq. 4 and the head --------------------------------------------------------
     def pool(self, x: torch.Tensor, token_size: torch.Tensor | None = None) -> torch.Tensor:
         """z_L^0 for ``cls``; the mean of the patch tokens for ``gap``; attention pooling of the patch
-        tokens for ``map`` (as timm: class and register tokens are not pooled), sequence pooling of them for
-        ``seq``. ``token_size``: the tokens' sizes after token merging (:mod:`.tome`), which weigh them."""
+        tokens for ``map`` (as timm: class and register tokens are not pooled, unless ``pool_include_prefix``,
+        as the Perception Encoder's), sequence pooling of them for ``seq``. ``token_size``: the tokens' sizes
+        after token merging (:mod:`.tome`), which weigh them."""
         if self.config.pool == "cls":
             return x[:, 0]
-        p = self.num_prefix_tokens
+        p = 0 if self.config.pool_include_prefix else self.num_prefix_tokens
         size = None if token_size is None else token_size[:, p:]
         if self.attn_pool is not None:
             return self.attn_pool(x[:, p:], size)

@@ -50,6 +50,8 @@ def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str
         if grid(old) != grid(new)
         else f"position embeddings kept ({grid(new)} patches)"
     )
+    if new.posemb not in ("learn", "learn2d"):  # nothing learned to resample (DINOv3's RoPE, a fixed table)
+        pos = f"no learned position table ({'2-D RoPE' if new.rope else new.posemb} on the {grid(new)} grid)"
     head = (
         f"head replaced by a zero-initialised one for {new.num_classes} classes ({why})"
         if new_head

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..._fs import FolderLock
-from ..._text import shown
+from ..._text import shown_lines
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import ConfigError
@@ -112,7 +112,7 @@ def fit(
 
 def _say(*parts: Any, **kw: Any) -> None:
     """A run's line on the terminal, with what it quotes from files (class names, paths) shown escaped."""
-    print(*(shown(p) for p in parts), **kw)
+    print(*(shown_lines(p) for p in parts), **kw)
 
 
 def _resumed_sizing(state: dict[str, Any]) -> Sizing:

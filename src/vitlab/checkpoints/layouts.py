@@ -1,0 +1,315 @@
+"""Writing a model in another library's layout (``vitlab convert SRC DST --layout timm|hf|meta``), so that the other
+library loads it strictly (timm's ``load_state_dict(strict=True)``, Hugging Face's ``from_pretrained``, Meta's
+``DinoVisionTransformer``) and computes what vitlab computes.
+
+========  ========================================================  =================================================
+layout    what is written                                           families
+========  ========================================================  =================================================
+``timm``  ``DST/model.safetensors`` + ``DST/config.json`` (timm's    every family timm has: its ``VisionTransformer``
+          Hub format: ``architecture``, ``model_args``,             names, and its ``Eva`` names for EVA-02, DINOv3,
+          ``pretrained_cfg``; ``timm.create_model("local-dir:DST",   the Perception Encoder and the RoPE ViTs
+          pretrained=True)``), or the weights alone when ``DST``
+          ends in ``.safetensors``/``.pth``/``.bin``
+``hf``    ``DST/config.json`` + ``model.safetensors`` +              DINOv3 (``DINOv3ViTModel``), the paper's ViT
+          ``preprocessor_config.json`` (``save_pretrained``'s)       (``ViTModel``, ``ViTForImageClassification``)
+``meta``  Meta's state dict: ``DST`` (``.pth``/``.safetensors``) or  DINOv3 (``DinoVisionTransformer``; its keyword
+          ``DST/model.safetensors``, with ``DST/dinov3_kwargs.json``  arguments in ``dinov3_kwargs.json``)
+========  ========================================================  =================================================
+
+What a layout cannot hold is refused by name before anything is written (e.g. a classifier in Hugging Face's
+``DINOv3ViTModel``, vitlab's own ``axial`` RoPE in timm). Files are written beside their final names and renamed
+into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._fs import default_file_mode, remove_stale, temp_path
+from ..errors import CheckpointError, ConfigError
+from ..models.config import ViTConfig
+from ..models.timm_api import TIMM_POOL, pretrained_cfg
+from ..models.variants import BACKBONES, TIMM_ALIASES, model_config
+from . import dinov3, families, hf
+
+__all__ = ["LAYOUTS", "layout_files", "write_layout"]
+
+LAYOUTS = ("timm", "hf", "meta")
+_WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def layout_files(dst: str | os.PathLike[str], layout: str) -> list[Path]:
+    """The files :func:`write_layout` writes for ``dst`` in ``layout``."""
+    out = Path(dst)
+    if layout in ("timm", "meta") and out.suffix.lower() in _WEIGHT_SUFFIXES:
+        return [out]
+    if layout == "timm":
+        return [out / "model.safetensors", out / "config.json"]
+    if layout == "hf":
+        return [out / "model.safetensors", out / "config.json", out / "preprocessor_config.json"]
+    return [out / "model.safetensors", out / "dinov3_kwargs.json"]
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+
+
+def _refuse(cfg: ViTConfig, layout: str, options: list[str], where: str) -> CheckpointError:
+    what = ", ".join(f"{o} {getattr(cfg, o)!r}" for o in options)
+    return CheckpointError(f"{what}: has no place in {where}; the model cannot be written in the {layout} layout")
+
+
+# -- timm -------------------------------------------------------------------------------------------------------------
+def _eva_class(cfg: ViTConfig) -> bool:
+    """Whether timm keeps this architecture in its ``Eva`` class (RoPE, q/v biases, NormFormer norms, pooling of every
+    token) rather than its ``VisionTransformer``."""
+    return bool(
+        cfg.rope
+        or (cfg.qkv_bias and not cfg.key_bias)
+        or cfg.attn_norm
+        or cfg.mlp_norm
+        or (cfg.pool == "map" and cfg.pool_include_prefix)
+    )
+
+
+def _timm_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of ``model`` in timm's names for the timm class that has its architecture."""
+    cfg: ViTConfig = model.config  # type: ignore[assignment]
+    state = _state(model)
+    layout = set(str(cfg.extra.get("timm_layout", "")).split(",")) - {""}
+    if cfg.rope and cfg.rope_kind == "axial":
+        raise CheckpointError(
+            "rope_kind 'axial': vitlab's own 2-D RoPE convention has no timm model (timm's are eva, pe and dinov3); "
+            "the model cannot be written in the timm layout"
+        )
+    if "no_embed_class" in layout and "pos_embed" in state:  # (DINOv2, Naver's "_ape"): no rows for the prefix
+        rows = state["pos_embed"][:, : cfg.num_prefix_tokens]
+        if torch.count_nonzero(rows):
+            raise CheckpointError(
+                "pos_embed: the class and register tokens' position embeddings are not zero (trained here), and the "
+                "source's timm layout has no rows for them (no_embed_class); the model cannot be written in it"
+            )
+        state["pos_embed"] = state["pos_embed"][:, cfg.num_prefix_tokens :]
+    if not _eva_class(cfg):
+        if cfg.mlp == "swiglu":  # timm's VisionTransformer with SwiGLUPacked (DINOv2 giant)
+            state = families.to_eva(state, split_qkv=False, packed_glu=True, eva=False)
+        if "naflex" in layout:  # timm's NaFlexVit (SigLIP 2 NaFlex)
+            state = families.to_naflex(state, cfg.grid_size)
+        return state
+    bad = [
+        o
+        for o, v in (
+            ("dist_token", cfg.dist_token),
+            ("head", cfg.head != "linear"),
+            ("posemb", cfg.posemb not in ("learn", "none")),
+            ("pool", cfg.pool == "seq" or (cfg.pool == "map") != cfg.pool_include_prefix),
+            ("pool_include_prefix", cfg.pool == "gap" and cfg.pool_include_prefix),
+            ("attention", cfg.attention != "global"),
+            ("hybrid_layers", cfg.hybrid_layers is not None or cfg.stem != "patch"),
+        )
+        if v
+    ]
+    if bad:
+        raise _refuse(cfg, "timm", bad, "timm's Eva class (RoPE ViTs)")
+    for i in range(cfg.depth if cfg.rope_kind != "pe" else 0):
+        # timm's EvaAttention (EVA, DINOv3) has no bias on the keys: only a zero one converts (its AttentionRope,
+        # the Perception Encoder's and Naver's, has the whole qkv bias)
+        bias = state.pop(f"blocks.{i}.attn.qkv.bias", None)
+        if bias is not None:
+            q, k, v = bias.chunk(3)
+            if torch.count_nonzero(k):
+                raise CheckpointError(
+                    f"blocks.{i}.attn.qkv.bias: the keys have a bias, which timm's Eva class (EVA, DINOv3) does not "
+                    "have; the model cannot be written in the timm layout"
+                )
+            state[f"blocks.{i}.attn.q_bias"], state[f"blocks.{i}.attn.v_bias"] = q, v
+    if layout & {"split_qkv", "packed_glu"} or cfg.extra.get("timm_layout") is not None:
+        split, packed = "split_qkv" in layout, "packed_glu" in layout
+    else:  # timm's defaults: EVA-02 B/L keep q, k, v apart and SwiGLU split; T/S fuse q, k, v and pack SwiGLU
+        eva02 = cfg.rope_kind == "eva" and cfg.posemb == "learn"
+        split, packed = eva02 and cfg.mlp_norm, eva02 and cfg.mlp == "swiglu" and not cfg.mlp_norm
+    return families.to_eva(state, split_qkv=split, packed_glu=packed and cfg.mlp == "swiglu")
+
+
+def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
+    """``(timm architecture name, model_args)`` that ``timm.create_model`` builds ``cfg`` from, or None when no
+    timm name has its options."""
+    base = cfg.name.split(".", 1)[0]
+    if base not in BACKBONES and base not in TIMM_ALIASES:  # the nearest of timm's names with the same options
+        refs = {n: c for n in (*BACKBONES, *TIMM_ALIASES) if (c := _timm_name_config(n)) is not None}
+        hits = [(_distance(c, cfg), not n.startswith("vit_"), n) for n, c in refs.items() if _same(c, cfg)]
+        base = min(hits)[2] if hits else ""
+    if not base:
+        return None
+    ref = _timm_name_config(base)
+    if ref is None:
+        return None
+    args: dict[str, Any] = {}
+    for ours, theirs in (("embed_dim", "embed_dim"), ("depth", "depth"), ("num_heads", "num_heads")):
+        if getattr(cfg, ours) != getattr(ref, ours):
+            args[theirs] = getattr(cfg, ours)
+    if cfg.mlp_dim != ref.mlp_dim or "embed_dim" in args:
+        ratio = cfg.mlp_dim / cfg.embed_dim
+        if int(cfg.embed_dim * ratio) != cfg.mlp_dim:  # timm takes int(width x ratio): no rounding down
+            ratio = (cfg.mlp_dim + 0.25) / cfg.embed_dim
+        args["mlp_ratio"] = ratio
+    if cfg.patch_size != ref.patch_size:
+        args["patch_size"] = cfg.patch_size
+    if cfg.img_size != ref.img_size:
+        args["img_size"] = list(cfg.img_size)
+    if cfg.reg_tokens != ref.reg_tokens:
+        args["num_reg_tokens" if _eva_class(cfg) else "reg_tokens"] = cfg.reg_tokens
+    if cfg.in_chans != ref.in_chans:
+        args["in_chans"] = cfg.in_chans
+    if cfg.rope_ref_grid != ref.rope_ref_grid and cfg.rope_ref_grid is not None:
+        args["ref_feat_shape"] = list(cfg.rope_ref_grid)
+    if cfg.fc_norm != ref.fc_norm or cfg.pool != ref.pool:  # (timm's default follows global_pool: say it)
+        args["use_fc_norm" if _eva_class(cfg) else "fc_norm"] = cfg.fc_norm
+    return base, args
+
+
+def _timm_name_config(name: str) -> ViTConfig | None:
+    """The configuration timm's ``name`` builds (an alias of a Table 1 name with the fields it implies), or None
+    for a name vitlab cannot build (a 384 px input of patch 14)."""
+    try:
+        if name in TIMM_ALIASES:
+            ours, implied = TIMM_ALIASES[name]
+            return model_config(ours, **implied)
+        return model_config(name)
+    except ConfigError:
+        return None
+
+
+def _distance(a: ViTConfig, b: ViTConfig) -> tuple[int, ...]:
+    return (abs(a.embed_dim - b.embed_dim), abs(a.patch_size - b.patch_size), abs(a.img_size[0] - b.img_size[0]))
+
+
+def _same(a: ViTConfig, b: ViTConfig) -> bool:
+    return families._same_options(a, b) and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
+
+
+def _timm_config(cfg: ViTConfig) -> dict[str, Any] | None:
+    """timm's Hub ``config.json`` for ``cfg``, or None when no timm name builds it."""
+    arch = _timm_architecture(cfg)
+    if arch is None:
+        return None
+    name, args = arch
+    pre = pretrained_cfg(cfg)
+    pre = {k: v for k, v in pre.items() if k in ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std")}
+    if cfg.class_names:
+        pre["label_names"] = list(cfg.class_names)
+    pool = TIMM_POOL.get(cfg.pool, cfg.pool)
+    return {
+        "architecture": name,
+        "num_classes": cfg.num_classes,
+        "num_features": cfg.embed_dim,
+        "global_pool": pool,
+        "model_args": {**args, "num_classes": cfg.num_classes, "global_pool": pool},
+        "pretrained_cfg": pre,
+    }
+
+
+# -- writing ----------------------------------------------------------------------------------------------------------
+def _write(files: dict[Path, Any], *, overwrite: bool) -> None:
+    """Write each ``path: content`` (a state dict, or a JSON object) to a temporary name beside it, then rename all
+    into place; an existing file is replaced only with ``overwrite``."""
+    from safetensors.torch import save_file
+
+    held = [p for p in files if p.exists()]
+    if held and not overwrite:
+        raise CheckpointError(f"{held[0]}: already exists; pass --overwrite (overwrite=True) to replace it")
+    for p in files:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(p.parent, f".{p.name}.tmp")
+    temps = {p: temp_path(p) for p in files}
+    try:
+        for p, content in files.items():
+            tmp = temps[p]
+            if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):
+                if p.suffix.lower() == ".safetensors":
+                    save_file(content, str(tmp), metadata={"format": "pt"})
+                    os.chmod(tmp, default_file_mode())
+                else:
+                    torch.save(content, tmp)
+            else:
+                tmp.write_text(json.dumps(content, indent=2) + "\n")
+        for p, tmp in temps.items():
+            os.replace(tmp, p)
+    except BaseException as e:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        if not isinstance(e, OSError):
+            raise
+        raise CheckpointError(f"{next(iter(files))}: cannot write ({e.strerror or e})") from None
+
+
+def write_layout(
+    model: nn.Module, dst: str | os.PathLike[str], *, layout: str, overwrite: bool = False
+) -> tuple[Path, list[str]]:
+    """Write ``model`` in ``layout`` (:data:`LAYOUTS`) at ``dst``: ``(what was written, notes)``; the notes say how
+    the other library reads it."""
+    cfg: ViTConfig = getattr(model, "config", None)  # type: ignore[assignment]
+    if not isinstance(cfg, ViTConfig):
+        raise CheckpointError(f"cannot write a {type(model).__name__}: it has no vitlab ViTConfig")
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+    paths = layout_files(dst, layout)
+    notes: list[str] = []
+    if layout == "timm":
+        weights = _timm_weights(model)
+        files: dict[Path, Any] = {paths[0]: weights}
+        config = _timm_config(cfg)
+        if len(paths) > 1:
+            if config is not None:
+                files[paths[1]] = config
+                arch = config["architecture"]
+                notes.append(f"timm: timm.create_model('local-dir:{Path(dst)}', pretrained=True) builds {arch}")
+            else:
+                notes.append("timm: no timm architecture name has these options; only the weights are written")
+        elif config is not None:
+            args = ", ".join(f"{k}={v!r}" for k, v in config["model_args"].items())
+            notes.append(f"timm: timm.create_model({config['architecture']!r}, {args}) loads it strictly")
+    elif layout == "hf" and not (cfg.rope and cfg.rope_kind == "dinov3"):  # the paper's ViT: ViTModel
+        bad = hf.unsupported(cfg)
+        if bad:
+            raise _refuse(cfg, layout, bad, "Hugging Face's ViTModel (and DINOv3ViTModel, for DINOv3)")
+        files = {
+            paths[0]: hf.vit_state(_state(model), cfg),
+            paths[1]: hf.vit_config(cfg),
+            paths[2]: hf.vit_preprocessor(cfg),
+        }
+        cls = hf.vit_config(cfg)["architectures"][0]
+        pool = "" if cfg.num_classes or cfg.head == "mlp" else ", add_pooling_layer=False"
+        notes.append(f"hf: transformers.{cls}.from_pretrained({str(Path(dst))!r}{pool})")
+    else:
+        bad = dinov3.unsupported(cfg, layout)
+        if bad:
+            where = "Hugging Face's DINOv3ViTModel" if layout == "hf" else "Meta's DINOv3 DinoVisionTransformer"
+            hint = " (pass --num-classes 0 to leave the classifier out)" if bad == ["num_classes"] else ""
+            raise CheckpointError(str(_refuse(cfg, layout, bad, where)) + hint)
+        state = _state(model)
+        if layout == "hf":
+            files = {
+                paths[0]: dinov3.to_hf(state, cfg),
+                paths[1]: dinov3.hf_config(cfg),
+                paths[2]: dinov3.hf_preprocessor(cfg),
+            }
+            notes.append(f"hf: transformers.DINOv3ViTModel.from_pretrained({str(Path(dst))!r}); pooler_output")
+        else:
+            files = {paths[0]: dinov3.to_meta(state, cfg)}
+            kwargs = dinov3.meta_fields(cfg)
+            if len(paths) > 1:
+                files[paths[1]] = kwargs
+            notes.append("meta: dinov3.models.vision_transformer.DinoVisionTransformer(" + _call(kwargs) + ")")
+    _write(files, overwrite=overwrite)
+    return (paths[0] if len(paths) == 1 else Path(dst)), notes
+
+
+def _call(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={round(v, 6) if isinstance(v, float) else v!r}" for k, v in kwargs.items())

@@ -1,0 +1,212 @@
+"""DINOv3 in its three layouts (Meta's release, Hugging Face's ``DINOv3ViTModel``, timm's ``Eva``) and ``vitlab convert
+--layout timm|hf|meta``: each layout loads to the same features (the class token after the final norm: Hugging
+Face's ``pooler_output``, timm's ``global_pool="token"``), and what vitlab writes loads in the other library strictly
+with the same outputs. Tiny random-initialised models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import vitlab
+from conftest import assert_close_rel
+from vitlab.checkpoints.layouts import write_layout
+from vitlab.cli import main
+from vitlab.errors import CheckpointError
+
+timm = pytest.importorskip("timm")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+HF_TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_register_tokens=4,
+    image_size=32,
+    patch_size=16,
+)
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = (name.endswith("weight") and p.ndim == 1) or "gamma" in name or "lambda" in name
+            p.copy_(float(scale) + 0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def images(h: int = 32, w: int = 32, n: int = 2) -> torch.Tensor:
+    return torch.randn(n, 3, h, w, generator=torch.Generator().manual_seed(1))
+
+
+def hf_dinov3(path, **changes):
+    cfg = transformers.DINOv3ViTConfig(**{**HF_TINY, **changes})
+    model = randomize(transformers.DINOv3ViTModel(cfg))
+    model.save_pretrained(path)
+    return model
+
+
+def timm_dinov3(name="vit_small_patch16_dinov3_qkvb", **kw):
+    args = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2, num_classes=0, global_pool="token", img_size=32)
+    return timm.create_model(name, pretrained=False, **{**args, **kw}).eval()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"use_gated_mlp": True, "hidden_act": "silu"},
+        {"key_bias": True},
+        {"num_register_tokens": 0, "query_bias": False, "value_bias": False, "proj_bias": False, "mlp_bias": False},
+    ],
+    ids=["qv_bias", "swiglu", "key_bias", "no_bias_no_registers"],
+)
+def test_hf_dinov3_folder_loads_with_its_pooler_output(changes, tmp_path):
+    hf = hf_dinov3(tmp_path / "hf", **changes)
+    model = vitlab.load(tmp_path / "hf")
+    assert model.config.extra["family"] == "DINOv3" and model.config.pool == "cls"
+    x = images(48, 32)  # any size: RoPE on normalised patch centres
+    with torch.no_grad():
+        out = hf(pixel_values=x)
+        assert_close_rel(model(x), out.pooler_output)
+        assert_close_rel(model.forward_features(x), out.last_hidden_state)
+
+
+def test_hf_dinov3_converted_to_timm_loads_strictly_into_timms_qkvb_model(tmp_path, capsys):
+    """The issue's check: a Hugging Face DINOv3 folder, `vitlab convert --layout timm`, timm's
+    vit_small_patch16_dinov3_qkvb of the same size with load_state_dict(strict=True): the same features."""
+    hf = hf_dinov3(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "timm"), "--layout", "timm"]) == 0
+    assert "local-dir" in capsys.readouterr().err
+    ref = timm_dinov3()
+    ref.load_state_dict(safetensors_torch.load_file(str(tmp_path / "timm" / "model.safetensors")), strict=True)
+    x = images()
+    with torch.no_grad():
+        want = hf(pixel_values=x).pooler_output
+        assert_close_rel(ref(x), want)
+        built = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()  # timm's config.json too
+        assert built.global_pool == "token"
+        assert_close_rel(built(x), want)
+        assert_close_rel(vitlab.load(tmp_path / "timm")(x), want)  # and back into vitlab
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3_qkvb", "vit_small_plus_patch16_dinov3"])
+def test_timm_dinov3_to_hugging_face_and_meta_and_back(name, tmp_path):
+    ref = randomize(timm_dinov3(name, mlp_ratio=2 if "plus" not in name else 4))
+    x = images()
+    with torch.no_grad():
+        want = ref(x)
+    model = vitlab.load(dict(ref.state_dict()), num_heads=4)
+    write_layout(model, tmp_path / "hf", layout="hf")
+    hf = transformers.DINOv3ViTModel.from_pretrained(tmp_path / "hf").eval()
+    pre = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
+    assert pre["image_mean"] == [0.485, 0.456, 0.406]  # DINOv3's normalisation travels with it
+    write_layout(model, tmp_path / "meta.pth", layout="meta")
+    meta = torch.load(tmp_path / "meta.pth", weights_only=True)
+    assert {"storage_tokens", "mask_token", "rope_embed.periods", "blocks.0.ls1.gamma"} <= set(meta)
+    from timm.models.eva import checkpoint_filter_fn  # timm's reader of Meta's release
+
+    again = timm_dinov3(name, mlp_ratio=2 if "plus" not in name else 4)
+    again.load_state_dict(checkpoint_filter_fn(meta, again), strict=True)
+    with torch.no_grad():
+        assert_close_rel(hf(pixel_values=x).pooler_output, want)
+        assert_close_rel(again(x), want)
+        assert_close_rel(vitlab.load(tmp_path / "meta.pth")(x), want)
+        assert_close_rel(vitlab.load(tmp_path / "hf")(x), want)
+
+
+def _write_meta(tmp_path, state):
+    safetensors_torch.save_file(state, str(tmp_path / "meta.safetensors"))
+    return tmp_path / "meta.safetensors"
+
+
+def test_meta_layout_refusals(tmp_path):
+    model = vitlab.load(dict(randomize(timm_dinov3()).state_dict()), num_heads=4)
+    write_layout(model, tmp_path / "meta.safetensors", layout="meta")
+    state = safetensors_torch.load_file(str(tmp_path / "meta.safetensors"))
+    untied = {**state, "cls_norm.weight": torch.ones(64), "cls_norm.bias": torch.zeros(64)}
+    with pytest.raises(CheckpointError, match="cls_norm"):
+        vitlab.load(_write_meta(tmp_path, untied))
+    minmax = {**state, "rope_embed.periods": torch.tensor([0.5, 3.0, 9.0, 100.0])}
+    with pytest.raises(CheckpointError, match="min/max-period"):
+        vitlab.load(_write_meta(tmp_path, minmax))
+    bf16 = {**state, "rope_embed.periods": state["rope_embed.periods"].bfloat16()}  # as Meta stores them
+    assert vitlab.load(_write_meta(tmp_path, bf16)).config.rope_theta == 100.0
+
+
+def test_layouts_refuse_what_they_cannot_hold(tmp_path):
+    dinov3 = vitlab.create_model("vit_small_patch16_dinov3", depth=1, num_classes=3)
+    with pytest.raises(CheckpointError, match="num_classes 3.*--num-classes 0"):
+        write_layout(dinov3, tmp_path / "hf", layout="hf")
+    axial = vitlab.create_model("vit_s16", depth=1, rope=True, posemb="none")
+    with pytest.raises(CheckpointError, match="rope_kind 'axial'"):
+        write_layout(axial, tmp_path / "t", layout="timm")
+    eva = vitlab.create_model("eva02_tiny_patch14_224", depth=1)
+    with pytest.raises(CheckpointError, match="rope_kind 'eva'"):
+        write_layout(eva, tmp_path / "m", layout="meta")
+    dinov2 = vitlab.load(dict(timm.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28).state_dict()))
+    with torch.no_grad():
+        dinov2.pos_embed[:, :1] += 1.0  # the class token's row, trained: timm's layout (no_embed_class) has none
+    with pytest.raises(CheckpointError, match="no_embed_class"):
+        write_layout(dinov2, tmp_path / "d", layout="timm")
+    assert not any(tmp_path.iterdir())  # refused before anything is written
+    assert main(["convert", "nope.pth", str(tmp_path / "x.npz"), "--layout", "timm"]) == 2
+
+
+# timm name -> create_model arguments: every family of timm's layout written back, loaded strictly by timm
+ROUND_TRIP = {
+    "eva02_tiny_patch14_224": dict(depth=2, img_size=56),
+    "eva02_base_patch14_224": dict(depth=1, img_size=56, embed_dim=192, num_heads=3),
+    "eva02_base_patch16_clip_224": dict(depth=1, img_size=64, embed_dim=192, num_heads=3),
+    "vit_small_patch16_dinov3": dict(depth=1, img_size=32),
+    "vit_small_plus_patch16_dinov3_qkvb": dict(depth=1, img_size=32),
+    "vit_pe_core_tiny_patch16_384": dict(depth=1, img_size=64),
+    "vit_medium_patch16_rope_reg1_gap_256": dict(depth=1, img_size=64, embed_dim=192, num_heads=3),
+    "vit_small_patch14_reg4_dinov2": dict(depth=1, img_size=56),
+    "vit_base_patch16_siglip_224": dict(depth=1, img_size=32),
+    "vit_tiny_patch16_224": dict(depth=1, img_size=32),
+    "vit_small_patch16_rope_224": dict(depth=1, img_size=32),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUND_TRIP))
+def test_timm_layout_round_trip_loads_strictly_in_timm(name, tmp_path):
+    kw = ROUND_TRIP[name]
+    ref = randomize(timm.create_model(name, pretrained=False, num_classes=5, **kw))
+    heads = {"num_heads": kw["num_heads"]} if "num_heads" in kw else {}
+    model = vitlab.load(dict(ref.state_dict()), img_size=kw["img_size"], **heads)  # (invisible without a table)
+    out, _ = write_layout(model, tmp_path / "w", layout="timm")
+    again = timm.create_model(name, pretrained=False, num_classes=5, **kw).eval()
+    again.load_state_dict(safetensors_torch.load_file(str(out / "model.safetensors")), strict=True)
+    built = timm.create_model(f"local-dir:{out}", pretrained=True).eval()  # from timm's config.json written too
+    x = images(kw["img_size"], kw["img_size"])
+    with torch.no_grad():
+        assert_close_rel(again(x), ref(x))
+        assert_close_rel(built(x), ref(x))
+
+
+def test_hf_layout_of_the_papers_vit(tmp_path):
+    """The paper's ViT goes to Hugging Face's ViTForImageClassification (ViTModel with its pooler for the mlp
+    head), which from_pretrained loads with nothing missing and timm's logits; vitlab reads it back."""
+    torch.manual_seed(0)
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", depth=2, img_size=32, num_classes=4))
+    model = vitlab.load(dict(ref.state_dict()))
+    write_layout(model, tmp_path / "cls", layout="hf")
+    hf, info = transformers.ViTForImageClassification.from_pretrained(tmp_path / "cls", output_loading_info=True)
+    assert not any(info.values())  # no missing, unexpected or mismatched key
+    pooled = vitlab.create_model("vit_ti16", depth=1, img_size=32, head="mlp", num_classes=0)
+    write_layout(randomize(pooled), tmp_path / "pool", layout="hf")
+    model_hf = transformers.ViTModel.from_pretrained(tmp_path / "pool").eval()
+    x = images()
+    with torch.no_grad():
+        assert_close_rel(hf.eval()(pixel_values=x).logits, ref(x))
+        assert_close_rel(vitlab.load(tmp_path / "cls")(x), ref(x))
+        assert_close_rel(model_hf(pixel_values=x).pooler_output, pooled(x))
+    with pytest.raises(CheckpointError, match="init_values"):  # DINOv2's layer scale: no place in ViTModel
+        write_layout(vitlab.create_model("vit_small_patch14_dinov2", depth=1), tmp_path / "d2", layout="hf")
