@@ -104,8 +104,9 @@ class Trainer:
         with contextlib.ExitStack() as scope:
             if self.stop is None:  # constructed on its own, not by fit()
                 self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
-            self._begin()
+            self._start_trackers()  # still starting: a stop signal while a tracker's server is silent ends the run
             scope.callback(self.tracker.close)
+            self._begin()
             self.bar = ProgressLog(
                 total=plan.total_steps, initial=p.step, desc="train", enabled=self.cfg.progress and self.dist.is_main
             )
@@ -121,6 +122,21 @@ class Trainer:
             finally:
                 self.bar.close()
         return self._finish()
+
+    def _start_trackers(self) -> None:
+        """``--log``'s trackers (rank 0), before training begins: a tracker whose server does not answer in time
+        is off for the run, with one line (``--strict-log``: the run stops in one line); a stop signal meanwhile
+        ends the run at once (:class:`~vitlab.train.engine.signals.StoppedBeforeTraining`; under torchrun the
+        wait ends and the ranks stop after their first step)."""
+        if not self.dist.is_main or not self.cfg.log:
+            return
+        stop = self.stop
+
+        def signalled() -> str | None:
+            return stop.name if stop is not None else None
+
+        self.tracker = make_trackers(self.cfg.log, out=self.out, config=self.cfg.to_dict(),
+                                     strict=self.cfg.strict_log, stop=signalled, warn=self.log)  # fmt: skip
 
     def _begin(self) -> None:
         """Ready: from now on a stop signal saves (the first step then stops). The lines a run starts with."""
@@ -150,8 +166,6 @@ class Trainer:
             batch_size=r.batch_size,
             n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
         )
-        if self.dist.is_main:  # last: closed by run() from here on
-            self.tracker = make_trackers(self.cfg.log, out=self.out, config=self.cfg.to_dict())
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""

@@ -115,6 +115,9 @@ class TrainConfig:
     its measured share of the run's time stays at most 5%."""
     log: list[str] = field(default_factory=list)
     """Where each epoch's metrics also go (:mod:`vitlab.track`): ``csv``, ``tensorboard``, ``wandb``, ``mlflow``."""
+    strict_log: bool = False
+    """A tracker of ``log`` that cannot start or log (no answer from its server within the timeout, no key): stop
+    the run in one line; False: it is off for the rest of the run (one line says so) and the run goes on."""
     recipe_given: list[str] = field(default_factory=list)
     """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data
     keeps them."""
