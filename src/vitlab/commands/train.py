@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.spec.files import Sources, merge, read_config_file
     from ..train.spec.options import OptionError
     from ..train.spec.parser import namespace_values
+    from ..train.spec.rules import check_location
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         values, given, sources = merge(values, given, read_config_file(args.config), path=args.config)
     try:
         cfg = build_config(values, given=given)
+        check_location("out", cfg.out)  # before anything looks at the folder (a name too long to exist)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
             summary = fit(cfg, resume=args.resume, given=given, overwrite=args.overwrite)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key
@@ -86,8 +88,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"results in {summary['out']}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ last.pt"
         )
-    if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
-        return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
+    return exit_status(summary)
+
+
+def exit_status(summary: dict) -> int:
+    """A run's exit status: 128 + the signal's number when a stop signal stopped it (the shell's convention), else 0
+    (finished, or a planned stop: ``--stop-after`` typed or a config file's ``stop_after``, one rule)."""
+    if summary.get("interrupted") and summary.get("signal") in signal.Signals.__members__:
+        return 128 + signal.Signals[summary["signal"]].value
     return 0
 
 
