@@ -21,7 +21,6 @@ import vitlab
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.errors import ConfigError
-from vitlab.models import room
 from vitlab.models.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.engine import memory
@@ -112,6 +111,8 @@ def test_a_config_files_sizes_are_checked_and_its_non_integers_refused(tmp_path,
 
 
 def test_create_model_checks_the_size_before_any_block(monkeypatch):
+    from vitlab.models import room
+
     monkeypatch.setattr(room, "memory_room", lambda: 4 * GiB)
     built = []
     make_block = VisionTransformer._make_block
@@ -326,11 +327,21 @@ def test_absurd_option_values_are_one_line_before_any_work(flags, expected, tmp_
     assert expected in err and "Traceback" not in err and "no-such-data" not in err, err
 
 
-def test_a_non_finite_number_in_a_config_file_is_refused(tmp_path, capsys):
-    for text, key in (("recipe:\n  lr: .nan\n", "recipe.lr"), ("pack: true\npack_res: [4, .inf]\n", "pack_res")):
+def test_a_non_finite_or_impossible_number_in_a_config_file_is_refused(tmp_path, capsys):
+    """NaN and infinities, and recipe fields that silently train something else: a negative ``base_batch`` (a
+    negative scaled LR), a momentum of 1e300, a final LR ratio above 1."""
+    for text, key in (
+        ("recipe:\n  lr: .nan\n", "recipe.lr"),
+        ("pack: true\npack_res: [4, .inf]\n", "pack_res"),
+        ("recipe:\n  base_batch: -1\n", "recipe.base_batch"),
+        ("recipe:\n  momentum: 1.0e+300\n", "recipe.momentum"),
+        ("recipe:\n  min_lr_ratio: 1.0e+300\n", "recipe.min_lr_ratio"),
+        ("recipe:\n  betas: [0.9, 2]\n", "recipe.betas"),
+    ):
         (tmp_path / "c.yaml").write_text(text)
         assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 2
-        assert f"c.yaml: {key}: expected " in one_line(capsys)
+        err = one_line(capsys)
+        assert f"c.yaml: {key}: expected " in err or f"c.yaml: {key}: must be " in err, err
 
 
 def test_a_batch_of_ten_to_the_21_is_refused_at_once(tmp_path):

@@ -168,6 +168,14 @@ class Recipe:
             bad("crop_scale", f"expected 0 < min <= max <= 1, got {self.crop_scale}")
         if not 0 < self.crop_pct <= 1:
             bad("crop_pct", f"must be in (0, 1], got {self.crop_pct}")
+        if self.base_batch is not None and not self.base_batch >= 1:  # -1 would turn the scaled LR negative
+            bad("base_batch", f"must be a positive number of images (or none), got {self.base_batch}")
+        if not 0 <= self.momentum < 1:
+            bad("momentum", f"must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            bad("min_lr_ratio", f"must be in [0, 1] (the final LR as a fraction of the peak), got {self.min_lr_ratio}")
+        if not 0 <= self.betas[0] < 1 or not 0 <= self.betas[1] < 1:
+            bad("betas", f"must be in [0, 1), got {self.betas}")
 
     def replace(self, **changes: Any) -> Recipe:
         """A copy with some fields changed (``None`` values are ignored: "not given on the CLI")."""
