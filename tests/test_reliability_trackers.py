@@ -116,7 +116,8 @@ def test_the_timeout_is_read_from_the_environment_and_checked(monkeypatch):
 
 
 def test_a_local_tracker_that_fails_is_one_line(tmp_path):
-    """A file named ``tensorboard`` in the run folder: one line naming the logger (was a traceback), or off."""
+    """A file named ``tensorboard`` or a folder named ``scalars.csv`` in the run folder: one line naming the logger
+    (was a traceback), or the tracker off for the run."""
     pytest.importorskip("tensorboard")
     (tmp_path / "tensorboard").write_text("not a folder")
     with pytest.raises(ConfigError) as e:
@@ -126,6 +127,17 @@ def test_a_local_tracker_that_fails_is_one_line(tmp_path):
     t = make_trackers(["csv", "tensorboard"], out=tmp_path, config={}, strict=False, warn=lines.append)
     assert len(t.trackers) == 1 and len(lines) == 1 and "the tracker is off for this run: --log tensorboard" in lines[0]
     assert (tmp_path / "tensorboard").read_text() == "not a folder"
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "scalars.csv").mkdir()  # a folder where the csv tracker's table goes
+    lines.clear()
+    t = make_trackers(["csv"], out=tmp_path / "folder", config={}, strict=False, warn=lines.append)
+    t.log(1, {"loss": 1.0})
+    t.close()
+    assert len(lines) == 1 and lines[0].startswith("warning: the tracker is off for this run: --log csv: ")
+    with pytest.raises(ConfigError, match="^--log csv: IsADirectoryError: "):
+        make_trackers(["csv"], out=tmp_path / "folder", config={}).log(1, {"loss": 1.0})
+    assert not [p.name for p in (tmp_path / "folder").iterdir() if ".tmp" in p.name]  # no temporary file left
 
 
 # -- W&B: no key, a dead server, a project name that is a path -----------------------------------------------------
