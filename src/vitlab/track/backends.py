@@ -214,12 +214,15 @@ def wandb_project() -> str:
 
 
 def _public(uri: str) -> str:
-    """``uri`` without the user name and password a URL may carry (never printed)."""
-    parts = urlparse(uri)
-    if parts.hostname is None or "@" not in parts.netloc:
-        return uri
-    host = parts.hostname + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=host).geturl()
+    """``uri`` as a line may print it: without the user name and password a URL may carry, at most 120 characters."""
+    try:
+        parts = urlparse(uri)
+        if parts.hostname is not None and "@" in parts.netloc:
+            host = parts.hostname + (f":{parts.port}" if parts.port else "")
+            uri = parts._replace(netloc=host).geturl()
+    except ValueError:  # a port that is no number: the text before any '@' only
+        uri = uri.rpartition("@")[2]
+    return uri if len(uri) <= 120 else uri[:117] + "..."
 
 
 def server(name: str) -> str | None:
@@ -315,7 +318,7 @@ class MlflowTracker:
         except refused as e:
             first = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0]
             raise ConfigError(
-                f"--log mlflow: {self.uri}: {first[:300]} (set MLFLOW_TRACKING_URI to a store MLflow accepts, "
+                f"--log mlflow: {_public(self.uri)}: {first[:300]} (set MLFLOW_TRACKING_URI to a store MLflow accepts, "
                 "e.g. sqlite:///mlflow.db with the full mlflow package)"
             ) from None
 
