@@ -314,6 +314,8 @@ def test_an_empty_out_or_cache_dir_is_refused_instead_of_the_current_folder(tmp_
         (["--randaugment", "100,1000"], "--randaugment: 100,1000: expected 0..16 operations and a magnitude in 0..30"),
         (["--accum-steps", "10000000"], "--accum-steps: 1e+07 is more than 1,048,576"),
         (["--img-size", "70000"], "--img-size 70000: out of range"),
+        (["--model", "a" * 100_000], "--model: 100,000 characters, longer than a registered name"),
+        (["--device", "c" * 100_000], "--device: 100,000 characters, longer than a device name"),
     ],
 )
 def test_absurd_option_values_are_one_line_before_any_work(flags, expected, tmp_path, capsys):
@@ -325,6 +327,7 @@ def test_absurd_option_values_are_one_line_before_any_work(flags, expected, tmp_
     assert rc == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err and "no-such-data" not in err, err
+    assert len(err.splitlines()[-1]) < 300  # the value is never echoed whole
 
 
 def test_a_non_finite_or_impossible_number_in_a_config_file_is_refused(tmp_path, capsys):

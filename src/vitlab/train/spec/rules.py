@@ -36,6 +36,10 @@ __all__ = [
 
 def validate(cfg: TrainConfig) -> None:
     """Refuse impossible options (see the module's notes)."""
+    for path, most, what in (("model", MAX_NAME, "a registered name"), ("device", 64, "a device name")):
+        value = getattr(cfg, path)
+        if isinstance(value, str) and len(value) > most:  # refused without echoing a value that fills the terminal
+            raise OptionError(ref(path), f": {len(value):,} characters, longer than {what}")
     if cfg.model and resolve_name(cfg.model) not in list_models():
         hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
         raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
