@@ -266,3 +266,40 @@ def test_train_refuses_a_wandb_project_that_is_a_path_before_the_data(tmp_path):
         "vitlab train: error: --log wandb: WANDB_PROJECT '../../etc' is not a project name (up to 128 letters, "
         "digits, '_', '-' and '.', not starting with '.'; a project name is not a path)"
     ]
+
+
+def test_a_server_that_stops_answering_mid_run_turns_the_tracker_off(tmp_path, monkeypatch):
+    """A tracker that started, whose server then stops answering: each call waits at most the timeout."""
+    import threading
+
+    from vitlab.track import backends
+
+    release = threading.Event()
+
+    class Hanging:
+        logger = "mlflow"
+
+        def log(self, step, scalars):
+            release.wait()  # a server that never answers (until the test ends)
+
+        def log_config(self, config):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(backends, "make", lambda name, out: Hanging())
+    monkeypatch.setattr(backends, "server", lambda name: "http://tracking.example")
+    lines: list[str] = []
+    try:
+        t = make_trackers(["mlflow"], out=tmp_path, config={}, strict=False, timeout=0.2, warn=lines.append)
+        t.log(1, {"loss": 1.0})  # returns after the timeout: the tracker is off
+        t.log(2, {"loss": 0.5})  # not called again
+        t.close()
+        strict = make_trackers(["mlflow"], out=tmp_path, config={}, timeout=0.2)
+        with pytest.raises(ConfigError, match=r"^--log mlflow: http://tracking.example: no answer within 0.2 s"):
+            strict.log(1, {"loss": 1.0})
+    finally:
+        release.set()
+    assert t.trackers == [] and len(lines) == 1
+    assert lines[0].startswith("warning: the tracker is off for this run: --log mlflow: http://tracking.example: no ")

@@ -48,6 +48,8 @@ TIMEOUT_ENV = "VITLAB_TRACKER_TIMEOUT"
 """Environment variable: the seconds a run waits for a tracker's server (:data:`DEFAULT_TIMEOUT` when unset)."""
 DEFAULT_TIMEOUT = 15.0
 """Seconds a run waits for a tracker's server to answer one call (start, log, finish) before going on without it."""
+CLOSE_FACTOR = 4
+"""Finishing a tracker's run waits this many timeouts (at least 60 s): it uploads what is still queued."""
 _POLL_S = 0.05
 """How often a wait for a tracker's server looks at the stop signals."""
 
@@ -208,8 +210,8 @@ class _Remote:
     def __init__(self, name: str, tracker: Any, *, where: str, timeout: float) -> None:
         self.logger, self.tracker, self.where, self.timeout = name, tracker, where, timeout
 
-    def _call(self, fn: Callable[[], Any]) -> None:
-        _bounded(fn, timeout=self.timeout, stop=lambda: None, what=f"--log {self.logger}: {self.where}")
+    def _call(self, fn: Callable[[], Any], *, timeout: float | None = None) -> None:
+        _bounded(fn, timeout=timeout or self.timeout, stop=lambda: None, what=f"--log {self.logger}: {self.where}")
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         self._call(lambda: self.tracker.log(step, scalars))
@@ -218,7 +220,9 @@ class _Remote:
         self._call(lambda: self.tracker.log_config(config))
 
     def close(self) -> None:
-        self._call(self.tracker.close)
+        """Finish the tracker's run: a longer wait than a call's (:data:`CLOSE_FACTOR` x, at least a minute), as
+        finishing uploads what is still queued."""
+        self._call(self.tracker.close, timeout=max(CLOSE_FACTOR * self.timeout, 60.0))
 
 
 def _start(
