@@ -23,14 +23,14 @@ from ..._fs import FolderLock
 from ..._text import shown_lines
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
 from ..objectives import Objective, build_objective, objective_for
 from ..persist.claim import claim_run_folder
 from ..persist.outputs import truncate_metrics
 from ..persist.position import RunPlan, RunPosition
 from ..persist.saver import CheckpointSaver
-from ..persist.state import load_state
+from ..persist.state import read_resume_state
 from ..spec.config import TrainConfig
 from ..spec.pace import Pace
 from ..spec.pack import fit_pack
@@ -41,7 +41,7 @@ from .calibrate import budget_passes, measure_pace, wants_budget_size, wants_pac
 from .cores import threads_line
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
-from .memory import fit_memory
+from .memory import check_model_size, fit_memory
 from .model import InitModel, amp, build_net, planned_config
 from .optim import Optimization, build_optimization
 from .packs import packed_loaders
@@ -76,7 +76,7 @@ def fit(
     out = Path(cfg.out)
     state: dict[str, Any] | None = None
     if resume:
-        state = load_state(out / "last.pt")
+        state = read_resume_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
     validate(cfg)
     check_trackers(cfg.log)  # a missing logger library before any data is read
@@ -117,6 +117,7 @@ def prepare(
     amp_dtype, use_scaler = amp(cfg.precision, device)
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
+    check_model_size(cfg, dist=dist, device=device)  # by arithmetic: a model too big for memory before its data
     # -- the data, the recipe fitted to it, the objective ------------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
     cfg, data, objective, pace = _data_and_objective(
@@ -230,7 +231,16 @@ def _start_position(
         if dist.is_main:
             (out / "metrics.jsonl").unlink(missing_ok=True)
         return RunPosition()
-    p = saver.restore(state, net=net, opt=opt, generator=generator)
+    try:
+        p = saver.restore(state, net=net, opt=opt, generator=generator)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:  # weights of another model, a torn state
+        if isinstance(e, VitlabError):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(
+            f"{out / 'last.pt'}: its weights or optimizer state do not fit the run it describes ({type(e).__name__}: "
+            f"{first}); start a new run (--overwrite)"
+        ) from None
     schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)  # the saved length, or the one --epochs set
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
