@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,14 +120,44 @@ def _no_network_probe(monkeypatch):
     monkeypatch.setattr(hub, "_unreachable", lambda endpoint, **kw: None)
 
 
-def sigkill_after(proc: subprocess.Popen, *, delay: float, wait_for_start: bool = True) -> bool:
-    """SIGKILL a ``vitlab train`` child ``delay`` seconds after its start line (``training ...``, ``resuming
-    ...`` or already complete; at once when not ``wait_for_start``), if it is still running; reap it. True:
-    it was killed."""
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes each time a writer renames a new file over ``path`` (None: no file there)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def sigkill_after(
+    proc: subprocess.Popen,
+    *,
+    delay: float = 0.0,
+    wait_for_start: bool = True,
+    saved: Path | None = None,
+    saves: int = 1,
+    timeout: float = 300,
+) -> bool:
+    """SIGKILL a ``vitlab train`` child at an event of its run, if it is still running; reap it. True: it was killed.
+
+    The events, never a time since the start: its start line (``training ...``, ``resuming ...`` or already
+    complete); then, with ``saved`` (its ``last.pt``), the ``saves``-th time that file is replaced (each save renames
+    a new file over it), so that a kill lands after a save however slow the machine; then ``delay`` seconds more
+    (a random moment after the event). Without ``wait_for_start``: ``delay`` seconds after the call (a kill during
+    start-up, wherever it lands). ``timeout``: the longest wait for the events (a run that hangs fails the test)."""
     if wait_for_start:
         for line in proc.stdout:
             if line.startswith(("training ", "resuming ")) or "already complete" in line:
                 break
+    if saved is not None:
+        last, seen, deadline = _stamp(saved), 0, time.monotonic() + timeout
+        while seen < saves and proc.poll() is None:
+            assert time.monotonic() < deadline, f"the run did not save {saved} {saves} time(s) in {timeout} s"
+            now = _stamp(saved)
+            if now != last and now is not None:
+                seen, last = seen + 1, now
+            else:
+                time.sleep(0.005)  # polling the file for the event (the kernel has no portable notification here)
     time.sleep(delay)
     killed = proc.poll() is None
     if killed:

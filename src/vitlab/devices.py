@@ -4,12 +4,13 @@ autocast helper of vitlab (commands, training, evaluation and benchmarks all use
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["autocast", "model_device", "resolve_device"]
+__all__ = ["autocast", "cap_threads", "model_device", "resolve_device", "usable_cores"]
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
@@ -45,3 +46,22 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     if dtype == torch.float16 and device.type == "cpu":
         raise ConfigError("float16 autocast is for CUDA; use bfloat16 on the CPU")
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def cap_threads(n: int, *, flag: str = "--threads") -> tuple[int, str | None]:
+    """``(threads, line)``: ``n`` CPU threads (``--threads``, every command's), at most the cores this process may
+    run on (:func:`usable_cores`): more only wait for each other, and asking OpenMP for a thousand on two cores
+    can end the process inside libgomp. ``line`` says so when ``n`` was capped (None otherwise)."""
+    cores = usable_cores()
+    if n <= cores:
+        return n, None
+    shown = f"{n:,}" if n < 10**12 else f"a {n.bit_length()}-bit number of"
+    return cores, f"{flag} {shown}: capped at the {cores} core(s) this process may run on"

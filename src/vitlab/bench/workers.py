@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..devices import cap_threads
 from ..errors import ConfigError
 from .sides import Built, Side, build_side
 from .stats import sync
@@ -46,7 +47,7 @@ def num_threads(n: int | None) -> Iterator[int]:
     if n is not None:
         if n <= 0:
             raise ConfigError(f"threads: must be positive, got {n}")
-        torch.set_num_threads(n)
+        torch.set_num_threads(cap_threads(n)[0])  # no more than the cores there are
     try:
         yield torch.get_num_threads()
     finally:

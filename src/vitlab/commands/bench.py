@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -90,8 +91,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench import benchmark, model_overrides
+    from ..devices import cap_threads
     from ..models import create_model
 
+    if args.threads is not None and args.threads > 0:
+        args.threads, line = cap_threads(args.threads)
+        if line:
+            print(line, file=sys.stderr)
     base_dim = None
     if args.mlp_ratio is not None and args.dim is None:
         with torch.device("meta"):  # only to read the width; allocates nothing

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train.spec.files import Sources, merge, read_config_file
     from ..train.spec.options import OptionError, overwrite_target, pipe_trusted
     from ..train.spec.parser import namespace_values
+    from ..train.spec.rules import check_location
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         replay = None if args.replan else _sizing_beside(Path(args.config))
     try:
         cfg = build_config(values, given=given)
+        check_location("out", cfg.out)  # before anything looks at the folder (a name too long to exist)
         overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
         if not args.resume:  # (a resumed run reads the data it was started with: a --data typed again is compared)
             check_out_is_not_data(cfg.data, cfg.out)
@@ -99,8 +101,14 @@ def run(args: argparse.Namespace) -> int:
             f"results in {shown(summary['out'])}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ "
             "last.pt"
         )
-    if summary.get("interrupted") and args.stop_after is None:  # a stop signal: the shell's 128 + its number
-        return 128 + (signal.Signals[summary["signal"]].value if summary.get("signal") else signal.SIGINT.value)
+    return exit_status(summary)
+
+
+def exit_status(summary: dict) -> int:
+    """A run's exit status: 128 + the signal's number when a stop signal stopped it (the shell's convention), else 0
+    (finished, or a planned stop: ``--stop-after`` typed or a config file's ``stop_after``, one rule)."""
+    if summary.get("interrupted") and summary.get("signal") in signal.Signals.__members__:
+        return 128 + signal.Signals[summary["signal"]].value
     return 0
 
 

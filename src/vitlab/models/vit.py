@@ -30,6 +30,7 @@ from .hybrid import ConvTokenizer, HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool, SwiGLU
 from .packed import PackedAttention, PackedInput, PackedPatches
 from .posemb import OtherResolutionLoad, patch_posemb_table
+from .room import check_buildable
 from .timm_api import TimmModelApi
 from .tome import TokenMerging, weighted_mean
 from .tome import encode as tome_encode
@@ -56,6 +57,7 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
     ) -> None:
         super().__init__()
         cfg = (config or ViTConfig()).replace(**overrides) if overrides else (config or ViTConfig())
+        check_buildable(cfg)  # by arithmetic, before any module: a depth of 100,000 is one line, not a dying machine
         self.config = cfg
         d = cfg.embed_dim
         self.num_prefix_tokens = cfg.num_prefix_tokens

@@ -17,6 +17,7 @@ import importlib
 import json
 import netrc
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from urllib.parse import urlparse
 from .._fs import atomic_write_text, open_append, output_error, own_folder, refuse_folder, replacing
 from ..errors import ConfigError
 
-__all__ = ["CsvTracker", "MlflowTracker", "TensorBoardTracker", "WandbTracker", "make"]
+__all__ = ["CsvTracker", "MlflowTracker", "TensorBoardTracker", "WandbTracker", "check_settings", "make", "server"]
 
 _MAX_HEADER = 1 << 20
 """The longest header line a ``scalars.csv`` vitlab wrote may have (a million characters)."""
@@ -82,6 +83,8 @@ class CsvTracker:
     is written through a link: a link named ``scalars.csv`` (or ``scalars_config.json``) is replaced by a file of
     its own (holding the rows it pointed to), and a folder of that name is refused in one line.
     """
+
+    logger = "csv"
 
     def __init__(self, *, out: Path, filename: str = "scalars.csv") -> None:
         self.path = Path(out) / filename
@@ -157,6 +160,8 @@ class TensorBoardTracker:
     """Event files under ``<out>/tensorboard``: one scalar series per name (``/`` groups them in the UI),
     the configuration as the text summary ``config``. ``tensorboard --logdir <out>/tensorboard`` shows them."""
 
+    logger = "tensorboard"
+
     def __init__(self, *, out: Path) -> None:
         _require("tensorboard", logger="tensorboard", package="tensorboard")
         writer_mod = _require("torch.utils.tensorboard", logger="tensorboard", package="tensorboard")
@@ -200,17 +205,70 @@ def wandb_mode() -> str:
     return os.environ.get("WANDB_MODE") or ("online" if _wandb_key_found() else "offline")
 
 
+_WANDB_PROJECT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+"""A W&B project name vitlab passes on: up to 128 letters, digits, ``_``, ``-`` and ``.``, not starting with a dot.
+W&B's own rule refuses ``/ \\ # ? % :``; a name is never a path (``../../etc``)."""
+
+
+def wandb_project() -> str:
+    """``$WANDB_PROJECT`` (or ``vitlab``), checked: a :class:`ConfigError` line for a name that is no project name."""
+    name = os.environ.get("WANDB_PROJECT") or "vitlab"
+    if not _WANDB_PROJECT.fullmatch(name) or ".." in name:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise ConfigError(
+            f"--log wandb: WANDB_PROJECT {shown!r} is not a project name (up to 128 letters, digits, '_', '-' and "
+            "'.', not starting with '.'; a project name is not a path)"
+        )
+    return name
+
+
+def _public(uri: str) -> str:
+    """``uri`` as a line may print it: without the user name and password a URL may carry, at most 120 characters."""
+    try:
+        parts = urlparse(uri)
+        if parts.hostname is not None and "@" in parts.netloc:
+            host = parts.hostname + (f":{parts.port}" if parts.port else "")
+            uri = parts._replace(netloc=host).geturl()
+    except ValueError:  # a port that is no number: the text before any '@' only
+        uri = uri.rpartition("@")[2]
+    return uri if len(uri) <= 120 else uri[:117] + "..."
+
+
+def server(name: str) -> str | None:
+    """The server the tracker ``name`` talks to, as it may be printed (None: it writes local files only): MLflow's
+    ``MLFLOW_TRACKING_URI`` unless a local store (a path, ``file:``, ``sqlite:``); W&B's ``WANDB_BASE_URL`` (or
+    api.wandb.ai) when it runs online (:func:`wandb_mode`)."""
+    if name == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or ""
+        scheme = urlparse(uri).scheme.lower()
+        return None if len(scheme) <= 1 or scheme in ("file", "sqlite") else _public(uri)
+    if name == "wandb" and wandb_mode() == "online":
+        return _public(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    return None
+
+
+def check_settings(name: str) -> None:
+    """Refuse what the environment sets for the tracker ``name`` that it cannot use (a W&B project name that is no
+    name), in one :class:`ConfigError` line, before a run reads its data."""
+    if name == "wandb":
+        wandb_project()
+
+
 class WandbTracker:
-    """A W&B run whose files live under ``<out>/wandb``; project ``$WANDB_PROJECT`` or ``vitlab``, run name
-    the run folder's. Scalars are logged with ``step``; the console is left alone (``console="off"``)."""
+    """A W&B run whose files live under ``<out>/wandb``; project ``$WANDB_PROJECT`` or ``vitlab`` (checked:
+    :func:`wandb_project`), run name the run folder's. Scalars are logged with ``step``; the console is left alone
+    (``console="off"``)."""
+
+    logger = "wandb"
 
     def __init__(self, *, out: Path) -> None:
         wandb = _require("wandb", logger="wandb", package="wandb")
+        project = wandb_project()
         folder = Path(out)
         own_folder(folder / "wandb", what="the W&B run's files", log=_note)  # wandb writes in <out>/wandb
         self.mode = wandb_mode()
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "vitlab",
+            project=project,
             name=folder.resolve().name,
             dir=str(folder),
             mode=self.mode,
@@ -250,6 +308,8 @@ class MlflowTracker:
     true; choosing that store, this tracker sets the variable for its process when it is unset (an explicit
     ``false`` is kept, and the refusal becomes one line asking for a ``MLFLOW_TRACKING_URI``)."""
 
+    logger = "mlflow"
+
     def __init__(self, *, out: Path) -> None:
         _require("mlflow", logger="mlflow", package="mlflow")
         tracking = _require("mlflow.tracking", logger="mlflow", package="mlflow")
@@ -267,7 +327,7 @@ class MlflowTracker:
         except refused as e:
             first = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0]
             raise ConfigError(
-                f"--log mlflow: {self.uri}: {first[:300]} (set MLFLOW_TRACKING_URI to a store MLflow accepts, "
+                f"--log mlflow: {_public(self.uri)}: {first[:300]} (set MLFLOW_TRACKING_URI to a store MLflow accepts, "
                 "e.g. sqlite:///mlflow.db with the full mlflow package)"
             ) from None
 

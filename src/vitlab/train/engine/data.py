@@ -196,8 +196,36 @@ def run_data_fingerprint(
     if "data_fingerprint" not in state:
         log("note: this last.pt predates data fingerprints: the data is not checked against the run's start")
         return now
-    saved = json.loads(state["data_fingerprint"])
+    saved = _saved_fingerprint(state["data_fingerprint"])
     check_data_unchanged(saved, now, data=cfg.data)
+    return saved
+
+
+def _saved_fingerprint(text: Any) -> dict[str, Any] | None:
+    """The data fingerprint ``last.pt`` saved (JSON: None, or class names and per split a count and a key), checked:
+    a :class:`~vitlab.data.sources.DataError` line when it is not what :func:`data_fingerprint` writes."""
+    try:
+        saved = json.loads(text) if isinstance(text, str) else text
+    except (ValueError, RecursionError):
+        saved = ...
+    if saved is None:
+        return None
+    splits = saved.get("splits") if isinstance(saved, dict) else None
+    ok = (
+        isinstance(saved, dict)
+        and isinstance(saved.get("classes"), list)
+        and all(isinstance(c, str) for c in saved["classes"])
+        and isinstance(splits, dict)
+        and all(
+            isinstance(v, dict) and isinstance(v.get("files"), int) and isinstance(v.get("key"), str)
+            for v in splits.values()
+        )
+    )
+    if not ok:
+        raise DataError(
+            "--resume: last.pt's data fingerprint is not one vitlab wrote (class names, and per split a file count "
+            "and a key); start a new run (--out elsewhere or --overwrite)"
+        )
     return saved
 
 

@@ -5,6 +5,7 @@ LR schedule, then the trainer's callback. A NaN or Inf loss stops before the upd
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from ...devices import autocast
+from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
 from ...models.packed import PackedPatches
 from ..objectives import Objective
@@ -27,6 +29,9 @@ __all__ = ["EpochResult", "StepParts", "train_epoch"]
 @dataclass
 class EpochResult:
     loss_sum: float = 0.0
+    """The training losses of the micro-batches of the steps taken (a skipped step's are left out) ..."""
+    counted: int = 0
+    """... and how many they are: the epoch's training loss is ``loss_sum / counted`` (none: no step was taken)."""
     micro_batches: int = 0
     images: int = 0
     steps: int = 0
@@ -55,6 +60,9 @@ class StepParts:
     amp_dtype: torch.dtype | None = None
     mix: Callable | None = None
     on_nan: str = "stop"
+    dist: Dist | None = None
+    """The process group: a step one rank finds non-finite is skipped (or stops the run) on every rank, which all
+    hold the same all-reduced gradients."""
 
 
 def train_epoch(
@@ -64,23 +72,27 @@ def train_epoch(
     size: Callable[[], int | None] = lambda: None,
     on_step: Callable[[EpochResult, float], bool] | None = None,
     loss_sum: float = 0.0,
+    counted: int = 0,
     packed: tuple[int, int] = (0, 0),
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps`` micro-batches.
     ``size()``: the image side of the coming step (a resolution schedule; None: as loaded). ``on_step(result,
     loss)`` runs after each optimizer step; returning True stops the epoch there. A NaN/Inf loss raises
     :class:`~vitlab.errors.NonFiniteLossError` before the update (``on_nan="stop"``) or skips that optimizer step
-    and counts it in ``skipped`` (``"skip"``). ``loss_sum``: the epoch's loss sum so far (a run resumed mid-epoch),
-    which ``result.loss_sum`` goes on from: the same additions in the same order as a run that never stopped, so
-    the epoch's mean loss is the same bit for bit; ``packed``: the epoch's ``(tokens, slots)`` so far, which
-    ``result.tokens`` and ``result.slots`` go on from (packed batches: :class:`~vitlab.models.packed.PackedPatches`,
-    one row of logits per image)."""
+    and counts it in ``skipped`` (``"skip"``); a skipped step's losses are not in ``loss_sum`` (the mean is of the
+    steps taken, never a NaN averaged in as 0), and ``on_step`` gets NaN for its loss. Under a process group every
+    rank takes the same decision. ``loss_sum`` and ``counted``: the epoch's loss sum so far and the micro-batches in
+    it (a run resumed mid-epoch), which ``result.loss_sum`` and ``result.counted`` go on from: the same additions in
+    the same order as a run that never stopped, so the epoch's mean loss is the same bit for bit; ``packed``: the
+    epoch's ``(tokens, slots)`` so far, which ``result.tokens`` and ``result.slots`` go on from (packed batches:
+    :class:`~vitlab.models.packed.PackedPatches`, one row of logits per image)."""
     p, net, opt, accum = parts, parts.net, parts.opt, parts.recipe.accum_steps
     net.train()
-    res = EpochResult(loss_sum=loss_sum, tokens=packed[0], slots=packed[1])
+    res = EpochResult(loss_sum=loss_sum, counted=counted, tokens=packed[0], slots=packed[1])
     bad_step = False
     t0 = time.perf_counter()
-    running = 0.0
+    step_losses: list[float] = []  # the finite losses of the step's micro-batches so far
+    group = p.dist if p.dist is not None and p.dist.enabled else None
     for i, (x, y) in enumerate(batches):
         x, y = x.to(p.device, non_blocking=True), y.to(p.device, non_blocking=True)
         if isinstance(x, PackedPatches):
@@ -98,28 +110,40 @@ def train_epoch(
             (opt.scaler.scale(loss / accum) if opt.scaler else loss / accum).backward()
         lv = float(loss.detach())
         if not np.isfinite(lv):
-            if p.on_nan != "skip":  # before the optimizer step: the weights are still the last good ones
+            if p.on_nan != "skip" and group is None:  # before the optimizer step: the weights are the last good ones
                 raise NonFiniteLossError(f"the training loss is {lv} (step {res.steps + 1} of this epoch)")
             bad_step = True
         else:
-            res.loss_sum += lv
-            running += lv
+            step_losses.append(lv)
         res.micro_batches += 1
         res.images += len(y)
         if not last_micro:
             continue
+        if group is not None:  # every rank holds the all-reduced gradients: one decision for all
+            bad_step = any_rank([bad_step], group)[0]
+            if bad_step and p.on_nan != "skip":
+                raise NonFiniteLossError(f"the training loss is not finite (step {res.steps + 1} of this epoch)")
         if bad_step:  # skip the update, keep the schedule and the step count (as GradScaler does with fp16 overflows)
             if opt.scaler is None:
                 opt.optimizer.zero_grad(set_to_none=True)  # params without gradients are not updated
             res.skipped += 1
-            bad_step = False
+            step_loss = math.nan
+        else:
+            for lv in step_losses:  # in order: the additions of an uninterrupted run
+                res.loss_sum += lv
+            res.counted += len(step_losses)
+            step_loss = sum(step_losses) / accum
+        bad_step, step_losses = False, []
         _update(parts)
         res.steps += 1
         res.seconds = time.perf_counter() - t0
-        if on_step is not None and on_step(res, running / accum):
+        if on_step is not None and on_step(res, step_loss):
             res.stopped = True
             break
-        running = 0.0
+    if step_losses and not bad_step:  # micro-batches after the last whole step (no update of their own)
+        for lv in step_losses:
+            res.loss_sum += lv
+        res.counted += len(step_losses)
     res.seconds = time.perf_counter() - t0
     return res
 

@@ -31,10 +31,18 @@ def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
         else ""
     )
     return (
-        f"epoch {row['epoch']}/{epochs} step {row['step']}: train loss {row['train_loss']:.4f}, "
+        f"epoch {row['epoch']}/{epochs} step {row['step']}: train loss {_train_loss(row)}, "
         f"eval loss {row['eval_loss']:.4f}, top-1 {100 * row['top1']:.2f}%{top5}{packed}, lr {row['lr']:.2e}, "
         f"{row['images_per_sec']:.0f} img/s, {row['wall_s']:.1f} s"
     )
+
+
+def _train_loss(row: dict[str, Any]) -> str:
+    """The epoch's training loss of the steps taken, and how many were skipped for a NaN/Inf loss."""
+    skipped = f" ({row['nan_skipped']} step(s) skipped: NaN/Inf loss)" if row.get("nan_skipped") else ""
+    if row.get("train_loss") is None:
+        return f"none{skipped or ' (no step taken)'}"
+    return f"{row['train_loss']:.4f}{skipped}"
 
 
 def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str:

@@ -30,7 +30,7 @@ from ..._fs import FolderLock
 from ..._text import shown_lines
 from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
 from ..objectives import build_objective, objective_for
 from ..objectives.distill import load_teacher
@@ -38,9 +38,10 @@ from ..persist.claim import claim_run_folder
 from ..persist.outputs import truncate_metrics
 from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
-from ..persist.state import load_state
+from ..persist.state import read_resume_state
 from ..sizing import Here, Sizing, choose, plan
 from ..sizing.budget import Replanner
+from ..sizing.memory import check_model_size
 from ..sizing.steps import RunPlan
 from ..spec.config import TrainConfig
 from ..spec.files import config_values
@@ -86,7 +87,7 @@ def fit(
     state: dict[str, Any] | None = None
     saved: Sizing | None = None
     if resume:
-        state = load_state(out / "last.pt")
+        state = read_resume_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
         saved = _resumed_sizing(state)
     validate(cfg)
@@ -165,6 +166,7 @@ def prepare(
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
     kind = objective_for(cfg)
+    check_model_size(cfg, dist=dist, device=device)  # by arithmetic: a model too big for memory before its data
     # -- the data, stored for the side the sizing's rule chooses -------------------------------------------------
     fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
     if saved is None and not dist.enabled:
@@ -248,7 +250,16 @@ def _start_position(
         if dist.is_main:
             (out / "metrics.jsonl").unlink(missing_ok=True)
         return RunPosition()
-    p = saver.restore(state, net=net, opt=opt, generator=generator)
+    try:
+        p = saver.restore(state, net=net, opt=opt, generator=generator)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:  # weights of another model, a torn state
+        if isinstance(e, VitlabError):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(
+            f"{out / 'last.pt'}: its weights or optimizer state do not fit the run it describes ({type(e).__name__}: "
+            f"{first}); start a new run (--overwrite)"
+        ) from None
     schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)  # the saved length, or the one --epochs set
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)

@@ -5,6 +5,7 @@ writes the run's outputs."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -110,8 +111,9 @@ class Trainer:
         with contextlib.ExitStack() as scope:
             if self.stop is None:  # constructed on its own, not by fit()
                 self.stop = scope.enter_context(StopSignals(single_process=not self.dist.enabled))
-            self._begin()
+            self._start_trackers()  # still starting: a stop signal while a tracker's server is silent ends the run
             scope.callback(self.tracker.close)
+            self._begin()
             self.bar = ProgressLog(
                 total=self.plan.total_steps,
                 initial=p.step,
@@ -130,6 +132,22 @@ class Trainer:
             finally:
                 self.bar.close()
         return self._finish()
+
+    def _start_trackers(self) -> None:
+        """``--log``'s trackers (rank 0), before training begins: a tracker whose server does not answer in time
+        is off for the run, with one line (``--strict-log``: the run stops in one line); a stop signal meanwhile
+        ends the run at once (:class:`~vitlab.train.engine.signals.StoppedBeforeTraining`; under torchrun the
+        wait ends and the ranks stop after their first step)."""
+        if not self.dist.is_main or not self.cfg.log:
+            return
+        stop = self.stop
+
+        def signalled() -> str | None:
+            return stop.name if stop is not None else None
+
+        config = {**self.cfg.to_dict(), "sizing": self.sizing.to_dict()}  # what was asked, what was chosen
+        self.tracker = make_trackers(self.cfg.log, out=self.out, config=config, strict=self.cfg.strict_log,
+                                     stop=signalled, warn=self.log)  # fmt: skip
 
     def _begin(self) -> None:
         """Ready: from now on a stop signal saves (the first step then stops). The lines a run starts with."""
@@ -160,9 +178,6 @@ class Trainer:
             batch_size=r.batch_size,
             n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
         )
-        if self.dist.is_main:  # last: closed by run() from here on
-            config = {**self.cfg.to_dict(), "sizing": self.sizing.to_dict()}  # what was asked, what was chosen
-            self.tracker = make_trackers(self.cfg.log, out=self.out, config=config)
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
@@ -171,7 +186,7 @@ class Trainer:
         self.watch.epoch_began()
         parts = StepParts(
             net=self.train_net, objective=self.objective, opt=self.opt, recipe=self.sizing.recipe, device=self.device,
-            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan,
+            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan, dist=self.dist,
         )  # fmt: skip
         res = train_epoch(
             parts,
@@ -179,6 +194,7 @@ class Trainer:
             size=lambda: self.schedule.lookup(p.step).img_size,
             on_step=self._on_step,
             loss_sum=p.loss_sum,
+            counted=p.loss_count,
             packed=(p.tokens, p.slots),
         )
         p.nan_skipped += res.skipped
@@ -218,10 +234,12 @@ class Trainer:
         p.images = p.epoch_start_images + res.images * d.world_size
         p.micro = p.epoch_start_micro + res.micro_batches
         p.loss_sum = res.loss_sum  # went on from the saved sum: the same additions as an uninterrupted run
+        p.loss_count = res.counted
+        p.skipped = p.epoch_start_skipped + res.skipped
         p.tokens, p.slots = res.tokens, res.slots
         self.bar.set_postfix(
             epoch=f"{p.epoch + 1}/{self.plan.epochs}",
-            loss=f"{loss:.3f}",
+            loss=f"{loss:.3f}" if math.isfinite(loss) else "skipped",
             img_s=f"{res.images * d.world_size / max(res.seconds, 1e-9):.0f}",
             lr=f"{self.opt.scheduler.get_last_lr()[0]:.2e}",
         )
@@ -291,7 +309,7 @@ class Trainer:
         row = {
             "epoch": p.epoch + 1,
             "step": p.step,
-            "train_loss": p.loss_sum / max(p.micro, 1),
+            "train_loss": p.loss_sum / p.loss_count if p.loss_count else None,  # of the steps taken
             "lr": self.opt.scheduler.get_last_lr()[0],
             "top1": ev["top1"],
             "top5": ev["top5"],
@@ -301,8 +319,8 @@ class Trainer:
         }
         if ev.get("tta"):
             row["tta"] = ev["tta"]
-        if res.skipped:
-            row["nan_skipped"] = res.skipped
+        if p.skipped:  # the epoch's, a resumed part's included
+            row["nan_skipped"] = p.skipped
         health, watch_lines = measure_epoch(self.watch, self.vit, dist=d, sharded=cfg.fsdp, epoch=p.epoch + 1,
                                             step=p.step)  # fmt: skip
         if health is not None:
@@ -316,9 +334,11 @@ class Trainer:
         exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
         p.best = max(p.best, ev["top1"])
         p.finish_epoch()
+        loss = row["train_loss"]
         self.bar.set_postfix(
-            epoch=f"{p.epoch}/{self.plan.epochs}", top1=f"{100 * row['top1']:.1f}%", loss=f"{row['train_loss']:.3f}"
-        )
+            epoch=f"{p.epoch}/{self.plan.epochs}", top1=f"{100 * row['top1']:.1f}%",
+            loss=f"{loss:.3f}" if loss is not None else "skipped",
+        )  # fmt: skip
         if d.is_main:
             self.bar.line(epoch_line(row, epochs=self.plan.epochs, num_classes=self.data.num_classes))
             for line in watch_lines:
@@ -393,6 +413,9 @@ class Trainer:
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
+        if d.is_main:  # the run's skipped steps, of every process that ran it (the rows) and of the epoch in progress
+            done = sum(r.get("nan_skipped", 0) for r in rows if isinstance(r.get("nan_skipped"), int))
+            summary["nan_skipped"] = done + (p.skipped if p.interrupted else 0)
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
             summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,

@@ -73,7 +73,7 @@ def advice_line(
     Needs three epochs or more (``rows``: ``metrics.jsonl``'s); ``n_eval`` None: no noise test. The
     attention-health ``alarms`` (issue 39) follow, one ``advice:`` line each, then its ``notes``, one ``note:`` line
     each (:func:`.health.with_alarms`)."""
-    if len(rows) < 3 or any(r.get("top1") is None or r.get("eval_loss") is None for r in rows):
+    if len(rows) < 3 or any(r.get(k) is None for r in rows for k in ("top1", "eval_loss", "train_loss")):
         return with_alarms(None, alarms, notes)
     why, fix = [], []
     k = max(1, round(0.2 * len(rows)))

@@ -31,7 +31,11 @@ class RunPosition:
     micro: int = 0
     """Micro-batches done in the epoch in progress."""
     loss_sum: float = 0.0
-    """Their training-loss sum."""
+    """The training-loss sum of those of the steps taken (a step skipped for a NaN/Inf loss is not in it) ..."""
+    loss_count: int = 0
+    """... and how many micro-batches it sums: the epoch's ``train_loss`` is ``loss_sum / loss_count``."""
+    skipped: int = 0
+    """Optimizer steps of the epoch in progress skipped for a NaN/Inf loss (``--on-nan skip``)."""
     tokens: int = 0
     """Packed batches (``--pack``): the token slots of the epoch that held an image, this process's since it
     started (rank 0's with the saved epoch's too) ..."""
@@ -39,6 +43,7 @@ class RunPosition:
     """... of all its sequences' slots (the rest is padding)."""
     epoch_start_micro: int = 0
     epoch_start_images: int = 0
+    epoch_start_skipped: int = 0
 
     steps_this_run: int = 0
     nan_skipped: int = 0
@@ -50,10 +55,12 @@ class RunPosition:
     def start_epoch(self) -> None:
         """Remember where the epoch in progress (re)starts: at its beginning, or part-way after a resume."""
         self.epoch_start_micro, self.epoch_start_images = self.micro, self.images
+        self.epoch_start_skipped = self.skipped
 
     def finish_epoch(self) -> None:
         self.epoch += 1
         self.micro, self.loss_sum, self.tokens, self.slots = 0, 0.0, 0, 0
+        self.loss_count = self.skipped = 0
 
     def kept(self, path: Path) -> str:
         """What a run stopped by an error leaves to resume from, for the error's message."""

@@ -103,6 +103,8 @@ class CheckpointSaver:
             # the samples all processes consumed in the epoch: a shard reader resumes there on any number of processes
             "samples_in_epoch": micro_done * (sizing.recipe.batch_size // sizing.recipe.accum_steps),
             "epoch_loss_sum": position.loss_sum if micro_done else 0.0,
+            "epoch_loss_count": position.loss_count if micro_done else 0,
+            "epoch_nan_skipped": position.skipped if micro_done else 0,
             "epoch_tokens": list(packed) if micro_done else [0, 0],
             "best_top1": position.best,
             "plan": plan.to_dict(),
@@ -150,8 +152,10 @@ class CheckpointSaver:
             slots=int(slots),
             epoch=state["epoch"],
             step=state["step"],
-            micro=_micro_in_epoch(state),
+            micro=(micro := _micro_in_epoch(state)),
             loss_sum=state.get("epoch_loss_sum", 0.0),
+            loss_count=int(state.get("epoch_loss_count", micro)),  # before the count was saved: every micro-batch
+            skipped=int(state.get("epoch_nan_skipped", 0)),
             best=state["best_top1"],
             wall_before=state["wall_s"],
             images=state["train_images"],

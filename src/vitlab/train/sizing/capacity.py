@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..._units import format_size
 from ...errors import ConfigError
+from ..spec.recipes import LIMITS
 from ..spec.rules import micro_batch
 
 if TYPE_CHECKING:
@@ -60,9 +61,6 @@ __all__ = [
 BYTES_STATE = {"weights": 4, "gradients": 4, "optimizer": 8}  # fp32 params, fp32 grads, AdamW m and v
 TPUV3_CORE_TFLOPS = 61.5  # one TPUv3 core's bf16 peak (a chip = 2 cores = 123 TFLOP/s)
 
-LIMITS = {"--img-size": 16384, "--batch-size": 1 << 24, "--devices": 1 << 20, "--accum-steps": 1 << 20}
-"""The largest value ``vitlab plan`` takes for each size: beyond any ViT training run (the paper's largest batch is
-4096 at 224-518 px); a bigger number is a typo, and planning it would print astronomical figures."""
 MAX_DEVICE_MEMORY = 1 << 50  # 1 PiB: no accelerator comes near it
 MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: three orders of magnitude past an H100's dense bf16
 

@@ -12,7 +12,8 @@ process holds one of two cores, the thread that shares that core arrives late at
 a fraction of its share of the machine, less than one thread alone would make (docs/training.md, "Threads on a busy
 machine"). So the thread count follows the cores that are free, not the cores there are:
 
-- ``--threads N``: N, never changed;
+- ``--threads N``: N, never changed; at most the cores this process may run on (:func:`vitlab.devices.cap_threads`,
+  every command's rule: OpenMP asked for a thousand threads on two cores can end the process in libgomp);
 - otherwise, on the CPU: 1 when a training step is small (under :data:`TINY_STEP_MACS`: its kernels lose more to
   synchronisation than they gain); else the cores of this process's affinity mask that are idle over
   :data:`SAMPLE_S` seconds of ``/proc/stat`` (each core counts its idle share; a core counts as free from 75% idle),
@@ -37,6 +38,7 @@ from pathlib import Path
 import torch
 
 from ..._units import format_size
+from ...devices import cap_threads
 from ..spec.config import TrainConfig
 
 __all__ = [
@@ -247,8 +249,9 @@ def set_threads(cfg: TrainConfig, *, device: torch.device, step_macs: float) -> 
     """Set torch's CPU threads for a run whose training step costs ``step_macs`` (see the module's notes) and
     return the watch that re-checks them."""
     if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-        return ThreadWatch(threads=cfg.threads, chosen=cfg.threads, fixed=True)
+        n, _ = cap_threads(cfg.threads)
+        torch.set_num_threads(n)
+        return ThreadWatch(threads=n, chosen=n, fixed=True)
     if device.type != "cpu":
         n = torch.get_num_threads()
         return ThreadWatch(threads=n, chosen=n, fixed=True)
@@ -276,7 +279,7 @@ def threads_line(cfg: TrainConfig, *, device: torch.device, workers: int, step_m
         return None
     n, cpus = torch.get_num_threads(), len(allowed_cpus())
     if cfg.threads > 0:
-        why = "--threads"
+        why = cap_threads(cfg.threads)[1] or "--threads"
     elif step_macs < TINY_STEP_MACS:
         why = "a small step loses more to synchronising threads than it gains; --threads N to choose"
     else:

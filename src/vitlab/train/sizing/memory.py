@@ -45,8 +45,10 @@ from ..._units import format_size
 from ...data.packing import token_budget
 from ...distributed import Dist
 from ...errors import ConfigError
+from ...models.config import BLOCK_OBJECT_BYTES
 from ...models.mpp import MaskedPatchPrediction
 from ...models.vit import VisionTransformer
+from ..spec.arch import SIZE_PATHS, smallest_config
 from ..spec.config import TrainConfig, objective_name
 from ..spec.options import OptionError, ref
 from ..spec.phases import ends_dropping
@@ -63,6 +65,7 @@ __all__ = [
     "StepMemory",
     "available_memory",
     "cgroup_available",
+    "check_model_size",
     "estimate",
     "memory_split",
     "objective_bytes",
@@ -189,6 +192,7 @@ def estimate(
     )
     copies = (r.ema is not None) + bool(cfg.time_budget and not cfg.compile)  # EMA, the budget probe's model
     states = st.weights + st.gradients + st.optimizer + copies * st.weights
+    states += (1 + copies) * mc.depth * BLOCK_OBJECT_BYTES  # each copy's blocks as Python objects
     bpv, factor = _bytes_per_value(cfg, device_type)
     if bpv == 2:
         states += params * 2  # autocast's cast of the weights
@@ -253,19 +257,60 @@ def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
 
 def parameter_counts(model_config: Any, *, learns: str = "classify") -> tuple[int, int, int]:
     """``(parameters, the largest block's, those outside the blocks)`` of the module a run that ``learns`` (an
-    objective's name, :func:`~vitlab.train.spec.config.objective_name`) trains: the ViT, with masked patch
-    prediction's colour head around it for ``mpp`` and its warm start; counted on the meta device: nothing is
-    allocated."""
-    with torch.device("meta"):
-        vit = VisionTransformer(model_config)
-        net = (
-            MaskedPatchPrediction(vit, switched_token_drop=learns == "warmstart")
-            if learns in ("mpp", "warmstart")
-            else vit
-        )
-    block, vit_root = capacity.block_params(vit)
-    params = sum(p.numel() for p in net.parameters())
-    return params, block, vit_root + params - sum(p.numel() for p in vit.parameters())
+    objective's name, :func:`~vitlab.train.spec.config.objective_name`) trains: the ViT's by arithmetic
+    (:meth:`~vitlab.models.config.ViTConfig.num_params`), and what masked patch prediction's colour head adds
+    around it (``mpp`` and the warm start) counted around a one-block ViT on the meta device. Nothing is
+    allocated, and no module the size of the model is built."""
+    vit = model_config.num_params()
+    block = model_config.block_params()
+    added = 0
+    if learns in ("mpp", "warmstart"):
+        with torch.device("meta"):
+            small = VisionTransformer(model_config.replace(depth=1))
+            net = MaskedPatchPrediction(small, switched_token_drop=learns == "warmstart")
+            added = sum(p.numel() for p in net.parameters()) - sum(p.numel() for p in small.parameters())
+    return vit + added, block, vit - model_config.depth * block + added
+
+
+def check_model_size(cfg: TrainConfig, *, dist: Dist, device: torch.device) -> None:
+    """Refuse, before the data is read and before any module is built, a model whose weights, gradients and
+    optimizer state alone (:func:`~vitlab.train.sizing.capacity.state_bytes`, sharded with ``--fsdp``) and its
+    blocks' objects are more than the memory available: the smallest model the options describe
+    (:func:`~vitlab.train.spec.arch.smallest_config`), counted by arithmetic. One line names the options that make
+    it big (``--depth 100000``, a config file's ``arch.embed_dim``). Only a size the user gave is checked here: a
+    recipe's or a registered ``--model``'s is :func:`memory_split`'s (after the data, with the whole step), and an
+    ``--init`` model's its checkpoint's (checked when it is read)."""
+    given = [p for p in SIZE_PATHS if _size_value(cfg, p) is not None]
+    if "arch" in cfg.recipe_given and not (cfg.model or cfg.recipe.model):  # a config file's recipe.arch
+        given.append("recipe.arch")
+    if cfg.init or not given:  # a recipe's or a registered model's size: memory_split's estimate, after the data
+        return
+    mc = smallest_config(cfg)
+    params = mc.num_params()
+    block = mc.block_params()
+    st = capacity.state_bytes(params, strategy="FSDP" if cfg.fsdp else "DDP", optimizer=cfg.recipe.optimizer,
+                              devices=dist.world_size, block=block, root=params - mc.depth * block)  # fmt: skip
+    need = st.weights + st.gradients + st.optimizer + mc.depth * BLOCK_OBJECT_BYTES
+    found = _shared_available(device, dist)
+    if found is None or need <= found[0]:
+        return
+    have = f"the {format_size(found[0])} available ({found[1]})"
+    what = (
+        f": the model ({mc.name}, {params:,} parameters at its smallest) needs ~{format_size(need)} for its weights, "
+        f"gradients and optimizer state, more than {have}"
+    )
+    parts: list[str] = []
+    for i, path in enumerate(given):
+        value = _size_value(cfg, path)
+        parts += [", " if i else "", ref(path), "" if path == "recipe.arch" else f" {value}"]
+    raise OptionError(*parts, what, f"; lower {'it' if len(given) == 1 else 'them'}")
+
+
+def _size_value(cfg: TrainConfig, path: str) -> Any:
+    """The value an option of :data:`~vitlab.train.spec.arch.SIZE_PATHS` was given (None: not given)."""
+    if path == "img_size":
+        return cfg.img_size
+    return cfg.arch.get(path.removeprefix("arch."))
 
 
 def objective_bytes(
@@ -405,7 +450,7 @@ def memory_split(
         ckpt = not cfg.grad_checkpointing and need(1, 1, dataclasses.replace(cfg, grad_checkpointing=True)).total < (
             0.9 * one.total
         )
-        raise ConfigError(_refusal(one, model_config, have, checkpointing_helps=ckpt))
+        raise ConfigError(_refusal(one, model_config, have, checkpointing_helps=ckpt, cfg=cfg, workers=workers))
     if micro != micro0:  # micro divides the per-process batch: the split holds the loaders' rule
         accum = r.batch_size // (w * micro)
         line = (
@@ -421,12 +466,19 @@ def memory_split(
                        available=avail, line=line)  # fmt: skip
 
 
-def _refusal(one: StepMemory, mc: Any, have: str, *, checkpointing_helps: bool) -> str:
+def _refusal(
+    one: StepMemory, mc: Any, have: str, *, checkpointing_helps: bool, cfg: TrainConfig | None = None, workers: int = 0
+) -> str:
     """The one line refusing a run whose step of one image (``one``) does not fit, naming the flags that shrink
-    it (``--grad-checkpointing`` only where it would: not on a CPU's fused blocks)."""
+    it (``--grad-checkpointing`` only where it would: not on a CPU's fused blocks); first the one at fault when the
+    data loading (``--workers``, ``--memory-budget``) or ``--pack-len``'s sequences take most of it."""
     flags = ["lower --img-size", "raise --patch-size", "choose a smaller --model"]
     if checkpointing_helps:
         flags.append("add --grad-checkpointing")
+    if cfg is not None and cfg.pack and cfg.pack_len is not None and one.activations > one.total / 2:
+        flags.insert(0, f"lower --pack-len {cfg.pack_len:,}")
+    if one.data > one.total / 2:
+        flags.insert(0, f"lower --workers {workers:,}" if workers > 1 else "lower --memory-budget")
     return (
         f"memory: a step of 1 image at {_size(mc)} needs ~{format_size(one.total)} "
         f"(model states {format_size(one.states)}, activations {format_size(one.activations)}, "

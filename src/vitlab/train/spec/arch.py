@@ -21,7 +21,16 @@ if TYPE_CHECKING:
     from .config import TrainConfig
     from .recipes import Recipe
 
-__all__ = ["FIELD_PATHS", "base_config", "check", "compared", "fresh_config", "head_choice"]
+__all__ = [
+    "FIELD_PATHS",
+    "SIZE_PATHS",
+    "base_config",
+    "check",
+    "compared",
+    "fresh_config",
+    "head_choice",
+    "smallest_config",
+]
 
 FIELD_PATHS: dict[str, str] = {
     "img_size": "img_size",
@@ -58,8 +67,12 @@ def base_config(cfg: TrainConfig, recipe: Recipe | None = None) -> ViTConfig:
     unknown = sorted(set(r.arch) - _FIELDS)
     if unknown:
         raise OptionError(ref("recipe.arch"), f": {unknown[0]!r} is no model field (ViTConfig)")
-    with _named():
+    try:
         return ViTConfig(name="vit_custom", **r.arch)
+    except OptionError:
+        raise
+    except ConfigError as e:  # the recipe's own fields (a config file's recipe.arch), not the flags over them
+        raise OptionError(ref("recipe.arch"), f": {e}") from None
 
 
 def _changes(cfg: TrainConfig, base: ViTConfig) -> dict[str, Any]:
@@ -124,12 +137,23 @@ def fresh_config(
     return c
 
 
+SIZE_PATHS = ("arch.depth", "arch.embed_dim", "arch.mlp_ratio", "arch.patch_size", "arch.reg_tokens", "img_size")
+"""The options that make a model bigger, in the order a size refusal names them."""
+
+
+def smallest_config(cfg: TrainConfig) -> ViTConfig:
+    """The smallest model ``cfg`` can train, before the data is known: the image size the options or the recipe
+    give, else four patches; one input channel, no head. Its parameters are a lower bound of the run's, which a
+    size check compares before the data is read (:func:`vitlab.train.engine.memory.check_model_size`)."""
+    base = base_config(cfg)
+    patch = (cfg.arch.get("patch_size") or base.patch_size) * base.stem_stride
+    return fresh_config(cfg, image_size=4 * patch, in_chans=1, num_classes=0, class_names=[])
+
+
 def check(cfg: TrainConfig) -> None:
     """Refuse an architecture no model can have, before the data's size is known (the size then is the options'
     or the recipe's, else four patches: the data's own is checked when the model is built)."""
-    base = base_config(cfg)
-    patch = (cfg.arch.get("patch_size") or base.patch_size) * base.stem_stride
-    fresh_config(cfg, image_size=4 * patch, in_chans=base.in_chans, num_classes=0, class_names=[])
+    smallest_config(cfg)
 
 
 def compared(cfg: TrainConfig) -> dict[str, Any]:

@@ -5,12 +5,14 @@ it is built from option values keyed by config path (:func:`build_config`): the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import OPTIONS, ref
+from ...errors import ConfigError
+from .options import OPTIONS, option, ref
 from .options import OptionError as OptionError
 from .recipes import Recipe, get_recipe
 
@@ -22,6 +24,7 @@ __all__ = [
     "default_recipe_name",
     "objective_name",
     "option_paths",
+    "read_saved_config",
 ]
 
 
@@ -125,6 +128,9 @@ class TrainConfig:
     its measured share of the run's time stays at most 5%."""
     log: list[str] = field(default_factory=list)
     """Where each epoch's metrics also go (:mod:`vitlab.track`): ``csv``, ``tensorboard``, ``wandb``, ``mlflow``."""
+    strict_log: bool = False
+    """A tracker of ``log`` that cannot start or log (no answer from its server within the timeout, no key): stop
+    the run in one line; False: it is off for the rest of the run (one line says so) and the run goes on."""
     recipe_given: list[str] = field(default_factory=list)
     """The recipe fields the user set (on the command line or in a config file): fitting the recipe to the data
     keeps them (:mod:`vitlab.train.sizing`, whose :class:`~vitlab.train.sizing.Sizing` holds what was fitted: this
@@ -210,3 +216,57 @@ def arch_values(values: Mapping[str, Any]) -> dict[str, Any]:
 def option_paths() -> list[str]:
     """Every config path a config file may hold."""
     return [o.path for o in OPTIONS if o.path is not None and o.file]
+
+
+def read_saved_config(text: Any) -> TrainConfig:
+    """A run's configuration as ``last.pt`` saves it (a JSON object), read as untrusted data: every value checked
+    by its option's kind, as a config file's would be (``data`` a string, ``threads`` an integer, ...), before
+    anything uses it. A :class:`~vitlab.errors.ConfigError` line naming the key (``config: data: expected a
+    string, got list ['a']``), never a ``TypeError`` from inside the run."""
+    if not isinstance(text, str):
+        raise ConfigError(f"config: expected the run's configuration as JSON text, got {type(text).__name__}")
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"config: not JSON ({str(e)[:100]})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"config: expected an object of options, got {type(d).__name__}")
+    if not isinstance(d.get("recipe"), dict):
+        raise ConfigError(f"config: recipe: expected an object, got {type(d.get('recipe')).__name__}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    recipe_fields = {f.name for f in dataclasses.fields(Recipe)}
+    paths: list[tuple[str, Any]] = []
+    for key, value in d.items():
+        if key == "resolved":  # a last.pt from before the sizing room: its fitted recipe's line, read as its sizing
+            continue
+        if key not in fields:
+            raise ConfigError(f"config: {str(key)[:60]!r}: not an option of this vitlab")
+        if key in ("recipe", "arch"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config: {key}: expected an object, got {type(value).__name__}")
+            paths += [(f"{key}.{k}", v) for k, v in value.items()]
+        elif key == "recipe_given":
+            if not (isinstance(value, list) and all(isinstance(v, str) and v in recipe_fields for v in value)):
+                raise ConfigError("config: recipe_given: expected a list of recipe fields")
+        else:
+            paths.append((key, value))
+    missing = sorted({"recipe.name"} - {p for p, _ in paths})
+    if missing:
+        raise ConfigError(f"config: {missing[0]}: missing")
+    for path, value in paths:
+        try:
+            row = option(path)
+        except KeyError:
+            raise ConfigError(f"config: {path[:60]}: not an option of this vitlab") from None
+        if path.startswith("recipe.") and path.removeprefix("recipe.") not in recipe_fields:
+            raise ConfigError(f"config: {path}: not a recipe field")
+        try:
+            row.from_file(value)
+        except OptionError as e:
+            raise ConfigError(f"config: {e.render(str)}") from None
+    try:
+        return TrainConfig.from_dict(d)
+    except OptionError as e:  # a recipe's own check (Recipe.validate), named by its key
+        raise ConfigError(f"config: {e.render(str)}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None

@@ -5,6 +5,7 @@ argparse's ``ArgumentTypeError``) saying what is wrong; the option table names t
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,8 +42,20 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+def _finite(text: str) -> float:
+    """A number's text as a float; NaN and infinities are no value of any option (``--lr nan``, ``--pack-res
+    4,inf``): refused here, in argparse's one line, before anything computes with them."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number")
+    return v
+
+
 def _pair(text: str) -> tuple[float, float]:
-    parts = [float(v) for v in str(text).replace(",", " ").split()]
+    parts = [_finite(v) for v in str(text).replace(",", " ").split()]
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"{text!r}: expected two numbers like 0.08,1")
     return parts[0], parts[1]
@@ -67,7 +80,8 @@ def _loggers(text: str) -> list[str]:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (a config file's ``.nan`` or ``1e400`` is none)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 Schedule = tuple[tuple[int, float], ...]
@@ -154,7 +168,7 @@ def _is_pair(v: Any) -> bool:
 TEXT = Kind("a string", lambda v: isinstance(v, str))
 FLAG = Kind("true or false", lambda v: isinstance(v, bool))
 INT = Kind("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool), parse=int)
-FLOAT = Kind("a number", _number, float, parse=float)
+FLOAT = Kind("a finite number", _number, float, parse=_finite)
 DURATION = Kind("seconds or a duration like 20m", lambda v: _number(v) and v > 0, float, parse=parse_duration)
 SIZE = Kind(
     "bytes or a size like 64M", lambda v: isinstance(v, int) and not isinstance(v, bool), late=parse_size, sep=" "

@@ -363,6 +363,9 @@ OPTIONS: tuple[Option, ...] = (
       help="also log each epoch's metrics (and the attention health, LR, throughput) to csv (scalars.csv), "
       "tensorboard, wandb (offline without an API key) or mlflow (a file store in --out), comma-separated or "
       "repeated; none by default; each but csv needs its library (pip install 'vitlab[tensorboard]' ...)"),
+    O(path="strict_log", flag="--strict-log", group=run, kind=FLAG, default=False, resume="honoured",
+      help="stop the run when a --log tracker cannot start or log (its server silent for $VITLAB_TRACKER_TIMEOUT "
+      "s, default 15; no key); without it that tracker is off for the run, one line says so, and the run goes on"),
     O(path=None, flag="--resume", group=run, kind=FLAG, default=False,
       help="continue the run in --out from its last.pt"),
     O(path=None, flag="--replan", group=run, kind=FLAG, default=False,

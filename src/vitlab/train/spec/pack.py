@@ -9,7 +9,11 @@ from .config import TrainConfig
 from .options import OptionError, ref
 from .recipes import Recipe
 
-__all__ = ["PACK_OFF", "check_pack", "pack_recipe"]
+__all__ = ["MAX_SIDE", "PACK_OFF", "check_pack", "pack_recipe"]
+
+MAX_SIDE = 1 << 16
+"""The largest image side in pixels an option may ask for (``--img-size``, ``--pack-res``), as a resolution
+schedule's sizes (:func:`~vitlab.train.spec.kinds.check_res_schedule`)."""
 
 PACK_OFF = ("mixup", "cutmix", "random_erasing")
 """Recipe fields that act on square batches: refused with ``--pack`` when given, turned off when a recipe chose
@@ -25,8 +29,9 @@ def check_pack(cfg: TrainConfig) -> None:
         return
     if cfg.pack_len is not None and cfg.pack_len < 1:
         raise OptionError(ref("pack_len"), f" {cfg.pack_len}: out of range")
-    if cfg.pack_res is not None and not 0 < cfg.pack_res[0] <= cfg.pack_res[1]:
-        raise OptionError(ref("pack_res"), f" {cfg.pack_res[0]:g},{cfg.pack_res[1]:g}: expected 0 < LOW <= HIGH")
+    if cfg.pack_res is not None and not 0 < cfg.pack_res[0] <= cfg.pack_res[1] <= MAX_SIDE:
+        raise OptionError(ref("pack_res"), f" {cfg.pack_res[0]:g},{cfg.pack_res[1]:g}: expected 0 < LOW <= HIGH <= "
+                          f"{MAX_SIDE}")  # fmt: skip
     r = cfg.recipe
     refused = [
         (cfg.objective != "classify", "objective", f" {cfg.objective}", "it predicts the patches of square grids"),

@@ -15,7 +15,19 @@ from ...errors import ConfigError
 from .kinds import check_res_schedule
 from .options import OptionError, Ref
 
-__all__ = ["RECIPES", "Recipe", "get_recipe", "list_recipes"]
+__all__ = ["LIMITS", "RANDAUGMENT_BINS", "RANDAUGMENT_OPS", "RECIPES", "Recipe", "get_recipe", "list_recipes"]
+
+RANDAUGMENT_BINS = 31
+"""torchvision's ``RandAugment`` magnitude bins: a magnitude is 0..30 (the paper's scale); a larger one indexed past
+its table (``IndexError`` in a data loader)."""
+RANDAUGMENT_OPS = 16
+"""The most RandAugment operations an image takes (torchvision has 14 kinds; the paper uses 1-3)."""
+
+LIMITS = {"--img-size": 16384, "--batch-size": 1 << 24, "--devices": 1 << 20, "--accum-steps": 1 << 20}
+"""The largest value a run's recipe (:meth:`Recipe.validate`) and ``vitlab plan``
+(:func:`vitlab.train.sizing.capacity.check_plan_numbers`) take for each size: beyond any ViT training run (the
+paper's largest batch is 4096 at 224-518 px); a bigger number is a typo, and planning it would print astronomical
+figures (or hang)."""
 
 
 @dataclass
@@ -131,6 +143,14 @@ class Recipe:
         for opt in ("lr", "batch_size", "epochs", "accum_steps"):
             if not getattr(self, opt) > 0:
                 bad(opt, f"must be positive, got {getattr(self, opt)}")
+        for opt in ("batch_size", "accum_steps"):  # `vitlab plan`'s limits: far past any run, a bigger one is a typo
+            if getattr(self, opt) > (most := LIMITS[f"--{opt.replace('_', '-')}"]):
+                bad(opt, f"{getattr(self, opt):.3g} is more than {most:,}")
+        if self.randaugment is not None and not (
+            0 <= self.randaugment[0] <= RANDAUGMENT_OPS and 0 <= self.randaugment[1] < RANDAUGMENT_BINS
+        ):
+            bad("randaugment", f"{self.randaugment[0]},{self.randaugment[1]}: expected 0..{RANDAUGMENT_OPS} operations "
+                f"and a magnitude in 0..{RANDAUGMENT_BINS - 1} (torchvision's {RANDAUGMENT_BINS} bins)")  # fmt: skip
         for opt in ("weight_decay", "warmup_epochs", "warmup_steps", "mixup", "cutmix", "min_lr_ratio", "head_warmup"):
             if getattr(self, opt) < 0:
                 bad(opt, f"must be >= 0, got {getattr(self, opt)}")
@@ -153,6 +173,14 @@ class Recipe:
             bad("crop_scale", f"expected 0 < min <= max <= 1, got {self.crop_scale}")
         if not 0 < self.crop_pct <= 1:
             bad("crop_pct", f"must be in (0, 1], got {self.crop_pct}")
+        if self.base_batch is not None and not self.base_batch >= 1:  # -1 would turn the scaled LR negative
+            bad("base_batch", f"must be a positive number of images (or none), got {self.base_batch}")
+        if not 0 <= self.momentum < 1:
+            bad("momentum", f"must be in [0, 1), got {self.momentum}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            bad("min_lr_ratio", f"must be in [0, 1] (the final LR as a fraction of the peak), got {self.min_lr_ratio}")
+        if not 0 <= self.betas[0] < 1 or not 0 <= self.betas[1] < 1:
+            bad("betas", f"must be in [0, 1), got {self.betas}")
 
     def replace(self, **changes: Any) -> Recipe:
         """A copy with some fields changed (``None`` values are ignored: "not given on the CLI")."""

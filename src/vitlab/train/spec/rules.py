@@ -13,17 +13,19 @@ from ...models.variants import close_names, list_models, model_config, resolve_n
 from . import arch
 from .config import NORM_STATS, TrainConfig
 from .options import OptionError, option, ref
-from .pack import check_pack
+from .pack import MAX_SIDE, check_pack
 from .recipes import Recipe
 
 if TYPE_CHECKING:
     from .kinds import Schedule
 
 __all__ = [
+    "LOCATIONS",
     "check_distillation",
     "check_fsdp",
     "check_init",
     "check_levers",
+    "check_location",
     "check_res_sizes",
     "micro_batch",
     "muon_refusal",
@@ -34,6 +36,10 @@ __all__ = [
 
 def validate(cfg: TrainConfig) -> None:
     """Refuse impossible options (see the module's notes)."""
+    for path, most, what in (("model", MAX_NAME, "a registered name"), ("device", 64, "a device name")):
+        value = getattr(cfg, path)
+        if isinstance(value, str) and len(value) > most:  # refused without echoing a value that fills the terminal
+            raise OptionError(ref(path), f": {len(value):,} characters, longer than {what}")
     if cfg.model and resolve_name(cfg.model) not in list_models():
         hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
         raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
@@ -58,7 +64,39 @@ def validate(cfg: TrainConfig) -> None:
     check_levers(cfg)
 
 
+MAX_PATH = 4096
+"""The longest local path a location option may hold (Linux's ``PATH_MAX``); a name in it at most :data:`MAX_NAME`
+bytes (``NAME_MAX``). Longer cannot exist: the file system refuses it (``File name too long``)."""
+MAX_NAME = 255
+MAX_URL = 1 << 16
+"""The longest URL or ``pipe:`` command (a signed URL's query can be long; 64 KiB is far beyond any)."""
+LOCATIONS = ("data", "out", "init", "teacher", "cache_dir")
+"""The options that name a file, folder or URL."""
+
+
+def check_location(path: str, value: str) -> None:
+    """Refuse a location that cannot exist (one line naming the option, never the value itself, which may be a
+    million characters): a NUL character, more than :data:`MAX_PATH` characters (a URL or ``pipe:``: more than
+    :data:`MAX_URL`), or a name longer than :data:`MAX_NAME` bytes in a local path."""
+    if not value.strip():
+        raise OptionError(ref(path), ": empty; give a folder, file or URL")
+    if "\0" in value:
+        raise OptionError(ref(path), ": contains a NUL character, which no path or URL holds")
+    url = "://" in value or value.startswith(("pipe:", "file:"))
+    limit = MAX_URL if url else MAX_PATH
+    if len(value) > limit:
+        raise OptionError(ref(path), f": {len(value):,} characters, longer than any {'URL' if url else 'path'} "
+                          f"({limit:,})")  # fmt: skip
+    longest = 0 if url else max(len(part.encode("utf-8", "replace")) for part in value.split("/"))
+    if longest > MAX_NAME:
+        raise OptionError(ref(path), f": holds a name of {longest:,} bytes, longer than a file system allows "
+                          f"({MAX_NAME})")  # fmt: skip
+
+
 def _check_run(cfg: TrainConfig) -> None:
+    for path in LOCATIONS:
+        if isinstance(value := getattr(cfg, path), str):
+            check_location(path, value)
     if cfg.on_nan not in ("stop", "skip"):
         raise OptionError(ref("on_nan"), f" {cfg.on_nan!r}: choose stop or skip")
     for path, v, ok in (
@@ -67,12 +105,14 @@ def _check_run(cfg: TrainConfig) -> None:
         ("time_budget", cfg.time_budget, lambda x: x > 0),
         ("max_image_pixels", cfg.max_image_pixels, lambda x: x >= 1),
         ("memory_budget", cfg.memory_budget, lambda x: x >= 1),
-        ("img_size", cfg.img_size, lambda x: x >= 1),
+        ("img_size", cfg.img_size, lambda x: 1 <= x <= MAX_SIDE),
         ("val_split", cfg.val_split, lambda x: 0 < x < 1),
         ("shuffle_buffer", cfg.shuffle_buffer, lambda x: x >= 1),
     ):
         if v is not None and not ok(v):
             raise OptionError(ref(path), f" {v}: out of range")
+    if not 0 <= cfg.seed < 1 << 63:  # what torch's and NumPy's generators take
+        raise OptionError(ref("seed"), f" {cfg.seed:.3g}: out of range [0, 2**63)")
     if cfg.workers < -1 or cfg.threads < 0:
         raise OptionError(ref("workers"), f" {cfg.workers} / ", ref("threads"), f" {cfg.threads}: must be >= -1 / >= 0")
 
