@@ -23,7 +23,7 @@ from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
-from vitlab.train.engine import memory
+from vitlab.train.sizing import memory
 from vitlab.train.objectives import classify as classify_mod
 
 GiB = 1 << 30
@@ -137,15 +137,15 @@ def test_the_runs_parameter_counts_are_arithmetic(monkeypatch):
     blocks = []
     make_block = VisionTransformer._make_block
     monkeypatch.setattr(VisionTransformer, "_make_block", lambda *a, **k: blocks.append(1) or make_block(*a, **k))
-    for objective in (Classify, MPP):
-        params, block, root = memory.parameter_counts(mc, objective=objective)
+    for learns in ("classify", "mpp"):
+        params, block, root = memory.parameter_counts(mc, learns=learns)
         assert block == mc.block_params() and params == root + 2000 * block
     assert len(blocks) <= 2  # a one-block ViT, to count what an objective's wrapper adds
     small = mc.replace(depth=3)
     with torch.device("meta"):
-        for objective in (Classify, MPP):
+        for learns, objective in (("classify", Classify), ("mpp", MPP)):
             net = objective.wrap(VisionTransformer(small))
-            assert memory.parameter_counts(small, objective=objective)[0] == sum(p.numel() for p in net.parameters())
+            assert memory.parameter_counts(small, learns=learns)[0] == sum(p.numel() for p in net.parameters())
 
 
 # -- threads -------------------------------------------------------------------------------------------------------

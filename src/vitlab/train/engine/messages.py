@@ -1,5 +1,5 @@
-"""What a run prints: the line it starts with, one line per epoch, what fine-tuning started from, and the
-expected wall time from its first steps."""
+"""What a run prints: the line it starts with, one line per epoch, what fine-tuning started from, the expected wall
+time from its first steps, and the line of a run stopped early."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from typing import TYPE_CHECKING, Any
 from ..._units import counted, duration
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from ...data.sources import DataSplits
     from ...models import VisionTransformer
+    from ..persist.position import RunPosition
     from ..sizing.steps import RunPlan
     from ..spec.recipes import Recipe
 
-__all__ = ["WallEstimate", "epoch_line", "init_line", "start_line"]
+__all__ = ["WallEstimate", "before_line", "epoch_line", "init_line", "start_line", "stopped_line"]
 
 
 def epoch_line(row: dict[str, Any], *, epochs: int, num_classes: int) -> str:
@@ -99,6 +102,22 @@ def start_line(
             else ""
         )
         + wall
+    )
+
+
+def before_line(ev: dict[str, Any], *, size: tuple[int, int], split: str) -> str:
+    """The started-from model's accuracy ``ev`` on the evaluation split at the new size, before any step."""
+    h, w = size
+    return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {split}"
+
+
+def stopped_line(p: RunPosition, *, by: str | None, saved: Path, out: Path) -> str:
+    """The last line of a run stopped before its plan's end (``by``: the signal that stopped it): where it is
+    saved and how to go on."""
+    how = f" by {by}" if by else ""
+    return (
+        f"stopped{how} at epoch {p.epoch + 1}, step {p.step}; saved {saved}. "
+        f"Continue with: vitlab train --out {out} --resume"
     )
 
 

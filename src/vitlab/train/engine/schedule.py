@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..spec.phases import mean_cost, size_at
+from ..spec.phases import mean_cost, size_at, warmup_for
 from ..spec.recipes import Recipe
 
 __all__ = ["LRFactor", "Step", "StepSchedule", "lr_factor", "resize_batch"]
@@ -153,11 +153,13 @@ class StepSchedule:
     def total_steps(self) -> int:
         return self.lr.total_steps
 
-    def refit_from(self, step: int, total_steps: int, *, warmup_steps: int) -> int:
+    def refit_from(self, step: int, total_steps: int, *, steps_per_epoch: int) -> int:
         """Re-plan a running schedule at ``step`` to end at ``total_steps``, the LR continuous there
-        (:meth:`LRFactor.refit_from`; ``warmup_steps``: the new plan's, used while the warmup runs); every phase
-        moves with the new end. Returns the warmup's length from now on."""
-        self.lr.refit_from(step, total_steps, warmup_steps=warmup_steps)
+        (:meth:`LRFactor.refit_from`): a warmup still running ends where the new plan's would
+        (:func:`~vitlab.train.spec.phases.warmup_for`), going on from the LR it reached; a finished one is kept and
+        the decay re-fitted from where it is. Every phase moves with the new end. Returns the warmup's length."""
+        wanted, _ = warmup_for(self.recipe, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+        self.lr.refit_from(step, total_steps, warmup_steps=wanted)
         return self.lr.warmup_steps
 
     def refit(self, total_steps: int, *, warmup_steps: int | None = None) -> None:

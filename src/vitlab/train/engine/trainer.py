@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,15 @@ from ..objectives import Objective
 from ..persist.advice import advice_line
 from ..persist.figures import draw_run_figures
 from ..persist.health import row_scalars
-from ..persist.outputs import append_metrics, read_metrics, run_summary, write_config, write_json, write_sizing
+from ..persist.outputs import (
+    append_metrics,
+    epoch_row,
+    read_metrics,
+    run_summary,
+    write_config,
+    write_json,
+    write_sizing,
+)
 from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..sizing.budget import Replanner
@@ -32,11 +40,11 @@ from ..sizing.machine import ThreadWatch
 from ..sizing.result import Sizing
 from ..sizing.steps import Replan, RunPlan
 from ..spec.config import TrainConfig
-from ..spec.phases import ends_dropping, warmup_for
+from ..spec.phases import ends_dropping
 from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
-from .messages import WallEstimate, epoch_line, start_line
+from .messages import WallEstimate, before_line, epoch_line, start_line, stopped_line
 from .model import HeadOnly
 from .optim import Optimization
 from .packs import packed_counts, packed_metrics
@@ -114,12 +122,8 @@ class Trainer:
             self._start_trackers()  # still starting: a stop signal while a tracker's server is silent ends the run
             scope.callback(self.tracker.close)
             self._begin()
-            self.bar = ProgressLog(
-                total=self.plan.total_steps,
-                initial=p.step,
-                desc="train",
-                enabled=self.cfg.progress and self.dist.is_main,
-            )
+            self.bar = ProgressLog(total=self.plan.total_steps, initial=p.step, desc="train",
+                                   enabled=self.cfg.progress and self.dist.is_main)  # fmt: skip
             self._enter(self.schedule.lookup(p.step))
             try:
                 while p.epoch < self.plan.epochs and p.step < self.plan.total_steps and self._epoch():
@@ -141,13 +145,9 @@ class Trainer:
         if not self.dist.is_main or not self.cfg.log:
             return
         stop = self.stop
-
-        def signalled() -> str | None:
-            return stop.name if stop is not None else None
-
         config = {**self.cfg.to_dict(), "sizing": self.sizing.to_dict()}  # what was asked, what was chosen
         self.tracker = make_trackers(self.cfg.log, out=self.out, config=config, strict=self.cfg.strict_log,
-                                     stop=signalled, warn=self.log)  # fmt: skip
+                                     stop=lambda: stop.name if stop is not None else None, warn=self.log)  # fmt: skip
 
     def _begin(self) -> None:
         """Ready: from now on a stop signal saves (the first step then stops). The lines a run starts with."""
@@ -156,8 +156,8 @@ class Trainer:
             self.head = HeadOnly.hold(self.vit, distributed=self.dist.enabled)
         if self.init_line:
             self.log(self.init_line)
-            if not self.resumed and self.objective.uses_labels:
-                self.log(self._before_training_line())
+            if not self.resumed and self.objective.uses_labels:  # a collective under torchrun
+                self.log(before_line(self._evaluate(), size=self.vit.config.img_size, split=self.data.val_name))
         if self.dist.is_main:
             write_config(self.cfg, self.out)
             write_sizing(self.out, self.sizing.record(self.cfg, plan=self.plan, fingerprint=self.data_fingerprint))
@@ -167,37 +167,25 @@ class Trainer:
                                           context=context, rows=rows, sharded=self.cfg.fsdp)  # fmt: skip
         r, d = self.sizing.recipe, self.dist
         lr = self.plan.lr or r.scaled_lr(r.batch_size)
-        self.log(
-            start_line(
-                self.vit, self.data, r, self.plan, lr, d.world_size, self.device, time_budget=self.cfg.time_budget
-            )
-        )
-        self.eta = WallEstimate(
-            total_steps=self.plan.total_steps if not self.cfg.time_budget else 0,  # a budgeted run knows its end
-            steps_per_epoch=self.loaders.steps_per_epoch,
-            batch_size=r.batch_size,
-            n_eval=len(self.data.val) * self.loaders.evaluations,  # --pack: the centre crop and the native one
-        )
+        self.log(start_line(self.vit, self.data, r, self.plan, lr, d.world_size, self.device,
+                            time_budget=self.cfg.time_budget))  # fmt: skip
+        self.eta = WallEstimate(  # a budgeted run knows its end; --pack evaluates the centre crop and the native one
+            total_steps=0 if self.cfg.time_budget else self.plan.total_steps, batch_size=r.batch_size,
+            steps_per_epoch=self.loaders.steps_per_epoch, n_eval=len(self.data.val) * self.loaders.evaluations,
+        )  # fmt: skip
 
     def _epoch(self) -> bool:
         """Train (the rest of) one epoch and evaluate it; False when the run stops here."""
-        p, cfg, lo = self.position, self.cfg, self.loaders
+        p, lo = self.position, self.loaders
         p.start_epoch()
         self.watch.epoch_began()
         parts = StepParts(
             net=self.train_net, objective=self.objective, opt=self.opt, recipe=self.sizing.recipe, device=self.device,
-            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=cfg.on_nan, dist=self.dist,
+            amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=self.cfg.on_nan, dist=self.dist,
         )  # fmt: skip
-        res = train_epoch(
-            parts,
-            lo.train_batches(p.epoch, p.micro),
-            size=lambda: self.schedule.lookup(p.step).img_size,
-            on_step=self._on_step,
-            loss_sum=p.loss_sum,
-            counted=p.loss_count,
-            packed=(p.tokens, p.slots),
-        )
-        p.nan_skipped += res.skipped
+        res = train_epoch(parts, lo.train_batches(p.epoch, p.micro), size=lambda: self.schedule.lookup(p.step).img_size,
+                          on_step=self._on_step, loss_sum=p.loss_sum, counted=p.loss_count,
+                          packed=(p.tokens, p.slots))  # fmt: skip
         p.train_s += res.seconds
         if res.stopped and p.micro < lo.micro_per_epoch and p.step < self.plan.total_steps:
             p.interrupted = True  # stopped mid-epoch: _on_step saved the exact position
@@ -206,14 +194,9 @@ class Trainer:
         self._end_epoch(res)
         if res.steps and not res.stopped:
             per_step = res.seconds / res.steps
-            new = self.replan.after_epoch(
-                step=p.step,
-                planned=self.plan.total_steps,
-                per_step=per_step,
-                overhead_s=time.perf_counter() - t_end,
-                dist=self.dist,
-                device=self.device,
-            )
+            new = self.replan.after_epoch(step=p.step, planned=self.plan.total_steps, per_step=per_step,
+                                          overhead_s=time.perf_counter() - t_end, dist=self.dist,
+                                          device=self.device)  # fmt: skip
             if new is not None:
                 self._replanned(new, per_step, at="epoch")
                 self._checkpoint(micro_done=0)  # last.pt was written with the plan before the move
@@ -229,14 +212,7 @@ class Trainer:
         decide whether to stop, save mid-epoch when stopping or when ``--save-every`` is due. True: stop the
         epoch here."""
         p, cfg, d = self.position, self.cfg, self.dist
-        p.step += 1
-        p.steps_this_run += 1
-        p.images = p.epoch_start_images + res.images * d.world_size
-        p.micro = p.epoch_start_micro + res.micro_batches
-        p.loss_sum = res.loss_sum  # went on from the saved sum: the same additions as an uninterrupted run
-        p.loss_count = res.counted
-        p.skipped = p.epoch_start_skipped + res.skipped
-        p.tokens, p.slots = res.tokens, res.slots
+        p.took_step(res, world_size=d.world_size)
         self.bar.set_postfix(
             epoch=f"{p.epoch + 1}/{self.plan.epochs}",
             loss=f"{loss:.3f}" if math.isfinite(loss) else "skipped",
@@ -286,13 +262,10 @@ class Trainer:
 
     def _replanned(self, total: int, per_step: float, *, at: str) -> None:
         """Re-fit the schedule to end at ``total`` from the current step, the LR continuous there
-        (:meth:`~vitlab.train.engine.schedule.StepSchedule.refit_from`): a warmup still running ends where the new
-        plan's would, going on from the LR it reached; a finished one is kept and the decay re-fitted from where it
-        is. ``at``: after a step, or at an epoch's end (the line says so); the move is kept in the plan, so that a
-        replay makes it at the same point."""
+        (:meth:`~vitlab.train.engine.schedule.StepSchedule.refit_from`). ``at``: after a step, or at an epoch's end
+        (the line says so); the move is kept in the plan, so that a replay makes it at the same point."""
         was = self.plan.total_steps
-        wanted, _ = warmup_for(self.sizing.recipe, total_steps=total, steps_per_epoch=self.loaders.steps_per_epoch)
-        warm = self.schedule.refit_from(self.position.step, total, warmup_steps=wanted)
+        warm = self.schedule.refit_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
         which = "the steps since the last plan took" if at == "epoch" else "the run's own steps take"
@@ -306,21 +279,8 @@ class Trainer:
         p, cfg, d = self.position, self.cfg, self.dist
         ev = self._evaluate(last=p.step >= self.plan.total_steps)
         self.last_eval = ev
-        row = {
-            "epoch": p.epoch + 1,
-            "step": p.step,
-            "train_loss": p.loss_sum / p.loss_count if p.loss_count else None,  # of the steps taken
-            "lr": self.opt.scheduler.get_last_lr()[0],
-            "top1": ev["top1"],
-            "top5": ev["top5"],
-            "eval_loss": ev["loss"],
-            "images_per_sec": res.images * d.world_size / max(res.seconds, 1e-9),
-            "wall_s": self._wall_s(),
-        }
-        if ev.get("tta"):
-            row["tta"] = ev["tta"]
-        if p.skipped:  # the epoch's, a resumed part's included
-            row["nan_skipped"] = p.skipped
+        row = epoch_row(p, ev=ev, lr=self.opt.scheduler.get_last_lr()[0], wall_s=self._wall_s(),
+                        images_per_sec=res.images * d.world_size / max(res.seconds, 1e-9))  # fmt: skip
         health, watch_lines = measure_epoch(self.watch, self.vit, dist=d, sharded=cfg.fsdp, epoch=p.epoch + 1,
                                             step=p.step)  # fmt: skip
         if health is not None:
@@ -331,7 +291,10 @@ class Trainer:
                 device=self.device, amp_dtype=self.amp_dtype, images_per_sec=row["images_per_sec"],
             )  # fmt: skip
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
-        exported = self._exportable() if improved or cfg.keep == "last" else None  # (a collective with --fsdp)
+        exported = None  # the model model/ is written from: with --fsdp gathered to rank 0 (a collective)
+        if improved or cfg.keep == "last":
+            vit = self.objective.exported(self.eval_net)
+            exported = full_model(vit, d) if cfg.fsdp else vit
         p.best = max(p.best, ev["top1"])
         p.finish_epoch()
         loss = row["train_loss"]
@@ -370,34 +333,17 @@ class Trainer:
             data_fingerprint=self.data_fingerprint,
             packed=packed_counts(self.position, self.loaders, self.dist) if micro_done else (0, 0),
         )
-        if self.dist.is_main:
-            write_sizing(self.out, self.sizing.record(self.cfg, plan=self.plan, fingerprint=self.data_fingerprint))
         self.last_save = time.perf_counter()
 
     def _evaluate(self, *, last: bool = False) -> dict[str, Any]:
-        return self.objective.evaluate(self.eval_net, self._eval_batches(), device=self.device,
-                                       amp_dtype=self.amp_dtype, dist=self.dist, last=last)  # fmt: skip
-
-    def _before_training_line(self) -> str:
-        """The started-from model's accuracy on the evaluation split at the new size, before any step
-        (a collective under torchrun: every rank evaluates its shard)."""
-        ev = self._evaluate()
-        h, w = self.vit.config.img_size
-        return f"before fine-tuning, at {h}x{w}: top-1 {100 * ev['top1']:.2f}% on {self.data.val_name}"
-
-    def _eval_batches(self) -> Iterable[Any]:
-        """This rank's evaluation batches; with ``--fsdp`` kept in step with the other ranks'
-        (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective)."""
-        if not self.cfg.fsdp:
-            return self.loaders.eval_batches()
-        return lockstep(self.loaders.eval_batches(), net=self.eval_net, d=self.dist, device=self.device,
-                        amp_dtype=self.amp_dtype, config=self.vit.config)  # fmt: skip
-
-    def _exportable(self) -> nn.Module | None:
-        """The model ``model/`` is written from: the trained ViT; with ``--fsdp`` its full weights gathered
-        to rank 0 as a plain model (a collective; None on the other ranks)."""
-        vit = self.objective.exported(self.eval_net)
-        return full_model(vit, self.dist) if self.cfg.fsdp else vit
+        """Evaluate ``eval_net`` on this rank's evaluation batches; with ``--fsdp`` kept in step with the other
+        ranks' (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective)."""
+        batches = self.loaders.eval_batches()
+        if self.cfg.fsdp:
+            batches = lockstep(batches, net=self.eval_net, d=self.dist, device=self.device, amp_dtype=self.amp_dtype,
+                               config=self.vit.config)  # fmt: skip
+        return self.objective.evaluate(self.eval_net, batches, device=self.device, amp_dtype=self.amp_dtype,
+                                       dist=self.dist, last=last)  # fmt: skip
 
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""
@@ -408,14 +354,11 @@ class Trainer:
         rows = read_metrics(out / "metrics.jsonl") if d.is_main else []
         summary = run_summary(
             position=p, plan=self.plan, cfg=self.cfg, sizing=self.sizing, model=self.vit, data=self.data,
-            processes=d.world_size,
-            device=self.device, out=out, wall_s=self._wall_s(), rows=rows, data_record=self.data_rec,
+            processes=d.world_size, device=self.device, out=out, wall_s=self._wall_s(), rows=rows,
+            data_record=self.data_rec,
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
-        if d.is_main:  # the run's skipped steps, of every process that ran it (the rows) and of the epoch in progress
-            done = sum(r.get("nan_skipped", 0) for r in rows if isinstance(r.get("nan_skipped"), int))
-            summary["nan_skipped"] = done + (p.skipped if p.interrupted else 0)
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
             summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,
@@ -427,11 +370,7 @@ class Trainer:
                 self.log(summary["advice"])
             self._draw()
             if p.interrupted:
-                by = f" by {self.stop.name}" if self.stop.requested else ""  # type: ignore[union-attr]
-                self.log(
-                    f"stopped{by} at epoch {p.epoch + 1}, step {p.step}; saved {self.saver.last}. "
-                    f"Continue with: vitlab train --out {out} --resume"
-                )
+                self.log(stopped_line(p, by=summary.get("signal"), saved=self.saver.last, out=out))
         return summary
 
     def _draw(self) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "RUN_MARKERS",
     "RUN_OUTPUTS",
     "append_metrics",
+    "epoch_row",
     "model_epoch",
     "model_summary",
     "read_metrics",
@@ -170,10 +171,38 @@ def run_summary(
         "device": device.type,
         "out": str(out),
         "interrupted": p.interrupted,
-        "nan_skipped": p.nan_skipped,
+        "nan_skipped": _skipped(rows, p),
         "planned_epochs": plan.epochs,
         "planned_steps": plan.total_steps,
     }
+
+
+def epoch_row(p: RunPosition, *, ev: dict[str, Any], lr: float, images_per_sec: float, wall_s: float) -> dict[str, Any]:
+    """The epoch's line of ``metrics.jsonl``, at its end: the training loss of the steps taken, the evaluation
+    ``ev``, the pace, and the skipped steps of the epoch (a resumed part's included) when there were any."""
+    row = {
+        "epoch": p.epoch + 1,
+        "step": p.step,
+        "train_loss": p.loss_sum / p.loss_count if p.loss_count else None,
+        "lr": lr,
+        "top1": ev["top1"],
+        "top5": ev["top5"],
+        "eval_loss": ev["loss"],
+        "images_per_sec": images_per_sec,
+        "wall_s": wall_s,
+    }
+    if ev.get("tta"):
+        row["tta"] = ev["tta"]
+    if p.skipped:
+        row["nan_skipped"] = p.skipped
+    return row
+
+
+def _skipped(rows: Sequence[dict[str, Any]], p: RunPosition) -> int:
+    """The run's skipped steps: of every process that ran it (the ``rows``, which rank 0 reads) and of the epoch in
+    progress when it stopped mid-epoch."""
+    done = sum(r.get("nan_skipped", 0) for r in rows if isinstance(r.get("nan_skipped"), int))
+    return done + (p.skipped if p.interrupted else 0)
 
 
 def _data_source(record: dict[str, Any] | None) -> dict[str, Any]:

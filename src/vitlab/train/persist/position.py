@@ -6,8 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["RunPosition"]
+__all__ = ["EpochSoFar", "RunPosition"]
+
+
+class EpochSoFar(Protocol):
+    """What this process's epoch has done so far (:class:`~vitlab.train.engine.loop.EpochResult`)."""
+
+    images: int
+    micro_batches: int
+    loss_sum: float
+    counted: int
+    skipped: int
+    tokens: int
+    slots: int
 
 
 @dataclass(kw_only=True)
@@ -46,8 +59,6 @@ class RunPosition:
     epoch_start_skipped: int = 0
 
     steps_this_run: int = 0
-    nan_skipped: int = 0
-    """Optimizer steps skipped for a NaN/Inf loss in this process (``--on-nan skip``)."""
     saved_step: int | None = None
     """The step ``last.pt`` holds (None: nothing saved yet)."""
     interrupted: bool = False
@@ -56,6 +67,17 @@ class RunPosition:
         """Remember where the epoch in progress (re)starts: at its beginning, or part-way after a resume."""
         self.epoch_start_micro, self.epoch_start_images = self.micro, self.images
         self.epoch_start_skipped = self.skipped
+
+    def took_step(self, res: EpochSoFar, *, world_size: int) -> None:
+        """One more optimizer step, the epoch's counts now those of ``res`` (the loss sum went on from the saved
+        one: the same additions as an uninterrupted run)."""
+        self.step += 1
+        self.steps_this_run += 1
+        self.images = self.epoch_start_images + res.images * world_size
+        self.micro = self.epoch_start_micro + res.micro_batches
+        self.loss_sum, self.loss_count = res.loss_sum, res.counted
+        self.skipped = self.epoch_start_skipped + res.skipped
+        self.tokens, self.slots = res.tokens, res.slots
 
     def finish_epoch(self) -> None:
         self.epoch += 1

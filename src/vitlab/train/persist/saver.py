@@ -1,6 +1,7 @@
 """The one owner of a run's checkpoint files (timm's ``CheckpointSaver``): ``last.pt`` (everything needed to resume
 exactly, written atomically, with every process's random generators), the sharded folder of an ``--fsdp`` run and
-its pruning (:mod:`.dcp`), and ``model/`` (the best or the last weights, as a vitlab folder)."""
+its pruning (:mod:`.dcp`), and ``model/`` (the best or the last weights, as a vitlab folder); beside ``last.pt``,
+``sizing.json`` with the plan as it stands at that save."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..sizing.steps import RunPlan
 from ..spec.config import TrainConfig
 from ..spec.recipes import Recipe
 from .dcp import prune, read_sharded, sharded_folder, write_sharded
+from .outputs import write_sizing
 from .position import RunPosition
 from .state import atomic_torch_save, get_rng_state, set_rng_state
 
@@ -117,6 +119,7 @@ class CheckpointSaver:
             "vitlab_checkpoint": 1,
         }
         atomic_torch_save(blob, self.last)
+        write_sizing(self.out, sizing.record(cfg, plan=plan, fingerprint=data_fingerprint))  # the plan as it is now
         position.saved_step = position.step
         if sharded is not None:
             prune(self.out, keep=sharded)
