@@ -47,7 +47,7 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     "recipe_for": ("vitlab.train.sizing", "recipe_for"),  # the recipe a run fits to the data
     "sizing_choose": ("vitlab.train.sizing", "choose"),  # what a run gets here: threads, workers, batch
     "sizing_here": ("vitlab.train.sizing", "Here"),  # where a run is sized
-    "build_config": ("vitlab.train.spec.config", "build_config"),  # a TrainConfig from `vitlab train` flag values
+    "build_config": ("vitlab.train.conf.train_config", "build_config"),  # a TrainConfig from `vitlab train` flag values
     "LEVELS": ("vitlab.train.sizing.levels", "LEVELS"),  # the augmentation levels
     "forward_macs": ("vitlab.train.sizing.recipe", "forward_macs"),  # a forward's MACs with token dropping
     "holds_photos": ("vitlab.train.sizing.side", "holds_photos"),  # whether the data are photos
@@ -55,7 +55,7 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # cifar10_sweep.py: the recipe's weight-decay groups (a public `vitlab.train.param_groups`)
     "param_groups": ("vitlab.train.engine.optim", "param_groups"),
     # posemb_ablation.py: `--time-budget`'s duration syntax (a public `vitlab.train.parse_duration`)
-    "parse_duration": ("vitlab.train.spec.kinds", "parse_duration"),
+    "parse_duration": ("vitlab.train.conf.kinds", "parse_duration"),
     # memory_calibration.py: the modules whose functions it wraps to read the memory estimate and the peaks (a
     # public hook of `vitlab.train.fit`, called with the estimate and at each epoch's end, would serve it)
     "sizing_memory": ("vitlab.train.sizing.memory", None),  # its available_memory

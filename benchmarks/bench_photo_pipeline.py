@@ -1,6 +1,6 @@
 """Does the training input pipeline keep up on photos? (issue 34, item 5)
 
-For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.spec.fitting.LEVELS`)
+For each training size (``--sizes``) and augmentation level (``--levels``, :data:`vitlab.train.conf.fitting.LEVELS`)
 one run's whole input pipeline on a folder of full-size JPEG photos, against timm's loader on the same files and
 against the default model's training step, in one process:
 
@@ -19,7 +19,7 @@ against the default model's training step, in one process:
    (1, 1) (the centre square, resized) + flip; light = scale (0.5, 1), ratio (3/4, 4/3), flip, ``rand-m7-n2``
    (timm applies each RandAugment op with probability 0.5, torchvision always); colour jitter off; bilinear.
 4. **model step**: the run's model (``auto``'s for this data and size, built by ``build_net``, with the token dropping
-   of a ``--time-budget`` run, :data:`~vitlab.train.spec.fitting.BUDGET_TOKEN_DROP`, in training mode), one
+   of a ``--time-budget`` run, :data:`~vitlab.train.conf.fitting.BUDGET_TOKEN_DROP`, in training mode), one
    forward + backward + the recipe's AdamW step (:func:`~vitlab.train.engine.calibrate.time_steps`) on the first
    vitlab batch, at each of ``--threads`` torch threads: images/s the model consumes.
 

@@ -8,7 +8,7 @@ import pytest
 
 from vitlab.errors import ConfigError
 from vitlab.models.config import ViTConfig, mlp_dim_for
-from vitlab.train.spec.parser import add_options, arch_overrides, config_from_args
+from vitlab.train.conf.parser import add_options, arch_overrides, config_from_args
 
 
 def test_mlp_dim_for_and_its_inverse():

@@ -1,15 +1,16 @@
 """The layout's rules, checked on the source: the import graph of ``src/vitlab`` (every import, at module level
 and inside functions; relative imports resolved; ``from pkg import name`` counts ``pkg.name`` when that is a
 module) has no cycle, and the directions hold: ``models/`` imports nothing of vitlab but errors; ``accel/`` is
-imported by its allowed callers only; ``train/`` never imports ``commands/``; ``train/spec`` never imports torch;
-``train/spec``, ``objectives`` and ``persist`` never import ``train/engine``. Imports under ``if TYPE_CHECKING:`` are
+imported by its allowed callers only; ``train/`` never imports ``commands/``; ``train/conf`` never imports torch;
+``train/conf``, ``objectives`` and ``persist`` never import ``train/engine``. Imports under ``if TYPE_CHECKING:`` are
 left out of the graph of what runs: they never run; but every import, theirs included, must name a module that
 exists, and no circle may close through them either (a typing-only circle is a knot the next refactor trips on).
 Imports of vitlab modules inside functions of ``train/`` stay few, each with a ``# lazy: <reason>`` comment.
 
-``train/sizing`` (how much a run gets) sits between the engine and the spec: ``engine -> sizing -> spec``, never
-back; the objectives and the run's outputs reach it by name (:func:`~vitlab.train.spec.config.objective_name`),
-never by import from below; and its rule modules import no torch."""
+``train/sizing`` (how much a run gets) sits between the engine and the configuration: ``engine -> sizing -> conf``,
+never back; the objectives and the run's outputs reach it by name
+(:func:`~vitlab.train.conf.train_config.objective_name`), never by import from below; and its rule modules import
+no torch."""
 
 from __future__ import annotations
 
@@ -197,12 +198,12 @@ def test_accel_is_imported_by_its_callers_only() -> None:
     ("room", "never"),
     [
         ("vitlab.train", "vitlab.commands"),
-        ("vitlab.train.spec", "vitlab.train.engine"),
+        ("vitlab.train.conf", "vitlab.train.engine"),
         ("vitlab.train.objectives", "vitlab.train.engine"),
         ("vitlab.train.persist", "vitlab.train.engine"),
-        ("vitlab.train.spec", "vitlab.train.objectives"),
-        ("vitlab.train.spec", "vitlab.train.persist"),
-        ("vitlab.train.spec", "vitlab.train.sizing"),
+        ("vitlab.train.conf", "vitlab.train.objectives"),
+        ("vitlab.train.conf", "vitlab.train.persist"),
+        ("vitlab.train.conf", "vitlab.train.sizing"),
         ("vitlab.train.sizing", "vitlab.train.engine"),
         ("vitlab.train.sizing", "vitlab.train.objectives"),
         ("vitlab.train.sizing", "vitlab.train.persist"),
@@ -214,18 +215,18 @@ def test_one_direction_between_the_rooms(room: str, never: str) -> None:
     assert {m: d for m, d in bad.items() if d} == {}
 
 
-def test_spec_imports_no_torch() -> None:
-    """Statically (no module of train/spec imports torch) and when it runs (importing it loads no torch)."""
+def test_conf_imports_no_torch() -> None:
+    """Statically (no module of train/conf imports torch) and when it runs (importing it loads no torch)."""
     static = {
         m
         for m, path in MODULES.items()
-        if _inside(m, "vitlab.train.spec")
+        if _inside(m, "vitlab.train.conf")
         for node, _ in _imports(ast.parse(path.read_text()))
         for t in _targets(m, node)
         if t == "torch" or t.startswith("torch.")
     }
     assert static == set()
-    code = "import sys, vitlab.train.spec.rules, vitlab.train.spec.parser; assert 'torch' not in sys.modules"
+    code = "import sys, vitlab.train.conf.rules, vitlab.train.conf.parser; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -12,8 +12,8 @@ import yaml
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.errors import ConfigError
-from vitlab.train.spec.config import build_config
-from vitlab.train.spec.files import MAX_BYTES, read_config_file
+from vitlab.train.conf.config_file import MAX_BYTES, read_config_file
+from vitlab.train.conf.train_config import build_config
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
 
@@ -67,7 +67,7 @@ def test_yaml_and_json_say_the_same_and_flags_win(folder, tmp_path) -> None:
         "crop_scale",
         "lr",
     ]
-    from vitlab.train.spec.files import merge
+    from vitlab.train.conf.config_file import merge
 
     values, given, _ = merge({"recipe.lr": 0.5, "seed": 0}, {"recipe.lr"}, a, path="c.yaml")
     cfg = build_config(values, given=given)

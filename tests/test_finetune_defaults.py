@@ -18,11 +18,11 @@ from PIL import Image
 import vitlab
 from vitlab.cli import main
 from vitlab.models import ViTConfig
+from vitlab.train.conf.arch import head_choice
+from vitlab.train.conf.train_config import build_config
 from vitlab.train.engine.model import InitModel
 from vitlab.train.sizing.finetune import FT_BATCH, FT_LR, SMALL_DATA, finetune_lr, finetune_recipe
 from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP, LEVELS, aug_level
-from vitlab.train.spec.arch import head_choice
-from vitlab.train.spec.config import build_config
 
 NAMES = ["cat", "dog", "fox", "owl"]
 

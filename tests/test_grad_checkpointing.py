@@ -85,8 +85,8 @@ def test_checkpointed_gradients_match_on_the_fast_model() -> None:
 
 def test_flag_is_parsed_and_honoured_on_resume() -> None:
     from vitlab.cli import build_parser
-    from vitlab.train.spec.options import option
-    from vitlab.train.spec.parser import config_from_args
+    from vitlab.train.conf.options import option
+    from vitlab.train.conf.parser import config_from_args
 
     args = build_parser().parse_args(["train", "--grad-checkpointing"])
     assert config_from_args(args).grad_checkpointing is True

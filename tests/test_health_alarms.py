@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from vitlab.inspect import AlarmThresholds, RunContext, attention_health, health_alarms, health_notes
 from vitlab.inspect.alarms import PENDING_FLAGS, SUGGESTED_FLAGS
 from vitlab.models import VisionTransformer
-from vitlab.train.spec.parser import add_options
+from vitlab.train.conf.parser import add_options
 
 
 def rec(*, layers: int = 4, heads: int = 4, **over):

@@ -20,10 +20,10 @@ from vitlab.distributed import Dist
 from vitlab.evaluate.accuracy import preprocess_for
 from vitlab.inspect.report import training_artifacts
 from vitlab.models import VisionTransformer, ViTConfig
+from vitlab.train.conf.train_config import build_config
 from vitlab.train.engine.model import input_norm
 from vitlab.train.engine.shards import build_shard_loaders
 from vitlab.train.sizing import Sizing
-from vitlab.train.spec.config import build_config
 
 TINY = ["--img-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress"]
 

@@ -1,4 +1,4 @@
-"""The option table (:mod:`vitlab.train.spec.options`) is the one description of every ``vitlab train`` /
+"""The option table (:mod:`vitlab.train.conf.options`) is the one description of every ``vitlab train`` /
 ``finetune`` option: each configuration field has a row (or is marked internal), the parser is generated from the
 rows, and an error names an option by its flag."""
 
@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from vitlab.errors import ConfigError
-from vitlab.train.spec.config import TrainConfig, build_config
-from vitlab.train.spec.options import INTERNAL, OPTIONS, OptionError, Ref, flag_for, option, path_of
-from vitlab.train.spec.parser import add_options, namespace_values
-from vitlab.train.spec.recipes import RECIPES, Recipe
+from vitlab.train.conf.options import INTERNAL, OPTIONS, OptionError, Ref, flag_for, option, path_of
+from vitlab.train.conf.parser import add_options, namespace_values
+from vitlab.train.conf.recipes import RECIPES, Recipe
+from vitlab.train.conf.train_config import TrainConfig, build_config
 
 
 def _fields() -> dict[str, dataclasses.Field]:
@@ -63,8 +63,8 @@ def test_recipe_flags_leave_the_recipe_alone_unless_given() -> None:
 def test_a_warmup_given_in_epochs_or_steps_replaces_the_auto_recipes_fraction() -> None:
     """``--warmup-epochs 0`` (or ``--warmup-steps 0``) means no warmup: the auto recipe's 10% of the steps does not
     come back through ``warmup_fraction`` when the recipe is fitted; without the flag the fraction stays."""
+    from vitlab.train.conf.phases import warmup_for
     from vitlab.train.sizing.recipe import classify_recipe
-    from vitlab.train.spec.phases import warmup_for
 
     p = argparse.ArgumentParser()
     add_options(p, command="train")

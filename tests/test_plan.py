@@ -156,11 +156,11 @@ def test_plan_numbers_are_validated_in_one_line_naming_the_flag(
 
 
 def test_plan_never_plans_a_batch_train_refuses() -> None:
-    """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.spec.rules.micro_batch`, the same function): for
+    """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.conf.rules.micro_batch`, the same function): for
     every batch, device count and accumulation, plan refuses exactly what train refuses, with train's message,
     and plans train's micro-batch."""
     from vitlab.errors import ConfigError
-    from vitlab.train.spec.rules import micro_batch
+    from vitlab.train.conf.rules import micro_batch
 
     for batch in (6, 8, 12):
         for devices in (1, 2, 3):

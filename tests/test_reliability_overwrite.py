@@ -147,7 +147,7 @@ def test_a_config_file_s_pipe_never_runs_even_with_allow_pipe(tmp_path, capsys):
 
 
 def test_one_rule_for_pipe_typed_data_with_allow_pipe():
-    from vitlab.train.spec.options import pipe_trusted
+    from vitlab.train.conf.options import pipe_trusted
 
     assert pipe_trusted(True, {"data", "allow_pipe"}) and pipe_trusted(True, {"--data", "--allow-pipe"})
     assert not pipe_trusted(True, {"allow_pipe"})  # --data from a config file, a default or a saved run

@@ -31,9 +31,9 @@ from vitlab.data.shard_spec import count_names
 from vitlab.data.shards import pack_folder, read_shard
 from vitlab.data.stream import ShardStream
 from vitlab.errors import DataError
+from vitlab.train.conf.resume import resumed_config
+from vitlab.train.conf.train_config import TrainConfig
 from vitlab.train.persist.state import load_state
-from vitlab.train.spec.config import TrainConfig
-from vitlab.train.spec.resume import resumed_config
 
 ARGS = ["--epochs", "1", "--batch-size", "8", "--patch-size", "4", "--dim", "8", "--depth", "1", "--heads", "2"]
 ARGS += ["--img-size", "8", "--shuffle-buffer", "10", "--workers", "0", "--no-progress"]

@@ -23,8 +23,8 @@ from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
-from vitlab.train.sizing import memory
 from vitlab.train.objectives import classify as classify_mod
+from vitlab.train.sizing import memory
 
 GiB = 1 << 30
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -231,10 +231,10 @@ def test_a_resumed_epoch_counts_the_steps_skipped_before_the_stop(data_dir, tmp_
 def test_every_rank_skips_the_step_one_rank_found_non_finite(monkeypatch):
     """DDP all-reduces the gradients: a NaN on one rank is in every rank's; each rank must skip that step."""
     from vitlab.distributed import Dist
+    from vitlab.train.conf.recipes import get_recipe
     from vitlab.train.engine import loop
     from vitlab.train.engine.optim import build_optimization
     from vitlab.train.objectives.classify import Classify
-    from vitlab.train.spec.recipes import get_recipe
 
     torch.manual_seed(0)
     net = VisionTransformer(ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16,

@@ -16,12 +16,12 @@ from vitlab.accel import FastVisionTransformer
 from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
+from vitlab.train.conf.options import option
+from vitlab.train.conf.phases import size_at, step_cost
+from vitlab.train.conf.recipes import get_recipe
 from vitlab.train.engine import loop as loop_mod
 from vitlab.train.engine.schedule import StepSchedule, resize_batch
 from vitlab.train.sizing.budget import REPLAN_AT
-from vitlab.train.spec.options import option
-from vitlab.train.spec.phases import size_at, step_cost
-from vitlab.train.spec.recipes import get_recipe
 
 
 def mean_step_cost(schedule) -> float:
@@ -220,9 +220,9 @@ def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, f
     from types import SimpleNamespace
 
     from vitlab.distributed import Dist
+    from vitlab.train.conf.phases import last_stretch_from
     from vitlab.train.sizing import budget
     from vitlab.train.sizing.probe import Here
-    from vitlab.train.spec.phases import last_stretch_from
 
     recipe = get_recipe("digits", batch_size=32, **fields)
     assert last_stretch_from(recipe) == share

@@ -113,8 +113,8 @@ def test_a_model_in_train_args_replaces_the_tracks_model_and_shape(tmp_path) -> 
     """The recipe's width and depth do not override a vit_cct name's own shape; those given in --train-args do, and
     the run's model is then named by its stem."""
     from vitlab.cli import build_parser
-    from vitlab.train.spec.arch import fresh_config
-    from vitlab.train.spec.parser import config_from_args
+    from vitlab.train.conf.arch import fresh_config
+    from vitlab.train.conf.parser import config_from_args
 
     sr = _speedrun()
 
@@ -235,8 +235,8 @@ def test_a_broken_records_file_is_one_line_naming_it(tmp_path, text: str, says: 
 
 def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_path) -> None:
     from vitlab.cli import build_parser
-    from vitlab.train.spec.parser import config_from_args
-    from vitlab.train.spec.rules import validate
+    from vitlab.train.conf.parser import config_from_args
+    from vitlab.train.conf.rules import validate
 
     sr = lev = _speedrun()
     assert lev.lever_flags("vit", "seq-pool, muon,mpp=0.25,ema") == [

@@ -14,8 +14,8 @@ from vitlab.cli import main
 from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.models.layers import set_patch_drop as set_rate
+from vitlab.train.conf.recipes import get_recipe
 from vitlab.train.engine.schedule import LRFactor, StepSchedule
-from vitlab.train.spec.recipes import get_recipe
 
 
 def _steps(recipe, total_steps: int) -> StepSchedule:

@@ -170,7 +170,7 @@ def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_p
 
 def test_named_recipes_win_and_digits_keeps_its_recipe(tmp_path, capsys):
     from vitlab.train import fit  # noqa: F401  (the CLI's own path)
-    from vitlab.train.spec.parser import config_from_args
+    from vitlab.train.conf.parser import config_from_args
 
     parser = _parser()
     cfg = config_from_args(parser.parse_args(["train", "--data", "some/folder"]))
@@ -228,7 +228,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
 
 
 def test_warmup_fraction_follows_the_re_planned_length():
-    from vitlab.train.spec.phases import warmup_for
+    from vitlab.train.conf.phases import warmup_for
 
     r = get_recipe("auto", warmup_fraction=0.1)
     assert warmup_for(r, total_steps=514, steps_per_epoch=50) == (51, 51)

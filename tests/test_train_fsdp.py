@@ -137,10 +137,10 @@ def test_saved_by_two_processes_resumed_by_one(runs):
     )
 
     from vitlab.distributed import setup, teardown
+    from vitlab.train.conf.train_config import TrainConfig
     from vitlab.train.engine.optim import build_optimization
     from vitlab.train.engine.parallel import shard
     from vitlab.train.persist.dcp import read_sharded
-    from vitlab.train.spec.config import TrainConfig
 
     saved_dir = root / "two_to_one_saved"
     state = torch.load(saved_dir / "last.pt", weights_only=True)

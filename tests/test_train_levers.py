@@ -1,5 +1,5 @@
 """The speedrun's training levers as ``vitlab train`` options (issue 38): each refused in one line where it cannot
-apply (:func:`vitlab.train.spec.rules.check_levers`), and Muon + AdamW as one optimizer whose state ``last.pt``
+apply (:func:`vitlab.train.conf.rules.check_levers`), and Muon + AdamW as one optimizer whose state ``last.pt``
 carries whole (:class:`vitlab.train.engine.optim.MuonAdamW`)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from vitlab import VisionTransformer, ViTConfig
+from vitlab.train.conf.options import OptionError
+from vitlab.train.conf.recipes import get_recipe
+from vitlab.train.conf.rules import validate
+from vitlab.train.conf.train_config import build_config
 from vitlab.train.engine.optim import MuonAdamW, build_optimizer
-from vitlab.train.spec.config import build_config
-from vitlab.train.spec.options import OptionError
-from vitlab.train.spec.recipes import get_recipe
-from vitlab.train.spec.rules import validate
 
 BASE = {"data": "d", "model": "vit_ti16", "img_size": 32, "out": "o"}
 

@@ -16,13 +16,13 @@ from vitlab.errors import ConfigError
 from vitlab.models import VisionTransformer
 from vitlab.models.mpp import MaskedPatchPrediction
 from vitlab.train import TrainConfig, fit, get_recipe
+from vitlab.train.conf.rules import validate
 from vitlab.train.engine.optim import param_groups
 from vitlab.train.objectives import MPP, Classify
 from vitlab.train.objectives.mpp import evaluate_mpp
 from vitlab.train.persist.state import load_state
 from vitlab.train.sizing.memory import mpp_bytes as step_bytes
 from vitlab.train.sizing.recipe import mpp_recipe
-from vitlab.train.spec.rules import validate
 
 TINY_ARCH = {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2, "mlp_ratio": 2}
 TINY_FLAGS = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--workers", "0"]

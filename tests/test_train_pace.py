@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from vitlab.train.conf.train_config import TrainConfig
 from vitlab.train.engine.schedule import LRFactor
 from vitlab.train.sizing import machine as cores
 from vitlab.train.sizing.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
 from vitlab.train.sizing.recipe import LEVELS, auto_recipe
-from vitlab.train.spec.config import TrainConfig
 
 # -- threads from the free cores -------------------------------------------------------------------------------------
 
@@ -249,9 +249,9 @@ def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
     that chooses the recipe times that step (the run's optimizer at LR 0), a user's --optimizer where given, and
     AdamW where a setting refuses Muon (layer-wise LR decay here)."""
     from vitlab.data.sources import DataSplits, ImageArray
+    from vitlab.train.conf.recipes import get_recipe
     from vitlab.train.engine.optim import build_optimizer
     from vitlab.train.sizing.probe import measure_pace
-    from vitlab.train.spec.recipes import get_recipe
 
     built = []
 

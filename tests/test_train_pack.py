@@ -15,10 +15,10 @@ from PIL import Image
 from benchscripts import load as load_benchmark
 from vitlab.cli import main
 from vitlab.models import model_config
+from vitlab.train.conf.train_config import TrainConfig
 from vitlab.train.engine import trainer
 from vitlab.train.persist.state import load_state
 from vitlab.train.sizing.memory import estimate
-from vitlab.train.spec.config import TrainConfig
 
 # 24 training images (3:4, 4:3, 1:1 and 9:16): batch 8, 3 steps an epoch; every random path of a packed run
 RUN = ["--epochs", "2", "--dim", "16", "--depth", "1", "--heads", "2", "--seed", "3", "--threads", "1"]

@@ -14,10 +14,10 @@ from imagefolder import tiny_folder
 from vitlab.cli import build_parser, main
 from vitlab.inspect import RunContext
 from vitlab.models import VisionTransformer
+from vitlab.train.conf.arch import fresh_config
+from vitlab.train.conf.parser import config_from_args
 from vitlab.train.engine import watch
 from vitlab.train.persist.health import LAYER_MEASURES
-from vitlab.train.spec.arch import fresh_config
-from vitlab.train.spec.parser import config_from_args
 
 
 @pytest.fixture(scope="module")

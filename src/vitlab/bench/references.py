@@ -149,8 +149,8 @@ class _LogitsOnly(nn.Module):
 
 def vitlab_optimizer(model: nn.Module) -> torch.optim.Optimizer:
     """What ``vitlab train`` builds (the ``small-data`` recipe's AdamW: parameter groups, fused kernel)."""
+    from ..train.conf.recipes import get_recipe
     from ..train.engine.optim import build_optimizer
-    from ..train.spec.recipes import get_recipe
 
     return build_optimizer(model, get_recipe("small-data"), 1e-3)
 

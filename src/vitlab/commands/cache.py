@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
-    from ..train.spec.kinds import parse_duration
+    from ..train.conf.kinds import parse_duration
 
     p = sub.add_parser(
         "cache",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..train.spec.options import DATA_RULE, MEMORY_BUDGET_HELP
+from ..train.conf.options import DATA_RULE, MEMORY_BUDGET_HELP
 from ._common import add_device_arg, add_model_arg, add_serving_args
 
 

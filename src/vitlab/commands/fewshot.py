@@ -6,7 +6,7 @@ import argparse
 import json
 
 from .._units import counted
-from ..train.spec.options import DATA_RULE
+from ..train.conf.options import DATA_RULE
 from ._common import add_device_arg, add_model_arg
 
 

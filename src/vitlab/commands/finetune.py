@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..train.spec.parser import add_options
+from ..train.conf.parser import add_options
 from .train import run
 
 

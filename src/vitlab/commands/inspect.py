@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..train.spec.options import DATA_RULE
+from ..train.conf.options import DATA_RULE
 from ._common import add_device_arg, add_model_arg
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .._units import counted
-from ..train.spec.parser import add_options
+from ..train.conf.parser import add_options
 
 EXAMPLES = """examples:
   vitlab train                                   # the main job: embedded 8x8 digits, < 60 s on 2 CPU cores
@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from .._text import shown
     from ..errors import ConfigError
     from ..train import fit
+    from ..train.conf.config_file import Sources, merge, read_config_file
+    from ..train.conf.options import OptionError, overwrite_target, pipe_trusted
+    from ..train.conf.parser import namespace_values
+    from ..train.conf.rules import check_locations
+    from ..train.conf.train_config import build_config
     from ..train.engine.signals import StoppedBeforeTraining
-    from ..train.spec.config import build_config
-    from ..train.spec.files import Sources, merge, read_config_file
-    from ..train.spec.options import OptionError, overwrite_target, pipe_trusted
-    from ..train.spec.parser import namespace_values
-    from ..train.spec.rules import check_location
 
     if args.resume and not args.out:
         raise ConfigError("--resume needs --out DIR (the run to continue)")
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         replay = None if args.replan else _sizing_beside(Path(args.config))
     try:
         cfg = build_config(values, given=given)
-        check_location("out", cfg.out)  # before anything looks at the folder (a name too long to exist)
+        check_locations(cfg)  # before anything looks at a folder (a name too long to exist)
         overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
         if not args.resume:  # (a resumed run reads the data it was started with: a --data typed again is compared)
             check_out_is_not_data(cfg.data, cfg.out)

@@ -1,6 +1,6 @@
 """Training and fine-tuning, in four rooms (see docs/training.md):
 
-- :mod:`.spec`: WHAT the run is: the option table, the configuration and config files, the recipes, the
+- :mod:`.conf`: WHAT the run is: the option table, the configuration and config files, the recipes, the
   architecture rule, every validation, the auto recipe (no torch);
 - :mod:`.objectives`: WHAT is learned: classification, masked patch prediction, distillation;
 - :mod:`.engine`: HOW one process runs it: the trainer, the loop, the step schedule, the time budget, DDP/FSDP;
@@ -9,7 +9,7 @@
     from vitlab.train import TrainConfig, fit, get_recipe
     summary = fit(TrainConfig(recipe=get_recipe("digits", epochs=10), out="runs/digits"))
 
-The names below are imported when first used (PEP 562): ``import vitlab.train.spec`` does not import torch.
+The names below are imported when first used (PEP 562): ``import vitlab.train.conf`` does not import torch.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .conf.recipes import RECIPES, Recipe, get_recipe, list_recipes
+    from .conf.train_config import TrainConfig
     from .engine.model import build_model
     from .engine.run import fit
-    from .spec.config import TrainConfig
-    from .spec.recipes import RECIPES, Recipe, get_recipe, list_recipes
 
 __all__ = ["RECIPES", "Recipe", "TrainConfig", "build_model", "fit", "get_recipe", "list_recipes"]
 
 _WHERE = {
-    "RECIPES": "spec.recipes",
-    "Recipe": "spec.recipes",
-    "get_recipe": "spec.recipes",
-    "list_recipes": "spec.recipes",
-    "TrainConfig": "spec.config",
+    "RECIPES": "conf.recipes",
+    "Recipe": "conf.recipes",
+    "get_recipe": "conf.recipes",
+    "list_recipes": "conf.recipes",
+    "TrainConfig": "conf.train_config",
     "fit": "engine.run",
     "build_model": "engine.model",
 }

@@ -21,10 +21,10 @@ from ...data.shard_source import is_shard_spec, open_source
 from ...data.sources import DataError, DataSplits, FolderPlan, builtin_data, data_folder
 from ...data.stream import open_stream_data
 from ...distributed import barrier
+from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
 from ..sizing.probe import Here, budget_passes, wants_budget_size
 from ..sizing.side import folder_storage
-from ..spec.config import TrainConfig
 
 __all__ = [
     "SMALL_EVAL_PER_CLASS",

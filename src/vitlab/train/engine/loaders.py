@@ -16,9 +16,9 @@ from ...data import ArrayDataset, eval_transform, mix_transform, train_transform
 from ...data.loading import Batches
 from ...data.seeding import SeededItems, item_seed
 from ...distributed import Dist
+from ..conf.options import OptionError, ref
+from ..conf.train_config import TrainConfig
 from ..sizing.result import Sizing
-from ..spec.config import TrainConfig
-from ..spec.options import OptionError, ref
 from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:

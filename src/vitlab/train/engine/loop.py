@@ -18,8 +18,8 @@ from ...devices import autocast
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
 from ...models.packed import PackedPatches
+from ..conf.recipes import Recipe
 from ..objectives import Objective
-from ..spec.recipes import Recipe
 from .optim import Optimization
 from .schedule import resize_batch
 

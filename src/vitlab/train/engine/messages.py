@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
     from ...data.sources import DataSplits
     from ...models import VisionTransformer
+    from ..conf.recipes import Recipe
     from ..persist.position import RunPosition
     from ..sizing.steps import RunPlan
-    from ..spec.recipes import Recipe
 
 __all__ = ["WallEstimate", "before_line", "epoch_line", "init_line", "start_line", "stopped_line"]
 
@@ -51,7 +51,7 @@ def _train_loss(row: dict[str, Any]) -> str:
 def init_line(init: str, old: Any, new: Any, *, new_head: bool, why: str) -> str:
     """What fine-tuning started from (Sec. 3.2): the model, whether the position embeddings were
     resampled to the new patch grid, and whether the head was kept or replaced by a zero one (``why``:
-    :func:`~vitlab.train.spec.arch.head_choice`'s reason)."""
+    :func:`~vitlab.train.conf.arch.head_choice`'s reason)."""
 
     def grid(c: Any) -> str:
         return "x".join(str(s // p) for s, p in zip(c.img_size, (c.patch_size, c.patch_size)))

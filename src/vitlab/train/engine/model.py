@@ -1,4 +1,4 @@
-"""The model a run trains: fresh from the architecture rule (:func:`~vitlab.train.spec.arch.fresh_config`), or the
+"""The model a run trains: fresh from the architecture rule (:func:`~vitlab.train.conf.arch.fresh_config`), or the
 ``--init`` model adapted for fine-tuning through :func:`vitlab.load`'s overrides (a new resolution: position
 embeddings resampled, Sec. 3.2; another ``--patch-size``: the patch projection resized as FlexiViT does, Beyer et
 al. 2023; other classes, the same ones in another order or the pre-training MLP head: a new zero-initialised linear
@@ -26,13 +26,13 @@ from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
 from ...models.whiten import whiten_init_
 from ...resolve import model_source, read_model
+from ..conf.arch import fresh_config, head_choice
+from ..conf.options import OptionError, ref
+from ..conf.recipes import Recipe
+from ..conf.rules import check_init
+from ..conf.train_config import TrainConfig
 from ..objectives import Objective
 from ..sizing.result import Sizing
-from ..spec.arch import fresh_config, head_choice
-from ..spec.config import TrainConfig
-from ..spec.options import OptionError, ref
-from ..spec.recipes import Recipe
-from ..spec.rules import check_init
 from .messages import init_line
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class InitModel:
         self, cfg: TrainConfig, recipe: Recipe, *, num_classes: int, class_names: list[str]
     ) -> tuple[nn.Module, str]:
         """``(the fine-tuned model, the line saying what it started from)``. The pre-trained head is kept only for
-        the same classes in the same order (:func:`~vitlab.train.spec.arch.head_choice`); otherwise the
+        the same classes in the same order (:func:`~vitlab.train.conf.arch.head_choice`); otherwise the
         checkpoint's head is left out, so :func:`vitlab.load` makes a zero-initialised one."""
         changes = self.overrides(cfg, recipe, num_classes=num_classes, class_names=class_names)
         new_head, why = head_choice(self.config, class_names, new_head=cfg.new_head)

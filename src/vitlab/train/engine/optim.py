@@ -13,8 +13,8 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ...optim_groups import muon_split
-from ..spec.options import OptionError, ref
-from ..spec.recipes import Recipe
+from ..conf.options import OptionError, ref
+from ..conf.recipes import Recipe
 from .schedule import LRFactor
 
 __all__ = ["MuonAdamW", "Optimization", "build_optimization", "build_optimizer", "layer_id", "param_groups"]

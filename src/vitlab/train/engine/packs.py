@@ -28,10 +28,10 @@ from ...data.shard_source import ShardSet
 from ...distributed import Dist, all_reduce_sum
 from ...evaluate.native import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
+from ..conf.options import OptionError, ref
+from ..conf.train_config import TrainConfig
 from ..sizing.memory import PackGeometry, pack_geometry
 from ..sizing.result import Sizing
-from ..spec.config import TrainConfig
-from ..spec.options import OptionError, ref
 from .loaders import EpochCut, RunLoaders
 from .shards import FirstSamples
 from .signals import ignore_stop_signals

@@ -32,9 +32,9 @@ from torch import nn
 
 from ...devices import autocast
 from ...distributed import Dist, any_rank
-from ..spec.config import TrainConfig
-from ..spec.phases import ends_dropping
-from ..spec.recipes import Recipe
+from ..conf.phases import ends_dropping
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig
 
 __all__ = ["ddp_memory_hint", "distribute", "full_model", "lockstep", "shard", "shard_line"]
 

@@ -4,8 +4,8 @@ side the sizing chooses -> what the run gets (:func:`vitlab.train.sizing.choose`
 memory, the threads) -> the objective -> the model -> the loaders -> the plan (:func:`vitlab.train.sizing.plan`) ->
 the optimiser -> the position -> the :class:`~vitlab.train.engine.trainer.Trainer` -> the summary.
 
-The run's config (:class:`~vitlab.train.spec.config.TrainConfig`) is read, never rewritten: it is what the user asked
-for; what the run chose is its :class:`~vitlab.train.sizing.Sizing`, passed beside it.
+The run's config (:class:`~vitlab.train.conf.train_config.TrainConfig`) is read, never rewritten: it is what the user
+asked for; what the run chose is its :class:`~vitlab.train.sizing.Sizing`, passed beside it.
 
 Outputs under ``out``: ``metrics.jsonl``, ``summary.json``, ``curves.png``, ``confusion.png``, ``health.png`` (the
 attention health, :mod:`.watch`), what ``--log`` asks for (:mod:`vitlab.track`), ``model/`` (vitlab
@@ -32,6 +32,10 @@ from ...data.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
+from ..conf.config_file import config_values
+from ..conf.resume import resumed_config, trained_recipe
+from ..conf.rules import check_res_sizes, validate
+from ..conf.train_config import TrainConfig
 from ..objectives import build_objective, objective_for
 from ..objectives.distill import load_teacher
 from ..persist.claim import claim_run_folder
@@ -43,10 +47,6 @@ from ..sizing import Here, Sizing, choose, plan
 from ..sizing.budget import Replanner
 from ..sizing.memory import check_model_size
 from ..sizing.steps import RunPlan
-from ..spec.config import TrainConfig
-from ..spec.files import config_values
-from ..spec.resume import resumed_config, trained_recipe
-from ..spec.rules import check_res_sizes, validate
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
 from .model import InitModel, amp, build_net, planned_config
@@ -68,7 +68,7 @@ def fit(
     """Train (or resume) one run; returns the summary (also written to ``out/summary.json``).
 
     ``given``: the options the user gave (flags or config paths); a resume compares them with the saved run
-    (:func:`~vitlab.train.spec.resume.resumed_config`). ``replay``: what another run chose
+    (:func:`~vitlab.train.conf.resume.resumed_config`). ``replay``: what another run chose
     (:func:`vitlab.train.sizing.read_sizing` of the folder of a ``--config runs/X/config.yaml``), read back instead
     of measuring when this run asks for the same on the same data.
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..spec.phases import mean_cost, size_at, warmup_for
-from ..spec.recipes import Recipe
+from ..conf.phases import mean_cost, size_at, warmup_for
+from ..conf.recipes import Recipe
 
 __all__ = ["LRFactor", "Step", "StepSchedule", "lr_factor", "resize_batch"]
 
@@ -156,7 +156,7 @@ class StepSchedule:
     def refit_from(self, step: int, total_steps: int, *, steps_per_epoch: int) -> int:
         """Re-plan a running schedule at ``step`` to end at ``total_steps``, the LR continuous there
         (:meth:`LRFactor.refit_from`): a warmup still running ends where the new plan's would
-        (:func:`~vitlab.train.spec.phases.warmup_for`), going on from the LR it reached; a finished one is kept and
+        (:func:`~vitlab.train.conf.phases.warmup_for`), going on from the LR it reached; a finished one is kept and
         the decay re-fitted from where it is. Every phase moves with the new end. Returns the warmup's length."""
         wanted, _ = warmup_for(self.recipe, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
         self.lr.refit_from(step, total_steps, warmup_steps=wanted)
@@ -195,5 +195,5 @@ class StepSchedule:
 
     def mean_cost(self, *, full_over_dropped: float = 1.0) -> float:
         """The mean cost of the planned steps relative to the step a time budget's probe times
-        (:func:`~vitlab.train.spec.phases.mean_cost`)."""
+        (:func:`~vitlab.train.conf.phases.mean_cost`)."""
         return mean_cost(self.recipe, full_over_dropped=full_over_dropped)

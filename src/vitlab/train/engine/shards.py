@@ -15,8 +15,8 @@ from ...data import eval_transform, mix_transform, train_transform
 from ...data.shard_source import ShardSet, image_and_label, iter_samples, open_shard
 from ...data.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
 from ...distributed import Dist
+from ..conf.train_config import TrainConfig
 from ..sizing.result import Sizing
-from ..spec.config import TrainConfig
 from .loaders import EpochCut, too_few_images
 from .signals import ignore_stop_signals
 

@@ -20,6 +20,8 @@ from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
 from ...models.layers import set_patch_drop
 from ...track import FanOut, make_trackers
+from ..conf.phases import ends_dropping
+from ..conf.train_config import TrainConfig
 from ..objectives import Objective
 from ..persist.advice import advice_line
 from ..persist.figures import draw_run_figures
@@ -39,8 +41,6 @@ from ..sizing.budget import Replanner
 from ..sizing.machine import ThreadWatch
 from ..sizing.result import Sizing
 from ..sizing.steps import Replan, RunPlan
-from ..spec.config import TrainConfig
-from ..spec.phases import ends_dropping
 from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch

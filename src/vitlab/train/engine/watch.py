@@ -25,10 +25,10 @@ from ...distributed import Dist
 from ...inspect.alarms import RunContext, named_alarms, named_notes
 from ...inspect.health import attention_health
 from ...models import VisionTransformer, ViTConfig
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig
 from ..persist.health import alarm_history, compact
 from ..sizing.steps import RunPlan
-from ..spec.config import TrainConfig
-from ..spec.recipes import Recipe
 from .loaders import FolderLoaders, RunLoaders
 from .parallel import full_model
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..spec.config import objective_name
+from ..conf.train_config import objective_name
 from .base import Objective
 from .classify import Classify
 from .distill import Distill
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ...data.sources import DataSplits
-    from ..spec.config import TrainConfig
-    from ..spec.recipes import Recipe
+    from ..conf.recipes import Recipe
+    from ..conf.train_config import TrainConfig
 
 __all__ = ["MPP", "Classify", "Distill", "Objective", "WarmStart", "build_objective", "objective_for"]
 
@@ -34,7 +34,7 @@ _BY_NAME: dict[str, type[Objective]] = {"classify": Classify, "mpp": MPP, "disti
 
 def objective_for(cfg: TrainConfig) -> type[Objective]:
     """The objective ``cfg`` trains (its class: what is known before the data), by
-    :func:`~vitlab.train.spec.config.objective_name`."""
+    :func:`~vitlab.train.conf.train_config.objective_name`."""
     return _BY_NAME[objective_name(cfg)]
 
 

@@ -21,7 +21,7 @@ class Objective:
     built (the data's head, the module around the ViT); an instance (:func:`~vitlab.train.objectives.build_objective`,
     once the data and the recipe are known) computes the loss and evaluates. How much a run gets (its recipe fitted
     to the data, its memory) is :mod:`vitlab.train.sizing`'s, by the objective's name
-    (:func:`~vitlab.train.spec.config.objective_name`)."""
+    (:func:`~vitlab.train.conf.train_config.objective_name`)."""
 
     name: ClassVar[str]
     uses_labels: ClassVar[bool] = True

@@ -27,13 +27,13 @@ from torch import nn
 
 from ...errors import VitlabError
 from ...resolve import resolve_model
-from ..spec.options import OptionError, ref
+from ..conf.options import OptionError, ref
 from .classify import Classify
 
 if TYPE_CHECKING:
     from ...data.sources import DataSplits
-    from ..spec.config import TrainConfig
-    from ..spec.recipes import Recipe
+    from ..conf.recipes import Recipe
+    from ..conf.train_config import TrainConfig
 
 __all__ = ["DISTILL_KINDS", "Distill", "distillation_loss", "load_teacher"]
 

@@ -12,7 +12,7 @@ from ..sizing.levels import regularisers
 from .health import with_alarms
 
 if TYPE_CHECKING:
-    from ..spec.recipes import Recipe
+    from ..conf.recipes import Recipe
 
 __all__ = ["NOISE_SE", "OVERFIT_RATIO", "RISE_POINTS", "UNDERFIT_RATIO", "advice_line", "top1_stderr"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..._fs import append_text, atomic_write_text
+from ..conf.config_file import config_text
 from ..sizing.result import SIZING_FILE, Sizing
 from ..sizing.steps import RunPlan
-from ..spec.files import config_text
 from .advice import top1_stderr
 from .position import RunPosition
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ...data.sources import DataSplits
     from ...models import VisionTransformer, ViTConfig
-    from ..spec.config import TrainConfig
+    from ..conf.train_config import TrainConfig
 
 __all__ = [
     "RUN_MARKERS",
@@ -56,7 +56,7 @@ def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
 
 def write_config(cfg: TrainConfig, out: Path) -> None:
     """``out/config.yaml``: what the run was asked, which ``vitlab train --config`` reads back
-    (:func:`~vitlab.train.spec.files.config_text`); written atomically."""
+    (:func:`~vitlab.train.conf.config_file.config_text`); written atomically."""
     atomic_write_text(out / "config.yaml", config_text(cfg))
 
 

@@ -17,10 +17,10 @@ from torch import nn
 from ..._fs import own_folder
 from ...checkpoints import save
 from ...distributed import Dist
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig
 from ..sizing.result import Sizing
 from ..sizing.steps import RunPlan
-from ..spec.config import TrainConfig
-from ..spec.recipes import Recipe
 from .dcp import prune, read_sharded, sharded_folder, write_sharded
 from .outputs import write_sizing
 from .position import RunPosition

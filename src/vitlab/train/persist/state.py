@@ -19,8 +19,8 @@ import torch
 from ..._fs import replacing
 from ...checkpoints.files import torch_load_safe
 from ...errors import CheckpointError, ConfigError, OutputError
+from ..conf.train_config import read_saved_config
 from ..sizing.result import Sizing
-from ..spec.config import read_saved_config
 
 __all__ = ["atomic_torch_save", "check_state", "get_rng_state", "load_state", "read_resume_state", "set_rng_state"]
 
@@ -112,8 +112,8 @@ def check_state(state: Any) -> None:
     """Refuse a ``last.pt`` whose contents are not what vitlab writes (a ``ValueError`` naming the first key at
     fault): a mapping whose counters are non-negative integers, numbers finite, plan a mapping of them, random
     generator states tensors of their sizes, weights and optimizer state mappings (or a sharded folder's name),
-    and whose configuration passes as if typed (:func:`~vitlab.train.spec.config.read_saved_config`) and its sizing
-    as :class:`~vitlab.train.sizing.Sizing` reads one. What
+    and whose configuration passes as if typed (:func:`~vitlab.train.conf.train_config.read_saved_config`) and its
+    sizing as :class:`~vitlab.train.sizing.Sizing` reads one. What
     ``--resume`` reads is then what it expects: a list or null where a number or the data belongs is one line,
     never a ``TypeError`` deep in the run."""
     if not isinstance(state, dict):

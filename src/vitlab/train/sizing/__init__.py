@@ -16,8 +16,8 @@ plan`` prints). The probes, torch: :mod:`.probe` (timed steps before anything is
 time budget's re-planning), :mod:`.memory` (the batch split to fit the free memory), :mod:`.machine` (free memory and
 cores, threads and workers).
 
-One direction: ``engine -> sizing -> spec``; the objectives do not import sizing: sizing looks its rules up by what a
-run learns (:func:`~vitlab.train.spec.config.objective_name`). To add a sizing rule: write it torch-free in a rule
+One direction: ``engine -> sizing -> conf``; the objectives do not import sizing: sizing looks its rules up by what a
+run learns (:func:`~vitlab.train.conf.train_config.objective_name`). To add a sizing rule: write it torch-free in a rule
 module, measure what it needs in a probe, and apply it in :func:`choose` or :func:`plan`, recording what it chose in
 :class:`Sizing` (docs/training.md, "How a run is sized").
 

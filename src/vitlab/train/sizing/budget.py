@@ -19,9 +19,9 @@ from torch import nn
 from ..._units import counted
 from ...distributed import Dist, broadcast_ints
 from ...models.layers import set_patch_drop
-from ..spec.config import TrainConfig
-from ..spec.phases import ends_dropping, last_stretch_from, mean_cost, unmasked_phases, warmup_for
-from ..spec.recipes import Recipe
+from ..conf.phases import ends_dropping, last_stretch_from, mean_cost, unmasked_phases, warmup_for
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig
 from .pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budget_line, steps_in_budget
 from .probe import Here, time_steps, time_update
 from .steps import Replan, RunPlan
@@ -68,7 +68,7 @@ def measure_budget(
     ``recipe``: time a few throw-away steps of the objective on a copy of the model (so the real run's RNG and weights
     are untouched), then subtract evaluations (timed on up to 256 images, an evaluation batch at a time as the run
     evaluates). The step time less the optimizer's update (timed alone: Muon's does not shrink with the image) is
-    multiplied by the recipe's mean step cost (:func:`~vitlab.train.spec.phases.mean_cost`): the probe times the final
+    multiplied by the recipe's mean step cost (:func:`~vitlab.train.conf.phases.mean_cost`): the probe times the final
     size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too. When the recipe's own
     probe (``pace``, :func:`~vitlab.train.sizing.probe.measure_pace`) timed this very step, its step and evaluation
     times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is timed on the
@@ -237,7 +237,7 @@ class Replanner:
     """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
     epoch's end-of-epoch work)."""
     last_size_from: float = 0.0
-    """The share of the plan where its last stretch of one step cost begins (:func:`~vitlab.train.spec.phases.
+    """The share of the plan where its last stretch of one step cost begins (:func:`~vitlab.train.conf.phases.
     last_stretch_from`: the last size of ``--res-schedule``, the warm start's or the token dropping's end; 0: every
     step costs the same). The steps before it do not tell the pace of the later ones, so the early re-plan times the
     steps ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them is not a pace, and no new

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from ..._units import format_size
 from ...errors import ConfigError
-from ..spec.recipes import LIMITS
-from ..spec.rules import micro_batch
+from ..conf.recipes import LIMITS
+from ..conf.rules import micro_batch
 
 if TYPE_CHECKING:
     from ...models import ViTConfig
@@ -324,7 +324,7 @@ def plan(
     """The plan for training registered model ``model`` (or the model of ``config``, named ``model``: a run folder's,
     a checkpoint's) at ``img_size`` with a global ``batch_size``
     split over ``devices`` devices of ``device_memory`` bytes each and ``accum_steps`` accumulation steps (by
-    ``vitlab train``'s rule, :func:`~vitlab.train.spec.rules.micro_batch`: the batch must split evenly), at ``mfu`` of
+    ``vitlab train``'s rule, :func:`~vitlab.train.conf.rules.micro_batch`: the batch must split evenly), at ``mfu`` of
     ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
     import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 

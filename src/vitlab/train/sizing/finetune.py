@@ -32,8 +32,8 @@ from typing import Any
 
 from ..._units import counted
 from ...models.config import ViTConfig
-from ..spec.arch import head_choice
-from ..spec.recipes import RECIPES, Recipe
+from ..conf.arch import head_choice
+from ..conf.recipes import RECIPES, Recipe
 from .levels import aug_level, level_fields
 from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs
 
@@ -62,7 +62,7 @@ def finetune_recipe(
     processes: int = 1,
     photos: bool = False,
 ) -> tuple[Recipe, str]:
-    """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.spec.config.TrainConfig` with
+    """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.conf.train_config.TrainConfig` with
     ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
     (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
     (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``)."""

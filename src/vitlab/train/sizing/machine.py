@@ -39,7 +39,7 @@ import torch
 
 from ..._units import format_size
 from ...devices import cap_threads
-from ..spec.config import TrainConfig
+from ..conf.train_config import TrainConfig
 
 __all__ = [
     "SAMPLE_S",

@@ -48,11 +48,11 @@ from ...errors import ConfigError
 from ...models.config import BLOCK_OBJECT_BYTES
 from ...models.mpp import MaskedPatchPrediction
 from ...models.vit import VisionTransformer
-from ..spec.arch import SIZE_PATHS, smallest_config
-from ..spec.config import TrainConfig, objective_name
-from ..spec.options import OptionError, ref
-from ..spec.phases import ends_dropping
-from ..spec.recipes import Recipe
+from ..conf.arch import SIZE_PATHS, smallest_config
+from ..conf.options import OptionError, ref
+from ..conf.phases import ends_dropping
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig, objective_name
 from . import capacity
 from .capacity import grid_tokens, inference_bytes, micro_batch
 from .machine import available_memory, cgroup_available
@@ -257,7 +257,7 @@ def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
 
 def parameter_counts(model_config: Any, *, learns: str = "classify") -> tuple[int, int, int]:
     """``(parameters, the largest block's, those outside the blocks)`` of the module a run that ``learns`` (an
-    objective's name, :func:`~vitlab.train.spec.config.objective_name`) trains: the ViT's by arithmetic
+    objective's name, :func:`~vitlab.train.conf.train_config.objective_name`) trains: the ViT's by arithmetic
     (:meth:`~vitlab.models.config.ViTConfig.num_params`), and what masked patch prediction's colour head adds
     around it (``mpp`` and the warm start) counted around a one-block ViT on the meta device. Nothing is
     allocated, and no module the size of the model is built."""
@@ -276,7 +276,7 @@ def check_model_size(cfg: TrainConfig, *, dist: Dist, device: torch.device) -> N
     """Refuse, before the data is read and before any module is built, a model whose weights, gradients and
     optimizer state alone (:func:`~vitlab.train.sizing.capacity.state_bytes`, sharded with ``--fsdp``) and its
     blocks' objects are more than the memory available: the smallest model the options describe
-    (:func:`~vitlab.train.spec.arch.smallest_config`), counted by arithmetic. One line names the options that make
+    (:func:`~vitlab.train.conf.arch.smallest_config`), counted by arithmetic. One line names the options that make
     it big (``--depth 100000``, a config file's ``arch.embed_dim``). Only a size the user gave is checked here: a
     recipe's or a registered ``--model``'s is :func:`memory_split`'s (after the data, with the whole step), and an
     ``--init`` model's its checkpoint's (checked when it is read)."""
@@ -307,7 +307,7 @@ def check_model_size(cfg: TrainConfig, *, dist: Dist, device: torch.device) -> N
 
 
 def _size_value(cfg: TrainConfig, path: str) -> Any:
-    """The value an option of :data:`~vitlab.train.spec.arch.SIZE_PATHS` was given (None: not given)."""
+    """The value an option of :data:`~vitlab.train.conf.arch.SIZE_PATHS` was given (None: not given)."""
     if path == "img_size":
         return cfg.img_size
     return cfg.arch.get(path.removeprefix("arch."))

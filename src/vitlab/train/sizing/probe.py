@@ -38,10 +38,10 @@ from ...data.stream import StreamData, first_images
 from ...devices import autocast
 from ...distributed import Dist
 from ...models import VisionTransformer
-from ..spec.arch import fresh_config
-from ..spec.config import TrainConfig
-from ..spec.recipes import Recipe
-from ..spec.rules import run_recipe
+from ..conf.arch import fresh_config
+from ..conf.recipes import Recipe
+from ..conf.rules import run_recipe
+from ..conf.train_config import TrainConfig
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
 from .pace import Pace, budget_reserve
@@ -74,7 +74,7 @@ SIDE_BATCH = 32
 """Images a step of :func:`budget_passes` times at each side (the per-image cost is scaled to the run's batch)."""
 PASSES_LEVEL = "light"
 """The augmentation level whose cost :func:`budget_passes` counts: the level a run gets from
-:data:`~vitlab.train.spec.image_size.BUDGET_PASSES` passes, the threshold the passes are compared with."""
+:data:`~vitlab.train.conf.image_size.BUDGET_PASSES` passes, the threshold the passes are compared with."""
 
 
 @dataclass(frozen=True, kw_only=True)

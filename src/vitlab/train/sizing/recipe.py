@@ -28,8 +28,8 @@ import dataclasses
 import math
 from typing import Any
 
-from ..spec.recipes import RECIPES, Recipe
-from ..spec.rules import run_recipe
+from ..conf.recipes import RECIPES, Recipe
+from ..conf.rules import run_recipe
 from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
 from .side import PHOTO_SIDE
@@ -96,7 +96,7 @@ _PATCHES = (32, 16, 14, 8, 7, 4, 2, 1)
 
 
 def _patch_for(img: tuple[int, int], *, photos: bool = False) -> int:
-    """The patch size: for ``photos`` from :data:`~vitlab.train.spec.image_size.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
+    """The patch size: for ``photos`` from :data:`~vitlab.train.conf.image_size.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
     196 tokens at 224 px); otherwise the one giving a grid of tokens closest to 8 x 8 (ties: the larger patch)
     among those that divide the image, or, when none of them gives 6 to 10 tokens a side (odd sides: only
     patch 1 divides them), the closest of all, with the model padding the image to a multiple of it
@@ -300,7 +300,7 @@ def classify_recipe(
 ) -> tuple[Recipe, str | None]:
     """``(recipe, line)``: what a classifier run of ``cfg`` (a :class:`~vitlab.train.TrainConfig`) trains with on this
     data, and the line that says what was chosen (None: the recipe as asked). The ``auto`` recipe is resolved
-    (:func:`auto_recipe`, :func:`~vitlab.train.spec.rules.run_recipe`; ``pace``: measured on the data for a time
+    (:func:`auto_recipe`, :func:`~vitlab.train.conf.rules.run_recipe`; ``pace``: measured on the data for a time
     budget; ``photo_data``: a folder of photos, :func:`~.side.holds_photos`); the ``finetune`` recipe's batch is
     scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512),
     its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see

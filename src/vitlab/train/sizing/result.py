@@ -11,9 +11,9 @@ from typing import Any
 
 from ...data.folder_plan import FolderPlan
 from ...models.config import ViTConfig
-from ..spec.config import TrainConfig
-from ..spec.files import config_values
-from ..spec.recipes import Recipe
+from ..conf.config_file import config_values
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig
 from .pace import Pace
 from .steps import RunPlan
 
@@ -95,7 +95,7 @@ class Sizing:
     def record(self, cfg: TrainConfig, *, plan: RunPlan, fingerprint: dict[str, Any] | None) -> dict[str, Any]:
         """``sizing.json``: this sizing (its plan as planned at the start), the re-plans the run made since
         (``plan``: the run's plan now), what the run was asked (as its ``config.yaml`` holds it,
-        :func:`~vitlab.train.spec.files.config_values`) and the data's fingerprint: what a replay
+        :func:`~vitlab.train.conf.config_file.config_values`) and the data's fingerprint: what a replay
         (:func:`read_sizing`) checks before it reads the choices back."""
         return {
             "vitlab_sizing": 1,

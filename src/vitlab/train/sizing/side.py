@@ -39,8 +39,8 @@ from ...data.folder_plan import FolderPlan
 from ...data.resize import resize_side
 
 if TYPE_CHECKING:
-    from ..spec.config import TrainConfig
-    from ..spec.recipes import Recipe
+    from ..conf.recipes import Recipe
+    from ..conf.train_config import TrainConfig
 
 __all__ = [
     "BUDGET_PASSES",
@@ -84,7 +84,7 @@ def photo_size(typical: int) -> int:
 BUDGET_SIDES = (224, 160, 128, 64)
 """The sides a time-budgeted photo run may train at without ``--img-size``, largest first: 224 px and the smaller
 sides measured against it on photos (docs/training.md, "Photo rows"). 64 px trains with patch 8 (an 8 x 8 grid,
-:func:`vitlab.train.spec.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
+:func:`vitlab.train.conf.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
 2 and 5 minutes and is not a step."""
 BUDGET_PASSES = 150.0
 """Passes over the training images (as :func:`~vitlab.train.engine.calibrate.budget_passes` estimates them) a time

@@ -10,9 +10,9 @@ from typing import Any
 
 from ...models.config import ViTConfig
 from ...models.flops import count_macs
-from ..spec.config import TrainConfig, objective_name
-from ..spec.pack import pack_recipe
-from ..spec.recipes import Recipe
+from ..conf.pack import pack_recipe
+from ..conf.recipes import Recipe
+from ..conf.train_config import TrainConfig, objective_name
 from .budget import Replanner, plan_run
 from .finetune import finetune_recipe
 from .machine import fix_threads, set_threads, threads_line, workers_for
@@ -40,7 +40,7 @@ def choose(
     log: Callable[[str], None] = print,
 ) -> Sizing:
     """What the run ``cfg`` gets on ``data`` here (:class:`Sizing`, without its plan), before the model is built, in
-    order: the recipe fitted to the data (the rule for what the run learns, :func:`~vitlab.train.spec.config.
+    order: the recipe fitted to the data (the rule for what the run learns, :func:`~vitlab.train.conf.train_config.
     objective_name`; for a time-budgeted ``auto`` run from a pace a probe measures first), the side the data was
     stored for (:func:`~.side.sized_recipe`), what ``--pack`` turns off, the architecture (``architecture(recipe)``:
     the engine's, fresh or the ``--init`` model's), the batch split for the free memory, the threads and workers.
@@ -97,8 +97,8 @@ def recipe_for(
     processes: int = 1,
 ) -> tuple[Recipe, str | None, str | None]:  # fmt: skip
     """``(recipe, chosen, off)``: the recipe the run ``cfg`` trains with on ``data`` by the rule for what it learns
-    (:func:`~vitlab.train.spec.config.objective_name`): masked patch prediction's patch and batch; a fine-tune's auto
-    recipe for its ``--init`` model (``init``: its configuration); else a classifier's (the auto recipe, from a
+    (:func:`~vitlab.train.conf.train_config.objective_name`): masked patch prediction's patch and batch; a fine-tune's
+    auto recipe for its ``--init`` model (``init``: its configuration); else a classifier's (the auto recipe, from a
     measured ``pace`` under a time budget; the paper's ``finetune`` recipe's batch); then the side and evaluation crop
     the data was stored for (:func:`~.side.sized_recipe`) and what ``--pack`` turns off. ``chosen`` says how the
     recipe was fitted (None: as asked), ``off`` what ``--pack`` turned off (None: nothing)."""

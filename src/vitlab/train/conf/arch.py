@@ -18,8 +18,8 @@ from ...models.variants import model_config
 from .options import OPTIONS, OptionError, Ref, ref
 
 if TYPE_CHECKING:
-    from .config import TrainConfig
     from .recipes import Recipe
+    from .train_config import TrainConfig
 
 __all__ = [
     "FIELD_PATHS",

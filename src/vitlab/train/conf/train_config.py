@@ -1,6 +1,6 @@
-"""The run's configuration (:class:`TrainConfig`, with its :class:`~vitlab.train.spec.recipes.Recipe`) and how
+"""The run's configuration (:class:`TrainConfig`, with its :class:`~vitlab.train.conf.recipes.Recipe`) and how
 it is built from option values keyed by config path (:func:`build_config`): the command line's
-(:func:`~vitlab.train.spec.parser.namespace_values`) over a config file's (:mod:`.files`) over the defaults."""
+(:func:`~vitlab.train.conf.parser.namespace_values`) over a config file's (:mod:`.files`) over the defaults."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class TrainConfig:
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
     new_head: bool = False
     """Fine-tuning: a new zero-initialised head even when the ``--init`` model's classes are the data's (same names,
-    same order: otherwise it is new anyway, :func:`~vitlab.train.spec.arch.head_choice`)."""
+    same order: otherwise it is new anyway, :func:`~vitlab.train.conf.arch.head_choice`)."""
     objective: str = "classify"
     """``classify`` (labels, cross-entropy) or ``mpp``: masked patch prediction (Sec. 4.6), labels ignored,
     a headless ViT saved in ``model/``, "top-1" is the colour-prediction accuracy
@@ -106,7 +106,7 @@ class TrainConfig:
     """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
     allow_pipe: bool = False
     """``--allow-pipe``: ``data`` may hold ``pipe:`` URLs, which run a shell command. Trust given on this command
-    line only: a resumed run never takes it from ``last.pt`` (:func:`~vitlab.train.spec.resume.resumed_config`)."""
+    line only: a resumed run never takes it from ``last.pt`` (:func:`~vitlab.train.conf.resume.resumed_config`)."""
     memory_budget: int | None = None
     """Memory budget in bytes of building the decode cache (default 64 MiB, at most half of it decoded
     images); the splits are then read from the memory map, so a dataset larger than RAM still trains."""
@@ -145,7 +145,7 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """The configuration :meth:`to_dict` wrote. A ``last.pt`` from before the sizing room held the fitted recipe
         and its line (``resolved``) in its configuration: the line is dropped here (the caller reads that recipe as
-        the run's sizing, :func:`vitlab.train.spec.resume.saved_run`)."""
+        the run's sizing, :func:`vitlab.train.conf.resume.saved_run`)."""
         d = {k: v for k, v in d.items() if k != "resolved"}
         d["recipe"] = Recipe.from_dict(d["recipe"])
         return cls(**d)

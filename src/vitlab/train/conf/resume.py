@@ -1,5 +1,5 @@
 """What ``--resume`` may change: a resumed run is the same run, only how it is driven may change. The rules are
-the option table's (:attr:`~vitlab.train.spec.options.Option.resume`)."""
+the option table's (:attr:`~vitlab.train.conf.options.Option.resume`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from ...errors import ConfigError
 from . import arch
-from .config import TrainConfig
 from .options import OPTIONS, flag_for, path_of, pipe_trusted
 from .recipes import Recipe
+from .train_config import TrainConfig
 
 __all__ = ["resumed_config", "trained_recipe"]
 

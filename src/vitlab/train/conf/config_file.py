@@ -7,7 +7,7 @@ beside the file (the same recipe, side, batch, threads and steps: on one process
 
 A config file is data, never code: read only when it is a regular file of at most :data:`MAX_BYTES`, parsed by
 PyYAML's safe loader (no anchors or aliases, at most :data:`MAX_DEPTH` levels) or ``json``; every key is an
-option's config path (``data``, ``recipe.lr``, ``arch.embed_dim``: :data:`~vitlab.train.spec.options.OPTIONS`), and
+option's config path (``data``, ``recipe.lr``, ``arch.embed_dim``: :data:`~vitlab.train.conf.options.OPTIONS`), and
 every value is read by the option's kind, as its flag's text would be. An unknown key is a one-line error naming
 the closest one; so is a value the option cannot take, naming the file and the key."""
 
@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from ...errors import ConfigError
-from .config import TrainConfig
 from .options import OPTIONS, OptionError, flag_for, option
+from .train_config import TrainConfig
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "Sources", "config_text", "config_values", "merge", "read_config_file"]
 

@@ -1,7 +1,7 @@
 """Every check of a run's options, made before any data is decoded or any model built (or, for what needs them,
 as soon as they are known: the ``--init`` checkpoint's config, the model's size): a wrong option fails in a second,
-in one line that names it (:class:`~vitlab.train.spec.options.OptionError`). A recipe's own fields are checked when
-it is made (:meth:`~vitlab.train.spec.recipes.Recipe.validate`)."""
+in one line that names it (:class:`~vitlab.train.conf.options.OptionError`). A recipe's own fields are checked when
+it is made (:meth:`~vitlab.train.conf.recipes.Recipe.validate`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from ...models.config import ViTConfig
 from ...models.variants import close_names, list_models, model_config, resolve_name
 from . import arch
-from .config import NORM_STATS, TrainConfig
 from .options import OptionError, option, ref
 from .pack import MAX_SIDE, check_pack
 from .recipes import Recipe
+from .train_config import NORM_STATS, TrainConfig
 
 if TYPE_CHECKING:
     from .kinds import Schedule
@@ -26,6 +26,7 @@ __all__ = [
     "check_init",
     "check_levers",
     "check_location",
+    "check_locations",
     "check_res_sizes",
     "micro_batch",
     "muon_refusal",
@@ -93,10 +94,16 @@ def check_location(path: str, value: str) -> None:
                           f"({MAX_NAME})")  # fmt: skip
 
 
-def _check_run(cfg: TrainConfig) -> None:
+def check_locations(cfg: TrainConfig) -> None:
+    """:func:`check_location` for each option of ``cfg`` that names a file, folder or URL (:data:`LOCATIONS`):
+    before anything looks at one."""
     for path in LOCATIONS:
         if isinstance(value := getattr(cfg, path), str):
             check_location(path, value)
+
+
+def _check_run(cfg: TrainConfig) -> None:
+    check_locations(cfg)
     if cfg.on_nan not in ("stop", "skip"):
         raise OptionError(ref("on_nan"), f" {cfg.on_nan!r}: choose stop or skip")
     for path, v, ok in (
@@ -145,7 +152,7 @@ def run_recipe(cfg: TrainConfig, proposed: Recipe) -> Recipe:
 
 def check_levers(cfg: TrainConfig) -> None:
     """The speedrun's training levers (issue 38), refused where they cannot apply: Muon not with ``--fsdp``,
-    layer-wise LR decay or a linear probe (whether torch has it is asked when the optimizer is built: spec/ does
+    layer-wise LR decay or a linear probe (whether torch has it is asked when the optimizer is built: conf/ does
     not import torch); flip TTA for a classifier; the whitening initialisation and the masked-patch-prediction
     warm start for a fresh model whose first layer is a plain convolution (the warm start: a plain ViT's pixel
     patches, classification without a teacher)."""

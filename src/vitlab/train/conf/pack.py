@@ -5,15 +5,15 @@ tensor of one shape, and the model's own token dropping is done before packing i
 
 from __future__ import annotations
 
-from .config import TrainConfig
 from .options import OptionError, ref
 from .recipes import Recipe
+from .train_config import TrainConfig
 
 __all__ = ["MAX_SIDE", "PACK_OFF", "check_pack", "pack_recipe"]
 
 MAX_SIDE = 1 << 16
 """The largest image side in pixels an option may ask for (``--img-size``, ``--pack-res``), as a resolution
-schedule's sizes (:func:`~vitlab.train.spec.kinds.check_res_schedule`)."""
+schedule's sizes (:func:`~vitlab.train.conf.kinds.check_res_schedule`)."""
 
 PACK_OFF = ("mixup", "cutmix", "random_erasing")
 """Recipe fields that act on square batches: refused with ``--pack`` when given, turned off when a recipe chose

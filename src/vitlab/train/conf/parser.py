@@ -1,5 +1,5 @@
 """The argparse options of ``vitlab train`` and ``vitlab finetune``, generated from the option table
-(:data:`~vitlab.train.spec.options.OPTIONS`), and the option values a parsed command line gives, keyed by
+(:data:`~vitlab.train.conf.options.OPTIONS`), and the option values a parsed command line gives, keyed by
 config path (:func:`namespace_values`), with the ones the user actually typed (``--resume`` compares those
 with the saved run; fitting the recipe to the data keeps them)."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .config import TrainConfig, arch_values, build_config
 from .options import FLAG, OPTIONS, Option
 from .recipes import RECIPES
+from .train_config import TrainConfig, arch_values, build_config
 
 __all__ = ["GROUPS", "add_options", "arch_overrides", "config_from_args", "dest", "namespace_values"]
 
@@ -110,5 +110,5 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def arch_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The architecture flags given in ``args`` (``--patch-size``, ``--dim`` ...) as model fields
-    (:func:`~vitlab.train.spec.config.arch_values`); flags left unset or absent from the command are left out."""
+    (:func:`~vitlab.train.conf.train_config.arch_values`); flags left unset or absent from the command are left out."""
     return arch_values(namespace_values(args, command=_command(args))[0])

@@ -6,7 +6,7 @@ config file (:class:`Kind`), and how ``--resume`` treats it. Everything else is 
 argparse parser (:mod:`.parser`), the configuration built from the command line or a config file (:mod:`.config`),
 the flag an error names (:func:`flag_for`, :class:`OptionError`), the resume rules (:mod:`.resume`) and the recipe
 fields a user set. Rows without a flag are set by config files only (``recipe.momentum``); a test fails when a
-field of :class:`~vitlab.train.spec.config.TrainConfig` or :class:`~vitlab.train.spec.recipes.Recipe` has no row
+field of :class:`~vitlab.train.conf.train_config.TrainConfig` or :class:`~vitlab.train.conf.recipes.Recipe` has no row
 and is not in :data:`INTERNAL`.
 
 Resume rules (:attr:`Option.resume`): ``fixed``: a resumed run refuses a change (it would be another run, or not
