@@ -33,7 +33,7 @@ import numpy as np
 NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # bench_photo_pipeline.py: the run's own pipeline piece by piece (a public `vitlab.train` function that prepares
     # a run, its data, loaders, model and one timed step without training it would serve all of these)
-    "batches": ("vitlab.data.loading", "batches"),  # the batches of a loader, as a run's loop iterates them
+    "batches": ("vitlab.data.pipeline.loading", "batches"),  # the batches of a loader, as a run's loop iterates them
     "time_steps": ("vitlab.train.sizing.probe", "time_steps"),  # the run's own step-time probe
     "load_run_data": ("vitlab.train.engine.data", "load_run_data"),  # the folder decoded as the run decodes it
     "FolderLoaders": ("vitlab.train.engine.loaders", "FolderLoaders"),  # the run's training loaders
@@ -85,14 +85,14 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     "load_exported": ("vitlab.export", "load_exported"),
     "run_exported": ("vitlab.export", "run_exported"),
     # bench_data.py: the shard reader's decode (a public `vitlab.data` decoder of encoded images and its crop)
-    "decode_encoded": ("vitlab.data.decode", "decode_encoded"),
-    "TrainDecode": ("vitlab.data.stream", "TrainDecode"),
+    "decode_encoded": ("vitlab.data.images.decode", "decode_encoded"),
+    "TrainDecode": ("vitlab.data.shards.stream", "TrainDecode"),
     # bench_packed_attention.py: block-diagonal attention over packed images (a public `vitlab.models` name)
     "PackedAttention": ("vitlab.models.packed", "PackedAttention"),
     # bench_cpu_inference.py, bench_native.py, memory_calibration.py: the per-path switches of vitlab.accel
     # (documented as `vitlab.accel.onednn.disabled()` ...; `vitlab.accel` exports the master switch only)
     "onednn": ("vitlab.accel.onednn", None),
-    "native": ("vitlab.accel.native", None),
+    "native": ("vitlab.accel.c_kernels", None),
     "fused_block": ("vitlab.accel.fused_block", None),
 }
 """``name -> (module, attribute)`` (attribute None: the module itself): what the scripts import from here that vitlab

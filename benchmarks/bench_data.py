@@ -7,7 +7,7 @@
 2. Decoding full-size JPEGs on the fly (the shard reader's job, `--data SHARDS`): decode + RandomResizedCrop(224)
    + horizontal flip (+ normalisation), images/s on one core (one thread, one process), on the same files in one
    run: vitlab's reader path (the one decoder, PIL, the crop drawn on the original and the JPEG decoded at the
-   smallest DCT scale that keeps the crop >= 224 px: `vitlab.data.stream.TrainDecode`), the same decoder at full
+   smallest DCT scale that keeps the crop >= 224 px: `vitlab.data.shards.stream.TrainDecode`), the same decoder at full
    scale followed by torchvision's RandomResizedCrop, torchvision.io.decode_jpeg (libjpeg-turbo) followed by it, and
    timm's own loader (`timm.data.ImageDataset` + `timm.data.create_transform(224, is_training=True)`, its colour
    jitter off, bilinear).

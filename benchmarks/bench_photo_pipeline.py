@@ -5,9 +5,9 @@ one run's whole input pipeline on a folder of full-size JPEG photos, against tim
 against the default model's training step, in one process:
 
 1. **vitlab, first decode**: the folder decoded once into the decode cache through the run's own loading path
-   (:func:`vitlab.train.engine.data.load_run_data`: the run's :func:`~vitlab.train.engine.data.folder_plan`, JPEG draft
-   mode, photos stored with the shorter side about ``size / 0.875``), in a fresh cache under ``--out``; images/s of
-   the whole folder (train and held-out), on ``load_data``'s decode threads.
+   (:func:`vitlab.train.engine.data.load_run_data`: the run's :func:`~vitlab.train.sizing.side.folder_storage`, JPEG
+   draft mode, photos stored with the shorter side about ``size / 0.875``), in a fresh cache under ``--out``; images/s
+   of the whole folder (train and held-out), on ``load_data``'s decode threads.
 2. **vitlab, epoch**: the run's training loader (:func:`~vitlab.train.engine.loaders.build_folder_loaders` with the
    level's recipe: the crop drawn on the stored photo, flip, RandAugment, normalisation, per-sample seeding) over
    ``--batches`` batches of a fresh epoch, worker start included; once with the threads and workers the run
@@ -150,7 +150,7 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
     threads = inspect.signature(load_data).parameters["workers"].default  # what load_run_data decodes with
     return data, {"kind": "vitlab_decode", "images": n, "wall_s": round(wall, 3), "img_per_s": round(n / wall, 1),
                   "decode_threads": threads, "stored_shorter_side": int(np.median(sides)),
-                  "plan": data.plan.line}  # fmt: skip
+                  "plan": data.storage.line}  # fmt: skip
 
 
 def _here() -> Any:

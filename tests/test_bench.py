@@ -71,7 +71,8 @@ def test_benchmark_reports_the_inference_path() -> None:
 
 
 def test_benchmark_reports_the_training_path() -> None:
-    from vitlab.accel import fused_block, native
+    from vitlab.accel import c_kernels as native
+    from vitlab.accel import fused_block
 
     def path(**overrides) -> str | None:
         r = benchmark(

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 
 from benchscripts import load
 from vitlab.data import ArrayDataset, train_transform
-from vitlab.data.seeding import SeededItems
+from vitlab.data.pipeline.seeding import SeededItems
 from vitlab.train.sizing.levels import level_fields
 from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP
 from vitlab.train.sizing.side import PHOTO_CROP_PCT, holds_photos, store_side

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from vitlab.cli import main
-from vitlab.data.cache import decode_files
-from vitlab.data.cache_admin import clear_caches, list_caches
-from vitlab.data.decode import decode_image
+from vitlab.data.cache.admin import clear_caches, list_caches
+from vitlab.data.cache.store import decode_files
+from vitlab.data.images.decode import decode_image
 from vitlab.train import TrainConfig, fit, get_recipe
 
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from vitlab.accel import FastBlock as Block
 from vitlab.accel import FastVisionTransformer as VisionTransformer
-from vitlab.accel import buffers, fused_block, native, onednn
+from vitlab.accel import buffers, fused_block, onednn
+from vitlab.accel import c_kernels as native
 
 TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 4, "mlp_dim": 128, "num_classes": 10}
 

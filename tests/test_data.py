@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from vitlab.data import ArrayDataset, DataError, eval_transform, load_data, mix_transform, train_transform
-from vitlab.data import cache as cache_mod
+from vitlab.data.cache import store as cache_mod
 from vitlab.data.sources import stratified_split
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}

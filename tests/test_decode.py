@@ -1,4 +1,4 @@
-"""The one image decoder and the one channel rule (vitlab.data.decode), and that the commands share them."""
+"""The one image decoder and the one channel rule (vitlab.data.images.decode), and that the commands share them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab.data.decode import decode_image, image_size, is_image_name, match_channels
-from vitlab.data.user_images import read_image
+from vitlab.data.images.decode import decode_image, image_size, is_image_name, match_channels
+from vitlab.data.images.user_files import read_image
 from vitlab.errors import InputError
 
 ORIENTATION = 0x0112
@@ -43,7 +43,7 @@ def test_exif_orientation_is_applied(tmp_path, suffix):
 
 
 def test_exif_orientation_reaches_the_decode_cache(tmp_path):
-    from vitlab.data.cache import decode_files
+    from vitlab.data.cache.store import decode_files
 
     _save_with_orientation(tmp_path / "a.jpg", _half_black_half_white(), 6)
     Image.fromarray(_half_black_half_white(8, 16)).save(tmp_path / "b.png")  # stored upright at 8x16
@@ -131,7 +131,7 @@ def test_eval_stores_photos_at_the_resize_side_and_only_crops_them(tmp_path, mon
     with timm's crop_pct once at the side the evaluation resizes to (floor(32 / 0.875) = 36, shorter side), as
     36-px squares placed for the centre crop: the transform's resize then finds nothing to do and the model sees the
     centre 32 x 32."""
-    from vitlab.data.cache_admin import list_caches
+    from vitlab.data.cache.admin import list_caches
     from vitlab.evaluate import decode_size, evaluate_model
     from vitlab.evaluate.fewshot import FewShotConfig, evaluate_fewshot
 
@@ -163,7 +163,7 @@ def test_the_decodes_resize_and_crop_are_torchvisions():
     half to even would not add up: round(0.5) + round(0.5) = 0, round(1.0) = 1)."""
     from torchvision.transforms.v2 import functional as F
 
-    from vitlab.data.resize import centre_square, resized_shape
+    from vitlab.data.images.resize import centre_square, resized_shape
 
     for size in (7, 16, 17, 32):
         for h in range(1, 41, 3):

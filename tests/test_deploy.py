@@ -22,7 +22,7 @@ from conftest import assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.checkpoints import save
 from vitlab.cli import main
-from vitlab.data.user_images import image_files, read_image
+from vitlab.data.images.user_files import image_files, read_image
 from vitlab.deploy import ExportOptions, export_folder, open_exported, read_export
 from vitlab.evaluate import model_inputs
 from vitlab.export import ExportError, export_model, load_exported, run_exported

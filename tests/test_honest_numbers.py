@@ -15,7 +15,7 @@ from PIL import Image
 import vitlab
 from vitlab.cli import main
 from vitlab.data import channel_stats, load_data
-from vitlab.data.stream import EvalDecode, open_stream_data
+from vitlab.data.shards.stream import EvalDecode, open_stream_data
 from vitlab.distributed import Dist
 from vitlab.evaluate.accuracy import preprocess_for
 from vitlab.inspect.report import training_artifacts

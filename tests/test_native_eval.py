@@ -1,4 +1,4 @@
-"""Prediction and evaluation at each image's own aspect ratio (evaluate/native.py, ``vitlab predict --native``):
+"""Prediction and evaluation at each image's own aspect ratio (evaluate/own_aspect.py, ``vitlab predict --native``):
 a square image gives natively the logits of the usual path at the same size; other shapes keep their whole
 picture on the model's token budget; the packed evaluation reports what the usual one does, plus padding."""
 
@@ -15,11 +15,11 @@ from conftest import assert_close_rel
 from vitlab import accel
 from vitlab.checkpoints import save
 from vitlab.cli import main
-from vitlab.data.packing import native_grid
-from vitlab.data.rows import PackedImages
-from vitlab.data.shard_source import open_source
-from vitlab.data.shards import pack_folder
-from vitlab.data.transforms import resize_image
+from vitlab.data.images.rows import PackedImages
+from vitlab.data.pipeline.navit import native_grid
+from vitlab.data.pipeline.transforms import resize_image
+from vitlab.data.shards.source import open_source
+from vitlab.data.shards.write import pack_folder
 from vitlab.errors import ConfigError
 from vitlab.evaluate import evaluate_batches, evaluate_native, model_inputs, native_inputs
 from vitlab.models import VisionTransformer

@@ -1,4 +1,4 @@
-"""The fused C kernels of the CPU training step (accel/native.py) against ATen's, and the
+"""The fused C kernels of the CPU training step (accel/c_kernels.py) against ATen's, and the
 returned-tensor reuse of the block's workspace (``Workspace.returned``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vitlab.accel import FastBlock as Block
-from vitlab.accel import native
+from vitlab.accel import c_kernels as native
 from vitlab.accel.buffers import Workspace
 
 needs_kernels = pytest.mark.skipif(not native.available(), reason="no C compiler: the ATen kernels run instead")

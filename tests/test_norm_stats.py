@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.data import channel_stats, load_data
-from vitlab.data.decode import match_channels
-from vitlab.data.rows import ImageRows
+from vitlab.data.images.decode import match_channels
+from vitlab.data.images.rows import ImageRows
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4", "--workers", "0", "--no-progress"]
 

@@ -8,7 +8,7 @@ import pytest
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.data.shards import PackError, read_manifest, read_shard
+from vitlab.data.shards.write import PackError, read_manifest, read_shard
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The packing data pipeline (data/packing.py): native-aspect grids within a token budget, a resolution drawn per
+"""The packing data pipeline (data/pipeline/navit.py): native-aspect grids within a token budget, a resolution drawn per
 image, greedy packing into fixed-length sequences; deterministic per (seed, epoch), resumable from a batch's
 ``next_position``, every image of the epoch once, no image split, padding accounted; over a decode cache of
 photos at their aspect ratio and over tar shards, in DataLoader workers or not."""
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from vitlab.data import load_data
-from vitlab.data.packing import PackedLoader, Patchify, native_grid, pack_batches, token_budget
-from vitlab.data.rows import PackedImages
-from vitlab.data.shard_source import open_source
-from vitlab.data.shards import pack_folder
-from vitlab.data.sources import FolderPlan
+from vitlab.data.images.rows import PackedImages
+from vitlab.data.pipeline.navit import Patchify, SequenceBatches, native_grid, pack_batches, token_budget
+from vitlab.data.shards.source import open_source
+from vitlab.data.shards.write import pack_folder
+from vitlab.data.sources import FolderStorage
 from vitlab.errors import ConfigError, DataError
 
 SHAPES = [(30, 40), (40, 30), (24, 64), (48, 48), (64, 20), (36, 27), (20, 20), (56, 42)]
@@ -61,9 +61,11 @@ def patchify(**kw) -> Patchify:
     return Patchify(**{"patch_size": 8, "resolution": (16, 48), "mean": (0.5,) * 3, "std": (0.5,) * 3, **kw})
 
 
-def loader(source, **kw) -> PackedLoader:
+def loader(source, **kw) -> SequenceBatches:
     pf = kw.pop("patchify", None) or patchify(hflip=0.5)
-    return PackedLoader(**{"source": source, "patchify": pf, "pack_len": 64, "sequences": 3, "prefix_tokens": 1, **kw})
+    return SequenceBatches(
+        **{"source": source, "patchify": pf, "pack_len": 64, "sequences": 3, "prefix_tokens": 1, **kw}
+    )
 
 
 def same(a, b) -> bool:
@@ -236,8 +238,8 @@ def test_pack_len_must_hold_the_largest_image():
 
 def test_a_cached_folder_of_photos_packs_at_their_aspect_ratio(tmp_path):
     folder = photo_folder(tmp_path / "photos")
-    plan = FolderPlan(size=None, store_side=None)
-    splits = load_data(str(folder), cache_dir=tmp_path / "cache", plan=plan, progress=False, workers=0)
+    plan = FolderStorage(size=None, store_side=None)
+    splits = load_data(str(folder), cache_dir=tmp_path / "cache", storage=plan, progress=False, workers=0)
     assert isinstance(splits.train.images, PackedImages)
     pf = patchify(resolution=(32, 32))
     batches = list(loader(splits.train, patchify=pf, pack_len=40, shuffle=False))

@@ -46,7 +46,7 @@ def test_the_auto_recipe_for_photos_says_it_keeps_the_crop_only():
 
 
 def _fitted(cfg: TrainConfig, data_root: Path, tmp_path: Path):
-    s = load_data(str(data_root), plan=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "cache",
+    s = load_data(str(data_root), storage=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "cache",
                   progress=False)  # fmt: skip
     recipe, chosen, _ = recipe_for(cfg, s)
     return s, SimpleNamespace(recipe=recipe, resolved=chosen)

@@ -17,13 +17,12 @@ from PIL import Image, ImageDraw
 
 from vitlab.cli import main
 from vitlab.data import ArrayDataset, PackedImages, eval_transform, load_data, train_transform
-from vitlab.data.cache import decode_files
-from vitlab.data.cache_admin import list_caches
+from vitlab.data.cache.admin import list_caches
+from vitlab.data.cache.store import decode_files
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.sizing import recipe_for
 from vitlab.train.sizing.recipe import classify_recipe
-from vitlab.train.sizing.side import BUDGET_PASSES
-from vitlab.train.sizing.side import folder_storage as folder_plan
+from vitlab.train.sizing.side import BUDGET_PASSES, folder_storage
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2"]  # the default size and patch, a small model
 
@@ -70,36 +69,38 @@ def test_photos_train_at_224_with_patch_16_from_the_headers(tmp_path):
     aspect kept), the auto recipe's model gets patch 16 and the recipe the size and timm's crop_pct."""
     data = _photos(tmp_path / "hd", [(1920, 1080)] * 3)
     cfg = _cfg(data)
-    s = load_data(str(data), plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "cache", progress=False)
-    assert s.image_size == (224, 224) and s.plan.crop_pct == 0.875
+    s = load_data(
+        str(data), storage=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "cache", progress=False
+    )
+    assert s.image_size == (224, 224) and s.storage.crop_pct == 0.875
     assert s.train.images.shape == (6, 256, 455, 3)  # one size: a memmap, shorter side 256 = 224 / 0.875
     assert s.val.images.shape == (2, 256, 256, 3)  # evaluation: resized to 256, centre square
-    assert s.plan.line.startswith("images: 1920x1080 -> training at 224 px (photos")
-    assert "crop_pct 0.875" in s.plan.line
+    assert s.storage.line.startswith("images: 1920x1080 -> training at 224 px (photos")
+    assert "crop_pct 0.875" in s.storage.line
     r, chosen, _ = recipe_for(cfg, s)
     assert (r.arch["patch_size"], r.img_size, r.crop_pct) == (16, 224, 0.875)
     assert "dynamic_img_pad" not in r.arch and "224x224 px" in chosen and "patch 16" in chosen
     # 12 MP phone photos (portrait: EXIF-free, stored upright) and a photo of 200 px: 192, a multiple of 16
-    assert folder_plan(cfg, {(3024, 4032): 24}).size == (224, 224)
-    small_photos = folder_plan(cfg, {(200, 300): 5})
+    assert folder_storage(cfg, {(3024, 4032): 24}).size == (224, 224)
+    small_photos = folder_storage(cfg, {(200, 300): 5})
     assert small_photos.size == (192, 192) and small_photos.eval_side == round(192 / 0.875)
-    assert folder_plan(_cfg(data, img_size=64), {(3024, 4032): 24}).size == (64, 64)
+    assert folder_storage(_cfg(data, img_size=64), {(3024, 4032): 24}).size == (64, 64)
 
 
 def test_a_fine_tune_stores_photos_for_its_init_models_size(tmp_path):
     """A fine-tune without --img-size trains at its --init model's size, and its photos are stored for that size,
     not for the largest fine-tuning size (a 32 px model on 12 MP photos: a shorter side of 36 px, not 439)."""
     cfg = _cfg(tmp_path, init="runs/x/model")
-    plan = folder_plan(cfg, {(3024, 4032): 24}, init_size=32)
+    plan = folder_storage(cfg, {(3024, 4032): 24}, init_size=32)
     assert plan.size == (32, 32) and plan.store_side == 36 and "the --init model's size" in plan.line
-    unknown = folder_plan(cfg, {(3024, 4032): 24})  # a model that is not square: stored for up to INIT_SIDE
+    unknown = folder_storage(cfg, {(3024, 4032): 24})  # a model that is not square: stored for up to INIT_SIDE
     assert unknown.size is None and unknown.store_side == 439
 
 
 @pytest.mark.parametrize(("side", "patch"), [(32, 4), (8, 1), (28, 4), (64, 8)])
 def test_small_images_keep_their_own_size_and_patch(tmp_path, side, patch):
     """CIFAR's 32 px, digits' 8 px, MNIST's 28 px and 64 px: their own size, evaluated whole, stored as they are."""
-    plan = folder_plan(_cfg(tmp_path), {(side, side): 100})
+    plan = folder_storage(_cfg(tmp_path), {(side, side): 100})
     assert (plan.size, plan.crop_pct, plan.eval_side) == ((side, side), 1.0, None)
     assert plan.store_side >= side and "stored as they are" in plan.line
     recipe, _ = classify_recipe(
@@ -148,7 +149,7 @@ def test_training_crops_are_drawn_on_the_photo_not_on_its_centre_square(tmp_path
             ImageDraw.Draw(im).rectangle((0, h - h // 10, w, h), fill=(0, 0, 255))
             im.save(d / f"{i}.png")
     cfg = _cfg(root, img_size=64)
-    s = load_data(str(root), val_split=0.34, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
+    s = load_data(str(root), val_split=0.34, storage=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "c")
     portrait = next(s.train.images[i] for i in range(len(s.train)) if s.train.images[i].shape[0] == 97)
     assert portrait.shape == (97, 73, 3)  # shorter side floor(64 / 0.875) = 73, the whole photo (int(73 * 4 / 3))
     x = torch.from_numpy(np.array(portrait)).permute(2, 0, 1)
@@ -168,7 +169,9 @@ def test_training_crops_are_drawn_on_the_photo_not_on_its_centre_square(tmp_path
 
 def test_evaluation_images_are_stored_ready_and_only_their_centre_is_taken(tmp_path):
     data = _photos(tmp_path / "hd", [(1280, 720)], val=2)
-    s = load_data(str(data), plan=functools.partial(folder_plan, _cfg(data, img_size=64)), cache_dir=tmp_path / "c")
+    s = load_data(
+        str(data), storage=functools.partial(folder_storage, _cfg(data, img_size=64)), cache_dir=tmp_path / "c"
+    )
     assert s.val.images.shape == (4, 73, 73, 3)  # round(64 / 0.875)
     x = torch.from_numpy(np.array(s.val.images[0])).permute(2, 0, 1)
     ev = eval_transform(img_size=64, mean=(0,) * 3, std=(1,) * 3, crop_pct=0.875)
@@ -210,7 +213,7 @@ def test_a_larger_memory_budget_decodes_what_a_smaller_one_skipped(tmp_path, cap
 
 
 def test_a_cache_is_used_again_only_under_a_budget_that_skips_the_same_images(tmp_path, monkeypatch):
-    from vitlab.data import cache as cache_mod
+    from vitlab.data.cache import store as cache_mod
 
     paths = [str(p) for p in sorted(_photos(tmp_path / "p", [(640, 480), (1280, 960)]).glob("train/*/*.jpg"))]
     build = functools.partial(decode_files, paths, cache_dir=tmp_path / "c", progress=False, keep_aspect=True)
@@ -257,7 +260,7 @@ def test_packed_images_are_built_and_read_in_bounded_memory(tmp_path):
 
 
 def test_a_damaged_packed_cache_is_found_and_rebuilt(tmp_path, capsys, monkeypatch):
-    from vitlab.data import cache as cache_mod
+    from vitlab.data.cache import store as cache_mod
 
     monkeypatch.setattr(cache_mod, "CHUNK_BYTES", 20_000)  # a few images per checksum
     _photos(tmp_path / "p", [(300, 400), (400, 300), (640, 200)])

@@ -19,7 +19,7 @@ from PIL import Image
 import vitlab
 from conftest import assert_close_rel
 from vitlab.cli import main
-from vitlab.data.user_images import read_image
+from vitlab.data.images.user_files import read_image
 from vitlab.evaluate import model_inputs
 from vitlab.models import VisionTransformer
 

@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from vitlab.cli import main
-from vitlab.data import cache as cache_mod
-from vitlab.data.cache import CacheError, decode_files
+from vitlab.data.cache import store as cache_mod
+from vitlab.data.cache.store import CacheError, decode_files
 
 N = 10
 

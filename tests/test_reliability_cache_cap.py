@@ -18,9 +18,9 @@ from PIL import Image
 
 from vitlab._units import format_size
 from vitlab.cli import main
-from vitlab.data import cache_limit as cl
-from vitlab.data.cache import decode_files
-from vitlab.data.cache_admin import list_caches
+from vitlab.data.cache import limit as cl
+from vitlab.data.cache.admin import list_caches
+from vitlab.data.cache.store import decode_files
 
 
 def images(root: Path, n: int = 6, size=(20, 16), seed: int = 0) -> list[str]:
@@ -93,7 +93,7 @@ def test_eviction_never_deletes_what_vitlab_did_not_write(tmp_path, cap):
 READER = textwrap.dedent(
     """
     import sys
-    from vitlab.data.cache import decode_files
+    from vitlab.data.cache.store import decode_files
     paths = sys.argv[2:]
     dec = decode_files(paths, cache_dir=sys.argv[1], name="held", progress=False, workers=1)
     print(dec.path, flush=True)
@@ -219,7 +219,7 @@ def test_inspect_decodes_only_the_images_it_shows(tmp_path, capsys, monkeypatch)
     import torch
 
     import vitlab
-    from vitlab.data import decode
+    from vitlab.data.images import decode
 
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     data = tmp_path / "photos"

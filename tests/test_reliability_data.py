@@ -11,7 +11,7 @@ from PIL import Image
 import vitlab
 from vitlab.cli import main
 from vitlab.data import DataError, load_data
-from vitlab.data.decode import decode_image
+from vitlab.data.images.decode import decode_image
 from vitlab.models import VisionTransformer, ViTConfig
 
 

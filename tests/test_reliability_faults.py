@@ -139,7 +139,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(data_dir, tmp_path
 
 
 def test_disk_full_while_saving_the_model_folder(tmp_path, monkeypatch):
-    from vitlab.checkpoints import native
+    from vitlab.checkpoints import vitlab_folder as native
     from vitlab.models import VisionTransformer, ViTConfig
 
     model = VisionTransformer(
@@ -198,7 +198,7 @@ def test_nan_loss_skip_counts_and_finishes(data_dir, tmp_path, monkeypatch):
 def test_half_written_files_of_killed_processes_are_removed(tmp_path):
     """A SIGKILL mid-write leaves ``.last.pt.tmp<pid>`` or a dataset-sized ``<cache>.tmp<pid>``: the next writer deletes
     those whose process is gone, never those of a live process."""
-    from vitlab.data.cache import decode_files
+    from vitlab.data.cache.store import decode_files
     from vitlab.train.persist.state import atomic_torch_save
 
     dead = 999_999_999  # beyond any pid_max: no such process

@@ -123,7 +123,7 @@ def test_a_shard_that_breaks_mid_run_ends_the_run(packed, tmp_path, workers, fau
 DRIVER = """
 import errno, os, sys
 from pathlib import Path
-import vitlab.data.transforms as t
+import vitlab.data.pipeline.transforms as t
 
 flag, fail_rank = Path(sys.argv[1]), sys.argv[2]
 get = t.ArrayDataset.__getitem__
@@ -183,7 +183,7 @@ def test_torchrun_with_truncated_shards_ends_every_rank(packed, tmp_path):
 
 KEPT_ALIVE = """
 from torch.utils.data import DataLoader
-from vitlab.data.loading import batches
+from vitlab.data.pipeline.loading import batches
 from vitlab.train.engine.signals import ignore_stop_signals
 
 loader = DataLoader(range(1000), batch_size=2, num_workers=2, worker_init_fn=ignore_stop_signals)

@@ -23,8 +23,8 @@ from imagefolder import tiny_folder
 from vitlab._units import parse_size
 from vitlab.cli import main
 from vitlab.data import ArrayDataset, ImageArray, ImageRows, load_data
-from vitlab.data.cache import decode_files
-from vitlab.data.scan import scan_classes
+from vitlab.data.cache.store import decode_files
+from vitlab.data.images.scan import scan_classes
 from vitlab.data.sources import stratified_split
 from vitlab.train import TrainConfig
 from vitlab.train.engine.loaders import eval_shard

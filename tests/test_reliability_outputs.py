@@ -20,7 +20,7 @@ import vitlab
 from conftest import default_stop_signals
 from imagefolder import tiny_folder
 from vitlab._fs import FolderLock, temp_path
-from vitlab.checkpoints import native
+from vitlab.checkpoints import vitlab_folder as native
 from vitlab.cli import main
 from vitlab.models import VisionTransformer, ViTConfig
 from vitlab.train.engine.signals import StoppedBeforeTraining, StopSignals

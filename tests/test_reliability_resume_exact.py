@@ -4,9 +4,9 @@ recipe, with every random augmentation on) and on tar shards, with 0, 1 or 2 dat
 the resume), on one process and on two (torchrun, gloo).
 
 Each sample's augmentation is drawn from its own generator, seeded by (seed, epoch, sample)
-(:mod:`vitlab.data.seeding`), so that neither the workers nor where the resumed loader starts can change it, and the
-training process's own generators (MixUp/CutMix, stochastic depth, token dropping) are saved and restored at the step.
-"""
+(:mod:`vitlab.data.pipeline.seeding`), so that neither the workers nor where the resumed loader starts can change it,
+and the training process's own generators (MixUp/CutMix, stochastic depth, token dropping) are saved and restored at the
+step."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from vitlab.cli import main
 from vitlab.data import DataError, load_data
-from vitlab.data.decode import decode_image
+from vitlab.data.images.decode import decode_image
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = ["--patch-size", "4", "--dim", "16", "--depth", "1", "--heads", "2", "--batch-size", "4", "--recipe", "digits"]
@@ -94,7 +94,7 @@ def test_a_fifo_named_like_an_image_is_reported_never_opened(tmp_path):
         f"""
         import json
         from vitlab.data import load_data
-        from vitlab.data.decode import decode_image
+        from vitlab.data.images.decode import decode_image
         s = load_data({str(root)!r}, val_split=0.25, cache_dir={str(tmp_path / "c")!r}, progress=False)
         try:
             decode_image({str(root / "a" / "x.png")!r})
@@ -146,7 +146,7 @@ def test_strips_are_skipped_and_never_set_the_size(tmp_path, capsys):
 
 
 def test_typical_side_is_the_median_shorter_side_without_strips():
-    from vitlab.data.decode import typical_side
+    from vitlab.data.images.decode import typical_side
 
     assert typical_side({(16, 16): 3, (40, 24): 2, (1, 700): 10, (4000, 3000): 1}) == 16
     assert typical_side({(32, 48): 2, (48, 32): 2}) == 32  # no upscaling of the typical image
@@ -187,13 +187,13 @@ def test_a_panorama_within_the_strip_rule_is_stored_whole_at_its_aspect_ratio(tm
 
     from vitlab.data import PackedImages
     from vitlab.train import TrainConfig, get_recipe
-    from vitlab.train.sizing.side import folder_storage as folder_plan
+    from vitlab.train.sizing.side import folder_storage
 
     root = _classes(tmp_path / "ds", n=3, size=200)
     Image.new("RGB", (2000, 200), (9, 9, 9)).save(root / "a" / "pano.png")
     Image.new("RGB", (2020, 200), (9, 9, 9)).save(root / "b" / "strip.png")
     cfg = TrainConfig(recipe=get_recipe("auto"), data=str(root), out="x", img_size=64)
-    s = load_data(str(root), val_split=0.25, plan=functools.partial(folder_plan, cfg), cache_dir=tmp_path / "c")
+    s = load_data(str(root), val_split=0.25, storage=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "c")
     assert isinstance(s.train.images.base, PackedImages) and s.train.images.base is s.val.images.base
     shapes = sorted(s.train.images.base[i].shape for i in range(len(s.train) + len(s.val)))
     assert shapes == [(73, 73, 3)] * 6 + [(73, 730, 3)]  # shorter side floor(64 / 0.875), aspect ratio kept

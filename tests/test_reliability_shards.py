@@ -24,12 +24,12 @@ from PIL import Image
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.data import shards as shards_mod
-from vitlab.data.manifest import MANIFEST, PackError, read_manifest
-from vitlab.data.shard_source import iter_samples, open_shard, open_source
-from vitlab.data.shard_spec import count_names
-from vitlab.data.shards import pack_folder, read_shard
-from vitlab.data.stream import ShardStream
+from vitlab.data.shards import write as shards_mod
+from vitlab.data.shards.manifest import MANIFEST, PackError, read_manifest
+from vitlab.data.shards.names import count_names
+from vitlab.data.shards.source import iter_samples, open_shard, open_source
+from vitlab.data.shards.stream import ShardStream
+from vitlab.data.shards.write import pack_folder, read_shard
 from vitlab.errors import DataError
 from vitlab.train.conf.resume import resumed_config
 from vitlab.train.conf.train_config import TrainConfig

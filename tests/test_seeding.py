@@ -1,4 +1,4 @@
-"""Per-sample augmentation seeds (:mod:`vitlab.data.seeding`): a sample's draws are a function of (seed, epoch,
+"""Per-sample augmentation seeds (:mod:`vitlab.data.pipeline.seeding`): a sample's draws are a function of (seed, epoch,
 index) alone, the caller's streams are not advanced, and no accelerator generator is touched (a GPU run's dropout
 and token dropping keep their own stream; seeding only the CPU generator also spares torch's lazy CUDA seeding,
 which formats a stack trace per call)."""
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-from vitlab.data.seeding import SeededItems, item_seed, seeded
+from vitlab.data.pipeline.seeding import SeededItems, item_seed, seeded
 
 
 class _Draws(torch.utils.data.Dataset):

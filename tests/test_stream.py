@@ -1,5 +1,5 @@
-"""The shard reader (:mod:`vitlab.data.stream`): one global order per epoch, split over ranks and workers, resumable
-on another number of processes, in bounded memory."""
+"""The shard reader (:mod:`vitlab.data.shards.stream`): one global order per epoch, split over ranks and workers,
+resumable on another number of processes, in bounded memory."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from imagefolder import tiny_folder
-from vitlab.data import shards as shards_mod
-from vitlab.data.shard_source import open_source
-from vitlab.data.shards import pack_folder
-from vitlab.data.stream import EpochOrder, ShardStream, StreamBatches, open_stream_data
+from vitlab.data.shards import write as shards_mod
+from vitlab.data.shards.source import open_source
+from vitlab.data.shards.stream import EpochOrder, ShardStream, StreamBatches, open_stream_data
+from vitlab.data.shards.write import pack_folder
 from vitlab.errors import DataError
 
 
@@ -160,7 +160,7 @@ def test_stream_data_and_a_bad_sample(packed, tmp_path, monkeypatch):
     # vitlab data pack leaves such a file out (tests/test_reliability_shards.py); shards from elsewhere may hold one
     monkeypatch.setattr(shards_mod, "_checked", lambda *a, **k: "")
     pack_folder(bad, tmp_path / "packed", progress=False)
-    from vitlab.data.stream import EvalDecode
+    from vitlab.data.shards.stream import EvalDecode
 
     decode = EvalDecode(at_least=(8, 8), in_chans=3, tf=lambda x: x.float())
     ds = ShardStream(
@@ -174,7 +174,7 @@ def test_stream_data_and_a_bad_sample(packed, tmp_path, monkeypatch):
 def test_decoding_a_crop_at_a_reduced_jpeg_scale_matches_the_full_decode():
     from torchvision.transforms.v2 import functional as TF
 
-    from vitlab.data.decode import decode_encoded
+    from vitlab.data.images.decode import decode_encoded
 
     y, x = np.mgrid[0:384, 0:512]
     img = np.stack([x / 2, y / 1.5, (x + y) / 4], -1).astype(np.uint8)  # smooth: downscaling loses little

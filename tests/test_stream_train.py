@@ -13,7 +13,7 @@ import torch
 
 from imagefolder import tiny_folder
 from vitlab.cli import main
-from vitlab.data.stream import TRACE_ENV
+from vitlab.data.shards.stream import TRACE_ENV
 from vitlab.train.persist.state import load_state
 
 ARGS = ["--epochs", "2", "--batch-size", "8", "--patch-size", "4", "--dim", "16", "--depth", "2", "--heads", "2"]

@@ -108,7 +108,7 @@ def test_evaluation_of_images_at_the_models_size_is_the_identity_up_to_normalisa
     them, in the transform, in `transforms_for` or in the decode cache, so their numbers do not move."""
     from torchvision.transforms import v2
 
-    from vitlab.data.decode import decode_image
+    from vitlab.data.images.decode import decode_image
     from vitlab.evaluate import decode_size, preprocess_for
     from vitlab.evaluate.accuracy import decode_crop
 

@@ -61,7 +61,7 @@ def test_auto_rules_table(n, epochs, batch, steps, level, model):
 def test_short_runs_do_not_crop():
     """Under 10 epochs the auto recipe's training transform keeps the whole image (flip aside), square or not;
     from the mild level on it crops (mild: squares only, light: any aspect ratio)."""
-    from vitlab.data.transforms import train_transform
+    from vitlab.data.pipeline.transforms import train_transform
 
     r, line = auto_recipe(n_train=10_000, img_size=(32, 32), num_classes=10, epochs=5)
     assert "no crop, flip" in line

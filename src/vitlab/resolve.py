@@ -85,7 +85,7 @@ class ModelSource:
 
 def is_run_folder(path: str | os.PathLike[str]) -> bool:
     """A folder ``vitlab train --out`` wrote: it holds ``model/`` or ``last.pt`` (and is no model folder itself)."""
-    from .checkpoints.native import is_native
+    from .checkpoints.vitlab_folder import is_native
 
     p = Path(path)
     return p.is_dir() and not is_native(p) and ((p / "model").is_dir() or (p / "last.pt").is_file())
@@ -243,7 +243,7 @@ def source_config(source: ModelSource, *, option: str = "--model") -> ViTConfig:
     from the registry, any other checkpoint's from its file (shapes included). ``vitlab plan`` reads it."""
     from .checkpoints import checkpoint_config
     from .checkpoints.files import read_config_file
-    from .checkpoints.native import CONFIG_NAME, config_from_record, is_native
+    from .checkpoints.vitlab_folder import CONFIG_NAME, config_from_record, is_native
 
     if source.kind == "architecture":
         import torch
@@ -303,7 +303,7 @@ def recorded_data(model: nn.Module, spec: str, *, ask: str) -> str:
     name = builtin_data(recorded)
     if name is not None:
         return name
-    from .data.shard_source import is_shard_spec
+    from .data.shards.source import is_shard_spec
 
     if is_shard_spec(recorded):
         return recorded

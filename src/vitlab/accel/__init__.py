@@ -5,7 +5,7 @@ The model files are the paper; everything here makes the same computation faster
 - :mod:`.onednn`: inference blocks on oneDNN's packed GEMMs with the biases, the GELU and the
   residual adds in their epilogues;
 - :mod:`.fused_block`: a training block as one autograd node, with activation buffers kept
-  between steps (:mod:`.buffers`) and fused C kernels compiled on first use (:mod:`.native`);
+  between steps (:mod:`.buffers`) and fused C kernels compiled on first use (:mod:`.c_kernels`);
 - :mod:`.vit`: the class-token-only last block and batch chunks for inference.
 
 :func:`vitlab.create_model` and :func:`vitlab.load` return models with these paths

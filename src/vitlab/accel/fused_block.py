@@ -13,7 +13,7 @@ order autograd would, but
 - keeps only what the backward needs (as autograd does), under one node, in buffers the block
   keeps from one step to the next (:mod:`.buffers`);
 - where a C compiler is at hand, runs the LayerNorms, the exact GELU and the bias sums as the
-  fused kernels of :mod:`.native`, which also do the residual and bias adds around them.
+  fused kernels of :mod:`.c_kernels`, which also do the residual and bias adds around them.
 
 Every product is the one autograd would call (MKL GEMMs, the flash attention kernel, ATen's
 LayerNorm and GELU, or the C kernels' same formulas), so results agree with the plain path to
@@ -43,7 +43,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..models.layers import Block
-from . import native
+from . import c_kernels as native
 from .buffers import Alloc, Scratch, Workspace, fresh
 from .switch import Switch, running_eagerly
 
@@ -96,11 +96,11 @@ class _Spec:
     eps1: float
     eps2: float
     approximate: str  # GELU: "none" (exact erf) or "tanh"
-    native: bool  # the fused C kernels of accel/native.py for LayerNorm, GELU and the bias sums
+    native: bool  # the fused C kernels of accel/c_kernels.py for LayerNorm, GELU and the bias sums
 
 
 def uses_c_kernels(block: Block) -> bool:
-    """Whether :func:`block_forward` runs ``block`` with the C kernels of :mod:`.native`
+    """Whether :func:`block_forward` runs ``block`` with the C kernels of :mod:`.c_kernels`
     (available, and the exact GELU, the only one they implement) rather than ATen's."""
     return block.mlp.act.approximate == "none" and native.available()
 

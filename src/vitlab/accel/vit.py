@@ -30,7 +30,7 @@ from ..models.packed import PackedPatches
 from ..models.vit import VisionTransformer
 from .blocks import FastBlock, paper_block
 from .buffers import share_scratch
-from .native import available as c_kernels_available
+from .c_kernels import available as c_kernels_available
 from .onednn import applies as onednn_applies
 from .onednn import eager_cpu_inference
 from .switch import enabled, hooks_anywhere, running_eagerly

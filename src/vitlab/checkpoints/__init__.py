@@ -1,6 +1,6 @@
 """Reading and writing weights: vitlab's folder format and the world's formats.
 
-One small module per format: :mod:`.native` (vitlab folders), :mod:`.timm`,
+One small module per format: :mod:`.vitlab_folder` (vitlab folders), :mod:`.timm`,
 :mod:`.hf` (Hugging Face), :mod:`.npz` (Google's vit_jax and big_vision), :mod:`.dinov3`
 (Meta's DINOv3 release and Hugging Face's port), and :mod:`.hub` (public names); :mod:`.families`
 tells the backbones of timm's ``Eva`` class apart by their keys, and :mod:`.layouts` writes a model in
@@ -36,7 +36,7 @@ from ..models.config import ViTConfig
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .families import backbone_name
-from .native import is_native, load_folder, save
+from .vitlab_folder import is_native, load_folder, save
 
 __all__ = [
     "MAX_PARAMS",

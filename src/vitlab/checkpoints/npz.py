@@ -35,7 +35,7 @@ import torch
 from ..errors import CheckpointError
 from ..models.config import ViTConfig
 from .files import parse_config, read_npz
-from .native import config_from_record
+from .vitlab_folder import config_from_record
 
 __all__ = ["CONFIG_KEY", "PREFIXES", "read_checkpoint"]
 

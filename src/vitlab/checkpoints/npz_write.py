@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..models.config import ViTConfig
-from .native import config_record
 from .npz import _POSEMB_VIT_JAX, CONFIG_KEY
+from .vitlab_folder import config_record
 
 __all__ = ["LAYOUTS", "outside_layout", "write_npz"]
 

@@ -96,7 +96,7 @@ def model_data(
     checkpoint), the embedded digits. ``notes`` say which was taken. The folder the model's run trained on, when it
     has no ``val/``, is evaluated on the fraction the run held out (seed 0), the images that did not train it: the
     run's own number, never one over its training images."""
-    from ..data.shard_source import is_shard_spec
+    from ..data.shards.source import is_shard_spec
     from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir
     from ..resolve import recorded_data
 

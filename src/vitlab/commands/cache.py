@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .._text import shown
     from .._units import format_size
-    from ..data.cache import default_cache_dir
-    from ..data.cache_admin import clear_caches, list_caches
-    from ..data.cache_limit import MAX_SIZE_ENV, cache_limit, make_room, set_cache_limit
+    from ..data.cache.admin import clear_caches, list_caches
+    from ..data.cache.limit import MAX_SIZE_ENV, cache_limit, make_room, set_cache_limit
+    from ..data.cache.store import default_cache_dir
     from ..errors import ConfigError
 
     where = args.cache_dir or str(default_cache_dir())

@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from .._fs import writes_onto
     from ..checkpoints import load, save
     from ..checkpoints.layouts import LAYOUTS, layout_files, write_layout
-    from ..checkpoints.native import CONFIG_NAME, WEIGHTS_NAME
     from ..checkpoints.npz import CONFIG_KEY
     from ..checkpoints.npz_write import outside_layout, write_npz
+    from ..checkpoints.vitlab_folder import CONFIG_NAME, WEIGHTS_NAME
     from ..errors import ConfigError
 
     dst = Path(args.dst)

@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .._text import shown
     from .._units import counted, format_size, size_option
-    from ..data.manifest import MANIFEST
-    from ..data.shards import pack_folder
+    from ..data.shards.manifest import MANIFEST
+    from ..data.shards.write import pack_folder
     from ..errors import ConfigError
 
     shard_bytes = size_option("--shard-size", args.shard_size)

@@ -67,7 +67,7 @@ _ASK = "pass --data with its location, --image FILE ..., or --data digits for th
 def run(args: argparse.Namespace) -> int:
     from .._fs import own_folder
     from .._text import shown
-    from ..data.shard_source import is_shard_spec
+    from ..data.shards.source import is_shard_spec
     from ..devices import resolve_device
     from ..errors import ConfigError, DataError
     from ..evaluate.accuracy import decode_crop, decode_size

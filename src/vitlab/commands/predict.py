@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .._text import shown
-    from ..data.user_images import image_files, read_image
+    from ..data.images.user_files import image_files, read_image
     from ..devices import resolve_device
     from ..errors import CheckpointError, ConfigError, InputError
     from ..evaluate import model_inputs, native_inputs

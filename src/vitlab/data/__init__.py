@@ -7,7 +7,7 @@ torchvision.transforms.v2 pipelines on top of them.
     splits.train.images    # (N, H, W, C) uint8, possibly memory-mapped
     splits.val.images      # with val_split: an ImageRows view of the same cache, not a copy
 
-A training run stores a folder for the size it trains at (``load_data(..., plan=...)``): photos keep their
+A training run stores a folder for the size it trains at (``load_data(..., storage=...)``): photos keep their
 aspect ratio, so ``splits.train.images`` is then a :class:`PackedImages` of several sizes.
 
 The names below are imported when first used (PEP 562), so that the modules that need no torch (the decoder's
@@ -20,9 +20,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .rows import ImageRows, PackedImages
+    from .images.rows import ImageRows, PackedImages
+    from .pipeline.transforms import ArrayDataset, channel_stats, eval_transform, mix_transform, train_transform
     from .sources import DataError, DataSplits, ImageArray, load_data
-    from .transforms import ArrayDataset, channel_stats, eval_transform, mix_transform, train_transform
 
 __all__ = [
     "ArrayDataset",
@@ -39,17 +39,17 @@ __all__ = [
 ]
 
 _WHERE = {
-    "ImageRows": "rows",
-    "PackedImages": "rows",
+    "ImageRows": "images.rows",
+    "PackedImages": "images.rows",
     "DataError": "sources",
     "DataSplits": "sources",
     "ImageArray": "sources",
     "load_data": "sources",
-    "ArrayDataset": "transforms",
-    "channel_stats": "transforms",
-    "eval_transform": "transforms",
-    "mix_transform": "transforms",
-    "train_transform": "transforms",
+    "ArrayDataset": "pipeline.transforms",
+    "channel_stats": "pipeline.transforms",
+    "eval_transform": "pipeline.transforms",
+    "mix_transform": "pipeline.transforms",
+    "train_transform": "pipeline.transforms",
 }
 
 

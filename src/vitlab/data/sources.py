@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, OfflineError
-from .cache import DEFAULT_BUFFER_BYTES, decode_files
-from .decode import header_sizes
-from .folder_plan import FolderPlan
-from .rows import ImageRows, PackedImages
-from .scan import readable, scan_classes
+from .cache.store import DEFAULT_BUFFER_BYTES, decode_files
+from .images.decode import header_sizes
+from .images.rows import ImageRows, PackedImages
+from .images.scan import readable, scan_classes
+from .images.storage import FolderStorage
 
 __all__ = [
     "BUILTIN_DATA",
@@ -29,7 +29,7 @@ __all__ = [
     "EVAL_DIRS",
     "DataError",
     "DataSplits",
-    "FolderPlan",
+    "FolderStorage",
     "ImageArray",
     "builtin_data",
     "data_folder",
@@ -46,7 +46,7 @@ exists here (the run's own ``--out digits``, say): a folder of that name is give
 DEFAULT_HOLD_OUT = 0.1
 """The fraction of a folder without ``val/`` or ``test/`` a training run holds out for evaluation (``--val-split``)."""
 HEADER_SAMPLE = 1024
-"""Files of a training split whose headers decide a :class:`FolderPlan` (evenly spread; all of a smaller split)."""
+"""Files of a training split whose headers decide a :class:`FolderStorage` (evenly spread; all of a smaller split)."""
 
 
 @dataclass
@@ -81,8 +81,8 @@ class DataSplits:
     """Files that could not be decoded: ``(path, reason)``."""
     cache_files: list[Path] = field(default_factory=list)
     """The decode cache files the splits are read from (a folder's; none for the built-in datasets)."""
-    plan: FolderPlan | None = None
-    """How a folder was stored for a run (``load_data(plan=...)``); ``None``: as the images are."""
+    storage: FolderStorage | None = None
+    """How a folder was stored for a run (``load_data(storage=...)``); ``None``: as the images are."""
     held_out: float | None = None
     """The fraction of a folder without ``val/`` or ``test/`` held out for evaluation (stratified); ``None``: the
     data's own evaluation split."""
@@ -97,12 +97,12 @@ class DataSplits:
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """The resolution to train at: the plan's, else the images' own (one size), else the typical side."""
-        if self.plan is not None and self.plan.size is not None:
-            return self.plan.size
+        """The resolution to train at: the storage's, else the images' own (one size), else the typical side."""
+        if self.storage is not None and self.storage.size is not None:
+            return self.storage.size
         h, w = self.train.images.shape[1:3]
         if h is None or w is None:
-            side = self.plan.typical if self.plan is not None else 0
+            side = self.storage.typical if self.storage is not None else 0
             return side, side
         return int(h), int(w)
 
@@ -149,7 +149,7 @@ def eval_split_dir(root: Path) -> Path | None:
 
 def describe_splits(data: Any) -> dict[str, object]:
     """The summary of a data set that ``summary.json`` keeps, for :class:`DataSplits` and any object with its
-    fields (the shard reader's :class:`~vitlab.data.stream.StreamData`)."""
+    fields (the shard reader's :class:`~vitlab.data.shards.stream.StreamData`)."""
     h, w = data.image_size
     return {
         "name": data.name,
@@ -227,7 +227,7 @@ def _cifar(name: str, cache_dir: Path) -> DataSplits:
 
 @dataclass(frozen=True)
 class _Decode:
-    """How a folder's files become the decode cache: the options of :func:`~vitlab.data.cache.decode_files`
+    """How a folder's files become the decode cache: the options of :func:`~vitlab.data.cache.store.decode_files`
     plus ``strict``, built once by :func:`load_data` and handed down unchanged."""
 
     size: int | None
@@ -239,7 +239,7 @@ class _Decode:
     max_pixels: int | None
     buffer_bytes: int
     min_classes: int = 1
-    plan: FolderPlan | Callable[..., FolderPlan] | None = None
+    storage: FolderStorage | Callable[..., FolderStorage] | None = None
     crop: int | None = None
 
 
@@ -266,20 +266,20 @@ def _decode_split(
     *,
     seen: dict[tuple[int, int], str] | None = None,
     evaluation: bool = False,
-) -> tuple[ImageArray, list[str], list[tuple[str, str]], Path | None, FolderPlan | None]:
+) -> tuple[ImageArray, list[str], list[tuple[str, str]], Path | None, FolderStorage | None]:
     """One split folder scanned and decoded: ``(images and labels, class names, (path, reason) of every file
-    left out, the decode cache file, the plan it was stored by)``. ``seen``: the files of the splits already
+    left out, the decode cache file, the storage it was stored by)``. ``seen``: the files of the splits already
     loaded, by ``(st_dev, st_ino)``; one of them reached again here is left out of this split, so no file is in
-    both train and val. With a plan, ``evaluation`` stores the split ready for evaluation (its ``eval_side``);
-    a plan still to be made (a function of the header sizes) is made from this split's headers."""
+    both train and val. With a storage, ``evaluation`` stores the split ready for evaluation (its ``eval_side``);
+    a storage still to be made (a function of the header sizes) is made from this split's headers."""
     problems: list[tuple[str, str]] = []
     paths, labels, names = scan_classes(root, class_names, min_classes=opt.min_classes, seen=seen, problems=problems)
     if problems and opt.strict:
         raise _strict_error(problems)
-    plan = opt.plan
-    if callable(plan):
+    storage = opt.storage
+    if callable(storage):
         counts = _header_counts(paths)
-        plan = plan(counts, n_files=len(paths)) if counts else None  # no readable header: decoded as they are
+        storage = storage(counts, n_files=len(paths)) if counts else None  # no readable header: decoded as they are
     common = {
         "mode": opt.mode,
         "cache_dir": opt.cache_dir,
@@ -289,16 +289,16 @@ def _decode_split(
         "max_pixels": opt.max_pixels,
         "buffer_bytes": opt.buffer_bytes,
     }
-    if plan is None and opt.crop is not None:  # stored for evaluating a square model: squares, resized as it resizes
+    if storage is None and opt.crop is not None:  # stored for evaluating a square model: squares, resized as it resizes
         dec = decode_files(paths, size=opt.size, crop=opt.crop, **common)
-    elif plan is None:
+    elif storage is None:
         # never store more pixels than training at this size reads
         dec = decode_files(paths, fallback_size=opt.size, max_side=opt.size, **common)
-    elif evaluation and plan.eval_side is not None:
-        crop = plan.size[0] if plan.size is not None else None  # the evaluation's centre crop of the squares
-        dec = decode_files(paths, size=plan.eval_side, crop=crop, **common)
+    elif evaluation and storage.eval_side is not None:
+        crop = storage.size[0] if storage.size is not None else None  # the evaluation's centre crop of the squares
+        dec = decode_files(paths, size=storage.eval_side, crop=crop, **common)
     else:
-        dec = decode_files(paths, keep_aspect=True, max_side=plan.store_side, **common)
+        dec = decode_files(paths, keep_aspect=True, max_side=storage.store_side, **common)
     # PIL's reasons quote the path with repr(), which shows a non-UTF-8 byte as '\udcff': quote it readably
     skipped = problems + [(readable(p), readable(why.replace(repr(p), f"'{readable(p)}'"))) for p, why in dec.skipped]
     if dec.skipped and opt.strict:
@@ -307,7 +307,7 @@ def _decode_split(
         first = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         hint = "; pass a smaller --img-size or a larger --memory-budget" if "--memory-budget" in first else ""
         raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}{hint}")
-    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path, plan
+    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path, storage
 
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:
@@ -317,14 +317,14 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         seen: dict[tuple[int, int], str] = {}
         if eval_only:  # train/ is only scanned: its class names and its files (none of which val may reuse)
             _, _, names = scan_classes(train_dir, None, min_classes=opt.min_classes, seen=seen, problems=[])
-            val, _, skipped, f2, plan = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
+            val, _, skipped, f2, storage = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
             empty = val.subset(np.arange(0))
             files = [f2] if f2 else []
             return DataSplits(
-                root.name, empty, val, names, val_name=val_dir.name, skipped=skipped, cache_files=files, plan=plan
+                root.name, empty, val, names, val_name=val_dir.name, skipped=skipped, cache_files=files, storage=storage
             )
-        train, names, skipped, f1, plan = _decode_split(train_dir, None, opt, seen=seen)
-        opt = dataclasses.replace(opt, plan=plan)  # the training split's plan stores the evaluation split too
+        train, names, skipped, f1, storage = _decode_split(train_dir, None, opt, seen=seen)
+        opt = dataclasses.replace(opt, storage=storage)  # the training split's storage stores the evaluation split too
         val, _, skipped2, f2, _ = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
         files = [f for f in (f1, f2) if f]
         return DataSplits(
@@ -335,16 +335,16 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
             val_name=val_dir.name,
             skipped=skipped + skipped2,
             cache_files=files,
-            plan=plan,
+            storage=storage,
         )
     tree = train_dir if train_dir.is_dir() else root
-    full, names, skipped, f1, plan = _decode_split(tree, None, opt)  # one cache: val is not stored apart
+    full, names, skipped, f1, storage = _decode_split(tree, None, opt)  # one cache: val is not stored apart
     if eval_only and val_split is None:  # nothing trains on it: the whole folder is evaluated, none held out
-        whole = dataclasses.replace(plan, eval_side=None) if plan is not None else None
+        whole = dataclasses.replace(storage, eval_side=None) if storage is not None else None
         files = [f1] if f1 else []
         return DataSplits(
             root.name, full.subset(np.arange(0)), full, names, val_name="all", skipped=skipped, cache_files=files,
-            plan=whole,
+            storage=whole,
         )  # fmt: skip
     tr, va = stratified_split(full.labels, val_split or DEFAULT_HOLD_OUT, seed=0)
     # views over the decode cache, not copies: the tree may be larger than RAM
@@ -357,7 +357,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         val_name="val",
         skipped=skipped,
         cache_files=files,
-        plan=dataclasses.replace(plan, eval_side=None) if plan is not None else None,
+        storage=dataclasses.replace(storage, eval_side=None) if storage is not None else None,
         held_out=val_split or DEFAULT_HOLD_OUT,
     )
 
@@ -376,7 +376,7 @@ def load_data(
     buffer_bytes: int | None = None,
     min_classes: int = 1,
     eval_only: bool = False,
-    plan: FolderPlan | Callable[..., FolderPlan] | None = None,
+    storage: FolderStorage | Callable[..., FolderStorage] | None = None,
     crop: int | None = None,
 ) -> DataSplits:
     """Load ``spec``: ``digits`` (embedded), ``cifar10`` / ``cifar100`` (torchvision, online),
@@ -389,7 +389,7 @@ def load_data(
     set it). Undecodable files are skipped and listed in ``DataSplits.skipped`` with their reason
     (readable, whatever bytes the name holds), or raise :class:`DataError` with ``strict`` (listing
     them); so are images over ``max_image_pixels`` (decompression-bomb guard, default PIL's 89.5 M),
-    strips more than :data:`~vitlab.data.decode.MAX_ASPECT` times longer than wide, images that would
+    strips more than :data:`~vitlab.data.images.decode.MAX_ASPECT` times longer than wide, images that would
     take more than half of ``buffer_bytes`` once resized, files that are not regular files (FIFOs,
     devices: never opened), a second path to a file already taken, and link loops (each real folder is
     entered once). A class folder without images, fewer than ``min_classes`` class folders, or an
@@ -400,19 +400,19 @@ def load_data(
     and without ``val_split`` is evaluated whole (``val`` is every image, named ``all``; nothing is held out, as
     nothing trains on it).
 
-    ``crop`` (with ``size``, without ``plan``): a folder stored for evaluating a square model that centre-crops
+    ``crop`` (with ``size``, without ``storage``): a folder stored for evaluating a square model that centre-crops
     ``crop`` after resizing the shorter side to ``size`` (:func:`vitlab.evaluate.decode_size`): every image of
     every split is stored as a ``size`` square, resized as the evaluation resizes (whatever sizes the files
     share) and placed so that its centre ``crop`` is that of the whole resized image
-    (:func:`~vitlab.data.decode.decode_image`), so the evaluation only crops and its pixels are those of timm's
+    (:func:`~vitlab.data.images.decode.decode_image`), so the evaluation only crops and its pixels are those of timm's
     transform of the files.
 
-    ``plan`` (a training run's; ``size`` is then unused): a :class:`FolderPlan`, or a function that makes one
+    ``storage`` (a training run's; ``size`` is then unused): a :class:`FolderStorage`, or a function that makes one
     from ``(width, height) -> count`` of the training split's headers (up to :data:`HEADER_SAMPLE` files,
     read before anything is decoded) and ``n_files=`` the split's number of files. The training images keep their
-    aspect ratio (their shorter side at most the plan's ``store_side``: images of several sizes,
+    aspect ratio (their shorter side at most the storage's ``store_side``: images of several sizes,
     :class:`PackedImages`); the evaluation split of a ``train/`` + ``val/`` folder is stored ready for evaluation
-    (the plan's ``eval_side``). The plan is returned as ``DataSplits.plan``, and its ``size`` is
+    (the storage's ``eval_side``). The storage is returned as ``DataSplits.storage``, and its ``size`` is
     ``DataSplits.image_size``.
 
     Memory: ``buffer_bytes`` (default 64 MiB, ``--memory-budget``) bounds the decoded images
@@ -420,7 +420,7 @@ def load_data(
     cache (a ``val_split`` split as :class:`ImageRows` views, not copies), so a folder larger
     than RAM loads within it.
     """
-    from .cache import default_cache_dir
+    from .cache.store import default_cache_dir
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = builtin_data(spec)
@@ -440,7 +440,7 @@ def load_data(
             max_pixels=max_image_pixels,
             buffer_bytes=buffer_bytes or DEFAULT_BUFFER_BYTES,
             min_classes=min_classes,
-            plan=plan,
+            storage=storage,
             crop=crop,
         )
         return _folder(root, val_split=val_split, opt=opt, eval_only=eval_only)

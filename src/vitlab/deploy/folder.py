@@ -31,7 +31,7 @@ from typing import Any
 from .._fs import atomic_write_text
 from .._version import __version__
 from ..checkpoints.files import read_config_file
-from ..data.transforms import resize_side
+from ..data.pipeline.transforms import resize_side
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.timm_api import pretrained_cfg
@@ -263,7 +263,7 @@ def preprocess_config(cfg: ViTConfig) -> dict[str, Any]:
 
 def preprocessing_contract(cfg: ViTConfig) -> dict[str, Any]:
     """The whole way from an image file to the model's input, as ``vitlab predict`` and ``vitlab eval`` go it
-    (:func:`vitlab.data.decode.decode_image`, then :func:`vitlab.data.eval_transform`): what a server needs to
+    (:func:`vitlab.data.images.decode.decode_image`, then :func:`vitlab.data.eval_transform`): what a server needs to
     give the exported model the pixels vitlab gives it (``docs/deploy.md`` has one that reads this entry)."""
     h, w = cfg.img_size
     square = h == w

@@ -10,7 +10,7 @@ from .accuracy import (
     preprocess_for,
     transforms_for,
 )
-from .native import evaluate_native, native_batches, native_inputs, native_patchify
+from .own_aspect import evaluate_native, native_batches, native_inputs, native_patchify
 
 __all__ = [
     "decode_size",

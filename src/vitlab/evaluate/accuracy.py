@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.resize import resize_side
+from ..data.images.resize import resize_side
 from ..devices import autocast, resolve_device
 from ..errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
-    from ..data.sources import FolderPlan
+    from ..data.sources import FolderStorage
 
 __all__ = [
     "DENSE_CONFUSION_BYTES",
@@ -31,7 +31,7 @@ __all__ = [
     "evaluate_model",
     "model_inputs",
     "preprocess_for",
-    "training_plan",
+    "training_storage",
     "transforms_for",
     "tta_logits",
 ]
@@ -168,9 +168,9 @@ def transforms_for(model: nn.Module, *, training: bool = False):
     too) to the normalised float tensor the model takes.
 
     Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``, after what vitlab's decoder
-    does to a file (:func:`~vitlab.data.decode.decode_image`): a path is decoded by it, and a PIL image is treated
-    as it treats the file it opened (:func:`~vitlab.data.decode.decode_pil`: turned as its EXIF orientation tag
-    says, transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so
+    does to a file (:func:`~vitlab.data.images.decode.decode_image`): a path is decoded by it, and a PIL image is
+    treated as it treats the file it opened (:func:`~vitlab.data.images.decode.decode_pil`: turned as its EXIF
+    orientation tag says, transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so
     ``transforms_for(model)(path)`` and ``transforms_for(model)(Image.open(path))`` are the pixels ``vitlab predict
     path`` feeds the model: a phone's portrait stands upright, a transparent PNG lies on white. A PIL image stays
     one until after the crop: PIL resizes it (bicubic) and crops it, so the result equals
@@ -203,8 +203,8 @@ class _ModelChannels:
         from PIL import Image
         from torchvision.transforms import v2
 
-        from ..data.decode import decode_pil, match_channels
-        from ..data.user_images import read_image
+        from ..data.images.decode import decode_pil, match_channels
+        from ..data.images.user_files import read_image
 
         if isinstance(image, (str, os.PathLike)):
             image = read_image(image).copy()  # the one decoder: EXIF orientation, transparency on white, RGB
@@ -244,7 +244,7 @@ def decode_crop(model: nn.Module) -> int | None:
 
 def eval_dataset(model: nn.Module, images: np.ndarray | Sequence[np.ndarray], labels: np.ndarray) -> ArrayDataset:
     """Decoded uint8 ``(H, W, C)`` images as ``model``'s evaluation inputs: channels matched by
-    :func:`~vitlab.data.decode.match_channels`, then :func:`preprocess_for` (resize, crop, normalise)."""
+    :func:`~vitlab.data.images.decode.match_channels`, then :func:`preprocess_for` (resize, crop, normalise)."""
     from ..data import ArrayDataset
 
     return ArrayDataset(images, labels, transform=preprocess_for(model), in_chans=model.config.in_chans)
@@ -291,7 +291,7 @@ def evaluate_model(
 
     from .._progress import ProgressLog
     from ..data import DataError, load_data
-    from ..data.shard_source import is_shard_spec
+    from ..data.shards.source import is_shard_spec
 
     cfg = model.config
     dev = resolve_device(device)
@@ -306,7 +306,7 @@ def evaluate_model(
             allow_pipe=allow_pipe,
             tta=tta,
         )
-    stored = training_plan(model, data, val_split=val_split)
+    stored = training_storage(model, data, val_split=val_split)
     how: dict[str, Any] = (
         {"size": decode_size(model), "crop": decode_crop(model), "val_split": val_split}
         if stored is None
@@ -349,30 +349,31 @@ def evaluate_model(
     return res
 
 
-def training_plan(
+def training_storage(
     model: nn.Module, data: str, *, val_split: float | None = None
-) -> tuple[FolderPlan, float | None] | None:
-    """``(plan, val_split)``: how the run that trained ``model`` stored the folder ``data`` (its ``model/`` records
-    it: the folder's absolute path, ``data_plan`` and ``val_split``), so that the evaluation reads the decode cache
+) -> tuple[FolderStorage, float | None] | None:
+    """``(storage, val_split)``: how the run that trained ``model`` stored the folder ``data`` (its ``model/`` records
+    it: the folder's absolute path, ``data_storage``, ``data_plan`` in earlier models, and ``val_split``), so that the
+    evaluation reads the decode cache
     training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
     folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
-    file: it is only compared and checked (:meth:`~vitlab.data.sources.FolderPlan.from_record`)."""
-    from ..data.sources import DEFAULT_HOLD_OUT, FolderPlan
+    file: it is only compared and checked (:meth:`~vitlab.data.images.storage.FolderStorage.from_record`)."""
+    from ..data.sources import DEFAULT_HOLD_OUT, FolderStorage
 
     extra = model.config.extra or {}
-    recorded, plan = extra.get("data"), FolderPlan.from_record(extra.get("data_plan"))
+    recorded, stored = extra.get("data"), FolderStorage.from_record(extra.get("data_storage", extra.get("data_plan")))
     saved = extra.get("val_split")
-    if plan is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
+    if stored is None or not isinstance(recorded, str) or not (saved is None or type(saved) is float):
         return None
     if val_split is not None and val_split not in (saved, DEFAULT_HOLD_OUT if saved is None else saved):
         return None  # (no --val-split in training: a folder without val/ held out the default fraction)
-    if plan.size is not None and tuple(plan.size) != tuple(model.config.img_size):
+    if stored.size is not None and tuple(stored.size) != tuple(model.config.img_size):
         return None
     try:
         same = Path(recorded).is_absolute() and Path(recorded).resolve() == Path(data).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return None
-    return (plan, saved if val_split is None else val_split) if same else None
+    return (stored, saved if val_split is None else val_split) if same else None
 
 
 def _evaluate_shards(
@@ -386,11 +387,12 @@ def _evaluate_shards(
     allow_pipe: bool = False,
     tta: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`evaluate_model` on tar shards (:mod:`vitlab.data.stream`): read and decoded as they are evaluated."""
+    """:func:`evaluate_model` on tar shards (:mod:`vitlab.data.shards.stream`): read and decoded as they are
+    evaluated."""
     from torch.utils.data import DataLoader
 
     from ..data import DataError
-    from ..data.stream import EvalDecode, ShardStream, StreamBatches, open_stream_data
+    from ..data.shards.stream import EvalDecode, ShardStream, StreamBatches, open_stream_data
 
     cfg = model.config
     sd = open_stream_data(data, val_split=val_split, eval_only=split != "train", allow_pipe=allow_pipe)

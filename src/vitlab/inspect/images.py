@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.decode import match_channels
-from ..data.user_images import image_files, read_image
+from ..data.images.decode import match_channels
+from ..data.images.user_files import image_files, read_image
 
 __all__ = [
     "LabelledSplit",
@@ -48,7 +48,7 @@ def read_images(
     paths: Sequence[str | os.PathLike[str]], *, limit: int | None = None, max_pixels: int | None = None
 ) -> tuple[list[np.ndarray], list[str]]:
     """Decode image files (folders are searched recursively) as RGB uint8 ``(H, W, 3)`` arrays with
-    :func:`vitlab.data.user_images.read_image`; also returns the names."""
+    :func:`vitlab.data.images.user_files.read_image`; also returns the names."""
     files = image_files(paths)[:limit]
     return [read_image(f, max_pixels=max_pixels) for f in files], [f.name for f in files]
 
@@ -66,7 +66,7 @@ def digits_images(n: int = 4) -> tuple[np.ndarray, list[str]]:
 
 def to_chw(img: np.ndarray, in_chans: int) -> torch.Tensor:
     """A uint8 ``(H, W[, C])`` image as a ``(in_chans, H, W)`` uint8 tensor, channels matched as
-    everywhere in vitlab (:func:`~vitlab.data.decode.match_channels`: grey repeated, RGB -> luma)."""
+    everywhere in vitlab (:func:`~vitlab.data.images.decode.match_channels`: grey repeated, RGB -> luma)."""
     t = torch.from_numpy(np.array(img, dtype=np.uint8))  # a copy: decoded arrays may be read-only
     if t.ndim == 2:
         t = t[..., None]
@@ -133,14 +133,15 @@ def sample_split(
 ) -> tuple[list[np.ndarray], list[str], str]:
     """``(images, their class names, the split's name)``: ``n`` images drawn (``seed``) from the evaluation split of
     a ``--data`` value, decoding only those. A folder's files are listed (no pixels read), ``n`` of its evaluation
-    split drawn, and those decoded one by one (:func:`~vitlab.data.decode.decode_image`) -- never the whole folder,
-    nor its training split, into a decode cache. ``size`` and ``crop``: as the evaluation stores them (the shorter
-    side resized to ``size``, then the centre ``crop``: the pixels ``vitlab eval`` feeds the model); ``None``: at
+    split drawn, and those decoded one by one (:func:`~vitlab.data.images.decode.decode_image`) -- never the whole
+    folder, nor its training split, into a decode cache. ``size`` and ``crop``: as the evaluation stores them (the
+    shorter side resized to ``size``, then the centre ``crop``: the pixels ``vitlab eval`` feeds the model); ``None``:
+    at
     their own size. The evaluation split is the folder's ``val/`` (or ``test/``), else the fraction ``val_split``
     (default :data:`~vitlab.data.sources.DEFAULT_HOLD_OUT`) held out as training holds it out. The built-in data
     sets are in memory already: drawn from their evaluation split. A file that does not decode is passed over."""
-    from ..data.decode import MAX_ASPECT, decode_image
-    from ..data.scan import scan_classes
+    from ..data.images.decode import MAX_ASPECT, decode_image
+    from ..data.images.scan import scan_classes
     from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir, stratified_split
 
     rng = np.random.default_rng(seed)

@@ -49,7 +49,7 @@ def resumed_config(
     the machine it runs on, not the run (``process``): they are always taken from ``given``.
 
     The saved data location is data read from a file, never trust: it is checked again as if typed
-    (:func:`~vitlab.data.shard_source.open_source`), and ``--allow-pipe`` (``pipe:`` URLs run a shell command)
+    (:func:`~vitlab.data.shards.source.open_source`), and ``--allow-pipe`` (``pipe:`` URLs run a shell command)
     holds only when given on this command line together with the same ``--data``, spelled exactly as saved."""
     saved = TrainConfig.from_dict(json.loads(state["config"]))
     trained = trained_recipe(state)

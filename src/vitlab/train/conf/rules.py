@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from ...models.config import ViTConfig
 from ...models.variants import close_names, list_models, model_config, resolve_name
 from . import arch
+from .navit import MAX_SIDE, check_pack
 from .options import OptionError, option, ref
-from .pack import MAX_SIDE, check_pack
 from .recipes import Recipe
 from .train_config import NORM_STATS, TrainConfig
 

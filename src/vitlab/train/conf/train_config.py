@@ -96,14 +96,15 @@ class TrainConfig:
     """Train a classifier on data with one class (refused otherwise: every prediction is right by construction)."""
     pack: bool = False
     """NaViT's packing (Dehghani et al. 2023): images at their own aspect ratio, their patch tokens packed into
-    sequences (:mod:`vitlab.train.engine.packs`)."""
+    sequences (:mod:`vitlab.train.engine.navit`)."""
     pack_len: int | None = None
     """Tokens per packed sequence; None: four images at the highest resolution."""
     pack_res: tuple[float, float] | None = None
     """``(low, high)``: each packed image's token budget is that of a square whose side is drawn in it; None: the
     model's resolution for both."""
     shuffle_buffer: int = 8192
-    """Tar-shard data (:mod:`vitlab.data.stream`): samples in one shuffle window, a part of each epoch's order."""
+    """Tar-shard data (:mod:`vitlab.data.shards.stream`): samples in one shuffle window, a part of each epoch's
+    order."""
     allow_pipe: bool = False
     """``--allow-pipe``: ``data`` may hold ``pipe:`` URLs, which run a shell command. Trust given on this command
     line only: a resumed run never takes it from ``last.pt`` (:func:`~vitlab.train.conf.resume.resumed_config`)."""

@@ -14,12 +14,12 @@ from typing import Any
 
 from ..._fs import atomic_write_text
 from ...data import load_data
-from ...data.cache import cache_key
-from ...data.cache_admin import cache_line
-from ...data.scan import scan_classes
-from ...data.shard_source import is_shard_spec, open_source
-from ...data.sources import DataError, DataSplits, FolderPlan, builtin_data, data_folder
-from ...data.stream import open_stream_data
+from ...data.cache.admin import cache_line
+from ...data.cache.store import cache_key
+from ...data.images.scan import scan_classes
+from ...data.shards.source import is_shard_spec, open_source
+from ...data.shards.stream import open_stream_data
+from ...data.sources import DataError, DataSplits, FolderStorage, builtin_data, data_folder
 from ...distributed import barrier
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
@@ -44,7 +44,7 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 def load_run_data(
     cfg: TrainConfig, here: Here, *, out: Path, log: Callable[[str], None], labels: bool = True,
-    init_size: int | None = None, storage: FolderPlan | None = None,
+    init_size: int | None = None, storage: FolderStorage | None = None,
 ) -> DataSplits:  # fmt: skip
     """The run's train and evaluation splits, stored for the side the run trains at, which the sizing's side rule
     chooses from the images' sizes (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards'
@@ -62,15 +62,15 @@ def load_run_data(
         data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
             raise DataError(f"--data {cfg.data}: empty train or evaluation split")
-        data.plan = storage or storing(data.sizes, n_files=len(data.train), shards=True)
-        log(data.plan.line)
+        data.storage = storage or storing(data.sizes, n_files=len(data.train), shards=True)
+        log(data.storage.line)
         return data
 
     def get_data():
         return load_data(
             cfg.data,
             val_split=cfg.val_split,
-            plan=storing,
+            storage=storing,
             cache_dir=cfg.cache_dir,
             strict=cfg.strict_data,
             progress=cfg.progress and dist.is_main,
@@ -84,8 +84,8 @@ def load_run_data(
     barrier(dist)
     if not dist.is_main:
         data = get_data()
-    if data.plan is not None:
-        log(data.plan.line)
+    if data.storage is not None:
+        log(data.storage.line)
     if (line := cache_line(data.cache_files)) is not None:
         log(line)
     if data.skipped:
@@ -146,21 +146,21 @@ def data_location(spec: str) -> str:
 
 def data_record(cfg: TrainConfig, data: Any, fingerprint: dict[str, Any] | None) -> dict[str, Any]:
     """What a run's ``model/`` records of its data: its location (:func:`data_location`), fingerprint
-    (:func:`data_fingerprint`), ``--val-split`` and, for a folder, how it was stored (``data_plan``: what
+    (:func:`data_fingerprint`), ``--val-split`` and, for a folder, how it was stored (``data_storage``: what
     ``vitlab eval`` needs to read the same decode cache)."""
-    plan = getattr(data, "plan", None)
+    stored = getattr(data, "storage", None)
     return {
         "data": data_location(cfg.data),
         "data_fingerprint": fingerprint,
         "val_split": cfg.val_split,
-        **({"data_plan": plan.record()} if plan is not None else {}),
+        **({"data_storage": stored.record()} if stored is not None else {}),
     }
 
 
 def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
     """What a folder run trains on, kept in ``last.pt`` so that ``--resume`` can tell whether the data changed:
     the class names and, per split folder, its number of image files and the decode cache's key of their
-    paths, sizes and modification times (:func:`vitlab.data.cache.cache_key`). The files are listed as
+    paths, sizes and modification times (:func:`vitlab.data.cache.store.cache_key`). The files are listed as
     :func:`vitlab.data.load_data` lists them (only their metadata is read). None for the built-in
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
     if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums

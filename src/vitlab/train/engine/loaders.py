@@ -13,12 +13,13 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ...data import ArrayDataset, eval_transform, mix_transform, train_transform
-from ...data.loading import Batches
-from ...data.seeding import SeededItems, item_seed
+from ...data.pipeline.loading import Batches
+from ...data.pipeline.seeding import SeededItems, item_seed
 from ...distributed import Dist
 from ..conf.options import OptionError, ref
 from ..conf.train_config import TrainConfig
 from ..sizing.result import Sizing
+from .schedule import resize_batch
 from .signals import ignore_stop_signals
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class RunLoaders(Protocol):
     eval_size: int
     """Images of this process's share of the evaluation split."""
     packed: bool
-    """Whether the training batches are packed images (``--pack``: :mod:`.packs`)."""
+    """Whether the training batches are packed images (``--pack``: :mod:`.navit`)."""
     evaluations: int
     """Evaluations a run makes at each epoch's end (the time budget counts them)."""
 
@@ -60,6 +61,12 @@ class RunLoaders(Protocol):
 
     def collate_train(self, xs: list[Any]) -> Any:
         """The model's input of :meth:`train_items`' images (the probe's batch)."""
+        ...
+
+    def step_input(self, x: Any, *, side: int | None) -> tuple[Any, int, int]:
+        """A training micro-batch ``x`` (on the device) as the step takes it, and its ``(tokens, slots)``: square
+        images resized to the resolution schedule's ``side`` (None: as loaded), ``(0, 0)``; packed sequences as
+        they are, with the token slots that hold an image and all their slots (the padding metric)."""
         ...
 
     def native_eval_batches(self) -> Iterable[Any] | None:
@@ -110,6 +117,9 @@ class EpochCut:
     def collate_train(self, xs: list[Any]) -> Any:
         return torch.stack(xs)
 
+    def step_input(self, x: Any, *, side: int | None) -> tuple[Any, int, int]:
+        return (x if side is None else resize_batch(x, side)), 0, 0
+
     def native_eval_batches(self) -> Iterable[Any] | None:
         return None
 
@@ -144,8 +154,8 @@ class FolderLoaders(EpochCut):
     """This process's training and evaluation data of images in memory (a folder's decode cache, a built-in data
     set). The training loader is made per epoch (the sampler's shuffle depends on it) and can start part-way into
     the epoch. Each training sample's augmentation is drawn from its own generator, seeded by
-    ``(seed, epoch, sample)`` (:class:`~vitlab.data.seeding.SeededItems`), so that neither the workers nor where a
-    resumed loader starts can change it."""
+    ``(seed, epoch, sample)`` (:class:`~vitlab.data.pipeline.seeding.SeededItems`), so that neither the workers nor
+    where a resumed loader starts can change it."""
 
     train_ds: ArrayDataset
     val_ds: ArrayDataset

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,11 +18,9 @@ from torch import nn
 from ...devices import autocast
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
-from ...models.packed import PackedPatches
 from ..conf.recipes import Recipe
 from ..objectives import Objective
 from .optim import Optimization
-from .schedule import resize_batch
 
 __all__ = ["EpochResult", "StepParts", "train_epoch"]
 
@@ -69,14 +68,15 @@ def train_epoch(
     parts: StepParts,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     *,
-    size: Callable[[], int | None] = lambda: None,
+    step_input: Callable[[Any], tuple[Any, int, int]] = lambda x: (x, 0, 0),
     on_step: Callable[[EpochResult, float], bool] | None = None,
     loss_sum: float = 0.0,
     counted: int = 0,
     packed: tuple[int, int] = (0, 0),
 ) -> EpochResult:
     """Train over ``batches``; one optimizer step (and one scheduler step) every ``accum_steps`` micro-batches.
-    ``size()``: the image side of the coming step (a resolution schedule; None: as loaded). ``on_step(result,
+    ``step_input(x)``: a micro-batch's input as the coming step takes it, with its ``(tokens, slots)`` (the loaders'
+    :meth:`~vitlab.train.engine.loaders.RunLoaders.step_input`: the loop never asks which kind it is). ``on_step(result,
     loss)`` runs after each optimizer step; returning True stops the epoch there. A NaN/Inf loss raises
     :class:`~vitlab.errors.NonFiniteLossError` before the update (``on_nan="stop"``) or skips that optimizer step
     and counts it in ``skipped`` (``"skip"``); a skipped step's losses are not in ``loss_sum`` (the mean is of the
@@ -95,11 +95,9 @@ def train_epoch(
     group = p.dist if p.dist is not None and p.dist.enabled else None
     for i, (x, y) in enumerate(batches):
         x, y = x.to(p.device, non_blocking=True), y.to(p.device, non_blocking=True)
-        if isinstance(x, PackedPatches):
-            res.tokens += int((x.image_ids >= 0).sum())
-            res.slots += x.image_ids.numel()
-        elif (side := size()) is not None:
-            x = resize_batch(x, side)
+        x, tokens, slots = step_input(x)
+        res.tokens += tokens
+        res.slots += slots
         if p.mix is not None:
             x, y = p.mix(x, y)
         last_micro = (i + 1) % accum == 0

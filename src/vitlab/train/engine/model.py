@@ -20,7 +20,7 @@ from torch import nn
 from ...accel import accelerate
 from ...checkpoints import Checkpoint, checkpoint_config, load
 from ...data import ArrayDataset, ImageArray, channel_stats, eval_transform
-from ...data.stream import STATS_SAMPLES, StreamData, first_images
+from ...data.shards.stream import STATS_SAMPLES, StreamData, first_images
 from ...distributed import Dist
 from ...errors import VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
@@ -160,8 +160,8 @@ def input_norm(cfg: TrainConfig, data: DataSplits) -> tuple[tuple[float, ...], t
     By default the training set's per-channel statistics, as timm's and DeiT's CIFAR scripts normalise: inputs
     of unit variance train faster than Google's 0.5 / 0.5 scaling, which leaves them at about half that
     (docs/speedrun.md). Tar-shard data, whose images are not at hand before training, by the same rule over its
-    first :data:`~vitlab.data.stream.STATS_SAMPLES` training samples (:func:`~vitlab.data.stream.first_images`). A
-    fine-tuned ``--init`` model keeps its own normalisation."""
+    first :data:`~vitlab.data.shards.stream.STATS_SAMPLES` training samples
+    (:func:`~vitlab.data.shards.stream.first_images`). A fine-tuned ``--init`` model keeps its own normalisation."""
     if cfg.init:
         return None
     if cfg.norm_stats == "inception":

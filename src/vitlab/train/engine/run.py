@@ -28,7 +28,7 @@ import torch
 
 from ..._fs import FolderLock
 from ..._text import shown_lines
-from ...data.stream import StreamData
+from ...data.shards.stream import StreamData
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
@@ -50,8 +50,8 @@ from ..sizing.steps import RunPlan
 from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
 from .model import InitModel, amp, build_net, planned_config
+from .navit import navit_loaders
 from .optim import Optimization, build_optimization, build_optimizer
-from .packs import packed_loaders
 from .parallel import ddp_memory_hint, distribute, shard_line
 from .schedule import StepSchedule
 from .shards import build_shard_loaders
@@ -192,7 +192,7 @@ def prepare(
     loaders = build(cfg, sizing, data=data, model_config=vit.config, dist=dist, device=device,
                     labels=objective.uses_labels)  # fmt: skip
     if cfg.pack:  # packed training batches around the square loaders (their centre-crop evaluation, their epochs)
-        loaders = packed_loaders(cfg, sizing, square=loaders, data=data, model=vit, dist=dist)
+        loaders = navit_loaders(cfg, sizing, square=loaders, data=data, model=vit, dist=dist)
     if recipe.res_schedule:  # before the plan: one-line errors, and the probe then times the final size
         mc = vit.config
         check_res_sizes(recipe.res_schedule, final=mc.img_size, multiple=mc.patch_size * mc.stem_stride,

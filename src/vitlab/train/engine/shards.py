@@ -1,4 +1,4 @@
-"""A run's loaders over tar shards (:mod:`vitlab.data.stream`): the epoch's global order from the sample the run
+"""A run's loaders over tar shards (:mod:`vitlab.data.shards.stream`): the epoch's global order from the sample the run
 has consumed, this rank's share of it, and the evaluation split split over ranks (:class:`ShardLoaders`, one of the
 :class:`~vitlab.train.engine.loaders.RunLoaders`)."""
 
@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...data import eval_transform, mix_transform, train_transform
-from ...data.shard_source import ShardSet, image_and_label, iter_samples, open_shard
-from ...data.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
+from ...data.shards.source import ShardSet, image_and_label, iter_samples, open_shard
+from ...data.shards.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
 from ...distributed import Dist
 from ..conf.train_config import TrainConfig
 from ..sizing.result import Sizing

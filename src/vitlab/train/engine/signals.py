@@ -89,6 +89,7 @@ class StopSignals:
 def ignore_stop_signals(worker_id: int) -> None:
     """``worker_init_fn`` of the DataLoaders: a signal sent to the whole process group (Ctrl-C, a
     scheduler) must not kill the workers while the training process finishes its step and saves;
-    they end with it (:mod:`vitlab.data.loading` ends them, killing those that linger, whatever ends the run)."""
+    they end with it (:mod:`vitlab.data.pipeline.loading` ends them, killing those that linger, whatever ends the
+    run)."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)

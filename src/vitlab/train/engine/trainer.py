@@ -46,8 +46,8 @@ from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, before_line, epoch_line, start_line, stopped_line
 from .model import HeadOnly
+from .navit import packed_counts, packed_metrics
 from .optim import Optimization
-from .packs import packed_counts, packed_metrics
 from .parallel import full_model, lockstep
 from .schedule import Step, StepSchedule
 from .signals import StopSignals
@@ -183,9 +183,9 @@ class Trainer:
             net=self.train_net, objective=self.objective, opt=self.opt, recipe=self.sizing.recipe, device=self.device,
             amp_dtype=self.amp_dtype, mix=lo.mix, on_nan=self.cfg.on_nan, dist=self.dist,
         )  # fmt: skip
-        res = train_epoch(parts, lo.train_batches(p.epoch, p.micro), size=lambda: self.schedule.lookup(p.step).img_size,
-                          on_step=self._on_step, loss_sum=p.loss_sum, counted=p.loss_count,
-                          packed=(p.tokens, p.slots))  # fmt: skip
+        res = train_epoch(parts, lo.train_batches(p.epoch, p.micro), on_step=self._on_step, loss_sum=p.loss_sum,
+                          step_input=lambda x: lo.step_input(x, side=self.schedule.lookup(p.step).img_size),
+                          counted=p.loss_count, packed=(p.tokens, p.slots))  # fmt: skip
         p.train_s += res.seconds
         if res.stopped and p.micro < lo.micro_per_epoch and p.step < self.plan.total_steps:
             p.interrupted = True  # stopped mid-epoch: _on_step saved the exact position

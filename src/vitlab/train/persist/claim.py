@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ...checkpoints.native import CONFIG_NAME, WEIGHTS_NAME, is_native
+from ...checkpoints.vitlab_folder import CONFIG_NAME, WEIGHTS_NAME, is_native
 from ...errors import ConfigError
 from .dcp import SHARDED_DIR, clear
 from .outputs import RUN_MARKERS, RUN_OUTPUTS

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as tdist
 
 from ..._units import format_size
-from ...data.packing import token_budget
+from ...data.pipeline.navit import token_budget
 from ...distributed import Dist
 from ...errors import ConfigError
 from ...models.config import BLOCK_OBJECT_BYTES

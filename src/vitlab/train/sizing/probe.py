@@ -13,7 +13,7 @@
 
 The probes build their own throw-away models (with the CPU speed paths, as the run's) and the run's optimizer
 (:class:`Here` passes the engine's builder in: sizing does not import the engine); their random draws are made in a
-fork of the generators (:func:`~vitlab.data.seeding.seeded`), so the run does not depend on them."""
+fork of the generators (:func:`~vitlab.data.pipeline.seeding.seeded`), so the run does not depend on them."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from torch import nn
 
 from ...accel import accelerate
 from ...data import ArrayDataset, eval_transform, train_transform
-from ...data.seeding import seeded
-from ...data.shard_source import is_shard_spec
+from ...data.pipeline.seeding import seeded
+from ...data.shards.source import is_shard_spec
+from ...data.shards.stream import StreamData, first_images
 from ...data.sources import ImageArray, data_folder
-from ...data.stream import StreamData, first_images
 from ...devices import autocast
 from ...distributed import Dist
 from ...models import VisionTransformer
@@ -223,7 +223,8 @@ def _image_seconds(
         ys = torch.randint(0, classes, (k,), device=here.device)
         opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
         model.train()
-        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=here.device, amp_dtype=here.amp_dtype,
+        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=here.device,
+        amp_dtype=here.amp_dtype,
                             n_warm=2, n_time=2)  # fmt: skip
         aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=in_chans, clock=clock)
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
@@ -300,7 +301,8 @@ def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[],
 
 def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter) -> Pace:
     """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes). The probe
-    model is thrown away; the random draws are made in a fork of the generators (:func:`~vitlab.data.seeding.seeded`),
+    model is thrown away; the random draws are made in a fork of the generators
+    (:func:`~vitlab.data.pipeline.seeding.seeded`),
     so the run's own weights and augmentation do not depend on it. Sets torch's threads as the run will
     (:func:`~vitlab.train.sizing.machine.set_threads`)."""
     n_train, in_chans = len(data.train), data.in_chans
@@ -312,8 +314,8 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         n_train=n_train, img_size=img, num_classes=data.num_classes, in_chans=in_chans, time_budget=1e-9,
         batch_size=batch, token_drop=drop, photos=min(img) >= PHOTO_SIDE,
     )  # fmt: skip
-    plan = getattr(data, "plan", None)
-    crop_pct = plan.crop_pct if plan is not None else 1.0
+    stored = getattr(data, "storage", None)
+    crop_pct = stored.crop_pct if stored is not None else 1.0
     photos = holds_photos(data)
     device = here.device
     with seeded(cfg.seed):
@@ -342,7 +344,8 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
         opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
         model.train()
-        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device, amp_dtype=here.amp_dtype,
+        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device,
+        amp_dtype=here.amp_dtype,
                             n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
         eval_s = _time_eval(model, data.val, n_val=len(data.val), img=img, in_chans=in_chans, crop_pct=crop_pct,
                             device=device, clock=clock)  # fmt: skip

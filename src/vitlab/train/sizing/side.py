@@ -10,7 +10,7 @@ The conventions users know from timm and the ViT papers:
   never above that without ``--img-size``. They are evaluated as timm evaluates: the shorter side resized to
   ``img_size / crop_pct`` (:data:`PHOTO_CROP_PCT`), then the centre ``img_size`` square.
 - **Small images** (CIFAR's 32 px, digits' 8 px) train at their own size, as they always have; mixed small
-  sizes at the median shorter side (:func:`~vitlab.data.decode.typical_side`); evaluated whole (crop_pct 1).
+  sizes at the median shorter side (:func:`~vitlab.data.images.decode.typical_side`); evaluated whole (crop_pct 1).
 - **Photos under a time budget** train at the largest of :data:`BUDGET_SIDES` (up to the size above) at which the
   budget buys at least :data:`BUDGET_PASSES` passes over the training images, estimated from timed training steps
   of the model ``auto`` would train at each size (:func:`budget_photo_side`; packed steps cost
@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._units import duration
-from ...data.decode import too_thin, typical_side
-from ...data.folder_plan import FolderPlan
-from ...data.resize import resize_side
+from ...data.images.decode import too_thin, typical_side
+from ...data.images.resize import resize_side
+from ...data.images.storage import FolderStorage
 
 if TYPE_CHECKING:
     from ..conf.recipes import Recipe
@@ -139,7 +139,7 @@ PACKED_STEP_COST = 1.65
 def folder_storage(
     cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None,
     n_files: int | None = None, passes: Callable[[int, int], float] | None = None, shards: bool = False,
-) -> FolderPlan:  # fmt: skip
+) -> FolderStorage:  # fmt: skip
     """How a run stores (and reads) images whose sizes are ``counts`` (``(width, height) -> count``: a folder's
     training headers, or tar shards' first samples), with the line that says what was chosen and why (see the
     module's notes). A fine-tune without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not
@@ -193,30 +193,30 @@ def folder_storage(
         stored = "read from the shards as they train, each sample decoded then cropped (nothing stored)"
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
     line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
-    return FolderPlan(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
+    return FolderStorage(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
 
 
 def holds_photos(data: Any) -> bool:
     """Whether ``data`` (the run's splits: a folder, or tar shards) holds photos: the typical shorter side its
     storage was chosen from (:func:`folder_storage`) is at least :data:`PHOTO_SIDE` px, so that the run crops its
     training images from larger ones (the built-in data sets have no storage: they are not)."""
-    plan = getattr(data, "plan", None)
-    return plan is not None and plan.typical >= PHOTO_SIDE
+    stored = getattr(data, "storage", None)
+    return stored is not None and stored.typical >= PHOTO_SIDE
 
 
 def sized_recipe(recipe: Recipe, cfg: TrainConfig, data: Any) -> Recipe:
-    """``recipe`` with the size and evaluation crop the data's storage was chosen for (``data.plan``), so that the
+    """``recipe`` with the size and evaluation crop the data's storage was chosen for (``data.storage``), so that the
     model, the evaluation, the saved model's ``crop_pct`` and a resumed run all follow them: the ``crop_pct``
     always, the ``img_size`` when chosen for photos (small images keep the data's own size, as the recipe's
     ``None`` says). Unchanged without a storage (the built-in data sets)."""
-    plan = getattr(data, "plan", None)
-    if plan is None:
+    stored = getattr(data, "storage", None)
+    if stored is None:
         return recipe
     changes: dict[str, Any] = {}
-    if plan.crop_pct != recipe.crop_pct:
-        changes["crop_pct"] = plan.crop_pct
-    if not cfg.img_size and not recipe.img_size and plan.size is not None and holds_photos(data):
-        changes["img_size"] = plan.size[0]
+    if stored.crop_pct != recipe.crop_pct:
+        changes["crop_pct"] = stored.crop_pct
+    if not cfg.img_size and not recipe.img_size and stored.size is not None and holds_photos(data):
+        changes["img_size"] = stored.size[0]
     return recipe.replace(**changes) if changes else recipe
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...models.config import ViTConfig
 from ...models.flops import count_macs
-from ..conf.pack import pack_recipe
+from ..conf.navit import pack_recipe
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, objective_name
 from .budget import Replanner, plan_run
@@ -86,7 +86,7 @@ def choose(
     workers = workers_for(cfg, device=here.device)
     say(threads_line(cfg, device=here.device, workers=workers, step_macs=step_macs))
     return Sizing(
-        recipe=split.recipe, chosen=chosen, storage=getattr(data, "plan", None), micro=split.micro,
+        recipe=split.recipe, chosen=chosen, storage=getattr(data, "storage", None), micro=split.micro,
         eval_batch=split.eval_batch, threads=threads, workers=workers, pace=pace, lines=tuple(lines),
         replayed=saved.replayed if saved is not None else None, model=mc,
     )  # fmt: skip

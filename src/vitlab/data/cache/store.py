@@ -11,7 +11,7 @@ images. Files that cannot be decoded are reported and skipped instead of failing
 Layout: images of one size are one ``(N, H, W, C)`` memmap. Images stored at their own aspect
 ratio (``keep_aspect``: a folder of photos, each with its shorter side at most the training
 resolution needs) differ in size, and are held back to back in one flat file read as
-:class:`~vitlab.data.rows.PackedImages`; the sizes are known from the files' headers before
+:class:`~vitlab.data.images.rows.PackedImages`; the sizes are known from the files' headers before
 anything is decoded, so the space is reserved and the memory bounded as for one size.
 
 Memory: decoded images go straight into the cache file, at most half of
@@ -56,14 +56,14 @@ from typing import IO
 
 import numpy as np
 
-from .._fs import remove_stale, writer_suffix
-from .._units import format_size as _bytes
-from ..errors import VitlabError
-from .cache_check import byte_offsets, content_problem, metadata_problem
-from .cache_limit import cache_entry, hold, make_room, touch
-from .cache_plan import plan_layout, windows
-from .decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, OverBudget, decode_image
-from .rows import PackedImages
+from ..._fs import remove_stale, writer_suffix
+from ..._units import format_size as _bytes
+from ...errors import VitlabError
+from ..images.decode import DEFAULT_MAX_IMAGE_PIXELS, MAX_ASPECT, OverBudget, decode_image
+from ..images.rows import PackedImages
+from .check import byte_offsets, content_problem, metadata_problem
+from .layout import cache_layout, windows
+from .limit import cache_entry, hold, make_room, touch
 
 __all__ = [
     "CHUNK_BYTES",
@@ -140,7 +140,7 @@ def _source(paths: Sequence[str]) -> str:
 
 
 def _mapped(f: IO[bytes], meta: dict) -> np.ndarray | PackedImages:
-    """The images of a complete cache file ``f`` (open, its shared lock taken: :func:`.cache_limit.hold`),
+    """The images of a complete cache file ``f`` (open, its shared lock taken: :func:`.limit.hold`),
     read-only through a memory map (none for zero images); the map keeps its own copy of the descriptor, and with
     it the lock, for as long as it lives, so an evictor never deletes a cache that is read."""
     n, h, w, c = meta["shape"]
@@ -282,15 +282,15 @@ def decode_files(
 
     ``size=None`` keeps the native size when every file shares it; when they differ
     (or ``size`` is given) each image is resized (shorter side) and center-cropped to
-    ``size`` x ``size`` (``fallback_size``, else :func:`~vitlab.data.decode.typical_side`, for mixed sizes).
+    ``size`` x ``size`` (``fallback_size``, else :func:`~vitlab.data.images.decode.typical_side`, for mixed sizes).
     ``crop`` (with ``size``): the centre crop an evaluation will take of the stored squares; each square is
-    placed for it (:func:`~vitlab.data.resize.centre_square`), so the evaluation sees the centre crop of the
+    placed for it (:func:`~vitlab.data.images.resize.centre_square`), so the evaluation sees the centre crop of the
     whole resized image, as timm's transform does.
     ``keep_aspect`` (without ``size``): every image keeps its own aspect ratio and its whole extent, its
     shorter side shrunk to ``max_side`` when longer (never enlarged), whatever sizes the files share; the
-    images then differ in size (:class:`~vitlab.data.rows.PackedImages`) unless they all come out alike.
+    images then differ in size (:class:`~vitlab.data.images.rows.PackedImages`) unless they all come out alike.
     ``mode`` is a PIL mode, ``RGB`` or ``L``: palette, grayscale and RGBA files are converted to it.
-    ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.decode.decode_image`.
+    ``max_pixels`` is the decompression-bomb guard of :func:`~vitlab.data.images.decode.decode_image`.
     ``buffer_bytes`` is the memory budget of building a cache (``--memory-budget``): at most half
     of it holds decoded images waiting to be written to the cache file (at least one image), and an
     image that would take more than that half once resized is skipped; the other half is headroom for
@@ -301,7 +301,7 @@ def decode_files(
     An existing cache is checked first (see the module's notes) and rebuilt when damaged; a cache
     that cannot be written (no space) is a :class:`CacheError`.
     """
-    from .._progress import ProgressLog
+    from ..._progress import ProgressLog
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -327,7 +327,7 @@ def decode_files(
     if found is not None:
         return found
 
-    plan = plan_layout(
+    layout = cache_layout(
         paths,
         size=size,
         fallback_size=fallback_size,
@@ -336,16 +336,16 @@ def decode_files(
         max_pixels=max_pixels,
         name=name,
     )
-    if plan.native:  # every image at its own size: a cache that stored them so (another max_side) is this one
+    if layout.native:  # every image at its own size: a cache that stored them so (another max_side) is this one
         twin = _native_twin(
             cache, name, files=files, mode_key=mode_key, count=len(paths), chans=chans, buffer_bytes=buffer_bytes,
             max_bytes=max_bytes,
         )  # fmt: skip
         if twin is not None:
             return twin
-    planned = [hw[0] * hw[1] * chans if hw is not None else 0 for hw in plan.shapes]
+    planned = [hw[0] * hw[1] * chans if hw is not None else 0 for hw in layout.shapes]
     held = [b if b <= max_bytes else 0 for b in planned]  # the decoder refuses a larger one from its header
-    need = len(paths) * planned[0] if plan.uniform and paths else sum(held)
+    need = len(paths) * planned[0] if layout.uniform and paths else sum(held)
     make_room(cache, need, name=name, keep=[data_f])  # the cap: the least recently used caches no one reads go
     remove_stale(cache, f"{stem}.tmp")  # temp files of killed writers
     free = _free_bytes(cache)
@@ -365,14 +365,14 @@ def decode_files(
             arr = decode_image(
                 paths[i],
                 mode=mode,
-                size=plan.size,
-                crop=crop if plan.size == size else None,
+                size=layout.size,
+                crop=crop if layout.size == size else None,
                 max_pixels=max_pixels,
                 max_aspect=MAX_ASPECT,
                 max_bytes=max_bytes,
-                shorter_side=plan.shorter_side,
+                shorter_side=layout.shorter_side,
             )
-            want = plan.shapes[i]
+            want = layout.shapes[i]
             if want is not None and arr.shape[:2] != want:
                 return i, None, f"size {arr.shape[1]}x{arr.shape[0]} differs from {want[1]}x{want[0]}", False
             return i, np.ascontiguousarray(arr, dtype=np.uint8), "", False
@@ -429,10 +429,10 @@ def decode_files(
             "over_budget": over,
             "files": files,
             "mode_key": mode_key,
-            "native": plan.native,
+            "native": layout.native,
         }
-        if plan.uniform or (shapes and len(set(shapes)) == 1):  # one size: an (N, H, W, C) array
-            h, w = shapes[0] if shapes else plan.shapes[0] if plan.shapes and plan.shapes[0] else (1, 1)
+        if layout.uniform or (shapes and len(set(shapes)) == 1):  # one size: an (N, H, W, C) array
+            h, w = shapes[0] if shapes else layout.shapes[0] if layout.shapes and layout.shapes[0] else (1, 1)
             meta["shape"] = [len(kept), h, w, chans]
         else:
             meta.update(shape=[len(kept), 0, 0, chans], heights=[s[0] for s in shapes], widths=[s[1] for s in shapes])

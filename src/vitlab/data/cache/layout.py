@@ -1,23 +1,23 @@
 """What a decode cache will hold, from the files' headers alone: each image's size once decoded, whether they
 must share one size, and the windows of images decoded at once within the memory budget
-(:func:`vitlab.data.cache.decode_files`)."""
+(:func:`vitlab.data.cache.store.decode_files`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .decode import DEFAULT_MAX_IMAGE_PIXELS, header_sizes, too_thin, typical_side
-from .resize import resized_shape
+from ..images.decode import DEFAULT_MAX_IMAGE_PIXELS, header_sizes, too_thin, typical_side
+from ..images.resize import resized_shape
 
-__all__ = ["Layout", "plan_layout", "windows"]
+__all__ = ["Layout", "cache_layout", "windows"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """What a build stores, from the files' headers: each file's ``(height, width)`` once decoded (``None``: its
     header cannot be read, or the decoder will refuse it), whether they must all share one size (``uniform``),
-    and the resize options handed to :func:`~vitlab.data.decode.decode_image`."""
+    and the resize options handed to :func:`~vitlab.data.images.decode.decode_image`."""
 
     shapes: list[tuple[int, int] | None]
     uniform: bool
@@ -28,7 +28,7 @@ class Layout:
     that stores them so too (a larger ``max_side``), which the cache of either then serves."""
 
 
-def plan_layout(
+def cache_layout(
     paths: Sequence[str],
     *,
     size: int | None,
@@ -38,8 +38,8 @@ def plan_layout(
     max_pixels: int | None,
     name: str,
 ) -> Layout:
-    """The :class:`Layout` of decoding ``paths`` with :func:`~vitlab.data.cache.decode_files`'s options (see there);
-    every header is read unless ``size`` fixes the shape."""
+    """The :class:`Layout` of decoding ``paths`` with :func:`~vitlab.data.cache.store.decode_files`'s options (see
+    there); every header is read unless ``size`` fixes the shape."""
     if size is not None:
         return Layout(shapes=[(size, size)] * len(paths), uniform=True, size=size)
     headers = header_sizes(paths)

@@ -22,8 +22,8 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from .decode import match_channels
-from .resize import resize_side, resized_shape
+from ..images.decode import match_channels
+from ..images.resize import resize_side, resized_shape
 
 __all__ = ["ArrayDataset", "channel_stats", "eval_transform", "mix_transform", "train_transform"]
 
@@ -71,7 +71,7 @@ def channel_stats(
     """Per-channel mean and standard deviation (on the 0-1 scale) of uint8 ``(N, H, W, C)`` images as the
     model sees them (channels matched to ``in_chans``), from ``rows`` evenly spaced images, read in chunks of
     at most 256 images and about 32 MiB once in float64, so that a memory-mapped split is never loaded whole.
-    Images of several sizes (:class:`~vitlab.data.rows.PackedImages`) are read one at a time. The usual
+    Images of several sizes (:class:`~vitlab.data.images.rows.PackedImages`) are read one at a time. The usual
     normalisation for training from scratch (the CIFAR scripts of timm and DeiT)."""
     n = len(images)
     if n == 0:
@@ -121,7 +121,7 @@ def train_transform(
     (photos, evaluated with timm's resize + centre crop) it is instead exactly the evaluation's view:
     the shorter side resized to ``img_size / crop_pct``, then the centre ``img_size`` square.
     ``crop=False``: everything after the crop, for a reader that crops as it decodes
-    (:class:`~vitlab.data.stream.TrainDecode`)."""
+    (:class:`~vitlab.data.shards.stream.TrainDecode`)."""
     t: list[Callable] = []
     if crop and tuple(crop_scale) == (1.0, 1.0) and crop_pct < 1 and _square(img_size):
         t += _resize_crop(img_size, crop_pct)
@@ -157,7 +157,7 @@ def eval_transform(
     An image already of the resized size (the decode cache stores evaluation images so, and CIFAR-10 or the
     digits are stored at the model's size) is not resized at all: only its centre is taken. A non-square
     ``img_size`` is resized to (``img_size / crop_pct``) whatever the image's aspect ratio (timm's ``squash``).
-    Returns a plain float tensor; channels are the caller's (:func:`~vitlab.data.decode.match_channels`)."""
+    Returns a plain float tensor; channels are the caller's (:func:`~vitlab.data.images.decode.match_channels`)."""
     return v2.Compose(
         [
             *_resize_crop(img_size, crop_pct),
@@ -183,7 +183,7 @@ def _resize_crop(img_size: int | Sequence[int], crop_pct: float) -> list[Callabl
 def resize_image(image: Any, size: tuple[int, int]) -> Any:
     """``image`` (PIL, or a ``(C, H, W)`` tensor) resized to exactly ``size`` ``(height, width)`` by the
     evaluation's rule (:class:`_Resize`: bicubic, antialiased, PIL's pixels for uint8 images), for callers that
-    choose their own shape (NaViT's native-aspect grids, :mod:`vitlab.data.packing`)."""
+    choose their own shape (NaViT's native-aspect grids, :mod:`vitlab.data.pipeline.navit`)."""
     return _Resize([int(size[0]), int(size[1])])(image)
 
 
@@ -229,7 +229,7 @@ def mix_transform(*, num_classes: int, mixup: float = 0.0, cutmix: float = 0.0) 
 
 class ArrayDataset(Dataset):
     """A map-style dataset over uint8 ``(N, H, W, C)`` images (a memmap is fine), or images of several
-    sizes (:class:`~vitlab.data.rows.PackedImages`, or a list): item ``i`` is ``(transform(CHW uint8
+    sizes (:class:`~vitlab.data.images.rows.PackedImages`, or a list): item ``i`` is ``(transform(CHW uint8
     tensor), label)``; the transform must give every image one size for a batch to be collated."""
 
     def __init__(

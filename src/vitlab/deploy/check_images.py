@@ -1,5 +1,5 @@
 """The images an export is checked (``--check-data``) and calibrated (``--calib-data``) on, decoded and
-preprocessed the way ``vitlab predict`` does it (:func:`~vitlab.data.user_images.read_image`, then
+preprocessed the way ``vitlab predict`` does it (:func:`~vitlab.data.images.user_files.read_image`, then
 :func:`~vitlab.evaluate.model_inputs`: the model's own resize, crop, mean and std), so the report's
 predictions are the ones a user gets from the exported folder.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.user_images import image_files, read_image
+from ..data.images.user_files import image_files, read_image
 from ..errors import DataError, InputError
 
 __all__ = ["CheckImages", "folder_images", "generated_images"]

@@ -1,6 +1,6 @@
 """The decode caches a machine holds: ``vitlab cache ls``, ``vitlab cache clear`` (and ``limit``:
-:mod:`.cache_limit`), and the one line a run prints about its cache (where, how big). The caches themselves are
-written and checked by :mod:`vitlab.data.cache`."""
+:mod:`.limit`), and the one line a run prints about its cache (where, how big). The caches themselves are
+written and checked by :mod:`vitlab.data.cache.store`."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._units import format_size
-from .cache import default_cache_dir
-from .cache_limit import CacheEntry, cache_limit, our_caches, remove_cache
+from ..._units import format_size
+from .limit import CacheEntry, cache_limit, our_caches, remove_cache
+from .store import default_cache_dir
 
 __all__ = ["CacheEntry", "cache_line", "clear_caches", "list_caches"]
 
 
 def list_caches(cache_dir: str | os.PathLike[str] | None = None) -> list[CacheEntry]:
     """The decode caches under ``cache_dir`` (default :func:`default_cache_dir`), most recently used first: every
-    ``<name>-<key>.u8`` with its ``.json`` metadata that vitlab wrote (:func:`.cache_limit.cache_entry`). Other
+    ``<name>-<key>.u8`` with its ``.json`` metadata that vitlab wrote (:func:`.limit.cache_entry`). Other
     files there (downloads, build caches, the settings, links) are not decode caches and are never listed."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return our_caches(cache)[::-1]

@@ -27,8 +27,8 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import errors
-from ..errors import DataError, VitlabError
+from ... import errors
+from ...errors import DataError, VitlabError
 
 __all__ = ["Batches", "batches", "worker_error_line"]
 

@@ -1,11 +1,10 @@
 """Whether a decode cache on disk is what its metadata says: the metadata's fields (version, key,
 layout, dtype, counts, the kept and skipped files, the image sizes, one CRC-32 per chunk) and then the
-pixels, chunk by chunk. :func:`vitlab.data.cache.decode_files` deletes and rebuilds a cache that fails
+pixels, chunk by chunk. :func:`vitlab.data.cache.store.decode_files` deletes and rebuilds a cache that fails
 either check.
-
 Two layouts share one format: images of one size (``shape`` ``[N, H, W, C]``, read as an ``(N, H, W, C)``
 memmap) and images of several sizes (``shape`` ``[N, 0, 0, C]`` with ``heights`` and ``widths``, read as
-:class:`~vitlab.data.rows.PackedImages`). Either way the file holds the images back to back, and chunk
+:class:`~vitlab.data.images.rows.PackedImages`). Either way the file holds the images back to back, and chunk
 ``j`` is images ``chunk_ends[j - 1]:chunk_ends[j]``."""
 
 from __future__ import annotations

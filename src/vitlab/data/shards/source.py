@@ -1,18 +1,18 @@
 """Which tar shards a ``--data`` value names, how many samples each holds, and how to read them.
 
-Three spellings name shards (the format ``vitlab data pack`` writes, :mod:`vitlab.data.shards`, which is
+Three spellings name shards (the format ``vitlab data pack`` writes, :mod:`vitlab.data.shards.write`, which is
 WebDataset's: ``<key>.<ext>`` + ``<key>.cls`` members):
 
 - a folder with ``manifest.json``: its ``train`` split and its evaluation split (``val``, ``test`` ...);
 - a brace pattern or list, ``shards/train-{000000..000123}.tar`` (``::`` joins several), expanded by
   ``webdataset`` as its own readers expand it; also URLs it opens (``https://``, ``gs://`` ...; ``pipe:``, which
-  runs a shell command, only when the caller passes ``allow_pipe``: :mod:`vitlab.data.shard_spec`).
+  runs a shell command, only when the caller passes ``allow_pipe``: :mod:`vitlab.data.shards.names`).
   The ``manifest.json`` beside the first shard gives the sample counts and class names; local shards
   without one are counted by reading their tar headers once (classes are then named by their index);
 - the evaluation split is the manifest's other split, else the last shards held out (``--val-split``).
 
 The reader needs every shard's sample count before it starts (the epoch's order is arithmetic over the
-counts, :mod:`vitlab.data.stream`). Local shards are opened seekable, so the members a process does not
+counts, :mod:`vitlab.data.shards.stream`). Local shards are opened seekable, so the members a process does not
 need are skipped without being read; URLs are streamed (``webdataset.gopen``), read through to the end.
 
 What a shard holds is data, checked as it is read: a member over :data:`MAX_MEMBER_BYTES` is refused before it is
@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError
-from .decode import IMAGE_EXTENSIONS
+from ...errors import DataError
+from ..images.decode import IMAGE_EXTENSIONS
 from .manifest import MANIFEST, MAX_CLASSES, MAX_MANIFEST_BYTES, parse_manifest, read_manifest
-from .shard_spec import check_scheme, expand_spec, quoted, url_scheme
+from .names import check_scheme, expand_spec, quoted, url_scheme
 
 __all__ = [
     "MAX_MEMBER_BYTES",
@@ -243,7 +243,7 @@ def image_and_label(parts: dict[str, bytes], *, where: str) -> tuple[bytes, int]
 
 def _gopen(url: str):
     """``webdataset.gopen``, which runs a ``pipe:`` URL through the shell: every URL reaching it was checked where it
-    was named (:mod:`vitlab.data.shard_spec`: http(s)/file always, ``pipe:`` only when ``--allow-pipe`` was typed on
+    was named (:mod:`vitlab.data.shards.names`: http(s)/file always, ``pipe:`` only when ``--allow-pipe`` was typed on
     this command line, never from a saved run or a manifest; tests/test_reliability_shards.py,
     ``test_a_pipe_in_last_pt_never_runs``, ``test_pipes_and_unknown_schemes_anywhere_in_a_data_value_are_refused``)."""
     try:
@@ -343,7 +343,7 @@ def open_source(
     """Resolve ``--data spec`` (:func:`is_shard_spec`) to its shards. ``eval_only`` (``vitlab eval``): a pattern's
     shards are the evaluation split themselves; a folder's evaluation split is its own.
 
-    ``spec`` is checked as :func:`~vitlab.data.shard_spec.expand_spec` checks it whoever wrote it: ``pipe:`` URLs
+    ``spec`` is checked as :func:`~vitlab.data.shards.names.expand_spec` checks it whoever wrote it: ``pipe:`` URLs
     (a shell command) only with ``allow_pipe`` (the caller's word that the value was typed on the command line
     with ``--allow-pipe``), other schemes from a fixed list, at most a million names, no shard twice."""
     s = spec.strip()

@@ -1,7 +1,7 @@
 """Evaluation at each image's own aspect ratio (NaViT, Dehghani et al. 2023): no square resize, no centre crop.
 
 Each image is resized, aspect ratio kept, to the largest patch grid within a token budget (by default the
-model's own: as many patches as its training resolution has, :func:`~vitlab.data.packing.native_grid`), and
+model's own: as many patches as its training resolution has, :func:`~vitlab.data.pipeline.navit.native_grid`), and
 the images go to the model packed (:class:`~vitlab.models.packed.PackedPatches`). One resolution per call:
 evaluating at several (``resolution=``) shows how one model serves them all.
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.packing import PackedLoader, Patchify
+from ..data.pipeline.navit import Patchify, SequenceBatches
 from ..devices import resolve_device
 from ..errors import ConfigError
 from ..models.packed import PackedPatches, pack
@@ -29,7 +29,7 @@ __all__ = ["evaluate_native", "native_batches", "native_inputs", "native_patchif
 
 
 def native_patchify(model: nn.Module, *, resolution: float | None = None) -> Patchify:
-    """The evaluation's :class:`~vitlab.data.packing.Patchify` for ``model``: its patch size, mean, std and
+    """The evaluation's :class:`~vitlab.data.pipeline.navit.Patchify` for ``model``: its patch size, mean, std and
     channels, every image at the token budget of a square ``resolution`` pixels wide (default: the side of a
     square of the model's own image area, so the budget is its number of patches)."""
     cfg = getattr(model, "config", None)
@@ -74,7 +74,7 @@ def native_batches(
     DataLoader workers'."""
     pf = native_patchify(model, resolution=resolution)
     prefix = model.num_prefix_tokens
-    loader = PackedLoader(
+    loader = SequenceBatches(
         source=source,
         patchify=pf,
         pack_len=pack_len or pf.max_tokens + prefix,

@@ -1,4 +1,4 @@
-"""``manifest.json`` of a shard folder (:mod:`vitlab.data.shards` writes it): read within a size bound and checked
+"""``manifest.json`` of a shard folder (:mod:`vitlab.data.shards.write` writes it): read within a size bound and checked
 field by field before anything in it is used.
 
 A manifest is data someone may hand you: every field has one type (whole numbers are JSON integers, never
@@ -17,8 +17,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from .shard_spec import quoted
+from ...errors import DataError
+from .names import quoted
 
 __all__ = [
     "FORMAT",
@@ -140,7 +140,7 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
 
 
 def read_manifest(folder: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
-    """The manifest of a folder :func:`~vitlab.data.shards.pack_folder` wrote, checked (:func:`check_manifest`),
+    """The manifest of a folder :func:`~vitlab.data.shards.write.pack_folder` wrote, checked (:func:`check_manifest`),
     and that every shard it lists is a regular file of the size it lists; with ``verify`` also each shard's
     SHA-256 (read in chunks)."""
     d = Path(folder)

@@ -5,7 +5,7 @@ Each sample is two tar members that share a key, as WebDataset (and timm's ``rea
 resolution and random-crop the original picture), and ``<key>.cls``, the class index as decimal text. The key
 is ``<source path>/<split><index>`` (the source file relative to the packed folder, e.g.
 ``train/cat/001.jpg/train000000042``), so an error about a sample at training time names the file it came from.
-Shards are named ``<split>-000000.tar``; ``manifest.json`` (:mod:`vitlab.data.manifest`) lists the class names
+Shards are named ``<split>-000000.tar``; ``manifest.json`` (:mod:`vitlab.data.shards.manifest`) lists the class names
 and, per shard, its samples, bytes, per-class counts and SHA-256, so a reader can check a shard and split
 shards across ranks and workers by sample count without opening them.
 
@@ -17,11 +17,10 @@ bounded chunks, and each shard's SHA-256 is computed from the bytes as they are 
 temporary name and renamed when complete; the manifest is written last, so a folder with a manifest is
 complete. A failed pack (a full disk, a file that changed while it was read) removes what it wrote and
 nothing else.
-
 Only the standard library's :mod:`tarfile` is used: the shards are plain POSIX (pax) tars that
 ``webdataset``, ``tar`` and :func:`read_shard` all read. Samples are shuffled (seeded) before packing,
 so that a streaming reader's bounded shuffle buffer sees every class from its first shard.
-This module writes and checks shards; :mod:`vitlab.data.stream` trains and evaluates from them.
+This module writes and checks shards; :mod:`vitlab.data.shards.stream` trains and evaluates from them.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import FORMAT, MANIFEST, MAX_MANIFEST_BYTES, VERSION, PackError, read_manifest
-from .shard_source import MAX_MEMBER_BYTES
+from .source import MAX_MEMBER_BYTES
 
 __all__ = ["BAD_FILES", "MANIFEST", "PackError", "pack_folder", "read_manifest", "read_shard"]
 
@@ -164,7 +163,7 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
 
 def _key_path(path: str, root: str) -> str:
     """The source file's path relative to the packed folder, as a tar name may hold it (printable text)."""
-    from .scan import readable
+    from ..images.scan import readable
 
     rel = readable(os.path.relpath(path, root)).replace(os.sep, "/")
     return "".join(c if c.isprintable() else "?" for c in rel)
@@ -216,8 +215,8 @@ def _our_manifest(path: Path) -> bool:
 
 def _text(s: str) -> str:
     """A path or a reason as one line of text (bytes that are not UTF-8 and control characters escaped)."""
-    from .scan import readable
-    from .shard_spec import quoted
+    from ..images.scan import readable
+    from .names import quoted
 
     return quoted(readable(s), limit=4096)
 
@@ -228,7 +227,7 @@ def _shown(path: str, why: str) -> str:
 
 def _checked(path: str, root: str, *, max_pixels: int | None, max_member: int) -> str:
     """Why ``path`` cannot be packed, or "" (it decodes, is inside ``root`` and within the size limit)."""
-    from .decode import decode_image
+    from ..images.decode import decode_image
 
     real = os.path.realpath(path)
     if os.path.commonpath([real, root]) != root:
@@ -265,8 +264,8 @@ def pack_folder(
     ``strict`` the first one is a :class:`PackError` instead. An ``out`` that already holds shards or a manifest
     is refused unless ``overwrite``, which replaces them (files of the previous pack that this one does not
     write again are named through ``log``, never deleted). A failure removes what this call wrote."""
-    from .._progress import ProgressLog
-    from .scan import scan_classes
+    from ..._progress import ProgressLog
+    from ..images.scan import scan_classes
 
     root, dest = Path(src).expanduser(), Path(out)
     if not root.is_dir():
@@ -350,7 +349,7 @@ def pack_folder(
 
 
 def _temp(path: Path) -> Path:
-    from .._fs import remove_stale, temp_path
+    from ..._fs import remove_stale, temp_path
 
     remove_stale(path.parent, f".{path.name}.tmp")  # left by a killed pack
     return temp_path(path)
@@ -360,7 +359,7 @@ def _finish(dest: Path, manifest: dict[str, object], skipped: list[tuple[str, st
     """``bad_files.txt`` (when something was left out, or to replace a previous one), then the manifest."""
     import json
 
-    from .._fs import atomic_write_text, fsync_dir
+    from ..._fs import atomic_write_text, fsync_dir
 
     if skipped or (dest / BAD_FILES).exists():
         rows = (f"{_text(p)}\t{_text(why)}\n" for p, why in skipped)

@@ -1,7 +1,7 @@
 """What ``--pack`` (NaViT: Dehghani et al. 2023, "Patch n' Pack") combines with, checked before any work, and the
 recipe it trains with: images of different shapes cannot be mixed pixel for pixel (MixUp, CutMix) nor erased in a
 tensor of one shape, and the model's own token dropping is done before packing instead
-(:mod:`vitlab.train.engine.packs`)."""
+(:mod:`vitlab.train.engine.navit`)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._text import readable, shown
-from ..errors import DataError
+from ..._text import readable, shown
+from ...errors import DataError
 from .decode import IMAGE_EXTENSIONS, is_image_name
 
 __all__ = ["readable", "scan_classes", "shown"]

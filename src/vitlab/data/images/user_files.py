@@ -1,6 +1,6 @@
 """Image files a user names on the command line (``vitlab predict``, ``inspect``, the deploy tools): the files as
-given and the images in folders, each read with the one decoder (:func:`~vitlab.data.decode.decode_image`), a file
-that cannot be used a one-line :class:`~vitlab.errors.InputError` naming it."""
+given and the images in folders, each read with the one decoder (:func:`~vitlab.data.images.decode.decode_image`), a
+file that cannot be used a one-line :class:`~vitlab.errors.InputError` naming it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ...errors import InputError
 from .decode import IMAGE_EXTENSIONS, decode_image, is_image_name
 
 __all__ = ["image_files", "read_image"]

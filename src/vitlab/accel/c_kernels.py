@@ -3,7 +3,7 @@
 After the block's GEMMs and attention (:mod:`.fused_block`), a CPU training step still spends
 a sixth of its time in memory-bound passes: LayerNorm, residual and bias adds, GELU, bias sums.
 ATen runs each as its own pass over the activations and none of its kernels combine them.
-``native_kernels.c`` does in one pass what takes ATen two or three:
+``c_kernels.c`` does in one pass what takes ATen two or three:
 
 - :func:`layer_norm` also writes ``x + bias`` for the residual the next GEMM accumulates onto;
 - :func:`bias_gelu` reads the fc1 product without its bias, so neither the biased product is
@@ -43,7 +43,7 @@ __all__ = ["available", "bias_gelu", "disabled", "gelu_backward", "kernels", "la
 
 _log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("native_kernels.c")
+_SOURCE = Path(__file__).with_name("c_kernels.c")
 _FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 _LIBS = ("-lm",)
 
@@ -98,7 +98,7 @@ def _build() -> ctypes.CDLL:
         remove_stale(folder, "tmp-")
         tmp = folder / f"tmp-{os.getpid()}"
         with tempfile.TemporaryDirectory() as work:
-            src = Path(work) / "native_kernels.c"
+            src = Path(work) / "c_kernels.c"
             src.write_bytes(source)
             done = subprocess.run(
                 [cc, *_FLAGS, str(src), "-o", str(tmp), *_LIBS], capture_output=True, text=True, timeout=300
@@ -158,7 +158,7 @@ def _check(*tensors: torch.Tensor | None) -> None:
 def _lib_or_raise() -> ctypes.CDLL:
     lib = kernels()
     if lib is None:
-        raise RuntimeError("native kernels are not available (see vitlab.accel.native.kernels)")
+        raise RuntimeError("native kernels are not available (see vitlab.accel.c_kernels.kernels)")
     return lib
 
 

@@ -1,6 +1,6 @@
-"""The geometry of the evaluation's resize and centre crop, shared by the decoder (:mod:`vitlab.data.decode`) and
-the transforms (:mod:`vitlab.data.transforms`): torchvision's ``Resize(int)`` and ``CenterCrop`` rules, which timm's
-evaluation transform follows, so that a stored image, vitlab's transform and timm's agree to the pixel."""
+"""The geometry of the evaluation's resize and centre crop, shared by the decoder (:mod:`vitlab.data.images.decode`) and
+the transforms (:mod:`vitlab.data.pipeline.transforms`): torchvision's ``Resize(int)`` and ``CenterCrop`` rules, which
+timm's evaluation transform follows, so that a stored image, vitlab's transform and timm's agree to the pixel."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def resized_shape(width: int, height: int, size: int) -> tuple[int, int]:
 
 def centre_square(width: int, height: int, size: int, crop: int | None = None) -> tuple[int, int, int, int]:
     """The box ``(left, top, right, bottom)`` of the ``size`` x ``size`` square that
-    :func:`~vitlab.data.decode.decode_image` keeps of a ``width`` x ``height`` image whose shorter side is
+    :func:`~vitlab.data.images.decode.decode_image` keeps of a ``width`` x ``height`` image whose shorter side is
     ``size``: placed so that the centre ``crop`` x ``crop`` of the square (``crop`` defaults to ``size``), taken
     as torchvision's ``CenterCrop`` takes it (offset ``int(round((side - crop) / 2.0))``), is ``CenterCrop(crop)``
     of the whole image. The evaluation crops the stored square so, and the two crops together are the one of

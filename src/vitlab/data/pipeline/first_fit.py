@@ -1,6 +1,6 @@
 """Packing images into sequences (NaViT: Dehghani et al. 2023, "Patch n' Pack", Sec. 2.2): the two ways a stream
 of patched images (in an epoch's order) becomes batches of fixed-length sequences, each image whole inside one
-sequence, after its prefix slots (:mod:`vitlab.data.packing` prepares the images and reads them in order).
+sequence, after its prefix slots (:mod:`vitlab.data.pipeline.navit` prepares the images and reads them in order).
 
 - :func:`pack_batches`: a fixed number of sequences a batch, first fit in order; the first image that fits in
   none closes the batch (a fixed token budget per batch, NaViT's);
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..models.packed import PackedPatches, PatchTokens, pack
+from ...errors import ConfigError
+from ...models.packed import PackedPatches, PatchTokens, pack
 
 __all__ = ["PackSample", "PackedBatch", "pack_batches", "pack_groups"]
 

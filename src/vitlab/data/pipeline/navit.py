@@ -7,9 +7,9 @@ Each image of an epoch goes through four steps:
 2. **its grid**: a random crop at the image's own aspect ratio (training: a share of its area in ``crop_scale``,
    its aspect ratio times a factor in ``crop_ratio``), then the largest patch grid of that shape within the
    budget (:func:`native_grid`); the crop is resized to it (the evaluation's bicubic resize,
-   :func:`vitlab.data.transforms.resize_image`), flipped or augmented, normalised;
+   :func:`vitlab.data.pipeline.transforms.resize_image`), flipped or augmented, normalised;
 3. **its patches** (:func:`~vitlab.models.packed.patchify`), of which token dropping keeps a random subset
-   (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`; ``PackedLoader.token_drop``);
+   (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`; ``SequenceBatches.token_drop``);
 4. **packing**, one of two ways. ``sequences``: images in the epoch's order fill a batch of ``sequences``
    sequences of ``pack_len`` tokens, each image taking its patches plus the model's prefix tokens in the first
    sequence with room for it (first fit); the first image that fits in none closes the batch and opens the next
@@ -30,7 +30,7 @@ the order (each process a disjoint share, every image of ``start:stop`` once); w
 every process then ends at position ``start + (k + 1) x images x world``.
 
 Sources: a decoded split (``vitlab.data.load_data``'s images, stored at their aspect ratio) read in a seeded
-permutation, or tar shards through :class:`~vitlab.data.stream.ShardStream` (its order, decoded in its workers).
+permutation, or tar shards through :class:`~vitlab.data.shards.stream.ShardStream` (its order, decoded in its workers).
 """
 
 from __future__ import annotations
@@ -45,20 +45,20 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from ..errors import ConfigError, DataError
-from ..models.packed import PatchTokens, drop_tokens, patchify
-from .bins import PackedBatch, PackSample, pack_batches, pack_groups
-from .decode import decode_encoded, match_channels
+from ...errors import ConfigError, DataError
+from ...models.packed import PatchTokens, drop_tokens, patchify
+from ..images.decode import decode_encoded, match_channels
+from ..shards.source import ShardSet
+from ..shards.stream import DEFAULT_SHUFFLE_BUFFER, EpochOrder, ShardStream
+from .first_fit import PackedBatch, PackSample, pack_batches, pack_groups
 from .seeding import item_seed, seeded
-from .shard_source import ShardSet
-from .stream import DEFAULT_SHUFFLE_BUFFER, EpochOrder, ShardStream
 from .transforms import _normalize, resize_image
 
 __all__ = [
     "PackSample",
     "PackedBatch",
-    "PackedLoader",
     "Patchify",
+    "SequenceBatches",
     "ShardPatchify",
     "native_grid",
     "pack_batches",
@@ -190,9 +190,9 @@ _DROP = -(1 << 40)
 
 
 @dataclass(kw_only=True)
-class PackedLoader:
+class SequenceBatches:
     """One epoch of :class:`PackedBatch` from ``source``: a decoded split (an object with ``images`` and
-    ``labels``, as ``load_data`` returns) or tar shards (a :class:`~vitlab.data.shard_source.ShardSet`).
+    ``labels``, as ``load_data`` returns) or tar shards (a :class:`~vitlab.data.shards.source.ShardSet`).
 
     Batches of ``sequences`` sequences, or of ``images`` images (exactly one of the two; see the module's notes).
     ``shuffle``: a seeded permutation of the epoch (training) with per-image random draws; else the source's own
@@ -291,7 +291,7 @@ class PackedLoader:
 
     def _shard_samples(self) -> Iterator[PackSample]:
         if self.num_classes is None:
-            raise ConfigError("PackedLoader over shards: pass num_classes")
+            raise ConfigError("SequenceBatches over shards: pass num_classes")
         ds = ShardStream(
             shards=self.source,
             transform=ShardPatchify(patchify=self.patchify),

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .._fs import atomic_write_text
-from .._units import format_size, parse_size
-from ..errors import ConfigError
+from ..._fs import atomic_write_text
+from ..._units import format_size, parse_size
+from ...errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

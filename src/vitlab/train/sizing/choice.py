@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...data.folder_plan import FolderPlan
+from ...data.images.storage import FolderStorage
 from ...models.config import ViTConfig
 from ..conf.config_file import config_values
 from ..conf.recipes import Recipe
@@ -30,8 +30,9 @@ MAX_SIZING_BYTES = 1 << 20
 class Sizing:
     """What a run gets here (see the module's notes). ``recipe``: what it trains with (the config's recipe fitted to
     the data and the budget, its batch split for the memory); ``chosen``: the line that says how the recipe was
-    fitted (None: as asked); ``storage``: how the data is stored for the side chosen (:class:`~vitlab.data.folder_plan.
-    FolderPlan`; None: a built-in data set); ``micro``: images a forward pass on each process; ``eval_batch``;
+    fitted (None: as asked); ``storage``: how the data is stored for the side chosen
+    (:class:`~vitlab.data.images.storage.
+    FolderStorage`; None: a built-in data set); ``micro``: images a forward pass on each process; ``eval_batch``;
     ``threads`` and ``workers``; ``pace``: what the recipe's probe measured (None: no probe); ``plan``: the steps
     planned at the start (None until :func:`plan`); ``lines``: what the run prints about its choices; ``replayed``:
     where the choices were read from (None: measured here). ``model`` is the architecture chosen (not saved: it
@@ -39,7 +40,7 @@ class Sizing:
 
     recipe: Recipe
     chosen: str | None = None
-    storage: FolderPlan | None = None
+    storage: FolderStorage | None = None
     micro: int = 1
     eval_batch: int = 1
     threads: int = 1
@@ -79,7 +80,7 @@ class Sizing:
             raise ValueError("chosen: not a line of text")
         storage = None
         if d.get("storage") is not None:
-            storage = FolderPlan.from_record(d["storage"])
+            storage = FolderStorage.from_record(d["storage"])
             if storage is None:
                 raise ValueError("storage: not a folder's storage")
         try:

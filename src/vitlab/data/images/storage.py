@@ -1,6 +1,6 @@
-"""How a folder's images are stored in the decode cache for a run (:class:`FolderPlan`): the resolution it trains
+"""How a folder's images are stored in the decode cache for a run (:class:`FolderStorage`): the resolution it trains
 at, the shorter side training images keep, and how the evaluation split is stored; decided from the files' headers
-before anything is decoded (:func:`vitlab.train.engine.data.folder_plan` makes it), recorded in a run's
+before anything is decoded (:func:`vitlab.train.sizing.side.folder_storage` makes it), recorded in a run's
 ``model/config.json`` and read back as data, every value checked."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FolderPlan"]
+__all__ = ["FolderStorage"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class FolderPlan:
+class FolderStorage:
     """How a folder's images are stored in the decode cache for a run, decided from the files' headers before
-    anything is decoded (:func:`vitlab.train.engine.data.folder_plan` makes it).
+    anything is decoded (:func:`vitlab.train.sizing.side.folder_storage` makes it).
 
     ``size``: the resolution the model trains at, ``(height, width)`` (``None``: the ``--init`` model's own).
     ``store_side``: training images keep their aspect ratio and whole extent, their shorter side shrunk to at
@@ -33,14 +33,14 @@ class FolderPlan:
     line: str = ""
 
     def record(self) -> dict[str, Any]:
-        """The plan as plain JSON values (a run's ``model/config.json`` keeps it), for :meth:`from_record`."""
+        """The storage as plain JSON values (a run's ``model/config.json`` keeps it), for :meth:`from_record`."""
         size = list(self.size) if self.size is not None else None
         return {"size": size, "store_side": self.store_side, "eval_side": self.eval_side, "crop_pct": self.crop_pct,
                 "typical": self.typical}  # fmt: skip
 
     @classmethod
-    def from_record(cls, rec: Any) -> FolderPlan | None:
-        """The plan a :meth:`record` describes, or None when ``rec`` is not one (read from a file: every value is
+    def from_record(cls, rec: Any) -> FolderStorage | None:
+        """The storage a :meth:`record` describes, or None when ``rec`` is not one (read from a file: every value is
         checked, nothing else is taken from it)."""
 
         def side(v: Any, *, none: bool = True) -> bool:

@@ -1,4 +1,4 @@
-/* Fused element-wise passes of a ViT block's CPU training step (vitlab/accel/native.py).
+/* Fused element-wise passes of a ViT block's CPU training step (vitlab/accel/c_kernels.py).
  *
  * Each kernel does in one pass over the activations what ATen does in two or three: a
  * LayerNorm that also writes the next residual plus a bias, the MLP's bias + GELU, the GELU

@@ -2,8 +2,8 @@
 
 Each training image keeps its aspect ratio: cropped at its own shape, given the token budget of a square whose side
 is drawn per image in ``--pack-res``, patched, token-dropped (``--token-drop``, NaViT Sec. 3.4) and packed into
-sequences of ``--pack-len`` tokens with the other images of its micro-batch (:mod:`vitlab.data.packing`). A step is
-``--batch-size`` images, as in square training: an epoch has the same steps, the LR schedule, the time budget and
+sequences of ``--pack-len`` tokens with the other images of its micro-batch (:mod:`vitlab.data.pipeline.navit`). A step
+is ``--batch-size`` images, as in square training: an epoch has the same steps, the LR schedule, the time budget and
 the exact resumption (the samples consumed, ``samples_in_epoch`` in ``last.pt``) are square training's, on any
 number of processes, each packing its own share of the epoch's order. (NaViT fixes the tokens per batch instead, for
 a TPU's fixed shapes; on a CPU a step costs its tokens either way.)
@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torchvision.transforms import v2
 
-from ...data.bins import PackSample, pack_groups
-from ...data.packing import PackedLoader, Patchify, ShardPatchify
-from ...data.seeding import item_seed, seeded
-from ...data.shard_source import ShardSet
+from ...data.pipeline.first_fit import PackSample, pack_groups
+from ...data.pipeline.navit import Patchify, SequenceBatches, ShardPatchify
+from ...data.pipeline.seeding import item_seed, seeded
+from ...data.shards.source import ShardSet
 from ...distributed import Dist, all_reduce_sum
-from ...evaluate.native import native_batches
+from ...evaluate.own_aspect import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
 from ..conf.options import OptionError, ref
 from ..conf.train_config import TrainConfig
@@ -39,11 +39,11 @@ from .signals import ignore_stop_signals
 if TYPE_CHECKING:
     pass
 
-__all__ = ["PackedLoaders", "packed_counts", "packed_loaders", "packed_metrics"]
+__all__ = ["NavitLoaders", "navit_loaders", "packed_counts", "packed_metrics"]
 
 
 @dataclass(kw_only=True)
-class PackedLoaders(EpochCut):
+class NavitLoaders(EpochCut):
     """This process's packed training batches (``(PackedPatches, labels)``), the wrapped square loaders'
     centre-crop evaluation, and the evaluation at native aspect ratio (:meth:`native_eval_batches`)."""
 
@@ -61,7 +61,7 @@ class PackedLoaders(EpochCut):
     token_drop: float = 0.0
     packed: ClassVar[bool] = True
     evaluations: ClassVar[int] = 2  # the centre crop and the native aspect ratio
-    _current: PackedLoader | None = field(default=None, init=False, repr=False)
+    _current: SequenceBatches | None = field(default=None, init=False, repr=False)
     _probe: FirstSamples | None = field(default=None, init=False, repr=False)
 
     @property
@@ -89,7 +89,7 @@ class PackedLoaders(EpochCut):
 
     def train_batches(self, epoch: int, start_micro: int = 0) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
         per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
-        self._current = PackedLoader(
+        self._current = SequenceBatches(
             source=self.train_source, patchify=self.patchify, pack_len=self.geometry.pack_len,
             prefix_tokens=self.geometry.prefix, images=self.micro, seed=self.seed, epoch=epoch,
             start=start_micro * per_micro, stop=self.micro_per_epoch * per_micro, rank=self.dist.rank,
@@ -122,6 +122,9 @@ class PackedLoaders(EpochCut):
                 out.append((self.patchify(images[i % len(labels)]), int(labels[i % len(labels)])))
         return out
 
+    def step_input(self, x: Any, *, side: int | None) -> tuple[Any, int, int]:
+        return x, int((x.image_ids >= 0).sum()), x.image_ids.numel()  # one size a batch: no resolution schedule
+
     def collate_train(self, xs: list[Any]) -> PackedPatches:
         """Patched images as one packed micro-batch, their tokens dropped at the current rate."""
         g = torch.Generator().manual_seed(0)
@@ -134,9 +137,9 @@ class PackedLoaders(EpochCut):
         return self.square.eval_items(start, stop)
 
 
-def packed_loaders(
+def navit_loaders(
     cfg: TrainConfig, sizing: Sizing, *, square: RunLoaders, data: Any, model: nn.Module, dist: Dist
-) -> PackedLoaders:
+) -> NavitLoaders:
     """The packed loaders of the run ``cfg`` around its ``square`` loaders (their evaluation, their epoch plan):
     the recipe's crop (at each image's own aspect ratio), flip and RandAugment at the packed size, the model's
     normalisation, ``--pack-res`` and ``--pack-len`` (:func:`pack_geometry`); a model that cannot take packed
@@ -151,7 +154,7 @@ def packed_loaders(
         patch_size=mc.patch_size, resolution=geo.resolution, mean=mc.mean, std=mc.std, in_chans=mc.in_chans,
         crop_scale=tuple(r.crop_scale), crop_ratio=tuple(r.crop_ratio), hflip=r.hflip, augment=augment,
     )  # fmt: skip
-    return PackedLoaders(
+    return NavitLoaders(
         square=square, model=model, train_source=data.train, val_source=data.val, patchify=patchify, geometry=geo,
         dist=dist, workers=workers, num_classes=data.num_classes, window=cfg.shuffle_buffer,
         token_drop=r.token_drop, micro=square.micro, accum_steps=square.accum_steps,

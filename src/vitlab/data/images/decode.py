@@ -185,8 +185,8 @@ def decode_image(
     RGB image (the rule of :func:`match_channels`, also for JPEGs, which are never decoded as
     grey by libjpeg). ``size``: the evaluation's storage, the shorter side resized to ``size`` as
     :func:`vitlab.data.eval_transform` and timm's evaluation transform resize it (PIL bicubic, the longer
-    side by :func:`~vitlab.data.resize.resized_shape`, the file decoded at full scale, as PIL opens it for
-    them), then the square of :func:`~vitlab.data.resize.centre_square` for a later centre crop of ``crop``
+    side by :func:`~vitlab.data.images.resize.resized_shape`, the file decoded at full scale, as PIL opens it for
+    them), then the square of :func:`~vitlab.data.images.resize.centre_square` for a later centre crop of ``crop``
     (default ``size``), so that the evaluation's pixels are those of timm's transform of the file.
     ``shorter_side`` (without ``size``) shrinks an image whose shorter side is longer to that side, keeping
     its aspect ratio and its whole extent (no crop), so that random crops later still see the whole picture
@@ -368,7 +368,7 @@ def match_channels(x: torch.Tensor, in_chans: int) -> torch.Tensor:
     is the identity. Raises :class:`~vitlab.errors.InputError` for any other pair of counts."""
     import torch
 
-    from ..errors import InputError
+    from ...errors import InputError
 
     c = x.shape[-3]
     if c == in_chans:

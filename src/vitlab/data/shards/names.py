@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from ..errors import DataError
+from ...errors import DataError
 
 __all__ = ["MAX_SHARD_NAMES", "URL_SCHEMES", "count_names", "expand_spec", "quoted", "url_scheme"]
 

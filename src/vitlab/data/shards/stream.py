@@ -18,7 +18,7 @@ the epoch (local shards: a seek skips the members it does not own; URLs: streame
 Augmentation: each sample's random crop and flips are drawn from a generator seeded by (seed, epoch, position),
 so a sample gets the same augmentation whichever process decodes it. RandomResizedCrop's box is drawn on the
 original image; a JPEG is decoded at the smallest DCT scale that keeps the box at least the input size
-(:func:`~vitlab.data.decode.decode_encoded`).
+(:func:`~vitlab.data.images.decode.decode_encoded`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import DataError
-from .decode import decode_encoded, image_size, match_channels, typical_side
-from .folder_plan import FolderPlan
-from .loading import batches
-from .seeding import item_seed, seeded
-from .shard_source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_samples, open_shard, open_source
-from .sources import describe_splits
+from ...errors import DataError
+from ..images.decode import decode_encoded, image_size, match_channels, typical_side
+from ..images.storage import FolderStorage
+from ..pipeline.loading import batches
+from ..pipeline.seeding import item_seed, seeded
+from ..sources import describe_splits
+from .source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_samples, open_shard, open_source
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -61,7 +61,7 @@ DEFAULT_SHUFFLE_BUFFER = 8192
 """Samples in one shuffle window (timm's ``WDS_SHUFFLE_SIZE`` default is the same number, per worker)."""
 STATS_SAMPLES = 512
 """The first training samples of a shard run whose pixels give its input statistics (:func:`first_images`), as a
-folder run's come from its training images (:func:`~vitlab.data.transforms.channel_stats`)."""
+folder run's come from its training images (:func:`~vitlab.data.pipeline.transforms.channel_stats`)."""
 TRACE_ENV = "VITLAB_STREAM_TRACE"
 """A file to which the training process appends ``rank, epoch, position, key`` of each sample it trains on (tests)."""
 
@@ -237,7 +237,8 @@ class _Cursor:
 class TrainDecode:
     """Bytes -> the training input: RandomResizedCrop drawn on the original image (decoded no smaller than the
     crop needs), resized to ``img_size`` (bilinear, antialiased, as torchvision's), then ``rest`` (flip,
-    RandAugment, normalisation, random erasing: :func:`~vitlab.data.transforms.train_transform` without its crop)."""
+    RandAugment, normalisation, random erasing: :func:`~vitlab.data.pipeline.transforms.train_transform` without its
+    crop)."""
 
     def __init__(self, *, img_size, crop_scale, crop_ratio, in_chans: int, rest: Callable) -> None:
         self.size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -301,7 +302,7 @@ class StreamBatches:
 class StreamData:
     """A shard source as the trainer sees a :class:`~vitlab.data.sources.DataSplits`: lengths, classes, the sizes of
     the first samples (``sizes``: ``(width, height) -> count``, from their headers) and their typical side; the
-    images stay in the shards. ``plan``: the side a run chose for them (the rule folders are stored by,
+    images stay in the shards. ``storage``: the side a run chose for them (the rule folders are stored by,
     :func:`vitlab.train.sizing.side.folder_storage`; None: the typical side, evaluated whole)."""
 
     source: ShardSource
@@ -309,13 +310,13 @@ class StreamData:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     cache_files: list[Path] = field(default_factory=list)
     in_chans: int = 3
-    plan: FolderPlan | None = None
+    storage: FolderStorage | None = None
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """The resolution to train at: the plan's, else the typical side of the first samples, square."""
-        if self.plan is not None and self.plan.size is not None:
-            return self.plan.size
+        """The resolution to train at: the storage's, else the typical side of the first samples, square."""
+        if self.storage is not None and self.storage.size is not None:
+            return self.storage.size
         side = typical_side(self.sizes)
         return side, side
 
@@ -377,7 +378,7 @@ def open_stream_data(
 ) -> StreamData:
     """``--data spec`` (:func:`is_shard_spec`) resolved to its shards, with the sizes of the first shard's first
     samples (read from their headers): a run chooses its side from them as from a folder's headers. ``allow_pipe``: as
-    :func:`~vitlab.data.shard_source.open_source` takes it (only for a value typed with ``--allow-pipe``)."""
+    :func:`~vitlab.data.shards.source.open_source` takes it (only for a value typed with ``--allow-pipe``)."""
     src = open_source(spec, val_split=val_split, eval_only=eval_only, allow_pipe=allow_pipe)
     first = (src.val if eval_only else src.train).shards
     if not first:
