@@ -35,12 +35,12 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # a run, its data, loaders, model and one timed step without training it would serve all of these)
     "batches": ("vitlab.data.pipeline.loading", "batches"),  # the batches of a loader, as a run's loop iterates them
     "time_steps": ("vitlab.train.sizing.probe", "time_steps"),  # the run's own step-time probe
-    "load_run_data": ("vitlab.train.engine.data", "load_run_data"),  # the folder decoded as the run decodes it
+    "load_run_data": ("vitlab.train.engine.run_data", "load_run_data"),  # the folder decoded as the run decodes it
     "FolderLoaders": ("vitlab.train.engine.loaders", "FolderLoaders"),  # the run's training loaders
     "build_folder_loaders": ("vitlab.train.engine.loaders", "build_folder_loaders"),
     "amp": ("vitlab.train.engine.model", "amp"),  # the run's autocast dtype
     "build_net": ("vitlab.train.engine.model", "build_net"),  # the run's model
-    "planned_config": ("vitlab.train.engine.model", "planned_config"),  # the run's architecture, before the model
+    "run_model_config": ("vitlab.train.engine.model", "run_model_config"),  # the run's architecture, before the model
     "build_optimizer": ("vitlab.train.engine.optim", "build_optimizer"),  # the recipe's optimizer
     "Objective": ("vitlab.train.objectives", "Objective"),
     "build_objective": ("vitlab.train.objectives", "build_objective"),
@@ -71,14 +71,14 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # bench_deploy.py: the model argument's one rule (issue 57 moves it into the library, e.g. `vitlab.resolve_model`)
     # and the pieces `vitlab deploy` composes (public in `vitlab.deploy` as they are, they would serve it)
     "resolve_model": ("vitlab.commands._common", "resolve_model"),
-    "folder_images": ("vitlab.deploy.images", "folder_images"),
-    "generated_images": ("vitlab.deploy.images", "generated_images"),
+    "folder_images": ("vitlab.deploy.check_images", "folder_images"),
+    "generated_images": ("vitlab.deploy.check_images", "generated_images"),
     "int8_state": ("vitlab.deploy.quantize", "int8_state"),
     "ort_dynamic": ("vitlab.deploy.quantize", "ort_dynamic"),
     "ort_static": ("vitlab.deploy.quantize", "ort_static"),
     "torch_dynamic": ("vitlab.deploy.quantize", "torch_dynamic"),
-    "logits_of": ("vitlab.deploy.report", "logits_of"),
-    "timings": ("vitlab.deploy.report", "timings"),  # the batch-1 and batch-32 timings `vitlab deploy` reports
+    "logits_of": ("vitlab.deploy.agreement", "logits_of"),
+    "timings": ("vitlab.deploy.agreement", "timings"),  # the batch-1 and batch-32 timings `vitlab deploy` reports
     # bench_export.py, bench_deploy.py: one-file ONNX export and its session (issue 57 moves opening an export into
     # `vitlab.deploy`)
     "export_model": ("vitlab.export", "export_model"),

@@ -5,7 +5,7 @@ one run's whole input pipeline on a folder of full-size JPEG photos, against tim
 against the default model's training step, in one process:
 
 1. **vitlab, first decode**: the folder decoded once into the decode cache through the run's own loading path
-   (:func:`vitlab.train.engine.data.load_run_data`: the run's :func:`~vitlab.train.sizing.side.folder_storage`, JPEG
+   (:func:`vitlab.train.engine.run_data.load_run_data`: the run's :func:`~vitlab.train.sizing.side.folder_storage`, JPEG
    draft mode, photos stored with the shorter side about ``size / 0.875``), in a fresh cache under ``--out``; images/s
    of the whole folder (train and held-out), on ``load_data``'s decode threads.
 2. **vitlab, epoch**: the run's training loader (:func:`~vitlab.train.engine.loaders.build_folder_loaders` with the
@@ -73,8 +73,8 @@ from _common import (
     level_fields,
     load_run_data,
     photo_pixels,
-    planned_config,
     recipe_for,
+    run_model_config,
     sizing_choose,
     sizing_here,
     time_steps,
@@ -178,7 +178,7 @@ def run_model(cfg: TrainConfig, data: Any) -> tuple[Objective, torch.nn.Module, 
         here=here,
         num_classes=data.num_classes,
         log=lambda line: None,
-        architecture=lambda r: planned_config(cfg, r, data, objective=type(objective), init=None),
+        architecture=lambda r: run_model_config(cfg, r, data, objective=type(objective), init=None),
     )
     net, _ = build_net(cfg, sizing, data, objective=objective, init=None, dist=Dist(), device=CPU)
     return objective, net, torch.get_num_threads(), sizing.workers, sizing

@@ -230,7 +230,7 @@ def test_conf_imports_no_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-SIZING_RULES = ("recipe", "finetune", "levels", "side", "pace", "capacity", "steps", "result")
+SIZING_RULES = ("recipe", "finetune", "levels", "side", "pace", "capacity", "steps", "choice")
 """The rule modules of ``train/sizing`` (what is chosen, from what the probes measure): no torch."""
 
 
@@ -261,3 +261,26 @@ def test_few_lazy_imports_in_train_each_with_its_reason() -> None:
                 lazy.append((m, node.lineno, lines[node.lineno - 1]))
     assert len(lazy) <= MAX_LAZY_IN_TRAIN, lazy
     assert [x for x in lazy if "# lazy: " not in x[2]] == []
+
+
+SAME_NAME = {
+    "export.py": "the command `vitlab export` and the library's one-file export (vitlab.export)",
+    "fewshot.py": "the command `vitlab fewshot` and the few-shot evaluation it runs",
+    "finetune.py": "the command `vitlab finetune` and the fine-tune recipe rule it is sized by",
+    "figures.py": "the figures a run draws and those `vitlab inspect` draws (matplotlib)",
+    "health.py": "attention health measured (inspect) and its history while a model trains (persist)",
+    "mpp.py": "masked patch prediction: its colour head (models) and its objective (train)",
+    "navit.py": "NaViT's packing in each room: the options (conf), the input pipeline (data), the loaders (engine)",
+    "vit.py": "the ViT (models) and its fast path (accel)",
+}
+"""Module file names that more than one package uses, each for one job seen from two rooms. Any other shared
+name is two unrelated jobs under one name (before: three ``native.py``, two ``report.py``, ``result.py``)."""
+
+
+def test_no_two_modules_share_a_file_name_for_unrelated_jobs() -> None:
+    names: dict[str, list[str]] = {}
+    for m, path in MODULES.items():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(m)
+    shared = {name for name, mods in names.items() if len(mods) > 1}
+    assert shared == set(SAME_NAME), {n: names.get(n) for n in shared ^ set(SAME_NAME)}

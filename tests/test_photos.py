@@ -293,7 +293,7 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
 
         return passes
 
-    monkeypatch.setattr("vitlab.train.engine.data.budget_passes", fake)
+    monkeypatch.setattr("vitlab.train.engine.run_data.budget_passes", fake)
     code, _ = _train(data, tmp_path, *TINY, "--time-budget", "20s", "--stop-after", "1")
     assert code == 0
     said = capsys.readouterr().out

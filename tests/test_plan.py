@@ -8,14 +8,14 @@ import torch
 
 from vitlab.cli import main
 from vitlab.models import count_macs, create_model
-from vitlab.train.sizing.capacity import activation_bytes, plan, train_flops_per_image
+from vitlab.train.sizing.capacity import activation_bytes, estimate, train_flops_per_image
 
 B16_PARAMS = 86_567_656  # DESIGN.md, 224 px, 1000 classes
 
 
 def _plan(**kw):
     args = dict(model="vit_b16", img_size=224, batch_size=256, devices=1, device_memory=80 * 2**30)
-    return plan(**{**args, **kw})
+    return estimate(**{**args, **kw})
 
 
 def test_b16_model_states_are_16_bytes_a_parameter() -> None:

@@ -169,7 +169,7 @@ def test_fewshot_defaults_to_the_runs_own_data(tmp_path, capsys):
 def test_an_output_folder_is_never_read_as_data(tmp_path, capsys, monkeypatch):
     """The issue's case: `vitlab train --out digits` in an empty folder failed with "digits: no class folders"."""
     from vitlab.data.sources import data_folder
-    from vitlab.train.engine.data import data_location
+    from vitlab.train.engine.run_data import data_location
 
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--out", "digits", *TINY, "--epochs", "1", "--batch-size", "64", "--no-progress"]) == 0

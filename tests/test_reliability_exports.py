@@ -362,7 +362,7 @@ def test_config_holds_what_inference_needs(tmp_path):
 
 def test_serving_table_from_the_reports_measurement():
     """Which model serves which batch, decided from the report's own timings (injected here: never timed)."""
-    from vitlab.deploy.report import serving_table
+    from vitlab.deploy.agreement import serving_table
 
     def timing(int8_ms, fp32_ms, int8_ips, fp32_ips):
         return {

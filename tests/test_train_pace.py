@@ -117,17 +117,17 @@ def test_a_re_plan_moves_the_schedules_end_without_a_jump_both_ways():
     factor reached."""
     f = LRFactor(total_steps=1000, warmup_steps=100, schedule="cosine", min_ratio=0.0)
     lrs = [f(s) for s in range(400)]
-    f.refit_from(400, 2000, warmup_steps=200)  # longer: the warmup (over) is kept, the decay stretched
+    f.replan_from(400, 2000, warmup_steps=200)  # longer: the warmup (over) is kept, the decay stretched
     assert f(400) == pytest.approx(lrs[-1] + (lrs[-1] - lrs[-2]), abs=2e-3)
     lrs += [f(s) for s in range(400, 900)]
-    f.refit_from(900, 1200, warmup_steps=120)  # shorter again
+    f.replan_from(900, 1200, warmup_steps=120)  # shorter again
     lrs += [f(s) for s in range(900, 1200)]
     assert all(b <= a + 1e-12 for a, b in itertools.pairwise(lrs[100:]))
     assert max(abs(b - a) for a, b in itertools.pairwise(lrs[100:])) < 0.01
     assert lrs[-1] == pytest.approx(0.0, abs=1e-4)
     w = LRFactor(total_steps=1000, warmup_steps=100, schedule="cosine", min_ratio=0.0)
     reached = w(50)
-    w.refit_from(50, 500, warmup_steps=80)  # inside the warmup: on from the factor reached to 1 at step 80
+    w.replan_from(50, 500, warmup_steps=80)  # inside the warmup: on from the factor reached to 1 at step 80
     assert w(50) == pytest.approx(reached) and w(80) == pytest.approx(1.0) and w(499) < 0.01
 
 

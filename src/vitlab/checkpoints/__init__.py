@@ -293,7 +293,7 @@ def load_state(
     :class:`CheckpointError` and nothing is loaded, otherwise a warning lists them and the rest loads.
     Parameters whose names start with one of ``fresh`` keep their initial values and are not missing.
     """
-    state, problems, misshaped = _fit(model, state, fresh)
+    state, problems, misshaped = _adapt_state(model, state, fresh)
     if problems:
         msg = f"{source} does not fit the model: " + "; ".join(problems)
         if strict:
@@ -304,7 +304,7 @@ def load_state(
     model.load_state_dict(state, strict=False)
 
 
-def _fit(
+def _adapt_state(
     model: nn.Module, state: dict[str, torch.Tensor], fresh: tuple[str, ...]
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """``(state adapted to the model, problems, mis-shaped keys)``; reads only shapes of the model, so a
@@ -386,7 +386,7 @@ def load(
     )
     if strict:  # every shape checked on a model that holds no memory, before the real one is built
         with torch.device("meta"):
-            problems = _fit(VisionTransformer(cfg), state, fresh)[1]
+            problems = _adapt_state(VisionTransformer(cfg), state, fresh)[1]
         if problems:
             raise CheckpointError(f"{src} does not fit the model: {'; '.join(problems)}{_STRICT_HINT}")
     model = VisionTransformer(cfg)  # its head is zero-initialised

@@ -61,12 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from .._text import shown
     from .._units import size_option
     from ..resolve import model_source, source_config
-    from ..train.sizing.capacity import plan
+    from ..train.sizing.capacity import estimate
 
     memory = size_option("--device-memory", args.device_memory)
     source = model_source(args.model)  # the one model rule; nothing but the configuration is read
     config = None if source.kind == "architecture" else source_config(source)
-    pl = plan(
+    pl = estimate(
         model=args.model,
         config=config,
         img_size=args.img_size if args.img_size is not None else config.img_size[0] if config is not None else 224,

@@ -12,6 +12,7 @@ eval`` use it). :func:`export_model` writes one model file alone (``vitlab expor
     logits = open_exported("deploy/")(pixel_values)
 """
 
+from .agreement import format_report
 from .folder import (
     ExportInfo,
     exported_config,
@@ -23,7 +24,6 @@ from .folder import (
 from .graph import ExportError
 from .model_file import ExportResult, export_model, load_exported, run_exported
 from .pipeline import ExportOptions, export_folder
-from .report import format_report
 from .runtime import ExportedModel, open_exported
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .images import CheckImages
+from .check_images import CheckImages
 
 __all__ = ["agreement", "format_report", "logits_of", "serving_table", "timings"]
 

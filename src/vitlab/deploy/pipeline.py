@@ -22,6 +22,8 @@ from .._fs import atomic_write_text, output_error, staging
 from .._version import __version__
 from ..errors import ConfigError, OutputError
 from ..models.tome import check as tome_check
+from .agreement import agreement, logits_of, serving_table, timings
+from .check_images import CheckImages, folder_images, generated_images
 from .folder import (
     CONFIG_NAME,
     FLOAT_FILES,
@@ -35,9 +37,7 @@ from .folder import (
     write_config,
 )
 from .graph import check_opset, file_digest, read_graph
-from .images import CheckImages, folder_images, generated_images
 from .model_file import check_finite, export_model
-from .report import agreement, logits_of, serving_table, timings
 from .runtime import open_exported, save_torch
 
 __all__ = ["ExportOptions", "export_folder"]

@@ -289,7 +289,7 @@ def _subset(n: int, cap: int | None, seed: int) -> np.ndarray:
 
 
 @dataclass
-class _Plan:
+class _Split:
     fewshot: np.ndarray
     probe: np.ndarray
     val: np.ndarray
@@ -338,7 +338,7 @@ def evaluate_fewshot(
     )
     if cfg.l2_reg is None and len(val_idx) == 0:
         raise ConfigError("automatic l2_reg needs training images beyond the few-shot samples; pass a fixed --l2-reg")
-    plan = _Plan(shot_idx, probe_idx, val_idx)
+    plan = _Split(shot_idx, probe_idx, val_idx)
     test_idx = _subset(len(test), cfg.max_test, seed=4321)
 
     feats_tr = extract_features(

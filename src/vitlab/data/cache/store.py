@@ -126,7 +126,7 @@ def _key(
 
 def cache_key(paths: Sequence[str], size: int | str | None, mode: str) -> str:
     """The key of ``paths`` (their absolute paths, sizes and modification times), ``size`` and ``mode``: what a
-    training run's data fingerprint hashes (:func:`vitlab.train.engine.data.data_fingerprint`). Unlike the cache's
+    training run's data fingerprint hashes (:func:`vitlab.train.engine.run_data.data_fingerprint`). Unlike the cache's
     own key it does not change with the cache's format, so a run started before a new format still resumes."""
     return _key(paths, size, mode, version=_FINGERPRINT_VERSION)
 

@@ -109,7 +109,7 @@ class ShardSource:
     val_name: str
 
     def fingerprint(self) -> dict[str, object]:
-        """What ``--resume`` compares (the shape of :func:`vitlab.train.engine.data.data_fingerprint`): per split,
+        """What ``--resume`` compares (the shape of :func:`vitlab.train.engine.run_data.data_fingerprint`): per split,
         its samples and a digest of its shards' names, counts and checksums."""
 
         def key(s: ShardSet) -> str:

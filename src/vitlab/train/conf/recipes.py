@@ -25,7 +25,7 @@ RANDAUGMENT_OPS = 16
 
 LIMITS = {"--img-size": 16384, "--batch-size": 1 << 24, "--devices": 1 << 20, "--accum-steps": 1 << 20}
 """The largest value a run's recipe (:meth:`Recipe.validate`) and ``vitlab plan``
-(:func:`vitlab.train.sizing.capacity.check_plan_numbers`) take for each size: beyond any ViT training run (the
+(:func:`vitlab.train.sizing.capacity.check_capacity_numbers`) take for each size: beyond any ViT training run (the
 paper's largest batch is 4096 at 224-518 px); a bigger number is a typo, and planning it would print astronomical
 figures (or hang)."""
 

@@ -18,7 +18,7 @@ from ...data.pipeline.seeding import SeededItems, item_seed
 from ...distributed import Dist
 from ..conf.options import OptionError, ref
 from ..conf.train_config import TrainConfig
-from ..sizing.result import Sizing
+from ..sizing.choice import Sizing
 from .schedule import resize_batch
 from .signals import ignore_stop_signals
 

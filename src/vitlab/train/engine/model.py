@@ -32,7 +32,7 @@ from ..conf.recipes import Recipe
 from ..conf.rules import check_init
 from ..conf.train_config import TrainConfig
 from ..objectives import Objective
-from ..sizing.result import Sizing
+from ..sizing.choice import Sizing
 from .messages import init_line
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ __all__ = [
     "build_model",
     "build_net",
     "input_norm",
-    "planned_config",
+    "run_model_config",
     "seed_all",
     "whiten_first_conv",
 ]
@@ -141,7 +141,7 @@ def build_model(
     return accelerate(VisionTransformer(c))
 
 
-def planned_config(
+def run_model_config(
     cfg: TrainConfig, recipe: Recipe, data: DataSplits, *, objective: type[Objective], init: InitModel | None
 ) -> ViTConfig:
     """The configuration of the run's model with ``recipe`` before it is built (the architecture, computed once:
@@ -200,7 +200,7 @@ def build_net(
         model, line = init.build(cfg, r, num_classes=n, class_names=names)
     else:
         norm = input_norm(cfg, data)
-        mc = sizing.model or planned_config(cfg, r, data, objective=type(objective), init=None)
+        mc = sizing.model or run_model_config(cfg, r, data, objective=type(objective), init=None)
         model = accelerate(VisionTransformer(mc.replace(mean=norm[0], std=norm[1]) if norm else mc))
     if r.whiten_init:
         whiten_first_conv(model, data, seed=cfg.seed, crop_pct=r.crop_pct)

@@ -30,8 +30,8 @@ from ...evaluate.own_aspect import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
 from ..conf.options import OptionError, ref
 from ..conf.train_config import TrainConfig
+from ..sizing.choice import Sizing
 from ..sizing.memory import PackGeometry, pack_geometry
-from ..sizing.result import Sizing
 from .loaders import EpochCut, RunLoaders
 from .shards import FirstSamples
 from .signals import ignore_stop_signals

@@ -47,12 +47,12 @@ from ..sizing import Here, Sizing, choose, plan
 from ..sizing.budget import Replanner
 from ..sizing.memory import check_model_size
 from ..sizing.steps import RunPlan
-from .data import load_run_data, run_data_fingerprint
 from .loaders import build_folder_loaders
-from .model import InitModel, amp, build_net, planned_config
+from .model import InitModel, amp, build_net, run_model_config
 from .navit import navit_loaders
 from .optim import Optimization, build_optimization, build_optimizer
 from .parallel import ddp_memory_hint, distribute, shard_line
+from .run_data import load_run_data, run_data_fingerprint
 from .schedule import StepSchedule
 from .shards import build_shard_loaders
 from .signals import StopSignals
@@ -179,7 +179,7 @@ def prepare(
     sizing = choose(
         cfg, data=data, here=here, num_classes=num_classes, init=init.config if init is not None else None,
         teacher=teacher.config if teacher is not None else None, saved=saved, resumed=state is not None, log=log,
-        architecture=lambda recipe: planned_config(cfg, recipe, data, objective=kind, init=init),
+        architecture=lambda recipe: run_model_config(cfg, recipe, data, objective=kind, init=init),
     )  # fmt: skip
     recipe = sizing.recipe
     objective = build_objective(cfg, recipe, data, device=device, teacher=teacher)
@@ -210,7 +210,7 @@ def prepare(
         run_plan = sizing.plan  # type: ignore[assignment]
     lr = recipe.scaled_lr(recipe.batch_size)
     schedule = StepSchedule(recipe)
-    schedule.refit(run_plan.total_steps, warmup_steps=run_plan.warmup_steps)
+    schedule.stretch(run_plan.total_steps, warmup_steps=run_plan.warmup_steps)
     opt = build_optimization(net, recipe=recipe, lr=lr, device=device, use_scaler=use_scaler,
                              lr_factor=schedule.lr)  # fmt: skip
     saver = CheckpointSaver(out, dist=dist, device=device, sharded=cfg.fsdp, log=log)
@@ -260,7 +260,7 @@ def _start_position(
             f"{out / 'last.pt'}: its weights or optimizer state do not fit the run it describes ({type(e).__name__}: "
             f"{first}); start a new run (--overwrite)"
         ) from None
-    schedule.refit(plan.total_steps, warmup_steps=plan.warmup_steps)  # the saved length, or the one --epochs set
+    schedule.stretch(plan.total_steps, warmup_steps=plan.warmup_steps)  # the saved length, or the one --epochs set
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
     if p.step >= plan.total_steps or p.epoch >= plan.epochs:

@@ -15,7 +15,7 @@
   steps, on every token, then classification (:mod:`vitlab.train.objectives.warmstart`).
 
 Every phase is a fraction (or a count) of the planned steps: when a time budget re-plans the run
-(:meth:`StepSchedule.refit`), each moves with the plan's end. The trainer applies what :meth:`~StepSchedule.lookup`
+(:meth:`StepSchedule.stretch`), each moves with the plan's end. The trainer applies what :meth:`~StepSchedule.lookup`
 says: the LR through a ``LambdaLR`` whose lambda is the schedule's :class:`LRFactor` (its numbers are the
 scheduler's state in ``last.pt``), the size to each batch, the rest after each step.
 """
@@ -68,7 +68,7 @@ class LRFactor:
     """:func:`lr_factor` as the lambda of a ``LambdaLR``, which keeps its ``__dict__`` (plain numbers) in its
     ``state_dict``: ``last.pt`` holds the schedule, and a resumed run reads it back.
 
-    A time budget's re-plan moves the end of a running schedule (:meth:`refit_from`) without a jump in the LR: from
+    A time budget's re-plan moves the end of a running schedule (:meth:`replan_from`) without a jump in the LR: from
     the step it is made at (the *anchor*), a warmup still running goes on linearly from the factor it had reached to
     1 at its new end, and a decay goes on from where it was (the cosine's phase at the anchor) to its end at the new
     total, stretched or squeezed. So the LR is continuous at every re-plan, and never rises after the warmup."""
@@ -116,7 +116,7 @@ class LRFactor:
         t0, s0 = (self.anchor_t, a) if a > 0 and a >= w else (0.0, w)
         return min(1.0, t0 + (1 - t0) * (step - s0) / max(1, self.total_steps - s0))
 
-    def refit_from(self, step: int, total_steps: int, *, warmup_steps: int) -> None:
+    def replan_from(self, step: int, total_steps: int, *, warmup_steps: int) -> None:
         """Re-plan at ``step`` (the next step's index) to end at ``total_steps``, the LR continuous at ``step``.
         ``warmup_steps``: the warmup the new plan asks for, used only while the warmup is still running: it then
         ends there (from the factor reached, linearly), or here, at a lower peak, when the new plan's warmup has
@@ -143,7 +143,7 @@ def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
 class StepSchedule:
     """The run's steps (see the module's notes): the ``recipe``'s phases over ``lr.total_steps`` planned optimizer
     steps; ``lr``: the learning-rate factor the optimizer's ``LambdaLR`` calls (None: the recipe's, fitted to the
-    plan by :meth:`refit` before the optimizer is built)."""
+    plan by :meth:`stretch` before the optimizer is built)."""
 
     def __init__(self, recipe: Recipe, *, lr: LRFactor | None = None) -> None:
         self.recipe = recipe
@@ -153,16 +153,16 @@ class StepSchedule:
     def total_steps(self) -> int:
         return self.lr.total_steps
 
-    def refit_from(self, step: int, total_steps: int, *, steps_per_epoch: int) -> int:
+    def replan_from(self, step: int, total_steps: int, *, steps_per_epoch: int) -> int:
         """Re-plan a running schedule at ``step`` to end at ``total_steps``, the LR continuous there
-        (:meth:`LRFactor.refit_from`): a warmup still running ends where the new plan's would
+        (:meth:`LRFactor.replan_from`): a warmup still running ends where the new plan's would
         (:func:`~vitlab.train.conf.phases.warmup_for`), going on from the LR it reached; a finished one is kept and
         the decay re-fitted from where it is. Every phase moves with the new end. Returns the warmup's length."""
         wanted, _ = warmup_for(self.recipe, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
-        self.lr.refit_from(step, total_steps, warmup_steps=wanted)
+        self.lr.replan_from(step, total_steps, warmup_steps=wanted)
         return self.lr.warmup_steps
 
-    def refit(self, total_steps: int, *, warmup_steps: int | None = None) -> None:
+    def stretch(self, total_steps: int, *, warmup_steps: int | None = None) -> None:
         """Stretch or shrink every phase so that the run ends at optimizer step ``total_steps`` (and, when given,
         the LR warmup ends at ``warmup_steps``)."""
         self.lr.total_steps = total_steps

@@ -16,7 +16,7 @@ from ...data.shards.source import ShardSet, image_and_label, iter_samples, open_
 from ...data.shards.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
 from ...distributed import Dist
 from ..conf.train_config import TrainConfig
-from ..sizing.result import Sizing
+from ..sizing.choice import Sizing
 from .loaders import EpochCut, too_few_images
 from .signals import ignore_stop_signals
 

@@ -38,10 +38,9 @@ from ..persist.outputs import (
 from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..sizing.budget import Replanner
+from ..sizing.choice import Sizing
 from ..sizing.machine import ThreadWatch
-from ..sizing.result import Sizing
 from ..sizing.steps import Replan, RunPlan
-from .data import data_record
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
 from .messages import WallEstimate, before_line, epoch_line, start_line, stopped_line
@@ -49,6 +48,7 @@ from .model import HeadOnly
 from .navit import packed_counts, packed_metrics
 from .optim import Optimization
 from .parallel import full_model, lockstep
+from .run_data import data_record
 from .schedule import Step, StepSchedule
 from .signals import StopSignals
 from .watch import AttentionWatch, measure_epoch, run_context
@@ -262,10 +262,10 @@ class Trainer:
 
     def _replanned(self, total: int, per_step: float, *, at: str) -> None:
         """Re-fit the schedule to end at ``total`` from the current step, the LR continuous there
-        (:meth:`~vitlab.train.engine.schedule.StepSchedule.refit_from`). ``at``: after a step, or at an epoch's end
+        (:meth:`~vitlab.train.engine.schedule.StepSchedule.replan_from`). ``at``: after a step, or at an epoch's end
         (the line says so); the move is kept in the plan, so that a replay makes it at the same point."""
         was = self.plan.total_steps
-        warm = self.schedule.refit_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
+        warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
         which = "the steps since the last plan took" if at == "epoch" else "the run's own steps take"

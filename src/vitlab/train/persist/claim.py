@@ -151,7 +151,7 @@ def _tensorboard_files(folder: Path) -> list[Path]:
     return found
 
 
-def _plan(out: Path) -> tuple[list[Path], list[str]]:
+def _overwrite_targets(out: Path) -> tuple[list[Path], list[str]]:
     """``(what --overwrite removes, what vitlab did not write and would replace)`` among the run's names."""
     remove, foreign = [], []
     for name in RUN_OUTPUTS:
@@ -201,7 +201,7 @@ def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Calla
         )
     if init is not None and Path(init).exists() and out.resolve() in Path(init).resolve().parents:
         raise ConfigError(f"--init {init}: is inside {out}, which --overwrite would clear; copy it elsewhere first")
-    remove, foreign = _plan(out)
+    remove, foreign = _overwrite_targets(out)
     if foreign:
         raise ConfigError(
             f"--overwrite: {out} holds {', '.join(foreign)}, which vitlab did not write and the new run would "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._fs import append_text, atomic_write_text
 from ..conf.config_file import config_text
-from ..sizing.result import SIZING_FILE, Sizing
+from ..sizing.choice import SIZING_FILE, Sizing
 from ..sizing.steps import RunPlan
 from .advice import top1_stderr
 from .position import RunPosition
@@ -135,7 +135,7 @@ def run_summary(
     ``model_epoch``: what ``vitlab eval`` and ``confusion.png`` report for them), the last epoch's and the best one
     (from the ``metrics.jsonl`` ``rows``), the evaluation split's size and the standard error of top-1 on it, how far
     the run got against its plan, its throughput, the model, the data (with ``data_record``: its absolute location and
-    fingerprint, :func:`~vitlab.train.engine.data.data_record`) and the recipe."""
+    fingerprint, :func:`~vitlab.train.engine.run_data.data_record`) and the recipe."""
     p = position
     kept = model_epoch(rows, keep=cfg.keep)
     best = model_epoch(rows, keep="best")

@@ -19,7 +19,7 @@ from ...checkpoints import save
 from ...distributed import Dist
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig
-from ..sizing.result import Sizing
+from ..sizing.choice import Sizing
 from ..sizing.steps import RunPlan
 from .dcp import prune, read_sharded, sharded_folder, write_sharded
 from .outputs import write_sizing
@@ -72,7 +72,7 @@ class CheckpointSaver:
         every rank calls it (their RNG states are gathered; with ``--fsdp`` every rank first writes its shards of
         the weights and optimizer state into the folder ``last.pt`` then names), rank 0 writes the file and deletes
         the sharded folders it no longer names. ``data_fingerprint``
-        (:func:`~vitlab.train.engine.data.data_fingerprint`) lets ``--resume`` detect changed data; ``packed``: the
+        (:func:`~vitlab.train.engine.run_data.data_fingerprint`) lets ``--resume`` detect changed data; ``packed``: the
         epoch's ``(tokens, slots)`` so far, all processes together (``--pack``: the padding of the epoch)."""
         d = self.dist
         sharded = None
@@ -172,7 +172,7 @@ class CheckpointSaver:
     ) -> None:  # fmt: skip
         """``model/``: ``model`` as a vitlab folder with what produced it (the ``recipe`` trained with, data, epoch,
         accuracy, ``--init``).
-        ``data``: what the run records of its data (:func:`vitlab.train.engine.data.data_record`: its absolute
+        ``data``: what the run records of its data (:func:`vitlab.train.engine.run_data.data_record`: its absolute
         location, fingerprint, how a folder was stored), else ``cfg.data`` as given. It replaces the run's own earlier
         ``model/`` (the run folder was checked when the run started); a link named ``model`` is replaced by a folder
         of its own, never written into (:func:`~vitlab._fs.own_folder`)."""

@@ -20,7 +20,7 @@ from ..._fs import replacing
 from ...checkpoints.files import torch_load_safe
 from ...errors import CheckpointError, ConfigError, OutputError
 from ..conf.train_config import read_saved_config
-from ..sizing.result import Sizing
+from ..sizing.choice import Sizing
 
 __all__ = ["atomic_torch_save", "check_state", "get_rng_state", "load_state", "read_resume_state", "set_rng_state"]
 

@@ -29,8 +29,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .choice import SIZING_FILE, Sizing, read_sizing
     from .probe import Here
-    from .result import SIZING_FILE, Sizing, read_sizing
     from .sizer import choose, plan, recipe_for
     from .steps import Replan, RunPlan
 
@@ -38,9 +38,9 @@ __all__ = ["SIZING_FILE", "Here", "Replan", "RunPlan", "Sizing", "choose", "plan
 
 _WHERE = {
     "Here": "probe",
-    "SIZING_FILE": "result",
-    "Sizing": "result",
-    "read_sizing": "result",
+    "SIZING_FILE": "choice",
+    "Sizing": "choice",
+    "read_sizing": "choice",
     "choose": "sizer",
     "plan": "sizer",
     "recipe_for": "sizer",

@@ -210,7 +210,7 @@ class Replanner:
     still to go are re-fitted to what that pace, the evaluations still to come and the time left allow, shorter when
     the machine slowed, longer when it recovered. The time left is read from the clock, so time lost to a slow
     stretch is made up by the steps that follow, and the run ends on its budget. Each move re-fits the LR schedule
-    from the current step without a jump (:meth:`~vitlab.train.engine.schedule.LRFactor.refit_from`).
+    from the current step without a jump (:meth:`~vitlab.train.engine.schedule.LRFactor.replan_from`).
 
     A replayed run (:meth:`replaying`) measures nothing: it makes the recorded moves at the recorded steps."""
 
@@ -368,7 +368,7 @@ class Replanner:
         (moves,) = broadcast_ints([int(off_pace or off_end)], dist, device)  # every rank decides as rank 0
         if not moves:
             return None
-        total = self._refit(step=step, planned=planned, per_step=pace, now=now, dist=dist, device=device)
+        total = self._new_total(step=step, planned=planned, per_step=pace, now=now, dist=dist, device=device)
         if total is not None:
             self.per_step = pace
         return total
@@ -383,7 +383,7 @@ class Replanner:
         last evaluation's extra cost."""
         return self.budget - (now - self.t_start) - budget_reserve(self.budget) - self.eval_s * self.last_extra
 
-    def _refit(
+    def _new_total(
         self, *, step: int, planned: int, per_step: float, now: float, dist: Dist, device: torch.device
     ) -> int | None:
         """The new total at ``per_step`` seconds a step from ``now`` on (rank 0's, on every rank), or None when it

@@ -45,15 +45,15 @@ __all__ = [
     "MAX_PEAK_TFLOPS",
     "PAPER_RUNS",
     "TPUV3_CORE_TFLOPS",
-    "MemoryPlan",
+    "Capacity",
+    "MemoryNeed",
     "PaperRun",
-    "Plan",
     "activation_bytes",
     "block_params",
-    "check_plan_numbers",
+    "check_capacity_numbers",
+    "estimate",
     "grid_tokens",
     "inference_bytes",
-    "plan",
     "state_bytes",
     "train_flops_per_image",
 ]
@@ -65,7 +65,7 @@ MAX_DEVICE_MEMORY = 1 << 50  # 1 PiB: no accelerator comes near it
 MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: three orders of magnitude past an H100's dense bf16
 
 
-def check_plan_numbers(
+def check_capacity_numbers(
     *,
     img_size: int,
     batch_size: int,
@@ -119,7 +119,7 @@ PAPER_RUNS = (
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class MemoryNeed:
     """Bytes per device for one strategy."""
 
     strategy: str
@@ -134,7 +134,7 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Capacity:
     """Everything ``vitlab plan`` prints: memory per strategy, step time, the paper's runs at this MFU."""
 
     model: str
@@ -147,7 +147,7 @@ class Plan:
     """Images per forward pass on one device: ``batch_size / (devices x accum_steps)``."""
     accum_steps: int
     device_memory: int
-    memory: tuple[MemoryPlan, ...]
+    memory: tuple[MemoryNeed, ...]
     step_seconds: float
     step_seconds_checkpointing: float
     images_per_second: float
@@ -282,16 +282,16 @@ def state_bytes(
     block: int = 0,
     root: int = 0,
     activations: int = 0,
-) -> MemoryPlan:
+) -> MemoryNeed:
     """Model states per device (see the module notes): every parameter's fp32 weight, gradient and optimizer
     state under DDP (``strategy="DDP"``); under FSDP ``1/devices`` of them plus the unsharded parameters of the
     block computing, the one prefetched and the root's (``block``, ``root``: their parameter counts), and the
     unsharded gradients of one block and the root."""
     per = OPTIMIZER_BYTES[optimizer]
     if strategy == "DDP":
-        return MemoryPlan(strategy, params * 4, params * 4, params * per, activations)
+        return MemoryNeed(strategy, params * 4, params * 4, params * per, activations)
     gathered = 2 * block + root
-    return MemoryPlan(
+    return MemoryNeed(
         strategy,
         weights=math.ceil(params * 4 / devices) + gathered * 4,
         gradients=math.ceil(params * 4 / devices) + (block + root) * 4,
@@ -308,7 +308,7 @@ def block_params(model: object) -> tuple[int, int]:
     return max(per), total - sum(per)
 
 
-def plan(
+def estimate(
     *,
     model: str,
     img_size: int,
@@ -320,7 +320,7 @@ def plan(
     precision: str = "fp32",
     accum_steps: int = 1,
     config: ViTConfig | None = None,
-) -> Plan:
+) -> Capacity:
     """The plan for training registered model ``model`` (or the model of ``config``, named ``model``: a run folder's,
     a checkpoint's) at ``img_size`` with a global ``batch_size``
     split over ``devices`` devices of ``device_memory`` bytes each and ``accum_steps`` accumulation steps (by
@@ -330,7 +330,7 @@ def plan(
 
     from ...models import VisionTransformer, count_macs, create_model  # lazy: as torch, for the meta model
 
-    check_plan_numbers(
+    check_capacity_numbers(
         img_size=img_size,
         batch_size=batch_size,
         devices=devices,
@@ -363,7 +363,7 @@ def plan(
     rate = devices * peak_tflops * 1e12 * mfu  # useful FLOP/s of the whole job
     step = batch_size * train_flops_per_image(macs) / rate
     step_ckpt = batch_size * train_flops_per_image(macs, checkpointing=True) / rate
-    return Plan(
+    return Capacity(
         model=model,
         img_size=img_size,
         params=params,
@@ -387,7 +387,7 @@ def paper_run(run: PaperRun, *, mfu: float, peak_tflops: float, devices: int) ->
     """One of the paper's runs: its total FLOPs, the TPUv3-core-days it would take at 100 % and at
     ``mfu``, the MFU that the paper's core-days imply, and the days on ``devices`` devices of
     ``peak_tflops`` at ``mfu``."""
-    import torch  # lazy: as in plan()
+    import torch  # lazy: as in estimate()
 
     from ...models import count_macs, create_model  # lazy: as torch, for the meta-device model
 

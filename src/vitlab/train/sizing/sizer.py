@@ -1,5 +1,5 @@
 """The room's two steps (see :mod:`vitlab.train.sizing`): :func:`choose`, before the model is built, makes the run's
-:class:`~.result.Sizing` from what the rules decide on what the probes measure; :func:`plan`, after the loaders,
+:class:`~.choice.Sizing` from what the rules decide on what the probes measure; :func:`plan`, after the loaders,
 completes it with the plan of steps."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from ..conf.navit import pack_recipe
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, objective_name
 from .budget import Replanner, plan_run
+from .choice import Sizing
 from .finetune import finetune_recipe
 from .machine import fix_threads, set_threads, threads_line, workers_for
 from .memory import memory_split
 from .pace import Pace
 from .probe import Here, epoch_seconds, measure_pace, wants_epoch_sides, wants_pace
 from .recipe import classify_recipe, mpp_recipe
-from .result import Sizing
 from .side import FAST_SIDE, faster_side_line, holds_photos, sized_recipe
 
 __all__ = ["choose", "plan", "recipe_for"]
