@@ -193,6 +193,25 @@ def test_loading_state_dict_at_other_resolution_resamples() -> None:
     assert torch.equal(big.pos_embed[:, 0], small.pos_embed[:, 0])  # class row kept
 
 
+def test_vit_is_one_class_that_loads_other_resolutions_itself() -> None:
+    """The model is one ``nn.Module`` class in ``models/vit.py`` (files split by concern, not by line count: no
+    mixins), and loading a checkpoint trained at another resolution (Sec. 3.2) is its own method there: the hook
+    ``load_state_dict`` calls resamples E_pos in 2-D to the model's grid."""
+    from vitlab.models import posemb, vit
+
+    assert vit.VisionTransformer.__mro__[1:] == (torch.nn.Module, object)
+    for name in ("_load_from_state_dict", "adapt_state_dict"):
+        method = vit.VisionTransformer.__dict__[name]
+        assert (method.__module__, method.__qualname__) == ("vitlab.models.vit", f"VisionTransformer.{name}")
+    small = _randomise(vit.VisionTransformer(**TINY))  # a 4 x 4 grid
+    big = vit.VisionTransformer(**{**TINY, "img_size": 48})  # 6 x 6
+    big.load_state_dict(small.state_dict())
+    want = posemb.resample_posemb(
+        small.pos_embed.detach(), (6, 6), old_grid=(4, 4), num_prefix_tokens=1, mode=big.config.posemb_resample
+    )
+    assert torch.equal(big.pos_embed.detach(), want)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

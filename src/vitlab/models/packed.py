@@ -17,6 +17,10 @@ laid end to end in sequences of a fixed length, and the ViT of Eq. 1-4 runs on t
 So each image's logits are those of the unpacked model on that image alone (to float rounding). What is not
 packed-aware is refused: axial attention, 2-D RoPE, a hybrid stem, replaced blocks, token merging, and token
 dropping inside the model (drop tokens before packing instead: :func:`drop_tokens`).
+
+The packing, its checks and the block-diagonal attention live here; the model's entry points (``model(packed)``,
+:meth:`~.vit.VisionTransformer.embed_packed`, ``encode_packed``, ``forward_packed``) are methods of the class in
+:mod:`.vit`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from .layers import Attention, Block, PatchEmbed
 __all__ = [
     "ATTENTION_METHODS",
     "PackedAttention",
-    "PackedInput",
     "PackedPatches",
     "PatchTokens",
     "drop_tokens",
@@ -279,71 +282,3 @@ def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> t
     valid = steps[None] < length[:, None]
     idx = torch.where(valid, start[:, None] + steps[None], start[:, None])
     return tokens.reshape(-1, tokens.shape[-1])[idx], valid[..., None].to(tokens.dtype)
-
-
-class PackedInput:
-    """Packed input for :class:`~.vit.VisionTransformer` (a mixin: it reads ``config``, ``patch_embed``, the
-    prefix tokens, ``patch_posemb``, ``encode`` and ``forward_head``). ``model(packed)`` gives ``(n, classes)``."""
-
-    packed_attention: str = "split"
-    """How attention stays within each packed image: one of :data:`ATTENTION_METHODS` (:class:`PackedAttention`)."""
-
-    def embed_packed(self, packed: PackedPatches) -> torch.Tensor:
-        """Eq. 1 for each packed image: ``(B, S, D)``, each image's segment ``[prefix tokens; x_p E] + E_pos``,
-        zeros at padding."""
-        return self._embed_packed(packed, check(self, packed)[0])
-
-    def _embed_packed(self, packed: PackedPatches, start: torch.Tensor) -> torch.Tensor:
-        m: Any = self
-        cfg = m.config
-        proj = m.patch_embed.proj
-        tokens = F.linear(packed.patches, proj.weight.flatten(1), proj.bias)
-        ids = packed.image_ids.reshape(-1)
-        valid = ids >= 0
-        img = ids.clamp(min=0)
-        patch = (packed.rows.reshape(-1) >= 0)[:, None]
-        d = tokens.shape[-1]
-        # E_pos of each patch token: the tables of the images' distinct grids end to end, and a zero row
-        pe = torch.zeros(1, d, dtype=tokens.dtype, device=tokens.device)
-        row = torch.zeros_like(ids)
-        if cfg.posemb != "none":
-            grids, which = torch.unique(packed.grids, dim=0, return_inverse=True)
-            tables = [m.patch_posemb((int(h), int(w)), like=tokens)[0] for h, w in grids.tolist()]
-            sizes = grids[:, 0] * grids[:, 1]
-            offsets = torch.cumsum(sizes, 0) - sizes
-            pe = torch.cat([*tables, pe.to(tables[0].dtype)])
-            at = offsets[which[img]] + packed.rows.reshape(-1) * packed.grids[img, 1] + packed.cols.reshape(-1)
-            row = torch.where(patch[:, 0], at, len(pe) - 1)
-        # the prefix tokens (each with its row of E_pos for the 1-D learned table), and a zero row
-        p = m.num_prefix_tokens
-        pre_rows = [t[0] for t in (m.cls_token, m.dist_token, m.reg_token) if t is not None]
-        pre = torch.cat(pre_rows) if pre_rows else tokens.new_zeros(0, d)
-        if p and cfg.posemb == "learn":
-            pre = pre + m.pos_embed[0, :p]
-        pre = torch.cat([pre, pre.new_zeros(1, d)])
-        slot = torch.arange(ids.numel(), device=ids.device) - start[img]
-        slot = torch.where(valid & ~patch[:, 0], slot, p)
-        z = torch.where(patch, tokens.reshape(-1, d) + pe[row], pre[slot])
-        return m.norm_pre(m.pos_drop(z.view(tokens.shape)))
-
-    def encode_packed(self, packed: PackedPatches, *, attention: bool = False) -> dict[str, Any]:
-        """Eq. 1-3 and the final LayerNorm on packed images: ``encoded`` ``(B, S, D)``, ``start`` and ``length``
-        of each image's tokens; with ``attention``, each layer's (block-diagonal) weights ``(B, heads, S, S)``."""
-        m: Any = self
-        start, length = check(m, packed)
-        z = self._embed_packed(packed, start)
-        packing = PackedAttention(packed.image_ids, m.packed_attention)
-        out = m.encode(z, m.config.grid_size, attention=attention, packing=packing)
-        return {**out, "start": start, "length": length}
-
-    def forward_packed(self, packed: PackedPatches, *, pre_logits: bool = False, return_attention: bool = False) -> Any:
-        """Logits ``(n, classes)`` of the packed images (pooled features with ``pre_logits``); with
-        ``return_attention`` also each layer's attention weights over the packed sequences."""
-        m: Any = self
-        want = return_attention or m._captured is not None
-        out = self.encode_packed(packed, attention=want)
-        if m._captured is not None:
-            m._captured.extend(out["attention"])
-        x, size = unpack(out["encoded"], out["start"], out["length"])
-        y = m.forward_head(x, pre_logits=pre_logits, token_size=size)
-        return (y, out["attention"]) if return_attention else y

@@ -3,19 +3,22 @@
 Fine-tuning at a higher resolution keeps the patch size, so the patch grid
 grows and "we perform 2D interpolation of the pre-trained position
 embeddings, according to their location in the original image" (Sec. 3.2).
+
+The resampling lives here as plain functions; loading a checkpoint trained at another resolution
+(``load_state_dict`` resampling the stored position embeddings to the model's grid) is a method of
+:class:`~.vit.VisionTransformer` (:meth:`~.vit.VisionTransformer.adapt_state_dict`), in :mod:`.vit`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "OtherResolutionLoad",
     "ResampleMode",
     "grid_of",
     "patch_posemb_table",
@@ -165,38 +168,3 @@ def patch_posemb_table(
 @functools.lru_cache(maxsize=16)
 def _sincos(grid_h: int, grid_w: int, dim: int) -> torch.Tensor:
     return sincos_2d(grid_h, grid_w, dim)[None]
-
-
-class OtherResolutionLoad:
-    """Mixin of :class:`~vitlab.models.VisionTransformer`: ``load_state_dict`` accepts a checkpoint trained at
-    another resolution, its position embeddings resampled in 2-D to this model's grid (Sec. 3.2, fine-tuning at a
-    higher resolution). Reads the model's ``config``, ``pos_embed`` and ``num_prefix_tokens``."""
-
-    config: Any
-    pos_embed: torch.Tensor
-    num_prefix_tokens: int
-
-    def adapt_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        """Resample, in place, position embeddings stored for another (square) grid to this
-        model's grid (Sec. 3.2); other tensors are left alone. Returns ``state_dict``."""
-        cfg = self.config
-        key = prefix + "pos_embed"
-        if cfg.posemb == "learn" and key in state_dict:
-            pe = state_dict[key]
-            if pe.ndim == 3 and pe.shape[1] != self.pos_embed.shape[1] and pe.shape[-1] == cfg.embed_dim:
-                n_prefix = self.num_prefix_tokens
-                old = pe.shape[1] - n_prefix
-                if old > 0 and math.isqrt(old) ** 2 == old:
-                    state_dict[key] = resample_posemb(
-                        pe, cfg.grid_size, old_grid=grid_of(old), num_prefix_tokens=n_prefix, mode=cfg.posemb_resample
-                    )  # type: ignore[arg-type]
-        for axis, n in (("row", cfg.grid_size[0]), ("col", cfg.grid_size[1])):
-            k = f"{prefix}pos_embed_{axis}"
-            if cfg.posemb == "learn2d" and k in state_dict and state_dict[k].ndim == 3 and state_dict[k].shape[1] != n:
-                state_dict[k] = resample_1d(state_dict[k], n, mode=cfg.posemb_resample)  # type: ignore[arg-type]
-        return state_dict
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """``load_state_dict`` accepts checkpoints of another resolution: see :meth:`adapt_state_dict`."""
-        self.adapt_state_dict(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

@@ -1,19 +1,19 @@
-"""timm's model API on the Vision Transformer: the names and meanings of
-``timm.models.VisionTransformer`` (``num_features``, ``reset_classifier``, ``get_intermediate_layers``,
-``set_grad_checkpointing``, ``group_matcher`` ...), so code written for timm runs on vitlab's model.
-Nothing here adds to the paper's model: it names what :class:`~vitlab.models.VisionTransformer` has."""
+"""timm's conventions for a model's config: ``pretrained_cfg`` (the preprocessing a model is evaluated with, its
+classifier's name, a public checkpoint's Hub repo) and timm's names for the pooling (``token``, ``avg``, ``map``).
+
+The timm-named methods themselves (``pretrained_cfg``, ``num_features``, ``reset_classifier``,
+``get_intermediate_layers``, ``set_grad_checkpointing``, ``group_matcher`` ...) are methods of
+:class:`~vitlab.models.vit.VisionTransformer`, in :mod:`vitlab.models.vit`; they call the functions here, which
+the checkpoint readers, the registry and the exported folders use too. Nothing here adds to the paper's model."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
 from ..errors import ConfigError
 from .config import ViTConfig
 
-__all__ = ["EVAL_CROP_MODE", "EVAL_INTERPOLATION", "TIMM_POOL", "TimmModelApi", "pool_name", "pretrained_cfg"]
+__all__ = ["EVAL_CROP_MODE", "EVAL_INTERPOLATION", "TIMM_POOL", "pool_name", "pretrained_cfg"]
 
 EVAL_INTERPOLATION = "bicubic"
 """How vitlab's evaluation resizes (:func:`vitlab.data.eval_transform` and the decode cache: PIL's bicubic, timm's
@@ -77,152 +77,3 @@ def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
         out["label_names"] = tuple(cfg.class_names)
     out.update({k: cfg.extra[k] for k in _CARRIED if isinstance(cfg.extra.get(k), str)})
     return out
-
-
-class TimmModelApi:
-    """The timm-named methods of :class:`~vitlab.models.VisionTransformer` (a mixin: it reads the model's
-    ``config``, ``blocks``, heads and ``encode``)."""
-
-    @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's ``pretrained_cfg`` (:func:`pretrained_cfg`), built from the model's config each time it is
-        read, so it follows the config (a new head, another ``img_size``)."""
-        return pretrained_cfg(self.config)
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        """timm's older name for :attr:`pretrained_cfg`."""
-        return self.pretrained_cfg
-
-    @property
-    def num_features(self) -> int:
-        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
-        return self.config.embed_dim
-
-    @property
-    def head_hidden_size(self) -> int:
-        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
-        return self.config.pre_logits_dim
-
-    @property
-    def num_classes(self) -> int:
-        return self.config.num_classes
-
-    @property
-    def global_pool(self) -> str:
-        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map`` (``seq``: ours only)."""
-        return TIMM_POOL.get(self.config.pool, self.config.pool)
-
-    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
-        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
-        return self.head if self.head_dist is None else (self.head, self.head_dist)
-
-    def set_distilled_training(self, enable: bool = True) -> None:
-        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
-        self.distilled_training = bool(enable)
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
-        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
-        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
-        if global_pool is not None:
-            changes["pool"] = pool_name(global_pool)
-            trained = {"map": self.attn_pool, "seq": self.seq_pool}
-            if changes["pool"] in trained and trained[changes["pool"]] is None:
-                raise ConfigError(
-                    f"global_pool: {changes['pool']!r} needs a model built with it (its pooling is trained)"
-                )
-        self.config = self.config.replace(**changes)
-        if self.config.pool != "map":
-            self.attn_pool = None
-        if self.config.pool != "seq":
-            self.seq_pool = None
-        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
-        if num_classes > 0:
-            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
-        else:
-            self.head = nn.Identity()
-        if self.head_dist is not None:
-            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
-            if num_classes > 0:
-                nn.init.zeros_(self.head_dist.weight)
-                nn.init.zeros_(self.head_dist.bias)
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
-        self.grad_checkpointing = bool(enable)
-
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
-        final norm (the head is the last group), for layer-wise learning-rate decay."""
-        return {
-            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
-            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
-        }
-
-    def get_intermediate_layers(
-        self,
-        x: torch.Tensor,
-        n: int | list[int] | tuple[int, ...] = 1,
-        reshape: bool = False,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-    ) -> tuple[Any, ...]:
-        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
-        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
-        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
-        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
-
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | tuple[int, ...] | None = None,
-        *,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-    ) -> Any:
-        """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
-        dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
-        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``.
-
-        With ``indices`` (the last ``n`` blocks, or a list of block indices) it answers as timm's
-        ``forward_intermediates``: ``(encoded, [patch tokens after each chosen block])``, ``(B, D, rows,
-        cols)`` for ``output_fmt="NCHW"`` or ``(B, N, D)`` for ``"NLC"``, only the list with
-        ``intermediates_only``. (Without ``indices`` vitlab's dict is returned: timm returns all blocks.)"""
-        if indices is not None:
-            if output_fmt not in ("NCHW", "NLC"):
-                raise ConfigError(f"output_fmt: {output_fmt!r} is not one of NCHW, NLC")
-            feats, encoded = self._intermediates(x, indices, output_fmt == "NCHW", return_prefix_tokens, norm)
-            return feats if intermediates_only else (encoded, feats)
-        grid = self.grid(x)
-        out: dict[str, Any] = {"stem": self.patch_embed(x)}
-        z = out["embedded"] = self.embed_tokens(out["stem"], grid)
-        out.update(self.encode(z, grid, attention=True, keep=True))
-        out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
-        out["logits"] = self.head(out["pre_logits"])
-        return out
-
-    def _intermediates(
-        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
-    ) -> tuple[list[Any], torch.Tensor]:
-        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
-        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
-        depth = len(self.blocks)
-        if isinstance(n, int) and not 0 < n <= depth:
-            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
-        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
-        grid = self.grid(x)
-        out = self.encode(self.embed(x), grid, keep=True)
-        p = self.num_prefix_tokens
-        feats = []
-        for i in indices:
-            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
-            tokens = z[:, p:]
-            if reshape:
-                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
-            feats.append((tokens, z[:, :p]) if prefix else tokens)
-        return feats, out["encoded"]

@@ -1,5 +1,7 @@
 """Token merging (ToMe: Bolya et al. 2023, "Token Merging: Your ViT But Faster", ICLR), an inference
-option of the Vision Transformer: ``model.set_tome(r)``.
+option of the Vision Transformer: ``model.set_tome(r)``. The algorithm lives here as plain functions; the
+model's entry points (:meth:`~.vit.VisionTransformer.set_tome`, ``tome_schedule``, ``tome_macs``, and
+``encode`` calling :func:`encode` while ``tome_r`` is set) are methods of the class in :mod:`.vit`.
 
 In every block, between the attention and the MLP (Sec. 3 of the paper), ``r`` patch tokens are merged
 into others, so each later block runs on fewer tokens:
@@ -17,7 +19,7 @@ into others, so each later block runs on fewer tokens:
 The prefix tokens (class, distillation, registers) are never merged: they attend and are attended to with
 size 1 but take no part in the matching. ``gap`` and ``map`` pooling weigh the merged tokens by their sizes.
 
-``r = 0`` is the model itself: :meth:`TokenMerging.set_tome` then leaves the forward untouched, bit for bit.
+``r = 0`` is the model itself: :meth:`~.vit.VisionTransformer.set_tome` then leaves the forward untouched, bit for bit.
 The merge is written with ``gather``/``scatter_add``/``argsort`` on shapes fixed by the image size, so
 ``torch.export`` and the ONNX exporter record it like any other op (dynamic batch included).
 """
@@ -32,7 +34,7 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["MIN_TOKENS", "TokenMerging", "bipartite_matching", "encode", "merge_schedule", "merge_weighted"]
+__all__ = ["MIN_TOKENS", "bipartite_matching", "encode", "merge_schedule", "merge_weighted"]
 
 MIN_TOKENS = 4
 """Merging stops before fewer patch tokens than this would remain (besides the cap of the matching itself:
@@ -142,39 +144,3 @@ def check(model: Any, r: int) -> int:
         if not isinstance(blk, Block) or type(blk.attn) is not Attention:
             raise ConfigError(f"--tome: block {i} is a {type(blk).__name__}; token merging needs the plain Block")
     return int(r)
-
-
-class TokenMerging:
-    """The token-merging option of :class:`~.vit.VisionTransformer` (a mixin: it reads ``config``, ``blocks``,
-    ``embed``, ``encode`` and ``forward_head``)."""
-
-    tome_r: int = 0
-    """Patch tokens merged in each block (capped by :func:`merge_schedule`); 0: off, the exact model."""
-
-    def set_tome(self, r: int) -> Any:
-        """Merge ``r`` patch tokens in each block from now on (0 turns it off); returns the model. Refused for
-        axial attention, rotary positions and replaced blocks. Analyses that need every token (attention maps,
-        intermediates) refuse to run while it is on."""
-        self.tome_r = check(self, r)
-        return self
-
-    def tome_schedule(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> list[int]:
-        """Tokens merged per block at ``img_size`` (default: the model's) with ``r`` (default: the model's)."""
-        gh, gw = self.patch_embed.grid(*(img_size or self.config.img_size))
-        return merge_schedule(gh * gw, len(self.blocks), self.tome_r if r is None else r)
-
-    def tome_macs(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> int:
-        """Multiply-accumulates of a forward with token merging at ``r`` (default: the model's), as
-        :func:`~.flops.count_macs` counts: each block's attention at its input length, its MLP at the merged
-        length."""
-        from .flops import block_macs, count_macs
-
-        cfg = self.config
-        size = img_size or cfg.img_size
-        gh, gw = self.patch_embed.grid(*size)
-        t0 = t = gh * gw + cfg.num_prefix_tokens
-        macs = count_macs(cfg, size)
-        for k in self.tome_schedule(size, r=r):
-            macs += block_macs(cfg, t) - block_macs(cfg, t0) - 2 * k * cfg.embed_dim * cfg.mlp_dim
-            t -= k
-        return macs

@@ -1,14 +1,25 @@
-"""The Vision Transformer, Eq. 1-4 of Dosovitskiy et al. (2021).
+"""The Vision Transformer, Eq. 1-4 of Dosovitskiy et al. (2021), as one class.
 
     z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos          (1)
     z'_l = MSA(LN(z_{l-1})) + z_{l-1}                      (2)
     z_l = MLP(LN(z'_l)) + z'_l                             (3)
     y = LN(z_L^0)                                          (4)
 
-``embed`` computes (1), ``encode`` (2)-(3) and the final LayerNorm, ``pool`` picks z_L^0 (or
-averages the patch tokens for ``gap``), ``forward_head`` applies the classification head. One
-block loop (:meth:`VisionTransformer.encode`) serves the logits, the features and every
+:class:`VisionTransformer` reads top-down like the paper: ``embed`` computes (1), ``encode`` (2)-(3) and the
+final LayerNorm, ``pool`` picks z_L^0 (or averages the patch tokens for ``gap``), ``forward_head`` applies the
+classification head. One block loop (:meth:`VisionTransformer.encode`) serves the logits, the features and every
 intermediate an analysis asks for (:meth:`VisionTransformer.forward_intermediates`).
+
+Then, as methods of the same class, what the model does besides Eq. 1-4:
+
+- loading a checkpoint trained at another resolution (Sec. 3.2: "we perform 2D interpolation of the pre-trained
+  position embeddings"): ``load_state_dict`` resamples the position embeddings to this model's grid
+  (:meth:`~VisionTransformer.adapt_state_dict`, with :func:`.posemb.resample_posemb`);
+- packed input (NaViT): ``model(packed)`` for :class:`~.packed.PackedPatches`, the packing and the
+  block-diagonal attention in :mod:`.packed`;
+- token merging (ToMe): :meth:`~VisionTransformer.set_tome`, the matching and merging in :mod:`.tome`;
+- timm's model API (``pretrained_cfg``, ``reset_classifier``, ``forward_head``, ``group_matcher`` ...), so code
+  written for ``timm.models.VisionTransformer`` runs on it; timm's names for configs in :mod:`.timm_api`.
 """
 
 from __future__ import annotations
@@ -19,26 +30,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from .axial import AxialBlock
 from .config import ViTConfig
-from .flops import count_macs
+from .flops import block_macs, count_macs
 from .hybrid import ConvTokenizer, HybridEmbed
 from .layers import Block, LayerScale, MAPHead, PatchDropout, PatchEmbed, SeqPool, SwiGLU
-from .packed import PackedAttention, PackedInput, PackedPatches
-from .posemb import OtherResolutionLoad, patch_posemb_table
+from .packed import PackedAttention, PackedPatches, unpack
+from .packed import check as check_packed
+from .posemb import grid_of, patch_posemb_table, resample_1d, resample_posemb
 from .room import check_buildable
-from .timm_api import TimmModelApi
-from .tome import TokenMerging, weighted_mean
+from .timm_api import TIMM_POOL, pool_name, pretrained_cfg
+from .tome import check as check_tome
 from .tome import encode as tome_encode
+from .tome import merge_schedule, weighted_mean
 
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolutionLoad, nn.Module):
+class VisionTransformer(nn.Module):
     """ViT with timm's parameter names.
 
     Build it from a :class:`ViTConfig`, keyword overrides, or both::
@@ -48,9 +62,16 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
 
     ``block_fn`` builds the encoder blocks instead of :class:`Block` (same keyword arguments),
     as in timm. Any input size whose sides the patch size divides is accepted at run time;
-    learned position embeddings are then resampled on the fly (``posemb_resample``). Images of several
-    shapes at once come packed (:class:`~.packed.PackedPatches`: ``model(packed)`` gives one row per image).
+    learned position embeddings are then resampled on the fly (``posemb_resample``), and ``load_state_dict``
+    takes a checkpoint trained at another resolution (Sec. 3.2). Images of several shapes at once come packed
+    (:class:`~.packed.PackedPatches`: ``model(packed)`` gives one row per image).
     """
+
+    tome_r: int = 0
+    """Patch tokens merged in each block (capped by :func:`~.tome.merge_schedule`); 0: off, the exact model."""
+    packed_attention: str = "split"
+    """How attention stays within each packed image: one of :data:`~.packed.ATTENTION_METHODS`
+    (:class:`~.packed.PackedAttention`)."""
 
     def __init__(
         self, config: ViTConfig | None = None, /, *, block_fn: type[nn.Module] | None = None, **overrides: Any
@@ -224,11 +245,6 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 
-    def no_weight_decay(self) -> set[str]:
-        """Parameters excluded from weight decay besides norms and biases."""
-        names = ("pos_embed", "cls_token", "dist_token", "reg_token", "pos_embed_row", "pos_embed_col")
-        return {n for n in names if getattr(self, n, None) is not None}
-
     # -- Eq. 1: the embedded sequence z_0 ----------------------------------------
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 1: patch embedding, class token, position embedding -> ``(B, T, D)``."""
@@ -381,6 +397,33 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
             return self.forward_head(out["encoded"], token_size=out["token_size"])
         return self.forward_head(self.forward_features(x))  # type: ignore[arg-type]
 
+    # -- Sec. 3.2: a checkpoint trained at another resolution ---------------------
+    def adapt_state_dict(self, state_dict: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """Resample, in place, position embeddings stored for another (square) grid to this
+        model's grid (Sec. 3.2); other tensors are left alone. Returns ``state_dict``."""
+        cfg = self.config
+        key = prefix + "pos_embed"
+        if cfg.posemb == "learn" and key in state_dict:
+            pe = state_dict[key]
+            if pe.ndim == 3 and pe.shape[1] != self.pos_embed.shape[1] and pe.shape[-1] == cfg.embed_dim:
+                n_prefix = self.num_prefix_tokens
+                old = pe.shape[1] - n_prefix
+                if old > 0 and math.isqrt(old) ** 2 == old:
+                    state_dict[key] = resample_posemb(
+                        pe, cfg.grid_size, old_grid=grid_of(old), num_prefix_tokens=n_prefix, mode=cfg.posemb_resample
+                    )  # type: ignore[arg-type]
+        for axis, n in (("row", cfg.grid_size[0]), ("col", cfg.grid_size[1])):
+            k = f"{prefix}pos_embed_{axis}"
+            if cfg.posemb == "learn2d" and k in state_dict and state_dict[k].ndim == 3 and state_dict[k].shape[1] != n:
+                state_dict[k] = resample_1d(state_dict[k], n, mode=cfg.posemb_resample)  # type: ignore[arg-type]
+        return state_dict
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """``load_state_dict`` accepts checkpoints of another resolution: see :meth:`adapt_state_dict`."""
+        self.adapt_state_dict(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # -- analyses: every stage of one forward -----------------------------------
     @contextlib.contextmanager
     def capture_attention(self) -> Iterator[list[torch.Tensor]]:
         """Context manager: every forward inside it appends each layer's exact
@@ -396,6 +439,241 @@ class VisionTransformer(TimmModelApi, TokenMerging, PackedInput, OtherResolution
             yield captured
         finally:
             self._captured = prev
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | list[int] | tuple[int, ...] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> tuple[Any, ...]:
+        """The patch tokens after the last ``n`` blocks (or the blocks at the indices ``n``), as timm and
+        DINO return them: ``(B, N, D)`` each, ``(B, D, rows, cols)`` with ``reshape``, the final
+        LayerNorm applied with ``norm``, paired with the prefix tokens with ``return_prefix_tokens``."""
+        return tuple(self._intermediates(x, n, reshape, return_prefix_tokens, norm)[0])
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | tuple[int, ...] | None = None,
+        *,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> Any:
+        """Everything an analysis may want from one forward, in the spirit of big_vision's ``out``
+        dict: ``stem`` (patch tokens), ``embedded`` (z_0), ``blocks`` (z_1 .. z_L),
+        ``attention`` (per layer), ``encoded`` (after the final norm), ``pre_logits`` and ``logits``.
+
+        With ``indices`` (the last ``n`` blocks, or a list of block indices) it answers as timm's
+        ``forward_intermediates``: ``(encoded, [patch tokens after each chosen block])``, ``(B, D, rows,
+        cols)`` for ``output_fmt="NCHW"`` or ``(B, N, D)`` for ``"NLC"``, only the list with
+        ``intermediates_only``. (Without ``indices`` vitlab's dict is returned: timm returns all blocks.)"""
+        if indices is not None:
+            if output_fmt not in ("NCHW", "NLC"):
+                raise ConfigError(f"output_fmt: {output_fmt!r} is not one of NCHW, NLC")
+            feats, encoded = self._intermediates(x, indices, output_fmt == "NCHW", return_prefix_tokens, norm)
+            return feats if intermediates_only else (encoded, feats)
+        grid = self.grid(x)
+        out: dict[str, Any] = {"stem": self.patch_embed(x)}
+        z = out["embedded"] = self.embed_tokens(out["stem"], grid)
+        out.update(self.encode(z, grid, attention=True, keep=True))
+        out["pre_logits"] = self.forward_head(out["encoded"], pre_logits=True)
+        out["logits"] = self.head(out["pre_logits"])
+        return out
+
+    def _intermediates(
+        self, x: torch.Tensor, n: int | list[int] | tuple[int, ...], reshape: bool, prefix: bool, norm: bool
+    ) -> tuple[list[Any], torch.Tensor]:
+        """(the patch tokens after the chosen blocks, the encoded sequence): the one loop behind
+        :meth:`get_intermediate_layers` and timm's form of :meth:`forward_intermediates`."""
+        depth = len(self.blocks)
+        if isinstance(n, int) and not 0 < n <= depth:
+            raise ConfigError(f"n: {n} is not a number of blocks in 1..{depth}")
+        indices = list(range(depth - n, depth)) if isinstance(n, int) else [i % depth for i in n]
+        grid = self.grid(x)
+        out = self.encode(self.embed(x), grid, keep=True)
+        p = self.num_prefix_tokens
+        feats = []
+        for i in indices:
+            z = self.norm(out["blocks"][i]) if norm else out["blocks"][i]
+            tokens = z[:, p:]
+            if reshape:
+                tokens = tokens.reshape(z.shape[0], grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+            feats.append((tokens, z[:, :p]) if prefix else tokens)
+        return feats, out["encoded"]
+
+    # -- packed input (NaViT): images of any shapes in one sequence (.packed) ------
+    def embed_packed(self, packed: PackedPatches) -> torch.Tensor:
+        """Eq. 1 for each packed image: ``(B, S, D)``, each image's segment ``[prefix tokens; x_p E] + E_pos``,
+        zeros at padding."""
+        return self._embed_packed(packed, check_packed(self, packed)[0])
+
+    def _embed_packed(self, packed: PackedPatches, start: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        proj = self.patch_embed.proj
+        tokens = F.linear(packed.patches, proj.weight.flatten(1), proj.bias)
+        ids = packed.image_ids.reshape(-1)
+        valid = ids >= 0
+        img = ids.clamp(min=0)
+        patch = (packed.rows.reshape(-1) >= 0)[:, None]
+        d = tokens.shape[-1]
+        # E_pos of each patch token: the tables of the images' distinct grids end to end, and a zero row
+        pe = torch.zeros(1, d, dtype=tokens.dtype, device=tokens.device)
+        row = torch.zeros_like(ids)
+        if cfg.posemb != "none":
+            grids, which = torch.unique(packed.grids, dim=0, return_inverse=True)
+            tables = [self.patch_posemb((int(h), int(w)), like=tokens)[0] for h, w in grids.tolist()]
+            sizes = grids[:, 0] * grids[:, 1]
+            offsets = torch.cumsum(sizes, 0) - sizes
+            pe = torch.cat([*tables, pe.to(tables[0].dtype)])
+            at = offsets[which[img]] + packed.rows.reshape(-1) * packed.grids[img, 1] + packed.cols.reshape(-1)
+            row = torch.where(patch[:, 0], at, len(pe) - 1)
+        # the prefix tokens (each with its row of E_pos for the 1-D learned table), and a zero row
+        p = self.num_prefix_tokens
+        pre_rows = [t[0] for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        pre = torch.cat(pre_rows) if pre_rows else tokens.new_zeros(0, d)
+        if p and cfg.posemb == "learn":
+            pre = pre + self.pos_embed[0, :p]
+        pre = torch.cat([pre, pre.new_zeros(1, d)])
+        slot = torch.arange(ids.numel(), device=ids.device) - start[img]
+        slot = torch.where(valid & ~patch[:, 0], slot, p)
+        z = torch.where(patch, tokens.reshape(-1, d) + pe[row], pre[slot])
+        return self.norm_pre(self.pos_drop(z.view(tokens.shape)))
+
+    def encode_packed(self, packed: PackedPatches, *, attention: bool = False) -> dict[str, Any]:
+        """Eq. 1-3 and the final LayerNorm on packed images: ``encoded`` ``(B, S, D)``, ``start`` and ``length``
+        of each image's tokens; with ``attention``, each layer's (block-diagonal) weights ``(B, heads, S, S)``."""
+        start, length = check_packed(self, packed)
+        z = self._embed_packed(packed, start)
+        packing = PackedAttention(packed.image_ids, self.packed_attention)
+        out = self.encode(z, self.config.grid_size, attention=attention, packing=packing)
+        return {**out, "start": start, "length": length}
+
+    def forward_packed(self, packed: PackedPatches, *, pre_logits: bool = False, return_attention: bool = False) -> Any:
+        """Logits ``(n, classes)`` of the packed images (pooled features with ``pre_logits``); with
+        ``return_attention`` also each layer's attention weights over the packed sequences."""
+        want = return_attention or self._captured is not None
+        out = self.encode_packed(packed, attention=want)
+        if self._captured is not None:
+            self._captured.extend(out["attention"])
+        x, size = unpack(out["encoded"], out["start"], out["length"])
+        y = self.forward_head(x, pre_logits=pre_logits, token_size=size)
+        return (y, out["attention"]) if return_attention else y
+
+    # -- token merging (ToMe): an inference option (.tome) -------------------------
+    def set_tome(self, r: int) -> Any:
+        """Merge ``r`` patch tokens in each block from now on (0 turns it off); returns the model. Refused for
+        axial attention, rotary positions and replaced blocks. Analyses that need every token (attention maps,
+        intermediates) refuse to run while it is on."""
+        self.tome_r = check_tome(self, r)
+        return self
+
+    def tome_schedule(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> list[int]:
+        """Tokens merged per block at ``img_size`` (default: the model's) with ``r`` (default: the model's)."""
+        gh, gw = self.patch_embed.grid(*(img_size or self.config.img_size))
+        return merge_schedule(gh * gw, len(self.blocks), self.tome_r if r is None else r)
+
+    def tome_macs(self, img_size: tuple[int, int] | None = None, *, r: int | None = None) -> int:
+        """Multiply-accumulates of a forward with token merging at ``r`` (default: the model's), as
+        :func:`~.flops.count_macs` counts: each block's attention at its input length, its MLP at the merged
+        length."""
+        cfg = self.config
+        size = img_size or cfg.img_size
+        gh, gw = self.patch_embed.grid(*size)
+        t0 = t = gh * gw + cfg.num_prefix_tokens
+        macs = count_macs(cfg, size)
+        for k in self.tome_schedule(size, r=r):
+            macs += block_macs(cfg, t) - block_macs(cfg, t0) - 2 * k * cfg.embed_dim * cfg.mlp_dim
+            t -= k
+        return macs
+
+    # -- timm's model API: timm's names for what the model has -------------------
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's ``pretrained_cfg`` (:func:`.timm_api.pretrained_cfg`), built from the model's config each time it is
+        read, so it follows the config (a new head, another ``img_size``)."""
+        return pretrained_cfg(self.config)
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name for :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    @property
+    def num_features(self) -> int:
+        """Width of the features ``forward_features`` returns per token (timm's ``num_features``)."""
+        return self.config.embed_dim
+
+    @property
+    def head_hidden_size(self) -> int:
+        """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
+        return self.config.pre_logits_dim
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def global_pool(self) -> str:
+        """The pooling in timm's words: ``token`` (the class token), ``avg`` or ``map`` (``seq``: ours only)."""
+        return TIMM_POOL.get(self.config.pool, self.config.pool)
+
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier; with a distillation token ``(head, head_dist)``, as timm."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """Training forwards return both heads' logits, for the DeiT loss (a distillation token only)."""
+        self.distilled_training = bool(enable)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A fresh zero-initialised classifier for ``num_classes`` (0: none, ``forward`` returns the
+        pooled features), and optionally another pooling (timm's names ``token``/``avg`` or ours)."""
+        changes: dict[str, Any] = {"num_classes": num_classes, "class_names": None}
+        if global_pool is not None:
+            changes["pool"] = pool_name(global_pool)
+            trained = {"map": self.attn_pool, "seq": self.seq_pool}
+            if changes["pool"] in trained and trained[changes["pool"]] is None:
+                raise ConfigError(
+                    f"global_pool: {changes['pool']!r} needs a model built with it (its pooling is trained)"
+                )
+        self.config = self.config.replace(**changes)
+        if self.config.pool != "map":
+            self.attn_pool = None
+        if self.config.pool != "seq":
+            self.seq_pool = None
+        ref = self.patch_embed.proj.weight if hasattr(self.patch_embed, "proj") else next(self.parameters())
+        if num_classes > 0:
+            self.head = nn.Linear(self.config.pre_logits_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.head = nn.Identity()
+        if self.head_dist is not None:
+            self.head_dist = self._make_dist_head(num_classes).to(device=ref.device, dtype=ref.dtype)
+            if num_classes > 0:
+                nn.init.zeros_(self.head_dist.weight)
+                nn.init.zeros_(self.head_dist.bias)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing (``torch.utils.checkpoint`` per block) in training forwards."""
+        self.grad_checkpointing = bool(enable)
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, as timm's ``group_matcher``: the embedding, then block i, then the
+        final norm (the head is the last group), for layer-wise learning-rate decay."""
+        return {
+            "stem": r"^cls_token|^dist_token|^reg_token|^pos_embed|^patch_embed|^norm_pre",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters excluded from weight decay besides norms and biases."""
+        names = ("pos_embed", "cls_token", "dist_token", "reg_token", "pos_embed_row", "pos_embed_col")
+        return {n for n in names if getattr(self, n, None) is not None}
 
     # -- accounting ---------------------------------------------------------------
     def num_params(self, *, trainable_only: bool = False) -> int:
