@@ -19,7 +19,7 @@ from vitlab.models import VisionTransformer, ViTConfig, resample_posemb
 from vitlab.train.conf.options import option
 from vitlab.train.conf.phases import size_at, step_cost
 from vitlab.train.conf.recipes import get_recipe
-from vitlab.train.engine import loop as loop_mod
+from vitlab.train.engine import loaders as loaders_mod
 from vitlab.train.engine.schedule import StepSchedule, resize_batch
 from vitlab.train.sizing.budget import REPLAN_AT
 
@@ -107,14 +107,14 @@ def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeyp
 
     monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (120, 60, 0.0, 0.05))
     sizes: list[int] = []
-    resize = loop_mod.resize_batch
+    resize = loaders_mod.resize_batch  # the square loaders resize a step's input (RunLoaders.step_input)
 
     def record(x, size):
         y = resize(x, size)
         sizes.append(y.shape[-1])
         return y
 
-    monkeypatch.setattr(loop_mod, "resize_batch", record)
+    monkeypatch.setattr(loaders_mod, "resize_batch", record)
     cfg = trainer_mod.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, res_schedule=((4, 0.25), (8, 1.0))),
         arch={"embed_dim": 16, "depth": 1, "num_heads": 2},

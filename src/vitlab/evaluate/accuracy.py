@@ -310,7 +310,7 @@ def evaluate_model(
     how: dict[str, Any] = (
         {"size": decode_size(model), "crop": decode_crop(model), "val_split": val_split}
         if stored is None
-        else {"plan": stored[0], "val_split": stored[1]}
+        else {"storage": stored[0], "val_split": stored[1]}
     )
     splits = load_data(
         data,

@@ -338,18 +338,18 @@ def evaluate_fewshot(
     )
     if cfg.l2_reg is None and len(val_idx) == 0:
         raise ConfigError("automatic l2_reg needs training images beyond the few-shot samples; pass a fixed --l2-reg")
-    plan = _Split(shot_idx, probe_idx, val_idx)
+    split = _Split(shot_idx, probe_idx, val_idx)
     test_idx = _subset(len(test), cfg.max_test, seed=4321)
 
     feats_tr = extract_features(
-        model, train, plan.union, batch_size=cfg.batch_size, progress=progress, desc="train features"
+        model, train, split.union, batch_size=cfg.batch_size, progress=progress, desc="train features"
     )
     feats_te = extract_features(
         model, test, test_idx, batch_size=cfg.batch_size, progress=progress, desc="test features"
     )
     # Few-shot sampling runs on the full label array; map the sampled rows onto the extracted subset.
     row = np.full(len(train), -1, dtype=np.int64)
-    row[plan.union] = np.arange(len(plan.union))
+    row[split.union] = np.arange(len(split.union))
     labels_te = test.labels[test_idx]
 
     fs = _fewshot_runs(
@@ -375,6 +375,6 @@ def evaluate_fewshot(
     }
     if cfg.probe:
         result["linear_probe"] = linear_probe(
-            feats_tr[torch.as_tensor(row[plan.probe])], train.labels[plan.probe], feats_te, labels_te, c=cfg.probe_c
+            feats_tr[torch.as_tensor(row[split.probe])], train.labels[split.probe], feats_te, labels_te, c=cfg.probe_c
         )
     return result

@@ -26,6 +26,7 @@ __all__ = [
     "SIZE_PATHS",
     "base_config",
     "check",
+    "check_stem",
     "compared",
     "fresh_config",
     "head_choice",
@@ -154,6 +155,22 @@ def check(cfg: TrainConfig) -> None:
     """Refuse an architecture no model can have, before the data's size is known (the size then is the options'
     or the recipe's, else four patches: the data's own is checked when the model is built)."""
     smallest_config(cfg)
+
+
+def check_stem(cfg: TrainConfig) -> None:
+    """The whitening initialisation and the masked-patch-prediction warm start of a fresh model need a first layer
+    that is a plain patch projection: a ResNet stem standardises its weights (undoing the whitening), and masked
+    patch prediction predicts pixel patches, which a convolutional stem does not see."""
+    r = cfg.recipe
+    if not (r.whiten_init or r.mpp_warmup):
+        return
+    base = base_config(cfg)
+    if r.whiten_init and base.hybrid_layers is not None:
+        raise OptionError(ref("recipe.whiten_init"), f": {base.name}'s ResNet stem standardises its weights, which "
+                          "would undo the whitening; use a patch embedding or the conv stem (vit_cct*)")  # fmt: skip
+    if r.mpp_warmup and (base.hybrid_layers is not None or base.stem != "patch"):
+        raise OptionError(ref("recipe.mpp_warmup"), ": masked patch prediction predicts pixel patches, and "
+                          f"{base.name}'s stem is convolutional; use a patch embedding")  # fmt: skip
 
 
 def compared(cfg: TrainConfig) -> dict[str, Any]:

@@ -7,10 +7,12 @@ the planned steps, so each moves with the plan's end. The step schedule applies 
 from __future__ import annotations
 
 from .kinds import Schedule
+from .options import OptionError, ref
 from .recipes import Recipe
 
 __all__ = [
     "FIXED_COST",
+    "check_res_sizes",
     "ends_dropping",
     "last_stretch_from",
     "mean_cost",
@@ -97,3 +99,19 @@ def mean_cost(recipe: Recipe, *, full_over_dropped: float = 1.0) -> float:
         dropped = max(0.0, r.token_drop_until - r.mpp_warmup)
         cost *= dropped + (1 - dropped) * full_over_dropped
     return cost
+
+
+def check_res_sizes(schedule: Schedule, *, final: tuple[int, int], multiple: int, dynamic_pad: bool = False) -> None:
+    """Refuse a resolution schedule whose last size is not the model's (evaluation) size ``final``, or with a size
+    the patch size (times a hybrid's stride) ``multiple`` does not divide."""
+    if (schedule[-1][0],) * 2 != tuple(final):
+        raise OptionError(
+            ref("recipe.res_schedule"),
+            f": ends at {schedule[-1][0]} px but the model is built for {final[0]}x{final[1]}; "
+            f"end the schedule at {final[0]} or pass ",
+            ref("img_size"),
+            f" {schedule[-1][0]}",
+        )
+    for size, _ in schedule:
+        if size % multiple and not dynamic_pad:
+            raise OptionError(ref("recipe.res_schedule"), f": {size} px is not divisible by the patch size {multiple}")

@@ -5,7 +5,6 @@ it is made (:meth:`~vitlab.train.conf.recipes.Recipe.validate`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from ...models.config import ViTConfig
@@ -13,11 +12,10 @@ from ...models.variants import close_names, list_models, model_config, resolve_n
 from . import arch
 from .navit import MAX_SIDE, check_pack
 from .options import OptionError, option, ref
-from .recipes import Recipe
-from .train_config import NORM_STATS, TrainConfig
+from .train_config import NORM_STATS, TrainConfig, muon_refusal
 
 if TYPE_CHECKING:
-    from .kinds import Schedule
+    pass
 
 __all__ = [
     "LOCATIONS",
@@ -27,28 +25,22 @@ __all__ = [
     "check_levers",
     "check_location",
     "check_locations",
-    "check_res_sizes",
     "micro_batch",
-    "muon_refusal",
-    "run_recipe",
     "validate",
 ]
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Refuse impossible options (see the module's notes)."""
+    """Refuse impossible options (see the module's notes): first what the options alone decide (this module), then
+    what the model names, the packing, the architecture and the optimizer decide."""
     for path, most, what in (("model", MAX_NAME, "a registered name"), ("device", 64, "a device name")):
         value = getattr(cfg, path)
         if isinstance(value, str) and len(value) > most:  # refused without echoing a value that fills the terminal
             raise OptionError(ref(path), f": {len(value):,} characters, longer than {what}")
-    if cfg.model and resolve_name(cfg.model) not in list_models():
-        hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
-        raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
     if cfg.objective not in option("objective").choices:  # type: ignore[operator]
         raise OptionError(ref("objective"), f" {cfg.objective!r}: choose one of classify, mpp")
     _check_run(cfg)
     check_distillation(cfg)
-    check_pack(cfg)
     if cfg.fsdp:
         check_fsdp(cfg)
     if cfg.norm_stats not in (None, *NORM_STATS):
@@ -60,9 +52,16 @@ def validate(cfg: TrainConfig) -> None:
             ref("init"),
             " model keeps the normalisation it was trained with (its weights expect it); drop the flag",
         )
+    check_levers(cfg)
+    if cfg.model and resolve_name(cfg.model) not in list_models():
+        hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
+        raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
+    check_pack(cfg)
     if not cfg.init:  # an --init model's architecture is in its file: check_init, once it is read
         arch.check(cfg)
-    check_levers(cfg)
+        arch.check_stem(cfg)
+    if cfg.recipe.optimizer == "muon" and (refused := muon_refusal(cfg, cfg.recipe)):
+        raise OptionError(ref("recipe.optimizer"), " muon with ", ref(refused[0]), f": not supported ({refused[1]})")
 
 
 MAX_PATH = 4096
@@ -124,41 +123,13 @@ def _check_run(cfg: TrainConfig) -> None:
         raise OptionError(ref("workers"), f" {cfg.workers} / ", ref("threads"), f" {cfg.threads}: must be >= -1 / >= 0")
 
 
-def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
-    """``(option path, why)`` of the first setting of ``cfg`` and ``recipe`` that Muon does not go with, else None:
-    the one list :func:`check_levers` refuses from and the ``auto`` recipe falls back to AdamW on
-    (:func:`~vitlab.train.sizing.recipe.classify_recipe`)."""
-    for refused, path, why in (
-        (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
-        (recipe.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
-        (recipe.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
-    ):
-        if refused:
-            return path, why
-    return None
-
-
-def run_recipe(cfg: TrainConfig, proposed: Recipe) -> Recipe:
-    """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
-    AdamW for a proposed Muon that a setting refuses (:func:`muon_refusal`); the fitted recipe's
-    (:func:`~vitlab.train.sizing.recipe.classify_recipe`) and the probes' optimizer
-    (:mod:`vitlab.train.sizing.probe`)."""
-    given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
-    new = dataclasses.replace(proposed, **given)
-    if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
-        new = dataclasses.replace(new, optimizer="adamw")
-    return new
-
-
 def check_levers(cfg: TrainConfig) -> None:
-    """The speedrun's training levers (issue 38), refused where they cannot apply: Muon not with ``--fsdp``,
-    layer-wise LR decay or a linear probe (whether torch has it is asked when the optimizer is built: conf/ does
-    not import torch); flip TTA for a classifier; the whitening initialisation and the masked-patch-prediction
-    warm start for a fresh model whose first layer is a plain convolution (the warm start: a plain ViT's pixel
-    patches, classification without a teacher)."""
+    """The speedrun's training levers (issue 38) that the options alone refuse: flip TTA for a classifier; the
+    whitening initialisation and the masked-patch-prediction warm start for a fresh model, the warm start for
+    classification without a teacher. Muon's refusals (:func:`~vitlab.train.conf.train_config.muon_refusal`) and
+    the stem the two initialisations need (:func:`~vitlab.train.conf.arch.check_stem`) are checked by
+    :func:`validate` after."""
     r = cfg.recipe
-    if r.optimizer == "muon" and (refused := muon_refusal(cfg, r)):
-        raise OptionError(ref("recipe.optimizer"), " muon with ", ref(refused[0]), f": not supported ({refused[1]})")
     if r.tta != "none" and cfg.objective != "classify":
         raise OptionError(ref("recipe.tta"), f" {r.tta} averages class logits; ", ref("objective"),
                           f" {cfg.objective} has no classes")  # fmt: skip
@@ -167,16 +138,9 @@ def check_levers(cfg: TrainConfig) -> None:
     lever = "recipe.whiten_init" if r.whiten_init else "recipe.mpp_warmup"
     if cfg.init:
         raise OptionError(ref(lever), " starts a fresh model; an ", ref("init"), " model has trained weights")
-    base = arch.base_config(cfg)
-    if r.whiten_init and base.hybrid_layers is not None:
-        raise OptionError(ref("recipe.whiten_init"), f": {base.name}'s ResNet stem standardises its weights, which "
-                          "would undo the whitening; use a patch embedding or the conv stem (vit_cct*)")  # fmt: skip
     if r.mpp_warmup and (cfg.objective != "classify" or cfg.teacher is not None):
         other = ("teacher", cfg.teacher) if cfg.teacher is not None else ("objective", cfg.objective)
         raise OptionError(ref("recipe.mpp_warmup"), " warms up a classifier: not with ", ref(other[0]), f" {other[1]}")
-    if r.mpp_warmup and (base.hybrid_layers is not None or base.stem != "patch"):
-        raise OptionError(ref("recipe.mpp_warmup"), ": masked patch prediction predicts pixel patches, and "
-                          f"{base.name}'s stem is convolutional; use a patch embedding")  # fmt: skip
 
 
 def check_distillation(cfg: TrainConfig) -> None:
@@ -252,19 +216,3 @@ def micro_batch(batch_size: int, *, world_size: int, accum_steps: int) -> int:
         raise OptionError(ref("recipe.batch_size"), f" {batch_size} must be a multiple of processes x ",
                           ref("recipe.accum_steps"), f" = {world_size * accum_steps}")  # fmt: skip
     return micro
-
-
-def check_res_sizes(schedule: Schedule, *, final: tuple[int, int], multiple: int, dynamic_pad: bool = False) -> None:
-    """Refuse a resolution schedule whose last size is not the model's (evaluation) size ``final``, or with a size
-    the patch size (times a hybrid's stride) ``multiple`` does not divide."""
-    if (schedule[-1][0],) * 2 != tuple(final):
-        raise OptionError(
-            ref("recipe.res_schedule"),
-            f": ends at {schedule[-1][0]} px but the model is built for {final[0]}x{final[1]}; "
-            f"end the schedule at {final[0]} or pass ",
-            ref("img_size"),
-            f" {schedule[-1][0]}",
-        )
-    for size, _ in schedule:
-        if size % multiple and not dynamic_pad:
-            raise OptionError(ref("recipe.res_schedule"), f": {size} px is not divisible by the patch size {multiple}")

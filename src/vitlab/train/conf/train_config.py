@@ -22,9 +22,11 @@ __all__ = [
     "arch_values",
     "build_config",
     "default_recipe_name",
+    "muon_refusal",
     "objective_name",
     "option_paths",
     "read_saved_config",
+    "run_recipe",
 ]
 
 
@@ -271,3 +273,29 @@ def read_saved_config(text: Any) -> TrainConfig:
         raise ConfigError(f"config: {e.render(str)}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+
+
+def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
+    """``(option path, why)`` of the first setting of ``cfg`` and ``recipe`` that Muon does not go with, else None:
+    the one list :func:`~vitlab.train.conf.rules.validate` refuses from and the ``auto`` recipe falls back to AdamW on
+    (:func:`~vitlab.train.sizing.recipe.classify_recipe`)."""
+    for refused, path, why in (
+        (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
+        (recipe.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
+        (recipe.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
+    ):
+        if refused:
+            return path, why
+    return None
+
+
+def run_recipe(cfg: TrainConfig, proposed: Recipe) -> Recipe:
+    """What a run of ``cfg`` trains with when the ``auto`` recipe proposes ``proposed``: the user's fields kept,
+    AdamW for a proposed Muon that a setting refuses (:func:`muon_refusal`); the fitted recipe's
+    (:func:`~vitlab.train.sizing.recipe.classify_recipe`) and the probes' optimizer
+    (:mod:`vitlab.train.sizing.probe`)."""
+    given = {f: getattr(cfg.recipe, f) for f in cfg.recipe_given}
+    new = dataclasses.replace(proposed, **given)
+    if "optimizer" not in given and new.optimizer == "muon" and muon_refusal(cfg, new):
+        new = dataclasses.replace(new, optimizer="adamw")
+    return new

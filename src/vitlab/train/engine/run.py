@@ -33,8 +33,9 @@ from ...distributed import Dist, barrier, setup, teardown
 from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
 from ..conf.config_file import config_values
+from ..conf.phases import check_res_sizes
 from ..conf.resume import resumed_config, trained_recipe
-from ..conf.rules import check_res_sizes, validate
+from ..conf.rules import validate
 from ..conf.train_config import TrainConfig
 from ..objectives import build_objective, objective_for
 from ..objectives.distill import load_teacher

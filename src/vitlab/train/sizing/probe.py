@@ -40,8 +40,7 @@ from ...distributed import Dist
 from ...models import VisionTransformer
 from ..conf.arch import fresh_config
 from ..conf.recipes import Recipe
-from ..conf.rules import run_recipe
-from ..conf.train_config import TrainConfig
+from ..conf.train_config import TrainConfig, run_recipe
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
 from .pace import Pace, budget_reserve

@@ -29,7 +29,7 @@ import math
 from typing import Any
 
 from ..conf.recipes import RECIPES, Recipe
-from ..conf.rules import run_recipe
+from ..conf.train_config import run_recipe
 from .levels import LEVELS, aug_level, level_fields
 from .pace import Pace, budget_reserve, steps_in_budget
 from .side import PHOTO_SIDE
@@ -78,7 +78,7 @@ BUDGET_OPTIMIZER = "muon"
 airbench94_muon) for the encoder blocks' matrices, AdamW for every other weight, at the AdamW LR
 (:func:`vitlab.train.engine.optim.build_optimizer`); it won both CIFAR-10 speedrun tracks at 5 and 20 minutes and
 through this recipe (docs/speedrun.md, docs/training.md). AdamW stays where Muon does not go
-(:func:`~.rules.muon_refusal`: ``--fsdp``, layer-wise LR decay, ``--freeze``)."""
+(:func:`~vitlab.train.conf.train_config.muon_refusal`: ``--fsdp``, layer-wise LR decay, ``--freeze``)."""
 
 MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 """A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
@@ -300,7 +300,7 @@ def classify_recipe(
 ) -> tuple[Recipe, str | None]:
     """``(recipe, line)``: what a classifier run of ``cfg`` (a :class:`~vitlab.train.TrainConfig`) trains with on this
     data, and the line that says what was chosen (None: the recipe as asked). The ``auto`` recipe is resolved
-    (:func:`auto_recipe`, :func:`~vitlab.train.conf.rules.run_recipe`; ``pace``: measured on the data for a time
+    (:func:`auto_recipe`, :func:`~vitlab.train.conf.train_config.run_recipe`; ``pace``: measured on the data for a time
     budget; ``photo_data``: a folder of photos, :func:`~.side.holds_photos`); the ``finetune`` recipe's batch is
     scaled down to the data (the paper's passes over the data with a batch that fits: at most 1/16 of it, up to 512),
     its LR with the square root of the batch, as the auto recipe's (a small target's run sees few examples; see
