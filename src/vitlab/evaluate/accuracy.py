@@ -354,10 +354,10 @@ def training_storage(
 ) -> tuple[FolderStorage, float | None] | None:
     """``(storage, val_split)``: how the run that trained ``model`` stored the folder ``data`` (its ``model/`` records
     it: the folder's absolute path, ``data_storage``, ``data_plan`` in earlier models, and ``val_split``), so that the
-    evaluation reads the decode cache
-    training wrote, and the same pixels training evaluated, instead of decoding the split again; None for another
-    folder, another ``val_split``, a model of another size, or no (valid) record. The record is data read from a
-    file: it is only compared and checked (:meth:`~vitlab.data.images.storage.FolderStorage.from_record`)."""
+    evaluation reads the decode cache training wrote, and the same pixels training evaluated, instead of decoding the
+    split again; None for another folder, another ``val_split``, a model of another size, or no (valid) record. The
+    record is data read from a file: it is only compared and checked
+    (:meth:`~vitlab.data.images.storage.FolderStorage.from_record`)."""
     from ..data.sources import DEFAULT_HOLD_OUT, FolderStorage
 
     extra = model.config.extra or {}

@@ -132,14 +132,13 @@ def sample_split(
     seed: int = 0,
 ) -> tuple[list[np.ndarray], list[str], str]:
     """``(images, their class names, the split's name)``: ``n`` images drawn (``seed``) from the evaluation split of
-    a ``--data`` value, decoding only those. A folder's files are listed (no pixels read), ``n`` of its evaluation
-    split drawn, and those decoded one by one (:func:`~vitlab.data.images.decode.decode_image`) -- never the whole
-    folder, nor its training split, into a decode cache. ``size`` and ``crop``: as the evaluation stores them (the
-    shorter side resized to ``size``, then the centre ``crop``: the pixels ``vitlab eval`` feeds the model); ``None``:
-    at
-    their own size. The evaluation split is the folder's ``val/`` (or ``test/``), else the fraction ``val_split``
-    (default :data:`~vitlab.data.sources.DEFAULT_HOLD_OUT`) held out as training holds it out. The built-in data
-    sets are in memory already: drawn from their evaluation split. A file that does not decode is passed over."""
+    a ``--data`` value, decoding only those. A folder's files are listed (no pixels read), ``n`` of its evaluation split
+    drawn, and those decoded one by one (:func:`~vitlab.data.images.decode.decode_image`) -- never the whole folder, nor
+    its training split, into a decode cache. ``size`` and ``crop``: as the evaluation stores them (the shorter side
+    resized to ``size``, then the centre ``crop``: the pixels ``vitlab eval`` feeds the model); ``None``: at their own
+    size. The evaluation split is the folder's ``val/`` (or ``test/``), else the fraction ``val_split`` (default
+    :data:`~vitlab.data.sources.DEFAULT_HOLD_OUT`) held out as training holds it out. The built-in data sets are in
+    memory already: drawn from their evaluation split. A file that does not decode is passed over."""
     from ..data.images.decode import MAX_ASPECT, decode_image
     from ..data.images.scan import scan_classes
     from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir, stratified_split

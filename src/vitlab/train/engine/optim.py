@@ -66,8 +66,8 @@ def _empty(weight_decay: float) -> dict:
 def build_optimizer(model: nn.Module, recipe: Recipe, lr: float) -> torch.optim.Optimizer:
     """``adamw`` / ``adam`` (decoupled weight decay, i.e. AdamW, in both: the paper's "Adam with
     weight decay" scales the decay by the learning rate), ``sgd`` with momentum, or ``muon`` (:class:`MuonAdamW`,
-    :func:`_muon_adamw`). Each group
-    starts at ``lr`` times its ``lr_scale``; the schedule then scales every group alike."""
+    :func:`_muon_adamw`). Each group starts at ``lr`` times its ``lr_scale``; the schedule then scales every group
+    alike."""
     if recipe.optimizer == "muon":
         return _muon_adamw(model, recipe, lr)
     depth = _depth(model) if recipe.layer_decay is not None else None

@@ -1,7 +1,7 @@
 """A run's data: the splits (rank 0 builds the decode cache first), stored for the side the run trains at (chosen by
-the sizing's side rule from the files' headers before anything is decoded, :func:`vitlab.train.sizing.side.
-folder_storage`; tar shards from their first samples' headers, by the same rule), and their fingerprint, which
-``--resume`` checks."""
+the sizing's side rule from the files' headers before anything is decoded,
+:func:`vitlab.train.sizing.side.folder_storage`; tar shards from their first samples' headers, by the same rule), and
+their fingerprint, which ``--resume`` checks."""
 
 from __future__ import annotations
 

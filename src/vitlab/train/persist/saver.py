@@ -69,9 +69,9 @@ class CheckpointSaver:
         packed: tuple[int, int] = (0, 0),
     ) -> None:
         """Save ``last.pt``: ``micro_done`` micro-batches into the current epoch (0: at its start). A collective:
-        every rank calls it (their RNG states are gathered; with ``--fsdp`` every rank first writes its shards of
-        the weights and optimizer state into the folder ``last.pt`` then names), rank 0 writes the file and deletes
-        the sharded folders it no longer names. ``data_fingerprint``
+        every rank calls it (their RNG states are gathered; with ``--fsdp`` every rank first writes its shards of the
+        weights and optimizer state into the folder ``last.pt`` then names), rank 0 writes the file and deletes the
+        sharded folders it no longer names. ``data_fingerprint``
         (:func:`~vitlab.train.engine.run_data.data_fingerprint`) lets ``--resume`` detect changed data; ``packed``: the
         epoch's ``(tokens, slots)`` so far, all processes together (``--pack``: the padding of the epoch)."""
         d = self.dist

@@ -110,12 +110,11 @@ def _shown(v: Any) -> str:
 
 def check_state(state: Any) -> None:
     """Refuse a ``last.pt`` whose contents are not what vitlab writes (a ``ValueError`` naming the first key at
-    fault): a mapping whose counters are non-negative integers, numbers finite, plan a mapping of them, random
-    generator states tensors of their sizes, weights and optimizer state mappings (or a sharded folder's name),
-    and whose configuration passes as if typed (:func:`~vitlab.train.conf.train_config.read_saved_config`) and its
-    sizing as :class:`~vitlab.train.sizing.Sizing` reads one. What
-    ``--resume`` reads is then what it expects: a list or null where a number or the data belongs is one line,
-    never a ``TypeError`` deep in the run."""
+    fault): a mapping whose counters are non-negative integers, numbers finite, plan a mapping of them, random generator
+    states tensors of their sizes, weights and optimizer state mappings (or a sharded folder's name), and whose
+    configuration passes as if typed (:func:`~vitlab.train.conf.train_config.read_saved_config`) and its sizing as
+    :class:`~vitlab.train.sizing.Sizing` reads one. What ``--resume`` reads is then what it expects: a list or null
+    where a number or the data belongs is one line, never a ``TypeError`` deep in the run."""
     if not isinstance(state, dict):
         raise ValueError(f"expected a mapping, got {_shown(state)}")
 

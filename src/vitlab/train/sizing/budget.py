@@ -204,13 +204,13 @@ class Replanner:
 
     After that the pace is followed both ways, within a band: the steps and the end-of-epoch work since the last
     judgment make a stretch, judged at an epoch's end (and, in epochs of many steps, every :attr:`check_every` steps)
-    once it holds :data:`STRETCH` steps (short epochs are taken together); the plan moves only when the stretch's
-    pace is :data:`BAND` off the plan's, or the run would end :data:`BAND` of the time left early or later than the
-    budget's reserve (:meth:`_judge`). Then the steps
-    still to go are re-fitted to what that pace, the evaluations still to come and the time left allow, shorter when
-    the machine slowed, longer when it recovered. The time left is read from the clock, so time lost to a slow
-    stretch is made up by the steps that follow, and the run ends on its budget. Each move re-fits the LR schedule
-    from the current step without a jump (:meth:`~vitlab.train.engine.schedule.LRFactor.replan_from`).
+    once it holds :data:`STRETCH` steps (short epochs are taken together); the plan moves only when the stretch's pace
+    is :data:`BAND` off the plan's, or the run would end :data:`BAND` of the time left early or later than the budget's
+    reserve (:meth:`_judge`). Then the steps still to go are re-fitted to what that pace, the evaluations still to come
+    and the time left allow, shorter when the machine slowed, longer when it recovered. The time left is read from the
+    clock, so time lost to a slow stretch is made up by the steps that follow, and the run ends on its budget. Each move
+    re-fits the LR schedule from the current step without a jump
+    (:meth:`~vitlab.train.engine.schedule.LRFactor.replan_from`).
 
     A replayed run (:meth:`replaying`) measures nothing: it makes the recorded moves at the recorded steps."""
 
@@ -237,11 +237,11 @@ class Replanner:
     """``(step, clock)`` where the current stretch of steps began (after the early re-plan, each check and each
     epoch's end-of-epoch work)."""
     last_size_from: float = 0.0
-    """The share of the plan where its last stretch of one step cost begins (:func:`~vitlab.train.conf.phases.
-    last_stretch_from`: the last size of ``--res-schedule``, the warm start's or the token dropping's end; 0: every
-    step costs the same). The steps before it do not tell the pace of the later ones, so the early re-plan times the
-    steps ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them is not a pace, and no new
-    plan is so long that a step would go back to an earlier stretch."""
+    """The share of the plan where its last stretch of one step cost begins
+    (:func:`~vitlab.train.conf.phases.last_stretch_from`: the last size of ``--res-schedule``, the warm start's or the
+    token dropping's end; 0: every step costs the same). The steps before it do not tell the pace of the later ones, so
+    the early re-plan times the steps ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them
+    is not a pace, and no new plan is so long that a step would go back to an earlier stretch."""
     followed_from: int = 0
     """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
     epoch_start: int = 0

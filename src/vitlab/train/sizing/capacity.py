@@ -246,13 +246,12 @@ def activation_bytes(
 ) -> int:
     """Bytes autograd saves for the backward pass of ``batch`` images of a ViT (see the module notes).
 
-    Besides the blocks: the input image (saved by the patch projection), the embedded tokens and
-    the final LayerNorm's input and output, and a hybrid's ResNet stem or a conv stem's feature maps. With
-    ``checkpointing`` the blocks keep only their inputs, plus one block's activations while it is recomputed in the
-    backward pass. ``keep``: the
-    share of patch tokens the blocks see (token dropping); ``math_attention``: the attention runs unfused (with
-    attention dropout on a CPU) and saves its ``T x T`` weights per head (:data:`ATTENTION_MATH_BYTES`). An
-    axial block is two half-blocks (Appendix D.6), each with its own attention and MLP."""
+    Besides the blocks: the input image (saved by the patch projection), the embedded tokens and the final LayerNorm's
+    input and output, and a hybrid's ResNet stem or a conv stem's feature maps. With ``checkpointing`` the blocks keep
+    only their inputs, plus one block's activations while it is recomputed in the backward pass. ``keep``: the share of
+    patch tokens the blocks see (token dropping); ``math_attention``: the attention runs unfused (with attention dropout
+    on a CPU) and saves its ``T x T`` weights per head (:data:`ATTENTION_MATH_BYTES`). An axial block is two half-blocks
+    (Appendix D.6), each with its own attention and MLP."""
     stem, block, block_input = _parts(
         cfg, img_size=img_size, bytes_per_value=bytes_per_value, keep=keep, math_attention=math_attention
     )
@@ -321,11 +320,11 @@ def estimate(
     accum_steps: int = 1,
     config: ViTConfig | None = None,
 ) -> Capacity:
-    """The plan for training registered model ``model`` (or the model of ``config``, named ``model``: a run folder's,
-    a checkpoint's) at ``img_size`` with a global ``batch_size``
-    split over ``devices`` devices of ``device_memory`` bytes each and ``accum_steps`` accumulation steps (by
-    ``vitlab train``'s rule, :func:`~vitlab.train.conf.rules.micro_batch`: the batch must split evenly), at ``mfu`` of
-    ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
+    """What training registered model ``model`` costs (or the model of ``config``, named ``model``: a run folder's,
+    a checkpoint's) at ``img_size`` with a global ``batch_size`` split over ``devices`` devices of ``device_memory``
+    bytes each and ``accum_steps`` accumulation steps (by ``vitlab train``'s rule,
+    :func:`~vitlab.train.conf.rules.micro_batch`: the batch must split evenly), at ``mfu`` of ``peak_tflops`` (TFLOP/s
+    per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
     import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 
     from ...models import VisionTransformer, count_macs, create_model  # lazy: as torch, for the meta model

@@ -29,14 +29,13 @@ MAX_SIZING_BYTES = 1 << 20
 @dataclass(frozen=True, kw_only=True)
 class Sizing:
     """What a run gets here (see the module's notes). ``recipe``: what it trains with (the config's recipe fitted to
-    the data and the budget, its batch split for the memory); ``chosen``: the line that says how the recipe was
-    fitted (None: as asked); ``storage``: how the data is stored for the side chosen
-    (:class:`~vitlab.data.images.storage.
-    FolderStorage`; None: a built-in data set); ``micro``: images a forward pass on each process; ``eval_batch``;
-    ``threads`` and ``workers``; ``pace``: what the recipe's probe measured (None: no probe); ``plan``: the steps
-    planned at the start (None until :func:`plan`); ``lines``: what the run prints about its choices; ``replayed``:
-    where the choices were read from (None: measured here). ``model`` is the architecture chosen (not saved: it
-    follows from the recipe)."""
+    the data and the budget, its batch split for the memory); ``chosen``: the line that says how the recipe was fitted
+    (None: as asked); ``storage``: how the data is stored for the side chosen
+    (:class:`~vitlab.data.images.storage.FolderStorage`; None: a built-in data set); ``micro``: images a forward pass on
+    each process; ``eval_batch``; ``threads`` and ``workers``; ``pace``: what the recipe's probe measured (None: no
+    probe); ``plan``: the steps planned at the start (None until :func:`plan`); ``lines``: what the run prints about its
+    choices; ``replayed``: where the choices were read from (None: measured here). ``model`` is the architecture chosen
+    (not saved: it follows from the recipe)."""
 
     recipe: Recipe
     chosen: str | None = None

@@ -363,13 +363,12 @@ def mpp_recipe(
     cfg: Any, *, n_train: int, image_size: tuple[int, int], recipe: Recipe | None = None
 ) -> tuple[Recipe, str | None]:
     """``(recipe, line)`` of a run of ``cfg`` (a :class:`~vitlab.train.TrainConfig` with ``--objective mpp``): its
-    recipe fitted to the data, as the ``auto`` recipe fits classification (:func:`classify_recipe`): the patch size
-    from the image
-    size by the rule classification uses (16 for photos, as the paper's B/16; else about 8 x 8 tokens: the
+    recipe fitted to the data, as the ``auto`` recipe fits classification (:func:`classify_recipe`): the patch size from
+    the image size by the rule classification uses (16 for photos, as the paper's B/16; else about 8 x 8 tokens: the
     recipe's patch 4 is for 32 px images, and at 224 px it would give 3,136 tokens an image), unless a patch, a
-    ``--model`` or an ``--init`` model is given; the batch at most 1/16 of the training set (the recipe's batch
-    at most; the LR scales with it linearly). Fields the user set are kept; the line is None when nothing
-    changed. ``recipe``: the recipe to fit (default: ``cfg``'s)."""
+    ``--model`` or an ``--init`` model is given; the batch at most 1/16 of the training set (the recipe's batch at most;
+    the LR scales with it linearly). Fields the user set are kept; the line is None when nothing changed. ``recipe``:
+    the recipe to fit (default: ``cfg``'s)."""
     r = recipe or cfg.recipe
     img = (cfg.img_size, cfg.img_size) if cfg.img_size else (r.img_size, r.img_size) if r.img_size else image_size
     h, w = int(img[0]), int(img[1])

@@ -40,14 +40,14 @@ def choose(
     log: Callable[[str], None] = print,
 ) -> Sizing:
     """What the run ``cfg`` gets on ``data`` here (:class:`Sizing`, without its plan), before the model is built, in
-    order: the recipe fitted to the data (the rule for what the run learns, :func:`~vitlab.train.conf.train_config.
-    objective_name`; for a time-budgeted ``auto`` run from a pace a probe measures first), the side the data was
-    stored for (:func:`~.side.sized_recipe`), what ``--pack`` turns off, the architecture (``architecture(recipe)``:
-    the engine's, fresh or the ``--init`` model's), the batch split for the free memory, the threads and workers.
-    ``num_classes``: the head's; ``init``: the ``--init`` model's configuration; ``teacher``: a distillation
-    teacher's (its memory counts). ``saved``: the choices of a resumed or replayed run, kept (the threads of a
-    replay too; a resumed run's machine may differ: its threads and workers are chosen again). Every line is
-    printed through ``log`` and kept in :attr:`Sizing.lines`."""
+    order: the recipe fitted to the data (the rule for what the run learns,
+    :func:`~vitlab.train.conf.train_config.objective_name`; for a time-budgeted ``auto`` run from a pace a probe
+    measures first), the side the data was stored for (:func:`~.side.sized_recipe`), what ``--pack`` turns off, the
+    architecture (``architecture(recipe)``: the engine's, fresh or the ``--init`` model's), the batch split for the free
+    memory, the threads and workers. ``num_classes``: the head's; ``init``: the ``--init`` model's configuration;
+    ``teacher``: a distillation teacher's (its memory counts). ``saved``: the choices of a resumed or replayed run, kept
+    (the threads of a replay too; a resumed run's machine may differ: its threads and workers are chosen again). Every
+    line is printed through ``log`` and kept in :attr:`Sizing.lines`."""
     lines: list[str] = []
 
     def say(line: str | None) -> None:
