@@ -1,4 +1,4 @@
-"""The run's memory estimate (vitlab.train.engine.memory) against the peak resident memory of real training runs,
+"""The run's memory estimate (vitlab.train.sizing.memory) against the peak resident memory of real training runs,
 on CPU.
 
 Each configuration trains one epoch of 4 optimizer steps and one evaluation of 256 images in its own process

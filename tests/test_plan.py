@@ -1,4 +1,4 @@
-"""``vitlab plan`` and :mod:`vitlab.capacity`: memory per device, step time, the paper's runs,
+"""``vitlab plan`` and :mod:`vitlab.train.sizing.capacity`: memory per device, step time, the paper's runs,
 and the activation estimate checked against what autograd really saves."""
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def test_muon_state_of_another_optimizer_is_refused() -> None:
 @pytest.mark.parametrize("tta", ["flip", "flip-last", "none"])
 def test_flip_tta_flips_every_evaluation_or_the_last_alone(tmp_path, tta: str) -> None:
     """``--tta flip`` flips each epoch's evaluation, ``flip-last`` the run's last one only: its row says so, and
-    its top-1 and loss are those of ``vitlab.evaluate_model(..., tta="flip")`` on the saved model."""
+    its top-1 and loss are those of ``vitlab.evaluate.evaluate_model(..., tta="flip")`` on the saved model."""
     import vitlab
     from imagefolder import tiny_folder
     from vitlab.evaluate.accuracy import evaluate_model

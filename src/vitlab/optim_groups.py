@@ -1,15 +1,15 @@
 """Which optimiser each parameter of a ViT goes to when the encoder's matrices are trained with Muon.
 
-Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks") orthogonalises each update of
-a 2-D weight by a Newton-Schulz iteration. ``torch.optim.Muon`` (recent torch only: vitlab takes torch >= 2.1, so a
-caller checks that it exists) refuses any parameter that is not 2-D, and has no foreach or fused kernel. Muon is
-meant for the hidden layers only: the CIFAR-10 record that uses it (airbench94_muon) and the language-model records
-train the embeddings, the head, gains and biases with Adam(W) or SGD. For a ViT, :func:`muon_split` draws that
-line at the encoder blocks of Eq. 2-3, the same line ``vitlab.train.optim.layer_id`` draws for layer-wise learning
-rates: the 2-D weights inside ``blocks.N`` (the attention's ``qkv`` and ``proj``, the MLP's ``fc1`` and ``fc2``;
-the rows and columns of axial blocks alike) go to Muon; the patch embedding or CNN stem, the class, distillation
-and register tokens, the position embeddings, every LayerNorm, layer scale and bias, the pooling (MAP, sequence
-pooling) and the head go to AdamW.
+Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks") orthogonalises each update of a 2-D
+weight by a Newton-Schulz iteration. ``torch.optim.Muon`` (recent torch only: vitlab takes torch >= 2.1, so a caller
+checks that it exists) refuses any parameter that is not 2-D, and has no foreach or fused kernel. Muon is meant for the
+hidden layers only: the CIFAR-10 record that uses it (airbench94_muon) and the language-model records train the
+embeddings, the head, gains and biases with Adam(W) or SGD. For a ViT, :func:`muon_split` draws that line at the encoder
+blocks of Eq. 2-3, the same line ``vitlab.train.engine.optim.layer_id`` draws for layer-wise learning rates: the 2-D
+weights inside ``blocks.N`` (the attention's ``qkv`` and ``proj``, the MLP's ``fc1`` and ``fc2``; the rows and columns
+of axial blocks alike) go to Muon; the patch embedding or CNN stem, the class, distillation and register tokens, the
+position embeddings, every LayerNorm, layer scale and bias, the pooling (MAP, sequence pooling) and the head go to
+AdamW.
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ SIZE_PATHS = ("arch.depth", "arch.embed_dim", "arch.mlp_ratio", "arch.patch_size
 def smallest_config(cfg: TrainConfig) -> ViTConfig:
     """The smallest model ``cfg`` can train, before the data is known: the image size the options or the recipe
     give, else four patches; one input channel, no head. Its parameters are a lower bound of the run's, which a
-    size check compares before the data is read (:func:`vitlab.train.engine.memory.check_model_size`)."""
+    size check compares before the data is read (:func:`vitlab.train.sizing.memory.check_model_size`)."""
     base = base_config(cfg)
     patch = (cfg.arch.get("patch_size") or base.patch_size) * base.stem_stride
     return fresh_config(cfg, image_size=4 * patch, in_chans=1, num_classes=0, class_names=[])

@@ -148,7 +148,7 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """The configuration :meth:`to_dict` wrote. A ``last.pt`` from before the sizing room held the fitted recipe
         and its line (``resolved``) in its configuration: the line is dropped here (the caller reads that recipe as
-        the run's sizing, :func:`vitlab.train.conf.resume.saved_run`)."""
+        the run's sizing, :func:`vitlab.train.engine.run._resumed_sizing`)."""
         d = {k: v for k, v in d.items() if k != "resolved"}
         d["recipe"] = Recipe.from_dict(d["recipe"])
         return cls(**d)

@@ -2,7 +2,7 @@
 :func:`vitlab.inspect.attention_health` on a fixed small batch of evaluation images, chosen once, measured on a
 plain copy of the trained weights (:func:`plain_copy`: the live model, its modes, hooks and speed paths are never
 touched). Its compact record goes into the epoch's ``metrics.jsonl`` row (:mod:`vitlab.train.persist.health`); the
-alarms of :func:`vitlab.inspect.named_alarms` are printed under the epoch line the first time each fires, and the
+alarms of :func:`vitlab.inspect.alarms.named_alarms` are printed under the epoch line the first time each fires, and the
 ones that stand at the end join the run's advice, with the notes (:func:`vitlab.inspect.alarms.named_notes`).
 
 ``--watch-attention auto`` (the default) watches while it is cheap: the passes' seconds over the seconds of the

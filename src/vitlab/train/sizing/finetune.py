@@ -14,7 +14,7 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
 - **length**: ``--epochs`` (default: the ``auto`` recipe's 30), or ``--time-budget``: then, as for ``train``, half
   the patch tokens are dropped in training (:data:`~.fitting.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), the
   number of passes is estimated from the model's multiply-accumulates to choose the augmentation, and the run plans
-  its steps from a measured step (:mod:`vitlab.train.engine.budget`).
+  its steps from a measured step (:mod:`vitlab.train.sizing.budget`).
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
   on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
   run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.

@@ -73,7 +73,7 @@ SIDE_BATCH = 32
 """Images a step of :func:`budget_passes` times at each side (the per-image cost is scaled to the run's batch)."""
 PASSES_LEVEL = "light"
 """The augmentation level whose cost :func:`budget_passes` counts: the level a run gets from
-:data:`~vitlab.train.conf.image_size.BUDGET_PASSES` passes, the threshold the passes are compared with."""
+:data:`~vitlab.train.sizing.side.BUDGET_PASSES` passes, the threshold the passes are compared with."""
 
 
 @dataclass(frozen=True, kw_only=True)

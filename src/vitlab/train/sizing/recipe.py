@@ -96,7 +96,7 @@ _PATCHES = (32, 16, 14, 8, 7, 4, 2, 1)
 
 
 def _patch_for(img: tuple[int, int], *, photos: bool = False) -> int:
-    """The patch size: for ``photos`` from :data:`~vitlab.train.conf.image_size.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
+    """The patch size: for ``photos`` from :data:`~vitlab.train.sizing.side.PHOTO_SIDE` px the paper's 16 (ViT-B/16,
     196 tokens at 224 px); otherwise the one giving a grid of tokens closest to 8 x 8 (ties: the larger patch)
     among those that divide the image, or, when none of them gives 6 to 10 tokens a side (odd sides: only
     patch 1 divides them), the closest of all, with the model padding the image to a multiple of it

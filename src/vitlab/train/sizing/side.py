@@ -84,10 +84,10 @@ def photo_size(typical: int) -> int:
 BUDGET_SIDES = (224, 160, 128, 64)
 """The sides a time-budgeted photo run may train at without ``--img-size``, largest first: 224 px and the smaller
 sides measured against it on photos (docs/training.md, "Photo rows"). 64 px trains with patch 8 (an 8 x 8 grid,
-:func:`vitlab.train.conf.fitting.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
+:func:`vitlab.train.sizing.recipe.auto_arch`), the others with 16; 96 px (a 6 x 6 grid of patch 16) lost to 64 px at
 2 and 5 minutes and is not a step."""
 BUDGET_PASSES = 150.0
-"""Passes over the training images (as :func:`~vitlab.train.engine.calibrate.budget_passes` estimates them) a time
+"""Passes over the training images (as :func:`~vitlab.train.sizing.probe.budget_passes` estimates them) a time
 budget must buy at a side for a photo run to train at it: half again above every larger side that lost to 64 px on
 the clothing photos, at 2, 5 and 10 minutes, 128 px at 10 minutes with ~90 to ~100 estimated passes among them
 (docs/training.md, "Photo rows")."""
