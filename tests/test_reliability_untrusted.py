@@ -121,3 +121,32 @@ def test_cli_commands_refuse_the_payload(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "refused to unpickle" in err, (argv, err)
     assert not target.exists()
+
+
+def test_a_small_file_is_read_within_its_bound_and_never_through_a_refused_link(tmp_path):
+    """The one bounded read (vitlab._fs.read_small) behind config files, manifests, cache settings and sizing.json:
+    a folder, a FIFO (the open does not block) and, where refused, a link are not files; a file over the bound is
+    refused from its size before it is read."""
+    import os
+
+    import pytest
+
+    from vitlab._fs import NotAFile, TooLarge, read_small
+
+    f = tmp_path / "small.json"
+    f.write_bytes(b"x" * 10)
+    assert read_small(f, limit=10) == b"x" * 10
+    with pytest.raises(TooLarge) as e:
+        read_small(f, limit=9)
+    assert e.value.size == 10
+    (tmp_path / "link.json").symlink_to(f)
+    assert read_small(tmp_path / "link.json", limit=10) == b"x" * 10
+    with pytest.raises(NotAFile):
+        read_small(tmp_path / "link.json", limit=10, links=False)
+    with pytest.raises(NotAFile):
+        read_small(tmp_path, limit=10)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(NotAFile):
+        read_small(tmp_path / "fifo", limit=10)
+    with pytest.raises(FileNotFoundError):
+        read_small(tmp_path / "none.json", limit=10)

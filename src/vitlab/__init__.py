@@ -11,10 +11,10 @@ with timm, Hugging Face and Google's checkpoints.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
+from ._lazy import lazy_names
 from ._version import __version__
 from .errors import CheckpointError, ConfigError, InputError, OfflineError, UnknownModelError, VitlabError
 
@@ -97,12 +97,4 @@ _LAZY = {
 }
 
 
-def __dir__() -> list[str]:
-    """The public names only (not this module's imports)."""
-    return sorted(__all__)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, __all__, keep=False)

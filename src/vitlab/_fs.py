@@ -1,6 +1,7 @@
 """File-system helpers shared by the data cache, the training run folder and the model writers:
 temporary names unique to each writer, the clean-up of those left by killed writers, the lock that
-keeps two runs out of one folder, and the one way every output is written.
+keeps two runs out of one folder, the one way every output is written, and the one bounded read of a small
+file vitlab is handed (:func:`read_small`).
 
 Nothing is written through a link (git's rule for what it did not create). Every file vitlab writes goes
 to a temporary name beside it and is renamed over its entry (:func:`replacing`): a symbolic link there is
@@ -18,6 +19,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +30,8 @@ from .errors import OutputError, VitlabError
 __all__ = [
     "FolderLock",
     "FolderLockedError",
+    "NotAFile",
+    "TooLarge",
     "append_text",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -36,6 +40,7 @@ __all__ = [
     "open_append",
     "output_error",
     "own_folder",
+    "read_small",
     "refuse_folder",
     "remove_stale",
     "removed_if_unused",
@@ -401,3 +406,49 @@ class FolderLock:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+class NotAFile(ValueError):
+    """What :func:`read_small` was given is not a regular file (a folder, a device, a FIFO; a link where links are
+    refused)."""
+
+
+class TooLarge(ValueError):
+    """What :func:`read_small` was given holds more than its bound: ``size`` bytes (at least)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size:,} bytes")
+        self.size = size
+
+
+def read_small(path: str | os.PathLike[str], *, limit: int, links: bool = True) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them: the bound a small file (a config, a
+    manifest, a settings or sizing file) honestly has, so that a file someone hands over is never read whole when it
+    is not what it says. The checks are made on the open file (no race between a check and the read); ``links``:
+    whether a symbolic link at ``path`` is followed (False: refused as :class:`NotAFile`). Raises
+    :class:`FileNotFoundError` when there is none, :class:`NotAFile`, :class:`TooLarge`, or the :class:`OSError` of
+    the read."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO does not block the open
+    if not links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW on a link
+            raise NotAFile(f"{path}: a link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise TooLarge(st.st_size)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        data = f.read(limit + 1)
+    if len(data) > limit:  # grew since the fstat
+        raise TooLarge(len(data))
+    return data

@@ -44,7 +44,6 @@ __all__ = [
     "from_meta",
     "hf_config",
     "hf_fields",
-    "hf_preprocessor",
     "is_meta_state",
     "meta_fields",
     "to_hf",
@@ -260,21 +259,6 @@ def to_hf(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Ten
                 state[f"{b}mlp.{ours}.bias"],
             )
     return out
-
-
-def hf_preprocessor(cfg: ViTConfig) -> dict[str, Any]:
-    """A ``preprocessor_config.json`` with the model's normalisation and input size (DINOv3's processor)."""
-    h, w = cfg.img_size
-    return {
-        "image_processor_type": "DINOv3ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": h, "width": w},
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(cfg.mean),
-        "image_std": list(cfg.std),
-    }
 
 
 # -- Meta -----------------------------------------------------------------------------------------------------------

@@ -302,11 +302,12 @@ def vit_state(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch
     return out
 
 
-def vit_preprocessor(cfg: ViTConfig) -> dict[str, Any]:
-    """``preprocessor_config.json`` of ``ViTImageProcessor`` with the model's mean, std and input size."""
+def vit_preprocessor(cfg: ViTConfig, *, processor: str = "ViTImageProcessor") -> dict[str, Any]:
+    """``preprocessor_config.json`` of Hugging Face's ``processor`` (``ViTImageProcessor``; DINOv3's is
+    ``DINOv3ViTImageProcessor``) with the model's mean, std and input size."""
     h, w = cfg.img_size
     return {
-        "image_processor_type": "ViTImageProcessor",
+        "image_processor_type": processor,
         "do_resize": True,
         "size": {"height": h, "width": w},
         "do_rescale": True,

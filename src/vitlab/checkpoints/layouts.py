@@ -298,7 +298,7 @@ def write_layout(
             files = {
                 paths[0]: dinov3.to_hf(state, cfg),
                 paths[1]: dinov3.hf_config(cfg),
-                paths[2]: dinov3.hf_preprocessor(cfg),
+                paths[2]: hf.vit_preprocessor(cfg, processor="DINOv3ViTImageProcessor"),
             }
             notes.append(f"hf: transformers.DINOv3ViTModel.from_pretrained({str(Path(dst))!r}); pooler_output")
         else:

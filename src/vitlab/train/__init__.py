@@ -14,8 +14,9 @@ The names below are imported when first used (PEP 562): ``import vitlab.train.co
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .conf.recipes import RECIPES, Recipe, get_recipe, list_recipes
@@ -36,13 +37,4 @@ _WHERE = {
 }
 
 
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)

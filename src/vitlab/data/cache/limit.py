@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..._fs import atomic_write_text
+from ..._fs import NotAFile, TooLarge, atomic_write_text, read_small
 from ..._units import format_size, parse_size
 from ...errors import ConfigError
 
@@ -115,20 +115,18 @@ def _checked(n: object, *, where: str) -> int | None:
 def _read_settings(path: Path) -> int | None:
     """The cap the settings file states (raises :class:`ConfigError` naming the file for anything else)."""
     try:
-        st = os.lstat(path)
+        raw = read_small(path, limit=SETTINGS_MAX_BYTES, links=False)
     except FileNotFoundError:
         raise
+    except NotAFile:
+        raise ConfigError(f"{path}: not a regular file (a link or a folder); vitlab writes it itself") from None
+    except TooLarge as e:
+        raise ConfigError(f"{path}: {e.size:,} bytes, over the {SETTINGS_MAX_BYTES:,} of a settings file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{path}: not a regular file (a link or a folder); vitlab writes it itself")
-    if st.st_size > SETTINGS_MAX_BYTES:
-        raise ConfigError(f"{path}: {st.st_size:,} bytes, over the {SETTINGS_MAX_BYTES:,} of a settings file")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(SETTINGS_MAX_BYTES + 1)
         body = json.loads(raw)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         raise ConfigError(f"{path}: not vitlab's cache settings ({e})") from None
     if not isinstance(body, dict) or set(body) != {"max_size"}:
         raise ConfigError(f'{path}: expected {{"max_size": BYTES or null}}')

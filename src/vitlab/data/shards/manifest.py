@@ -13,10 +13,10 @@ import hashlib
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
+from ..._fs import NotAFile, TooLarge, read_small
 from ...errors import DataError
 from .names import quoted
 
@@ -146,18 +146,13 @@ def read_manifest(folder: str | os.PathLike[str], *, verify: bool = False) -> di
     d = Path(folder)
     path = d / MANIFEST
     try:
-        st = os.stat(path)
+        raw = read_small(path, limit=MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise PackError(f"{d}: no {MANIFEST} (not a folder that vitlab data pack wrote)") from None
-    except OSError as e:
-        raise PackError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise PackError(f"{path}: not a regular file")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise PackError(f"{path}: larger than the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may be")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except NotAFile:
+        raise PackError(f"{path}: not a regular file") from None
+    except TooLarge:
+        raise PackError(f"{path}: larger than the {MAX_MANIFEST_BYTES >> 20} MiB a manifest may be") from None
     except OSError as e:
         raise PackError(f"{path}: cannot read ({e.strerror or e})") from None
     m = parse_manifest(raw, str(path))

@@ -17,7 +17,6 @@ import dataclasses
 import difflib
 import json
 import os
-import stat
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ..._fs import NotAFile, TooLarge, read_small
 from ...errors import ConfigError
 from .options import OPTIONS, OptionError, flag_for, option
 from .train_config import TrainConfig
@@ -74,13 +74,11 @@ def _depth(v: Any, level: int = 1) -> int:
 def _parse(path: Path) -> Any:
     """The file's contents (bounded: a regular file, :data:`MAX_BYTES` at most)."""
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"{path}: not a regular file; give a YAML or JSON config file")
-        if st.st_size > MAX_BYTES:
-            raise ConfigError(f"{path}: {st.st_size:,} bytes, more than a config file's {MAX_BYTES:,}")
-        with open(path, "rb") as f:
-            text = f.read(MAX_BYTES + 1).decode("utf-8")
+        text = read_small(path, limit=MAX_BYTES).decode("utf-8")
+    except NotAFile:
+        raise ConfigError(f"{path}: not a regular file; give a YAML or JSON config file") from None
+    except TooLarge as e:
+        raise ConfigError(f"{path}: {e.size:,} bytes, more than a config file's {MAX_BYTES:,}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
     except UnicodeDecodeError:

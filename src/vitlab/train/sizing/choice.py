@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..._fs import NotAFile, TooLarge, read_small
 from ...data.images.storage import FolderStorage
 from ...models.config import ViTConfig
 from ..conf.config_file import config_values
@@ -130,10 +131,12 @@ def read_sizing(folder: Path) -> dict[str, Any] | None:
     path = Path(folder) / SIZING_FILE
     if not path.is_file() or path.is_symlink():
         return None
-    if path.stat().st_size > MAX_SIZING_BYTES:
-        raise ValueError(f"{path}: larger than a sizing.json ({MAX_SIZING_BYTES:,} bytes)")
-    with open(path, "rb") as f:
-        doc = json.loads(f.read(MAX_SIZING_BYTES + 1).decode("utf-8"))
+    try:
+        doc = json.loads(read_small(path, limit=MAX_SIZING_BYTES, links=False).decode("utf-8"))
+    except TooLarge:
+        raise ValueError(f"{path}: larger than a sizing.json ({MAX_SIZING_BYTES:,} bytes)") from None
+    except NotAFile:
+        return None
     if not isinstance(doc, dict) or doc.get("vitlab_sizing") != 1:
         raise ValueError(f"{path}: not a vitlab sizing.json")
     sizing = Sizing.from_dict(doc.get("sizing"))
