@@ -144,49 +144,53 @@ class DataCheck:
         return ", ".join(f"{t}/" if t else "the folder" for t in trains)
 
     def lines(self, *, where: str | None = None, dedup: bool = False) -> list[str]:
-        """One line per kind found (``data check: ...``), or one saying nothing was; ``where``: the report's path,
-        named at the end of each line; ``dedup``: the leaked evaluation images are left out (``--dedup-eval``)."""
-        tail = f"; list in {where}" if where else ""
-        out = []
+        """One line per kind found, ``data check: <kind>: ...`` (the kind as the report names it), or one line saying
+        none was; ``where``: the report's path, named at the end of each line; ``dedup``: the leaked evaluation
+        images are left out (``--dedup-eval``)."""
+        out: list[tuple[str, str]] = []
         if f := self.of("unreadable"):
             first = f[0].detail["reason"]
-            out.append(f"{len(f):,} file(s) cannot be used (e.g. {f[0].paths[0]}: {first}): a run leaves them out")
+            out.append(("unreadable", f"{len(f):,} file(s) cannot be used (e.g. {f[0].paths[0]}: {first}): a run "
+                        "leaves them out"))  # fmt: skip
         if f := self.of("tiny"):
             w, h = min((x.detail["size"] for x in f), key=lambda s: s[0] * s[1])
-            out.append(f"{len(f):,} image(s) under {TINY_SIDE} px a side (the smallest {w}x{h}): they train as "
-                       "blurred enlargements of a few pixels")  # fmt: skip
+            out.append(("tiny", f"{len(f):,} image(s) under {TINY_SIDE} px a side (the smallest {w}x{h}): they "
+                        "train as blurred enlargements of a few pixels"))  # fmt: skip
         if f := self.of("extreme_aspect"):
             left = sum(x.detail["left_out"] for x in f)
             note = f" ({left:,} over {MAX_ASPECT}x, which a run leaves out)" if left else ""
-            out.append(f"{len(f):,} strip-shaped image(s), one side over {EXTREME_ASPECT:g}x the other: a centre crop "
-                       f"keeps a sliver of the picture{note}")  # fmt: skip
+            out.append(("extreme_aspect", f"{len(f):,} strip-shaped image(s), one side over {EXTREME_ASPECT:g}x the "
+                        f"other: a centre crop keeps a sliver of the picture{note}"))  # fmt: skip
         if f := self.of("duplicate"):
             extra = sum(len(x.paths) - 1 for x in f)
             same = sum(x.detail["match"] == "identical" for x in f)
-            out.append(f"{extra:,} image(s) repeat another of their class ({len(f):,} group(s): {same:,} identical, "
-                       f"{len(f) - same:,} near copies): each copy weighs double in training")  # fmt: skip
+            out.append(("duplicate", f"{extra:,} image(s) repeat another of their class ({len(f):,} group(s): "
+                        f"{same:,} identical, {len(f) - same:,} near copies): each copy weighs double in "
+                        "training"))  # fmt: skip
         if f := self.of("conflict"):
             shown = "; ".join(" = ".join(x.paths[:2]) for x in f[:_SHOWN]) + (" ..." if len(f) > _SHOWN else "")
-            out.append(f"{len(f):,} picture(s) filed under two or more classes ({shown}): the same picture is "
-                       "taught as each class")  # fmt: skip
+            out.append(("conflict", f"{len(f):,} picture(s) filed under two or more classes ({shown}): the same "
+                        "picture is taught as each class"))  # fmt: skip
         if f := self.of("leak"):
             same = sum(x.detail["match"] == "identical" for x in f)
             fix = "; left out of the evaluation (--dedup-eval)" if dedup else ": the evaluation top-1 will read high"
             hint = "" if dedup else " (--dedup-eval leaves them out)"
-            out.append(f"{len(f):,} evaluation image(s) are also in {self._train_folder()} ({same:,} identical, "
-                       f"{len(f) - same:,} near copies){fix}{hint}")  # fmt: skip
+            out.append(("leak", f"{len(f):,} evaluation image(s) are also in {self._train_folder()} ({same:,} "
+                        f"identical, {len(f) - same:,} near copies){fix}{hint}"))  # fmt: skip
         for x in self.of("imbalance"):
             small = ", ".join(f"{c} {n:,}" for c, n in list(x.detail["counts"].items())[:_SHOWN])
             more = f" and {len(x.detail['counts']) - _SHOWN} more" if len(x.detail["counts"]) > _SHOWN else ""
             ((big, n),) = x.detail["largest"].items()
-            where_split = f"{self.folders[x.detail['split']]}/" if self.folders.get(x.detail["split"]) else "the folder"
-            out.append(f"small classes in {where_split}: {small}{more} image(s), beside {big} {n:,} (mean "
-                       f"{x.detail['mean']:g}): their accuracy rests on few images")  # fmt: skip
+            split = self.folders.get(x.detail["split"])
+            out.append(("imbalance", f"small classes in {f'{split}/' if split else 'the folder'}: {small}{more} "
+                        f"image(s), beside {big} {n:,} (mean {x.detail['mean']:g}): their accuracy rests on few "
+                        "images"))  # fmt: skip
         if not out:
             n = sum(r.error is None for r in self.records)
             return [f"data check: {n:,} images, none unreadable, tiny or strip-shaped, no copies, leaks, conflicting "
                     "labels or small classes"]  # fmt: skip
-        return [f"data check: {line}{tail}" for line in out]
+        tail = f"; list in {where}" if where else ""
+        return [f"data check: {kind}: {line}{tail}" for kind, line in out]
 
     def refusal(self) -> str | None:
         """What ``--strict-data`` stops on (leaks and conflicting labels), in one line, or None."""
