@@ -213,7 +213,7 @@ def test_phash_is_the_dct_hash():
 def test_cli_json_report(faulty, capsys):
     assert main(["data", "check", str(faulty), "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["vitlab_data_check"] == 1 and report["root"] == str(faulty.resolve())
+    assert report["vitlab_data_check"] == 1 and report["root"] == str(faulty.absolute())
     assert set(report["counts"]) >= {"images", *KINDS} and report["counts"]["leak"] == 6
     assert report["counts"]["leaked_eval"] == {"identical": 2, "near": 4}
     assert {s: v["role"] for s, v in report["splits"].items()} == {"train": "train", "val": "eval"}
@@ -293,6 +293,9 @@ def test_a_run_says_leak_first_and_keeps_the_report(leaky, tmp_path, capsys):
     assert report["counts"]["leak"] == 3 and "dedup_eval" not in report
     assert json.loads((out / "summary.json").read_text())["data"]["val"] == 15  # all evaluated
     assert "data_check.json" in RUN_OUTPUTS and written_by_vitlab(out / "data_check.json")
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "data_check.json").write_text('{"mine": 1}')
+    assert not written_by_vitlab(tmp_path / "theirs" / "data_check.json")  # --overwrite would stop on it
     assert main(["train", "--data", str(leaky), "--out", str(out), "--overwrite", *TRAIN]) == 0  # replaced
 
 

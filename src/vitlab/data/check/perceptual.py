@@ -143,14 +143,14 @@ def hash_pairs(
     for start in range(0, max(0, n - 1), rows):
         stop = min(n - 1, start + rows)
         cols = np.arange(start + 1, n)  # every later picture (and, within the block, some earlier: dropped)
-        d = hamming(w[start:stop, None], w[None, cols])
+        d = np.bitwise_count(w[start:stop, None] ^ w[None, cols])  # uint8 counts: a quarter of int64's memory
         if c is not None:
-            d = np.minimum(d, hamming(w[start:stop, None], c[None, cols]))
-            d = np.minimum(d, hamming(c[start:stop, None], w[None, cols]))
+            np.minimum(d, np.bitwise_count(w[start:stop, None] ^ c[None, cols]), out=d)
+            np.minimum(d, np.bitwise_count(c[start:stop, None] ^ w[None, cols]), out=d)
         r, k = np.nonzero(d <= bits)
         i, j = r + start, cols[k]
         keep = j > i
-        found.append((i[keep], j[keep], d[r[keep], k[keep]]))
+        found.append((i[keep], j[keep], d[r[keep], k[keep]].astype(np.int64)))
     if not found:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
