@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "original encoded files plus their class index (<key>.jpg + <key>.cls, the WebDataset layout),\n"
             "shuffled, with OUT/manifest.json: class names, samples, bytes, per-class counts and SHA-256 per\n"
             "shard. Each file is decoded once as it is packed: files that cannot be used are left out and listed\n"
-            "in OUT/bad_files.txt (--strict-data: refused); links to files outside SRC are not followed.\n"
+            "in OUT/bad_files.txt (--strict-data: refused); links to files outside DIR are not followed.\n"
             "Train and evaluate from them with --data OUT (streamed, decoded at full resolution,\n"
             "not cached; docs/scale.md).\n\n"
             "examples:\n  vitlab data check ~/photos\n  vitlab data check ~/photos --json > check.json\n"
@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "out",
         nargs="?",
         default=None,
+        metavar="OUT",
         help="pack: folder for the shards and manifest.json (new, or one without shards)",
     )
     p.add_argument("--json", action="store_true", help="check: print the report as JSON on stdout")
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
 
     if args.out is None:
-        raise ConfigError("vitlab data pack SRC OUT: OUT, the folder for the shards, is missing")
+        raise ConfigError("vitlab data pack DIR OUT: OUT, the folder for the shards, is missing")
     shard_bytes = size_option("--shard-size", args.shard_size)
     if args.max_image_pixels is not None and args.max_image_pixels < 1:
         raise ConfigError(f"--max-image-pixels {args.max_image_pixels}: out of range")
