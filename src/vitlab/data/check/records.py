@@ -7,7 +7,8 @@ Files are data: each is read once, at most :data:`MAX_READ_BYTES` into memory (a
 decoded from its path), never executed; a file the decoder refuses (empty, truncated, not an image, a decompression
 bomb) is recorded with its reason. What one pass learnt is kept in the decode cache's folder
 (``datacheck-<key>.hashes.json``), each file's entry keyed by its path, size and modification time as the decode
-cache keys its files, so a second run (or ``vitlab data check`` after a run) reads only what changed."""
+cache keys its files, so a second run (or ``vitlab data check`` after a run) reads only what changed (and the files
+that could not be used: their permissions may have changed)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ DECODE_SIDE = 64
 to 32x32 anyway): a quarter or an eighth of the work of a full decode for a phone photo."""
 MAX_READ_BYTES = 256 << 20
 """The most bytes of one file held in memory; a larger file is hashed in chunks and decoded from its path."""
-_VERSION = 1  # of the hashes file: a new fingerprint makes a new file
+_VERSION = 1  # of the hashes file: a new fingerprint or entry layout makes a new file
 _CHUNK = 1 << 20
 _WINDOW = 256  # files in flight at most
 _THUMB_BYTES = 2 * THUMB_SIDE * THUMB_SIDE * 3
@@ -131,29 +132,26 @@ def _stat_key(path: str) -> str | None:
     return f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def _entry(value: object) -> tuple[str | None, tuple[int, int] | None, str | None, Fingerprint | None] | None:
-    """A kept entry ``[digest, width, height, whole, centre, thumbs, error]`` checked, or None when it is not one."""
-    if not (isinstance(value, list) and len(value) == 7):
+def _entry(value: object) -> tuple[str, tuple[int, int], Fingerprint] | None:
+    """A kept entry ``[digest, width, height, whole, centre, thumbs]`` checked, or None when it is not one."""
+    if not (isinstance(value, list) and len(value) == 6):
         return None
-    digest, w, h, whole, centre, thumbs, error = value
-    if isinstance(error, str) and digest is None:
-        return None, None, error, None
+    digest, w, h, whole, centre, thumbs = value
     try:
         raw = base64.b64decode(thumbs, validate=True) if isinstance(thumbs, str) else b""
-        ok = (
-            isinstance(digest, str)
-            and re.fullmatch(r"[0-9a-f]{32}", digest) is not None
-            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (w, h))
-            and all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{16}", x) for x in (whole, centre))
-            and len(raw) == _THUMB_BYTES
-            and error is None
-        )
     except ValueError:
         return None
+    ok = (
+        isinstance(digest, str)
+        and re.fullmatch(r"[0-9a-f]{32}", digest) is not None
+        and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (w, h))
+        and all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{16}", x) for x in (whole, centre))
+        and len(raw) == _THUMB_BYTES
+    )
     if not ok:
         return None
     t = np.frombuffer(raw, dtype=np.uint8).reshape(2, THUMB_SIDE, THUMB_SIDE, 3).copy()
-    return digest, (w, h), None, Fingerprint(int(whole, 16), int(centre, 16), t)
+    return digest, (w, h), Fingerprint(int(whole, 16), int(centre, 16), t)
 
 
 def _load_kept(path: Path, n_files: int) -> dict[str, list]:
@@ -208,9 +206,8 @@ def read_files(
         if got is None:
             todo.append(i)
             continue
-        rec.digest, rec.size, rec.error, fp = got
-        if fp is not None:
-            fps.set(i, fp)
+        rec.digest, rec.size, fp = got
+        fps.set(i, fp)
 
     def work(i: int) -> tuple[int, tuple[str, tuple[int, int], Fingerprint] | None, str]:
         try:
@@ -234,21 +231,11 @@ def read_files(
     if kept_file is not None and (todo or len(kept) != len(records)):
         entries = {}
         for i, (rec, key) in enumerate(zip(records, keys)):
-            if key is None:
-                continue
-            if rec.error is not None:
-                entries[key] = [None, None, None, None, None, None, rec.error]
-            else:
-                thumbs = base64.b64encode(fps.thumbs[i].tobytes()).decode("ascii")
-                w, h = rec.size or (0, 0)
-                entries[key] = [
-                    rec.digest,
-                    w,
-                    h,
-                    f"{int(fps.whole[i]):016x}",
-                    f"{int(fps.centre[i]):016x}",
-                    thumbs,
-                    None,
-                ]
+            if key is None or rec.error is not None or rec.size is None:
+                continue  # a file that cannot be used is read again next time (its permissions may change)
+            w, h = rec.size
+            thumbs = base64.b64encode(fps.thumbs[i].tobytes()).decode("ascii")
+            whole, centre = f"{int(fps.whole[i]):016x}", f"{int(fps.centre[i]):016x}"
+            entries[key] = [rec.digest, w, h, whole, centre, thumbs]
         _keep(kept_file, entries)
     return fps
