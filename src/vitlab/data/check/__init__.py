@@ -55,7 +55,7 @@ def _rel(path: str, root: Path) -> str:
     return readable(os.path.relpath(path, root)).replace(os.sep, "/")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataCheck:
     """What one check of a folder found. ``records`` are its image files, ``roles[i]`` what record ``i`` is in the
     run (``train``, ``eval`` or None); ``folders`` maps each split to its folder relative to ``root`` (``""``: the
