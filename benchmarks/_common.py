@@ -87,6 +87,10 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # bench_data.py: the shard reader's decode (a public `vitlab.data` decoder of encoded images and its crop)
     "decode_encoded": ("vitlab.data.images.decode", "decode_encoded"),
     "TrainDecode": ("vitlab.data.shards.stream", "TrainDecode"),
+    # bench_data_check.py: the data check's pass over the files and its near-copy measure (public in `vitlab.data`,
+    # e.g. `vitlab.data.fingerprints(paths)` and `vitlab.data.near_pairs(...)`, they would serve it)
+    "data_check_records": ("vitlab.data.check.records", None),  # FileRecord, read_files
+    "data_check_perceptual": ("vitlab.data.check.perceptual", None),  # hash_pairs, correlations, the thresholds
     # bench_packed_attention.py: block-diagonal attention over packed images (a public `vitlab.models` name)
     "PackedAttention": ("vitlab.models.packed", "PackedAttention"),
     # bench_cpu_inference.py, bench_native.py, memory_calibration.py: the per-path switches of vitlab.accel

@@ -211,6 +211,17 @@ def test_bad_files_list_replaces_a_link(victims, tmp_path, capsys):
     assert real_file(out / "bad_files.txt") and "broken.png" in (out / "bad_files.txt").read_text()
 
 
+def test_the_data_check_report_replaces_a_link(victims, tmp_path):
+    """``data_check.json``, the data check's report every run on a folder writes (issue 59)."""
+    data = tiny_folder(tmp_path / "data")
+    out = tmp_path / "run"
+    link(out / "data_check.json", victims.file)
+    assert main(["train", "--data", str(data), "--out", str(out), "--epochs", "1", *SMALL]) == 0
+    victims.assert_intact()
+    assert real_file(out / "data_check.json")
+    assert json.loads((out / "data_check.json").read_text())["vitlab_data_check"] == 1
+
+
 @pytest.mark.parametrize("kind", TARGETS)
 def test_csv_tracker_replaces_links(victims, tmp_path, kind):
     """``--log csv`` overwrote the target of a linked ``scalars_config.json``; ``scalars.csv`` was appended to

@@ -1,4 +1,5 @@
-"""``vitlab data pack``: an ImageFolder as WebDataset-style tar shards with a manifest."""
+"""``vitlab data pack``: an ImageFolder as WebDataset-style tar shards with a manifest; ``vitlab data check``: what is
+wrong with an ImageFolder before a model trains on it (:mod:`vitlab.data.check`)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,58 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
         "data",
-        help="pack an image folder into tar shards (WebDataset layout) with a manifest",
+        help="check an image folder (copies, leaks, conflicting labels, unreadable ...) or pack it into tar shards",
         description=(
-            "Pack an ImageFolder (train/<class>/*, val/<class>/*, or one class tree) into tar shards of the\n"
+            "check: read every file of an ImageFolder once (train/<class>/* with val/ or test/, or one class tree:\n"
+            "the folders vitlab train --data reads) and report what would mislead a model trained on it:\n"
+            "files that cannot be used, tiny images, strips, the same picture twice in a class, the same picture\n"
+            "under two classes, evaluation images also in train/ (byte-identical or near copies: re-encoded,\n"
+            "resized, slightly cropped) and classes far smaller than the others (docs/data_check.md). A summary,\n"
+            "or with --json the report (paths relative to DIR); vitlab train runs the same check first.\n\n"
+            "pack: pack an ImageFolder (train/<class>/*, val/<class>/*, or one class tree) into tar shards of the\n"
             "original encoded files plus their class index (<key>.jpg + <key>.cls, the WebDataset layout),\n"
             "shuffled, with OUT/manifest.json: class names, samples, bytes, per-class counts and SHA-256 per\n"
             "shard. Each file is decoded once as it is packed: files that cannot be used are left out and listed\n"
-            "in OUT/bad_files.txt (--strict-data: refused); links to files outside SRC are not followed.\n"
+            "in OUT/bad_files.txt (--strict-data: refused); links to files outside DIR are not followed.\n"
             "Train and evaluate from them with --data OUT (streamed, decoded at full resolution,\n"
             "not cached; docs/scale.md).\n\n"
-            "example:\n  vitlab data pack ~/photos shards/ --shard-size 1GB\n"
+            "examples:\n  vitlab data check ~/photos\n  vitlab data check ~/photos --json > check.json\n"
+            "  vitlab data pack ~/photos shards/ --shard-size 1GB\n"
             "  vitlab train --data shards/ --img-size 224"
         ),
         formatter_class=formatter,
     )
-    p.add_argument("action", choices=["pack"], help="pack: write the shards")
-    p.add_argument("src", help="image folder to pack")
-    p.add_argument("out", help="folder for the shards and manifest.json (new, or one without shards)")
-    p.add_argument("--shard-size", default="1GB", help="files per shard, in bytes: 1GB, 500MB, 256MiB")
-    p.add_argument("--seed", type=int, default=0, help="shuffle of the samples before packing")
+    p.add_argument(
+        "action", choices=["check", "pack"], help="check: report the folder's problems; pack: write the shards"
+    )
+    p.add_argument("src", metavar="DIR", help="the image folder")
+    p.add_argument(
+        "out",
+        nargs="?",
+        default=None,
+        metavar="OUT",
+        help="pack: folder for the shards and manifest.json (new, or one without shards)",
+    )
+    p.add_argument("--json", action="store_true", help="check: print the report as JSON on stdout")
+    p.add_argument(
+        "--all-eval",
+        action="store_true",
+        help="check: compare train/ with every evaluation folder present (val/, test/ ...), not only the one a run "
+        "evaluates on (the first of val, valid, validation, test)",
+    )
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="check: threads reading the files")
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="check: where each file's hashes are kept for the next check (default ~/.cache/vitlab or $VITLAB_CACHE)",
+    )
+    p.add_argument("--shard-size", default="1GB", help="pack: files per shard, in bytes: 1GB, 500MB, 256MiB")
+    p.add_argument("--seed", type=int, default=0, help="pack: shuffle of the samples before packing")
     p.add_argument(
         "--strict-data",
         action="store_true",
-        help="stop at the first file that cannot be packed (default: leave it out and list it in OUT/bad_files.txt)",
+        help="pack: stop at the first file that cannot be packed (default: leave it out and list it in "
+        "OUT/bad_files.txt); check: exit 2 on evaluation images also in train/ or pictures under two classes",
     )
     p.add_argument(
         "--max-image-pixels",
@@ -42,14 +72,16 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write stops it; "
-        "nothing else there is deleted)",
+        help="pack: replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write "
+        "stops it; nothing else there is deleted)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        return check(args)
     from pathlib import Path
 
     from .._text import shown
@@ -58,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from ..data.shards.write import pack_folder
     from ..errors import ConfigError
 
+    if args.out is None:
+        raise ConfigError("vitlab data pack DIR OUT: OUT, the folder for the shards, is missing")
     shard_bytes = size_option("--shard-size", args.shard_size)
     if args.max_image_pixels is not None and args.max_image_pixels < 1:
         raise ConfigError(f"--max-image-pixels {args.max_image_pixels}: out of range")
@@ -80,4 +114,74 @@ def run(args: argparse.Namespace) -> int:
     manifest = Path(args.out) / MANIFEST  # joined as a path: `--out shards/` gives shards/manifest.json
     classes = counted(len(m["classes"]), "class")
     print(f"{classes}; manifest: {shown(manifest)}; train from it: --data {shown(args.out)}")
+    return 0
+
+
+_EXAMPLES = 5
+"""Findings of each kind a terminal summary lists."""
+
+
+def _example(f) -> str:
+    """One finding as a line of the terminal summary."""
+    d = f.detail
+    if "reason" in d:
+        return f"{f.paths[0]}: {d['reason']}"
+    if "size" in d:
+        return f"{f.paths[0]} ({d['size'][0]}x{d['size'][1]})"
+    if "counts" in d:
+        return ", ".join(f"{p} {n:,}" for p, n in zip(f.paths, d["counts"].values()))
+    names = [f"{p} ({c})" for p, c in zip(f.paths, d["classes"])] if "classes" in d else list(f.paths)
+    more = f" and {len(names) - 4} more" if len(names) > 4 else ""
+    return f"{' = '.join(names[:4])}{more} ({d.get('match', '')})"
+
+
+def check(args: argparse.Namespace) -> int:
+    """``vitlab data check DIR``: the summary (or ``--json``: the report) of :func:`vitlab.data.check.check_folder`."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from .._text import shown
+    from ..data.check import KINDS, check_folder
+    from ..errors import ConfigError, DataError
+
+    if args.out is not None:
+        raise ConfigError(f"vitlab data check DIR takes one folder; {args.out!r} is one too many")
+    for flag in ("shard_size", "seed", "overwrite"):
+        if getattr(args, flag) != {"shard_size": "1GB", "seed": 0, "overwrite": False}[flag]:
+            raise ConfigError(f"--{flag.replace('_', '-')} is an option of vitlab data pack, not of check")
+    if args.max_image_pixels is not None and args.max_image_pixels < 1:
+        raise ConfigError(f"--max-image-pixels {args.max_image_pixels}: out of range")
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: at least 1")
+    root = Path(args.src).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{args.src}: not a folder (vitlab data check reads an ImageFolder)")
+    from ..data.cache.store import default_cache_dir
+
+    result = check_folder(
+        root,
+        every_eval=args.all_eval,
+        workers=args.workers,
+        progress=not args.no_progress,
+        max_pixels=args.max_image_pixels,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
+    )
+    if args.json:
+        print(json.dumps(result.report(), indent=1))
+    else:
+        n = len(result.records)
+        print(f"{shown(root)}: {n:,} image file(s) in {len(result.class_names)} classes, splits "
+              + ", ".join(f"{f or '.'}" for f in result.folders.values()))  # fmt: skip
+        for line in result.lines():
+            print(shown(line.removeprefix("data check: ")))
+        for kind in KINDS:
+            found = result.of(kind)
+            for f in found[:_EXAMPLES]:
+                print(shown(f"  {kind}: {_example(f)}"))
+            if len(found) > _EXAMPLES:
+                print(f"  {kind}: and {len(found) - _EXAMPLES:,} more (--json lists them all)")
+    if args.strict_data and (why := result.refusal()):
+        print(f"vitlab data check: error: {shown(why)} (--strict-data)", file=sys.stderr)
+        return 2
     return 0

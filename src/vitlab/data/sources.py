@@ -57,15 +57,19 @@ class ImageArray:
 
     images: np.ndarray | PackedImages | ImageRows
     labels: np.ndarray
+    files: list[str] | None = None
+    """The file of each row, as the folder walk names it (a folder's splits; None for the built-in data sets): what
+    the data check's findings are matched to (``--dedup-eval``)."""
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def subset(self, idx: np.ndarray) -> ImageArray:
         """Rows ``idx`` (in sorted order) as a view: the images are not copied, so a split of a
-        memory-mapped dataset larger than RAM stays on disk; the small labels are copied."""
+        memory-mapped dataset larger than RAM stays on disk; the small labels (and file names) are copied."""
         idx = np.sort(np.asarray(idx, dtype=np.int64))
-        return ImageArray(ImageRows(self.images, idx), self.labels[idx])
+        files = [self.files[i] for i in idx.tolist()] if self.files is not None else None
+        return ImageArray(ImageRows(self.images, idx), self.labels[idx], files)
 
 
 @dataclass
@@ -307,7 +311,9 @@ def _decode_split(
         first = f" ({skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         hint = "; pass a smaller --img-size or a larger --memory-budget" if "--memory-budget" in first else ""
         raise DataError(f"{root}: none of the {len(paths)} image files could be decoded{first}{hint}")
-    return ImageArray(dec.images, labels[np.asarray(dec.kept)]), names, skipped, dec.path, storage
+    kept = np.asarray(dec.kept, dtype=np.int64)
+    rows = ImageArray(dec.images, labels[kept], [paths[i] for i in kept.tolist()])
+    return rows, names, skipped, dec.path, storage
 
 
 def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: bool = False) -> DataSplits:

@@ -33,6 +33,7 @@ from .attention import (
     rollout_map,
     uniform_attention_distance,
 )
+from .data_gallery import Gallery, data_check_gallery
 from .embeddings import filter_pca, patch_position_embeddings, posemb_similarity
 from .images import preprocess
 
@@ -48,6 +49,8 @@ class Section:
     png: bytes | None = None
     filename: str | None = None
     table: dict[str, Any] | None = None
+    gallery: Gallery | None = None
+    """Rows of small thumbnails, each ``(caption, [(label, JPEG bytes or None), ...])`` (the data check's groups)."""
 
 
 def render_html(sections: Sequence[Section], *, title: str, subtitle: str = "") -> str:
@@ -74,6 +77,18 @@ def render_html(sections: Sequence[Section], *, title: str, subtitle: str = "") 
                 f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in s.table.items()
             )
             parts.append(f"<table>{rows}</table>")
+        for caption, pictures in s.gallery or ():
+            cells = []
+            for label, jpeg in pictures:
+                img = (
+                    f'<img alt="{html.escape(label, quote=True)}" src="data:image/jpeg;base64,'
+                    f'{base64.b64encode(jpeg).decode("ascii")}"><br>'
+                    if jpeg is not None
+                    else ""
+                )
+                cells.append(f'<figure style="display:inline-block;margin:.3em;vertical-align:top;max-width:12em">'
+                             f'{img}<figcaption class="note">{html.escape(label)}</figcaption></figure>')  # fmt: skip
+            parts.append(f"<p>{html.escape(caption)}</p><div>{''.join(cells)}</div>")
         if s.png is not None:
             b64 = base64.b64encode(s.png).decode("ascii")
             alt = html.escape(s.title, quote=True)
@@ -83,7 +98,8 @@ def render_html(sections: Sequence[Section], *, title: str, subtitle: str = "") 
 
 
 def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path | None, list[Section]]:
-    """Sections for the figures ``vitlab train --out DIR`` leaves next to ``DIR/model``.
+    """Sections for the figures ``vitlab train --out DIR`` leaves next to ``DIR/model``, and its data check's findings
+    with thumbnails (:mod:`.data_gallery`).
 
     ``model_dir`` may be the run folder itself or its ``model/`` sub-folder.
     Returns ``(run folder or None, sections)``.
@@ -117,6 +133,9 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
             sections.append(
                 Section(title=title, text=f"Written by vitlab train ({f}).", png=f.read_bytes(), filename=name)
             )
+    if (found := data_check_gallery(run)) is not None:
+        text, rows, counts = found
+        sections.append(Section(title="Data check", text=text, table=counts, gallery=rows))
     return run, sections
 
 

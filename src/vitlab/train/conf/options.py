@@ -191,7 +191,11 @@ OPTIONS: tuple[Option, ...] = (
     O(path="cache_dir", flag="--cache-dir", group=data, resume="honoured",
       help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)"),
     O(path="strict_data", flag="--strict-data", group=data, kind=FLAG, default=False, resume="honoured",
-      help="stop on files that cannot be decoded instead of skipping them"),
+      help="stop on files that cannot be decoded instead of skipping them, and on what the data check finds "
+      "misleading: evaluation images also in training, the same picture under two classes (docs/data_check.md)"),
+    O(path="dedup_eval", flag="--dedup-eval", group=data, kind=FLAG, default=False,
+      help="leave out of the evaluation split the images the data check finds also in training (byte-identical or "
+      "near copies), so that top-1 is measured on unseen images"),
     O(path="max_image_pixels", flag="--max-image-pixels", group=data, kind=INT, default=89_478_485, metavar="N",
       nullable=True, help="skip (or, with --strict-data, refuse) images with more pixels: a decompression-bomb "
       "guard (PIL's limit)"),

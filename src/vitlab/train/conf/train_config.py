@@ -92,6 +92,9 @@ class TrainConfig:
     val_split: float | None = None
     cache_dir: str | None = None
     strict_data: bool = False
+    """Stop on files that cannot be decoded, and on leaks and conflicting labels the data check finds."""
+    dedup_eval: bool = False
+    """Leave out of the evaluation split the images the data check finds also in training (:mod:`vitlab.data.check`)."""
     max_image_pixels: int | None = None
     """Decompression-bomb guard: images with more pixels are skipped (default: PIL's 89.5 M)."""
     allow_single_class: bool = False

@@ -25,6 +25,7 @@ from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
 from ..sizing.probe import Here, budget_passes, wants_budget_size
 from ..sizing.side import folder_storage
+from .data_check import check_after, check_before
 
 __all__ = [
     "SMALL_EVAL_PER_CLASS",
@@ -51,9 +52,12 @@ def load_run_data(
     first samples; ``init_size``: the ``--init`` model's side, the size a fine-tune without ``--img-size`` trains at;
     for photos under a time budget, the passes it buys at each side, timed first:
     :func:`~vitlab.train.sizing.probe.budget_passes`); ``storage``: a resumed or replayed run's (chosen before: kept).
-    The choice is the first line logged. Rank 0 decodes first (and writes the shared cache) while the others wait;
-    undecodable files are listed in ``out/bad_files.txt``."""
+    The data check's lines come first (:mod:`.data_check`: ``out/data_check.json``; ``--strict-data`` stops on leaks
+    and conflicting labels, ``--dedup-eval`` leaves the leaked evaluation images out), then the choice of side.
+    Rank 0 decodes first (and writes the shared cache) while the others wait; undecodable files are listed in
+    ``out/bad_files.txt``."""
     dist = here.dist
+    check = check_before(cfg, out=out, log=log, dist=dist) if dist.is_main else None  # the run's first lines
     passes = None
     if storage is None and wants_budget_size(cfg, uses_labels=labels, dist=dist):
         passes = budget_passes(cfg, here)
@@ -83,6 +87,7 @@ def load_run_data(
         data = get_data()
     barrier(dist)
     if not dist.is_main:
+        check = check_before(cfg, out=out, log=log, dist=dist)  # (only for --dedup-eval: rank 0's hashes kept)
         data = get_data()
     if data.storage is not None:
         log(data.storage.line)
@@ -96,6 +101,7 @@ def load_run_data(
         log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+    data = check_after(check, data, cfg, out=out, log=log, dist=dist)
     for line in eval_split_lines(data, spec=cfg.data, labels=labels, asked=cfg.val_split is not None):
         log(line)
     return data

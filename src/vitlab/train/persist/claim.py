@@ -4,8 +4,9 @@
 (:data:`~.outputs.RUN_OUTPUTS`) is recognised by its content before anything is removed:
 
 - ``summary.json``, ``metrics.jsonl``, ``config.yaml``, ``sizing.json``, ``scalars.csv``, ``scalars_config.json``,
-  ``bad_files.txt``: the shape vitlab writes them in (a summary's keys, a metrics row, ``config.yaml``'s header,
-  the ``step,...`` header, a JSON object, ``path<TAB>reason`` lines);
+  ``bad_files.txt``, ``data_check.json``: the shape vitlab writes them in (a summary's keys, a metrics row,
+  ``config.yaml``'s header, the ``step,...`` header, a JSON object, ``path<TAB>reason`` lines, the data check's
+  first key);
 - ``last.pt``: a ``torch.save`` archive whose record holds vitlab's checkpoint keys;
 - ``curves.png``, ``confusion.png``, ``health.png``: PNG files drawn by vitlab (matplotlib's, or tagged vitlab);
 - ``model/``: only vitlab's ``model.safetensors`` and ``config.json`` (format ``vitlab``) in it, and the folder
@@ -21,6 +22,7 @@ Anything else in the folder, or inside ``model/`` and ``tensorboard/``, is kept 
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +86,12 @@ def _bad_files(p: Path) -> bool:
     return all("\t" in line for line in lines if line)
 
 
+def _data_check(p: Path) -> bool:
+    """The data check's report: a JSON object whose first key is ``vitlab_data_check`` (read from its head only: a
+    report of many findings is longer than a read to recognise it)."""
+    return re.match(rb'\{\s*"vitlab_data_check":\s*\d+\s*,', _head(p, 64)) is not None
+
+
 def _png(p: Path) -> bool:
     head = _head(p, 4096)
     return head.startswith(b"\x89PNG\r\n\x1a\n") and (b"vitlab" in head or b"Matplotlib" in head)
@@ -111,6 +119,7 @@ _FILES: dict[str, Callable[[Path], bool]] = {
     "scalars.csv": _scalars,
     "scalars_config.json": lambda p: _json_object(p) is not None,
     "bad_files.txt": _bad_files,
+    "data_check.json": _data_check,
     "curves.png": _png,
     "confusion.png": _png,
     "health.png": _png,

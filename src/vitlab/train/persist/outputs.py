@@ -42,7 +42,8 @@ __all__ = [
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
 RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "sizing.json",
-               "health.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns")  # fmt: skip
+               "health.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns",
+               "data_check.json")  # fmt: skip
 """Everything a run writes in its folder (``.lock`` aside), the folders of the ``--log`` trackers included
 (:mod:`vitlab.track.backends`): the names ``--overwrite`` looks at, removing only what vitlab wrote there
 (:func:`~vitlab.train.persist.claim.claim_run_folder`)."""
