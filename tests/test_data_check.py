@@ -344,3 +344,19 @@ def test_shards_are_said_not_checked(capsys):
     cfg = TrainConfig(data="shards/train-{000000..000003}.tar")
     assert check_before(cfg, out=Path("x"), log=said.append, dist=Dist()) is None
     assert said == [SHARDS_LINE]
+
+
+def test_a_folder_of_small_images_is_not_tiny(tmp_path):
+    """``tiny`` is a thumbnail among larger pictures: a folder whose images are all 12 px (digits, icons, the
+    project's own test folders) trains at its own size and has nothing tiny; one 12-px file among 96-px pictures is."""
+    rng = np.random.default_rng(0)
+    small = tmp_path / "small"
+    for split, n in (("train", 4), ("val", 1)):
+        for c in "abc":
+            (small / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(small / split / c / f"{i}.png")
+    assert _paths(check_folder(small), "tiny") == set()
+    photos = _folder(tmp_path / "photos", per_class=4, val_per_class=1)
+    Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(photos / "train" / "a" / "thumb.png")
+    assert _paths(check_folder(photos), "tiny") == {("train/a/thumb.png",)}

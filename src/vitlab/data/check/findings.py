@@ -5,7 +5,9 @@ finds will be ``label_issue``: a path, its given class, the suggested class and 
 
 - ``unreadable``: a file the run cannot use (empty, truncated, not an image, a decompression bomb) or the folder walk
   left out (a broken link, a link loop, a FIFO, a second path to one file), with the reason;
-- ``tiny``: a picture whose shorter side is under :data:`TINY_SIDE` pixels;
+- ``tiny``: a picture whose shorter side is under :data:`TINY_SIDE` pixels in a folder of larger pictures (a typical
+  shorter side of :data:`TINY_AMONG` times that or more: a thumbnail among photos; a folder of small images, digits
+  or icons, is what it is);
 - ``extreme_aspect``: a strip, one side more than :data:`EXTREME_ASPECT` times the other (over
   :data:`~vitlab.data.images.decode.MAX_ASPECT` a run leaves it out);
 - ``duplicate``: the same picture more than once in one class of one split (byte-identical, or a near copy);
@@ -34,6 +36,7 @@ __all__ = [
     "FEW_IMAGES",
     "KINDS",
     "MIN_CLASS_SHARE",
+    "TINY_AMONG",
     "TINY_SIDE",
     "Finding",
     "copy_findings",
@@ -46,7 +49,10 @@ KINDS = ("unreadable", "tiny", "extreme_aspect", "duplicate", "conflict", "leak"
 """Every kind of finding, in the order a report lists them."""
 TINY_SIDE = 16
 """A picture whose shorter side is under this many pixels is ``tiny``: smaller than one patch of a ViT-B/16, it
-trains as a blurred enlargement (a thumbnail saved by mistake, an icon)."""
+trains as a blurred enlargement (a thumbnail saved by mistake, an icon) ..."""
+TINY_AMONG = 4
+"""... when the folder's typical (median) shorter side is at least this many times :data:`TINY_SIDE`: a folder of
+8-px or 28-px images (digits, MNIST, the project's tests) trains at its own size, and nothing in it is tiny."""
 EXTREME_ASPECT = 8.0
 """A picture whose longer side is more than this many times its shorter is ``extreme_aspect`` (a strip: a banner,
 a scan of a receipt); its centre square keeps a sliver of it. Photos are 1:1 to 16:9, panoramas about 1:4."""
@@ -77,8 +83,12 @@ def file_findings(
     tiny_side: int = TINY_SIDE,
     extreme_aspect: float = EXTREME_ASPECT,
 ) -> list[Finding]:
-    """``unreadable``, ``tiny`` and ``extreme_aspect``: what one file says about itself."""
+    """``unreadable``, ``tiny`` and ``extreme_aspect``: what one file says about itself (``tiny`` beside the folder's
+    typical picture, :data:`TINY_AMONG`)."""
     found = []
+    sides = [min(r.size) for r in records if r.error is None and r.size is not None]
+    typical = int(np.median(sides)) if sides else 0
+    tiny_side = tiny_side if typical >= TINY_AMONG * tiny_side else 0
     for r in records:
         if r.error is not None:
             found.append(Finding("unreadable", (r.rel,), {"reason": r.error}))
