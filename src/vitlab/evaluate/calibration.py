@@ -127,7 +127,7 @@ class Reliability:
 
     def add(self, probs: torch.Tensor, labels: torch.Tensor) -> None:
         """Count ``(N, C)`` probabilities with their labels: bin ``b`` holds the confidences in ``(b/B, (b+1)/B]``."""
-        conf, pred = probs.detach().float().max(dim=1)
+        conf, pred = probs.detach().max(dim=1)  # (in the probabilities' own precision: no rounding across an edge)
         conf = conf.double().cpu().numpy()
         hit = (pred.cpu() == labels.detach().cpu().long()).numpy().astype(np.float64)
         idx = np.clip(np.ceil(conf * self.bins).astype(np.int64) - 1, 0, self.bins - 1)
