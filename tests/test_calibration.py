@@ -316,3 +316,17 @@ def test_eval_json_carries_both_eces_of_the_models_temperature(run, tmp_path, ca
     assert json.loads((tmp_path / "e.json").read_text())["ece"] == res["ece"]
     assert main(["eval", "--model", str(run), "--output", str(tmp_path / "e.json"), "--cache-dir", cache]) == 0
     assert "calibration: ECE" in capsys.readouterr().out
+
+
+def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
+    """``benchmarks/bench_calibration.py --smoke``: a run, its held-out ECE and vitlab eval's on further images
+    (their numbers are the lead's to measure on real data)."""
+    from benchscripts import load
+
+    bench = load("bench_calibration")
+    monkeypatch.setattr("sys.argv", ["bench_calibration.py", "--smoke", "--work", str(tmp_path / "w")])
+    bench.main()
+    row = json.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("{")))
+    assert row["further_images"] == 6 and row["held_out_images"] + row["fit_images"] == 6
+    for key in ("temperature", "held_out_ece", "held_out_ece_uncalibrated", "further_ece", "further_ece_uncalibrated"):
+        assert isinstance(row[key], float)

@@ -6,6 +6,7 @@ and suggested class, score, rank) and the options ``vitlab data check --labels -
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -154,3 +155,18 @@ def test_the_check_options_need_a_model_and_rank_with_it(noisy_folder, tmp_path)
     args = _args("--labels", "--model", str(model), "--cache-dir", str(tmp_path / "c"), "--no-progress")
     findings = run_label_check(args, root)
     assert {f["paths"][0] for f in findings[:3]} == set(moved)
+
+
+def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
+    """``benchmarks/bench_label_issues.py --smoke``: the folder built, flips moved, a run trained, the table printed
+    (its numbers are the lead's to measure on real data)."""
+    from benchscripts import load
+
+    bench = load("bench_label_issues")
+    monkeypatch.setattr("sys.argv", ["bench_label_issues.py", "--smoke", "--work", str(tmp_path / "w")])
+    bench.main()
+    row = json.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("{")))
+    assert (row["images"], row["flipped"], row["top"]) == (36, 3, 6)
+    assert 0 <= row["flipped_in_top"] <= 3 and row["chance_in_top"] == 0.5
+    moved = json.loads((tmp_path / "w" / "flipped.json").read_text())
+    assert len(moved) == 3 and all((tmp_path / "w" / "data" / p).is_file() for p in moved)
