@@ -330,3 +330,22 @@ def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
     assert row["further_images"] == 6 and row["held_out_images"] + row["fit_images"] == 6
     for key in ("temperature", "held_out_ece", "held_out_ece_uncalibrated", "further_ece", "further_ece_uncalibrated"):
         assert isinstance(row[key], float)
+
+
+def test_a_model_saved_without_a_fit_never_keeps_an_inherited_temperature(tmp_path):
+    """A fine-tuned model starts from its ``--init`` model's config, temperature included; ``model/`` must not keep a
+    temperature fitted to other weights: the run's own, or ``null`` when it fitted none (masked patch prediction)."""
+    from types import SimpleNamespace
+
+    from vitlab.distributed import Dist
+    from vitlab.train.persist.saver import CheckpointSaver
+
+    saver = CheckpointSaver(tmp_path, dist=Dist(), device=torch.device("cpu"))
+    cfg = SimpleNamespace(data="d", init="runs/x/model", objective="mpp")
+    recipe = SimpleNamespace(crop_pct=1.0, name="auto")
+    saver.save_model(_model(7.0), cfg=cfg, recipe=recipe, ev={"top1": 0.5, "top5": 1.0}, epoch=1, calibration=None)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["extra"]["temperature"] is None
+    assert model_temperature(vitlab.load(tmp_path / "model")) == 1.0
+    fitted = calibrate(torch.randn(40, 3), torch.arange(40) % 3)
+    saver.save_model(_model(7.0), cfg=cfg, recipe=recipe, ev={"top1": 0.5, "top5": 1.0}, epoch=1, calibration=fitted)
+    assert model_temperature(vitlab.load(tmp_path / "model")) == fitted.temperature != 7.0
