@@ -227,3 +227,27 @@ def speedrun_timm_model(*, img: int, classes: int, smoke: bool = False, fc_norm:
 
     kw = speedrun_vit_kwargs(img=img, classes=classes, smoke=smoke, fc_norm=fc_norm)
     return timm.models.VisionTransformer(**kw, mlp_ratio=2.0, global_pool="avg")
+
+
+def class_subset(
+    src: Path, dst: Path, *, per_class: int, skip: int = 0, names: str = "keep", start: int = 0
+) -> list[tuple[Path, str]]:
+    """Copy ``per_class`` image files of each class folder of ``src`` (``src/<class>/*``, sorted, after the first
+    ``skip``) into ``dst/<class>/``; returns ``(copied file, class)``. ``names="index"``: the copies are named by a
+    running number from ``start`` (``00042.jpg``), so that no name tells a class or a split apart (CIFAR-10's files
+    are numbered per class: moved to another class, ``0007.jpg`` would meet its namesake). The label checks and
+    calibration benchmarks build their folders with it."""
+    import shutil
+
+    if names not in ("keep", "index"):
+        raise ValueError(f"names: keep or index, not {names!r}")
+    out: list[tuple[Path, str]] = []
+    k = start
+    for cdir in sorted(p for p in src.iterdir() if p.is_dir()):
+        (dst / cdir.name).mkdir(parents=True, exist_ok=True)
+        for f in sorted(p for p in cdir.iterdir() if p.is_file())[skip : skip + per_class]:
+            target = dst / cdir.name / (f.name if names == "keep" else f"{k:05d}{f.suffix.lower()}")
+            shutil.copyfile(f, target)
+            out.append((target, cdir.name))
+            k += 1
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import nn
 from .._fs import default_file_mode, replacing
 from .._version import __version__
 from ..errors import CheckpointError, ConfigError
+from ..evaluate.calibration import TEMPERATURE_KEY, checked_temperature
 from ..models.config import ViTConfig
 from .files import read_config_file
 
@@ -112,9 +114,27 @@ def config_from_record(raw: dict[str, Any], *, where: str) -> ViTConfig:
     a :class:`CheckpointError` naming ``where`` and the field."""
     fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
     try:
-        return ViTConfig.from_dict(fields)
+        cfg = ViTConfig.from_dict(fields)
     except ConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    return _checked_temperature(cfg, where=where)
+
+
+def _checked_temperature(cfg: ViTConfig, *, where: str) -> ViTConfig:
+    """``cfg`` with its ``extra["temperature"]`` (the calibration a run fitted: :mod:`vitlab.evaluate.calibration`)
+    kept only when it is a finite positive number; another value is data that cannot be a temperature: dropped, with
+    a warning, and the model's probabilities are its plain softmax (``T = 1``). ``null``: none was fitted."""
+    if TEMPERATURE_KEY not in cfg.extra:
+        return cfg
+    value = cfg.extra[TEMPERATURE_KEY]
+    if value is None or checked_temperature(value) is not None:
+        return cfg
+    warnings.warn(
+        f"{where}: temperature {str(value)[:40]!r} is not a finite positive number; ignored (the model's probabilities "
+        "are uncalibrated, T = 1)",
+        stacklevel=3,
+    )
+    return cfg.replace(extra={k: v for k, v in cfg.extra.items() if k != TEMPERATURE_KEY})
 
 
 def load_folder(path: str | os.PathLike[str]) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, Any]]:

@@ -17,9 +17,11 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "fraction held out of the training images; a class folder with neither is evaluated whole, and\n"
             "the result says so, except the folder the model's run trained on: the fraction that run held out,\n"
             "the images that did not train it); print the result and write it as JSON (--output, default\n"
-            "MODEL/eval.json). Without --data: the data the model's run trained on (its config records it), on\n"
-            "the split the run evaluated; the embedded digits for a model that records none. A run's model/ on\n"
-            "the folder it was trained on reads the decode cache training wrote (the same pixels).\n\n"
+            "MODEL/eval.json), with the expected calibration error of the probabilities predict gives (ece: with\n"
+            "the model's temperature; ece_uncalibrated: without). Without --data: the data the model's run\n"
+            "trained on (its config records it), on the split the run evaluated; the embedded digits for a model\n"
+            "that records none. A run's model/ on the folder it was trained on reads the decode cache training\n"
+            "wrote (the same pixels).\n\n"
             "examples:\n"
             "  vitlab eval --model runs/20260101-120000-train           # the run's own evaluation split\n"
             "  vitlab eval --model runs/20260101-120000-train/model --data digits\n"
@@ -123,9 +125,22 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(n) for n in names)
     for name, acc in names.items():
         print(f"  {name:<{width}}  {100 * acc:6.2f}%")
+    print(calibration_line(res))
     if out is not None:
         print(f"wrote {shown(out)}")
     return 0
+
+
+def calibration_line(res: dict) -> str:
+    """The line ``vitlab eval`` prints about the probabilities ``vitlab predict`` gives: their expected calibration
+    error (15 bins of top-1 confidence) with the model's temperature and without it."""
+
+    def pct(v) -> str:
+        return "-" if v is None else f"{100 * v:.2f}%"
+
+    t = res.get("temperature", 1.0)
+    how = f"temperature {t:.3g}" if t != 1.0 else "no temperature (T = 1)"
+    return f"calibration: ECE {pct(res.get('ece'))} with {how}; {pct(res.get('ece_uncalibrated'))} uncalibrated"
 
 
 def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, asked: bool) -> list[str]:

@@ -157,6 +157,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
     from ..deploy.graph import check_opset
     from ..deploy.model_file import export_model
     from ..errors import ConfigError
+    from ..evaluate.calibration import bake_temperature, model_temperature
     from ._common import resolve_model
 
     asked = [f for f, v in (("--int8", args.int8), ("--tome", args.tome), ("--check-data", args.check_data)) if v]
@@ -174,8 +175,9 @@ def _single_file(args: argparse.Namespace, target) -> int:
     if (target.exists() or target.is_symlink()) and not args.overwrite:
         raise ConfigError(f"--out {target}: already exists; pass --overwrite to replace it")
     model, _ = resolve_model(args.model)
+    t = model_temperature(model)
     res = export_model(
-        model,
+        model if t == 1.0 else bake_temperature(model, t),  # logits / T: their softmax is calibrated
         target,
         format=args.format,
         check=not args.no_check,
@@ -187,5 +189,7 @@ def _single_file(args: argparse.Namespace, target) -> int:
     check += f", opset {res.opset}" if res.opset is not None else ""
     also = f" + {', '.join(str(f) for f in res.files[1:])}" if len(res.files) > 1 else ""
     print(f"wrote {res.path}{also} ({res.format}, dynamic batch, {res.seconds:.1f} s{check})")
+    if t != 1.0:
+        print(f"  its logits are the model's divided by its temperature {t:.4g}: their softmax is calibrated")
     print("  (a file alone: no preprocessing config, no agreement report; --out DIR writes the deployable folder)")
     return 0

@@ -15,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Classify image files with a trained model or a `vitlab export` folder (its own preprocessing:\n"
             "resize, center crop, mean/std from its config). Folders are searched for images; a file that\n"
             "cannot be read is reported on stderr and the others are still predicted (exit status 1 when any\n"
-            "was skipped).\n\n"
+            "was skipped). The probabilities are calibrated: softmax(logits / T), T fitted by the model's run\n"
+            "on held-out images (--uncalibrated: the plain softmax; the classes and their order are the same).\n\n"
             "examples:\n"
             "  vitlab predict --model runs/20260101-120000-train/model cat.jpg dog.png\n"
             "  vitlab predict --model runs/cifar images/ --json\n"
@@ -29,6 +30,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     add_model_arg(p)
     add_serving_args(p)
     p.add_argument("--top", type=int, default=5, help="how many classes to show")
+    p.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="the plain softmax of the logits; default: the calibrated probabilities, softmax(logits / T) with the "
+        "temperature T the model's run fitted on held-out images (T = 1 for a model without one)",
+    )
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
@@ -65,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ..devices import resolve_device
     from ..errors import CheckpointError, ConfigError, InputError
     from ..evaluate import model_inputs, native_inputs
+    from ..evaluate.calibration import model_temperature, probabilities
     from ._common import resolve_model
 
     if args.top < 1:
@@ -81,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.native and not hasattr(model, "forward_packed"):
         raise ConfigError(f"--native: {args.model} is an exported folder; pass the vitlab model it was exported from")
     model.to(dev)
+    temperature = 1.0 if args.uncalibrated else model_temperature(model)
     cfg = model.config
     names = cfg.class_names or [str(i) for i in range(cfg.num_classes)]
     k = min(args.top, cfg.num_classes)
@@ -104,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             raise CheckpointError(
                 f"--model {args.model}: the model answers NaN or infinity (non-finite weights?); no prediction made"
             )
-        probs = logits.softmax(-1).cpu()
+        probs = probabilities(logits, temperature).cpu()
         for entry, ps, ix in zip(entries, *probs.topk(k, dim=1)):
             top = [{"class": names[int(i)], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(ps, ix)]
             results.append({**entry, "top": top})

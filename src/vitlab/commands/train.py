@@ -96,12 +96,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"fine-tune it with: vitlab finetune --init {out}/model --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
         print(result_line(summary))
+        if line := calibration_summary(summary):
+            print(line)
         health = "health.png " if (Path(summary["out"]) / "health.png").is_file() else ""  # --watch-attention
+        reliability = "reliability.png " if (Path(summary["out"]) / "reliability.png").is_file() else ""
         print(
-            f"results in {shown(summary['out'])}/: metrics.jsonl summary.json curves.png {health}confusion.png model/ "
-            "last.pt"
+            f"results in {shown(summary['out'])}/: metrics.jsonl summary.json curves.png {health}confusion.png "
+            f"{reliability}model/ last.pt"
         )
     return exit_status(summary)
+
+
+def calibration_summary(summary: dict) -> str | None:
+    """The line a run prints about its calibration (``summary["calibration"]``, fitted when ``model/`` was saved):
+    the temperature, the ECE with it and without it, and on which images; None when this process fitted none."""
+    cal = summary.get("calibration")
+    if not isinstance(cal, dict) or cal.get("ece") is None:
+        return None
+    split = (summary.get("eval") or {}).get("split", "evaluation")
+    return (
+        f"calibration: temperature {cal['temperature']:.3g} (model/config.json; vitlab predict's probabilities), "
+        f"ECE {100 * cal['ece']:.1f}% (uncalibrated {100 * cal['ece_uncalibrated']:.1f}%) on {cal['ece_images']:,} "
+        f"{split} images; fitted on the other {cal['fit_images']:,} (every other image)"
+    )
 
 
 def exit_status(summary: dict) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..evaluate.calibration import probabilities
 from .check_images import CheckImages
 
 __all__ = ["agreement", "format_report", "logits_of", "serving_table", "timings"]
@@ -30,10 +31,17 @@ def logits_of(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tenso
     return np.concatenate(out)
 
 
-def agreement(ref: np.ndarray, got: np.ndarray, images: CheckImages, class_names: list[str]) -> dict[str, Any]:
-    """What the report says about the exported logits ``got`` against the float32 ``ref``."""
+def agreement(
+    ref: np.ndarray, got: np.ndarray, images: CheckImages, class_names: list[str], *, temperature: float = 1.0
+) -> dict[str, Any]:
+    """What the report says about the exported logits ``got`` against the float32 ``ref`` (both the model's own
+    logits: an export's runtime gives them back from its calibrated graph), and about the probabilities both give
+    ``vitlab predict``: ``softmax(logits / temperature)``, the model's calibration (the largest difference of one
+    class's probability, and the same temperature on both sides)."""
     a, b = ref.argmax(1), got.argmax(1)
     cos = (ref * got).sum(1) / np.maximum(np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1), 1e-30)
+    p_ref = probabilities(torch.from_numpy(ref), temperature).numpy()
+    p_got = probabilities(torch.from_numpy(got), temperature).numpy()
     out: dict[str, Any] = {
         "images": len(a),
         "top1_agreement": float((a == b).mean()),
@@ -41,6 +49,8 @@ def agreement(ref: np.ndarray, got: np.ndarray, images: CheckImages, class_names
         "logit_cosine_mean": float(cos.mean()),
         "logit_cosine_min": float(cos.min()),
         "max_abs_logit_diff": float(np.abs(ref - got).max()),
+        "temperature": temperature,
+        "max_abs_prob_diff": float(np.abs(p_ref - p_got).max()),
     }
     known = set(class_names)
     if images.labelled and all(lab in known for lab in images.labels):
@@ -119,6 +129,10 @@ def format_report(rep: dict[str, Any]) -> list[str]:
         f"differ); logit cosine mean {ag['logit_cosine_mean']:.5f}, min {ag['logit_cosine_min']:.5f}; "
         f"max |diff| {ag['max_abs_logit_diff']:.3g}"
     )
+    if "max_abs_prob_diff" in ag:
+        t = ag.get("temperature", 1.0)
+        how = f"calibrated, T = {t:.3g}" if t != 1.0 else "no temperature"
+        lines.append(f"  probabilities ({how}): max |diff| {ag['max_abs_prob_diff']:.3g}")
     if ag["top1"] is not None:
         lines.append(f"  top-1: fp32 {100 * ag['top1']['fp32']:.2f}%, exported {100 * ag['top1']['exported']:.2f}%")
     else:

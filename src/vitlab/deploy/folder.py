@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import re
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from .._version import __version__
 from ..checkpoints.files import read_config_file
 from ..data.pipeline.transforms import resize_side
 from ..errors import CheckpointError, ConfigError
+from ..evaluate.calibration import checked_temperature
 from ..models.config import ViTConfig
 from ..models.timm_api import pretrained_cfg
 from ..models.tome import merge_schedule
@@ -113,6 +115,10 @@ class ExportInfo:
     by_batch: list[list[Any]] | None = None
     """int8 only: ``[[first batch size, "int8" | "float32"], ...]``, which model serves a batch of each size, from
     the report's measurement (the float32 one is :data:`FLOAT_FILES`); None: the int8 model for every batch."""
+    temperature: float | None = None
+    """The model's calibration temperature, baked into the model file: its ``logits`` output is the model's logits
+    divided by it, so their softmax is the calibrated probabilities (:mod:`vitlab.evaluate.calibration`); vitlab's
+    runtime multiplies them back (:class:`~vitlab.deploy.runtime.ExportedModel`). None: the model had none (T = 1)."""
 
     @property
     def file(self) -> str:
@@ -288,7 +294,12 @@ def preprocessing_contract(cfg: ViTConfig) -> dict[str, Any]:
         "std": list(cfg.std)[:c] + [cfg.std[-1]] * max(0, c - len(cfg.std)),
         "normalize": "(x - mean) / std per channel",
         "input": {"name": "pixel_values", "shape": ["batch", c, h, w], "layout": "NCHW", "dtype": "float32"},
-        "output": {"name": "logits", "shape": ["batch", cfg.num_classes], "note": "no softmax applied"},
+        "output": {
+            "name": "logits",
+            "shape": ["batch", cfg.num_classes],
+            "note": "no softmax applied; the model's logits divided by export.temperature when it has one (baked in): "
+            "softmax(logits) is then the calibrated probabilities, logits * temperature the model's own",
+        },
     }
 
 
@@ -352,6 +363,15 @@ def read_export(folder: str | os.PathLike[str]) -> tuple[ViTConfig, ExportInfo]:
     if unknown or "format" not in entry:
         raise CheckpointError(f"{where}: export: unknown or missing fields ({', '.join(unknown) or 'format'})")
     info = ExportInfo(**entry)
+    if info.temperature is not None and checked_temperature(info.temperature) is None:
+        warnings.warn(
+            f"{where}: export.temperature {str(info.temperature)[:40]!r} is not a finite positive number; ignored "
+            "(the graph's logits are served as they are)",
+            stacklevel=2,
+        )
+        info.temperature = None
+    elif info.temperature is not None:
+        info.temperature = float(info.temperature)
     info.validate(where)
     skip = ("format", "vitlab_version", "export", "pretrained_cfg", "preprocessing")
     fields = {k: v for k, v in raw.items() if k not in skip}

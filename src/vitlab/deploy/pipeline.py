@@ -21,6 +21,7 @@ from torch import nn
 from .._fs import atomic_write_text, output_error, staging
 from .._version import __version__
 from ..errors import ConfigError, OutputError
+from ..evaluate.calibration import bake_temperature, model_temperature
 from ..models.tome import check as tome_check
 from .agreement import agreement, logits_of, serving_table, timings
 from .check_images import CheckImages, folder_images, generated_images
@@ -136,8 +137,9 @@ def _write_model(
     :data:`FLOAT_FILES` names it); returns what was exported."""
     from .quantize import ort_dynamic, ort_static, torch_dynamic
 
-    deployed = copy.deepcopy(model).set_tome(r).eval()
-    info = ExportInfo(format=opts.format, int8=opts.int8, tome_r=r)
+    t = model_temperature(model)
+    deployed = bake_temperature(model, t).set_tome(r).eval()  # (a copy) its logits divided by T: calibrated
+    info = ExportInfo(format=opts.format, int8=opts.int8, tome_r=r, temperature=t if t != 1.0 else None)
     float_name = FLOAT_FILES[opts.format]
     if opts.format == "onnx":
         plain = stage / ("model.onnx" if opts.int8 is None else "float.onnx")
@@ -223,7 +225,8 @@ def export_folder(
     exported = open_exported(out, trust_torchscript=True)  # (written by this process a moment ago)
     reference = accelerate(copy.deepcopy(model)).eval()
     names = list(model.config.class_names or [str(i) for i in range(model.config.num_classes)])
-    ag = agreement(logits_of(reference, check.inputs), logits_of(exported, check.inputs), check, names)
+    ag = agreement(logits_of(reference, check.inputs), logits_of(exported, check.inputs), check, names,
+                   temperature=model_temperature(model))  # fmt: skip
     model_bytes = sum((out / f).stat().st_size for f in files if f.startswith("model."))
     rep: dict[str, Any] = {
         "command": command,

@@ -1,7 +1,10 @@
 """Running an exported folder the way a vitlab model runs: :func:`open_exported`, the one way vitlab opens an
 export (``vitlab predict``, ``vitlab eval`` and the agreement report of ``vitlab export`` all go through it), gives
 an :class:`ExportedModel`, an ``nn.Module`` with the model's ``config`` (preprocessing, class names) whose
-``forward`` maps normalised ``pixel_values`` to logits, so they feed it exactly as they feed the model it came from.
+``forward`` maps normalised ``pixel_values`` to logits, so they feed it exactly as they feed the model it came from:
+the model's own logits, also where the file holds its calibration temperature baked in (``export.temperature``: the
+graph's output is multiplied back by it, and the config carries it, so the probabilities are calibrated as the
+model's are: :func:`vitlab.evaluate.calibration.model_temperature`).
 
 - ONNX (float or int8): an onnxruntime session on the CPU of the checked graph (:mod:`.graph`): control flow
   refused in any graph, its input and output shapes held against the config, and a graph whose content hash is
@@ -24,6 +27,7 @@ from torch import nn
 
 from .._fs import default_file_mode, replacing
 from ..errors import CheckpointError, ConfigError
+from ..evaluate.calibration import TEMPERATURE_KEY
 from ..models.config import ViTConfig
 from ..models.tome import merge_schedule
 from .folder import ExportInfo, hashed_files, read_export
@@ -100,6 +104,8 @@ class ExportedModel(nn.Module):
                 raise CheckpointError(f"{self.folder}: the model cannot run on {tuple(x.shape)} ({first})") from None
         else:
             out = torch.from_numpy(runner.logits(x.numpy()))
+        if self.export.temperature is not None:  # the graph's logits are calibrated: the model's own, as every model
+            out = out * self.export.temperature
         if not bool(torch.isfinite(out).all()):
             raise CheckpointError(
                 f"{self.folder}: the model answers NaN or infinity for a batch of {len(x)} images; its output "
@@ -129,6 +135,8 @@ def open_exported(
     report times it before the folder says which serves which batch)."""
     p = Path(folder)
     cfg, info = read_export(p)
+    if info.temperature is not None:  # what vitlab.evaluate.calibration.model_temperature reads, as of a model
+        cfg = cfg.replace(extra={**cfg.extra, TEMPERATURE_KEY: info.temperature})
     trusted = is_verified(p, info)
     files = {"int8" if info.int8 else "float32": info.file}
     if info.serves_float or only == "float32":

@@ -16,6 +16,7 @@ from torch import nn
 from ..data.images.resize import resize_side
 from ..devices import autocast, resolve_device
 from ..errors import CheckpointError, ConfigError
+from .calibration import LogitKeeper, Reliability, model_temperature, probabilities
 
 if TYPE_CHECKING:
     from ..data import ArrayDataset
@@ -75,11 +76,20 @@ def evaluate_batches(
     dist=None,
     tta: str | None = None,
     finite: bool = False,
+    temperature: float | None = None,
+    keep_logits: bool = False,
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and image counts, and the confusion matrix (rows: true
     class) over ``(images, labels)`` batches. In DDP each rank passes its own shard; counts are summed.
     ``tta="flip"``: the logits of each image averaged with its mirror's (:func:`tta_logits`). ``finite``: NaN or
     infinite logits are an error (``vitlab eval``: a model whose outputs are NaN has no accuracy to report).
+
+    ``temperature`` (the model's, :func:`~vitlab.evaluate.calibration.model_temperature`): also the expected
+    calibration error of ``softmax(logits / temperature)`` (``ece``, the probabilities ``vitlab predict`` gives) and
+    of ``softmax(logits)`` (``ece_uncalibrated``), with the reliability diagram of the first (``reliability``).
+    ``keep_logits``: also ``logits`` and ``labels``, CPU tensors in the evaluation's order (every rank's, rank 0's
+    first), within :data:`~vitlab.evaluate.calibration.MAX_KEPT_LOGITS` values
+    (:class:`~vitlab.evaluate.calibration.LogitKeeper`): what a run fits its temperature on.
 
     Memory is O(classes) besides the confusion matrix, which is ``confusion`` (a dense array) when it fits
     in :data:`DENSE_CONFUSION_BYTES`, else ``confusion_cells`` (``(k, 3)`` rows ``true, predicted, count`` of
@@ -94,6 +104,8 @@ def evaluate_batches(
     correct = torch.zeros(c, dtype=torch.int64)
     top5 = torch.zeros((), dtype=torch.int64)
     loss = torch.zeros((), dtype=torch.float64)
+    rel = (Reliability(), Reliability()) if temperature is not None else None  # calibrated, uncalibrated
+    kept = LogitKeeper() if keep_logits else None
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp_dtype):
@@ -105,6 +117,11 @@ def evaluate_batches(
                 "it has no accuracy to report (its weights, or an exported graph, are broken)"
             )
         loss += F.cross_entropy(logits, y, reduction="sum").double().cpu()
+        if rel is not None:
+            rel[0].add(probabilities(logits, temperature), y)  # type: ignore[arg-type]
+            rel[1].add(probabilities(logits), y)
+        if kept is not None:
+            kept.add(logits, y)
         top5 += (logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]).any(1).sum().cpu()
         pred = logits.argmax(1).clamp(max=c - 1).cpu()
         y = y.cpu().long()
@@ -121,6 +138,16 @@ def evaluate_batches(
 
         for t in (conf, total, correct, top5, loss):
             tdist.all_reduce(t)
+        if rel is not None:
+            for r in rel:
+                t = r.tensor()
+                tdist.all_reduce(t)
+                r.load(t)
+        if kept is not None:
+            parts: list[Any] = [None] * dist.world_size
+            tdist.all_gather_object(parts, kept.result())
+            gathered_logits = torch.cat([p[0] for p in parts if len(p[0])] or [torch.zeros(0, c)])
+            gathered_labels = torch.cat([p[1] for p in parts])
         if not dense:
             gathered: list[dict[int, int]] = [{} for _ in range(dist.world_size)]
             tdist.all_gather_object(gathered, cells)
@@ -137,6 +164,14 @@ def evaluate_batches(
         "per_class": (correct.double() / total.clamp(min=1).double()).tolist(),
         "class_counts": total.tolist(),
     }
+    if rel is not None:
+        res.update(ece=rel[0].ece(), ece_uncalibrated=rel[1].ece(), temperature=temperature,
+                   reliability=rel[0].to_dict())  # fmt: skip
+    if kept is not None:
+        if dist is not None and dist.enabled:
+            res["logits"], res["labels"] = gathered_logits, gathered_labels
+        else:
+            res["logits"], res["labels"] = kept.result()
     if dense:
         res["confusion"] = conf.view(c, c).numpy()
     else:
@@ -277,7 +312,9 @@ def evaluate_model(
     tta: str | None = None,
 ) -> dict[str, Any]:
     """Accuracy of ``model`` on the evaluation (``val``) or ``train`` split of ``data``; ``tta="flip"``: with
-    test-time flip augmentation (:func:`tta_logits`).
+    test-time flip augmentation (:func:`tta_logits`). Also the expected calibration error of the probabilities
+    ``vitlab predict`` gives (``ece``: with the model's temperature, ``temperature``; 1 for a model without one) and
+    of the raw softmax (``ece_uncalibrated``), over every image evaluated (:func:`evaluate_batches`).
 
     The evaluation split is the data's own (``val/`` or ``test/``), or with ``val_split`` the fraction held out of
     the training images (stratified, seed 0, as training holds it out); a folder with neither is evaluated whole
@@ -339,7 +376,8 @@ def evaluate_model(
     loader = DataLoader(ds, batch_size=batch_size)
     log = ProgressLog(total=len(loader), desc="eval", unit="batch", enabled=progress, leave=False, every=0)
     batches = log.wrap(loader)
-    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta, finite=True)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=dev, tta=tta, finite=True,
+                           temperature=model_temperature(model))  # fmt: skip
     present = sorted(set(np.unique(labels).tolist()))
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res["class_names"] = names
@@ -414,7 +452,8 @@ def _evaluate_shards(
     )
     model.to(device)
     batches = StreamBatches(DataLoader(ds, batch_size=batch_size))
-    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta, finite=True)
+    res = evaluate_batches(model, batches, num_classes=len(names), device=device, tta=tta, finite=True,
+                           temperature=model_temperature(model))  # fmt: skip
     present = [i for i, count in enumerate(res["class_counts"]) if count > 0]
     res["per_class"] = {names[i]: res["per_class"][i] for i in present}
     res.update(class_names=names, data=data, split=sd.val_name if split != "train" else "train", skipped_files=[])

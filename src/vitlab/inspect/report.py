@@ -126,6 +126,7 @@ def training_artifacts(model_dir: str | os.PathLike[str] | None) -> tuple[Path |
         ("curves.png", "Training curves"),
         ("health.png", "Attention health"),
         ("confusion.png", "Confusion matrix"),
+        ("reliability.png", "Reliability diagram (calibrated probabilities)"),
     )
     for name, title in figures:
         f = run / name

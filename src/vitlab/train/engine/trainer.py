@@ -18,6 +18,7 @@ from torch import nn
 from ..._progress import ProgressLog
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
+from ...evaluate.calibration import calibrate
 from ...models.layers import set_patch_drop
 from ...track import FanOut, make_trackers
 from ..conf.phases import ends_dropping
@@ -277,7 +278,8 @@ class Trainer:
         """Evaluate, append the epoch's row to ``metrics.jsonl``, save ``model/`` (when better, or
         with ``--keep last``) and ``last.pt``, redraw the figures now and then."""
         p, cfg, d = self.position, self.cfg, self.dist
-        ev = self._evaluate(last=p.step >= self.plan.total_steps)
+        ev = self._evaluate(last=p.step >= self.plan.total_steps, logits=True)
+        held = ev.pop("logits", None), ev.pop("labels", None)  # the temperature's fit, not the metrics'
         self.last_eval = ev
         row = epoch_row(p, ev=ev, lr=self.opt.scheduler.get_last_lr()[0], wall_s=self._wall_s(),
                         images_per_sec=res.images * d.world_size / max(res.seconds, 1e-9))  # fmt: skip
@@ -292,9 +294,13 @@ class Trainer:
             )  # fmt: skip
         improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
         exported = None  # the model model/ is written from: with --fsdp gathered to rank 0 (a collective)
+        cal = None  # model/'s temperature, fitted on these weights' own evaluation logits (no extra forward pass)
         if improved or cfg.keep == "last":
             vit = self.objective.exported(self.eval_net)
             exported = full_model(vit, d) if cfg.fsdp else vit
+            if d.is_main and held[0] is not None and len(held[0]):
+                cal = calibrate(*held)
+                row.update(cal.scalars())
         p.best = max(p.best, ev["top1"])
         p.finish_epoch()
         loss = row["train_loss"]
@@ -310,9 +316,9 @@ class Trainer:
             self.tracker.log(row["step"], row_scalars(row))
             if exported is not None:
                 self.saver.save_model(exported, cfg=cfg, recipe=self.sizing.recipe, ev=ev, epoch=p.epoch,
-                                      data=self.data_rec)  # fmt: skip
+                                      data=self.data_rec, calibration=cal)  # fmt: skip
         if improved or cfg.keep == "last":
-            self.model_eval = {**ev, "epoch": p.epoch}
+            self.model_eval = {**ev, "epoch": p.epoch, **({"calibration": cal.to_dict()} if cal else {})}
         self._checkpoint(micro_done=0)
         if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
             self._draw()
@@ -335,15 +341,16 @@ class Trainer:
         )
         self.last_save = time.perf_counter()
 
-    def _evaluate(self, *, last: bool = False) -> dict[str, Any]:
+    def _evaluate(self, *, last: bool = False, logits: bool = False) -> dict[str, Any]:
         """Evaluate ``eval_net`` on this rank's evaluation batches; with ``--fsdp`` kept in step with the other
-        ranks' (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective)."""
+        ranks' (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective). ``logits``:
+        with the evaluation's logits and labels (every rank's), for the temperature fit."""
         batches = self.loaders.eval_batches()
         if self.cfg.fsdp:
             batches = lockstep(batches, net=self.eval_net, d=self.dist, device=self.device, amp_dtype=self.amp_dtype,
                                config=self.vit.config)  # fmt: skip
         return self.objective.evaluate(self.eval_net, batches, device=self.device, amp_dtype=self.amp_dtype,
-                                       dist=self.dist, last=last)  # fmt: skip
+                                       dist=self.dist, last=last, logits=logits)  # fmt: skip
 
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""
@@ -359,6 +366,8 @@ class Trainer:
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
+        if self.model_eval is not None and "calibration" in self.model_eval:  # which images fitted, which measured
+            summary["calibration"] = self.model_eval["calibration"]
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
             summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,

@@ -52,11 +52,13 @@ class Objective:
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None, last: bool = False,
+        dist: Dist | None = None, last: bool = False, logits: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """``top1``, ``top5`` and ``loss`` over ``batches`` (and what the figures read: ``confusion``,
         ``per_class``); in DDP every rank passes its shard and the counts are summed. ``last``: the run's last
-        evaluation (the one at its plan's last step)."""
+        evaluation (the one at its plan's last step). ``logits``: also ``logits`` and ``labels`` of the evaluation, in
+        its order, where the objective classifies (what the run fits its temperature on:
+        :func:`~vitlab.evaluate.calibration.calibrate`); an objective without classes returns none."""
         raise NotImplementedError
 
     @property

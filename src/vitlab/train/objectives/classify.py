@@ -42,10 +42,11 @@ class Classify(Objective):
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None, last: bool = False,
+        dist: Dist | None = None, last: bool = False, logits: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         tta = "flip" if self.tta == "flip" or (self.tta == "flip-last" and last) else None
         res = evaluate_batches(
-            net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist, tta=tta
-        )
+            net, batches, num_classes=self.num_classes, device=device, amp_dtype=amp_dtype, dist=dist, tta=tta,
+            keep_logits=logits,
+        )  # fmt: skip
         return {**res, "tta": tta} if tta else res

@@ -53,7 +53,7 @@ class MPP(Objective):
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None, last: bool = False,
+        dist: Dist | None = None, last: bool = False, logits: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         return evaluate_mpp(net, batches, device=device, amp_dtype=amp_dtype, dist=dist, seed=self.seed)
 

@@ -79,9 +79,10 @@ class WarmStart(Classify):
 
     def evaluate(
         self, net: nn.Module, batches: Iterable[Any], *, device: torch.device, amp_dtype: torch.dtype | None,
-        dist: Dist | None = None, last: bool = False,
+        dist: Dist | None = None, last: bool = False, logits: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
-        return super().evaluate(self.exported(net), batches, device=device, amp_dtype=amp_dtype, dist=dist, last=last)
+        return super().evaluate(self.exported(net), batches, device=device, amp_dtype=amp_dtype, dist=dist, last=last,
+                                logits=logits)  # fmt: skip
 
     def enter(self, net: nn.Module, *, step: int, warm_start: bool) -> str | None:
         was, net.warm = net.warm, warm_start

@@ -8,7 +8,8 @@
   ``config.yaml``'s header, the ``step,...`` header, a JSON object, ``path<TAB>reason`` lines, the data check's
   first key);
 - ``last.pt``: a ``torch.save`` archive whose record holds vitlab's checkpoint keys;
-- ``curves.png``, ``confusion.png``, ``health.png``: PNG files drawn by vitlab (matplotlib's, or tagged vitlab);
+- ``curves.png``, ``confusion.png``, ``health.png``, ``reliability.png``: PNG files drawn by vitlab (matplotlib's,
+  or tagged vitlab);
 - ``model/``: only vitlab's ``model.safetensors`` and ``config.json`` (format ``vitlab``) in it, and the folder
   when nothing else is left; ``sharded/``: only the checkpoints vitlab marked (:func:`~.dcp.clear`);
 - ``tensorboard/``: only the event files vitlab's tracker wrote (their first record names vitlab's ``config``);
@@ -123,6 +124,7 @@ _FILES: dict[str, Callable[[Path], bool]] = {
     "curves.png": _png,
     "confusion.png": _png,
     "health.png": _png,
+    "reliability.png": _png,
 }
 
 

@@ -1,5 +1,6 @@
 """A run's figures: ``curves.png`` (the training and evaluation loss, accuracy and learning rate against epochs),
-``health.png`` (the attention health per layer against epochs, when the run watched it) and ``confusion.png``. Each
+``health.png`` (the attention health per layer against epochs, when the run watched it), ``confusion.png`` and
+``reliability.png`` (the calibration of ``model/``'s weights). Each
 is drawn to a temporary file and renamed over its entry (:func:`vitlab._fs.replacing`): a link named like a figure
 is replaced, never written through."""
 
@@ -19,7 +20,15 @@ from ..._version import __version__
 from .health import health_records
 from .outputs import read_metrics
 
-__all__ = ["MAX_CONFUSION_FIGURE", "draw_figures", "draw_run_figures", "plot_confusion", "plot_curves", "plot_health"]
+__all__ = [
+    "MAX_CONFUSION_FIGURE",
+    "draw_figures",
+    "draw_run_figures",
+    "plot_confusion",
+    "plot_curves",
+    "plot_health",
+    "plot_reliability",
+]
 
 
 def plot_curves(
@@ -169,14 +178,57 @@ def _wrapped(text: str, *, width_in: float, fontsize: float) -> str:
     return "\n".join(textwrap.wrap(text, chars, break_long_words=True, break_on_hyphens=False)) or text
 
 
+def plot_reliability(calibration: dict[str, Any], path: str | os.PathLike[str], *, where: str | None = None) -> None:
+    """``reliability.png``: a reliability diagram (Guo et al. 2017, Fig. 1) of a calibration record
+    (:meth:`~vitlab.evaluate.calibration.Calibration.to_dict`): per confidence bin, the accuracy against the mean
+    top-1 confidence of its images, with the temperature (calibrated) and without it, the diagonal where they would
+    agree, and below, how many images each bin holds. ``where``: what it was measured on, in its title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = int(calibration["reliability"]["bins"])
+    centres = (np.arange(bins) + 0.5) / bins
+    fig, (ax, hist) = plt.subplots(2, 1, figsize=(6, 6.6), height_ratios=[3, 1], sharex=True)
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect calibration")
+    t = calibration["temperature"]
+    for key, label, marker in (
+        ("reliability_uncalibrated", f"uncalibrated (ECE {_pct(calibration.get('ece_uncalibrated'))})", "s"),
+        ("reliability", f"T = {t:.3g} (ECE {_pct(calibration.get('ece'))})", "o"),
+    ):
+        r = calibration[key]
+        pts = [(c, a) for c, a in zip(r["confidence"], r["accuracy"]) if c is not None and a is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, label=label)
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    n = calibration.get("ece_images", 0)
+    on = f" on {where}" if where else ""
+    ax.set_title(_wrapped(f"reliability{on}: {n:,} images that did not fit T", width_in=6, fontsize=10), fontsize=10)
+    width = 1 / bins
+    hist.bar(centres - width / 4, calibration["reliability_uncalibrated"]["count"], width=width / 2, label="uncal.")
+    hist.bar(centres + width / 4, calibration["reliability"]["count"], width=width / 2, label="T")
+    hist.set(xlabel=f"top-1 confidence ({bins} bins)", ylabel="images")
+    hist.grid(alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _pct(v: Any) -> str:
+    return f"{100 * v:.1f}%" if _number(v) else "-"
+
+
 MAX_CONFUSION_FIGURE = 100
 """Most classes a ``confusion.png`` is drawn for: beyond, a cell is under a pixel and no label is readable."""
 
 
 def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any], *, title: str | None = None) -> None:
-    """``curves.png`` and ``health.png`` from ``out/metrics.jsonl`` and ``confusion.png`` from the evaluation
-    ``ev`` (for at most :data:`MAX_CONFUSION_FIGURE` classes; a note says so otherwise; ``title``: what ``ev`` was
-    measured on); a failure is a warning, because a figure must never kill a training run."""
+    """``curves.png`` and ``health.png`` from ``out/metrics.jsonl``, ``reliability.png`` from ``ev``'s calibration
+    (where it has one) and ``confusion.png`` from the evaluation ``ev`` (for at most :data:`MAX_CONFUSION_FIGURE`
+    classes; a note says so otherwise; ``title``: what ``ev`` was measured on); a failure is a warning, because a
+    figure must never kill a training run."""
     try:
         classes = len(class_names) if "per_class" in ev else None  # MPP's top-5 is over 512 colours
         rows = read_metrics(out / "metrics.jsonl")
@@ -190,6 +242,8 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any], *, t
             )
         elif "confusion" in ev:  # not for MPP's 512 colours
             plot_confusion(ev["confusion"], class_names, out / "confusion.png", where=title)
+        if isinstance(ev.get("calibration"), dict):
+            plot_reliability(ev["calibration"], out / "reliability.png", where=title)
     except Exception as e:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
 

@@ -42,8 +42,8 @@ __all__ = [
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
 RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "sizing.json",
-               "health.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb", "mlruns",
-               "data_check.json")  # fmt: skip
+               "health.png", "reliability.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb",
+               "mlruns", "data_check.json")  # fmt: skip
 """Everything a run writes in its folder (``.lock`` aside), the folders of the ``--log`` trackers included
 (:mod:`vitlab.track.backends`): the names ``--overwrite`` looks at, removing only what vitlab wrote there
 (:func:`~vitlab.train.persist.claim.claim_run_folder`)."""
@@ -133,7 +133,9 @@ def run_summary(
     data_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: the accuracy of the weights ``model/`` holds (``top1``, ``top5``, measured at
-    ``model_epoch``: what ``vitlab eval`` and ``confusion.png`` report for them), the last epoch's and the best one
+    ``model_epoch``: what ``vitlab eval`` and ``confusion.png`` report for them) and their calibration (``ece`` of the
+    probabilities ``vitlab predict`` gives, ``ece_uncalibrated``, the ``temperature``: on images that did not fit it,
+    :func:`~vitlab.evaluate.calibration.calibrate`), the last epoch's and the best one
     (from the ``metrics.jsonl`` ``rows``), the evaluation split's size and the standard error of top-1 on it, how far
     the run got against its plan, its throughput, the model, the data (with ``data_record``: its absolute location and
     fingerprint, :func:`~vitlab.train.engine.run_data.data_record`) and the recipe."""
@@ -146,6 +148,10 @@ def run_summary(
         "top1": kept["top1"] if kept else None,
         "top5": kept["top5"] if kept else None,
         **({"top1_native": kept["top1_native"]} if kept and "top1_native" in kept else {}),
+        # the calibration of model/'s weights (fitted when they were saved; none before the feature or for MPP)
+        "ece": kept.get("ece") if kept else None,
+        "ece_uncalibrated": kept.get("ece_uncalibrated") if kept else None,
+        "temperature": kept.get("temperature") if kept else None,
         "model_epoch": kept["epoch"] if kept else None,
         "keep": cfg.keep,
         "last_top1": rows[-1]["top1"] if rows else None,

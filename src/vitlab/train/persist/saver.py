@@ -17,6 +17,7 @@ from torch import nn
 from ..._fs import own_folder
 from ...checkpoints import save
 from ...distributed import Dist
+from ...evaluate.calibration import Calibration
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig
 from ..sizing.choice import Sizing
@@ -168,10 +169,12 @@ class CheckpointSaver:
 
     def save_model(
         self, model: nn.Module, *, cfg: TrainConfig, recipe: Recipe, ev: dict[str, Any], epoch: int,
-        data: dict[str, Any] | None = None,
+        data: dict[str, Any] | None = None, calibration: Calibration | None = None,
     ) -> None:  # fmt: skip
         """``model/``: ``model`` as a vitlab folder with what produced it (the ``recipe`` trained with, data, epoch,
-        accuracy, ``--init``).
+        accuracy, ``--init``) and its ``calibration`` (:func:`~vitlab.evaluate.calibration.calibrate` of these weights'
+        evaluation: ``temperature``, which ``vitlab predict`` divides the logits by, and the ECE with and without it;
+        none: no temperature, ``T = 1``).
         ``data``: what the run records of its data (:func:`vitlab.train.engine.run_data.data_record`: its absolute
         location, fingerprint, how a folder was stored), else ``cfg.data`` as given. It replaces the run's own earlier
         ``model/`` (the run folder was checked when the run started); a link named ``model`` is replaced by a folder
@@ -192,6 +195,8 @@ class CheckpointSaver:
                 "top5": ev["top5"],
                 "init": cfg.init,
                 "objective": cfg.objective,
+                # (null: none fitted here; never the temperature of an --init model, fitted to other weights)
+                **(calibration.scalars() if calibration is not None else {"temperature": None}),
             },
         )
 
