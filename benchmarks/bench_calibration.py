@@ -3,7 +3,7 @@ by default), fits its temperature on every other image of its evaluation split a
 (``summary.json``); then ``vitlab eval`` measures the ECE of its probabilities, with the temperature and without, on
 further images of the same classes that neither trained the model nor fitted the temperature (the issue asks for a
 calibrated ECE of at most 0.06 on 1,000 of them). Prints one JSON line and a Markdown row for
-docs/label_issues_and_calibration.md.
+docs/data_check.md.
 
     python benchmarks/bench_calibration.py --data ../shared/data/cifar10 --per-class 500 --val-per-class 100 \\
         --further-per-class 100 --time-budget 4m

@@ -5,7 +5,7 @@ away), ``--flip`` of them are moved to another class at random (seeded), a model
 these labels), and the folder's training images are ranked (``vitlab.evaluate.folder_ranking``: confident learning on
 cross-validated linear probes over the model's frozen features). Prints the precision and recall of the top
 ``--top`` (the issue asks for at least 20 of 50 flips among the top 100; chance is top x flips / images) and of the
-set confident learning flags, as one JSON line and a Markdown row for docs/label_issues_and_calibration.md.
+set confident learning flags, as one JSON line and a Markdown row for docs/data_check.md.
 
     python benchmarks/bench_label_issues.py --data ../shared/data/cifar10 --per-class 500 --flip 50 --time-budget 4m
     python benchmarks/bench_label_issues.py --data ../shared/data/clothing --per-class 10000 --flip 50 --time-budget 4m

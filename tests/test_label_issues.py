@@ -170,3 +170,24 @@ def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
     assert 0 <= row["flipped_in_top"] <= 3 and row["chance_in_top"] == 0.5
     moved = json.loads((tmp_path / "w" / "flipped.json").read_text())
     assert len(moved) == 3 and all((tmp_path / "w" / "data" / p).is_file() for p in moved)
+
+
+def test_vitlab_data_check_labels_wires_the_ranking_into_its_report(noisy_folder, tmp_path, capsys):
+    """``vitlab data check DIR --labels --model M``: the label issues join the report's findings (``--json``) and
+    the summary; ``--labels`` without a model is one line; ``pack`` refuses the label options."""
+    from vitlab.cli import main
+    from vitlab.commands._labels import NEEDS_MODEL
+
+    root, moved = noisy_folder
+    model = _tiny_model(tmp_path)
+    cache = ["--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    assert main(["data", "check", str(root), "--labels", *cache]) == 2
+    assert NEEDS_MODEL in capsys.readouterr().err
+    assert main(["data", "check", str(root), "--labels", "--model", str(model), "--json", *cache]) == 0
+    report = json.loads(capsys.readouterr().out)
+    issues = [f for f in report["findings"] if f["kind"] == "label_issue"]
+    assert {f["paths"][0] for f in issues[:3]} == set(moved) and report["counts"]["label_issue"] == len(issues)
+    assert main(["data", "check", str(root), "--labels", "--model", str(model), *cache]) == 0
+    assert "label issues:" in capsys.readouterr().out
+    assert main(["data", "pack", str(root), str(tmp_path / "s"), "--labels", "--no-progress"]) == 2
+    assert "options of vitlab data check, not of pack" in capsys.readouterr().err

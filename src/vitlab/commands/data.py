@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._labels import add_label_args, label_lines, run_label_check
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -76,12 +78,17 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "stops it; nothing else there is deleted)",
     )
     p.add_argument("--no-progress", action="store_true")
+    add_label_args(p.add_argument_group("check --labels: label issues ranked from a model"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         return check(args)
+    from ..errors import ConfigError
+
+    if args.labels or args.model is not None:
+        raise ConfigError("--labels and --model are options of vitlab data check, not of pack")
     from pathlib import Path
 
     from .._text import shown
@@ -167,8 +174,12 @@ def check(args: argparse.Namespace) -> int:
         max_pixels=args.max_image_pixels,
         cache_dir=Path(args.cache_dir) if args.cache_dir else default_cache_dir(),
     )
+    labels = run_label_check(args, root)  # none without --labels
     if args.json:
-        print(json.dumps(result.report(), indent=1))
+        report = result.report()
+        report["findings"] += labels
+        report["counts"]["label_issue"] = len(labels)
+        print(json.dumps(report, indent=1))
     else:
         n = len(result.records)
         print(f"{shown(root)}: {n:,} image file(s) in {len(result.class_names)} classes, splits "
@@ -181,6 +192,9 @@ def check(args: argparse.Namespace) -> int:
                 print(shown(f"  {kind}: {_example(f)}"))
             if len(found) > _EXAMPLES:
                 print(f"  {kind}: and {len(found) - _EXAMPLES:,} more (--json lists them all)")
+        if args.labels:
+            for line in label_lines(labels):
+                print(line)
     if args.strict_data and (why := result.refusal()):
         print(f"vitlab data check: error: {shown(why)} (--strict-data)", file=sys.stderr)
         return 2
