@@ -338,7 +338,7 @@ def test_the_report_shows_the_groups_as_thumbnails(leaky, tmp_path):
 def test_shards_are_said_not_checked(capsys):
     from vitlab.distributed import Dist
     from vitlab.train.conf.train_config import TrainConfig
-    from vitlab.train.engine.data_check import SHARDS_LINE, check_before
+    from vitlab.train.engine.run_data import SHARDS_LINE, check_before
 
     said = []
     cfg = TrainConfig(data="shards/train-{000000..000003}.tar")

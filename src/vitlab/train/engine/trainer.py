@@ -224,9 +224,8 @@ class Trainer:
         eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
         if eta and d.is_main:
             self.bar.line(eta)
-        new = self.replan.after_step(
-            steps_this_run=p.steps_this_run, step=p.step, planned=self.plan.total_steps, dist=d, device=self.device
-        )
+        new = self.replan.after_step(steps_this_run=p.steps_this_run, step=p.step, planned=self.plan.total_steps,
+                                     dist=d, device=self.device)  # fmt: skip
         if new is not None:
             self._replanned(*new, at="step")
         self._enter(self.schedule.lookup(p.step))
@@ -292,15 +291,14 @@ class Trainer:
                 self.objective, self.eval_net, loaders=self.loaders, position=self.position, dist=d,
                 device=self.device, amp_dtype=self.amp_dtype, images_per_sec=row["images_per_sec"],
             )  # fmt: skip
-        improved = ev["top1"] > p.best  # the same on every rank: the evaluation's counts are summed over ranks
-        exported = None  # the model model/ is written from: with --fsdp gathered to rank 0 (a collective)
-        cal = None  # model/'s temperature, fitted on these weights' own evaluation logits (no extra forward pass)
-        if improved or cfg.keep == "last":
+        kept = ev["top1"] > p.best or cfg.keep == "last"  # the same on every rank: the counts are summed over ranks
+        exported = cal = None  # model/'s weights (with --fsdp gathered to rank 0: a collective) and its temperature,
+        if kept:  # fitted on these weights' own evaluation logits (no extra forward pass)
             vit = self.objective.exported(self.eval_net)
             exported = full_model(vit, d) if cfg.fsdp else vit
-            if d.is_main and held[0] is not None and len(held[0]):
-                cal = calibrate(*held)
-                row.update(cal.scalars())
+            cal = calibrate(*held) if d.is_main and held[0] is not None and len(held[0]) else None
+            row.update(cal.scalars() if cal else {})
+            self.model_eval = {**ev, "epoch": p.epoch + 1, **({"calibration": cal.to_dict()} if cal else {})}
         p.best = max(p.best, ev["top1"])
         p.finish_epoch()
         loss = row["train_loss"]
@@ -317,8 +315,6 @@ class Trainer:
             if exported is not None:
                 self.saver.save_model(exported, cfg=cfg, recipe=self.sizing.recipe, ev=ev, epoch=p.epoch,
                                       data=self.data_rec, calibration=cal)  # fmt: skip
-        if improved or cfg.keep == "last":
-            self.model_eval = {**ev, "epoch": p.epoch, **({"calibration": cal.to_dict()} if cal else {})}
         self._checkpoint(micro_done=0)
         if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
             self._draw()
@@ -342,9 +338,8 @@ class Trainer:
         self.last_save = time.perf_counter()
 
     def _evaluate(self, *, last: bool = False, logits: bool = False) -> dict[str, Any]:
-        """Evaluate ``eval_net`` on this rank's evaluation batches; with ``--fsdp`` kept in step with the other
-        ranks' (:func:`~vitlab.train.engine.parallel.lockstep`: every sharded forward is a collective). ``logits``:
-        with the evaluation's logits and labels (every rank's), for the temperature fit."""
+        """Evaluate ``eval_net`` on this rank's evaluation batches (``--fsdp``: in step with the other ranks',
+        :func:`~.parallel.lockstep`); ``logits``: with the logits and labels (every rank's), for the temperature."""
         batches = self.loaders.eval_batches()
         if self.cfg.fsdp:
             batches = lockstep(batches, net=self.eval_net, d=self.dist, device=self.device, amp_dtype=self.amp_dtype,
@@ -362,12 +357,10 @@ class Trainer:
         summary = run_summary(
             position=p, plan=self.plan, cfg=self.cfg, sizing=self.sizing, model=self.vit, data=self.data,
             processes=d.world_size, device=self.device, out=out, wall_s=self._wall_s(), rows=rows,
-            data_record=self.data_rec,
+            data_record=self.data_rec, model_eval=self.model_eval,
         )  # fmt: skip
         if p.interrupted and self.stop.requested:  # type: ignore[union-attr]
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
-        if self.model_eval is not None and "calibration" in self.model_eval:  # which images fitted, which measured
-            summary["calibration"] = self.model_eval["calibration"]
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
             summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,
@@ -383,5 +376,5 @@ class Trainer:
         return summary
 
     def _draw(self) -> None:
-        d = self.data
-        draw_run_figures(self.out, d.class_names, d.val_name, model_eval=self.model_eval, last_eval=self.last_eval)
+        draw_run_figures(self.out, self.data.class_names, self.data.val_name, model_eval=self.model_eval,
+                         last_eval=self.last_eval)  # fmt: skip

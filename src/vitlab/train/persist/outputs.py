@@ -131,6 +131,7 @@ def run_summary(
     wall_s: float,
     rows: Sequence[dict[str, Any]],
     data_record: dict[str, Any] | None = None,
+    model_eval: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``summary.json``: the accuracy of the weights ``model/`` holds (``top1``, ``top5``, measured at
     ``model_epoch``: what ``vitlab eval`` and ``confusion.png`` report for them) and their calibration (``ece`` of the
@@ -138,13 +139,14 @@ def run_summary(
     :func:`~vitlab.evaluate.calibration.calibrate`), the last epoch's and the best one
     (from the ``metrics.jsonl`` ``rows``), the evaluation split's size and the standard error of top-1 on it, how far
     the run got against its plan, its throughput, the model, the data (with ``data_record``: its absolute location and
-    fingerprint, :func:`~vitlab.train.engine.run_data.data_record`) and the recipe."""
+    fingerprint, :func:`~vitlab.train.engine.run_data.data_record`), the recipe, and with ``model_eval`` (the weights
+    ``model/`` holds) which images fitted its temperature and which measured it."""
     p = position
     kept = model_epoch(rows, keep=cfg.keep)
     best = model_epoch(rows, keep="best")
     n_eval = len(data.val)
     described = {**data.describe(), **_data_source(data_record)}
-    return {
+    summary = {
         "top1": kept["top1"] if kept else None,
         "top5": kept["top5"] if kept else None,
         **({"top1_native": kept["top1_native"]} if kept and "top1_native" in kept else {}),
@@ -182,6 +184,9 @@ def run_summary(
         "planned_epochs": plan.epochs,
         "planned_steps": plan.total_steps,
     }
+    if model_eval is not None and "calibration" in model_eval:  # which images fitted its temperature, which measured
+        summary["calibration"] = model_eval["calibration"]
+    return summary
 
 
 def epoch_row(p: RunPosition, *, ev: dict[str, Any], lr: float, images_per_sec: float, wall_s: float) -> dict[str, Any]:
