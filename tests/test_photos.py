@@ -122,7 +122,8 @@ def test_a_folder_of_mixed_aspect_ratios_trains_each_photo_stored_at_its_own_sha
     code, out = _train(data, tmp_path, *TINY)
     assert code == 0
     said = capsys.readouterr().out
-    assert said.startswith("images: typical 300x400 (mixed sizes) -> training at 224 px (photos")
+    first = next(line for line in said.splitlines() if not line.startswith("data check: "))  # after the data check's
+    assert first.startswith("images: typical 300x400 (mixed sizes) -> training at 224 px (photos")
     assert "224x224 px, patch 16" in said and "skipped 1 file(s)" in said
     assert "one side is over 10 times the other" in (Path(out) / "bad_files.txt").read_text()  # the strip only
     caches = list_caches(tmp_path / "cache")

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -172,12 +173,20 @@ def _load_kept(path: Path, n_files: int) -> dict[str, list]:
     return files if isinstance(files, dict) else {}
 
 
+KEEP_MARGIN = 64 << 20
+"""Free space the cache folder must keep beyond the hashes file for the check to write it: a folder short of room is
+the decode cache's to report (in one line, before any decoding), not filled further by what is only a shortcut."""
+
+
 def _keep(path: Path, entries: dict[str, list]) -> None:
-    """Write what this pass learnt (atomically); a cache folder that cannot be written is left as it is: the next
-    pass reads the files again."""
+    """Write what this pass learnt (atomically) where there is room (:data:`KEEP_MARGIN`); a cache folder that is
+    short of room or cannot be written is left as it is: the next pass reads the files again."""
+    text = json.dumps({"vitlab_data_check_hashes": _VERSION, "files": entries})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"vitlab_data_check_hashes": _VERSION, "files": entries}))
+        if shutil.disk_usage(path.parent).free < len(text) + KEEP_MARGIN:
+            return
+        atomic_write_text(path, text)
     except OSError:
         pass
 
