@@ -10,17 +10,17 @@ import re
 
 import pytest
 
+from conftest import copy_run
 from vitlab.cli import main
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """One tiny digits run (2 epochs), shared by the tests that only read it."""
-    out = tmp_path_factory.mktemp("run") / "run"
-    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
-    return out
+@pytest.fixture
+def run_dir(finished_digits_run, tmp_path_factory):
+    """A copy of the suite's tiny digits run (tests/conftest.py: finished_digits_run, 2 epochs, trained once a
+    session), outside ``tmp_path``: commands write next to it."""
+    return copy_run(finished_digits_run, tmp_path_factory.mktemp("run"))
 
 
 # --- one logger -------------------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_progress_log_disabled_prints_nothing_but_lines(capsys):
     assert capsys.readouterr().out == "epoch 1/1\n"
 
 
-def test_train_no_progress_prints_a_line_per_epoch(run_dir, capsys, tmp_path):
+def test_train_no_progress_prints_a_line_per_epoch(capsys, tmp_path):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "3", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
     cap = capsys.readouterr()
@@ -395,14 +395,8 @@ def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys)
     assert (run_dir / "inspect" / "report.html").is_file()
 
 
-def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
-    from imagefolder import tiny_folder
-
-    data = tiny_folder(tmp_path / "d")
-    run = tmp_path / "r"
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
-    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
-    capsys.readouterr()
+def test_inspect_uses_the_data_the_model_was_trained_on(run_copy, finished_run_data, capsys):
+    data, run = finished_run_data, run_copy  # the suite's tiny run on a generated folder (inspect writes next to it)
     assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--json"]) == 0
     cap = capsys.readouterr()
     res = json.loads(cap.out)  # the notes went to stderr: stdout is the JSON alone
@@ -496,16 +490,17 @@ def test_report_images_all_decode(run_dir, tmp_path, capsys):
         im.verify()
 
 
-def test_eval_decodes_the_evaluation_split_alone(tmp_path, capsys, monkeypatch):
+def test_eval_decodes_the_evaluation_split_alone(
+    finished_run, finished_run_data, run_copy, tmp_path, capsys, monkeypatch
+):
     """``vitlab eval`` on a train/ + val/ folder decodes val/ only: the first eval after training
     used to decode the training split again (at the eval size, a new cache)."""
-    import vitlab.data.sources as sources
-    from imagefolder import tiny_folder
+    import shutil
 
-    data = tiny_folder(tmp_path / "d")
-    out = tmp_path / "r"
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
-    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    import vitlab.data.sources as sources
+
+    data, out = finished_run_data, run_copy  # the suite's tiny run (eval writes into it) and its data
+    shutil.copytree(finished_run.parent / "cache", tmp_path / "c")  # the decode cache its training left
     decoded: list[str] = []
     real = sources.decode_files
 

@@ -366,16 +366,9 @@ def test_many_workers_are_named_in_the_memory_refusal(tmp_path, monkeypatch, cap
 # -- last.pt that vitlab did not write --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def stopped_run(data_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("stopped") / "run"
-    assert main(train_args(data_dir, out, "--stop-after", "1")) == 0
-    return out
-
-
-def _edited(stopped: Path, tmp_path: Path, edit) -> Path:
+def _edited(run: Path, tmp_path: Path, edit) -> Path:
     out = tmp_path / "run"
-    shutil.copytree(stopped, out)
+    shutil.copytree(run, out)
     state = torch.load(out / "last.pt", weights_only=True)
     edit(state)
     torch.save(state, out / "last.pt")
@@ -412,9 +405,9 @@ def _set_config(key, value):
         (lambda s: s.update(optimizer={}), "its weights or optimizer state do not fit the run it describes (KeyError"),
     ],
 )
-def test_a_last_pt_vitlab_did_not_write_is_one_line(edit, expected, stopped_run, tmp_path, capsys):
+def test_a_last_pt_vitlab_did_not_write_is_one_line(edit, expected, finished_run, tmp_path, capsys):
     """Before: ``AttributeError: 'list' object has no attribute 'strip'`` and other tracebacks from inside the run."""
-    out = _edited(stopped_run, tmp_path, edit)
+    out = _edited(finished_run, tmp_path, edit)  # a copy of the suite's tiny run, its last.pt edited
     capsys.readouterr()
     assert main(["train", "--out", str(out), "--resume", "--no-progress", "--workers", "0"]) == 2
     err = one_line(capsys)
