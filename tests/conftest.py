@@ -68,6 +68,12 @@ def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") ->
         raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
 
 
+def slow_cases(values, slow) -> list:
+    """``values`` for ``pytest.mark.parametrize`` with those in ``slow`` marked ``slow`` (seconds each: the fast
+    tier keeps the others' coverage of the same code)."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in slow else v for v in values]
+
+
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 

@@ -71,6 +71,7 @@ def test_progress_log_disabled_prints_nothing_but_lines(capsys):
     assert capsys.readouterr().out == "epoch 1/1\n"
 
 
+@pytest.mark.slow
 def test_train_no_progress_prints_a_line_per_epoch(capsys, tmp_path):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "3", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
@@ -95,6 +96,7 @@ def test_counts_agree_with_their_number():
     assert counted(2, "child", "children") == "2 children"
 
 
+@pytest.mark.slow
 def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "1", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
@@ -102,6 +104,7 @@ def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
     assert " after 1 epoch / " in last and "epochs" not in last
 
 
+@pytest.mark.slow
 def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("vitlab._progress.QUIET_S", 0.0)  # a tiny run may end within the quiet period
     out = tmp_path / "r"
@@ -186,6 +189,7 @@ def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch,
 # --- one rule for a model argument ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_command_accepts_a_run_folder(run_dir, tmp_path, capsys):
     from PIL import Image
 
@@ -332,6 +336,7 @@ def test_unreachable_probe_is_quick_and_local(monkeypatch):
 # --- fine-tuning says what it did -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
     ft = ["finetune", "--init", str(run_dir), "--epochs", "1", "--no-progress"]
     assert main([*ft, "--img-size", "16", "--out", str(tmp_path / "a")]) == 0
@@ -349,6 +354,7 @@ def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
 # --- top-5 only where it means something ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
     from imagefolder import tiny_folder
 
@@ -380,6 +386,7 @@ def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
 # --- the inspection report says what it shows -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys):
     args = ["--num-images", "2", "--show", "1"]
     assert main(["inspect", "--model", "vit_ti16", "--img-size", "16", *args, "--out", str(tmp_path / "a")]) == 0

@@ -96,6 +96,7 @@ def test_a_model_from_scratch_is_normalised_by_its_training_set(
     assert ev["top1"] == pytest.approx(json.loads((out / "summary.json").read_text())["top1"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_named_statistics_and_their_errors(folder, tmp_path, capsys):
     out = tmp_path / "inception"
     assert _train(folder, out, "--norm-stats", "inception") == 0

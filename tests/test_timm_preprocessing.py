@@ -145,6 +145,7 @@ def test_pretrained_cfg_carries_timms_keys_and_follows_the_config(tmp_path):
     assert distilled.pretrained_cfg["classifier"] == ("head", "head_dist")
 
 
+@pytest.mark.slow
 def test_timm_names_carry_timms_evaluation_crop():
     """The crop of each timm name is that of timm's default weights for it (0.9 at 224 px, 1.0 at 384 ...)."""
     from timm.models import get_pretrained_cfg

@@ -105,6 +105,7 @@ def assert_same_training(run: Path, ref: Path, *, train_loss: bool) -> None:
             assert abs(r[k] - e[k]) <= F32_RTOL * abs(e[k]), (run.name, k, r[k], e[k])
 
 
+@pytest.mark.slow
 def test_fsdp_trains_as_ddp_and_as_one_process(runs):
     root, log = runs
     assert "FSDP2: 5,379 parameters sharded over 2 process(es), 2 blocks + root, fp32" in log
