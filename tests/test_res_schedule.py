@@ -100,6 +100,7 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     assert "--img-size is 6" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeypatch) -> None:
     """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would over-plan the
     run, so a scheduled run keeps its plan until its last size has begun, re-plans from that size's own steps and

@@ -24,6 +24,8 @@ from conftest import F32_RTOL, assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.cli import main
 
+pytestmark = pytest.mark.slow  # end to end: every test here reads the runs of torchrun (the module fixture `runs`)
+
 TINY = ["--recipe", "digits", "--epochs", "2", "--batch-size", "8", "--patch-size", "4", "--dim", "16"]
 TINY += ["--depth", "2", "--heads", "2", "--crop-scale", "1,1", "--no-progress", "--workers", "0"]
 SGD = ["--optimizer", "sgd", "--lr", "0.05"]
@@ -105,7 +107,6 @@ def assert_same_training(run: Path, ref: Path, *, train_loss: bool) -> None:
             assert abs(r[k] - e[k]) <= F32_RTOL * abs(e[k]), (run.name, k, r[k], e[k])
 
 
-@pytest.mark.slow
 def test_fsdp_trains_as_ddp_and_as_one_process(runs):
     root, log = runs
     assert "FSDP2: 5,379 parameters sharded over 2 process(es), 2 blocks + root, fp32" in log
