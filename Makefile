@@ -1,11 +1,12 @@
-# Two entry points: `make demo` (install + the main job) and `make test` (install + lint + tests).
+# Two entry points: `make demo` (install + the main job) and `make test` (install + lint + tests, both tiers);
+# `make test-fast` runs the tests not marked slow (no whole training runs), for the inner loop.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 # pytest-xdist processes for `make test` (tests/conftest.py gives each one torch thread); 0: one process
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test test-fast lint format bench clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +26,9 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -n $(TEST_WORKERS)
+
+test-fast: install
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 format: install
 	$(VENV)/bin/ruff check --fix src tests benchmarks

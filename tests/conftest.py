@@ -1,5 +1,11 @@
 """Helpers shared by the tests.
 
+Two tiers: tests that run a whole training command (``vitlab train``/``finetune``, torchrun, a killed and resumed
+run, a benchmark script) or take seconds each are marked ``slow``; ``make test-fast`` (``pytest -m "not slow"``)
+runs the rest for the inner loop, ``make test`` (CI) runs both. Tests that only need *a* trained run to evaluate,
+export, inspect or resume share one, trained once per session: the ``finished_run`` fixture (a generated image
+folder) or ``finished_digits_run`` (the embedded digits), read-only; ``copy_run`` gives a copy to write into.
+
 ``assert_close_rel`` compares two outputs relative to the reference's size, for parity tests on unnormalised
 outputs (logits, features, parameters): an absolute tolerance of 1e-5 on logits of size ~20 asks for a relative
 error of 5e-7, which float32 GEMMs summed in another order (1 or 2 threads, AVX2, AVX-512, AMX) do not promise.
@@ -8,10 +14,15 @@ Import it with ``from conftest import assert_close_rel`` (pytest puts tests/ on 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import random
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +66,12 @@ def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") ->
         diff, scale = (a - b).abs().max().item(), b.abs().max().item()
         where = f"{msg}: " if msg else ""
         raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
+
+
+def slow_cases(values, slow) -> list:
+    """``values`` for ``pytest.mark.parametrize`` with those in ``slow`` marked ``slow`` (seconds each: the fast
+    tier keeps the others' coverage of the same code)."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in slow else v for v in values]
 
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -180,3 +197,112 @@ def _private_decode_cache(tmp_path_factory):
         os.environ.pop("VITLAB_CACHE", None)
     else:
         os.environ["VITLAB_CACHE"] = old
+
+
+# --- one tiny finished run per session, shared ------------------------------------------------------------------
+
+TINY_ARCH = ("--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4")
+"""The shared runs' ViT: one block of width 16, two heads, 4-px patches (the smallest the suite trains)."""
+QUIET = ("--threads", "1", "--workers", "0", "--no-progress")
+"""As the suite's other runs: one torch thread, augmentation in this process, no progress bar."""
+RUN_OUTPUTS = ("model", "last.pt", "metrics.jsonl", "summary.json", "config.yaml", "sizing.json")
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file under ``folder``: what a write changes."""
+    return {
+        p.relative_to(folder).as_posix(): (st.st_size, st.st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and (st := p.stat())
+    }
+
+
+def _train_shared(root: Path, argv: list[str]) -> None:
+    """``vitlab train argv`` in this process, its printed lines kept in ``root/stdout.txt``. torch's thread count
+    and the random generators are left as they were: the test that happens to ask for the run first runs as if the
+    run had been there already."""
+    from vitlab.cli import main
+
+    threads = torch.get_num_threads()
+    rngs = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        random.setstate(rngs[0])
+        np.random.set_state(rngs[1])
+        torch.random.set_rng_state(rngs[2])
+    (root / "stdout.txt").write_text(out.getvalue())
+    assert code == 0, f"the shared run failed: vitlab {' '.join(argv)}\n{err.getvalue()}"
+
+
+def _shared_run(root: Path, argv: list[str], *, watched: tuple[Path, ...]) -> Iterator[Path]:
+    """Train the run of ``argv`` (its ``--out`` is ``root/run``), yield its folder, and at the session's end fail
+    naming any file under ``watched`` that a test added, changed or removed (the run is read-only by contract)."""
+    run = root / "run"
+    _train_shared(root, argv)
+    missing = [name for name in RUN_OUTPUTS if not (run / name).exists()]
+    assert not missing, f"the shared run wrote no {', '.join(missing)}"
+    before = {str(w): _files(w) for w in watched}
+    yield run
+    for w in watched:
+        now = _files(w)
+        changed = sorted(k for k in before[str(w)].keys() | now.keys() if before[str(w)].get(k) != now.get(k))
+        assert not changed, f"a test wrote into the shared {w} (copy it first: copy_run): {', '.join(changed)}"
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Iterator[Path]:
+    """A finished tiny classification run on a generated image folder (``tests/imagefolder.py``: 3 classes, 48
+    training and 12 test images of 8x8 px): ``--recipe digits``, 2 epochs of 3 steps of 16, the TINY_ARCH ViT.
+    Its folder holds model/, last.pt, metrics.jsonl, summary.json, config.yaml, sizing.json, curves.png and
+    confusion.png; its decode cache is ``finished_run.parent / "cache"``, what training printed
+    ``finished_run_stdout``.
+
+    Trained once per session: once per pytest-xdist worker, each in its own ``tmp_path_factory`` folder.
+    Read-only by contract, as is its data (``finished_run_data``, recorded in the run by its absolute path): a test
+    that writes into a run (eval's eval.json, inspect's default folder, an export next to the model, ``--resume``,
+    an edited last.pt) works on ``copy_run(finished_run, tmp_path)`` or the ``run_copy`` fixture. A write into
+    the run or its data fails the session at its end, naming the files."""
+    from imagefolder import tiny_folder
+
+    root = tmp_path_factory.mktemp("finished-run")
+    data = tiny_folder(root / "data")
+    argv = ["train", "--data", str(data), "--out", str(root / "run"), "--cache-dir", str(root / "cache")]
+    argv += ["--recipe", "digits", "--epochs", "2", "--batch-size", "16", *TINY_ARCH, *QUIET]
+    yield from _shared_run(root, argv, watched=(root / "run", data))
+
+
+@pytest.fixture(scope="session")
+def finished_run_data(finished_run) -> Path:
+    """The image folder ``finished_run`` was trained on (``train/`` and ``test/``, classes class0..class2)."""
+    return finished_run.parent / "data"
+
+
+@pytest.fixture(scope="session")
+def finished_run_stdout(finished_run) -> str:
+    """What training ``finished_run`` printed (its standard output)."""
+    return (finished_run.parent / "stdout.txt").read_text()
+
+
+@pytest.fixture(scope="session")
+def finished_digits_run(tmp_path_factory) -> Iterator[Path]:
+    """As ``finished_run``, on the embedded 8x8 digits (vitlab train's default data, 10 classes): 2 epochs of batch
+    64, the TINY_ARCH ViT. Read-only by contract: write into ``copy_run(finished_digits_run, tmp_path)``."""
+    root = tmp_path_factory.mktemp("finished-digits-run")
+    argv = ["train", "--out", str(root / "run"), "--epochs", "2", "--batch-size", "64", *TINY_ARCH, *QUIET]
+    yield from _shared_run(root, argv, watched=(root / "run",))
+
+
+def copy_run(run: Path, dest: Path) -> Path:
+    """A copy of the run folder ``run`` at ``dest / run.name`` (links copied as links), for a test to write into.
+    Its data is still the shared run's (a run records its data by absolute path): copy that too to change it."""
+    return Path(shutil.copytree(run, dest / run.name, symlinks=True))
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A copy of ``finished_run`` in this test's ``tmp_path``, to write into."""
+    return copy_run(finished_run, tmp_path)

@@ -21,6 +21,7 @@ def data_dir(tmp_path_factory):
     return tiny_folder(tmp_path_factory.mktemp("abl") / "rgb", per_class=8, test_per_class=3)
 
 
+@pytest.mark.slow
 def test_two_variants_two_steps_write_a_table(ablation, data_dir, tmp_path):
     out = tmp_path / "docs" / "table.md"
     args = [

@@ -42,6 +42,7 @@ def tiny_folder(name: str, path) -> tuple[torch.nn.Module, str]:
     return ref, str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
 def test_export_onnx_int8_with_its_agreement_report(name, tmp_path):
     _, folder = tiny_folder(name, tmp_path / "model")
@@ -52,6 +53,7 @@ def test_export_onnx_int8_with_its_agreement_report(name, tmp_path):
     assert report["agreement"]["top1_agreement"] >= 0.75 and report["format"] == "onnx"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit_small_patch16_dinov3_qkvb"])
 def test_rope_models_export_to_onnx_with_a_dynamic_batch(name, tmp_path):
     """RoPE's tables are computed in the graph from the patch grid: the ONNX model gives timm's logits at any
@@ -72,6 +74,7 @@ def test_rope_models_export_to_onnx_with_a_dynamic_batch(name, tmp_path):
             assert_close_rel(torch.from_numpy(got), ref(x), rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit_pe_core_tiny_patch16_384"])
 def test_inspect_runs_on_the_family(name, tmp_path, capsys):
     """(PE core: RoPE, a learned table, pooling of every token; DINOv3 has no table to draw)"""
@@ -82,6 +85,7 @@ def test_inspect_runs_on_the_family(name, tmp_path, capsys):
     assert "mean_attention_distance" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_finetune_init_from_a_dinov3_folder(tmp_path, capsys):
     _, folder = tiny_folder("vit_small_patch16_dinov3_qkvb", tmp_path / "model")
     out = tmp_path / "run"

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import vitlab
-from conftest import assert_close_rel
+from conftest import assert_close_rel, slow_cases
 from vitlab.checkpoints import families
 from vitlab.errors import CheckpointError
 from vitlab.models.variants import BACKBONES
@@ -73,7 +73,10 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize(
+    "name",
+    slow_cases(FAMILIES, {"vit_so400m_patch14_siglip_224", "naflexvit_so400m_patch16_siglip"}),  # width 1152
+)
 def test_family_loads_from_timms_safetensors_with_timms_logits(name, tmp_path):
     kw, family, overrides = FAMILIES[name]
     heads = {"num_heads": kw["num_heads"]} if "num_heads" in kw else {}
@@ -90,6 +93,7 @@ def test_family_loads_from_timms_safetensors_with_timms_logits(name, tmp_path):
         assert_close_rel(model.forward_features(x), ref.forward_features(x))
 
 
+@pytest.mark.slow
 def test_held_out_names_at_their_own_sizes(tmp_path):
     """The four names of the issue, at timm's widths (heads from the paper's table), two blocks: timm's logits."""
     for name, size in (
@@ -303,6 +307,7 @@ README_FAMILIES = {
 }
 
 
+@pytest.mark.slow
 def test_every_family_of_the_readme_table_loads_with_timms_outputs(tmp_path):
     """Each row of README's family table: a tiny timm model of it, saved as safetensors, loads with timm's logits
     (a row without a check here fails: the table says nothing this test does not hold)."""

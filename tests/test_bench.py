@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import slow_cases
 from vitlab import create_model
 from vitlab.bench import (
     CallTimes,
@@ -34,6 +35,7 @@ def _finite_positive(v: object) -> bool:
     return isinstance(v, float) and math.isfinite(v) and v > 0
 
 
+@pytest.mark.slow
 def test_benchmark_infer_fields() -> None:
     r = benchmark("vit_ti16", batch_size=2, num_classes=5, steps=2, warmup=1, peak_size=256, **TINY)
     d = r.to_dict()
@@ -100,6 +102,7 @@ def test_benchmark_reports_the_training_path() -> None:
     assert r.training_path is None  # inference
 
 
+@pytest.mark.slow
 def test_benchmark_train_vs_timm() -> None:
     pytest.importorskip("timm")
     r = benchmark(
@@ -122,7 +125,7 @@ def test_benchmark_train_vs_timm() -> None:
     assert r.optimizer == "AdamW(fused)" and r.ref_optimizer == "AdamW(default)"
 
 
-@pytest.mark.parametrize("kind", ["timm", "hf"])
+@pytest.mark.parametrize("kind", slow_cases(["timm", "hf"], {"hf"}))
 def test_reference_is_the_same_architecture(kind: str) -> None:
     """The reference has exactly our parameter count, so the FLOPs we credit it with are right."""
     pytest.importorskip("timm" if kind == "timm" else "transformers")
@@ -229,6 +232,7 @@ def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_isolated_workers_time_the_same_comparison() -> None:
     """--isolate: each model is built and timed in a worker process of its own; the result has
     the same shape as an in-process run, and says where it ran."""
@@ -252,6 +256,7 @@ def test_isolated_workers_time_the_same_comparison() -> None:
     assert "each model in its own process" in r.summary()
 
 
+@pytest.mark.slow
 def test_isolated_worker_errors_reach_the_caller() -> None:
     with pytest.raises(ConfigError, match="only plain ViTs"):
         benchmark(
@@ -325,6 +330,7 @@ def test_median_interval_narrows_with_more_steps_and_is_a_point_for_constant_rat
 # -- the public pieces benchmarks build on --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_process_times_one_side() -> None:
     """``Side`` + ``WorkerProcess`` (what benchmarks/bench_native.py pairs): built in a process of
     its own, it reports the model it built and answers each step with (seconds, page faults)."""

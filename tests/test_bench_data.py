@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: every test here runs the benchmark script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -25,6 +25,7 @@ def bench() -> ModuleType:
     return load("bench_photo_pipeline")
 
 
+@pytest.mark.slow
 def test_smoke_rows_table_and_files(bench, tmp_path, capsys):
     rows = bench.main(["--smoke", "--out", str(tmp_path)])
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]

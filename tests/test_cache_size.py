@@ -78,6 +78,7 @@ def _config(data, out, **kw):
     )
 
 
+@pytest.mark.slow
 def test_training_caches_at_the_training_size_and_says_where(tmp_path, capsys):
     """The issue's case: large photos trained at a small --img-size used to be cached whole."""
     photos(tmp_path / "photos", size=(320, 240))

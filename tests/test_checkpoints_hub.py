@@ -61,6 +61,7 @@ def test_timm_name_downloads_and_loads(monkeypatch, timm_file):
         assert torch.equal(model(x), vitlab.accel.accelerate(ref)(x))
 
 
+@pytest.mark.slow
 def test_hf_name_downloads_config_and_weights(monkeypatch, tmp_path):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ViTConfig(

@@ -153,6 +153,7 @@ def test_malicious_pickle_is_never_run(tmp_path):
     assert not target.exists()
 
 
+@pytest.mark.slow
 def test_convert_cli(tmp_path, capsys):
     timm_vit = pytest.importorskip("timm.models.vision_transformer")
     ref = timm_vit.VisionTransformer(

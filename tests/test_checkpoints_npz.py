@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import vitlab
-from conftest import assert_close_rel
+from conftest import assert_close_rel, slow_cases
 
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
@@ -220,7 +220,7 @@ def test_npz_that_is_not_a_vit(tmp_path):
         vitlab.load(tmp_path / "o.npz")
 
 
-@pytest.mark.parametrize("layers", [(), (1, 1)])
+@pytest.mark.parametrize("layers", slow_cases([(), (1, 1)], {(1, 1)}))  # the ResNet stem: seconds
 def test_hybrid_npz(tmp_path, layers):
     """R50+ViT-B_16.npz-style files: the BiT ResNet under conv_root / block<i>/unit<j>, 1x1 patches."""
     from timm.models import vision_transformer_hybrid as tvh

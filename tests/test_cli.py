@@ -34,6 +34,7 @@ def test_version_has_one_source(tmp_path) -> None:
     assert json.loads((tmp_path / "m" / "config.json").read_text())["vitlab_version"] == __version__
 
 
+@pytest.mark.slow
 def test_models_table_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -42,6 +43,7 @@ def test_models_table_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert b16["gflops"] == pytest.approx(35.1, abs=0.1)
 
 
+@pytest.mark.slow
 def test_models_table_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models"]) == 0
     out = capsys.readouterr().out
@@ -58,6 +60,7 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "example" in (p.description or "") + (p.epilog or ""), f"`vitlab {name} --help` has no example"
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_without_traceback() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "vitlab", "convert", "/no/such/file.npz", "/tmp/out"], capture_output=True, text=True
@@ -68,6 +71,7 @@ def test_bad_input_is_one_line_without_traceback() -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_models_lists_timm_names_and_public_checkpoints_and_filters(capsys: pytest.CaptureFixture[str]) -> None:
     """As ``timm.list_models(pattern, pretrained=...)``: the names vitlab takes, filtered by a shell-style pattern."""
     assert main(["models"]) == 0

@@ -10,17 +10,17 @@ import re
 
 import pytest
 
+from conftest import copy_run
 from vitlab.cli import main
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """One tiny digits run (2 epochs), shared by the tests that only read it."""
-    out = tmp_path_factory.mktemp("run") / "run"
-    assert main(["train", "--epochs", "2", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
-    return out
+@pytest.fixture
+def run_dir(finished_digits_run, tmp_path_factory):
+    """A copy of the suite's tiny digits run (tests/conftest.py: finished_digits_run, 2 epochs, trained once a
+    session), outside ``tmp_path``: commands write next to it."""
+    return copy_run(finished_digits_run, tmp_path_factory.mktemp("run"))
 
 
 # --- one logger -------------------------------------------------------------------------------------------------
@@ -71,7 +71,8 @@ def test_progress_log_disabled_prints_nothing_but_lines(capsys):
     assert capsys.readouterr().out == "epoch 1/1\n"
 
 
-def test_train_no_progress_prints_a_line_per_epoch(run_dir, capsys, tmp_path):
+@pytest.mark.slow
+def test_train_no_progress_prints_a_line_per_epoch(capsys, tmp_path):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "3", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
     cap = capsys.readouterr()
@@ -95,6 +96,7 @@ def test_counts_agree_with_their_number():
     assert counted(2, "child", "children") == "2 children"
 
 
+@pytest.mark.slow
 def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["train", "--epochs", "1", "--batch-size", "64", *TINY, "--out", str(out), "--no-progress"]) == 0
@@ -102,6 +104,7 @@ def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
     assert " after 1 epoch / " in last and "epochs" not in last
 
 
+@pytest.mark.slow
 def test_train_off_a_tty_logs_plain_step_lines(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("vitlab._progress.QUIET_S", 0.0)  # a tiny run may end within the quiet period
     out = tmp_path / "r"
@@ -186,6 +189,7 @@ def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch,
 # --- one rule for a model argument ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_command_accepts_a_run_folder(run_dir, tmp_path, capsys):
     from PIL import Image
 
@@ -332,6 +336,7 @@ def test_unreachable_probe_is_quick_and_local(monkeypatch):
 # --- fine-tuning says what it did -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
     ft = ["finetune", "--init", str(run_dir), "--epochs", "1", "--no-progress"]
     assert main([*ft, "--img-size", "16", "--out", str(tmp_path / "a")]) == 0
@@ -349,6 +354,7 @@ def test_finetune_prints_its_start(run_dir, tmp_path, capsys):
 # --- top-5 only where it means something ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
     from imagefolder import tiny_folder
 
@@ -380,6 +386,7 @@ def test_no_top5_with_five_classes_or_fewer(tmp_path, capsys, monkeypatch):
 # --- the inspection report says what it shows -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys):
     args = ["--num-images", "2", "--show", "1"]
     assert main(["inspect", "--model", "vit_ti16", "--img-size", "16", *args, "--out", str(tmp_path / "a")]) == 0
@@ -395,14 +402,8 @@ def test_inspect_says_random_weights_and_which_images(run_dir, tmp_path, capsys)
     assert (run_dir / "inspect" / "report.html").is_file()
 
 
-def test_inspect_uses_the_data_the_model_was_trained_on(tmp_path, capsys):
-    from imagefolder import tiny_folder
-
-    data = tiny_folder(tmp_path / "d")
-    run = tmp_path / "r"
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
-    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
-    capsys.readouterr()
+def test_inspect_uses_the_data_the_model_was_trained_on(run_copy, finished_run_data, capsys):
+    data, run = finished_run_data, run_copy  # the suite's tiny run on a generated folder (inspect writes next to it)
     assert main(["inspect", "--model", str(run), "--num-images", "2", "--show", "1", "--json"]) == 0
     cap = capsys.readouterr()
     res = json.loads(cap.out)  # the notes went to stderr: stdout is the JSON alone
@@ -496,16 +497,17 @@ def test_report_images_all_decode(run_dir, tmp_path, capsys):
         im.verify()
 
 
-def test_eval_decodes_the_evaluation_split_alone(tmp_path, capsys, monkeypatch):
+def test_eval_decodes_the_evaluation_split_alone(
+    finished_run, finished_run_data, run_copy, tmp_path, capsys, monkeypatch
+):
     """``vitlab eval`` on a train/ + val/ folder decodes val/ only: the first eval after training
     used to decode the training split again (at the eval size, a new cache)."""
-    import vitlab.data.sources as sources
-    from imagefolder import tiny_folder
+    import shutil
 
-    data = tiny_folder(tmp_path / "d")
-    out = tmp_path / "r"
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
-    assert main(["train", *common, *TINY, "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    import vitlab.data.sources as sources
+
+    data, out = finished_run_data, run_copy  # the suite's tiny run (eval writes into it) and its data
+    shutil.copytree(finished_run.parent / "cache", tmp_path / "c")  # the decode cache its training left
     decoded: list[str] = []
     real = sources.decode_files
 

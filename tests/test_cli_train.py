@@ -33,6 +33,7 @@ def make_data(root):
     return root
 
 
+@pytest.mark.slow
 def test_train_interrupt_resume_eval_predict_finetune(tmp_path, capsys):
     data = make_data(tmp_path / "pets")
     out = tmp_path / "run"

@@ -30,6 +30,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_a_run_is_recreated_from_its_config_yaml(folder, tmp_path, step_losses, capsys) -> None:
     """The run's config.yaml holds what it was asked (the data's absolute path, the recipe's name and the fields
     given, nothing about the process), its sizing.json what it chose (the auto recipe as fitted and the line that

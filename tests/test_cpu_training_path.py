@@ -169,6 +169,7 @@ def test_fused_block_gradcheck_in_float64(scratch):
     assert torch.autograd.gradcheck(fn, (x, *[by_name[n] for n in order]), eps=1e-6, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fused_block_runs_as_one_node_per_block_and_matches_timm():
     """The default training forward of a class-token ViT records one fused node for each block but
     the last (which runs for the class token only) and matches timm's gradients."""

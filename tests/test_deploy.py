@@ -72,7 +72,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fmt", "int8", "r"), CASES, ids=[f"{f}-{i or 'fp32'}-tome{r}" for f, i, r in CASES])
+@pytest.mark.parametrize(
+    ("fmt", "int8", "r"),
+    [pytest.param(*c, marks=pytest.mark.slow) if c[0] == "onnx" else c for c in CASES],  # an ONNX export: seconds
+    ids=[f"{f}-{i or 'fp32'}-tome{r}" for f, i, r in CASES],
+)
 def test_export_paths(fmt, int8, r, trained, data, tmp_path, monkeypatch):
     import vitlab.deploy.pipeline
 
@@ -115,6 +119,7 @@ def test_export_paths(fmt, int8, r, trained, data, tmp_path, monkeypatch):
             assert rep["timing"][side]["latency_ms_batch1"] > 0 and rep["timing"][side]["images_per_s_batch32"] > 0
 
 
+@pytest.mark.slow
 def test_onnx_file_runs_alone(trained, tmp_path):
     """The ONNX file copied alone runs: the weights are inside it (they were in model.onnx.data before)."""
     import onnxruntime as ort
@@ -134,6 +139,7 @@ def test_onnx_file_runs_alone(trained, tmp_path):
         assert_close_rel(run_exported(sess, x.numpy()), trained(x).numpy())
 
 
+@pytest.mark.slow
 def test_external_data_only_past_the_limit_and_named(trained, tmp_path, monkeypatch, capsys):
     import vitlab.deploy.model_file
 
@@ -147,6 +153,7 @@ def test_external_data_only_past_the_limit_and_named(trained, tmp_path, monkeypa
     assert read_export(tmp_path / "folder")[1].external_data and "model.onnx.data" in rep["files"]
 
 
+@pytest.mark.slow
 def test_token_merging_in_the_onnx_graph(trained, tmp_path):
     """ToMe recorded by the exporter: the ONNX model merges as the eager model does, at any batch size."""
     import copy
@@ -162,6 +169,7 @@ def test_token_merging_in_the_onnx_graph(trained, tmp_path):
         assert not np.allclose(want, trained(x).detach().numpy(), atol=1e-3)  # (merging did happen)
 
 
+@pytest.mark.slow
 def test_failed_agreement_exits_nonzero(model_dir, data, tmp_path, monkeypatch, capsys):
     """A broken quantiser (its head's classes rolled) is caught by the agreement check: last line, exit 1."""
     import vitlab.deploy.quantize as q
@@ -191,6 +199,7 @@ def _predicted(argv: list[str], capsys) -> dict[str, str]:
     return {r["image"]: r["top"][0]["class"] for r in json.loads(capsys.readouterr().out)}
 
 
+@pytest.mark.slow
 def test_predict_gives_the_labels_of_the_report(model_dir, data, tmp_path, capsys):
     out = tmp_path / "int8"
     argv = ["export", "--model", str(model_dir), "--int8", "dynamic", "--check-data", str(data), "--out", str(out)]
@@ -220,6 +229,7 @@ def test_torchscript_runs_only_when_trusted(model_dir, data, tmp_path, capsys):
         open_exported(out)
 
 
+@pytest.mark.slow
 def test_tome_flags(model_dir, data, tmp_path, capsys):
     out = tmp_path / "tome"
     argv = ["export", "--model", str(model_dir), "--tome", "2", "--check-data", str(data), "--out", str(out)]
@@ -266,6 +276,7 @@ def test_refusals(model_dir, data, tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_deploy_smoke(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_deploy.py"), "--smoke", "--out", str(tmp_path / "b.json")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}

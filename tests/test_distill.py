@@ -88,6 +88,7 @@ def _teacher(path, *, classes=("class0", "class1", "class2"), img=8):
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4", "--no-progress", "--recipe", "digits"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "token"), [("hard", True), ("soft", False)])
 def test_one_epoch_with_a_frozen_teacher(tmp_path, capsys, monkeypatch, kind, token):
     data = tiny_folder(tmp_path / "data", per_class=8, test_per_class=2)

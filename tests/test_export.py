@@ -38,6 +38,7 @@ def test_torchscript_dynamic_batch(tmp_path: Path) -> None:
     assert res.max_abs_diff is not None and res.max_abs_diff <= F32_RTOL * np.abs(want).max()
 
 
+@pytest.mark.slow
 def test_onnx_dynamic_batch(tmp_path: Path) -> None:
     pytest.importorskip("onnxscript")
     pytest.importorskip("onnxruntime")

@@ -130,6 +130,7 @@ def _coloured_splits() -> tuple[LabelledSplit, LabelledSplit]:
     return make(60), make(30)
 
 
+@pytest.mark.slow
 def test_evaluate_fewshot_on_a_model_is_deterministic_and_complete():
     model = _tiny()
     cfg = FewShotConfig(shots=(1, 5), seeds=2, max_train=30, batch_size=16)
@@ -144,6 +145,7 @@ def test_evaluate_fewshot_on_a_model_is_deterministic_and_complete():
     json.dumps(a)  # serialisable
 
 
+@pytest.mark.slow
 def test_cli_fewshot_on_digits(tmp_path, capsys):
     from vitlab.cli import main
 

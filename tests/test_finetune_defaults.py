@@ -146,6 +146,7 @@ def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img,
     assert _fit(1000, budget=300.0, token_drop=0.0).recipe.token_drop == 0.0
 
 
+@pytest.mark.slow
 def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
     init = _init(tmp_path)
     data = _folder(tmp_path / "data", ["ant", "bee", "cow", "elk"], per_class=10)
@@ -161,6 +162,7 @@ def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
     assert s["recipe_chosen"].startswith("auto (fine-tuning")
 
 
+@pytest.mark.slow
 def test_the_papers_recipe_is_a_name_away(tmp_path, capsys):
     init = _init(tmp_path)
     data = _folder(tmp_path / "data", NAMES, per_class=10)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import vitlab
 from imagefolder import tiny_folder
 from vitlab.cli import main
+
+pytestmark = pytest.mark.slow  # end to end: every test here trains and fine-tunes runs
 
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--batch-size", "8", "--recipe", "digits"]
 

@@ -57,6 +57,7 @@ def group():
     teardown()
 
 
+@pytest.mark.slow
 def test_speed_paths_stand_aside_for_sharded_modules(group, monkeypatch):
     """FSDP2 swaps each block's class for an ``FSDPFastBlock`` and gathers its weights in hooks around its
     forward: the fused training node and the oneDNN inference path must not run (they keep per-layer state
@@ -91,6 +92,7 @@ def test_speed_paths_stand_aside_for_sharded_modules(group, monkeypatch):
     assert inference_path(fast, x) == "aten"
 
 
+@pytest.mark.slow
 def test_fsdp_refuses_what_it_does_not_combine_with(data_dir, tmp_path, capsys):
     for extra, name in ((["--ema", "0.99"], "--ema"), (["--time-budget", "1m"], "--time-budget")):
         assert main(args(data_dir, tmp_path / "x", "--fsdp", *extra)) == 2
@@ -138,6 +140,7 @@ def _fail_half_way(self, plan, planner):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+@pytest.mark.slow
 def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -178,6 +181,7 @@ def _spawn(argv):
     )
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_finishes_as_if_never_killed(data_dir, tmp_path):
     """SIGKILL a one-process ``--fsdp`` run at random moments (checkpoints every few steps): each time
     ``last.pt`` names a complete sharded folder, and the resumed run ends with the uninterrupted run's weights."""

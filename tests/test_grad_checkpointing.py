@@ -38,6 +38,7 @@ def losses(out):
     return [json.loads(line)["train_loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_trains_to_the_same_weights(data_dir, tmp_path, monkeypatch):
     calls = []
     real = vit_module.checkpoint

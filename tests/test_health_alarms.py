@@ -183,6 +183,7 @@ json_values = st.recursive(
 keys = st.sampled_from(list(rec()))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(st.dictionaries(keys, json_values, max_size=6) | st.builds(rec) | json_values, max_size=4),

@@ -42,6 +42,7 @@ def _photos(root: Path, *, splits=("",), per_class: int = 10, size: int = 8, ext
     return root
 
 
+@pytest.mark.slow
 def test_a_run_records_its_data_absolutely_announces_its_split_and_agrees_with_eval(tmp_path, monkeypatch, capsys):
     """Before: config.json kept ``"data": "photos"`` (relative), 10% was held out silently, and model/ held the best
     epoch while summary.json reported the last one."""

@@ -24,6 +24,7 @@ def test_hybrid_param_counts_match_official(name: str) -> None:
     assert model.num_params() == HYBRID_PARAMS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("ours", "theirs"),
     [("vit_r_ti16", "vit_tiny_r_s16_p8_224"), ("vit_r26_s32", "vit_small_r26_s32_224")],
@@ -48,6 +49,7 @@ def test_same_padding_matches_tensorflow_rule() -> None:
     assert same_pad_amount(8, 1, 2) == (0, 0)
 
 
+@pytest.mark.slow
 def test_hybrid_grid_and_other_sizes() -> None:
     model = create_model("vit_r26_s32", img_size=64, num_classes=3, depth=1).eval()
     assert model.config.grid_size == (2, 2) and model.pos_embed.shape[1] == 5

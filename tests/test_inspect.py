@@ -181,6 +181,7 @@ def test_filter_pca_recovers_a_constructed_filter_bank():
     assert torch.allclose(comps[1].flatten().double(), v, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_filter_pca_of_a_model_gives_28_unit_components():
     m = vitlab.create_model("vit_ti16", img_size=32, depth=1, num_classes=0)
     comps, explained = filter_pca(m.patch_embed.proj.weight, 28)
@@ -235,6 +236,7 @@ def _check_html(html: str, min_images: int) -> None:
             assert im.format == "PNG" and im.size[0] > 50
 
 
+@pytest.mark.slow
 def test_inspect_model_writes_figures_json_and_self_contained_html(tmp_path):
     from vitlab.inspect.images import digits_images
     from vitlab.inspect.report import inspect_model
@@ -274,6 +276,7 @@ def _png(path, color):
     Image.new("RGB", (120, 80), color).save(path)
 
 
+@pytest.mark.slow
 def test_cli_inspect_on_a_train_run_folder_includes_curves_and_confusion(tmp_path, capsys):
     from vitlab.cli import main
 
@@ -293,6 +296,7 @@ def test_cli_inspect_on_a_train_run_folder_includes_curves_and_confusion(tmp_pat
     assert "report.html" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
     from vitlab.cli import main
 
@@ -328,7 +332,10 @@ def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
     assert "no_such_model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("name", "size", "grid"), [("vit_r_ti16", 64, (2, 2)), ("axial_vit_b16", 32, (2, 2))])
+@pytest.mark.parametrize(
+    ("name", "size", "grid"),
+    [("vit_r_ti16", 64, (2, 2)), pytest.param("axial_vit_b16", 32, (2, 2), marks=pytest.mark.slow)],  # B/16: seconds
+)
 def test_inspect_model_on_hybrid_and_axial_models(tmp_path, name, size, grid):
     from vitlab.inspect.images import digits_images
     from vitlab.inspect.report import inspect_model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vitlab.models import VisionTransformer
@@ -34,6 +35,7 @@ def test_corruption_proportions() -> None:
     assert 0.07 < (kept & corrupted).float().sum().item() / corrupted.sum().item() < 0.13
 
 
+@pytest.mark.slow
 def test_mpp_learns_mean_colour() -> None:
     torch.manual_seed(0)
     vit = VisionTransformer(**TINY, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import copy_run
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.data import channel_stats, load_data
@@ -76,15 +77,17 @@ def folder(tmp_path_factory):
     return tiny_folder(tmp_path_factory.mktemp("norm") / "data")
 
 
-def test_a_model_from_scratch_is_normalised_by_its_training_set(folder, tmp_path, capsys):
-    out = tmp_path / "run"
-    assert _train(folder, out) == 0
+def test_a_model_from_scratch_is_normalised_by_its_training_set(
+    finished_run, finished_run_data, finished_run_stdout, tmp_path
+):
+    folder = finished_run_data
+    out = copy_run(finished_run, tmp_path)  # the suite's tiny run, from scratch on that folder (eval writes into it)
     cfg = json.loads((out / "model" / "config.json").read_text())
     splits = load_data(str(folder), cache_dir=str(tmp_path / "cache"))
     mean, std = channel_stats(splits.train.images, in_chans=3)
     assert tuple(cfg["mean"]) == mean and tuple(cfg["std"]) == std
     assert max(abs(v - 0.5) for v in mean + std) > 0.1  # the data's (about 0.35 / 0.29 here), not 0.5 / 0.5
-    text = capsys.readouterr().out
+    text = finished_run_stdout
     assert "inputs normalised by mean " + "/".join(f"{v:.3g}" for v in mean) in text
 
     # evaluation of the saved model normalises as training did: the same top-1 as the run's last evaluation
@@ -93,6 +96,7 @@ def test_a_model_from_scratch_is_normalised_by_its_training_set(folder, tmp_path
     assert ev["top1"] == pytest.approx(json.loads((out / "summary.json").read_text())["top1"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_named_statistics_and_their_errors(folder, tmp_path, capsys):
     out = tmp_path / "inception"
     assert _train(folder, out, "--norm-stats", "inception") == 0

@@ -90,6 +90,7 @@ def test_only_a_fresh_timed_run_on_a_folder_without_a_size_chooses_it(tmp_path, 
     assert not probe.wants_budget_size(_cfg(tmp_path, time_budget=60.0), uses_labels=False, dist=Dist())
 
 
+@pytest.mark.slow
 def test_measured_passes_fall_with_the_side_and_rise_with_the_budget(tmp_path):
     """Real timed steps: a larger side costs more per image, so the same budget buys fewer passes there."""
     t0 = time.perf_counter()

@@ -117,6 +117,7 @@ def _mixed_aspects(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_folder_of_mixed_aspect_ratios_trains_each_photo_stored_at_its_own_shape(tmp_path, capsys):
     data = _mixed_aspects(tmp_path / "mixed")
     code, out = _train(data, tmp_path, *TINY)
@@ -181,6 +182,7 @@ def test_evaluation_images_are_stored_ready_and_only_their_centre_is_taken(tmp_p
     assert torch.equal(ev(x), as_is(x[:, top : top + 64, top : top + 64]))  # a slice: nothing resized
 
 
+@pytest.mark.slow
 def test_twelve_megapixel_and_1080p_photos_train_with_no_flag(tmp_path, capsys):
     """The issue's folders: 24 phone photos of 4032x3024 were refused (36,578,304 bytes each, over half the
     budget); 1080p photos trained at 1080x1920 with patch 8 (32,400 tokens). Both train by default now."""
@@ -192,6 +194,7 @@ def test_twelve_megapixel_and_1080p_photos_train_with_no_flag(tmp_path, capsys):
     assert _cache_bytes(tmp_path / "cache") < 4 << 20  # 8 + 2 photos at shorter side 256: 2.8 MB
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(4032, 3024), (1920, 1080)])
 def test_sixteen_large_photos_at_64_px_add_well_under_4_mib(tmp_path, size):
     data = _photos(tmp_path / "p", [size] * 6, val=2)  # 12 + 4 photos
@@ -200,6 +203,7 @@ def test_sixteen_large_photos_at_64_px_add_well_under_4_mib(tmp_path, size):
     assert _cache_bytes(tmp_path / "cache") < 1 << 20  # 12 x 73 x 97 (or 129) x 3 + 4 x 73 x 73 x 3
 
 
+@pytest.mark.slow
 def test_a_larger_memory_budget_decodes_what_a_smaller_one_skipped(tmp_path, capsys):
     """The skipped decode used to be cached under a key without the budget: `--memory-budget 2G` printed the
     same error with the old limit. The error now also says what to change."""
@@ -281,6 +285,7 @@ def test_a_damaged_packed_cache_is_found_and_rebuilt(tmp_path, capsys, monkeypat
     assert all(np.array_equal(again.images[i], w) for i, w in enumerate(want))
 
 
+@pytest.mark.slow
 def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
     """Under a time budget the side is chosen from timed steps before decoding (issue 34: at 2 minutes 224 px was
     9 points below 64 px on the validation photos): the first line names it and why, and the model follows."""

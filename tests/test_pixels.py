@@ -103,6 +103,7 @@ def exported(model, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_config_states_the_whole_contract(exported, model):
     """The exported config says what the decoder does (EXIF, transparency, mode) and the geometry, mean, std and
     tensor layout the model takes (before: only timm's pretrained_cfg, which says nothing of EXIF or alpha)."""

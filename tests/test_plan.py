@@ -79,6 +79,7 @@ def _saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_activation_estimate_matches_autograd(checkpointing: bool) -> None:
     """ViT-Ti/16 at batch 8, 224 px, on CPU: the estimate is within 10 % of the bytes autograd saves.
@@ -155,6 +156,7 @@ def test_plan_numbers_are_validated_in_one_line_naming_the_flag(
     assert "nan" not in err[0].split(flag, 1)[0]
 
 
+@pytest.mark.slow
 def test_plan_never_plans_a_batch_train_refuses() -> None:
     """``plan`` applies ``train``'s batch rule (:func:`vitlab.train.conf.rules.micro_batch`, the same function): for
     every batch, device count and accumulation, plan refuses exactly what train refuses, with train's message,

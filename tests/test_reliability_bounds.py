@@ -82,6 +82,7 @@ def test_npz_header_claiming_more_than_its_member(tmp_path):
     _one_line(e, str(path), "'embedding/kernel'", "header claims shape")
 
 
+@pytest.mark.slow
 def test_npz_limit_can_be_raised_and_only_needed_arrays_are_read(tmp_path, monkeypatch):
     """Arrays the model does not use (optimizer state) are never inflated, so a bomb there is harmless;
     and ``max_unpacked_bytes`` / the environment variable lower or raise the limit."""

@@ -213,6 +213,7 @@ def test_a_smaller_side_of_shrunk_photos_is_decoded_again_as_a_fresh_decode(tmp_
     assert not np.array_equal(resized, np.asarray(small.images))  # why the larger copy does not serve
 
 
+@pytest.mark.slow
 def test_inspect_decodes_only_the_images_it_shows(tmp_path, capsys, monkeypatch):
     """The issue's case: `vitlab inspect` of a 64-px run decoded the whole training split again at 240 px (12 s,
     605 MiB) to show a few validation images. It decodes the images it shows, and writes no decode cache."""

@@ -117,6 +117,7 @@ def test_a_pickle_payload_in_the_metadata_is_refused_on_resume(stopped_run, tmp_
         read_metadata(folder)
 
 
+@pytest.mark.slow
 def test_the_real_metadata_reads_back_and_the_run_resumes(stopped_run, tmp_path):
     out, folder = copy_run(stopped_run, tmp_path)
     md = read_metadata(folder)
@@ -262,6 +263,7 @@ def _intact(big: Path, files: dict[str, bytes]) -> None:
     assert (big / "step-00000003-aaaaaaaa").is_symlink()
 
 
+@pytest.mark.slow
 def test_a_linked_sharded_folder_keeps_what_vitlab_did_not_write(data_dir, tmp_path, capsys):
     """``sharded/`` links to a folder on a larger disk that holds other things: the run's saves, the clean-up of
     a failed save, pruning and ``--overwrite`` delete only this run's checkpoints."""
@@ -292,6 +294,7 @@ def _names(files: dict[str, bytes]) -> set[str]:
     return {rel.split("/")[0] for rel in files} | {"step-00000003-aaaaaaaa"}
 
 
+@pytest.mark.slow
 def test_overwrite_keeps_what_vitlab_did_not_write_in_a_real_sharded_folder(stopped_run, tmp_path, data_dir, capsys):
     out, folder = copy_run(stopped_run, tmp_path)
     (out / "sharded" / "notes.txt").write_text("mine")
@@ -389,6 +392,7 @@ def _roundtrip_model(**fields):
     return model.eval()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     act=st.sampled_from(["gelu", "gelu_tanh"]),
@@ -525,6 +529,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmData from /proc (Linux)")
 def test_evaluation_of_20000_classes_stays_within_a_memory_limit(tmp_path):
     """A classes x classes matrix (and a same-size temporary per batch) is 3.2 GB at 20,000 classes: the

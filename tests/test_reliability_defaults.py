@@ -166,6 +166,7 @@ def test_fewshot_defaults_to_the_runs_own_data(tmp_path, capsys):
     assert res["data"] == str(data) and res["num_classes"] == 3
 
 
+@pytest.mark.slow
 def test_an_output_folder_is_never_read_as_data(tmp_path, capsys, monkeypatch):
     """The issue's case: `vitlab train --out digits` in an empty folder failed with "digits: no class folders"."""
     from vitlab.data.sources import data_folder
@@ -200,6 +201,7 @@ ESC = "\x1b[2J\x1b]0;pwned\x07red"  # clear the screen, retitle the window
 RLO = "b\u202eXYZ"  # right-to-left override
 
 
+@pytest.mark.slow
 def test_names_from_files_reach_the_terminal_escaped(tmp_path, capsys):
     data = plain_folder(tmp_path / "photos", classes=(ESC, RLO, "plain"))
     run = run_folder(tmp_path / "run", tiny_model((ESC, RLO, "plain")))

@@ -131,6 +131,7 @@ def _loop_graph(path: Path, iterations: int = 10**15) -> None:
 # -- exported graphs never hang -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_loop_graph_is_refused_before_it_runs(onnx_folder, image, tmp_path):
     """An export folder whose graph is a 10**15-iteration ``Loop`` (before: ``vitlab predict`` never ended). In a
     child process with a deadline only so that the old behaviour fails instead of hanging the test run."""
@@ -250,6 +251,7 @@ def test_an_opset_the_exporter_cannot_write_is_refused(model_dir, tmp_path, caps
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_recorded_opset_is_the_graphs(onnx_folder, model_dir, tmp_path, capsys):
     raw = json.loads((onnx_folder / "config.json").read_text())
     graph = onnx.load(str(onnx_folder / "model.onnx"))
@@ -263,6 +265,7 @@ def test_the_recorded_opset_is_the_graphs(onnx_folder, model_dir, tmp_path, caps
     assert next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) == 17
 
 
+@pytest.mark.slow
 def test_tome_records_the_schedule_that_runs(model_dir, image, tmp_path, capsys):
     """``--tome 100`` on 16 patch tokens merges 8, then 4: recorded as r=8 with its schedule (before: r=100);
     predict takes any --tome of the same schedule and refuses another."""
@@ -388,6 +391,7 @@ def _fake_timings(int8_faster_at_32: bool):
     return fake
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torch"])
 def test_int8_slower_at_a_batch_keeps_both_and_serves_each_batch(fmt, model, model_dir, image, tmp_path, monkeypatch):
     """An int8 export whose report measures it slower than its float32 model at batch 32 keeps the float32 model

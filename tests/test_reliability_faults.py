@@ -71,6 +71,7 @@ def _spawn(argv):
     )
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
     """Kill a real run with SIGKILL again and again; every time ``last.pt`` must load, its step never
     goes back, ``--resume`` continues, and the finished run equals an uninterrupted one."""
@@ -124,6 +125,7 @@ def _enospc(*a, **k):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     assert main(train_args(data_dir, out, epochs=3, extra=["--stop-after", "3"])) == 0
@@ -170,6 +172,7 @@ def _nan_at(monkeypatch, calls: set[int]):
     monkeypatch.setattr(classify_mod, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_by_default_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _nan_at(monkeypatch, {5})  # step 5: in epoch 2, after epoch 1's checkpoint (step 3)
@@ -183,6 +186,7 @@ def test_nan_loss_stops_by_default_and_keeps_the_last_good_checkpoint(data_dir, 
     assert state["step"] == 3 and all(torch.isfinite(v).all() for v in state["model"].values())
 
 
+@pytest.mark.slow
 def test_nan_loss_skip_counts_and_finishes(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     _nan_at(monkeypatch, {2, 7})

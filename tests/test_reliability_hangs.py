@@ -103,6 +103,7 @@ def delete_shards(root: Path):
     return damage
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1, 2])
 @pytest.mark.parametrize("fault", ["truncated", "deleted"])
 def test_a_shard_that_breaks_mid_run_ends_the_run(packed, tmp_path, workers, fault):
@@ -142,6 +143,7 @@ raise SystemExit(main(sys.argv[3:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_folder_loader_whose_reads_fail_ends_the_run(folder, tmp_path, workers):
     driver = tmp_path / "driver.py"
@@ -156,6 +158,7 @@ def test_a_folder_loader_whose_reads_fail_ends_the_run(folder, tmp_path, workers
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_torchrun_a_rank_whose_reads_fail_ends_every_rank(folder, tmp_path):
     """Only rank 0's data fails: it ends with one line, and rank 1, waiting for it in a collective, does not hang."""
     driver = tmp_path / "driver.py"
@@ -169,6 +172,7 @@ def test_torchrun_a_rank_whose_reads_fail_ends_every_rank(folder, tmp_path):
     assert "OSError: [Errno 5] Input/output error" in line, err[-3000:]
 
 
+@pytest.mark.slow
 def test_torchrun_with_truncated_shards_ends_every_rank(packed, tmp_path):
     data = tmp_path / "shards"
     data.mkdir()
@@ -192,6 +196,7 @@ next(KEPT)  # a loader still iterating when the program ends, kept alive until t
 """
 
 
+@pytest.mark.slow
 def test_workers_of_a_loader_alive_at_exit_do_not_keep_the_process(tmp_path):
     """multiprocessing's exit handler SIGTERMs daemonic workers and waits for them; these ignore SIGTERM. vitlab's
     own exit handler, which runs first, kills them."""

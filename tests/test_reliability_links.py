@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import slow_cases
 from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.distributed import Dist
@@ -199,6 +200,7 @@ def test_figures_replace_links(victims, tmp_path, kind):
         assert real_file(out / name) and Image.open(out / name).format == "PNG", name
 
 
+@pytest.mark.slow
 def test_bad_files_list_replaces_a_link(victims, tmp_path, capsys):
     """``bad_files.txt``, written when the data has files that cannot be decoded."""
     data = tiny_folder(tmp_path / "data")
@@ -313,6 +315,7 @@ def test_single_file_export_replaces_a_link(victims, tmp_path, kind):
     assert not [p for p in dst.parent.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+@pytest.mark.slow
 def test_onnx_export_command_replaces_a_link(victims, tmp_path, capsys):
     """The issue's case: ``vitlab export --out x.onnx --overwrite`` with ``x.onnx`` a link to a file."""
     pytest.importorskip("onnxscript")
@@ -428,6 +431,7 @@ SMALL = ["--recipe", "small-data", "--batch-size", "16", "--warmup-epochs", "1",
          "--depth", "1", "--heads", "2", "--workers", "0", "--threads", "1", "--no-progress"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_in_a_run_folder_of_links_writes_through_none(victims, tmp_path, capsys):
     data = tiny_folder(tmp_path / "data")
     out = tmp_path / "run"
@@ -459,7 +463,7 @@ def test_resume_in_a_run_folder_of_links_writes_through_none(victims, tmp_path, 
 @pytest.mark.parametrize(
     ("logger", "name", "make"), [("tensorboard", "tensorboard", "file"), ("csv", "scalars.csv", "dir")]
 )
-@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("strict", slow_cases([True, False], {False}))  # without --strict-log: a whole run
 def test_a_file_or_folder_in_a_tracker_s_way_is_one_line(tmp_path, capsys, logger, name, make, strict):
     """What is in the tracker's way is never written over: ``--strict-log`` stops in one line naming it; without it
     the run goes on with the tracker off and one warning naming it (a tracker never stops a run,

@@ -236,6 +236,7 @@ def test_a_bad_memory_budget_is_one_line_naming_the_option(tmp_path, capsys, com
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_memory_budget_reaches_the_decode_cache(tmp_path, monkeypatch, capsys):
     data = tiny_folder(tmp_path / "data", per_class=4, test_per_class=2)
     seen: list[int] = []

@@ -55,6 +55,7 @@ def _cfg(folder: Path, out: Path, **kw) -> TrainConfig:
     )
 
 
+@pytest.mark.slow
 def test_a_step_that_does_not_fit_is_split_into_accumulation_steps(folder, tmp_path, monkeypatch, capsys, step_losses):
     """With room for a micro-batch of 4 but not 8, a batch of 16 trains as 4 accumulation steps of 4: the same
     global batch, the same first-step loss and the same second-step loss (the first update equal), up to float
@@ -122,6 +123,7 @@ def _photos(root: Path, n: int = 6, side: int = 224) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_mpp_on_224_px_photos_fits_its_patch_and_batch_and_stays_in_memory(tmp_path, monkeypatch, capsys):
     """``--objective mpp`` on a folder of 224-px photos: the recipe's patch 4 is replaced by the grid rule's patch,
     the batch by at most 1/16 of the data, and the planned peak is within the (stood-in) memory available."""
@@ -236,6 +238,7 @@ def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(monkeypatch) 
     assert machine.available_memory(torch.device("cpu")) == (1234, "cgroup memory.max 1 KiB")
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_its_batch_and_warns(folder, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(memory, "available_memory", _available(1 << 50))
     fit(_cfg(folder, tmp_path / "r", stop_after=1))
@@ -256,6 +259,7 @@ def test_the_batch_split_decision_is_the_same_on_every_rank() -> None:
         memory.memory_split(cfg, cfg.recipe, model_config=mc, dist=Dist(), device=torch.device("cpu"), num_classes=2)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")
 def test_the_estimate_covers_a_measured_run(tmp_path) -> None:
     """The calibration of docs/reliability.md for its smallest configuration, in a subprocess: the peak RSS the

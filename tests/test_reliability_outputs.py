@@ -78,6 +78,7 @@ def test_a_second_run_into_a_locked_folder_is_refused(data_dir, tmp_path, capsys
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_a_stale_lock_of_a_dead_process_is_taken_over(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
@@ -93,6 +94,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(data_dir, tmp_path, capsys
 # -- re-using a run folder ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reusing_a_run_folder_is_refused_and_overwrite_leaves_only_the_new_run(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()  # an empty folder is fine
@@ -249,6 +251,7 @@ def _wait_for_training(proc):
     raise AssertionError("".join(seen))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
     out = tmp_path / "run"
@@ -304,6 +307,7 @@ def test_a_signal_before_training_ends_the_run_at_once():
         assert stop.name == "SIGHUP"
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_saves_on_every_rank_and_resumes(data_dir, tmp_path):
     out = tmp_path / "ddp"
     script = tmp_path / "slow.py"

@@ -76,6 +76,7 @@ def _vitlab_run(out: Path, data_dir: Path) -> None:
     assert main(["train", "--data", str(data_dir), "--out", str(out), "--epochs", "1", "--log", "csv", *SMALL]) == 0
 
 
+@pytest.mark.slow
 def test_overwrite_removes_the_run_s_own_outputs_and_keeps_the_rest(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     _vitlab_run(out, data_dir)

@@ -94,6 +94,7 @@ def _outputs(model, a, seed=0):
         return model(x)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=archs)
 def test_every_format_round_trips_a_random_architecture(tmp_path_factory, a):
@@ -139,6 +140,7 @@ def test_every_format_round_trips_a_random_architecture(tmp_path_factory, a):
         assert torch.equal(_outputs(again, a), _outputs(got, a)), name
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=archs)
 def test_hugging_face_round_trip_of_a_random_architecture(tmp_path_factory, a):

@@ -15,6 +15,8 @@ from imagefolder import tiny_folder
 from vitlab.cli import main
 from vitlab.train.persist.state import load_state
 
+pytestmark = pytest.mark.slow  # end to end: every test here trains, stops and resumes runs
+
 ARCH = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
 
 

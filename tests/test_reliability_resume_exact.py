@@ -24,6 +24,8 @@ from vitlab.cli import main
 from vitlab.train.engine import trainer
 from vitlab.train.persist.state import load_state
 
+pytestmark = pytest.mark.slow  # end to end: every test here trains, stops and resumes runs
+
 # 24 training images of 16 px: the auto recipe picks a batch of 8, i.e. 3 steps an epoch, 9 in all
 RUN = ["--epochs", "3", "--dim", "16", "--depth", "1", "--heads", "2", "--seed", "3", "--threads", "1"]
 # every random path of a run at once: crops, RandAugment, flips, erasing, MixUp/CutMix, stochastic depth, token

@@ -130,6 +130,7 @@ def test_a_non_utf8_file_name_is_decoded_and_reported_readably(tmp_path):
     (tmp_path / "bad_files.txt").write_text(f"{path}\t{why}\n")  # what `vitlab train` writes: no UnicodeEncodeError
 
 
+@pytest.mark.slow
 def test_strips_are_skipped_and_never_set_the_size(tmp_path, capsys):
     root = _classes(tmp_path / "ds")
     for c in ("a", "b"):
@@ -165,6 +166,7 @@ def test_an_image_whose_resize_exceeds_the_budget_is_skipped(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_one_class_is_refused_unless_allowed(tmp_path, capsys):
     root = _classes(tmp_path / "ds", names=("cats",), n=8)
     common = ["--data", str(root), "--val-split", "0.25", "--cache-dir", str(tmp_path / "c"), *TINY]

@@ -73,6 +73,7 @@ def read_all(shards) -> int:
 # 1. No shell, ever, from a file
 
 
+@pytest.mark.slow
 def test_a_pipe_in_last_pt_never_runs(packed, tmp_path, capsys):
     """``--resume`` takes ``--data`` from ``last.pt`` (a weights_only dict, no pickle needed): a ``pipe:`` value there
     is refused, with or without ``--allow-pipe``, unless the same command is typed again with the flag."""
@@ -122,6 +123,7 @@ def test_pipes_and_unknown_schemes_anywhere_in_a_data_value_are_refused(packed, 
     assert not target.exists()
 
 
+@pytest.mark.slow
 def test_eval_reads_a_pipe_only_with_allow_pipe(packed, tmp_path, capsys):
     run, target = tmp_path / "run", tmp_path / "ran"
     assert main(["train", "--data", str(packed), "--out", str(run), *ARGS]) == 0

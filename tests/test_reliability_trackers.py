@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import default_stop_signals
+from conftest import default_stop_signals, slow_cases
 from vitlab.errors import ConfigError
 from vitlab.track import TIMEOUT_ENV, make_trackers, tracker_timeout
 from vitlab.track.backends import CsvTracker
@@ -58,7 +58,7 @@ def _wandb_home(tmp_path: Path) -> dict[str, str]:
 # -- the library: a silent server, a refused port -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("server", ["silent", "refused"])
+@pytest.mark.parametrize("server", slow_cases(["silent", "refused"], {"silent"}))  # silent: its time-out
 def test_an_mlflow_server_that_does_not_answer_turns_the_tracker_off(
     server, silent_server, dead_port, tmp_path, monkeypatch
 ):
@@ -172,6 +172,7 @@ def _wandb(tmp_path: Path, mode: str, **env: str) -> list[str]:
     return proc.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_wandb_without_a_key_is_one_line(tmp_path):
     out = _wandb(tmp_path, "strict", WANDB_MODE="online", NETRC=str(tmp_path / "no-netrc"))
     assert out == ["error: --log wandb: https://api.wandb.ai: UsageError: No API key configured. Use `wandb login` "
@@ -181,6 +182,7 @@ def test_wandb_without_a_key_is_one_line(tmp_path):
     assert out[1:] == ["started: csv"]
 
 
+@pytest.mark.slow
 def test_wandb_with_a_dead_server_is_off_after_the_timeout(tmp_path, dead_port):
     out = _wandb(tmp_path, "goes-on", WANDB_BASE_URL=f"http://127.0.0.1:{dead_port}", WANDB_API_KEY="k" * 40)
     assert len(out) == 2 and out[1] == "started: csv"
@@ -211,6 +213,7 @@ def _train(out: Path, *extra: str, env: dict[str, str], **kw) -> subprocess.Pope
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
+@pytest.mark.slow
 def test_train_goes_on_without_a_silent_tracker_or_stops_with_strict_log(tmp_path, silent_server):
     pytest.importorskip("mlflow")
     port = silent_server[1]
@@ -234,6 +237,7 @@ def test_train_goes_on_without_a_silent_tracker_or_stops_with_strict_log(tmp_pat
     assert not (tmp_path / "strict" / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_while_a_tracker_connects_ends_the_run_at_once(tmp_path, silent_server):
     """Before: SIGTERM was only noted (training had begun) while MLflow retried for minutes: the run neither
     started nor stopped."""
@@ -256,6 +260,7 @@ def test_sigterm_while_a_tracker_connects_ends_the_run_at_once(tmp_path, silent_
     assert "Traceback" not in err and not (tmp_path / "run" / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_train_refuses_a_wandb_project_that_is_a_path_before_the_data(tmp_path):
     pytest.importorskip("wandb")
     env = _env(WANDB_PROJECT="../../etc", WANDB_MODE="offline", **_wandb_home(tmp_path))

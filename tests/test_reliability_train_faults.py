@@ -151,6 +151,7 @@ def test_the_runs_parameter_counts_are_arithmetic(monkeypatch):
 # -- threads -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_threads_are_capped_at_the_cores_this_process_may_use(data_dir, tmp_path, monkeypatch, capsys):
     """Before: ``--threads 1000`` went to OpenMP as is (on two cores libgomp ended the process, no vitlab line)."""
     from vitlab.bench.workers import num_threads
@@ -197,6 +198,7 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_skipped_nan_steps_are_counted_not_averaged_in_as_zero(data_dir, tmp_path, monkeypatch, capsys, step_losses):
     """Before: a skipped step's micro-batches counted in the mean with nothing added: an epoch of skipped steps logged
     ``train_loss 0.0``, one skip out of three pulled the mean down by a third."""
@@ -217,6 +219,7 @@ def test_skipped_nan_steps_are_counted_not_averaged_in_as_zero(data_dir, tmp_pat
     assert "nan_skipped" in header  # the tracker gets the count; a missing mean is no 0
 
 
+@pytest.mark.slow
 def test_a_resumed_epoch_counts_the_steps_skipped_before_the_stop(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     _nan_at(monkeypatch, {1})
@@ -260,6 +263,7 @@ def test_every_rank_skips_the_step_one_rank_found_non_finite(monkeypatch):
 # -- a planned stop exits 0 ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_config_files_stop_after_exits_0_as_the_flag_does(data_dir, tmp_path):
     """Before: ``stop_after: 1`` in a config file exited 130, as if Ctrl-C had stopped the run."""
     config = tmp_path / "c.yaml"
@@ -347,6 +351,7 @@ def test_a_non_finite_or_impossible_number_in_a_config_file_is_refused(tmp_path,
         assert f"c.yaml: {key}: expected " in err or f"c.yaml: {key}: must be " in err, err
 
 
+@pytest.mark.slow
 def test_a_batch_of_ten_to_the_21_is_refused_at_once(tmp_path):
     """Before: accepted, then the memory fit listed the batch's divisors one by one: the run never started."""
     proc = subprocess.run(
@@ -366,16 +371,9 @@ def test_many_workers_are_named_in_the_memory_refusal(tmp_path, monkeypatch, cap
 # -- last.pt that vitlab did not write --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def stopped_run(data_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("stopped") / "run"
-    assert main(train_args(data_dir, out, "--stop-after", "1")) == 0
-    return out
-
-
-def _edited(stopped: Path, tmp_path: Path, edit) -> Path:
+def _edited(run: Path, tmp_path: Path, edit) -> Path:
     out = tmp_path / "run"
-    shutil.copytree(stopped, out)
+    shutil.copytree(run, out)
     state = torch.load(out / "last.pt", weights_only=True)
     edit(state)
     torch.save(state, out / "last.pt")
@@ -412,9 +410,9 @@ def _set_config(key, value):
         (lambda s: s.update(optimizer={}), "its weights or optimizer state do not fit the run it describes (KeyError"),
     ],
 )
-def test_a_last_pt_vitlab_did_not_write_is_one_line(edit, expected, stopped_run, tmp_path, capsys):
+def test_a_last_pt_vitlab_did_not_write_is_one_line(edit, expected, finished_run, tmp_path, capsys):
     """Before: ``AttributeError: 'list' object has no attribute 'strip'`` and other tracebacks from inside the run."""
-    out = _edited(stopped_run, tmp_path, edit)
+    out = _edited(finished_run, tmp_path, edit)  # a copy of the suite's tiny run, its last.pt edited
     capsys.readouterr()
     assert main(["train", "--out", str(out), "--resume", "--no-progress", "--workers", "0"]) == 2
     err = one_line(capsys)

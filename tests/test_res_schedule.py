@@ -70,6 +70,7 @@ def test_smaller_grid_uses_exactly_resample_posemb_of_the_table(cls, mode: str) 
     assert m.pos_embed.grad is not None and m.pos_embed.grad.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_path, monkeypatch, capsys) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[tuple[bool, tuple[int, int]]] = []
@@ -99,6 +100,7 @@ def test_vitlab_train_feeds_the_scheduled_sizes_and_evaluates_at_the_last(tmp_pa
     assert "--img-size is 6" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeypatch) -> None:
     """The first steps run at the small sizes, faster than the rest: a re-plan from their pace would over-plan the
     run, so a scheduled run keeps its plan until its last size has begun, re-plans from that size's own steps and
@@ -160,6 +162,7 @@ def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> 
     assert all(size_at(((24, 0.5), (32, 1.0)), step=i, total_steps=longer) == 32 for i in range(700, longer))
 
 
+@pytest.mark.slow
 def test_time_budget_probe_scales_by_the_schedules_mean_cost(tmp_path, monkeypatch, capsys) -> None:
     """The probe times the final size; the plan multiplies its step time by ``mean_step_cost``."""
     from vitlab.train.sizing import budget

@@ -29,6 +29,7 @@ VIT_FLAGS = ["--pool", "seq", "--optimizer", "muon", "--whiten-init", "--tta", "
 HYBRID_FLAGS = ["--model", "vit_cct7_3x2", "--patch-size", "1", "--whiten-init"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("track, levers", [("vit", VIT_LEVERS), ("hybrid", "cct,whiten")])
 def test_smoke_run_ends_with_one_json_line(track: str, levers: str) -> None:
     """A run is the track's current record (its flags after the recipe's), the named levers after it: every lever
@@ -59,6 +60,7 @@ def test_smoke_run_ends_with_one_json_line(track: str, levers: str) -> None:
     assert not any(str(x) in row["command"] for x in summary)
 
 
+@pytest.mark.slow
 def test_real_runs_need_data() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "speedrun.py"), "--track", "vit"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -233,6 +235,7 @@ def test_a_broken_records_file_is_one_line_naming_it(tmp_path, text: str, says: 
     assert "speedrun_records.json" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_path) -> None:
     from vitlab.cli import build_parser
     from vitlab.train.conf.parser import config_from_args
@@ -277,6 +280,7 @@ def test_named_levers_apply_where_they_can_and_each_command_is_a_valid_run(tmp_p
     assert proc.returncode == 2 and "cct does not apply to the vit track" in proc.stderr
 
 
+@pytest.mark.slow
 def test_timm_baseline_smoke_run() -> None:
     pytest.importorskip("timm")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
@@ -305,6 +309,7 @@ def test_ab_models_are_one_architecture_and_the_timm_init_is_timms() -> None:
     assert native.std().item() > 0.05  # the JAX init's Xavier-uniform: about 0.072 for 128 -> 256
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [["--model", "timm", "--pipeline", "torchvision", "--decay", "all"], []])
 def test_ab_smoke_run_ends_with_one_json_line(extra: list[str]) -> None:
     if extra:

@@ -397,6 +397,7 @@ def test_muon_split_puts_the_block_matrices_to_muon() -> None:
     assert {n for n, _ in muon_split(cct)[1]} >= {"patch_embed.convs.0.weight", "seq_pool.score.weight", "pos_embed"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="this torch has no torch.optim.Muon")
 def test_muon_and_adamw_together_train_a_tiny_vit() -> None:
     torch.manual_seed(0)

@@ -44,6 +44,7 @@ def full_run(packed, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_stopped_mid_epoch_and_resumed_sees_every_sample_once(packed, full_run, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(TRACE_ENV, str(tmp_path / "trace.tsv"))
     run = tmp_path / "run"
@@ -82,6 +83,7 @@ def test_eval_reads_the_packed_folder_and_a_pattern(packed, full_run, tmp_path, 
     assert "not built" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["--fsdp", "--grad-checkpointing"]], ids=["ddp", "fsdp"])
 def test_two_processes_stopped_mid_epoch_resume_on_one(packed, full_run, tmp_path, extra):
     """torchrun with 2 gloo processes (DDP, or FSDP2 with activation checkpointing and sharded checkpoints),

@@ -114,6 +114,7 @@ def test_checklist_layer_decay_groups_are_timms(both):
     assert len(groups(ours)) > 4  # depth-wise groups, not one
 
 
+@pytest.mark.slow
 def test_grad_checkpointing_same_gradients():
     """set_grad_checkpointing recomputes blocks in backward (fast and plain models): same gradients."""
     plain = randomize(vitlab.models.create_model("vit_ti16", **ARCH))

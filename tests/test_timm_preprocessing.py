@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from PIL import Image
 
 import vitlab
+from conftest import copy_run
 from vitlab.evaluate import model_inputs
 
 timm = pytest.importorskip("timm")
@@ -143,6 +145,7 @@ def test_pretrained_cfg_carries_timms_keys_and_follows_the_config(tmp_path):
     assert distilled.pretrained_cfg["classifier"] == ("head", "head_dist")
 
 
+@pytest.mark.slow
 def test_timm_names_carry_timms_evaluation_crop():
     """The crop of each timm name is that of timm's default weights for it (0.9 at 224 px, 1.0 at 384 ...)."""
     from timm.models import get_pretrained_cfg
@@ -193,25 +196,21 @@ def test_hf_folder_keeps_its_processors_crop(tmp_path):
     assert vitlab.load(tmp_path / "vit").config.crop_pct == pytest.approx(32 / 36)
 
 
-def test_a_timm_script_scores_a_vitlab_run_as_vitlab_eval(tmp_path, capsys):
+def test_a_timm_script_scores_a_vitlab_run_as_vitlab_eval(finished_run, finished_run_data, tmp_path, capsys):
     """The issue's check: a run trained on its data's own statistics, scored by `vitlab eval` and by a timm-style
     script (resolve_data_config + create_transform over the image files, some of them resized): the same inputs,
     the same confusion matrix and top-1 (on these easy images timm's ImageNet defaults happen to score the same:
     the inputs tell them apart)."""
-    from imagefolder import tiny_folder
     from vitlab.cli import main
 
-    data = tiny_folder(tmp_path / "d")
+    data = shutil.copytree(finished_run_data, tmp_path / "d")  # the suite's tiny run's images, and more:
     rng = np.random.default_rng(1)
     for c in range(3):  # test images that evaluation resizes: larger, not square
         for h, w in ((12, 10), (9, 14), (17, 17)):
             arr = rng.integers(0, 80, (h, w, 3)).astype(np.uint8)
             arr[..., c] += 150
             Image.fromarray(arr).save(data / "test" / f"class{c}" / f"{h}x{w}.png")
-    run = tmp_path / "r"
-    tiny = ["--dim", "16", "--depth", "1", "--heads", "2", "--patch-size", "4"]
-    common = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--recipe", "digits", "--batch-size", "8"]
-    assert main(["train", *common, *tiny, "--epochs", "2", "--out", str(run), "--no-progress"]) == 0
+    run = copy_run(finished_run, tmp_path)  # the run trained on them (eval writes into it)
     assert main(["eval", "--model", str(run), "--data", str(data), "--cache-dir", str(tmp_path / "c")]) == 0
     capsys.readouterr()
     ev = json.loads((run / "eval.json").read_text())

@@ -109,6 +109,7 @@ def test_fast_class_drops_the_same_tokens_as_the_plain_class(pool: str) -> None:
         assert_close_rel(fast(x), plain(x), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_token_drop_reaches_the_model_through_vitlab_train(tmp_path, capsys) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     out = tmp_path / "run"

@@ -76,6 +76,7 @@ def test_set_rate_switches_the_models_token_dropping(cls) -> None:
     assert not set_rate(plain, 0.0)  # built without token dropping: nothing to switch
 
 
+@pytest.mark.slow
 def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_path, capsys, monkeypatch) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[tuple[bool, int]] = []
@@ -101,6 +102,7 @@ def test_vitlab_train_drops_tokens_until_the_switch_then_sees_every_token(tmp_pa
     assert "token dropping ends after step 9 of 12" in out and "for the first 75% of the steps" in out
 
 
+@pytest.mark.slow
 def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path, monkeypatch, capsys) -> None:
     """The probe times a step on every token as well, plans with the mean cost, and the run does not re-plan
     from its first (dropping, cheaper) steps."""
@@ -124,6 +126,7 @@ def test_time_budget_probe_times_the_unmasked_steps_and_keeps_its_plan(tmp_path,
     assert "with every token for the last 20% of the steps, at " in out and "x the time of a step that drops" in out
 
 
+@pytest.mark.slow
 def test_a_resumed_run_past_the_switch_trains_on_every_token(tmp_path, capsys, monkeypatch) -> None:
     data = tiny_folder(tmp_path / "data", size=8)
     seen: list[int] = []

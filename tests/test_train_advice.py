@@ -123,6 +123,7 @@ def test_wall_estimate_times_the_first_steps(monkeypatch):
     )  # too short to be worth a line
 
 
+@pytest.mark.slow
 def test_a_short_run_prints_its_wall_time_and_advice(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(advice, "RISE_POINTS", -101.0)  # any change counts as rising: the plumbing, not the rule
     monkeypatch.setattr(advice, "NOISE_SE", 0.0)  # (12 evaluation images: no rise is beyond their noise)

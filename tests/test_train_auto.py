@@ -139,6 +139,7 @@ def _train(args, tmp_path, capsys):
     return code, capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_auto_is_the_default_for_a_folder_prints_its_choice_and_resumes_it(tmp_path, capsys, monkeypatch):
     from vitlab.train.sizing import recipe as auto
 
@@ -193,6 +194,7 @@ def _parser():
     return p
 
 
+@pytest.mark.slow
 def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path, monkeypatch, step_lrs):
     """A probe far too optimistic plans 100k steps, a warmup of 10k; the run's own pace (faked, so that the
     test does not depend on the machine's load) re-plans to 120. The warmup is re-fitted with the cosine:
@@ -272,6 +274,7 @@ def _init_model(tmp_path, classes=3):
     return vitlab.load(tmp_path / "init")
 
 
+@pytest.mark.slow
 def test_freeze_trains_only_the_head(tmp_path, capsys):
     init = _init_model(tmp_path)
     data = tiny_folder(tmp_path / "data", per_class=16, size=8)
@@ -291,6 +294,7 @@ def test_freeze_trains_only_the_head(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["recipe_config"]["freeze"] is True
 
 
+@pytest.mark.slow
 def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     _init_model(tmp_path)
     data = tiny_folder(tmp_path / "data", per_class=54, size=8)  # 162 training images
@@ -309,6 +313,7 @@ def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     assert code == 2 and "--batch-size 512 is larger than the training set" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys):
     init = _init_model(tmp_path)
     before = {n: p.detach().clone() for n, p in init.named_parameters()}
@@ -340,6 +345,7 @@ def test_head_warmup_and_freeze_exclude_each_other(tmp_path, capsys):
     assert code == 2 and "--freeze already trains only the head" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_auto_model_layout_yields_to_the_users_flags(tmp_path, capsys):
     """``--pool gap`` / ``--posemb learn`` on the command line win over the layout auto picks."""
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
@@ -351,6 +357,7 @@ def test_auto_model_layout_yields_to_the_users_flags(tmp_path, capsys):
     assert (model["posemb"], model["pool"], model["class_token"]) == ("learn", "gap", False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, rate", [([], 0.5), (["--token-drop", "0"], 0.0)])
 def test_auto_drops_tokens_for_a_time_budget_unless_told_not_to(tmp_path, capsys, flags, rate):
     data = tiny_folder(tmp_path / "data", per_class=8, size=16)
@@ -377,6 +384,7 @@ def test_patch_rule_photos_get_16_and_odd_sides_are_padded_never_patch_1():
     assert (hd["patch_size"], hd["dynamic_img_pad"]) == (16, True)
 
 
+@pytest.mark.slow
 def test_a_folder_of_odd_sized_images_trains_with_padded_patches(tmp_path, capsys):
     data = tiny_folder(tmp_path / "data", per_class=8, size=30)  # 30 = 2 x 3 x 5: only patches 2 and 1 divide it
     out = tmp_path / "run"

@@ -8,7 +8,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # end to end: torchrun of two processes
 
 
 def test_torchrun_two_cpu_processes(tmp_path):

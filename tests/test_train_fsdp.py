@@ -24,6 +24,8 @@ from conftest import F32_RTOL, assert_close_rel
 from imagefolder import tiny_folder
 from vitlab.cli import main
 
+pytestmark = pytest.mark.slow  # end to end: every test here reads the runs of torchrun (the module fixture `runs`)
+
 TINY = ["--recipe", "digits", "--epochs", "2", "--batch-size", "8", "--patch-size", "4", "--dim", "16"]
 TINY += ["--depth", "2", "--heads", "2", "--crop-scale", "1,1", "--no-progress", "--workers", "0"]
 SGD = ["--optimizer", "sgd", "--lr", "0.05"]

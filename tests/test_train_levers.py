@@ -69,6 +69,7 @@ def _steps(model: torch.nn.Module, opt: torch.optim.Optimizer, seeds: range) -> 
         opt.step()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="this torch has no torch.optim.Muon")
 def test_muon_state_round_trips_and_the_resumed_steps_are_the_uninterrupted_ones() -> None:
     recipe = dataclasses.replace(get_recipe("small-data"), optimizer="muon")
@@ -104,6 +105,7 @@ def test_muon_state_of_another_optimizer_is_refused() -> None:
 # --- flip TTA in a run's evaluations: every one, or the last alone ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tta", ["flip", "flip-last", "none"])
 def test_flip_tta_flips_every_evaluation_or_the_last_alone(tmp_path, tta: str) -> None:
     """``--tta flip`` flips each epoch's evaluation, ``flip-last`` the run's last one only: its row says so, and

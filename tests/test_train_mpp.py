@@ -85,6 +85,7 @@ def test_evaluate_mpp_is_repeatable_and_leaves_the_global_rng_alone() -> None:
     assert abs(a["loss"] - math.log(512)) < 1.0  # an untrained head is near uniform over 512 colours
 
 
+@pytest.mark.slow
 def test_mpp_run_writes_a_headless_vit_and_colour_metrics(data_dir, tmp_path):
     out = tmp_path / "mpp"
     s = fit(config(data_dir, out, keep="last"))
@@ -109,6 +110,7 @@ def test_mpp_run_writes_a_headless_vit_and_colour_metrics(data_dir, tmp_path):
     assert feats.shape == (1, 16)  # no head: pooled features
 
 
+@pytest.mark.slow
 def test_mpp_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     fit(config(data_dir, tmp_path / "full"))
     part = fit(config(data_dir, tmp_path / "part", stop_after=3))  # mid-epoch
@@ -127,6 +129,7 @@ def test_mpp_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     assert strip[0] == strip[1]
 
 
+@pytest.mark.slow
 def test_cli_mpp_then_finetune(data_dir, tmp_path, capsys):
     common = ["--data", str(data_dir), "--cache-dir", str(tmp_path / "cache"), *TINY_FLAGS]
     out = tmp_path / "cli_mpp"

@@ -68,6 +68,7 @@ def outcome(out):
     return [{k: r[k] for k in KEYS} for r in rows], weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("loader", "workers", "resume_workers"), [("folder", 0, 1), ("shards", 1, 0)])
 def test_packed_run_stopped_mid_epoch_and_resumed_is_the_uninterrupted_run(
     sources, tmp_path, capsys, loader, workers, resume_workers
@@ -129,6 +130,7 @@ def test_the_memory_estimate_follows_the_packed_sequence_length():
     assert activations(pack=True, pack_len=170) > activations(pack=True, pack_len=17) == activations()
 
 
+@pytest.mark.slow
 def test_the_pack_vs_square_benchmark_runs_both_arms_and_writes_its_table(sources, tmp_path):
     bench = load_benchmark("pack_vs_square")
     out = tmp_path / "table.md"

@@ -227,6 +227,7 @@ def test_custom_architectures_are_named_after_what_they_are():
     assert name(model="vit_ti16") == "vit_ti16"
 
 
+@pytest.mark.slow
 def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
     """A planning probe that is far too optimistic (here: faked) must not make the run overrun its
     budget: the run re-times its own steps early, shortens the schedule, and the cosine still ends at 0."""
@@ -316,6 +317,7 @@ def test_a_slow_epoch_cuts_the_run_and_the_recovered_pace_lengthens_it_again(mon
     assert r.after_epoch(step=300, planned=longer, per_step=0.09, **kw) is None  # on pace: no move
 
 
+@pytest.mark.slow
 def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end(tmp_path, monkeypatch, step_lrs):
     """A time-budgeted run planned at 300 steps (warmup 10 %: 30) is cut to 200 at its first epoch's end
     (faked, after its warmup): the warmup stays at 30 steps, the LR decays from where it was, without a jump

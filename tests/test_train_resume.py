@@ -11,6 +11,8 @@ from imagefolder import tiny_folder
 from vitlab.train import TrainConfig, fit, get_recipe
 from vitlab.train.persist.state import load_state
 
+pytestmark = pytest.mark.slow  # end to end: every test here trains whole runs (vitlab.train.fit)
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

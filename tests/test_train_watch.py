@@ -31,6 +31,7 @@ def _train(data, out, *extra, cache) -> list[str]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_watched_run_records_health_logs_csv_raises_no_alarm_and_trains_as_an_unwatched_one(data, tmp_path, capsys):
     rows = _train(data, tmp_path / "on", "--watch-attention", "on", "--log", "csv", cache=tmp_path / "c")
     said = capsys.readouterr().out
@@ -71,6 +72,7 @@ def _collapsed(vit):
 _plain_copy = watch.plain_copy
 
 
+@pytest.mark.slow
 def test_collapsed_attention_raises_its_alarm_in_the_epoch_line_once_and_in_the_advice(
     data, tmp_path, capsys, monkeypatch
 ):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchscripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ def test_splits_are_disjoint_and_stratified(tmp_path: Path) -> None:
     assert all("/train/" in os.readlink(p) for p in (root / "mpp/train").glob("*/*"))
 
 
+@pytest.mark.slow
 def test_smoke_runs_every_arm_and_resumes(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)]
