@@ -282,6 +282,7 @@ def run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_run_fits_its_temperature_on_images_it_does_not_report(run):
     summary = json.loads((run / "summary.json").read_text())
     cal = summary["calibration"]
@@ -303,6 +304,7 @@ def test_a_run_fits_its_temperature_on_images_it_does_not_report(run):
     assert "ece" in table and "ece_uncalibrated" in table
 
 
+@pytest.mark.slow
 def test_eval_json_carries_both_eces_of_the_models_temperature(run, tmp_path, capsys):
     cache = str(run.parent / "c")
     assert (
@@ -318,6 +320,7 @@ def test_eval_json_carries_both_eces_of_the_models_temperature(run, tmp_path, ca
     assert "calibration: ECE" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
     """``benchmarks/bench_calibration.py --smoke``: a run, its held-out ECE and vitlab eval's on further images
     (their numbers are the lead's to measure on real data)."""

@@ -280,6 +280,7 @@ def leaky(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_run_says_leak_first_and_keeps_the_report(leaky, tmp_path, capsys):
     from vitlab.train.persist.claim import written_by_vitlab
     from vitlab.train.persist.outputs import RUN_OUTPUTS
@@ -299,6 +300,7 @@ def test_a_run_says_leak_first_and_keeps_the_report(leaky, tmp_path, capsys):
     assert main(["train", "--data", str(leaky), "--out", str(out), "--overwrite", *TRAIN]) == 0  # replaced
 
 
+@pytest.mark.slow
 def test_strict_data_stops_on_a_leak_in_one_line(leaky, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--data", str(leaky), "--out", str(out), "--strict-data", *TRAIN]) == 2
@@ -308,6 +310,7 @@ def test_strict_data_stops_on_a_leak_in_one_line(leaky, tmp_path, capsys):
     assert not (out / "last.pt").exists() and (out / "data_check.json").is_file()
 
 
+@pytest.mark.slow
 def test_dedup_eval_leaves_the_leaked_images_out(leaky, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--data", str(leaky), "--out", str(out), "--dedup-eval", *TRAIN]) == 0
@@ -317,6 +320,7 @@ def test_dedup_eval_leaves_the_leaked_images_out(leaky, tmp_path, capsys):
     assert json.loads((out / "data_check.json").read_text())["dedup_eval"] == {"left_out": 3, "remaining": 12}
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_groups_as_thumbnails(leaky, tmp_path):
     from vitlab.inspect.report import render_html, training_artifacts
 

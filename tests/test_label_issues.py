@@ -157,6 +157,7 @@ def test_the_check_options_need_a_model_and_rank_with_it(noisy_folder, tmp_path)
     assert {f["paths"][0] for f in findings[:3]} == set(moved)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_generated_data(tmp_path, monkeypatch, capsys):
     """``benchmarks/bench_label_issues.py --smoke``: the folder built, flips moved, a run trained, the table printed
     (its numbers are the lead's to measure on real data)."""
