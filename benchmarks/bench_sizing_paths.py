@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,8 +57,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     folder = make_photo_folder(a.data, work / "photos", split=a.split)
     shards = work / "shards"
-    if not (shards / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "vitlab", "data", "pack", str(folder), str(shards), "--no-progress"],
+    if not (shards / "manifest.json").exists():  # packed from a copy: a pack follows no link out of its folder
+        copy = work / "photos_copy"
+        for split in ("train", "val"):
+            if not (copy / split).exists():
+                shutil.copytree((folder / split).resolve(), copy / split)
+        subprocess.run([sys.executable, "-m", "vitlab", "data", "pack", str(copy), str(shards), "--no-progress"],
                        check=True, capture_output=True)  # fmt: skip
     budget = ["--time-budget", f"{a.budget:g}", "--seed", str(a.seed)]
     rows = {}
