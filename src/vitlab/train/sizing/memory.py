@@ -405,8 +405,9 @@ def memory_split(
     the same (the split's line says so). When a micro-batch of one image does not fit, a
     :class:`~vitlab.errors.ConfigError` names the flags that shrink the run. A resumed run keeps its
     micro-batch (its saved position counts micro-batches) and only warns. The evaluation batch is the largest of
-    ``max(micro, 256)`` halved until it fits. The one place the micro-batch is computed
-    (:func:`~vitlab.train.sizing.capacity.micro_batch`)."""
+    ``max(micro, 256)`` halved until it fits. The one place a run's micro-batch is computed
+    (:func:`~vitlab.train.conf.rules.micro_batch`; ``vitlab plan`` applies the same rule to the machine it is
+    asked about)."""
     r = recipe
     w = dist.world_size
     micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # before any work

@@ -89,6 +89,7 @@ def choose(
         recipe=split.recipe, chosen=chosen, storage=getattr(data, "storage", None), micro=split.micro,
         eval_batch=split.eval_batch, threads=threads, workers=workers, pace=pace, lines=tuple(lines),
         replayed=saved.replayed if saved is not None else None, model=mc,
+        plan=saved.plan if saved is not None and saved.replayed else None,  # a replay keeps its plan (see plan())
     )  # fmt: skip
 
 
