@@ -1,7 +1,8 @@
 """The data check's near-copy rule measured on photos (issue 59, docs/data_check.md): its false positives over every
 pair of distinct photos of a folder, its recall on copies made from them (re-encoded at JPEG quality 60-90, resized
 0.5-0.9x, cropped 2-5% per side, each side drawn apart), for a grid of hash distances and thumbnail correlations
-around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of ``vitlab.data.check.perceptual``), and the speed of
+around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of ``vitlab.data.check.perceptual``; ``+`` marks
+``SURE_CORRELATION``, the sure copies ``--strict-data`` stops on), and the speed of
 the pass over the files (read once, hashed, decoded at a reduced DCT scale, fingerprinted) and of the pair search.
 
 Run it alone on the machine (2 cores: ``taskset -c 0,1``), it reads every file of ``--data``:
@@ -29,7 +30,7 @@ import numpy as np
 from _common import Stopwatch, data_check_perceptual, data_check_records, photo_pixels
 
 BITS = (8, 10, 12, 14, 16)
-CORRELATIONS = (0.0, 0.90, 0.93, 0.95, 0.97)
+CORRELATIONS = (0.0, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99)
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
 
@@ -136,6 +137,7 @@ def main() -> None:
             ia = np.array([k for k, _ in rows])[good]
             recall_d[kind] = distances(orig_fps, ia, cfps, np.flatnonzero(good))
     chosen = (perceptual.NEAR_BITS, perceptual.MIN_CORRELATION)
+    sure = (perceptual.NEAR_BITS, perceptual.SURE_CORRELATION)
     print(f"\n{n:,} photos ({len(recs) - n} unreadable), {pairs:,} pairs; {int(exact.sum())} byte-identical "
           "pairs (exact copies in the folder, not counted below); "
           f"{len(originals)} originals copied three ways\n")  # fmt: skip
@@ -147,18 +149,27 @@ def main() -> None:
             passing = int(((d <= bits) & (r >= corr) & ~exact).sum())
             rec = {k: float(((dd <= bits) & (rr >= corr)).mean()) if len(dd) else float("nan")
                    for k, (dd, rr) in recall_d.items()}  # fmt: skip
-            mark = " *" if (bits, corr) == chosen else ""
+            mark = " *" if (bits, corr) == chosen else " +" if (bits, corr) == sure else ""
             print(f"| {bits}{mark} | {corr:.2f} | {passing:,} | {passing / max(1, pairs):.2e} | "
                   f"{rec['reencoded']:.3f} | {rec['resized']:.3f} | {rec['cropped']:.3f} |")  # fmt: skip
             rows.append({"bits": bits, "min_correlation": corr, "false_pairs": passing,
                          "false_rate": passing / max(1, pairs), "recall": rec})  # fmt: skip
     flagged = (d <= chosen[0]) & (r >= chosen[1]) & ~exact
-    print(f"\ndistinct pairs the chosen rule ({chosen[0]} bits, r >= {chosen[1]}) calls copies: {int(flagged.sum())}")
-    for a, b, dd, rr in list(zip(i[flagged], j[flagged], d[flagged], r[flagged]))[:20]:
+    print(
+        f"\ndistinct pairs the chosen rule ({chosen[0]} bits, r >= {chosen[1]}) calls copies: {int(flagged.sum())} "
+        "(the 20 closest)"
+    )
+    for a, b, dd, rr in sorted(zip(i[flagged], j[flagged], d[flagged], r[flagged]), key=lambda x: -x[3])[:20]:
         print(f"  {dd:2d} bits r={rr:.3f}  {files[a]}  {files[b]}")
     per_min = 60 * n / max(pass_s, 1e-9)
     print(f"\npass over the files: {len(recs):,} files in {pass_s:.1f} s = {per_min:,.0f} images/min "
           f"({args.workers} threads); pair search ({max(BITS)} bits): {search_s:.2f} s")  # fmt: skip
+    for kind, (dd, rr) in recall_d.items():
+        if len(rr):
+            print(
+                f"{kind}: thumbnail r of the copies within {chosen[0]} bits: 5th percentile "
+                f"{np.percentile(rr[dd <= chosen[0]], 5):.3f}, median {np.median(rr[dd <= chosen[0]]):.3f}"
+            )
     print(json.dumps({"photos": n, "pairs": pairs, "exact_pairs": int(exact.sum()), "copies": len(originals),
                       "grid": rows, "pass_s": pass_s, "images_per_min": per_min, "search_s": search_s,
                       "workers": args.workers, "chosen": list(chosen)}))  # fmt: skip

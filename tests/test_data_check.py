@@ -5,6 +5,7 @@ hashes kept for the next check, and a run on a folder: its ``data check: leak`` 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -15,8 +16,9 @@ import pytest
 from PIL import Image, ImageDraw
 
 from vitlab.cli import main
-from vitlab.data.check import KINDS, check_folder
+from vitlab.data.check import KINDS, DataCheck, check_folder
 from vitlab.data.check import records as records_mod
+from vitlab.data.check.findings import copy_findings
 from vitlab.data.check.perceptual import (
     MIN_CORRELATION,
     NEAR_BITS,
@@ -28,6 +30,7 @@ from vitlab.data.check.perceptual import (
     near_pairs,
     phash,
 )
+from vitlab.data.check.records import FileRecord
 
 TRAIN = ["--recipe", "digits", "--batch-size", "8", "--epochs", "1", "--img-size", "16", "--dim", "16", "--depth", "1",
          "--heads", "2", "--patch-size", "4", "--no-progress"]  # fmt: skip
@@ -131,9 +134,39 @@ def test_each_kind_is_found_and_decodable_modes_are_no_fault(faulty):
     assert check.of("imbalance") == []
     assert check.leaked() == {str(faulty / p) for p in ("val/a/copy0.jpg", "val/b/copy1.jpg", "val/a/q70.png",
                               "val/c/q70b.jpg", "val/a/small.jpg", "val/a/crop.jpg")}  # fmt: skip
+    sure = {f.paths[0]: f.detail["sure"] for f in check.of("leak")}
+    assert all(sure[p] for p in ("val/a/copy0.jpg", "val/b/copy1.jpg", "val/a/q70.png", "val/c/q70b.jpg",
+                                 "val/a/small.jpg"))  # fmt: skip
+    assert all(f.detail["sure"] for f in check.of("conflict") + check.of("duplicate"))
     lines = check.lines(where="X")
     assert [line.split(":")[1].strip() for line in lines] == [k for k in KINDS if k != "imbalance"]
-    assert "6 evaluation image(s) are also in train/ (2 identical, 4 near copies)" in lines[-1]
+    assert "6 evaluation image(s) are also in train/ (2 identical, 4 near copies, 1 of them only similar" in lines[-1]
+    assert not sure["val/a/crop.jpg"]  # a crop: reported, not sure
+
+
+def test_strict_data_stops_on_sure_copies_only():
+    """Near copies that only a crop or a look-alike could make (thumbnails correlated below SURE_CORRELATION:
+    distinct garments on one bed cover) are reported, with how many, and --strict-data lets them pass; one sure
+    pair (byte-identical or re-encoded) in the same group is enough to stop it."""
+    records = [FileRecord(f"/d/{rel}", rel, rel.split("/")[0], label, (64, 64), f"h{n}")
+               for n, (rel, label) in enumerate([("train/a/0.jpg", 0), ("train/b/1.jpg", 1), ("val/a/2.jpg", 0),
+                                                 ("train/a/3.jpg", 0)])]  # fmt: skip
+    roles = ["train", "train", "eval", "train"]
+    group = np.array([0, 0, 0, 3])  # 0, 1 and 2 joined by near pairs
+    alike = DataCheck(root=Path("/d"), records=records, class_names=["a", "b"], folders={"train": "train",
+                      "val": "val"}, roles=roles, group=group, sure_group=np.arange(4), walk_problems=[],
+                      findings=[])  # fmt: skip
+    alike.findings = copy_findings(records, group, alike.class_names, roles=roles, sure_group=alike.sure_group)
+    assert {f.kind for f in alike.findings} == {"conflict", "leak"}
+    assert not any(f.detail["sure"] for f in alike.findings)
+    assert alike.refusal() is None
+    lines = alike.lines()
+    assert "1 of them only similar (a crop or a look-alike" in lines[0] and "--strict-data lets them pass" in lines[0]
+    sure = dataclasses.replace(alike, sure_group=np.array([0, 1, 0, 3]))  # 2 is a sure copy of 0, not of 1
+    sure.findings = copy_findings(records, group, sure.class_names, roles=roles, sure_group=sure.sure_group)
+    assert {f.kind: f.detail["sure"] for f in sure.findings} == {"conflict": False, "leak": True}
+    assert sure.refusal() == "1 evaluation image(s) also in train/ (sure copies)"
+    assert sure.report()["counts"]["sure"] == {"duplicate": 0, "conflict": 0, "leak": 1}
 
 
 def test_an_imbalanced_class_and_a_near_empty_one(tmp_path):
@@ -230,7 +263,9 @@ def test_cli_summary_and_strict_data(faulty, capsys):
     assert "leak: 6 evaluation image(s) are also in train/" in out and "  conflict: train/b/04.jpg (b)" in out
     assert main(["data", "check", str(faulty), "--no-progress", "--strict-data"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("vitlab data check: error: 6 evaluation image(s) also in train/")
+    assert err.count("\n") == 1 and err.startswith(
+        "vitlab data check: error: 5 evaluation image(s) also in train/ (sure copies)"
+    )
     assert main(["data", "check", str(faulty / "nope")]) == 2
     assert main(["data", "check", str(faulty), "extra"]) == 2
 
@@ -306,7 +341,9 @@ def test_strict_data_stops_on_a_leak_in_one_line(leaky, tmp_path, capsys):
     assert main(["train", "--data", str(leaky), "--out", str(out), "--strict-data", *TRAIN]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("vitlab train: error: data check: 3 evaluation image(s) also in train/ (--strict-data)")
+    assert err.startswith(
+        "vitlab train: error: data check: 3 evaluation image(s) also in train/ (sure copies) (--strict-data)"
+    )
     assert not (out / "last.pt").exists() and (out / "data_check.json").is_file()
 
 

@@ -62,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--strict-data",
         action="store_true",
         help="pack: stop at the first file that cannot be packed (default: leave it out and list it in "
-        "OUT/bad_files.txt); check: exit 2 on evaluation images also in train/ or pictures under two classes",
+        "OUT/bad_files.txt); check: exit 2 on evaluation images also in train/ or pictures under two classes "
+        "(sure copies: identical or re-encoded, not look-alikes)",
     )
     p.add_argument(
         "--max-image-pixels",

@@ -40,7 +40,7 @@ from .findings import (
     groups,
     imbalance_findings,
 )
-from .perceptual import MIN_CORRELATION, NEAR_BITS, near_pairs
+from .perceptual import MIN_CORRELATION, NEAR_BITS, SURE_CORRELATION, near_pairs
 from .records import FileRecord, Fingerprints, read_files
 
 __all__ = ["KINDS", "REPORT_NAME", "DataCheck", "Finding", "check_folder"]
@@ -68,6 +68,9 @@ class DataCheck:
     folders: dict[str, str]
     roles: list[str | None]
     group: np.ndarray
+    sure_group: np.ndarray | None = None
+    """The groups of identical files and sure near copies alone (:data:`~.perceptual.SURE_CORRELATION`; None: the
+    same as ``group``): what ``--strict-data`` stops on."""
     walk_problems: list[tuple[str, str]]
     findings: list[Finding]
     held_out: bool = False
@@ -117,6 +120,7 @@ class DataCheck:
         counts.update({k: len(self.of(k)) for k in KINDS})
         leaks = self.of("leak")
         counts["leaked_eval"] = {m: sum(f.detail["match"] == m for f in leaks) for m in ("identical", "near")}
+        counts["sure"] = {k: sum(f.detail["sure"] for f in self.of(k)) for k in ("duplicate", "conflict", "leak")}
         return {
             "vitlab_data_check": REPORT_VERSION,
             "root": os.path.abspath(self.root),
@@ -129,6 +133,7 @@ class DataCheck:
                 "left_out_aspect": MAX_ASPECT,
                 "near_bits": NEAR_BITS,
                 "min_correlation": MIN_CORRELATION,
+                "sure_correlation": SURE_CORRELATION,
                 "min_class_share": MIN_CLASS_SHARE,
                 "few_images": FEW_IMAGES,
             },
@@ -165,18 +170,19 @@ class DataCheck:
             extra = sum(len(x.paths) - 1 for x in f)
             same = sum(x.detail["match"] == "identical" for x in f)
             out.append(("duplicate", f"{extra:,} image(s) repeat another of their class ({len(f):,} group(s): "
-                        f"{same:,} identical, {len(f) - same:,} near copies): each copy weighs double in "
+                        f"{same:,} identical, {len(f) - same:,} near copies{_unsure(f)}): each copy weighs double in "
                         "training"))  # fmt: skip
         if f := self.of("conflict"):
             shown = "; ".join(" = ".join(x.paths[:2]) for x in f[:_SHOWN]) + (" ..." if len(f) > _SHOWN else "")
-            out.append(("conflict", f"{len(f):,} picture(s) filed under two or more classes ({shown}): the same "
-                        "picture is taught as each class"))  # fmt: skip
+            unsure = _unsure(f, after_list=True)
+            out.append(("conflict", f"{len(f):,} picture(s) filed under two or more classes ({shown}{unsure}): the "
+                        "same picture is taught as each class"))  # fmt: skip
         if f := self.of("leak"):
             same = sum(x.detail["match"] == "identical" for x in f)
             fix = "; left out of the evaluation (--dedup-eval)" if dedup else ": the evaluation top-1 will read high"
             hint = "" if dedup else " (--dedup-eval leaves them out)"
             out.append(("leak", f"{len(f):,} evaluation image(s) are also in {self._train_folder()} ({same:,} "
-                        f"identical, {len(f) - same:,} near copies){fix}{hint}"))  # fmt: skip
+                        f"identical, {len(f) - same:,} near copies{_unsure(f)}){fix}{hint}"))  # fmt: skip
         for x in self.of("imbalance"):
             small = ", ".join(f"{c} {n:,}" for c, n in list(x.detail["counts"].items())[:_SHOWN])
             more = f" and {len(x.detail['counts']) - _SHOWN} more" if len(x.detail["counts"]) > _SHOWN else ""
@@ -193,13 +199,25 @@ class DataCheck:
         return [f"data check: {kind}: {line}{tail}" for kind, line in out]
 
     def refusal(self) -> str | None:
-        """What ``--strict-data`` stops on (leaks and conflicting labels), in one line, or None."""
+        """What ``--strict-data`` stops on (leaks and conflicting labels that are sure: byte-identical, or near copies
+        at :data:`~.perceptual.SURE_CORRELATION`; a crop or a look-alike is reported, not refused), in one line, or
+        None."""
         parts = []
-        if f := self.of("leak"):
-            parts.append(f"{len(f):,} evaluation image(s) also in {self._train_folder()}")
-        if f := self.of("conflict"):
-            parts.append(f"{len(f):,} picture(s) under two or more classes")
+        if f := [x for x in self.of("leak") if x.detail["sure"]]:
+            parts.append(f"{len(f):,} evaluation image(s) also in {self._train_folder()} (sure copies)")
+        if f := [x for x in self.of("conflict") if x.detail["sure"]]:
+            parts.append(f"{len(f):,} picture(s) under two or more classes (sure copies)")
         return " and ".join(parts) or None
+
+
+def _unsure(found: list[Finding], *, after_list: bool = False) -> str:
+    """``, N of them only similar (...)``: the findings not sure (a crop or a look-alike), or nothing when all are."""
+    n = sum(not x.detail["sure"] for x in found)
+    if not n:
+        return ""
+    what = "a crop or a look-alike: look before acting, --strict-data lets them pass"
+    sep = "; " if after_list else ", "
+    return f"{sep}{n:,} of them only similar ({what})"
 
 
 def _findings(check: DataCheck, roles: list[str | None]) -> list[Finding]:
@@ -208,7 +226,7 @@ def _findings(check: DataCheck, roles: list[str | None]) -> list[Finding]:
     found = [
         *walk,
         *file_findings(check.records),
-        *copy_findings(check.records, check.group, check.class_names, roles=roles),
+        *copy_findings(check.records, check.group, check.class_names, roles=roles, sure_group=check.sure_group),
         *imbalance_findings(check.records, check.class_names, roles=roles, folders=check.folders),
     ]
     order = {k: n for n, k in enumerate(KINDS)}
@@ -262,8 +280,9 @@ def check_folder(
     )  # fmt: skip
     ok = np.array([r.error is None for r in records], dtype=bool)
     idx = np.flatnonzero(ok)
-    i, j, _, _ = near_pairs(fps.whole[idx], fps.centre[idx], fps.thumbs[idx])
+    i, j, _, r = near_pairs(fps.whole[idx], fps.centre[idx], fps.thumbs[idx])
     i, j = idx[i], idx[j]
+    sure = r >= SURE_CORRELATION
     near = sum(records[a].digest != records[b].digest for a, b in zip(i.tolist(), j.tolist()))
     check = DataCheck(
         root=root,
@@ -272,6 +291,7 @@ def check_folder(
         folders={s: readable(os.path.relpath(f, root)).replace(os.sep, "/").removeprefix(".") for s, f, _ in splits},
         roles=roles,
         group=groups(records, i, j),
+        sure_group=groups(records, i[sure], j[sure]),
         walk_problems=[(_rel(p, root), why) for p, why in problems],
         findings=[],
         held_out=len(splits) == 1,

@@ -18,7 +18,10 @@ finds will be ``label_issue``: a path, its given class, the suggested class and 
   or fewer than :data:`FEW_IMAGES` (cleanlab's class-imbalance rule, plus near-empty classes).
 
 "The same picture": two files with the same content hash, or a pair of near copies
-(:func:`~vitlab.data.check.perceptual.near_pairs`), and what such pairs link together (a group)."""
+(:func:`~vitlab.data.check.perceptual.near_pairs`), and what such pairs link together (a group). A ``duplicate``,
+``conflict`` or ``leak`` is ``sure`` when byte-identical files or near copies correlated at least
+:data:`~vitlab.data.check.perceptual.SURE_CORRELATION` make it (re-encoded, resized copies), not only a crop or a
+look-alike; ``--strict-data`` stops on sure ones only."""
 
 from __future__ import annotations
 
@@ -144,9 +147,12 @@ def copy_findings(
     class_names: Sequence[str],
     *,
     roles: Sequence[str | None],
+    sure_group: np.ndarray | None = None,
 ) -> list[Finding]:
     """``duplicate``, ``conflict`` and ``leak`` from the records' groups (:func:`groups`). ``roles[i]``: what record
-    ``i`` is in the run, ``train``, ``eval`` or None (not in it: unreadable, or left out)."""
+    ``i`` is in the run, ``train``, ``eval`` or None (not in it: unreadable, or left out). ``sure_group``: the groups
+    of the identical files and the sure pairs alone (None: every group is sure), which make a finding ``sure``."""
+    sure = group if sure_group is None else sure_group
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group.tolist()):
         if records[i].error is None and records[i].digest is not None:
@@ -162,22 +168,29 @@ def copy_findings(
             if len(same) > 1:
                 rs = [records[i] for i in same]
                 found.append(Finding("duplicate", tuple(r.rel for r in rs), {
-                    "split": split, "class": class_names[label], "match": _match(rs)}))  # fmt: skip
+                    "split": split, "class": class_names[label], "match": _match(rs),
+                    "sure": len({int(sure[i]) for i in same}) < len(same)}))  # fmt: skip
         labels = sorted({records[i].label for i in idx})
         if len(labels) > 1:
             rs = [records[i] for i in idx]
+            sure_labels: dict[int, set[int]] = {}
+            for i in idx:
+                sure_labels.setdefault(int(sure[i]), set()).add(records[i].label)
             found.append(Finding("conflict", tuple(r.rel for r in rs), {
-                "classes": [class_names[r.label] for r in rs], "match": _match(rs)}))  # fmt: skip
+                "classes": [class_names[r.label] for r in rs], "match": _match(rs),
+                "sure": any(len(v) > 1 for v in sure_labels.values())}))  # fmt: skip
         train = [i for i in idx if roles[i] == "train"]
         if train:
             digests = {records[i].digest for i in train}
+            sure_train = {int(sure[i]) for i in train}
             for i in idx:
                 if roles[i] != "eval":
                     continue
                 r = records[i]
                 match = "identical" if r.digest in digests else "near"
                 found.append(Finding("leak", (r.rel, *(records[t].rel for t in train)), {
-                    "split": r.split, "class": class_names[r.label], "match": match}))  # fmt: skip
+                    "split": r.split, "class": class_names[r.label], "match": match,
+                    "sure": int(sure[i]) in sure_train}))  # fmt: skip
     return found
 
 

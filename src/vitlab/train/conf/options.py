@@ -192,7 +192,8 @@ OPTIONS: tuple[Option, ...] = (
       help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)"),
     O(path="strict_data", flag="--strict-data", group=data, kind=FLAG, default=False, resume="honoured",
       help="stop on files that cannot be decoded instead of skipping them, and on what the data check finds "
-      "misleading: evaluation images also in training, the same picture under two classes (docs/data_check.md)"),
+      "misleading: evaluation images also in training, the same picture under two classes (sure copies: identical "
+      "or re-encoded, not look-alikes; docs/data_check.md)"),
     O(path="dedup_eval", flag="--dedup-eval", group=data, kind=FLAG, default=False,
       help="leave out of the evaluation split the images the data check finds also in training (byte-identical or "
       "near copies), so that top-1 is measured on unseen images"),
