@@ -35,6 +35,7 @@ from vitlab.evaluate.calibration import (
     fit_temperature,
     model_temperature,
     probabilities,
+    temperature_pays,
 )
 from vitlab.inspect.report import training_artifacts
 from vitlab.models import VisionTransformer
@@ -135,7 +136,28 @@ def test_calibrate_fits_on_every_other_image_and_measures_on_the_rest():
     assert calibrate(z2, y).temperature == cal.temperature
     d = cal.to_dict()
     assert sum(d["reliability"]["count"]) == 200 and "every other image" in d["held_out"]
+    assert d["fitted_temperature"] == cal.fitted == cal.temperature  # it paid out of sample
     json.dumps(d)  # a record for files
+
+
+def test_a_temperature_that_does_not_pay_out_of_sample_is_not_kept():
+    """The fitting half's NLL picks some T != 1 even where no one T holds: here a quarter of the images (every fourth,
+    half of the fitting half) are 4x too sharp and the rest calibrated (labels drawn from their own softmax), so T
+    fitted on one half of the fitting images makes the other half's NLL worse, and the model keeps T = 1 and records
+    the fitted one. Logits 4x too sharp everywhere keep theirs. Only the fitting half decides."""
+    g = torch.Generator().manual_seed(3)
+    z = 2 * torch.randn(400, 5, generator=g)
+    y = torch.multinomial(z.softmax(1), 1, generator=g)[:, 0]
+    mixed = z.clone()
+    mixed[0::4] *= 4
+    cal = calibrate(mixed, y)
+    assert cal.fitted > 1.2 and cal.temperature == 1.0 and not temperature_pays(mixed[0::2], y[0::2])
+    assert cal.ece == cal.ece_uncalibrated and cal.to_dict()["fitted_temperature"] == cal.fitted
+    sharp = calibrate(4 * z, y)
+    assert sharp.temperature == sharp.fitted == pytest.approx(4.0, rel=0.3) and temperature_pays(4 * z[0::2], y[0::2])
+    reported = mixed.clone()
+    reported[1::2] = 5 * torch.randn(200, 5, generator=g)  # the reporting half changed: the same choice
+    assert calibrate(reported, y).temperature == 1.0
 
 
 def test_the_kept_logits_are_bounded_and_spread_over_the_whole_split():

@@ -114,8 +114,10 @@ def calibration_summary(summary: dict) -> str | None:
     if not isinstance(cal, dict) or cal.get("ece") is None:
         return None
     split = (summary.get("eval") or {}).get("split", "evaluation")
+    fitted = cal.get("fitted_temperature", cal["temperature"])
+    kept = "" if fitted == cal["temperature"] else f", not the fitted {fitted:.3g}: it did not pay out of sample"
     return (
-        f"calibration: temperature {cal['temperature']:.3g} (model/config.json; vitlab predict's probabilities), "
+        f"calibration: temperature {cal['temperature']:.3g}{kept} (model/config.json; vitlab predict's probabilities), "
         f"ECE {100 * cal['ece']:.1f}% (uncalibrated {100 * cal['ece_uncalibrated']:.1f}%) on {cal['ece_images']:,} "
         f"{split} images; fitted on the other {cal['fit_images']:,} (every other image)"
     )
