@@ -41,10 +41,10 @@ METHODS = {"full": ("full", 0), "lora4": ("lora", 4), "lora8": ("lora", 8), "ssf
 NUM_CLASSES = 10
 
 
-def tuned_model(name: str, method: str, rank: int) -> nn.Module:
-    """``name`` (randomly initialised, 10 classes, vitlab's speed paths) set to train by ``method``."""
+def tuned_model(name: str, method: str, rank: int, *, side: int) -> nn.Module:
+    """``name`` at ``side`` px (randomly initialised, 10 classes, vitlab's speed paths) set to train by ``method``."""
     torch.manual_seed(0)
-    model = vitlab.create_model(name, num_classes=NUM_CLASSES)
+    model = vitlab.create_model(name, num_classes=NUM_CLASSES, img_size=side)
     if method == "head":
         model.requires_grad_(False)
         model.head.requires_grad_(True)
@@ -90,7 +90,7 @@ def _status(key: str) -> int:
 def step_memory(name: str, method: str, rank: int, *, batch: int, side: int) -> tuple[int | None, int]:
     """``(peak bytes two steps add over the RSS before them, or None where VmHWM cannot be reset; gradient and
     optimizer-state bytes)`` of one method, alone in the process."""
-    step = Step(tuned_model(name, method, rank), batch=batch, side=side)
+    step = Step(tuned_model(name, method, rank, side=side), batch=batch, side=side)
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: what follows is the steps' own peak
         rss = _status("VmRSS")
@@ -106,9 +106,9 @@ def step_rows(name: str, *, batch: int, side: int, rounds: int, warmup: int) -> 
     rows = []
     for row, (method, rank) in METHODS.items():
         peak, state = step_memory(name, method, rank, batch=batch, side=side)
-        trained, total = trainable_counts(tuned_model(name, method, rank))
+        trained, total = trainable_counts(tuned_model(name, method, rank, side=side))
         rows.append({"method": row, "peak": peak, "state": state, "trained": trained, "total": total})
-    steps = {r: Step(tuned_model(name, m, k), batch=batch, side=side) for r, (m, k) in METHODS.items()}
+    steps = {r: Step(tuned_model(name, m, k, side=side), batch=batch, side=side) for r, (m, k) in METHODS.items()}
     times = time_calls(steps, rounds=rounds, warmup=warmup)
     for r in rows:
         r["ms"] = 1000 * times[r["method"]].median
@@ -145,7 +145,8 @@ def run_transfer(a: argparse.Namespace) -> None:
             tune = ["--lora", str(rank)] if method == "lora" else ["--tune", method]
             run = out / f"{m}-seed{seed}"
             cmd = [sys.executable, "-m", "vitlab", "finetune", "--init", a.init, "--data", a.data, "--time-budget",
-                   a.budget, "--seed", str(seed), *tune, "--out", str(run), "--overwrite", "--no-progress", *a.extra]  # fmt: skip
+                   a.budget, "--seed", str(seed), *tune, "--out", str(run), "--overwrite", "--no-progress",
+                   *a.extra]  # fmt: skip
             print("$", " ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
             summary = json.loads((run / "summary.json").read_text())

@@ -22,6 +22,7 @@ from vitlab.adapters import (
     has_adapters,
     merge_adapters,
     merged_copy,
+    merged_state_dict,
     target_linears,
     trainable_counts,
 )
@@ -200,7 +201,8 @@ def test_the_merged_model_saves_and_loads_as_a_plain_vit(tmp_path):
     want = logits(model, x)
     vitlab.save(merged_copy(model), tmp_path / "m")
     with safe_open(str(tmp_path / "m" / "model.safetensors"), "pt") as f:
-        assert not [k for k in f.keys() if "lora" in k or "base_layer" in k]
+        keys = list(f.keys())  # (a safetensors file, not a dict)
+    assert keys and not [k for k in keys if "lora" in k or "base_layer" in k]
     assert_close_rel(logits(vitlab.load(tmp_path / "m"), x), want, rtol=1e-5)
 
 
@@ -246,7 +248,10 @@ def test_lora_implies_tune_lora_and_tune_lora_defaults_to_peft_rank():
     ("values", "message"),
     [
         ({"recipe.lora": -1}, "--lora: a rank must be >= 1 (0: no LoRA), got -1"),
-        ({"recipe.lora": 4, "recipe.tune": "full"}, "--lora: trains LoRA adapters, and --tune full trains every weight"),
+        (
+            {"recipe.lora": 4, "recipe.tune": "full"},
+            "--lora: trains LoRA adapters, and --tune full trains every weight",
+        ),
         ({"recipe.lora": 4, "recipe.tune": "ssf"}, "--tune ssf trains scales and shifts"),
         ({"recipe.freeze": True, "recipe.tune": "lora"}, "--freeze: trains the head alone, and --tune lora"),
         ({"recipe.lora_alpha": 16.0}, "--lora-alpha: scales LoRA's updates: give --lora R too"),
@@ -284,16 +289,27 @@ def test_options_that_cannot_apply_are_refused_by_the_rules(values, message):
         (["--lora", "-1"], "vitlab finetune: error: --lora: a rank must be >= 1 (0: no LoRA), got -1"),
         (["--lora", "4", "--tune", "full"], "vitlab finetune: error: --lora: trains LoRA adapters, and --tune full"),
         (["--keep-adapters"], "vitlab finetune: error: --keep-adapters writes LoRA's adapters"),
-        (["--lora-targets", "qkv,,"], ""),
+        (["--lora", "4", "--lora-targets", "qkv,,"], ""),
         (["--lora-targets", "a b"], "not a module name"),
         (["--tune", "dora"], "invalid choice: 'dora'"),
     ],
 )
 def test_the_cli_refuses_in_one_line(tmp_path, capsys, argv, message):
-    args = ["finetune", "--init", str(tmp_path / "nowhere"), "--data", str(tmp_path), "--out", str(tmp_path / "o")]
-    code = main([*args, *argv])
+    args = [
+        "finetune",
+        "--init",
+        str(tmp_path / "nowhere"),
+        "--data",
+        str(tmp_path / "d"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    try:
+        code = main([*args, *argv])
+    except SystemExit as e:  # argparse's own errors (a bad value of a flag's type or choices)
+        code = e.code
     err = capsys.readouterr().err
-    if argv == ["--lora-targets", "qkv,,"]:  # empty items are dropped, not an error: the run goes on to --init
+    if not message:  # empty items are dropped, not an error: the run goes on to --init
         assert "--lora-targets" not in err
         return
     assert code == 2, err
@@ -301,7 +317,9 @@ def test_the_cli_refuses_in_one_line(tmp_path, capsys, argv, message):
 
 
 def test_train_has_no_lora_option(capsys):
-    assert main(["train", "--lora", "4"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--lora", "4"])
+    assert e.value.code == 2
     assert "unrecognized arguments: --lora" in capsys.readouterr().err
 
 
@@ -312,3 +330,35 @@ def test_the_option_table_the_recipe_and_the_adapters_name_the_same_methods():
 
     assert TUNE_METHODS == adapters.TUNE_METHODS == option("--tune").choices
     assert LORA_RANK == adapters.DEFAULT_RANK
+
+
+def test_the_merged_state_dict_is_the_merged_copys():
+    model = tiny("swiglu_qv_bias_rope_layerscale")
+    apply_tuning(model, "ssf")
+    perturb_adapters(model)
+    want = merged_copy(model).state_dict()
+    got = merged_state_dict(model)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_overwrite_removes_the_adapters_vitlab_wrote_and_stops_at_others(tmp_path):
+    from safetensors.torch import save_file
+
+    from vitlab.train.persist.claim import claim_run_folder
+
+    model = tiny()
+    apply_tuning(model, "lora", rank=2)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for run in (ours, theirs):
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("")  # a run was here
+    save_adapters(model, ours / "adapters", base=None)
+    claim_run_folder(ours, overwrite=True, init=None, log=lambda line: None)
+    assert not (ours / "adapters").exists()
+    (theirs / "adapters").mkdir()
+    save_file({"x": torch.zeros(1)}, str(theirs / "adapters" / "adapter_model.safetensors"))  # another program's
+    with pytest.raises(ConfigError, match="adapters/adapter_model.safetensors, which vitlab did not write"):
+        claim_run_folder(theirs, overwrite=True, init=None, log=lambda line: None)
+    assert (theirs / "adapters" / "adapter_model.safetensors").is_file()

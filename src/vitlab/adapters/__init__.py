@@ -10,7 +10,8 @@ paths of :mod:`vitlab.accel` were built for, so they stand aside for it and the 
 - :func:`apply_tuning`: freeze the model, wrap (LoRA, SSF) or release (bias) what the method trains; the classifier
   head (``head``, ``head_dist``) always trains, as ``peft``'s ``modules_to_save`` does for a classifier;
 - :func:`merge_adapters`: every wrapped layer replaced by the plain layer of its merged weights (in place);
-  :func:`merged_copy`: the same on a copy, the trained model untouched;
+  :func:`merged_copy`: the same on a copy, the trained model untouched; :func:`merged_state_dict`: the plain
+  model's weights alone;
 - :func:`trainable_counts`: the parameters that train, and all of them.
 """
 
@@ -20,6 +21,7 @@ import copy
 import re
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from ..errors import ConfigError
@@ -37,6 +39,7 @@ __all__ = [
     "has_adapters",
     "merge_adapters",
     "merged_copy",
+    "merged_state_dict",
     "target_linears",
     "trainable_counts",
 ]
@@ -144,6 +147,18 @@ def merged_copy(model: nn.Module) -> nn.Module:
     """``model`` with its adapters merged, as a copy (the trained model keeps training); ``model`` itself when it
     holds none."""
     return merge_adapters(copy.deepcopy(model)) if has_adapters(model) else model
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of ``model`` with its adapters merged (the plain model's keys), without copying the model: each
+    wrapped layer's entries replaced by those of its merged layer; ``model.state_dict()`` when it holds none."""
+    wrapped = {f"{n}.": m for n, m in model.named_modules() if isinstance(m, (LoRALinear, SSF))}
+    if not wrapped:
+        return model.state_dict()
+    state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(p) for p in wrapped)}
+    for prefix, m in wrapped.items():
+        state.update({prefix + k: v for k, v in m.merged().state_dict().items()})
+    return state
 
 
 def trainable_counts(model: nn.Module) -> tuple[int, int]:

@@ -229,7 +229,9 @@ class Recipe:
         if self.lora < 0:
             bad("lora", f"a rank must be >= 1 (0: no LoRA), got {self.lora}")
         if self.lora and self.tuning != "lora":
-            bad("lora", f"trains LoRA adapters, and --tune {self.tune} trains {self.tuning_what()}; give one of the two")
+            bad(
+                "lora", f"trains LoRA adapters, and --tune {self.tune} trains {self.tuning_what()}; give one of the two"
+            )
         if self.freeze and self.tuning != "head":
             bad("freeze", f"trains the head alone, and --tune {self.tuning} trains {self.tuning_what()}; give one")
         if self.lora_alpha is not None and not self.lora_alpha > 0:

@@ -23,9 +23,9 @@ __all__ = [
     "check_fsdp",
     "check_init",
     "check_levers",
-    "check_tuning",
     "check_location",
     "check_locations",
+    "check_tuning",
     "micro_batch",
     "validate",
 ]
@@ -150,7 +150,9 @@ def check_tuning(cfg: TrainConfig) -> None:
     pre-trained model (``--init``), in one process or under DDP (not ``--fsdp``: untested with wrapped layers); and
     ``--keep-adapters`` keeps LoRA's adapters, which the other methods do not make."""
     t = cfg.recipe.tuning
-    path, shown = ("recipe.lora", cfg.recipe.lora) if cfg.recipe.lora and cfg.recipe.tune is None else ("recipe.tune", t)
+    path, shown = (
+        ("recipe.lora", cfg.recipe.lora) if cfg.recipe.lora and cfg.recipe.tune is None else ("recipe.tune", t)
+    )
     if t in ("lora", "ssf", "bias") and not cfg.init:
         raise OptionError(ref(path), f" {shown} adapts a pre-trained model: give it with vitlab finetune --init MODEL")
     if t in ("lora", "ssf") and cfg.fsdp:

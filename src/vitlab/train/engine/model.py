@@ -265,7 +265,9 @@ def tune_model(model: nn.Module, recipe: Recipe) -> str:
         "ssf": f"SSF after {n} layers ({','.join(targets)} and the LayerNorms; merged into model/)",
         "bias": f"bias-only (BitFit: {n} bias tensors)",
     }[t]
-    return f"{what}: {trained:,} of {total:,} parameters train ({100 * trained / max(total, 1):.2f}%, the head included)"
+    return (
+        f"{what}: {trained:,} of {total:,} parameters train ({100 * trained / max(total, 1):.2f}%, the head included)"
+    )
 
 
 def _freeze_all_but_head(model: nn.Module) -> None:
