@@ -21,6 +21,7 @@ __all__ = [
     "INT",
     "LOGGERS",
     "MAPPING",
+    "NAMES",
     "PAIR",
     "RANDAUGMENT",
     "RES_SCHEDULE",
@@ -77,6 +78,24 @@ def _loggers(text: str) -> list[str]:
         if n not in BACKENDS:
             raise argparse.ArgumentTypeError(f"unknown logger {n!r}; choose from {', '.join(BACKENDS)}")
     return list(dict.fromkeys(names))
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``--lora-targets``' text (``qkv,proj``) as module names, in order, each once."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected module names like qkv,proj")
+    for n in names:
+        if not _MODULE_NAME.fullmatch(n):
+            raise argparse.ArgumentTypeError(f"{n!r}: not a module name (letters, digits, _ and dots, like attn.qkv)")
+    return tuple(dict.fromkeys(names))
+
+
+def _is_names(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(n, str) and _MODULE_NAME.fullmatch(n) for n in v)
 
 
 def _number(v: Any) -> bool:
@@ -191,6 +210,7 @@ LOGGERS = Kind(
     lambda v: isinstance(v, list) and all(isinstance(n, str) and n in BACKENDS for n in v),
     parse=_loggers,
 )
+NAMES = Kind("module names like qkv,proj", _is_names, lambda v: tuple(dict.fromkeys(v)), parse=_names)
 MAPPING = Kind(
     "a mapping of model fields", lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v), dict
 )

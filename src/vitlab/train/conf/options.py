@@ -28,6 +28,7 @@ from .kinds import (
     INT,
     LOGGERS,
     MAPPING,
+    NAMES,
     PAIR,
     RANDAUGMENT,
     RES_SCHEDULE,
@@ -289,6 +290,26 @@ OPTIONS: tuple[Option, ...] = (
       help="train only the classifier head (a linear probe); every other weight stays as it was"),
     O(path="recipe.head_warmup", flag="--head-warmup", group=recipe, kind=INT, metavar="STEPS",
       help="LP-FT: train only the head for the first STEPS optimizer steps, then every weight"),
+    # -- parameter-efficient fine-tuning (issue 60): what trains; model/ is a plain ViT whatever it is -----------
+    O(path="recipe.tune", flag="--tune", group=recipe, commands=("finetune",), nullable=True,
+      choices=("full", "head", "lora", "ssf", "bias"),
+      help="what fine-tuning trains, with the head always: full (every weight, the default), head (the head alone, "
+      "as --freeze), lora (low-rank adapters of the block linears, Hu et al. 2022), ssf (a scale and a shift per "
+      "channel after them and after every LayerNorm, Lian et al. 2022) or bias (every bias, BitFit); the adapters "
+      "are merged into the weights, so model/ is a plain ViT"),
+    O(path="recipe.lora", flag="--lora", group=recipe, commands=("finetune",), kind=INT, metavar="R",
+      help="LoRA of rank R, e.g. 4 or 8 (implies --tune lora; 0: none; --tune lora alone: 8, peft's default)"),
+    O(path="recipe.lora_alpha", flag="--lora-alpha", group=recipe, commands=("finetune",), kind=FLOAT,
+      nullable=True, metavar="ALPHA",
+      help="LoRA's updates are scaled by ALPHA/R (default: R, a scale of 1, as peft's default r=8, lora_alpha=8)"),
+    O(path="recipe.lora_targets", flag="--lora-targets", group=recipe, commands=("finetune",), kind=NAMES,
+      nullable=True, metavar="NAMES",
+      help="the encoder blocks' linears LoRA (or SSF) adapts, named as peft's target_modules (a name or a dotted "
+      "suffix of it); default qkv,proj,fc1,fc2: all four (fc1: also a SwiGLU MLP's fc1_g and fc1_x)"),
+    O(path="keep_adapters", flag="--keep-adapters", group=recipe, commands=("finetune",), kind=FLAG, default=False,
+      resume="honoured",
+      help="with LoRA: also write the adapters alone to adapters/ (peft's adapter_model.safetensors and "
+      "adapter_config.json, loadable with PeftModel.from_pretrained on the --init model)"),
     # -- the speedrun's levers (issue 38) ------------------------------------------------------------------------
     O(path="recipe.whiten_init", flag="--whiten-init", group=model, kind=FLAG, commands=("train",),
       help="before training, set the first convolution (the patch embedding, or a conv stem's first layer) to "

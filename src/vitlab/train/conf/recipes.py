@@ -15,13 +15,29 @@ from ...errors import ConfigError
 from .kinds import check_res_schedule
 from .options import OptionError, Ref
 
-__all__ = ["LIMITS", "RANDAUGMENT_BINS", "RANDAUGMENT_OPS", "RECIPES", "Recipe", "get_recipe", "list_recipes"]
+__all__ = [
+    "LIMITS",
+    "LORA_RANK",
+    "RANDAUGMENT_BINS",
+    "RANDAUGMENT_OPS",
+    "RECIPES",
+    "TUNE_METHODS",
+    "Recipe",
+    "get_recipe",
+    "list_recipes",
+]
 
 RANDAUGMENT_BINS = 31
 """torchvision's ``RandAugment`` magnitude bins: a magnitude is 0..30 (the paper's scale); a larger one indexed past
 its table (``IndexError`` in a data loader)."""
 RANDAUGMENT_OPS = 16
 """The most RandAugment operations an image takes (torchvision has 14 kinds; the paper uses 1-3)."""
+
+TUNE_METHODS = ("full", "head", "lora", "ssf", "bias")
+"""What fine-tuning trains (``--tune``; :attr:`Recipe.tuning`): every weight, the head alone (a linear probe), LoRA's
+low-rank updates of the block linears, SSF's scales and shifts, or the biases (BitFit); :mod:`vitlab.adapters`."""
+LORA_RANK = 8
+"""LoRA's rank with ``--tune lora`` and no ``--lora R``: ``peft``'s ``LoraConfig`` default ``r=8``."""
 
 LIMITS = {"--img-size": 16384, "--batch-size": 1 << 24, "--devices": 1 << 20, "--accum-steps": 1 << 20}
 """The largest value a run's recipe (:meth:`Recipe.validate`) and ``vitlab plan``
@@ -88,6 +104,15 @@ class Recipe:
     ``layer_decay ** (L - i)`` times the LR, the embeddings at ``layer_decay ** (L + 1)``, the head at 1."""
     freeze: bool = False
     """Train the head only (a linear probe): every other parameter keeps its initial value."""
+    tune: str | None = None
+    """What fine-tuning trains (:data:`TUNE_METHODS`); None: decided by ``lora`` and ``freeze`` (:attr:`tuning`)."""
+    lora: int = 0
+    """LoRA's rank R (``--lora R``, implies ``tune`` lora); 0: none (``tune`` lora alone: :data:`LORA_RANK`)."""
+    lora_alpha: float | None = None
+    """LoRA's alpha: the updates are scaled by ``alpha / R``; None: R (a scale of 1, ``peft``'s default pair)."""
+    lora_targets: tuple[str, ...] | None = None
+    """The encoder blocks' linears LoRA and SSF adapt, named as ``peft``'s ``target_modules``; None: all four
+    (:data:`vitlab.adapters.DEFAULT_TARGETS`)."""
     head_warmup: int = 0
     """LP-FT (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): the first ``head_warmup``
     optimizer steps train the head only, the rest of the run trains everything."""
@@ -119,6 +144,8 @@ class Recipe:
         self.crop_ratio = tuple(self.crop_ratio)  # type: ignore[assignment]
         if self.randaugment is not None:
             self.randaugment = tuple(self.randaugment)  # type: ignore[assignment]
+        if self.lora_targets is not None:
+            self.lora_targets = tuple(self.lora_targets)  # type: ignore[assignment]
         if self.res_schedule is not None:
             try:
                 self.res_schedule = check_res_schedule(self.res_schedule)
@@ -163,7 +190,8 @@ class Recipe:
             bad("token_drop_until", "ends token dropping, but no tokens are dropped: give --token-drop R too")
         if not 0 <= self.warmup_fraction <= 0.5:
             bad("warmup_fraction", f"must be in [0, 0.5], got {self.warmup_fraction}")
-        if self.freeze and self.head_warmup:
+        self._validate_tuning(bad)
+        if self.tuning == "head" and self.head_warmup:
             bad("head_warmup", "--freeze already trains only the head for the whole run; give one of the two")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
             bad("layer_decay", f"must be in (0, 1], got {self.layer_decay}")
@@ -181,6 +209,47 @@ class Recipe:
             bad("min_lr_ratio", f"must be in [0, 1] (the final LR as a fraction of the peak), got {self.min_lr_ratio}")
         if not 0 <= self.betas[0] < 1 or not 0 <= self.betas[1] < 1:
             bad("betas", f"must be in [0, 1), got {self.betas}")
+
+    @property
+    def tuning(self) -> str:
+        """THE fine-tuning method of the recipe (:data:`TUNE_METHODS`): ``tune`` when given, else ``lora`` with a
+        LoRA rank, ``head`` with ``freeze`` (the linear probe), else ``full``."""
+        if self.tune is not None:
+            return self.tune
+        return "lora" if self.lora else "head" if self.freeze else "full"
+
+    @property
+    def lora_rank(self) -> int:
+        """The rank LoRA trains at: ``lora``, or :data:`LORA_RANK` when only ``tune`` asks for LoRA."""
+        return self.lora or LORA_RANK
+
+    def _validate_tuning(self, bad: Any) -> None:
+        if self.tune is not None and self.tune not in TUNE_METHODS:
+            bad("tune", f"{self.tune!r} is not {', '.join(TUNE_METHODS[:-1])} or {TUNE_METHODS[-1]}")
+        if self.lora < 0:
+            bad("lora", f"a rank must be >= 1 (0: no LoRA), got {self.lora}")
+        if self.lora and self.tuning != "lora":
+            bad(
+                "lora", f"trains LoRA adapters, and --tune {self.tune} trains {self.tuning_what()}; give one of the two"
+            )
+        if self.freeze and self.tuning != "head":
+            bad("freeze", f"trains the head alone, and --tune {self.tuning} trains {self.tuning_what()}; give one")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            bad("lora_alpha", f"must be positive, got {self.lora_alpha}")
+        if self.lora_alpha is not None and self.tuning != "lora":
+            bad("lora_alpha", "scales LoRA's updates: give --lora R too")
+        if self.lora_targets is not None and self.tuning not in ("lora", "ssf"):
+            bad("lora_targets", "names the layers LoRA or SSF adapt: give --lora R (or --tune ssf) too")
+
+    def tuning_what(self) -> str:
+        """What :attr:`tuning` trains, in words."""
+        return {
+            "full": "every weight",
+            "head": "the head alone",
+            "lora": "low-rank adapters and the head",
+            "ssf": "scales and shifts and the head",
+            "bias": "the biases and the head",
+        }[self.tuning]
 
     def replace(self, **changes: Any) -> Recipe:
         """A copy with some fields changed (``None`` values are ignored: "not given on the CLI")."""

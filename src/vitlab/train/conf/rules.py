@@ -25,6 +25,7 @@ __all__ = [
     "check_levers",
     "check_location",
     "check_locations",
+    "check_tuning",
     "micro_batch",
     "validate",
 ]
@@ -53,6 +54,7 @@ def validate(cfg: TrainConfig) -> None:
             " model keeps the normalisation it was trained with (its weights expect it); drop the flag",
         )
     check_levers(cfg)
+    check_tuning(cfg)
     if cfg.model and resolve_name(cfg.model) not in list_models():
         hint = f"; did you mean {', '.join(close)}?" if (close := close_names(cfg.model)) else ""
         raise OptionError(ref("model"), f" {cfg.model!r}: not a registered name{hint} (see `vitlab models`)")
@@ -141,6 +143,23 @@ def check_levers(cfg: TrainConfig) -> None:
     if r.mpp_warmup and (cfg.objective != "classify" or cfg.teacher is not None):
         other = ("teacher", cfg.teacher) if cfg.teacher is not None else ("objective", cfg.objective)
         raise OptionError(ref("recipe.mpp_warmup"), " warms up a classifier: not with ", ref(other[0]), f" {other[1]}")
+
+
+def check_tuning(cfg: TrainConfig) -> None:
+    """Parameter-efficient fine-tuning (``--tune``, ``--lora``; the recipe checks its own fields): it adapts a
+    pre-trained model (``--init``), in one process or under DDP (not ``--fsdp``: untested with wrapped layers); and
+    ``--keep-adapters`` keeps LoRA's adapters, which the other methods do not make."""
+    t = cfg.recipe.tuning
+    path, shown = (
+        ("recipe.lora", cfg.recipe.lora) if cfg.recipe.lora and cfg.recipe.tune is None else ("recipe.tune", t)
+    )
+    if t in ("lora", "ssf", "bias") and not cfg.init:
+        raise OptionError(ref(path), f" {shown} adapts a pre-trained model: give it with vitlab finetune --init MODEL")
+    if t in ("lora", "ssf") and cfg.fsdp:
+        raise OptionError(ref("fsdp"), " with ", ref(path), f" {shown}: not supported (the adapters are small: drop "
+                          "--fsdp, DDP holds them whole)")  # fmt: skip
+    if cfg.keep_adapters and t != "lora":
+        raise OptionError(ref("keep_adapters"), " writes LoRA's adapters: give ", ref("recipe.lora"), " R too")
 
 
 def check_distillation(cfg: TrainConfig) -> None:

@@ -54,6 +54,9 @@ class TrainConfig:
     ``--init`` model keeps the normalisation it was trained with."""
     init: str | None = None
     """Fine-tune from this model (a vitlab folder or any name/path ``vitlab.load`` accepts)."""
+    keep_adapters: bool = False
+    """Fine-tuning with LoRA: also write the adapters alone to ``adapters/`` in ``peft``'s files
+    (:mod:`vitlab.adapters.peft_files`); ``model/`` holds the merged model either way."""
     new_head: bool = False
     """Fine-tuning: a new zero-initialised head even when the ``--init`` model's classes are the data's (same names,
     same order: otherwise it is new anyway, :func:`~vitlab.train.conf.arch.head_choice`)."""
@@ -286,6 +289,7 @@ def muon_refusal(cfg: TrainConfig, recipe: Recipe) -> tuple[str, str] | None:
         (cfg.fsdp, "fsdp", "its sharded checkpoints hold one optimizer"),
         (recipe.layer_decay is not None, "recipe.layer_decay", "Muon's matrices take one LR"),
         (recipe.freeze, "recipe.freeze", "a linear probe trains no encoder matrix"),
+        (recipe.tuning != "full", "recipe.tune", "it orthogonalises updates of whole matrices, and these train none"),
     ):
         if refused:
             return path, why

@@ -18,11 +18,12 @@ import torch
 from torch import nn
 
 from ...accel import accelerate
+from ...adapters import DEFAULT_TARGETS, apply_tuning, trainable_counts
 from ...checkpoints import Checkpoint, checkpoint_config, load
 from ...data import ArrayDataset, ImageArray, channel_stats, eval_transform
 from ...data.shards.stream import STATS_SAMPLES, StreamData, first_images
 from ...distributed import Dist
-from ...errors import VitlabError
+from ...errors import ConfigError, VitlabError
 from ...models import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, VisionTransformer, ViTConfig
 from ...models.whiten import whiten_init_
 from ...resolve import model_source, read_model
@@ -48,6 +49,7 @@ __all__ = [
     "input_norm",
     "run_model_config",
     "seed_all",
+    "tune_model",
     "whiten_first_conv",
 ]
 
@@ -206,8 +208,11 @@ def build_net(
         whiten_first_conv(model, data, seed=cfg.seed, crop_pct=r.crop_pct)
     if cfg.distill_token:  # training forwards return (class logits, distillation logits) for the DeiT loss
         model.set_distilled_training(True)
-    if r.freeze:
+    if r.tuning == "head":
         _freeze_all_but_head(model)
+    elif r.tuning != "full":
+        tuning = tune_model(model, r)
+        line = f"{line}; {tuning}" if line else tuning
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     net = objective.wrap(model)
@@ -238,6 +243,31 @@ def whiten_first_conv(model: nn.Module, data: DataSplits, *, seed: int, crop_pct
     x = torch.stack([images[int(i)][0] for i in picked])
     conv = model.get_submodule(model.pretrained_cfg["first_conv"])
     return whiten_init_(conv, x, negated=c.stem == "conv")
+
+
+def tune_model(model: nn.Module, recipe: Recipe) -> str:
+    """Make ``model`` train by the recipe's parameter-efficient method (``--tune lora|ssf|bias``, ``--lora R``:
+    :func:`vitlab.adapters.apply_tuning`), in place, before the optimizer sees it; the line saying what trains
+    (how many parameters, and their share of the model). The wrapping draws LoRA's ``A`` from the global generator,
+    seeded before it, so a resumed run rebuilds the same adapters before ``last.pt``'s values replace them."""
+    r = recipe
+    t = r.tuning
+    targets = r.lora_targets or DEFAULT_TARGETS
+    path = "recipe.lora_targets" if r.lora_targets else ("recipe.lora" if r.tune is None else "recipe.tune")
+    try:
+        n = apply_tuning(model, t, rank=r.lora_rank, alpha=r.lora_alpha, targets=targets)
+    except ConfigError as e:
+        raise OptionError(ref(path), f": {e}") from None
+    trained, total = trainable_counts(model)
+    what = {
+        "lora": f"LoRA r={r.lora_rank}, alpha={r.lora_alpha or r.lora_rank:g} on {n} linears "
+        f"({','.join(targets)}; merged into model/)",
+        "ssf": f"SSF after {n} layers ({','.join(targets)} and the LayerNorms; merged into model/)",
+        "bias": f"bias-only (BitFit: {n} bias tensors)",
+    }[t]
+    return (
+        f"{what}: {trained:,} of {total:,} parameters train ({100 * trained / max(total, 1):.2f}%, the head included)"
+    )
 
 
 def _freeze_all_but_head(model: nn.Module) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...adapters import merged_state_dict
 from ...distributed import Dist
 from ...inspect.alarms import RunContext, named_alarms, named_notes
 from ...inspect.health import attention_health
@@ -208,7 +209,7 @@ def plain_copy(vit: nn.Module) -> nn.Module:
     """A plain :class:`~vitlab.models.VisionTransformer` of ``vit``'s configuration (under any ``torch.compile`` or
     DDP wrapper; ``vitlab.accel``'s class gives the plain one) holding a detached copy of its weights, on their
     device: built on the meta device and handed the copied tensors, so no initialisation runs
-    and the run's random state is untouched."""
+    and the run's random state is untouched. Adapters (``--tune lora``, ``ssf``) are merged into the copy's weights."""
     for _ in range(4):  # the ViT under a compile or DDP wrapper
         inner = getattr(vit, "_orig_mod", None) or getattr(vit, "module", None)
         if not isinstance(inner, nn.Module):
@@ -217,7 +218,8 @@ def plain_copy(vit: nn.Module) -> nn.Module:
     cls = VisionTransformer if isinstance(vit, VisionTransformer) else type(vit)  # not accel's speed paths
     with torch.device("meta"):
         copy = cls(vit.config)
-    copy.load_state_dict({k: v.detach().clone() for k, v in vit.state_dict().items()}, assign=True)
+    state = merged_state_dict(vit)  # a LoRA- or SSF-wrapped model's weights merged: the plain model's
+    copy.load_state_dict({k: v.detach().clone() for k, v in state.items()}, assign=True)
     return copy.eval()
 
 

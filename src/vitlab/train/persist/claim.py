@@ -12,6 +12,8 @@
   or tagged vitlab);
 - ``model/``: only vitlab's ``model.safetensors`` and ``config.json`` (format ``vitlab``) in it, and the folder
   when nothing else is left; ``sharded/``: only the checkpoints vitlab marked (:func:`~.dcp.clear`);
+- ``adapters/`` (``--keep-adapters``): only the ``adapter_model.safetensors`` whose metadata vitlab marked and the
+  ``adapter_config.json`` beside it, and the folder when nothing else is left;
 - ``tensorboard/``: only the event files vitlab's tracker wrote (their first record names vitlab's ``config``);
   ``wandb/`` and ``mlruns/`` are kept whole: the new run is a new W&B / MLflow run beside the old ones.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from ...checkpoints.vitlab_folder import CONFIG_NAME, WEIGHTS_NAME, is_native
 from ...errors import ConfigError
 from .dcp import SHARDED_DIR, clear
-from .outputs import RUN_MARKERS, RUN_OUTPUTS
+from .outputs import ADAPTERS_DIR, RUN_MARKERS, RUN_OUTPUTS
 
 __all__ = ["claim_run_folder", "written_by_vitlab"]
 
@@ -150,6 +152,29 @@ def _model_files(folder: Path) -> tuple[list[Path], list[str]]:
     return ours, foreign
 
 
+_ADAPTER_WEIGHTS, _ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+_ADAPTER_MARK = b'"vitlab":"lora-adapters"'
+
+
+def _adapter_files(folder: Path) -> tuple[list[Path], list[str]]:
+    """``(vitlab's files in adapters/, what there is not vitlab's and would be replaced)``: the weights are vitlab's
+    when their safetensors header (its first bytes, bounded) holds vitlab's metadata mark, and the config beside
+    them with them."""
+    weights, config = folder / _ADAPTER_WEIGHTS, folder / _ADAPTER_CONFIG
+    ours = False
+    if weights.is_file() and not weights.is_symlink():
+        try:
+            head = _head(weights, 8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            ours = 0 < n <= 64 * _READ and _ADAPTER_MARK in _head(weights, 8 + n)[8:].replace(b" ", b"")
+        except OSError:
+            ours = False
+    present = [p for p in (weights, config) if p.exists() or p.is_symlink()]
+    if ours:
+        return present, []
+    return [], [f"{ADAPTERS_DIR}/{p.name}" for p in present]
+
+
 def _tensorboard_files(folder: Path) -> list[Path]:
     """The event files vitlab's TensorBoard tracker wrote in ``folder`` (it logs the run's ``config`` first)."""
     found = []
@@ -178,6 +203,13 @@ def _overwrite_targets(out: Path) -> tuple[list[Path], list[str]]:
                 foreign.append(name)
                 continue
             ours, theirs = _model_files(p)
+            remove += ours
+            foreign += theirs
+        elif name == ADAPTERS_DIR:
+            if not p.is_dir():
+                foreign.append(name)
+                continue
+            ours, theirs = _adapter_files(p)
             remove += ours
             foreign += theirs
         elif name == "tensorboard":
@@ -226,7 +258,7 @@ def claim_run_folder(out: Path, *, overwrite: bool, init: str | None, log: Calla
         if top not in removed:
             removed.append(top)
     kept: list[str] = []
-    for name in ("model", "tensorboard"):
+    for name in ("model", "tensorboard", ADAPTERS_DIR):
         p = out / name
         if p.is_dir() and not p.is_symlink():
             try:

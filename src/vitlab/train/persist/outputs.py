@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..conf.train_config import TrainConfig
 
 __all__ = [
+    "ADAPTERS_DIR",
     "RUN_MARKERS",
     "RUN_OUTPUTS",
     "append_metrics",
@@ -39,11 +40,13 @@ __all__ = [
     "write_sizing",
 ]
 
+ADAPTERS_DIR = "adapters"
+"""Where ``--keep-adapters`` writes LoRA's adapters alone (:func:`vitlab.adapters.peft_files.save_adapters`)."""
 RUN_MARKERS = ("summary.json", "last.pt", "metrics.jsonl", "model")
 """What a run leaves in its folder: a folder holding any of them holds a run."""
 RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_files.txt", "config.yaml", "sizing.json",
                "health.png", "reliability.png", "scalars.csv", "scalars_config.json", "tensorboard", "wandb",
-               "mlruns", "data_check.json")  # fmt: skip
+               "mlruns", "data_check.json", "adapters")  # fmt: skip
 """Everything a run writes in its folder (``.lock`` aside), the folders of the ``--log`` trackers included
 (:mod:`vitlab.track.backends`): the names ``--overwrite`` looks at, removing only what vitlab wrote there
 (:func:`~vitlab.train.persist.claim.claim_run_folder`)."""

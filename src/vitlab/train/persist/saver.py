@@ -15,6 +15,8 @@ import torch.distributed as tdist
 from torch import nn
 
 from ..._fs import own_folder
+from ...adapters import has_adapters, merged_copy
+from ...adapters.peft_files import save_adapters
 from ...checkpoints import save
 from ...distributed import Dist
 from ...evaluate.calibration import Calibration
@@ -23,7 +25,7 @@ from ..conf.train_config import TrainConfig
 from ..sizing.choice import Sizing
 from ..sizing.steps import RunPlan
 from .dcp import prune, read_sharded, sharded_folder, write_sharded
-from .outputs import write_sizing
+from .outputs import ADAPTERS_DIR, write_sizing
 from .position import RunPosition
 from .state import atomic_torch_save, get_rng_state, set_rng_state
 
@@ -171,7 +173,9 @@ class CheckpointSaver:
         self, model: nn.Module, *, cfg: TrainConfig, recipe: Recipe, ev: dict[str, Any], epoch: int,
         data: dict[str, Any] | None = None, calibration: Calibration | None = None,
     ) -> None:  # fmt: skip
-        """``model/``: ``model`` as a vitlab folder with what produced it (the ``recipe`` trained with, data, epoch,
+        """``model/``: ``model`` as a vitlab folder, a plain ViT (the adapters of ``--tune lora`` or ``ssf`` merged
+        into a copy's weights: :func:`vitlab.adapters.merged_copy`; with ``--keep-adapters`` LoRA's adapters alone
+        also go to ``adapters/`` in ``peft``'s files) with what produced it (the ``recipe`` trained with, data, epoch,
         accuracy, ``--init``) and its ``calibration`` (:func:`~vitlab.evaluate.calibration.calibrate` of these weights'
         evaluation: ``temperature``, which ``vitlab predict`` divides the logits by, and the ECE with and without it;
         none: no temperature, ``T = 1``).
@@ -182,7 +186,7 @@ class CheckpointSaver:
         r = recipe
         folder = own_folder(self.out / "model", what="the model (model.safetensors, config.json)", log=self.log)
         save(
-            model,
+            merged_copy(model),  # a plain ViT: the adapters (--tune lora, ssf) merged into its weights
             folder,
             overwrite=True,
             extra={
@@ -199,6 +203,10 @@ class CheckpointSaver:
                 **(calibration.scalars() if calibration is not None else {"temperature": None}),
             },
         )
+        if cfg.keep_adapters and has_adapters(model):
+            where = own_folder(self.out / ADAPTERS_DIR, what="the LoRA adapters (adapter_model.safetensors, "
+                               "adapter_config.json)", log=self.log)  # fmt: skip
+            save_adapters(model, where, base=cfg.init)
 
 
 def _gather(s: torch.Tensor, dist: Dist, device: torch.device) -> list[torch.Tensor]:

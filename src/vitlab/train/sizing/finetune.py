@@ -91,7 +91,7 @@ def finetune_recipe(
         how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
     level = aug_level(epochs=passes, n_train=n_train)
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
-    lp = new_head and n_train < SMALL_DATA and not given.get("freeze") and processes == 1 and not cfg.fsdp
+    lp = new_head and n_train < SMALL_DATA and r.tuning != "head" and processes == 1 and not cfg.fsdp
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
         **COMMON_FIELDS,
