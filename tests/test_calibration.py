@@ -366,7 +366,7 @@ def test_a_model_saved_without_a_fit_never_keeps_an_inherited_temperature(tmp_pa
     from vitlab.train.persist.saver import CheckpointSaver
 
     saver = CheckpointSaver(tmp_path, dist=Dist(), device=torch.device("cpu"))
-    cfg = SimpleNamespace(data="d", init="runs/x/model", objective="mpp")
+    cfg = SimpleNamespace(data="d", init="runs/x/model", objective="mpp", keep_adapters=False)
     recipe = SimpleNamespace(crop_pct=1.0, name="auto")
     saver.save_model(_model(7.0), cfg=cfg, recipe=recipe, ev={"top1": 0.5, "top5": 1.0}, epoch=1, calibration=None)
     assert json.loads((tmp_path / "model" / "config.json").read_text())["extra"]["temperature"] is None
