@@ -179,18 +179,43 @@ def test_targets_by_role_on_each_mlp():
         apply_tuning(tiny(), "lora", targets=["q_proj"])
 
 
-def test_the_speed_paths_stand_aside_for_a_wrapped_model():
-    """A LoRA-wrapped block is no longer the block the fused training path was built for: the plain forward runs,
-    and its training-mode output equals the merged plain model's (which takes the fused path) to float rounding."""
+def test_lora_trains_through_the_fused_block_with_the_plain_paths_gradients():
+    """A LoRA-wrapped block trains through the fused training node with its effective weights W + (alpha/r) B A
+    (a LoRA step costs a full fine-tune's, not the plain forward's extra thin products): its output and the
+    adapters' and head's gradients equal the plain autograd path's (the speed paths switched off) to float rounding,
+    and its output equals the merged plain model's. SSF and other wrappers still take the plain forward."""
+    from vitlab.accel import set_enabled, training_path
+
     model = tiny()
     apply_tuning(model, "lora", rank=4)
     perturb_adapters(model)
     plain = merged_copy(model).requires_grad_(True)
-    assert not model.blocks[0].accelerable() and plain.blocks[0].accelerable()
-    x = images(model, 8)
     model.train()
     plain.train()
-    assert_close_rel(model(x).detach(), plain(x).detach())
+    assert not model.blocks[0].accelerable() and plain.blocks[0].accelerable()
+    assert training_path(model) == training_path(plain) != "autograd"
+    x = images(model, 8)
+
+    def grads() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        out = model(x)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    fused_out, fused = grads()
+    set_enabled(False)
+    try:
+        plain_out, reference = grads()
+    finally:
+        set_enabled(True)
+    assert_close_rel(fused_out, plain_out)
+    assert fused.keys() == reference.keys() and any(".lora_A." in n for n in fused)
+    for n in fused:
+        assert_close_rel(fused[n], reference[n])
+    assert_close_rel(fused_out, plain(x).detach())
+    ssf = tiny()
+    apply_tuning(ssf, "ssf")
+    assert training_path(ssf.train()) == "autograd"
 
 
 def test_the_merged_model_saves_and_loads_as_a_plain_vit(tmp_path):

@@ -1,7 +1,12 @@
 """The encoder block with its speed paths: :class:`FastBlock` is a :class:`~vitlab.models.Block`
 with the same submodules and parameters, whose forward takes the oneDNN inference path
 (:mod:`.onednn`) or the fused training node (:mod:`.fused_block`) when they apply, and the
-plain forward of Eq. 2-3 otherwise."""
+plain forward of Eq. 2-3 otherwise.
+
+A block whose linears are wrapped by LoRA (:class:`~vitlab.adapters.lora.LoRALinear`, ``vitlab finetune --lora``)
+also trains through the fused node: each wrapped linear enters it by its effective weight ``W + (alpha / r) B A``
+(the layer's ``weight``, a tensor that autograd differentiates back into ``A`` and ``B``), so the step costs a full
+fine-tune's plus the small products ``B A``, instead of the plain forward's two thin products per linear."""
 
 from __future__ import annotations
 
@@ -11,12 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..adapters.lora import LoRALinear
 from ..models.layers import Attention, Block, DropPath, Mlp
 from . import fused_block, onednn
 from .buffers import Scratch, Workspace
 from .switch import enabled, running_eagerly, unchanged
 
-__all__ = ["BLOCK_LAYOUT", "FastBlock", "paper_block"]
+__all__ = ["BLOCK_LAYOUT", "FastBlock", "lora_block", "paper_block"]
 
 BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
     "norm1": nn.LayerNorm,
@@ -52,6 +58,24 @@ def paper_block(block: nn.Module) -> bool:
     return unchanged(block, BLOCK_LAYOUT) and not block.attn._parameters
 
 
+_LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+
+
+def lora_block(block: nn.Module) -> bool:
+    """Whether ``block`` is the paper's block as built except that some of its four linears are wrapped by LoRA (and
+    nothing else): the fused training node then takes their effective weights (see the module's notes). A LoRA
+    layer's own forward is ``W x + b + (alpha / r) B A x``, the node's ``(W + (alpha / r) B A) x + b``: the same
+    function to float rounding."""
+    layout = dict(BLOCK_LAYOUT)
+    wrapped = 0
+    for name in _LINEARS:
+        if type(block.get_submodule(name)) is LoRALinear:
+            wrapped += 1
+            layout.update({name: LoRALinear, f"{name}.base_layer": nn.Linear, f"{name}.lora_A": nn.Linear,
+                           f"{name}.lora_B": nn.Linear})  # fmt: skip
+    return wrapped > 0 and unchanged(block, layout) and not block.attn._parameters
+
+
 class FastBlock(Block):
     """:class:`~vitlab.models.Block` plus the buffers its fused training path keeps between steps.
 
@@ -74,6 +98,11 @@ class FastBlock(Block):
         no replaced or wrapped layers)."""
         return enabled() and running_eagerly() and paper_block(self)
 
+    def trains_fused_with_lora(self, x: torch.Tensor) -> bool:
+        """Whether this training forward on ``x`` runs the fused node with LoRA's effective weights
+        (:func:`lora_block`): the switch on, an eager forward, the node's own conditions."""
+        return enabled() and running_eagerly() and lora_block(self) and fused_block.applies(self, x)
+
     def train(self, mode: bool = True) -> FastBlock:
         if mode:  # packed inference weights would go stale and hold memory
             onednn.forget(self)
@@ -90,6 +119,8 @@ class FastBlock(Block):
                 return onednn.block_forward(self, x)
             if fused_block.applies(self, x):
                 return fused_block.block_forward(self, x)
+        elif not return_attention and not kw and self.trains_fused_with_lora(x):
+            return fused_block.block_forward(self, x)
         return super().forward(x, return_attention=return_attention, **kw)  # (options it does not implement)
 
     def forward_cls(self, x: torch.Tensor) -> torch.Tensor:

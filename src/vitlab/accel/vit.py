@@ -205,8 +205,10 @@ def training_path(model: nn.Module) -> str:
         fused = bool(blocks) and all(
             isinstance(b, FastBlock)
             and b.training
-            and b.accelerable()
-            and fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0]))
+            and (
+                (b.accelerable() and fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])))
+                or b.trains_fused_with_lora(torch.empty(1, 1, b.norm1.normalized_shape[0]))
+            )
             for b in blocks
         )
     if not fused:
