@@ -67,9 +67,10 @@ def lora_block(block: nn.Module) -> bool:
     layer's own forward is ``W x + b + (alpha / r) B A x``, the node's ``(W + (alpha / r) B A) x + b``: the same
     function to float rounding."""
     layout = dict(BLOCK_LAYOUT)
+    modules = dict(block.named_modules())
     wrapped = 0
-    for name in _LINEARS:
-        if type(block.get_submodule(name)) is LoRALinear:
+    for name in _LINEARS:  # (a SwiGLU MLP has no fc1: its block is no paper block, and unchanged() says so)
+        if type(modules.get(name)) is LoRALinear:
             wrapped += 1
             layout.update({name: LoRALinear, f"{name}.base_layer": nn.Linear, f"{name}.lora_A": nn.Linear,
                            f"{name}.lora_B": nn.Linear})  # fmt: skip
