@@ -179,15 +179,17 @@ def test_targets_by_role_on_each_mlp():
         apply_tuning(tiny(), "lora", targets=["q_proj"])
 
 
-def test_lora_trains_through_the_fused_block_with_the_plain_paths_gradients():
-    """A LoRA-wrapped block trains through the fused training node with its effective weights W + (alpha/r) B A
-    (a LoRA step costs a full fine-tune's, not the plain forward's extra thin products): its output and the
-    adapters' and head's gradients equal the plain autograd path's (the speed paths switched off) to float rounding,
-    and its output equals the merged plain model's. SSF and other wrappers still take the plain forward."""
+@pytest.mark.parametrize("method", ["lora", "ssf"])
+def test_adapters_train_through_the_fused_block_with_the_plain_paths_gradients(method):
+    """A LoRA- or SSF-wrapped paper block trains through the fused training node with its effective weights
+    (LoRA's W + (alpha/r) B A; SSF's diag(scale) W, scale * b + shift, on the LayerNorms too), so an adapted step
+    costs a full fine-tune's, not the plain forward's extra products: its output and the adapters' and head's
+    gradients equal the plain autograd path's (the speed paths switched off) to float rounding, and its output equals
+    the merged plain model's. A block of another family (SwiGLU) keeps the plain forward."""
     from vitlab.accel import set_enabled, training_path
 
     model = tiny()
-    apply_tuning(model, "lora", rank=4)
+    apply_tuning(model, method, rank=4)
     perturb_adapters(model)
     plain = merged_copy(model).requires_grad_(True)
     model.train()
@@ -209,13 +211,14 @@ def test_lora_trains_through_the_fused_block_with_the_plain_paths_gradients():
     finally:
         set_enabled(True)
     assert_close_rel(fused_out, plain_out)
-    assert fused.keys() == reference.keys() and any(".lora_A." in n for n in fused)
+    assert fused.keys() == reference.keys() and any((".lora_A." if method == "lora" else ".ssf_scale") in n
+                                                    for n in fused)  # fmt: skip
     for n in fused:
         assert_close_rel(fused[n], reference[n])
     assert_close_rel(fused_out, plain(x).detach())
-    ssf = tiny()
-    apply_tuning(ssf, "ssf")
-    assert training_path(ssf.train()) == "autograd"
+    other = tiny("swiglu_qv_bias_rope_layerscale")
+    apply_tuning(other, method, rank=4)
+    assert training_path(other.train()) == "autograd"
 
 
 def test_the_merged_model_saves_and_loads_as_a_plain_vit(tmp_path):

@@ -3,10 +3,12 @@ with the same submodules and parameters, whose forward takes the oneDNN inferenc
 (:mod:`.onednn`) or the fused training node (:mod:`.fused_block`) when they apply, and the
 plain forward of Eq. 2-3 otherwise.
 
-A block whose linears are wrapped by LoRA (:class:`~vitlab.adapters.lora.LoRALinear`, ``vitlab finetune --lora``)
-also trains through the fused node: each wrapped linear enters it by its effective weight ``W + (alpha / r) B A``
-(the layer's ``weight``, a tensor that autograd differentiates back into ``A`` and ``B``), so the step costs a full
-fine-tune's plus the small products ``B A``, instead of the plain forward's two thin products per linear."""
+A block whose layers are wrapped by LoRA or SSF (:class:`~vitlab.adapters.lora.LoRALinear`,
+:class:`~vitlab.adapters.ssf.SSF`: ``vitlab finetune --lora``, ``--tune ssf``) also trains through the fused node:
+each wrapped layer enters it by its effective weight and bias (LoRA's ``W + (alpha / r) B A``, SSF's
+``diag(scale) W`` and ``scale * b + shift``, on a LayerNorm its affine pair likewise: the layer's ``weight`` and
+``bias``, tensors that autograd differentiates back into the adapters), so the step costs a full fine-tune's plus
+the adapters' small products, instead of the plain forward's extra products per layer."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..adapters.lora import LoRALinear
+from ..adapters.ssf import SSF
 from ..models.layers import Attention, Block, DropPath, Mlp
 from . import fused_block, onednn
 from .buffers import Scratch, Workspace
 from .switch import enabled, running_eagerly, unchanged
 
-__all__ = ["BLOCK_LAYOUT", "FastBlock", "lora_block", "paper_block"]
+__all__ = ["BLOCK_LAYOUT", "FastBlock", "adapted_block", "paper_block"]
 
 BLOCK_LAYOUT: dict[str, type | tuple[type, ...]] = {
     "norm1": nn.LayerNorm,
@@ -59,21 +62,28 @@ def paper_block(block: nn.Module) -> bool:
 
 
 _LINEARS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+_NORMS = ("norm1", "norm2")
 
 
-def lora_block(block: nn.Module) -> bool:
-    """Whether ``block`` is the paper's block as built except that some of its four linears are wrapped by LoRA (and
-    nothing else): the fused training node then takes their effective weights (see the module's notes). A LoRA
-    layer's own forward is ``W x + b + (alpha / r) B A x``, the node's ``(W + (alpha / r) B A) x + b``: the same
-    function to float rounding."""
+def adapted_block(block: nn.Module) -> bool:
+    """Whether ``block`` is the paper's block as built except that some of its four linears are wrapped by LoRA or
+    SSF and its LayerNorms by SSF (and nothing else): the fused training node then takes their effective weights
+    (see the module's notes). A LoRA layer's own forward is ``W x + b + (alpha / r) B A x``, the node's
+    ``(W + (alpha / r) B A) x + b``; an SSF layer's ``scale * (W x + b) + shift``, the node's
+    ``(diag(scale) W) x + (scale * b + shift)``: the same functions to float rounding."""
     layout = dict(BLOCK_LAYOUT)
     modules = dict(block.named_modules())
     wrapped = 0
-    for name in _LINEARS:  # (a SwiGLU MLP has no fc1: its block is no paper block, and unchanged() says so)
-        if type(modules.get(name)) is LoRALinear:
-            wrapped += 1
+    for name in _LINEARS + _NORMS:  # (a SwiGLU MLP has no fc1: its block is no paper block, and unchanged() says so)
+        m = modules.get(name)
+        if type(m) is LoRALinear and name in _LINEARS:
             layout.update({name: LoRALinear, f"{name}.base_layer": nn.Linear, f"{name}.lora_A": nn.Linear,
                            f"{name}.lora_B": nn.Linear})  # fmt: skip
+        elif type(m) is SSF and m.ssf_shift is not None:
+            layout.update({name: SSF, f"{name}.base_layer": layout[name]})
+        else:
+            continue
+        wrapped += 1
     return wrapped > 0 and unchanged(block, layout) and not block.attn._parameters
 
 
@@ -99,10 +109,10 @@ class FastBlock(Block):
         no replaced or wrapped layers)."""
         return enabled() and running_eagerly() and paper_block(self)
 
-    def trains_fused_with_lora(self, x: torch.Tensor) -> bool:
-        """Whether this training forward on ``x`` runs the fused node with LoRA's effective weights
-        (:func:`lora_block`): the switch on, an eager forward, the node's own conditions."""
-        return enabled() and running_eagerly() and lora_block(self) and fused_block.applies(self, x)
+    def trains_fused_with_adapters(self, x: torch.Tensor) -> bool:
+        """Whether this training forward on ``x`` runs the fused node with the adapters' effective weights
+        (:func:`adapted_block`): the switch on, an eager forward, the node's own conditions."""
+        return enabled() and running_eagerly() and adapted_block(self) and fused_block.applies(self, x)
 
     def train(self, mode: bool = True) -> FastBlock:
         if mode:  # packed inference weights would go stale and hold memory
@@ -120,7 +130,7 @@ class FastBlock(Block):
                 return onednn.block_forward(self, x)
             if fused_block.applies(self, x):
                 return fused_block.block_forward(self, x)
-        elif not return_attention and not kw and self.trains_fused_with_lora(x):
+        elif not return_attention and not kw and self.trains_fused_with_adapters(x):
             return fused_block.block_forward(self, x)
         return super().forward(x, return_attention=return_attention, **kw)  # (options it does not implement)
 

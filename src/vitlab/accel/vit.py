@@ -207,7 +207,7 @@ def training_path(model: nn.Module) -> str:
             and b.training
             and (
                 (b.accelerable() and fused_block.applies(b, torch.empty(1, 1, b.norm1.normalized_shape[0])))
-                or b.trains_fused_with_lora(torch.empty(1, 1, b.norm1.normalized_shape[0]))
+                or b.trains_fused_with_adapters(torch.empty(1, 1, b.norm1.normalized_shape[0]))
             )
             for b in blocks
         )

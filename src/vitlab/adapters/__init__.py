@@ -6,8 +6,8 @@ the encoder blocks (:data:`DEFAULT_TARGETS`: the attention's ``qkv`` and output 
 ``fc2``; a SwiGLU MLP's ``fc1_g`` and ``fc1_x`` are its ``fc1``), so every family :func:`vitlab.load` builds (the
 paper's, SwiGLU, q/v biases, RoPE, axial, hybrid) takes them alike. A wrapped layer is no longer the layer the speed
 paths of :mod:`vitlab.accel` were built for: they stand aside for it (the plain forward runs), except the fused
-training node, which takes a LoRA layer of a paper block by its effective ``weight``
-(:func:`vitlab.accel.blocks.lora_block`).
+training node, which takes a LoRA or SSF layer of a paper block by its effective ``weight`` and ``bias``
+(:func:`vitlab.accel.blocks.adapted_block`).
 
 - :func:`apply_tuning`: freeze the model, wrap (LoRA, SSF) or release (bias) what the method trains; the classifier
   head (``head``, ``head_dist``) always trains, as ``peft``'s ``modules_to_save`` does for a classifier;
