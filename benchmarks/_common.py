@@ -21,8 +21,11 @@ Three parts:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +205,27 @@ SPEEDRUN_SIZE = (128, 6, 4)
 """Width, depth and heads of the speedrun's ``vit`` track model."""
 SPEEDRUN_SMOKE_SIZE = (16, 1, 2)
 """The same for ``--smoke``."""
+
+
+@contextlib.contextmanager
+def work_folder(work: Path | None) -> Iterator[Path]:
+    """The folder a benchmark writes into: ``work`` (its ``--work``, kept), or a temporary one removed at the end."""
+    if work is not None:
+        yield work
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)
+
+
+def source_data(args: Any, work: Path, *, smoke_train: list[str]) -> tuple[Path, list[str]]:
+    """``(the data folder, the training run's flags)`` of a script with ``--data``, ``--time-budget`` and ``--smoke``:
+    generated colour classes (12 a class, under ``work``) and ``smoke_train`` with ``--smoke``, else ``--data`` under
+    ``--time-budget``; no ``--data``: the script's one-line error."""
+    if args.smoke:
+        return tiny_data(work / "src", per_class=12), ["--no-progress", *smoke_train]
+    if args.data is None:
+        raise SystemExit("--data DIR (or --smoke)")
+    return args.data, ["--no-progress", "--time-budget", args.time_budget]
 
 
 def speedrun_vit_kwargs(*, img: int, classes: int, smoke: bool = False, fc_norm: bool | None = None) -> dict:

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
-from _common import class_subset, tiny_data
+from _common import class_subset, source_data, work_folder
 
 from vitlab.cli import main as vitlab_main
 
@@ -54,18 +53,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one, removed)")
     ap.add_argument("--smoke", action="store_true", help="generated colour classes and a tiny model: checks it runs")
     args = ap.parse_args()
-    tmp = tempfile.TemporaryDirectory() if args.work is None else None
-    work = Path(tmp.name) if tmp is not None else args.work
-    try:
+    with work_folder(args.work) as work:
+        src, train_args = source_data(args, work, smoke_train=SMOKE_TRAIN)
         if args.smoke:
-            src = tiny_data(work / "src", per_class=12)
             args.per_class, args.val_per_class, args.further_per_class = 12, 2, 2
-            train_args = ["--no-progress", *SMOKE_TRAIN]
-        else:
-            if args.data is None:
-                raise SystemExit("--data DIR (or --smoke)")
-            src = args.data
-            train_args = ["--no-progress", "--time-budget", args.time_budget]
         data, further = build(src, work, per_class=args.per_class, val_per_class=args.val_per_class,
                               further_per_class=args.further_per_class)  # fmt: skip
         run, cache = work / "run", str(work / "cache")
@@ -102,9 +93,6 @@ def main() -> None:
             f"{res['further_images']:,} | {res['further_top1']:.1%} | {res['further_ece']:.3f} "
             f"({res['further_ece_uncalibrated']:.3f}) |"
         )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import class_subset, tiny_data
+from _common import class_subset, source_data, work_folder
 
 import vitlab
 from vitlab.cli import main as vitlab_main
@@ -108,18 +107,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one, removed)")
     ap.add_argument("--smoke", action="store_true", help="generated colour classes and a tiny model: checks it runs")
     args = ap.parse_args()
-    tmp = tempfile.TemporaryDirectory() if args.work is None else None
-    work = Path(tmp.name) if tmp is not None else args.work
-    try:
+    with work_folder(args.work) as work:
+        src, train_args = source_data(args, work, smoke_train=SMOKE_TRAIN)
         if args.smoke:
-            src = tiny_data(work / "src", per_class=12)
             args.per_class, args.val_per_class, args.flip, args.top = 12, 4, 3, 6
-            train_args = ["--no-progress", *SMOKE_TRAIN]
-        else:
-            if args.data is None:
-                raise SystemExit("--data DIR (or --smoke)")
-            src = args.data
-            train_args = ["--no-progress", "--time-budget", args.time_budget]
         files = build(src, work, per_class=args.per_class, val_per_class=args.val_per_class)
         moved = flip(files, args.flip, seed=args.seed)
         (work / "flipped.json").write_text(json.dumps(moved, indent=1) + "\n")
@@ -145,9 +136,6 @@ def main() -> None:
             f"{res['chance_in_top']:.1f} | {res['flagged']} | {res['flipped_flagged']} "
             f"({res['flagged_precision']:.0%}, {res['flagged_recall']:.0%}) |"
         )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 if __name__ == "__main__":

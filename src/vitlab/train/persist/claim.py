@@ -198,18 +198,11 @@ def _overwrite_targets(out: Path) -> tuple[list[Path], list[str]]:
             remove.append(p)
         elif not p.exists():
             continue
-        elif name == "model":
+        elif name in ("model", ADAPTERS_DIR):  # folders of vitlab's files: each file told apart by its content
             if not p.is_dir():
                 foreign.append(name)
                 continue
-            ours, theirs = _model_files(p)
-            remove += ours
-            foreign += theirs
-        elif name == ADAPTERS_DIR:
-            if not p.is_dir():
-                foreign.append(name)
-                continue
-            ours, theirs = _adapter_files(p)
+            ours, theirs = (_model_files if name == "model" else _adapter_files)(p)
             remove += ours
             foreign += theirs
         elif name == "tensorboard":
