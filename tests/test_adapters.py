@@ -221,6 +221,48 @@ def test_adapters_train_through_the_fused_block_with_the_plain_paths_gradients(m
     assert training_path(other.train()) == "autograd"
 
 
+@pytest.mark.parametrize("drop_path", [0.0, 0.3])
+@pytest.mark.parametrize("base_trains", [False, True])
+def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(drop_path, base_trains, monkeypatch):
+    """Over a frozen weight, LoRA's factors get their gradients from the layer's input and output gradient inside
+    the fused node (dB = s dY^T (X A^T), dA = s (dY B)^T X: no full weight gradient), four layers a block, equal to
+    the plain autograd path's, with stochastic depth too (the same masks: the same seed before each forward). A
+    base weight that trains as well takes the effective weight through autograd instead (no thin products)."""
+    from vitlab.accel import fused_block, set_enabled
+
+    model = tiny()
+    for b in model.blocks:
+        b.drop_path1.p = b.drop_path2.p = drop_path
+    apply_tuning(model, "lora", rank=4, alpha=2.0)  # s = 0.5: a scale left out shows
+    perturb_adapters(model)
+    if base_trains:
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.base_layer.weight.requires_grad_(True)
+    model.train()
+    calls = []
+    real = fused_block._lora_grads
+    monkeypatch.setattr(fused_block, "_lora_grads", lambda *a: calls.append(a[2] is not None) or real(*a))
+    x = images(model, 8)
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        model(x).square().sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    fused = grads()
+    assert calls == [not base_trains] * (4 * len(model.blocks))
+    set_enabled(False)
+    try:
+        reference = grads()
+    finally:
+        set_enabled(True)
+    assert fused.keys() == reference.keys() and any(".lora_B." in n for n in fused)
+    for n in fused:
+        assert_close_rel(fused[n], reference[n])
+
+
 def test_the_merged_model_saves_and_loads_as_a_plain_vit(tmp_path):
     model = tiny("swiglu_qv_bias_rope_layerscale")
     apply_tuning(model, "lora", rank=4)

@@ -169,6 +169,33 @@ def test_fused_block_gradcheck_in_float64(scratch):
     assert torch.autograd.gradcheck(fn, (x, *[by_name[n] for n in order]), eps=1e-6, atol=1e-5)
 
 
+def test_fused_block_gradcheck_of_lora_factors_in_float64():
+    """LoRA over frozen weights: the node takes each effective weight ``W + s B A`` as a constant and forms the
+    factors' gradients by thin products; finite differences (float64) through ``W + s B A`` agree, for all four
+    linears, with stochastic depth on one branch."""
+    torch.manual_seed(0)
+    blk = Block(dim=8, num_heads=2, mlp_dim=16).double()
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    spec = fused_block._Spec(heads=2, eps1=1e-6, eps2=1e-6, approximate="none", native=False,
+                             lora_scale=(0.5, 2.0, 1.0, 0.25))  # fmt: skip
+    layers = [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+    factors = []
+    for lin in layers:
+        factors += [torch.randn(3, lin.in_features, dtype=torch.float64, requires_grad=True),
+                    torch.randn(lin.out_features, 3, dtype=torch.float64, requires_grad=True)]  # fmt: skip
+    keep1 = torch.tensor([0.0, 2.0], dtype=torch.float64).view(2, 1, 1)
+
+    def fn(x, *ab):
+        w = [(lin.weight + s * b @ a).detach() for lin, s, a, b in zip(layers, spec.lora_scale, ab[::2], ab[1::2])]
+        return fused_block._BlockFunction.apply(
+            x, keep1, None, spec, None, None, blk.norm1.weight, blk.norm1.bias, w[0], blk.attn.qkv.bias, w[1],
+            blk.attn.proj.bias, blk.norm2.weight, blk.norm2.bias, w[2], blk.mlp.fc1.bias, w[3], blk.mlp.fc2.bias, *ab,
+        )  # fmt: skip
+
+    blk.requires_grad_(False)
+    assert torch.autograd.gradcheck(fn, (x, *factors), eps=1e-6, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_fused_block_runs_as_one_node_per_block_and_matches_timm():
     """The default training forward of a class-token ViT records one fused node for each block but

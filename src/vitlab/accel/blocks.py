@@ -6,9 +6,11 @@ plain forward of Eq. 2-3 otherwise.
 A block whose layers are wrapped by LoRA or SSF (:class:`~vitlab.adapters.lora.LoRALinear`,
 :class:`~vitlab.adapters.ssf.SSF`: ``vitlab finetune --lora``, ``--tune ssf``) also trains through the fused node:
 each wrapped layer enters it by its effective weight and bias (LoRA's ``W + (alpha / r) B A``, SSF's
-``diag(scale) W`` and ``scale * b + shift``, on a LayerNorm its affine pair likewise: the layer's ``weight`` and
-``bias``, tensors that autograd differentiates back into the adapters), so the step costs a full fine-tune's plus
-the adapters' small products, instead of the plain forward's extra products per layer."""
+``diag(scale) W`` and ``scale * b + shift``, on a LayerNorm its affine pair likewise). SSF's are the layer's
+``weight`` and ``bias``, tensors that autograd differentiates back into the adapters: the step costs a full
+fine-tune's plus the adapters' small products. LoRA's effective weight over a frozen ``W`` is a constant of the node,
+which forms ``A``'s and ``B``'s gradients by thin products (:mod:`.fused_block`): the step skips the full weight
+gradients a full fine-tune forms."""
 
 from __future__ import annotations
 

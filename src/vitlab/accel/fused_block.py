@@ -13,7 +13,12 @@ order autograd would, but
 - keeps only what the backward needs (as autograd does), under one node, in buffers the block
   keeps from one step to the next (:mod:`.buffers`);
 - where a C compiler is at hand, runs the LayerNorms, the exact GELU and the bias sums as the
-  fused kernels of :mod:`.c_kernels`, which also do the residual and bias adds around them.
+  fused kernels of :mod:`.c_kernels`, which also do the residual and bias adds around them;
+- for a LoRA layer over a frozen weight (:class:`~vitlab.adapters.lora.LoRALinear`, ``vitlab finetune --lora``)
+  takes the effective weight ``W + s B A`` as a constant and forms the adapters' gradients from the layer's own
+  input ``X`` and output gradient ``dY`` by thin products, ``dB = s dY^T (X A^T)`` and ``dA = s (dY B)^T X``
+  (``4 m d r`` multiply-adds a layer), never the full ``dY^T X`` (``m d_out d_in``) that a full fine-tune forms:
+  the product autograd would chain through ``W + s B A`` instead, to float32 rounding.
 
 Every product is the one autograd would call (MKL GEMMs, the flash attention kernel, ATen's
 LayerNorm and GELU, or the C kernels' same formulas), so results agree with the plain path to
@@ -42,6 +47,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from ..adapters.lora import LoRALinear
 from ..models.layers import Block
 from . import c_kernels as native
 from .buffers import Alloc, Scratch, Workspace, fresh
@@ -97,6 +103,7 @@ class _Spec:
     eps2: float
     approximate: str  # GELU: "none" (exact erf) or "tanh"
     native: bool  # the fused C kernels of accel/c_kernels.py for LayerNorm, GELU and the bias sums
+    lora_scale: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # qkv, proj, fc1, fc2: s = alpha / r
 
 
 def uses_c_kernels(block: Block) -> bool:
@@ -111,13 +118,16 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
     keep1 = block.drop_path1.scale(x)
     keep2 = block.drop_path2.scale(x)
     attn, mlp = block.attn, block.mlp
+    linears = [_weight(layer) for layer in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)]
     spec = _Spec(
         heads=attn.num_heads,
         eps1=block.norm1.eps,
         eps2=block.norm2.eps,
         approximate=mlp.act.approximate,
         native=uses_c_kernels(block),
+        lora_scale=tuple(s for _, _, _, s in linears),  # type: ignore[arg-type]
     )
+    (qkv_w, *qkv_lr, _), (proj_w, *proj_lr, _), (fc1_w, *fc1_lr, _), (fc2_w, *fc2_lr, _) = linears
     out: torch.Tensor = _BlockFunction.apply(
         x,
         keep1,
@@ -127,18 +137,57 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
         block.scratch,
         block.norm1.weight,
         block.norm1.bias,
-        attn.qkv.weight,
+        qkv_w,
         attn.qkv.bias,
-        attn.proj.weight,
+        proj_w,
         attn.proj.bias,
         block.norm2.weight,
         block.norm2.bias,
-        mlp.fc1.weight,
+        fc1_w,
         mlp.fc1.bias,
-        mlp.fc2.weight,
+        fc2_w,
         mlp.fc2.bias,
+        *qkv_lr,
+        *proj_lr,
+        *fc1_lr,
+        *fc2_lr,
     )
     return out
+
+
+_LoRAless = tuple[torch.Tensor, None, None, float]
+
+
+def _weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | _LoRAless:
+    """``(weight, A, B, s)`` the node takes for a linear layer: a LoRA layer over a frozen weight enters as its
+    effective weight ``W + s B A``, formed outside autograd (a constant of the node), and its factors, whose
+    gradients the node forms itself (see the module's notes); any other layer as its ``weight`` (a LoRA layer whose
+    base weight trains too: the effective weight, which autograd differentiates), with no factors."""
+    if type(layer) is LoRALinear and not layer.base_layer.weight.requires_grad:
+        with torch.no_grad():
+            w = layer.weight
+        return w, layer.lora_A.weight, layer.lora_B.weight, layer.scaling
+    return layer.weight, None, None, 0.0
+
+
+def _lora_grads(
+    dy: list[torch.Tensor], x: torch.Tensor, a: torch.Tensor | None, b: torch.Tensor | None, s: float, need: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(dA, dB)`` of a LoRA layer ``y = x (W + s B A)^T + bias`` from its input ``x`` (``m x in``) and its output
+    gradient, given as column blocks ``dy`` (the qkv layer's three, else one): ``dB = s dY^T (x A^T)``,
+    ``dA = s (dY B)^T x`` (None, None: no factors, or none needs a gradient)."""
+    if a is None or b is None or not need:
+        return None, None
+    xa = torch.mm(x, a.t())  # (m, r)
+    rows = [z.shape[1] for z in dy]
+    # (x A^T)^T dY, then transposed: MKL reduces over the m rows of two tall matrices faster in this order
+    d_b = torch.cat([xa.t().mm(z) for z in dy], dim=1).t().mul_(s)
+    dyb = dy[0].mm(b[: rows[0]])
+    start = rows[0]
+    for z, n in zip(dy[1:], rows[1:], strict=True):
+        dyb.addmm_(z, b[start : start + n])
+        start += n
+    return dyb.t().mm(x).mul_(s), d_b
 
 
 def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -214,6 +263,7 @@ class _BlockFunction(torch.autograd.Function):
         fc1_b: torch.Tensor,
         fc2_w: torch.Tensor,
         fc2_b: torch.Tensor,
+        *lora: torch.Tensor | None,  # A and B of qkv, proj, fc1 and fc2 (None: not a LoRA layer over a frozen W)
     ) -> torch.Tensor:
         b, t, d = x.shape
         m, hidden = b * t, fc1_w.shape[0]
@@ -262,7 +312,7 @@ class _BlockFunction(torch.autograd.Function):
         ctx.returned = workspace
         ctx.save_for_backward(
             x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w,
+            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w, *lora,
         )  # fmt: skip
         return out.view(b, t, d)
 
@@ -270,8 +320,11 @@ class _BlockFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w) = ctx.saved_tensors  # fmt: skip
+         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w, *lora) = ctx.saved_tensors  # fmt: skip
         spec: _Spec = ctx.spec
+        lora = lora or (None,) * 8  # (called without the factors: no LoRA layer)
+        (qkv_a, qkv_lb), (proj_a, proj_lb), (fc1_a, fc1_lb), (fc2_a, fc2_lb) = zip(lora[::2], lora[1::2], strict=True)
+        s_qkv, s_proj, s_fc1, s_fc2 = spec.lora_scale
         b, t, d = ctx.shape
         m, hidden = b * t, h.shape[1]
         need = ctx.needs_input_grad
@@ -283,6 +336,7 @@ class _BlockFunction(torch.autograd.Function):
             # MLP branch, Eq. 3: out = x1 + keep2 * fc2(gelu(fc1(LN2(x1))))
             dm = _scaled(dy, keep2, b)
             d_fc2_w = dm.t().mm(g) if need[16] else None
+            d_fc2_a, d_fc2_lb = _lora_grads([dm], g, fc2_a, fc2_lb, s_fc2, any(need[24:26]))
             dg = torch.mm(dm, fc2_w, out=tmp("dg", (m, hidden), dy))
             if spec.native:
                 # One pass each: the GELU backward with fc1's bias sum; LayerNorm 2's backward with the
@@ -309,11 +363,13 @@ class _BlockFunction(torch.autograd.Function):
                 )
                 dx1.add_(dy)
             d_fc1_w = dh.t().mm(xn2) if need[14] else None
+            d_fc1_a, d_fc1_lb = _lora_grads([dh], xn2, fc1_a, fc1_lb, s_fc1, any(need[22:24]))
 
             # Attention branch, Eq. 2: x1 = x + keep1 * proj(MSA(q, k, v)), [q; k; v] = qkv(LN1(x))
             da = _scaled(dx1, keep1, b)
             o2 = o.transpose(1, 2).reshape(m, d)
             d_proj_w = da.t().mm(o2) if need[10] else None
+            d_proj_a, d_proj_lb = _lora_grads([da], o2, proj_a, proj_lb, s_proj, any(need[20:22]))
             if d_proj_b is None and need[11]:
                 d_proj_b = da.sum(0)
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
@@ -329,6 +385,7 @@ class _BlockFunction(torch.autograd.Function):
                     torch.mm(z.t(), xn1, out=d_qkv_w[i * d : (i + 1) * d])
             if need[9]:
                 d_qkv_b = torch.cat([z.sum(0) for z in parts])
+            d_qkv_a, d_qkv_lb = _lora_grads(parts, xn1, qkv_a, qkv_lb, s_qkv, any(need[18:20]))
             dxn1 = torch.mm(parts[0], qkv_w[:d], out=tmp("dxn1", (m, d), dy))
             for i in (1, 2):
                 dxn1.addmm_(parts[i], qkv_w[i * d : (i + 1) * d])
@@ -354,4 +411,5 @@ class _BlockFunction(torch.autograd.Function):
         return (
             dx, None, None, None, None, None, d_n1_w, d_n1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b,
             d_n2_w, d_n2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b,
-        )  # fmt: skip
+            d_qkv_a, d_qkv_lb, d_proj_a, d_proj_lb, d_fc1_a, d_fc1_lb, d_fc2_a, d_fc2_lb,
+        )[: len(need)]  # fmt: skip

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..._progress import ProgressLog
+from ...adapters import merged_copy
 from ...distributed import Dist, any_rank
 from ...errors import NonFiniteLossError
 from ...evaluate.calibration import calibrate
@@ -339,13 +340,18 @@ class Trainer:
 
     def _evaluate(self, *, last: bool = False, logits: bool = False) -> dict[str, Any]:
         """Evaluate ``eval_net`` on this rank's evaluation batches (``--fsdp``: in step with the other ranks',
-        :func:`~.parallel.lockstep`); ``logits``: with the logits and labels (every rank's), for the temperature."""
+        :func:`~.parallel.lockstep`); ``logits``: with the logits and labels (every rank's), for the temperature.
+        A net with LoRA or SSF adapters is evaluated as a merged copy (:func:`vitlab.adapters.merged_copy`): the model
+        ``model/`` holds, on the inference speed paths a wrapped layer keeps the plain forward from."""
         batches = self.loaders.eval_batches()
+        net = self.eval_net
         if self.cfg.fsdp:
-            batches = lockstep(batches, net=self.eval_net, d=self.dist, device=self.device, amp_dtype=self.amp_dtype,
+            batches = lockstep(batches, net=net, d=self.dist, device=self.device, amp_dtype=self.amp_dtype,
                                config=self.vit.config)  # fmt: skip
-        return self.objective.evaluate(self.eval_net, batches, device=self.device, amp_dtype=self.amp_dtype,
-                                       dist=self.dist, last=last, logits=logits)  # fmt: skip
+        else:
+            net = merged_copy(net)
+        return self.objective.evaluate(net, batches, device=self.device, amp_dtype=self.amp_dtype, dist=self.dist,
+                                       last=last, logits=logits)  # fmt: skip
 
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""
