@@ -190,3 +190,61 @@ def test_decoding_a_crop_at_a_reduced_jpeg_scale_matches_the_full_decode():
     turbo = decode_encoded(buf.getvalue(), region=lambda w, h: box, at_least=(300, 300), jpeg_turbo=True)
     assert turbo.shape == (320, 384, 3)  # no DCT scale keeps 300 px: decoded whole by libjpeg-turbo, then cut
     assert np.abs(turbo.astype(int) - full.astype(int)).mean() < 0.01 * 255  # PIL's pixels within a level or two
+
+
+def test_kept_decode_gives_the_folders_stored_pixels_and_decodes_each_sample_once(tmp_path, monkeypatch):
+    """With a storage, a shard sample is decoded as the decode cache stores a folder's file (its shorter side at most
+    the storage's, aspect kept: the same pixels), then the folder's transform; a sample seen again is not decoded
+    again (kept in this process, up to its budget; a worker's pickled copy starts empty)."""
+    import pickle
+
+    from vitlab.data.images.decode import decode_image
+    from vitlab.data.shards import stream as stream_mod
+    from vitlab.data.shards.stream import KeptDecode
+
+    arr = np.random.default_rng(0).integers(0, 256, (60, 90, 3), dtype=np.uint8)
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(arr).save(path, quality=90)
+    data = path.read_bytes()
+    calls = []
+    real = stream_mod.decode_encoded
+    monkeypatch.setattr(stream_mod, "decode_encoded", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kept = KeptDecode(store_side=24, in_chans=3, tf=torch.clone)
+    want = torch.from_numpy(decode_image(path, shorter_side=24)).permute(2, 0, 1)
+    assert want.shape == (3, 24, 36)
+    assert torch.equal(kept(data), want) and torch.equal(kept(data), want) and len(calls) == 1
+    fresh = pickle.loads(pickle.dumps(kept))
+    assert torch.equal(fresh(data), want) and len(calls) == 2  # the copy decoded it itself
+    none = KeptDecode(store_side=24, in_chans=3, tf=torch.clone, keep_bytes=0)
+    none(data), none(data)
+    assert len(calls) == 4
+
+
+def test_kept_batches_replay_the_first_evaluation_within_their_budget():
+    from vitlab.data.shards.stream import KeptBatches
+
+    class Loader:
+        def __init__(self, fail: bool = False) -> None:
+            self.passes, self.fail = 0, fail
+
+        def __len__(self) -> int:
+            return 3
+
+        def __iter__(self):
+            self.passes += 1
+            for i in range(3):
+                if self.fail and self.passes == 1 and i == 2:
+                    raise DataError("broken sample")
+                yield torch.full((2, 4), float(i)), torch.tensor([i, i])
+
+    loader = Loader()
+    kept = KeptBatches(loader)
+    first, again = list(kept), list(kept)
+    assert loader.passes == 1 and len(again) == 3 and all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    small = KeptBatches(Loader(), keep_bytes=2 * (2 * 4 * 4 + 2 * 8))  # two of the three batches: none kept
+    list(small), list(small)
+    assert small.loader.passes == 2
+    broken = KeptBatches(Loader(fail=True))
+    with pytest.raises(DataError):
+        list(broken)
+    assert len(list(broken)) == 3 and broken.loader.passes == 2  # the failed pass kept nothing

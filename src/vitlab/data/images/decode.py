@@ -225,9 +225,13 @@ def decode_encoded(
     at_least: tuple[int, int] | None = None,
     region: Callable[[int, int], tuple[int, int, int, int]] | None = None,
     jpeg_turbo: bool = False,
+    shorter_side: int | None = None,
 ) -> np.ndarray:
     """An encoded image held in memory (a member of a tar shard) as :func:`decode_image` decodes a file,
     at full resolution, or smaller only where nothing is lost for the caller:
+
+    ``shorter_side``: as :func:`decode_image`'s (the decode cache's storage of a training image: the shorter side
+    shrunk to it, aspect ratio and whole extent kept), the same pixels as a folder's file gets.
 
     ``at_least`` ``(width, height)``: a JPEG may be decoded at a reduced DCT scale (1/2, 1/4, 1/8; PIL's
     draft mode) that keeps the image at least that large (evaluation resizes it to that size anyway).
@@ -244,7 +248,8 @@ def decode_encoded(
     if not data:
         raise ValueError("empty file (0 bytes)")
     src = io.BytesIO(data)
-    return _decode(src, mode=mode, max_pixels=max_pixels, at_least=at_least, region=region, turbo=jpeg_turbo)
+    return _decode(src, mode=mode, max_pixels=max_pixels, at_least=at_least, region=region, turbo=jpeg_turbo,
+                   shorter_side=shorter_side)  # fmt: skip
 
 
 def _decode(

@@ -16,13 +16,19 @@ and one tar member being read; nothing grows with the data set. Each worker read
 the epoch (local shards: a seek skips the members it does not own; URLs: streamed through).
 
 Augmentation: each sample's random crop and flips are drawn from a generator seeded by (seed, epoch, position),
-so a sample gets the same augmentation whichever process decodes it. RandomResizedCrop's box is drawn on the
-original image; a JPEG is decoded at the smallest DCT scale that keeps the box at least the input size
-(:func:`~vitlab.data.images.decode.decode_encoded`).
+so a sample gets the same augmentation whichever process decodes it. With the storage a run chose for the shards
+(:class:`KeptDecode`, the rule a folder is stored by), each sample is decoded as the decode cache stores a folder's
+file (its shorter side at most the storage's) and cropped from that, the same pixels as the folder's; a run whose
+samples are decoded in its own process (no DataLoader workers) keeps them decoded, up to :data:`KEEP_BYTES`, so that
+later epochs crop without decoding, as a folder's run reads its decode cache. Without a storage (:class:`TrainDecode`)
+RandomResizedCrop's box is drawn on the original image; a JPEG is decoded at the smallest DCT scale that keeps the
+box at least the input size (:func:`~vitlab.data.images.decode.decode_encoded`). The evaluation split's batches are
+kept after the first evaluation, up to :data:`KEEP_BYTES` (:class:`KeptBatches`): its transform has no randomness.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
@@ -44,10 +50,13 @@ from .source import ShardSet, ShardSource, image_and_label, is_shard_spec, iter_
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
+    "KEEP_BYTES",
     "STATS_SAMPLES",
     "TRACE_ENV",
     "EpochOrder",
     "EvalDecode",
+    "KeptBatches",
+    "KeptDecode",
     "ShardStream",
     "StreamBatches",
     "StreamData",
@@ -62,6 +71,10 @@ DEFAULT_SHUFFLE_BUFFER = 8192
 STATS_SAMPLES = 512
 """The first training samples of a shard run whose pixels give its input statistics (:func:`first_images`), as a
 folder run's come from its training images (:func:`~vitlab.data.pipeline.transforms.channel_stats`)."""
+KEEP_BYTES = 1 << 30
+"""The most bytes of decoded training samples (:class:`KeptDecode`), and of evaluation batches (:class:`KeptBatches`),
+a shard run keeps in memory: a few thousand photos at the sides a CPU trains at (3,068 photos stored for 64 px take
+21 MB); a larger split is decoded again each epoch beyond what fits."""
 TRACE_ENV = "VITLAB_STREAM_TRACE"
 """A file to which the training process appends ``rank, epoch, position, key`` of each sample it trains on (tests)."""
 
@@ -257,6 +270,63 @@ class TrainDecode:
         x = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).permute(2, 0, 1)
         x = TF.resize(x, list(self.size), antialias=True)
         return self.rest(match_channels(x, self.in_chans))
+
+
+class KeptDecode:
+    """Bytes -> the training input as a folder's run makes it: the sample decoded as the decode cache stores a file
+    (its shorter side at most ``store_side``, aspect ratio and whole extent kept:
+    :func:`~vitlab.data.images.decode.decode_encoded`), then ``tf`` (the folder's
+    :func:`~vitlab.data.pipeline.transforms.train_transform`, its random crop included). Decoded samples are kept in
+    this process, keyed by a hash of their bytes, up to ``keep_bytes`` (0: none), so that a sample seen again is only
+    cropped; a DataLoader worker's copy lives for one epoch, so a run with workers keeps none."""
+
+    def __init__(self, *, store_side: int, in_chans: int, tf: Callable, keep_bytes: int = KEEP_BYTES) -> None:
+        self.store_side, self.in_chans, self.tf, self.keep_bytes = store_side, in_chans, tf, keep_bytes
+        self._kept: dict[bytes, np.ndarray] = {}
+        self._bytes = 0
+
+    def __call__(self, data: bytes) -> torch.Tensor:
+        key = hashlib.blake2b(data, digest_size=16).digest()
+        arr = self._kept.get(key)
+        if arr is None:
+            arr = decode_encoded(data, shorter_side=self.store_side)
+            if self._bytes + arr.nbytes <= self.keep_bytes:
+                self._kept[key] = arr
+                self._bytes += arr.nbytes
+        x = torch.from_numpy(np.array(arr, copy=True)).permute(2, 0, 1)
+        return self.tf(match_channels(x, self.in_chans))
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_kept": {}, "_bytes": 0}  # a worker's copy starts empty
+
+
+class KeptBatches:
+    """The batches of ``loader`` (an evaluation split's: no randomness), read from it the first time and kept, up to
+    ``keep_bytes``, so that later evaluations replay them without decoding (the same tensors); a split over the limit
+    is read again each time. A pass that fails keeps nothing."""
+
+    def __init__(self, loader: Iterable, *, keep_bytes: int = KEEP_BYTES) -> None:
+        self.loader, self.keep_bytes = loader, keep_bytes
+        self._kept: list | None = None
+
+    def __len__(self) -> int:
+        return len(self._kept) if self._kept is not None else len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._kept is not None:
+            yield from self._kept
+            return
+        kept: list | None = []
+        size = 0
+        for batch in self.loader:
+            if kept is not None:
+                size += sum(t.nbytes for t in batch if isinstance(t, torch.Tensor))
+                if size <= self.keep_bytes:
+                    kept.append(batch)
+                else:
+                    kept = None
+            yield batch
+        self._kept = kept
 
 
 class EvalDecode:

@@ -13,7 +13,16 @@ from torch.utils.data import DataLoader
 
 from ...data import eval_transform, mix_transform, train_transform
 from ...data.shards.source import ShardSet, image_and_label, iter_samples, open_shard
-from ...data.shards.stream import EvalDecode, ShardStream, StreamBatches, StreamData, TrainDecode
+from ...data.shards.stream import (
+    KEEP_BYTES,
+    EvalDecode,
+    KeptBatches,
+    KeptDecode,
+    ShardStream,
+    StreamBatches,
+    StreamData,
+    TrainDecode,
+)
 from ...distributed import Dist
 from ..conf.train_config import TrainConfig
 from ..sizing.choice import Sizing
@@ -123,19 +132,29 @@ def build_shard_loaders(
     if steps_per_epoch < 1:
         raise too_few_images(r.batch_size, len(data.train))
     size = (mcfg.img_size, mcfg.img_size) if isinstance(mcfg.img_size, int) else tuple(mcfg.img_size)
-    rest = train_transform(
-        img_size=size,
-        mean=mcfg.mean,
-        std=mcfg.std,
-        in_chans=mcfg.in_chans,
-        hflip=r.hflip,
-        randaugment=r.randaugment,
-        random_erasing=r.random_erasing,
-        crop=False,
-    )
-    train_tf = TrainDecode(
-        img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans, rest=rest
-    )
+    storage = data.storage
+    if storage is not None and storage.store_side is not None:  # the folder's pixels, kept without workers
+        full = train_transform(
+            img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_scale=r.crop_scale,
+            crop_ratio=r.crop_ratio, hflip=r.hflip, randaugment=r.randaugment, random_erasing=r.random_erasing,
+            crop_pct=r.crop_pct,
+        )  # fmt: skip
+        train_tf: Callable = KeptDecode(store_side=storage.store_side, in_chans=mcfg.in_chans, tf=full,
+                                        keep_bytes=KEEP_BYTES if workers == 0 else 0)  # fmt: skip
+    else:
+        rest = train_transform(
+            img_size=size,
+            mean=mcfg.mean,
+            std=mcfg.std,
+            in_chans=mcfg.in_chans,
+            hflip=r.hflip,
+            randaugment=r.randaugment,
+            random_erasing=r.random_erasing,
+            crop=False,
+        )
+        train_tf = TrainDecode(
+            img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans, rest=rest
+        )
     tf = eval_transform(img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
     eval_tf = EvalDecode(in_chans=mcfg.in_chans, tf=tf)  # at full scale: vitlab eval's pixels (no JPEG draft)
     out_shape = (mcfg.in_chans, *size)
@@ -163,7 +182,7 @@ def build_shard_loaders(
         steps_per_epoch=steps_per_epoch,
         workers=workers,
         generator=generator,
-        eval_loader=StreamBatches(eval_loader),
+        eval_loader=KeptBatches(StreamBatches(eval_loader)),
         mix=mix_transform(num_classes=data.num_classes, mixup=r.mixup, cutmix=r.cutmix) if labels else None,
         shards=data.train,
         train_tf=train_tf,
