@@ -14,6 +14,12 @@ first: the peak resident memory its steps add (``VmHWM`` after resetting it, les
 process of its own, one after another; the table of the evaluation top-1 each run reports (summary.json).
 
     python benchmarks/bench_peft.py transfer --init runs/cifar10 --data clothing --budget 2m --seeds 0,1
+
+(c) ``splits``: the folders of docs/transfer.md's method table, links to CIFAR-10's files: ``source`` (the six animal
+classes, all 30,000 training images; 200 test images a class to watch), ``c100``, ``c1000``, ``c3000`` (the four
+vehicle classes, the first N/4 training images of each; 500 test images a class to evaluate on).
+
+    python benchmarks/bench_peft.py splits --cifar ../shared/data/cifar10 --out runs/peft_data
 """
 
 from __future__ import annotations
@@ -157,6 +163,33 @@ def run_transfer(a: argparse.Namespace) -> None:
     print(f"\n# load average at end: {os.getloadavg()[0]:.2f}")
 
 
+ANIMALS = ("bird", "cat", "deer", "dog", "frog", "horse")
+VEHICLES = ("airplane", "automobile", "ship", "truck")
+
+
+def run_splits(a: argparse.Namespace) -> None:
+    """(c): the source and target folders, each file a link to CIFAR-10's (a new folder: nothing is overwritten)."""
+    cifar, out = Path(a.cifar).resolve(), Path(a.out)
+    out.mkdir(parents=True, exist_ok=False)
+
+    def link(dst: Path, files: list[Path]) -> None:
+        dst.mkdir(parents=True)
+        for f in files:
+            os.symlink(f, dst / f.name)
+
+    def files(split: str, c: str) -> list[Path]:
+        return sorted((cifar / split / c).glob("*.jpg"))
+
+    for c in ANIMALS:
+        link(out / "source/train" / c, files("train", c))
+        link(out / "source/val" / c, files("test", c)[:200])
+    for n in (100, 1000, 3000):
+        for c in VEHICLES:
+            link(out / f"c{n}/train" / c, files("train", c)[: n // 4])
+            link(out / f"c{n}/val" / c, files("test", c)[:500])
+    print(f"{out}: source/, c100/, c1000/, c3000/")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -175,8 +208,11 @@ def main() -> None:
     t.add_argument("--seeds", default="0,1")
     t.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
     t.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more finetune flags, last")
+    c = sub.add_parser("splits", help="(c) the CIFAR-10 folders of docs/transfer.md's method table")
+    c.add_argument("--cifar", required=True, help="CIFAR-10 as an image folder (train/, test/)")
+    c.add_argument("--out", required=True, help="a new folder")
     a = p.parse_args()
-    run_step(a) if a.what == "step" else run_transfer(a)
+    {"step": run_step, "transfer": run_transfer, "splits": run_splits}[a.what](a)
 
 
 if __name__ == "__main__":

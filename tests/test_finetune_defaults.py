@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,19 @@ from vitlab.models import ViTConfig
 from vitlab.train.conf.arch import head_choice
 from vitlab.train.conf.train_config import build_config
 from vitlab.train.engine.model import InitModel
-from vitlab.train.sizing.finetune import FT_BATCH, FT_LR, SMALL_DATA, finetune_lr, finetune_recipe
+from vitlab.train.persist.advice import advice_line
+from vitlab.train.sizing.finetune import (
+    AUTO_LORA_RANK,
+    FT_BATCH,
+    FT_LR,
+    FULL_FROM,
+    HEAD_BELOW,
+    SMALL_DATA,
+    finetune_lr,
+    finetune_recipe,
+    method_advice,
+    tune_method,
+)
 from vitlab.train.sizing.recipe import BUDGET_TOKEN_DROP, LEVELS, aug_level
 
 NAMES = ["cat", "dog", "fox", "owl"]
@@ -134,6 +147,50 @@ def test_lp_ft_for_a_new_head_on_small_data_only():
     assert "trains alone for" in _fit(1000).resolved
 
 
+def _params(width: int = 96) -> int:
+    return ViTConfig(
+        img_size=(32, 32), patch_size=4, embed_dim=width, depth=4, num_heads=3, mlp_dim=2 * width, num_classes=10
+    ).num_params()  # fmt: skip  (_fit's --init model)
+
+
+@pytest.mark.parametrize("width", [96, 768])
+def test_the_method_is_picked_by_the_data_and_the_model_size(width):
+    """Issue 60: the head alone under HEAD_BELOW images, LoRA (rank 4) under FULL_FROM images a parameter, every
+    weight from there (docs/transfer.md's table); the first line says which and why; a wider model keeps LoRA on
+    more images. Before: every weight trained, whatever the data."""
+    full_from = math.ceil(FULL_FROM * _params(width))
+    sizes = {"head": [1, HEAD_BELOW - 1], "lora": [HEAD_BELOW, full_from - 1], "full": [full_from, 10 * full_from]}
+    for method, ns in sizes.items():
+        for n in ns:
+            fit = _fit(n, width=width)
+            assert fit.recipe.tuning == method, (n, width)
+            assert f"; method {method}: " in fit.resolved and "(docs/transfer.md)" in fit.resolved
+            assert fit.recipe.lora_rank == AUTO_LORA_RANK if method == "lora" else fit.recipe.lora == 0
+            assert (fit.recipe.head_warmup == 0) == (method == "head" or n >= SMALL_DATA)  # LP-FT: not for a probe
+    assert full_from > 50 * math.ceil(FULL_FROM * _params(96)) if width == 768 else full_from < 2_000
+
+
+def test_a_method_given_is_kept_and_judged_by_the_same_rule():
+    """--tune, --lora and --freeze choose the method themselves; the end-of-run advice names the rule's pick when they
+    differ (and says nothing when they agree), so a fine-tune is never told to undo what the rule chose; --fsdp holds
+    no adapters, so the rule picks full fine-tuning there instead of LoRA."""
+    assert _fit(100, tune="full").recipe.tuning == "full" and "; method " not in _fit(100, tune="full").resolved
+    assert _fit(100, lora=8).recipe.lora_rank == 8 and _fit(100, freeze=True).recipe.tuning == "head"
+    p = _params()
+    finding, fix = method_advice("full", n_train=100, params=p)
+    assert "--tune full where the fine-tune rule picks head (100 images, under 300" in finding and fix == "--tune head"
+    assert method_advice("head", n_train=100, params=p) is None and method_advice("bias", n_train=100, params=p) is None
+    assert method_advice("head", n_train=HEAD_BELOW, params=p)[1] == f"--lora {AUTO_LORA_RANK}"
+    assert tune_method(n_train=HEAD_BELOW, params=p, fsdp=True)[0] == "full"
+    assert _fit(100, head_warmup=3).recipe.tuning == "lora"  # a head warm-up asks for the body to train after it
+    assert _fit(HEAD_BELOW, flags={"fsdp": True}).recipe.tuning == "full"
+    rows = [{"epoch": i, "top1": 0.5, "eval_loss": 1.0, "train_loss": 1.0} for i in range(1, 5)]
+    line = advice_line(rows, recipe=_fit(100).recipe, epochs=4, method=(finding, fix))
+    assert line == f"advice: {finding}: try --tune head"
+    assert advice_line(rows[:1], recipe=_fit(100).recipe, epochs=1, method=(finding, fix)) == line  # any length
+    assert advice_line(rows, recipe=_fit(100).recipe, epochs=4) is None
+
+
 @pytest.mark.parametrize(("img", "patch", "drop"), [(32, 4, BUDGET_TOKEN_DROP), (16, 8, 0.0)])
 def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img, patch, drop):
     """Before: a budgeted fine-tune trained on every token (half the steps of `vitlab train`'s budget)."""
@@ -158,8 +215,10 @@ def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
     assert "head replaced by a zero-initialised one for 4 classes (other classes" in text
     s = json.loads((out / "summary.json").read_text())
     rc = s["recipe_config"]
-    assert (s["recipe"], rc["optimizer"], rc["token_drop"]) == ("auto", "adamw", 0.5) and rc["head_warmup"] >= 1
-    assert s["recipe_chosen"].startswith("auto (fine-tuning")
+    assert (s["recipe"], rc["optimizer"], rc["token_drop"]) == ("auto", "adamw", 0.5)
+    # 36 training images: the head alone (issue 60's rule), so no LP-FT warm-up; the run is not advised otherwise
+    assert rc["tune"] == "head" and rc["head_warmup"] == 0 and "; method head: 36 images, under 300" in text
+    assert s["recipe_chosen"].startswith("auto (fine-tuning") and "--tune" not in (s.get("advice") or "")
 
 
 @pytest.mark.slow

@@ -58,6 +58,7 @@ def advice_line(
     n_eval: int | None = None,
     alarms: Sequence[str] = (),
     notes: Sequence[str] = (),
+    method: tuple[str, str] | None = None,
 ) -> str | None:
     """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
 
@@ -70,12 +71,15 @@ def advice_line(
       image's cross-entropy spreads about as much as its mean): a random crop and MixUp where the recipe has none,
       else as many epochs (or that share of the budget) as reached the lowest loss.
 
+    A fine-tune's ``method`` finding (:func:`~vitlab.train.sizing.finetune.method_advice`: the method given is not
+    the one the fine-tune rule picks, and its flag) comes first, whatever the curves say.
+
     Needs three epochs or more (``rows``: ``metrics.jsonl``'s); ``n_eval`` None: no noise test. The
     attention-health ``alarms`` (issue 39) follow, one ``advice:`` line each, then its ``notes``, one ``note:`` line
     each (:func:`.health.with_alarms`)."""
+    why, fix = ([method[0]], [method[1]]) if method is not None else ([], [])
     if len(rows) < 3 or any(r.get(k) is None for r in rows for k in ("top1", "eval_loss", "train_loss")):
-        return with_alarms(None, alarms, notes)
-    why, fix = [], []
+        return with_alarms(f"advice: {why[0]}: try {fix[0]}" if why else None, alarms, notes)
     k = max(1, round(0.2 * len(rows)))
     gain = 100 * (rows[-1]["top1"] - rows[-1 - k]["top1"])
     noise = NOISE_SE * top1_stderr(rows[-1]["top1"], n_eval) if n_eval else 0.0

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..._units import counted
+from ...adapters import merge_adapters
 from ...distributed import Dist, broadcast_ints
 from ...models.layers import set_patch_drop
 from ..conf.phases import ends_dropping, last_stretch_from, mean_cost, unmasked_phases, warmup_for
@@ -148,7 +149,8 @@ def _probe(
         full_over_dropped = time_steps(probe, opt, xs, ys, **timed) * r.accum_steps / step_s
         set_patch_drop(probe, r.token_drop)
         loaders.set_token_drop(r.token_drop)
-    evaluator = net if cfg.compile else probe  # evaluation runs eager: no second compilation for its batch shape
+    # Evaluation runs eager (no second compilation for its batch shape), with any adapters merged as the run's are.
+    evaluator = net if cfg.compile else merge_adapters(probe)
     evaluator.eval()
     t0 = time.perf_counter()
     with torch.no_grad():

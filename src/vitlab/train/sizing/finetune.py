@@ -18,6 +18,12 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
   on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
   run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
+- **method** (:func:`tune_method`, issue 60; ``--tune``, ``--lora`` or ``--freeze`` choose it instead): the head alone
+  on fewer than :data:`HEAD_BELOW` images, LoRA (rank :data:`AUTO_LORA_RANK`) below
+  :data:`FULL_FROM` images per parameter, every weight from there: the method that beat or tied the others at equal
+  wall time on docs/transfer.md's table (a model pre-trained on CIFAR-10's animals, fine-tuned on 100, 1,000 and
+  3,000 images of its vehicles and on 3,068 phone photos of clothes, two seeds). The end of run's advice judges a
+  method given by the same rule (:func:`method_advice`).
 - **LP-FT** (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features"): a new head on fewer than
   :data:`SMALL_DATA` images trains alone first (``--head-warmup``), for the first half of the LR warmup and at most
   one epoch, so that the pre-trained features are not updated through a random head's gradients.
@@ -37,13 +43,69 @@ from ..conf.recipes import RECIPES, Recipe
 from .levels import aug_level, level_fields
 from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs
 
-__all__ = ["FT_BATCH", "FT_LR", "FT_WIDTH", "SMALL_DATA", "finetune_lr", "finetune_recipe"]
+__all__ = [
+    "AUTO_LORA_RANK",
+    "FT_BATCH",
+    "FT_LR",
+    "FT_WIDTH",
+    "FULL_FROM",
+    "HEAD_BELOW",
+    "SMALL_DATA",
+    "finetune_lr",
+    "finetune_recipe",
+    "method_advice",
+    "tune_method",
+]
 
 FT_LR, FT_BATCH, FT_WIDTH = 2e-3, 64, 96
 """AdamW's fine-tuning LR at batch ``FT_BATCH`` for models up to ``FT_WIDTH`` wide (docs/transfer.md's grid)."""
 SMALL_DATA = 10_000
 """Fewer training images than this: a new head trains alone first (LP-FT); the augmentation levels shift at the same
 size (:func:`~.fitting.aug_level`)."""
+
+
+AUTO_LORA_RANK = 4
+"""LoRA's rank when the rule picks it (``--lora R`` sets another): the rank of docs/transfer.md's table."""
+HEAD_BELOW = 300
+"""Fewer training images than this: the head alone trains (a linear probe on the pre-trained features). On 100
+images it led (51.0% against 49.1 SSF, 48.2 LoRA, 44.9 full); on 1,000 it trailed by 3.4 points (docs/transfer.md).
+Counted in images, not per parameter: what a linear probe needs depends on the classes, not on the backbone."""
+FULL_FROM = 3_000e-6
+"""Images per parameter from which every weight trains; below, LoRA: on 1,000 images of a 0.54M-parameter model
+(0.0019 a parameter) LoRA tied full fine-tuning (65.9% against 66.0) with 37x less optimizer state; on 3,000
+(0.0056) full led (docs/transfer.md). Per parameter because a larger model overfits a small set sooner: on ViT-B/16
+(86M) the rule keeps LoRA up to 258,000 images, as the V-PETL benchmark found on 1,000 (VTAB-1k: LoRA 72.3, full
+fine-tuning 65.6)."""
+
+
+def tune_method(*, n_train: int, params: int, fsdp: bool = False, body: bool = False) -> tuple[str, str]:
+    """``(method, why)``: what a fine-tune of a ``params``-parameter model on ``n_train`` images trains (see the
+    module's notes: :data:`HEAD_BELOW`, :data:`FULL_FROM`). Under ``--fsdp`` (no adapters there) LoRA gives way to
+    full fine-tuning; ``body``: the user asked for a head warm-up before the body trains (``--head-warmup``), so the
+    head alone gives way to LoRA."""
+    per = n_train / max(params, 1)
+    if n_train < HEAD_BELOW and body:
+        method, why = "lora", f"{n_train:,} images, under {HEAD_BELOW}, but --head-warmup trains the body after: LoRA"
+    elif n_train < HEAD_BELOW:
+        method, why = "head", f"{n_train:,} images, under {HEAD_BELOW}: the head alone"
+    elif per < FULL_FROM:
+        method, why = "lora", f"{per:.2g} images a parameter, under {FULL_FROM:g}: LoRA r={AUTO_LORA_RANK}"
+    else:
+        method, why = "full", f"{per:.2g} images a parameter, {FULL_FROM:g} or more: every weight"
+    if fsdp and method == "lora":
+        method, why = "full", why + " (--fsdp holds no adapters: every weight)"
+    return method, why + " (docs/transfer.md)"
+
+
+def method_advice(tuning: str, *, n_train: int, params: int, fsdp: bool = False) -> tuple[str, str] | None:
+    """``(finding, fix)`` the end of a fine-tune says when the method it trained (``tuning``, given by the user) is
+    not the one :func:`tune_method` picks for its data and model (the fix: the flag that gives the rule's); None
+    when they agree, or for bias-only tuning (not on the table the rule was measured on)."""
+    method, why = tune_method(n_train=n_train, params=params, fsdp=fsdp)
+    if tuning in (method, "bias"):
+        return None
+    flag = {"head": "--tune head", "lora": f"--lora {AUTO_LORA_RANK}", "full": "--tune full"}[method]
+    return f"--tune {tuning} where the fine-tune rule picks {method} ({why})", flag
 
 
 def finetune_lr(*, width: int, batch: int) -> float:
@@ -91,7 +153,13 @@ def finetune_recipe(
         how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
     level = aug_level(epochs=passes, n_train=n_train)
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
-    lp = new_head and n_train < SMALL_DATA and r.tuning != "head" and processes == 1 and not cfg.fsdp
+    params = init.num_params()
+    method, picked = None, {}
+    if not {"tune", "lora", "freeze"} & set(cfg.recipe_given):  # (the run's choice: the config keeps what was asked)
+        method = tune_method(n_train=n_train, params=params, fsdp=cfg.fsdp, body=bool(given.get("head_warmup")))
+        picked = {"tune": method[0], **({"lora": AUTO_LORA_RANK} if method[0] == "lora" else {})}
+    tuning = method[0] if method is not None else r.tuning
+    lp = new_head and n_train < SMALL_DATA and tuning != "head" and processes == 1 and not cfg.fsdp
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
         **COMMON_FIELDS,
@@ -108,8 +176,7 @@ def finetune_recipe(
         "token_drop": token_drop,
         "head_warmup": max(1, min(spe, round(warm / 2 * steps))) if lp else 0,
     }
-    new = dataclasses.replace(r, **{**fitted, **given})
-    params = init.num_params()
+    new = dataclasses.replace(r, **{**fitted, **given, **picked})
     head = (
         f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
         f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
@@ -122,6 +189,8 @@ def finetune_recipe(
         f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "
         f"x {FT_WIDTH}/width beyond, x the square root of the batch ratio"
     )
+    if method is not None:
+        line = head + f"; method {method[0]}: {method[1]}" + line[len(head) :]
     if new.head_warmup:
         line += f"; the new head trains alone for {new.head_warmup} steps first (LP-FT: under {SMALL_DATA:,} images)"
     kept = sorted(set(given) - {"epochs", "batch_size"})
