@@ -146,7 +146,8 @@ def folder_storage(
     known, photos are then stored for up to :data:`INIT_SIDE`). ``passes(side, n_train)``: the passes a time budget
     buys at a side (:func:`~vitlab.train.sizing.probe.budget_passes`), for photos without a size given
     (:func:`budget_photo_side`); ``n_files``: the training split's files (default: the sizes counted); ``shards``:
-    the images are tar shards (read as they train, nothing stored: the line says so)."""
+    the images are tar shards (read as they train, decoded as the store would hold them and kept in the run's memory,
+    not on disk: the line says so)."""
     pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
     typical = typical_side(pictures)
     w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
@@ -190,7 +191,7 @@ def folder_storage(
     if uniform and min(w, h) <= keep:
         stored = "stored as they are"
     if shards:
-        stored = "read from the shards as they train, each sample decoded then cropped (nothing stored)"
+        stored = f"read from the shards as they train, {stored.split(', ')[0]} in memory (nothing on disk)"
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
     line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}"
     return FolderStorage(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
