@@ -183,6 +183,7 @@ def test_a_method_given_is_kept_and_judged_by_the_same_rule():
     assert method_advice("head", n_train=HEAD_BELOW, params=p)[1] == f"--lora {AUTO_LORA_RANK}"
     assert tune_method(n_train=HEAD_BELOW, params=p, fsdp=True)[0] == "full"
     assert _fit(100, head_warmup=3).recipe.tuning == "lora"  # a head warm-up asks for the body to train after it
+    assert _fit(100, optimizer="muon").recipe.tuning == "full"  # Muon updates whole matrices
     assert _fit(HEAD_BELOW, flags={"fsdp": True}).recipe.tuning == "full"
     rows = [{"epoch": i, "top1": 0.5, "eval_loss": 1.0, "train_loss": 1.0} for i in range(1, 5)]
     line = advice_line(rows, recipe=_fit(100).recipe, epochs=4, method=(finding, fix))

@@ -68,21 +68,23 @@ AUTO_LORA_RANK = 4
 """LoRA's rank when the rule picks it (``--lora R`` sets another): the rank of docs/transfer.md's table."""
 HEAD_BELOW = 300
 """Fewer training images than this: the head alone trains (a linear probe on the pre-trained features). On 100
-images it led (51.0% against 49.1 SSF, 48.2 LoRA, 44.9 full); on 1,000 it trailed by 3.4 points (docs/transfer.md).
+images it led (51.0% against 49.1 SSF, 48.2 LoRA, 44.9 full); on 1,000 it trailed LoRA by 3.4 points (docs/transfer.md).
 Counted in images, not per parameter: what a linear probe needs depends on the classes, not on the backbone."""
 FULL_FROM = 3_000e-6
 """Images per parameter from which every weight trains; below, LoRA: on 1,000 images of a 0.54M-parameter model
-(0.0019 a parameter) LoRA tied full fine-tuning (65.9% against 66.0) with 37x less optimizer state; on 3,000
-(0.0056) full led (docs/transfer.md). Per parameter because a larger model overfits a small set sooner: on ViT-B/16
-(86M) the rule keeps LoRA up to 258,000 images, as the V-PETL benchmark found on 1,000 (VTAB-1k: LoRA 72.3, full
-fine-tuning 65.6)."""
+(0.0019 a parameter) LoRA tied full fine-tuning (65.93% against 67.08, inside the seeds' spread) with 21x less
+optimizer state; on 3,000 (0.0056) and on 3,068 photos full led by 4.1 and 6.2 points (docs/transfer.md). Per
+parameter because a larger model overfits a small set sooner: on ViT-B/16 (86M) the rule keeps LoRA up to 258,000
+images, as the V-PETL benchmark found on 1,000 (VTAB-1k: LoRA 72.3, full fine-tuning 65.6)."""
 
 
-def tune_method(*, n_train: int, params: int, fsdp: bool = False, body: bool = False) -> tuple[str, str]:
+def tune_method(
+    *, n_train: int, params: int, fsdp: bool = False, body: bool = False, muon: bool = False
+) -> tuple[str, str]:
     """``(method, why)``: what a fine-tune of a ``params``-parameter model on ``n_train`` images trains (see the
     module's notes: :data:`HEAD_BELOW`, :data:`FULL_FROM`). Under ``--fsdp`` (no adapters there) LoRA gives way to
     full fine-tuning; ``body``: the user asked for a head warm-up before the body trains (``--head-warmup``), so the
-    head alone gives way to LoRA."""
+    head alone gives way to LoRA; ``muon``: the user asked for Muon, which updates whole matrices: every weight."""
     per = n_train / max(params, 1)
     if n_train < HEAD_BELOW and body:
         method, why = "lora", f"{n_train:,} images, under {HEAD_BELOW}, but --head-warmup trains the body after: LoRA"
@@ -94,6 +96,8 @@ def tune_method(*, n_train: int, params: int, fsdp: bool = False, body: bool = F
         method, why = "full", f"{per:.2g} images a parameter, {FULL_FROM:g} or more: every weight"
     if fsdp and method == "lora":
         method, why = "full", why + " (--fsdp holds no adapters: every weight)"
+    if muon and method != "full":
+        method, why = "full", why + " (--optimizer muon updates whole matrices: every weight)"
     return method, why + " (docs/transfer.md)"
 
 
@@ -156,7 +160,8 @@ def finetune_recipe(
     params = init.num_params()
     method, picked = None, {}
     if not {"tune", "lora", "freeze"} & set(cfg.recipe_given):  # (the run's choice: the config keeps what was asked)
-        method = tune_method(n_train=n_train, params=params, fsdp=cfg.fsdp, body=bool(given.get("head_warmup")))
+        method = tune_method(n_train=n_train, params=params, fsdp=cfg.fsdp, body=bool(given.get("head_warmup")),
+                             muon=given.get("optimizer") == "muon")  # fmt: skip
         picked = {"tune": method[0], **({"lora": AUTO_LORA_RANK} if method[0] == "lora" else {})}
     tuning = method[0] if method is not None else r.tuning
     lp = new_head and n_train < SMALL_DATA and tuning != "head" and processes == 1 and not cfg.fsdp
