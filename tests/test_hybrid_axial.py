@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import assert_close_rel
-from vitlab.models import VisionTransformer, create_model
+from vitlab.models import VisionTransformer, ViTConfig, create_model
 from vitlab.models.hybrid import same_pad_amount
 
 HYBRID_PARAMS = {
@@ -102,3 +102,11 @@ def test_training_step_runs_for_hybrid_and_axial() -> None:
         loss = model(torch.randn(2, 3, 32, 32)).logsumexp(-1).mean()
         loss.backward()
         assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_an_axial_models_config_counts_both_halves_of_each_block() -> None:
+    """An axial block is a row block and a column block: the arithmetic count (what the memory fit and the size check
+    read before any module is built) counts both. Before: one, half the blocks' parameters."""
+    cfg = ViTConfig(img_size=(16, 16), patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=48, attention="axial")
+    model = VisionTransformer(cfg)
+    assert cfg.num_params() == model.num_params() == sum(p.numel() for p in model.parameters())

@@ -231,15 +231,14 @@ class ViTConfig:
 
     def block_params(self) -> int:
         """Parameters of one encoder block (Eq. 2-3: two LayerNorms, qkv and the output projection, the MLP; layer
-        scale, the qk LayerNorms, q/v-only biases, a SwiGLU MLP and NormFormer's norms when asked for), from the
-        config alone."""
+        scale, the qk LayerNorms, q/v-only biases, a SwiGLU MLP and NormFormer's norms when asked for; an axial
+        block is two of them, its row and its column half), from the config alone."""
         d, m, b = self.embed_dim, self.mlp_dim, int(self.qkv_bias)
         qkv_bias = (3 if self.key_bias else 2) * d * b  # (q and v only: BEiT / EVA / DINOv3)
         mlp = (2 if self.mlp == "swiglu" else 1) * (d * m + m) + m * d + d + (2 * m if self.mlp_norm else 0)
         block = 2 * 2 * d + 3 * d * d + qkv_bias + d * d + d + mlp + (2 * d if self.attn_norm else 0)
-        return (
-            block + (2 * d if self.init_values is not None else 0) + (4 * (d // self.num_heads) if self.qk_norm else 0)
-        )
+        block += (2 * d if self.init_values is not None else 0) + (4 * (d // self.num_heads) if self.qk_norm else 0)
+        return 2 * block if self.attention == "axial" else block
 
     def build_bytes(self, *, tensors: bool = True) -> int:
         """Memory that building this model takes, from the config alone: its float32 parameters (``tensors``;
