@@ -5,6 +5,7 @@ for a wrapped model; LoRA's adapters alone in ``peft``'s files; and the refusals
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,6 +17,7 @@ import vitlab
 from conftest import assert_close_rel
 from vitlab.accel import accelerate
 from vitlab.adapters import (
+    DEFAULT_TARGETS,
     SSF,
     LoRALinear,
     apply_tuning,
@@ -432,3 +434,39 @@ def test_overwrite_removes_the_adapters_vitlab_wrote_and_stops_at_others(tmp_pat
     with pytest.raises(ConfigError, match="adapters/adapter_model.safetensors, which vitlab did not write"):
         claim_run_folder(theirs, overwrite=True, init=None, log=lambda line: None)
     assert (theirs / "adapters" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize(
+    ("method", "rank", "targets"),
+    [
+        ("lora", 4, None),
+        ("lora", 2, ("qkv",)),
+        ("ssf", 8, None),
+        ("bias", 8, None),
+        ("head", 8, None),
+        ("full", 8, None),
+    ],
+)
+def test_the_memory_fit_counts_the_parameters_a_method_trains(family, method, rank, targets):
+    """The memory estimate gives gradients and optimizer state to what trains only (issue 60: a LoRA run's states are
+    a fraction of a full run's): its count, on a one-block ViT on the meta device scaled to the depth, equals what
+    the built model trains, on every family; the estimate's states shrink by the difference."""
+    from vitlab.train.conf.recipes import RECIPES
+    from vitlab.train.sizing.memory import estimate, trained_parameters
+
+    model = tiny(family)
+    params = sum(p.numel() for p in model.parameters())
+    if method == "head":
+        model.requires_grad_(False)
+        model.head.requires_grad_(True)
+    else:
+        apply_tuning(model, method, rank=rank, targets=targets or DEFAULT_TARGETS)
+    auto = RECIPES["auto"]
+    recipe = dataclasses.replace(auto, tune=method, lora=rank if method == "lora" else 0, lora_targets=targets)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trained_parameters(model.config, recipe, params=params) == trained
+    cfg = build_config({"data": "unused"})
+    full = estimate(cfg, model.config, recipe=auto, micro=2, eval_batch=2, device_type="cpu", num_classes=3)
+    mine = estimate(cfg, model.config, recipe=recipe, micro=2, eval_batch=2, device_type="cpu", num_classes=3)
+    assert full.states - mine.states == (params - trained) * (4 + 8)  # AdamW: two fp32 moments a parameter

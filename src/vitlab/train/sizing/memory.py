@@ -5,8 +5,9 @@ allocated (the model, the optimizer, the loaders).
 The estimate is :mod:`vitlab.train.sizing.capacity`'s arithmetic (what ``vitlab plan`` prints), applied to the run:
 
 * **states**: fp32 weights, gradients and the optimizer's state (:func:`~vitlab.train.sizing.capacity.state_bytes`,
-  sharded with ``--fsdp``), an EMA copy of the weights, the ``--time-budget`` probe's copy of the model, and
-  autocast's low-precision copy of the weights on a GPU;
+  sharded with ``--fsdp``; a fine-tune that trains the head, LoRA, SSF or the biases only has gradients and state
+  for those alone, :func:`trained_parameters`), an EMA copy of the weights, the ``--time-budget`` probe's copy of
+  the model, and autocast's low-precision copy of the weights on a GPU;
 * **activations** of one micro-batch (:func:`~vitlab.train.sizing.capacity.activation_bytes`: token dropping, prefix
   tokens, checkpointing, the ``T x T`` attention weights where the attention runs unfused; ``--pack``'s
   sequences at their most, as images of the model's size holding their tokens), plus one block's
@@ -42,6 +43,7 @@ import torch
 import torch.distributed as tdist
 
 from ..._units import format_size
+from ...adapters import DEFAULT_TARGETS, apply_tuning
 from ...data.pipeline.navit import token_budget
 from ...distributed import Dist
 from ...errors import ConfigError
@@ -71,6 +73,7 @@ __all__ = [
     "objective_bytes",
     "pack_geometry",
     "parameter_counts",
+    "trained_parameters",
 ]
 
 MARGIN = 0.8
@@ -190,6 +193,8 @@ def estimate(
     st = capacity.state_bytes(
         params, strategy=strategy, optimizer=r.optimizer, devices=world_size, block=block, root=root
     )
+    if strategy == "DDP" and (trained := trained_parameters(mc, r, params=params)) < params:
+        st = dataclasses.replace(st, gradients=trained * 4, optimizer=trained * capacity.OPTIMIZER_BYTES[r.optimizer])
     copies = (r.ema is not None) + bool(cfg.time_budget and not cfg.compile)  # EMA, the budget probe's model
     states = st.weights + st.gradients + st.optimizer + copies * st.weights
     states += (1 + copies) * mc.depth * BLOCK_OBJECT_BYTES  # each copy's blocks as Python objects
@@ -270,6 +275,31 @@ def parameter_counts(model_config: Any, *, learns: str = "classify") -> tuple[in
             net = MaskedPatchPrediction(small, switched_token_drop=learns == "warmstart")
             added = sum(p.numel() for p in net.parameters()) - sum(p.numel() for p in small.parameters())
     return vit + added, block, vit - model_config.depth * block + added
+
+
+def trained_parameters(model_config: Any, recipe: Recipe, *, params: int) -> int:
+    """The parameters that get a gradient and optimizer state when ``recipe`` fine-tunes ``model_config``'s ViT of
+    ``params`` parameters: all of them (``--tune full``); else those its method trains (:attr:`Recipe.tuning`: the
+    head, or :func:`vitlab.adapters.apply_tuning`'s LoRA, SSF or biases with the head), counted on a one-block ViT
+    on the meta device and scaled to the depth: nothing is allocated, and every family's layers count as built.
+    A method that cannot apply counts every parameter (the run refuses it later, in one line)."""
+    t = recipe.tuning
+    if t == "full":
+        return params
+    with torch.device("meta"):
+        small = VisionTransformer(model_config.replace(depth=1))
+        if t == "head":
+            for name, p in small.named_parameters():
+                p.requires_grad_(name.startswith("head."))
+        else:
+            try:
+                apply_tuning(small, t, rank=recipe.lora_rank, alpha=recipe.lora_alpha,
+                             targets=recipe.lora_targets or DEFAULT_TARGETS)  # fmt: skip
+            except ConfigError:
+                return params
+    block = sum(p.numel() for p in small.blocks[0].parameters() if p.requires_grad)
+    total = sum(p.numel() for p in small.parameters() if p.requires_grad)
+    return total + (model_config.depth - 1) * block
 
 
 def check_model_size(cfg: TrainConfig, *, dist: Dist, device: torch.device) -> None:
