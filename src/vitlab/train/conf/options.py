@@ -293,10 +293,11 @@ OPTIONS: tuple[Option, ...] = (
     # -- parameter-efficient fine-tuning (issue 60): what trains; model/ is a plain ViT whatever it is -----------
     O(path="recipe.tune", flag="--tune", group=recipe, commands=("finetune",), nullable=True,
       choices=("full", "head", "lora", "ssf", "bias"),
-      help="what fine-tuning trains, with the head always: full (every weight, the default), head (the head alone, "
-      "as --freeze), lora (low-rank adapters of the block linears, Hu et al. 2022), ssf (a scale and a shift per "
-      "channel after them and after every LayerNorm, Lian et al. 2022) or bias (every bias, BitFit); the adapters "
-      "are merged into the weights, so model/ is a plain ViT"),
+      help="what fine-tuning trains, with the head always: full (every weight), head (the head alone, as --freeze), "
+      "lora (low-rank adapters of the block linears, Hu et al. 2022), ssf (a scale and a shift per channel after "
+      "them and after every LayerNorm, Lian et al. 2022) or bias (every bias, BitFit); the adapters are merged into "
+      "the weights, so model/ is a plain ViT (default: the auto recipe picks head, lora or full by the data and "
+      "model size, docs/transfer.md)"),
     O(path="recipe.lora", flag="--lora", group=recipe, commands=("finetune",), kind=INT, metavar="R",
       help="LoRA of rank R, e.g. 4 or 8 (implies --tune lora; 0: none; --tune lora alone: 8, peft's default)"),
     O(path="recipe.lora_alpha", flag="--lora-alpha", group=recipe, commands=("finetune",), kind=FLOAT,
