@@ -133,28 +133,16 @@ def build_shard_loaders(
         raise too_few_images(r.batch_size, len(data.train))
     size = (mcfg.img_size, mcfg.img_size) if isinstance(mcfg.img_size, int) else tuple(mcfg.img_size)
     storage = data.storage
-    if storage is not None and storage.store_side is not None:  # the folder's pixels, kept without workers
-        full = train_transform(
-            img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_scale=r.crop_scale,
-            crop_ratio=r.crop_ratio, hflip=r.hflip, randaugment=r.randaugment, random_erasing=r.random_erasing,
-            crop_pct=r.crop_pct,
-        )  # fmt: skip
-        train_tf: Callable = KeptDecode(store_side=storage.store_side, in_chans=mcfg.in_chans, tf=full,
-                                        keep_bytes=KEEP_BYTES if workers == 0 else 0)  # fmt: skip
-    else:
-        rest = train_transform(
-            img_size=size,
-            mean=mcfg.mean,
-            std=mcfg.std,
-            in_chans=mcfg.in_chans,
-            hflip=r.hflip,
-            randaugment=r.randaugment,
-            random_erasing=r.random_erasing,
-            crop=False,
-        )
-        train_tf = TrainDecode(
-            img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans, rest=rest
-        )
+    common = {"img_size": size, "mean": mcfg.mean, "std": mcfg.std, "in_chans": mcfg.in_chans, "hflip": r.hflip,
+              "randaugment": r.randaugment, "random_erasing": r.random_erasing}  # fmt: skip
+    train_tf: Callable
+    if storage is not None and storage.store_side is not None:  # the folder's pixels and transform, kept w/o workers
+        full = train_transform(**common, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, crop_pct=r.crop_pct)
+        train_tf = KeptDecode(store_side=storage.store_side, in_chans=mcfg.in_chans, tf=full,
+                              keep_bytes=KEEP_BYTES if workers == 0 else 0)  # fmt: skip
+    else:  # the crop drawn on the original as it is decoded, then the rest of the transform
+        train_tf = TrainDecode(img_size=size, crop_scale=r.crop_scale, crop_ratio=r.crop_ratio, in_chans=mcfg.in_chans,
+                               rest=train_transform(**common, crop=False))  # fmt: skip
     tf = eval_transform(img_size=size, mean=mcfg.mean, std=mcfg.std, in_chans=mcfg.in_chans, crop_pct=r.crop_pct)
     eval_tf = EvalDecode(in_chans=mcfg.in_chans, tf=tf)  # at full scale: vitlab eval's pixels (no JPEG draft)
     out_shape = (mcfg.in_chans, *size)
