@@ -182,6 +182,8 @@ def test_a_method_given_is_kept_and_judged_by_the_same_rule():
     assert method_advice("head", n_train=100, params=p) is None and method_advice("bias", n_train=100, params=p) is None
     assert method_advice("head", n_train=HEAD_BELOW, params=p)[1] == f"--lora {AUTO_LORA_RANK}"
     assert tune_method(n_train=HEAD_BELOW, params=p, fsdp=True)[0] == "full"
+    assert method_advice("full", n_train=100, params=p, muon=True) is None  # the rule picks full under Muon too
+    assert method_advice("full", n_train=100, params=p, body=True)[1] == f"--lora {AUTO_LORA_RANK}"
     assert _fit(100, head_warmup=3).recipe.tuning == "lora"  # a head warm-up asks for the body to train after it
     assert _fit(100, optimizer="muon").recipe.tuning == "full"  # Muon updates whole matrices
     assert _fit(HEAD_BELOW, flags={"fsdp": True}).recipe.tuning == "full"

@@ -360,8 +360,11 @@ class Trainer:
         cfg = self.cfg
         if not cfg.init or not {"tune", "lora", "freeze"} & set(cfg.recipe_given):
             return None
-        return method_advice(self.sizing.recipe.tuning, n_train=len(self.data.train),
-                             params=self.vit.config.num_params(), fsdp=cfg.fsdp)  # fmt: skip
+        r = self.sizing.recipe
+        given = set(cfg.recipe_given)
+        return method_advice(r.tuning, n_train=len(self.data.train), params=self.vit.config.num_params(),
+                             fsdp=cfg.fsdp, body="head_warmup" in given and r.head_warmup > 0,
+                             muon="optimizer" in given and r.optimizer == "muon")  # fmt: skip
 
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""

@@ -101,11 +101,14 @@ def tune_method(
     return method, why + " (docs/transfer.md)"
 
 
-def method_advice(tuning: str, *, n_train: int, params: int, fsdp: bool = False) -> tuple[str, str] | None:
+def method_advice(
+    tuning: str, *, n_train: int, params: int, fsdp: bool = False, body: bool = False, muon: bool = False
+) -> tuple[str, str] | None:
     """``(finding, fix)`` the end of a fine-tune says when the method it trained (``tuning``, given by the user) is
-    not the one :func:`tune_method` picks for its data and model (the fix: the flag that gives the rule's); None
-    when they agree, or for bias-only tuning (not on the table the rule was measured on)."""
-    method, why = tune_method(n_train=n_train, params=params, fsdp=fsdp)
+    not the one :func:`tune_method` picks for its data, its model and the same settings (``fsdp``, ``body``,
+    ``muon``: so the fix is never one the run's other flags refuse); None when they agree, or for bias-only tuning
+    (not on the table the rule was measured on)."""
+    method, why = tune_method(n_train=n_train, params=params, fsdp=fsdp, body=body, muon=muon)
     if tuning in (method, "bias"):
         return None
     flag = {"head": "--tune head", "lora": f"--lora {AUTO_LORA_RANK}", "full": "--tune full"}[method]
