@@ -265,6 +265,49 @@ def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(dr
         assert_close_rel(fused[n], reference[n])
 
 
+@pytest.mark.parametrize("drop_path", [0.0, 0.3])
+@pytest.mark.parametrize("small_scale", [False, True])
+def test_ssf_on_the_fused_block_forms_the_scales_gradients_from_the_layers_outputs(
+    drop_path, small_scale, monkeypatch
+):
+    """Over a frozen linear, SSF's scale and shift get their gradients inside the fused node from the layer's kept
+    output (d beta = sum dY, d gamma = (sum dY * y - beta d beta) / gamma: no full weight gradient), four layers a
+    block, on the C kernels where they are and with stochastic depth, equal to the plain autograd path's. A layer
+    whose scale fell below the floor takes autograd's product through diag(gamma) W instead."""
+    from vitlab.accel import fused_block, set_enabled
+
+    model = tiny()
+    for b in model.blocks:
+        b.drop_path1.p = b.drop_path2.p = drop_path
+    apply_tuning(model, "ssf")
+    perturb_adapters(model)
+    if small_scale:
+        with torch.no_grad():
+            model.blocks[0].mlp.fc2.ssf_scale[3] = fused_block.SSF_SCALE_FLOOR / 2
+    model.train()
+    calls = []
+    real = fused_block._ssf_grads
+    monkeypatch.setattr(fused_block, "_ssf_grads", lambda *a: calls.append(a[2] is not None) or real(*a))
+    x = images(model, 8)
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        model(x).square().sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    fused = grads()
+    assert len(calls) == 4 * len(model.blocks) - small_scale and all(calls)
+    set_enabled(False)
+    try:
+        reference = grads()
+    finally:
+        set_enabled(True)
+    assert fused.keys() == reference.keys() and any(".ssf_scale" in n for n in fused)
+    for n in fused:
+        assert_close_rel(fused[n], reference[n])
+
+
 def test_the_merged_model_saves_and_loads_as_a_plain_vit(tmp_path):
     model = tiny("swiglu_qv_bias_rope_layerscale")
     apply_tuning(model, "lora", rank=4)

@@ -196,6 +196,36 @@ def test_fused_block_gradcheck_of_lora_factors_in_float64():
     assert torch.autograd.gradcheck(fn, (x, *factors), eps=1e-6, atol=1e-5)
 
 
+def test_fused_block_gradcheck_of_ssf_scales_and_shifts_in_float64():
+    """SSF over frozen linears: the node takes ``diag(gamma) W`` and ``gamma b + beta`` as constants and forms the
+    scale's and shift's gradients from each layer's output (its kept activations); finite differences (float64)
+    through the merged weight and bias agree, for all four linears, with stochastic depth on each branch."""
+    torch.manual_seed(0)
+    blk = Block(dim=8, num_heads=2, mlp_dim=16).double()
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    spec = fused_block._Spec(heads=2, eps1=1e-6, eps2=1e-6, approximate="none", native=False,
+                             ssf=(True, True, True, True))  # fmt: skip
+    layers = [blk.attn.qkv, blk.attn.proj, blk.mlp.fc1, blk.mlp.fc2]
+    factors = []
+    for lin in layers:
+        n = lin.out_features
+        factors += [(1 + 0.5 * torch.randn(n, dtype=torch.float64)).requires_grad_(True),
+                    (0.3 * torch.randn(n, dtype=torch.float64)).requires_grad_(True)]  # fmt: skip
+    keep1 = torch.tensor([0.0, 2.0], dtype=torch.float64).view(2, 1, 1)
+    keep2 = torch.tensor([1.5, 0.0], dtype=torch.float64).view(2, 1, 1)
+
+    def fn(x, *gb):
+        w = [(lin.weight * g[:, None]).detach() for lin, g in zip(layers, gb[::2])]
+        c = [(lin.bias * g + s).detach() for lin, g, s in zip(layers, gb[::2], gb[1::2])]
+        return fused_block._BlockFunction.apply(
+            x, keep1, keep2, spec, None, None, blk.norm1.weight, blk.norm1.bias, w[0], c[0], w[1], c[1],
+            blk.norm2.weight, blk.norm2.bias, w[2], c[2], w[3], c[3], *gb,
+        )  # fmt: skip
+
+    blk.requires_grad_(False)
+    assert torch.autograd.gradcheck(fn, (x, *factors), eps=1e-6, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_fused_block_runs_as_one_node_per_block_and_matches_timm():
     """The default training forward of a class-token ViT records one fused node for each block but

@@ -18,7 +18,14 @@ order autograd would, but
   takes the effective weight ``W + s B A`` as a constant and forms the adapters' gradients from the layer's own
   input ``X`` and output gradient ``dY`` by thin products, ``dB = s dY^T (X A^T)`` and ``dA = s (dY B)^T X``
   (``4 m d r`` multiply-adds a layer), never the full ``dY^T X`` (``m d_out d_in``) that a full fine-tune forms:
-  the product autograd would chain through ``W + s B A`` instead, to float32 rounding.
+  the product autograd would chain through ``W + s B A`` instead, to float32 rounding;
+- for an SSF layer over a frozen linear (:class:`~vitlab.adapters.ssf.SSF`, ``vitlab finetune --tune ssf``),
+  ``y = gamma * (x W^T + b) + beta``, takes ``diag(gamma) W`` and ``gamma b + beta`` as constants and forms
+  ``d beta = sum_m dY`` and ``d gamma = (sum_m dY * y - beta d beta) / gamma`` from the layer's output ``y``, which
+  the node keeps anyway (the qkv output, fc1's pre-activation, and the residual stream before and after the
+  projection and fc2): one pass over ``m d_out`` numbers instead of the ``m d_out d_in`` of ``dY^T X`` that autograd
+  reduces to ``d gamma`` through ``diag(gamma) W``. The division is exact in meaning; in float32 it holds where
+  ``|gamma|`` is not tiny (:data:`SSF_SCALE_FLOOR`: below it, that layer takes autograd's product).
 
 Every product is the one autograd would call (MKL GEMMs, the flash attention kernel, ATen's
 LayerNorm and GELU, or the C kernels' same formulas), so results agree with the plain path to
@@ -48,6 +55,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from ..adapters.lora import LoRALinear
+from ..adapters.ssf import SSF
 from ..models.layers import Block
 from . import c_kernels as native
 from .buffers import Alloc, Scratch, Workspace, fresh
@@ -56,6 +64,12 @@ from .switch import Switch, running_eagerly
 __all__ = ["applies", "block_forward", "disabled", "eager_cpu_training", "uses_c_kernels"]
 
 _aten = torch.ops.aten
+
+SSF_SCALE_FLOOR = 1e-2
+"""The smallest ``|gamma|`` of an SSF layer whose scale gradient the node divides out of the layer's output (see the
+module's notes); a layer with a smaller one takes autograd's product through ``diag(gamma) W``. A scale trained from
+one to below this is far outside what SSF's papers report (it stays near one); the floor only keeps float32's
+relative error of ``(y - beta) / gamma`` bounded."""
 
 
 _switch = Switch()
@@ -104,6 +118,7 @@ class _Spec:
     approximate: str  # GELU: "none" (exact erf) or "tanh"
     native: bool  # the fused C kernels of accel/c_kernels.py for LayerNorm, GELU and the bias sums
     lora_scale: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)  # qkv, proj, fc1, fc2: s = alpha / r
+    ssf: tuple[bool, bool, bool, bool] = (False, False, False, False)  # qkv ... fc2: factors are SSF's scale, shift
 
 
 def uses_c_kernels(block: Block) -> bool:
@@ -118,16 +133,17 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
     keep1 = block.drop_path1.scale(x)
     keep2 = block.drop_path2.scale(x)
     attn, mlp = block.attn, block.mlp
-    linears = [_weight(layer) for layer in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)]
+    linears = [_layer(layer) for layer in (attn.qkv, attn.proj, mlp.fc1, mlp.fc2)]
     spec = _Spec(
         heads=attn.num_heads,
         eps1=block.norm1.eps,
         eps2=block.norm2.eps,
         approximate=mlp.act.approximate,
         native=uses_c_kernels(block),
-        lora_scale=tuple(s for _, _, _, s in linears),  # type: ignore[arg-type]
+        lora_scale=tuple(ln.lora_scale for ln in linears),  # type: ignore[arg-type]
+        ssf=tuple(ln.ssf for ln in linears),  # type: ignore[arg-type]
     )
-    (qkv_w, *qkv_lr, _), (proj_w, *proj_lr, _), (fc1_w, *fc1_lr, _), (fc2_w, *fc2_lr, _) = linears
+    qkv, proj, fc1, fc2 = linears
     out: torch.Tensor = _BlockFunction.apply(
         x,
         keep1,
@@ -137,37 +153,64 @@ def block_forward(block: Block, x: torch.Tensor) -> torch.Tensor:
         block.scratch,
         block.norm1.weight,
         block.norm1.bias,
-        qkv_w,
-        attn.qkv.bias,
-        proj_w,
-        attn.proj.bias,
+        qkv.weight,
+        qkv.bias,
+        proj.weight,
+        proj.bias,
         block.norm2.weight,
         block.norm2.bias,
-        fc1_w,
-        mlp.fc1.bias,
-        fc2_w,
-        mlp.fc2.bias,
-        *qkv_lr,
-        *proj_lr,
-        *fc1_lr,
-        *fc2_lr,
+        fc1.weight,
+        fc1.bias,
+        fc2.weight,
+        fc2.bias,
+        *qkv.factors,
+        *proj.factors,
+        *fc1.factors,
+        *fc2.factors,
     )
     return out
 
 
-_LoRAless = tuple[torch.Tensor, None, None, float]
+@dataclass(frozen=True)
+class _Linear:
+    """A linear layer as the node takes it: its (effective) weight and bias, and its two factors whose gradients the
+    node forms itself (LoRA's A and B with ``lora_scale``; SSF's scale and shift with ``ssf``), else None."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    factors: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+    lora_scale: float = 0.0
+    ssf: bool = False
 
 
-def _weight(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | _LoRAless:
-    """``(weight, A, B, s)`` the node takes for a linear layer: a LoRA layer over a frozen weight enters as its
-    effective weight ``W + s B A``, formed outside autograd (a constant of the node), and its factors, whose
-    gradients the node forms itself (see the module's notes); any other layer as its ``weight`` (a LoRA layer whose
-    base weight trains too: the effective weight, which autograd differentiates), with no factors."""
+def _layer(layer: nn.Module) -> _Linear:
+    """How the node takes a linear layer: a LoRA layer over a frozen weight as its effective weight ``W + s B A``,
+    formed outside autograd (a constant of the node), and its factors; an SSF layer over a frozen linear with a bias
+    (and a scale no smaller than :data:`SSF_SCALE_FLOOR`) as the constants ``diag(gamma) W`` and ``gamma b + beta``
+    and its scale and shift (see the module's notes); any other layer as its ``weight`` and ``bias`` (an adapter
+    whose base trains too: the effective ones, which autograd differentiates), with no factors."""
     if type(layer) is LoRALinear and not layer.base_layer.weight.requires_grad:
         with torch.no_grad():
             w = layer.weight
-        return w, layer.lora_A.weight, layer.lora_B.weight, layer.scaling
-    return layer.weight, None, None, 0.0
+        return _Linear(weight=w, bias=layer.bias, factors=(layer.lora_A.weight, layer.lora_B.weight),
+                       lora_scale=layer.scaling)  # fmt: skip
+    if type(layer) is SSF and _ssf_applies(layer):
+        with torch.no_grad():
+            w, bias = layer.weight, layer.bias
+        return _Linear(weight=w, bias=bias, factors=(layer.ssf_scale, layer.ssf_shift), ssf=True)
+    return _Linear(weight=layer.weight, bias=layer.bias)
+
+
+def _ssf_applies(layer: SSF) -> bool:
+    base = layer.base_layer
+    return (
+        type(base) is nn.Linear
+        and not base.weight.requires_grad
+        and base.bias is not None
+        and not base.bias.requires_grad
+        and layer.ssf_shift is not None
+        and bool(layer.ssf_scale.detach().abs().min() >= SSF_SCALE_FLOOR)
+    )
 
 
 def _lora_grads(
@@ -188,6 +231,17 @@ def _lora_grads(
         dyb.addmm_(z, b[start : start + n])
         start += n
     return dyb.t().mm(x).mul_(s), d_b
+
+
+def _ssf_grads(
+    y_dy: torch.Tensor, d_shift: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None, need: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(d gamma, d beta)`` of an SSF layer ``y = gamma * z + beta`` from ``sum_m dY * y`` and ``sum_m dY`` (per
+    output channel): ``d gamma = sum_m dY * z = (sum_m dY * y - beta * d beta) / gamma`` (None, None: not an SSF
+    layer, or neither needs a gradient)."""
+    if scale is None or shift is None or not need:
+        return None, None
+    return (y_dy - shift * d_shift).div_(scale), d_shift
 
 
 def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -263,7 +317,7 @@ class _BlockFunction(torch.autograd.Function):
         fc1_b: torch.Tensor,
         fc2_w: torch.Tensor,
         fc2_b: torch.Tensor,
-        *lora: torch.Tensor | None,  # A and B of qkv, proj, fc1 and fc2 (None: not a LoRA layer over a frozen W)
+        *factors: torch.Tensor | None,  # qkv's, proj's, fc1's, fc2's: LoRA's A and B, SSF's scale and shift, or None
     ) -> torch.Tensor:
         b, t, d = x.shape
         m, hidden = b * t, fc1_w.shape[0]
@@ -312,7 +366,9 @@ class _BlockFunction(torch.autograd.Function):
         ctx.returned = workspace
         ctx.save_for_backward(
             x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w, *lora,
+            n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w,
+            out if spec.ssf[3] else None,  # the stream after fc2: its output for an SSF fc2's scale gradient
+            *factors,
         )  # fmt: skip
         return out.view(b, t, d)
 
@@ -320,11 +376,15 @@ class _BlockFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (x0, xn1, mean1, rstd1, qkv, o, lse, x1, xn2, mean2, rstd2, h, g, keep1, keep2,
-         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w, *lora) = ctx.saved_tensors  # fmt: skip
+         n1_w, n1_b, qkv_w, proj_w, n2_w, n2_b, fc1_w, fc1_b, fc2_w, out, *factors) = ctx.saved_tensors  # fmt: skip
         spec: _Spec = ctx.spec
-        lora = lora or (None,) * 8  # (called without the factors: no LoRA layer)
-        (qkv_a, qkv_lb), (proj_a, proj_lb), (fc1_a, fc1_lb), (fc2_a, fc2_lb) = zip(lora[::2], lora[1::2], strict=True)
+        factors = factors or (None,) * 8  # (called without the factors: no adapter)
+        # Each layer's two factors, as LoRA's (A, B) or SSF's (scale, shift): the other pair is (None, None).
+        lora = [(a, b) if not ssf else (None, None) for a, b, ssf in zip(factors[::2], factors[1::2], spec.ssf)]
+        ssf = [(a, b) if ssf else (None, None) for a, b, ssf in zip(factors[::2], factors[1::2], spec.ssf)]
+        (qkv_a, qkv_lb), (proj_a, proj_lb), (fc1_a, fc1_lb), (fc2_a, fc2_lb) = lora
         s_qkv, s_proj, s_fc1, s_fc2 = spec.lora_scale
+        (qkv_g, qkv_s), (proj_g, proj_s), (fc1_g, fc1_s), (fc2_g, fc2_s) = ssf
         b, t, d = ctx.shape
         m, hidden = b * t, h.shape[1]
         need = ctx.needs_input_grad
@@ -354,9 +414,9 @@ class _BlockFunction(torch.autograd.Function):
                 )  # fmt: skip
             else:
                 d_proj_b = None
-                d_fc2_b = dm.sum(0) if need[17] else None
+                d_fc2_b = dm.sum(0) if need[17] or fc2_g is not None else None
                 dh = _aten.gelu_backward.grad_input(dg, h, approximate=spec.approximate, grad_input=dg)
-                d_fc1_b = dh.sum(0) if need[15] else None
+                d_fc1_b = dh.sum(0) if need[15] or fc1_g is not None else None
                 dxn2 = torch.mm(dh, fc1_w, out=tmp("dxn2", (m, d), dy))
                 dx1, d_n2_w, d_n2_b = _aten.native_layer_norm_backward(
                     dxn2, x1, [d], mean2, rstd2, n2_w, n2_b, [True, need[12], need[13]]
@@ -364,14 +424,29 @@ class _BlockFunction(torch.autograd.Function):
                 dx1.add_(dy)
             d_fc1_w = dh.t().mm(xn2) if need[14] else None
             d_fc1_a, d_fc1_lb = _lora_grads([dh], xn2, fc1_a, fc1_lb, s_fc1, any(need[22:24]))
+            # SSF: fc2's output is the stream's step (out - x1 = keep2 * y); fc1's is its pre-activation (the C
+            # kernels keep it without the bias).
+            d_fc2_g = d_fc2_s = d_fc1_g = d_fc1_s = None
+            if fc2_g is not None and any(need[24:26]):
+                y_dy = torch.sub(out, x1, out=tmp("ssf", (m, d), dy)).mul_(dy).sum(0)
+                d_fc2_g, d_fc2_s = _ssf_grads(y_dy, d_fc2_b, fc2_g, fc2_s, True)
+            if fc1_g is not None and any(need[22:24]):
+                y_dy = torch.mul(dh, h, out=tmp("ssf_h", (m, hidden), dy)).sum(0)
+                if spec.native:
+                    y_dy.add_(fc1_b * d_fc1_b)
+                d_fc1_g, d_fc1_s = _ssf_grads(y_dy, d_fc1_b, fc1_g, fc1_s, True)
 
             # Attention branch, Eq. 2: x1 = x + keep1 * proj(MSA(q, k, v)), [q; k; v] = qkv(LN1(x))
             da = _scaled(dx1, keep1, b)
             o2 = o.transpose(1, 2).reshape(m, d)
             d_proj_w = da.t().mm(o2) if need[10] else None
             d_proj_a, d_proj_lb = _lora_grads([da], o2, proj_a, proj_lb, s_proj, any(need[20:22]))
-            if d_proj_b is None and need[11]:
+            if d_proj_b is None and (need[11] or proj_g is not None):
                 d_proj_b = da.sum(0)
+            d_proj_g = d_proj_s = None
+            if proj_g is not None and any(need[20:22]):  # the projection's output is the stream's step
+                y_dy = torch.sub(x1, x0, out=tmp("ssf", (m, d), dy)).mul_(dx1).sum(0)
+                d_proj_g, d_proj_s = _ssf_grads(y_dy, d_proj_b, proj_g, proj_s, True)
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
             q, k, v = _heads(qkv, b, t, spec.heads)
             dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False)
@@ -383,9 +458,16 @@ class _BlockFunction(torch.autograd.Function):
                 d_qkv_w = qkv_w.new_empty(qkv_w.shape)
                 for i, z in enumerate(parts):
                     torch.mm(z.t(), xn1, out=d_qkv_w[i * d : (i + 1) * d])
-            if need[9]:
+            if need[9] or qkv_g is not None:
                 d_qkv_b = torch.cat([z.sum(0) for z in parts])
             d_qkv_a, d_qkv_lb = _lora_grads(parts, xn1, qkv_a, qkv_lb, s_qkv, any(need[18:20]))
+            d_qkv_g = d_qkv_s = None
+            if qkv_g is not None and any(need[18:20]):  # its output is kept: the attention's input
+                y_dy = torch.cat(
+                    [torch.mul(z, qkv[:, i * d : (i + 1) * d], out=tmp("ssf", (m, d), dy)).sum(0)
+                     for i, z in enumerate(parts)]
+                )  # fmt: skip
+                d_qkv_g, d_qkv_s = _ssf_grads(y_dy, d_qkv_b, qkv_g, qkv_s, True)
             dxn1 = torch.mm(parts[0], qkv_w[:d], out=tmp("dxn1", (m, d), dy))
             for i in (1, 2):
                 dxn1.addmm_(parts[i], qkv_w[i * d : (i + 1) * d])
@@ -411,5 +493,11 @@ class _BlockFunction(torch.autograd.Function):
         return (
             dx, None, None, None, None, None, d_n1_w, d_n1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b,
             d_n2_w, d_n2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b,
-            d_qkv_a, d_qkv_lb, d_proj_a, d_proj_lb, d_fc1_a, d_fc1_lb, d_fc2_a, d_fc2_lb,
+            *_either(d_qkv_a, d_qkv_lb, d_qkv_g, d_qkv_s), *_either(d_proj_a, d_proj_lb, d_proj_g, d_proj_s),
+            *_either(d_fc1_a, d_fc1_lb, d_fc1_g, d_fc1_s), *_either(d_fc2_a, d_fc2_lb, d_fc2_g, d_fc2_s),
         )[: len(need)]  # fmt: skip
+
+
+def _either(*grads: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A layer's two factors' gradients: LoRA's ``(dA, dB)`` or SSF's ``(d gamma, d beta)``, whichever it has."""
+    return grads[:2] if grads[2] is None and grads[3] is None else grads[2:]
