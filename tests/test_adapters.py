@@ -267,9 +267,7 @@ def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(dr
 
 @pytest.mark.parametrize("drop_path", [0.0, 0.3])
 @pytest.mark.parametrize("small_scale", [False, True])
-def test_ssf_on_the_fused_block_forms_the_scales_gradients_from_the_layers_outputs(
-    drop_path, small_scale, monkeypatch
-):
+def test_ssf_on_the_fused_block_forms_the_scales_gradients_from_the_layers_outputs(drop_path, small_scale, monkeypatch):
     """Over a frozen linear, SSF's scale and shift get their gradients inside the fused node from the layer's kept
     output (d beta = sum dY, d gamma = (sum dY * y - beta d beta) / gamma: no full weight gradient), four layers a
     block, on the C kernels where they are and with stochastic depth, equal to the plain autograd path's. A layer
