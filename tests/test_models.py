@@ -47,6 +47,25 @@ def test_gap_without_class_token_count() -> None:
     assert model.num_params() == 86_566_120
 
 
+@pytest.mark.slow
+def test_registered_config_is_the_config_create_model_builds() -> None:
+    """``vitlab models`` lists every name from ``registered_config`` and the config's arithmetic, building nothing:
+    for every registered name (and every fifth with another head and resolution), the same config as the model
+    ``create_model`` builds and the same parameter and MAC counts. A name registered with a builder alone is built on
+    the meta device."""
+    from vitlab.models import count_macs, register, registered_config
+
+    names = list_models()
+    for name, kw in [*((n, {}) for n in names), *((n, {"num_classes": 10, "img_size": 448}) for n in names[::5])]:
+        with torch.device("meta"):
+            model = create_model(name, **kw)
+        cfg = registered_config(name, **kw)
+        assert cfg == model.config, name
+        assert cfg.num_params() == model.num_params() and count_macs(cfg) == model.macs(), name
+    register("vit_test_builder_only", lambda **kw: VisionTransformer(ViTConfig(patch_size=16, depth=1, **kw)))
+    assert registered_config("vit_test_builder_only", img_size=64).depth == 1
+
+
 def test_names_and_aliases() -> None:
     names = list_models()
     assert {"vit_ti16", "vit_b16", "vit_h14"} <= set(names)

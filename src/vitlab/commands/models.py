@@ -43,18 +43,15 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 def model_table(
     img_size: int = 224, num_classes: int | None = None, names: list[str] | None = None
 ) -> list[dict[str, object]]:
-    """One row per registered model (or per name of ``names``); built on the meta device, so no memory is spent.
-    ``num_classes`` None: each model's own head (1000 classes, or timm's head for its backbones' names)."""
-    import torch
-
-    from ..models import create_model, list_models
+    """One row per registered model (or per name of ``names``), from the config ``create_model`` would build and its
+    arithmetic (``ViTConfig.num_params``, ``count_macs``): nothing is built. ``num_classes`` None: each model's own
+    head (1000 classes, or timm's head for its backbones' names)."""
+    from ..models import count_macs, list_models, registered_config
 
     rows = []
     for name in list_models() if names is None else names:
-        with torch.device("meta"):
-            m = create_model(name, num_classes=num_classes, img_size=img_size)
-        cfg = m.config
-        macs = m.macs()
+        cfg = registered_config(name, num_classes=num_classes, img_size=img_size)
+        macs = count_macs(cfg)
         rows.append(
             {
                 "name": name,
@@ -63,7 +60,7 @@ def model_table(
                 "mlp": cfg.mlp_dim,
                 "heads": cfg.num_heads,
                 "patch": cfg.patch_size,
-                "params": m.num_params(),
+                "params": cfg.num_params(),
                 "gmacs": round(macs / 1e9, 2),
                 "gflops": round(2 * macs / 1e9, 2),
             }

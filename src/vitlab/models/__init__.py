@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .flops import count_macs
     from .layers import Attention, Block, DropPath, Mlp, PatchDropout, PatchEmbed
     from .posemb import resample_posemb, sincos_2d
-    from .registry import create_model, register
+    from .registry import create_model, register, registered_config
     from .variants import VARIANTS, list_models, model_config, resolve_name
     from .vit import VisionTransformer
 
@@ -43,6 +43,7 @@ _WHERE = {
     "resolve_name": "variants",
     "create_model": "registry",
     "register": "registry",
+    "registered_config": "registry",
     "VisionTransformer": "vit",
 }
 """Public name -> the module that defines it."""
@@ -66,6 +67,7 @@ __all__ = [
     "list_models",
     "model_config",
     "register",
+    "registered_config",
     "resample_patch_embed",
     "resample_posemb",
     "resolve_name",

@@ -1,7 +1,9 @@
 """Building the named models: each registered name (:mod:`vitlab.models.variants`) has a builder.
 
 ``create_model("vit_b16")`` and ``create_model("B/16")`` are the same model.
-Other families (hybrid, axial) register their own builders with :func:`register`.
+Other families (hybrid, axial) register their own builders with :func:`register`. :func:`registered_config` gives
+the :class:`~vitlab.models.config.ViTConfig` ``create_model`` would build, without building it (``vitlab models``
+lists 78 names from their configs' arithmetic instead of 78 models on the meta device).
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import ConfigError, UnknownModelError
-from .config import mlp_dim_for
+from .config import ViTConfig, mlp_dim_for
 from .timm_api import pool_name
 from .variants import (
     _PATCHES,
@@ -40,38 +43,42 @@ __all__ = [
     "list_models",
     "model_config",
     "register",
+    "registered_config",
     "resolve_name",
     "timm_kwargs",
 ]
 
 Builder = Callable[..., nn.Module]
+Configure = Callable[..., ViTConfig]
 _BUILDERS: dict[str, Builder] = {}
+_CONFIGS: dict[str, Configure] = {}
 
 
-def register(name: str, builder: Builder) -> None:
-    """Make ``create_model(name, ...)`` call ``builder(num_classes=..., img_size=..., **overrides)``."""
+def register(name: str, builder: Builder, *, config: Configure | None = None) -> None:
+    """Make ``create_model(name, ...)`` call ``builder(num_classes=..., img_size=..., **overrides)``. ``config``: the
+    function of the same arguments that gives the config ``builder``'s model is built from, when there is one
+    (:func:`registered_config` then reads it instead of building the model)."""
     _BUILDERS[name] = builder
+    if config is not None:
+        _CONFIGS[name] = config
+    else:
+        _CONFIGS.pop(name, None)
     add_name(name)
 
 
-def _vit_builder(name: str) -> Builder:
-    def build(**overrides: Any) -> VisionTransformer:
-        return VisionTransformer(model_config(name, **overrides))
-
-    return build
+def _register_vit(name: str, configure: Configure) -> None:
+    register(name, lambda **kw: VisionTransformer(configure(**kw)), config=configure)
 
 
 for _v, _ps in _PATCHES.items():
     for _p in _ps:
-        register(f"vit_{_v}{_p}", _vit_builder(f"vit_{_v}{_p}"))
+        _register_vit(f"vit_{_v}{_p}", lambda _n=f"vit_{_v}{_p}", **kw: model_config(_n, **kw))
 for _name in (*HYBRIDS, *CCTS, *BACKBONES):
-    register(_name, _vit_builder(_name))
+    _register_vit(_name, lambda _n=_name, **kw: model_config(_n, **kw))
 for _p in (16, 32):  # Axial-ViT (Appendix D.6)
-    register(
+    _register_vit(
         f"axial_vit_b{_p}",
-        lambda _p=_p, **kw: VisionTransformer(
-            model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw})
-        ),
+        lambda _p=_p, **kw: model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw}),
     )
 
 
@@ -97,9 +104,30 @@ def create_model(
 
     >>> model = create_model("vit_s16", num_classes=10, img_size=384, drop_path_rate=0.1)
     """
+    canon, fields = _arguments(name, num_classes=num_classes, img_size=img_size, overrides=overrides)
+    return _BUILDERS[canon](**fields)
+
+
+def registered_config(
+    name: str, *, num_classes: int | None = None, img_size: int | tuple[int, int] | None = None, **overrides: Any
+) -> ViTConfig:
+    """The config of ``create_model(name, ...)``'s model (the same arguments), from the registered config function
+    without building the model; a name registered with a builder alone is built on the meta device."""
+    canon, fields = _arguments(name, num_classes=num_classes, img_size=img_size, overrides=overrides)
+    configure = _CONFIGS.get(canon)
+    if configure is not None:
+        return configure(**fields)
+    with torch.device("meta"):
+        config: ViTConfig = _BUILDERS[canon](**fields).config
+    return config
+
+
+def _arguments(
+    name: str, *, num_classes: int | None, img_size: int | tuple[int, int] | None, overrides: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """``(canonical name, the builder's keyword arguments)`` for ``create_model(name, ...)``'s arguments."""
     canon = resolve_name(name)
-    builder = _BUILDERS.get(canon)
-    if builder is None:
+    if canon not in _BUILDERS:
         close = close_names(canon, also=tuple(TIMM_ALIASES))
         hint = f"; did you mean {', '.join(close)}?" if close else "; run `vitlab models` for the list"
         raise UnknownModelError(f"unknown model {name!r}{hint}")
@@ -112,4 +140,4 @@ def create_model(
         fields["mlp_dim"] = mlp_dim_for(width, fields.pop("mlp_ratio"))
     for option, value, default in (("img_size", img_size, 224), ("num_classes", num_classes, 1000)):
         fields[option] = value if value is not None else fields.get(option, default)
-    return builder(**fields)
+    return canon, fields
