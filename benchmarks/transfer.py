@@ -19,7 +19,9 @@ Tables (each arm a plain ``vitlab`` command, printed before it runs and kept in 
 4. few-shot linear (Sec. 4.1): ``vitlab fewshot`` on the target from frozen features, pre-trained vs random.
 
 Resumable: a finished step leaves ``done`` in its folder and is skipped next time; an interrupted one
-restarts. ``--jobs 2`` runs two commands at once with one thread each (the default on 2 cores).
+restarts. ``--jobs 2`` runs two commands at once with one thread each (the default on 2 cores); ``--jobs 0`` runs
+each command in this process, one after another, with one thread (the same commands without an interpreter start
+each: the smoke test's way, 29 commands).
 
     python benchmarks/transfer.py --data ../shared/data/cifar10 --out runs/transfer
     python benchmarks/transfer.py --smoke            # generated data, tiny model: what CI runs
@@ -28,6 +30,7 @@ restarts. ``--jobs 2`` runs two commands at once with one thread each (the defau
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -40,6 +43,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from _common import Stopwatch
 
@@ -245,7 +249,8 @@ def random_init(template: str, out: str, seed: int) -> None:
 
 
 def run_tasks(root: Path, tasks: dict[str, Task], *, jobs: int, log: Callable[[str], None]) -> None:
-    """Run every task whose dependencies are done, ``jobs`` at a time; a failure stops the run."""
+    """Run every task whose dependencies are done, ``jobs`` at a time (0: each in this process, one after another);
+    a failure stops the run."""
     done = {n for n, t in tasks.items() if (t.folder / "done").exists()}
     running: dict = {}
     script = root / "commands.sh"
@@ -259,26 +264,55 @@ def run_tasks(root: Path, tasks: dict[str, Task], *, jobs: int, log: Callable[[s
         env = {**os.environ, "OMP_NUM_THREADS": str(t.threads), "MKL_NUM_THREADS": str(t.threads)}
         clock = Stopwatch()
         with open(t.folder.parent / f"{t.folder.name}.log", "w") as out:
-            rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            if jobs == 0:
+                rc = _in_process(cmd, out, threads=t.threads)
+            else:
+                rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         return t, rc, clock.elapsed()
 
+    def finish(t: Task, rc: int, secs: float) -> None:
+        if rc != 0:
+            raise SystemExit(f"transfer: {t.name} failed (exit {rc}); see {t.folder}.log")
+        (t.folder / "done").write_text(f"{secs:.1f}\n")
+        done.add(t.name)
+        log(f"done {t.name} in {secs:.0f} s ({len(done)}/{len(tasks)})")
+
+    def ready() -> list[Task]:
+        return [t for t in tasks.values() if t.name not in done | set(running) and all(d in done for d in t.deps)]
+
+    if jobs == 0:  # in the main thread: the commands' stop signals are installed there
+        while len(done) < len(tasks):
+            if not (now := ready()):
+                raise SystemExit(f"transfer: unmet dependencies: {sorted(set(tasks) - done)}")
+            finish(*go(now[0]))
+        return
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while len(done) < len(tasks):
-            for t in tasks.values():
-                ready = t.name not in done and t.name not in running and all(d in done for d in t.deps)
-                if ready and len(running) < jobs:
-                    running[t.name] = pool.submit(go, t)
+            for t in ready()[: jobs - len(running)]:
+                running[t.name] = pool.submit(go, t)
             if not running:
                 raise SystemExit(f"transfer: unmet dependencies: {sorted(set(tasks) - done)}")
             finished, _ = wait(running.values(), return_when=FIRST_COMPLETED)
             for fut in finished:
                 t, rc, secs = fut.result()
                 del running[t.name]
-                if rc != 0:
-                    raise SystemExit(f"transfer: {t.name} failed (exit {rc}); see {t.folder}.log")
-                (t.folder / "done").write_text(f"{secs:.1f}\n")
-                done.add(t.name)
-                log(f"done {t.name} in {secs:.0f} s ({len(done)}/{len(tasks)})")
+                finish(t, rc, secs)
+
+
+def _in_process(cmd: list[str], out: IO[str], *, threads: int) -> int:
+    """Exit status of ``cmd`` (``python -m vitlab ...`` or this script) run in this process, its output to ``out``."""
+    import torch
+
+    from vitlab.cli import main as vitlab_main
+
+    args = cmd[3:] if cmd[1:3] == ["-m", "vitlab"] else cmd[2:]
+    run = vitlab_main if cmd[1:3] == ["-m", "vitlab"] else main
+    torch.set_num_threads(threads)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            return run(args)
+        except SystemExit as e:  # argparse's exits
+            return e.code if isinstance(e.code, int) else 1
 
 
 # -- the tables (docs/transfer.md) from the run folder, and the smoke data ----------------------------------------
@@ -379,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help="CIFAR-10 as an ImageFolder (train/<class>, test/<class>)")
     ap.add_argument("--out", type=Path, help="run folder (resumable); default runs/transfer, or a temp dir")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--jobs", type=int, default=2, help="commands at once, one thread each")
+    ap.add_argument("--jobs", type=int, default=2, help="commands at once, one thread each (0: in this process)")
     ap.add_argument("--smoke", action="store_true", help="generated data, tiny model, one seed: seconds")
     ap.add_argument("--random-init", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
