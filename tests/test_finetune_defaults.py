@@ -32,6 +32,7 @@ from vitlab.train.sizing.finetune import (
     SMALL_DATA,
     finetune_lr,
     finetune_recipe,
+    given_method_advice,
     method_advice,
     tune_method,
 )
@@ -192,6 +193,25 @@ def test_a_method_given_is_kept_and_judged_by_the_same_rule():
     assert line == f"advice: {finding}: try --tune head"
     assert advice_line(rows[:1], recipe=_fit(100).recipe, epochs=1, method=(finding, fix)) == line  # any length
     assert advice_line(rows, recipe=_fit(100).recipe, epochs=4) is None
+
+
+def test_the_end_of_run_judges_a_given_method_with_the_runs_own_settings():
+    """The advice reads the run's config as the pick does: a method the rule picked is never judged; a method given is
+    judged with the run's --head-warmup, --optimizer muon and --fsdp (so the fix is one those flags allow); a run
+    without --init is no fine-tune."""
+    p = _params()
+
+    def cfg(**given):
+        values = {"init": "pre/model", "data": "unused", **{f"recipe.{k}": v for k, v in given.items()}}
+        return build_config(values, given={f"recipe.{k}" for k in given})
+
+    assert given_method_advice(cfg(), "head", n_train=100, params=p) is None  # the rule's own pick
+    assert given_method_advice(cfg(tune="full"), "full", n_train=100, params=p)[1] == "--tune head"
+    assert given_method_advice(cfg(tune="full", head_warmup=3), "full", n_train=100, params=p)[1] == "--lora 4"
+    assert given_method_advice(cfg(tune="full", optimizer="muon"), "full", n_train=100, params=p) is None
+    assert given_method_advice(cfg(lora=8), "lora", n_train=10_000, params=p)[1] == "--tune full"
+    no_init = build_config({"data": "unused", "recipe.tune": "full"}, given={"recipe.tune"})
+    assert given_method_advice(no_init, "full", n_train=100, params=p) is None
 
 
 @pytest.mark.parametrize(("img", "patch", "drop"), [(32, 4, BUDGET_TOKEN_DROP), (16, 8, 0.0)])

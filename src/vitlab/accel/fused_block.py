@@ -234,13 +234,10 @@ def _lora_grads(
 
 
 def _ssf_grads(
-    y_dy: torch.Tensor, d_shift: torch.Tensor, scale: torch.Tensor | None, shift: torch.Tensor | None, need: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    y_dy: torch.Tensor, d_shift: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(d gamma, d beta)`` of an SSF layer ``y = gamma * z + beta`` from ``sum_m dY * y`` and ``sum_m dY`` (per
-    output channel): ``d gamma = sum_m dY * z = (sum_m dY * y - beta * d beta) / gamma`` (None, None: not an SSF
-    layer, or neither needs a gradient)."""
-    if scale is None or shift is None or not need:
-        return None, None
+    output channel): ``d gamma = sum_m dY * z = (sum_m dY * y - beta * d beta) / gamma``."""
     return (y_dy - shift * d_shift).div_(scale), d_shift
 
 
@@ -429,12 +426,12 @@ class _BlockFunction(torch.autograd.Function):
             d_fc2_g = d_fc2_s = d_fc1_g = d_fc1_s = None
             if fc2_g is not None and any(need[24:26]):
                 y_dy = torch.sub(out, x1, out=tmp("ssf", (m, d), dy)).mul_(dy).sum(0)
-                d_fc2_g, d_fc2_s = _ssf_grads(y_dy, d_fc2_b, fc2_g, fc2_s, True)
+                d_fc2_g, d_fc2_s = _ssf_grads(y_dy, d_fc2_b, fc2_g, fc2_s)
             if fc1_g is not None and any(need[22:24]):
                 y_dy = torch.mul(dh, h, out=tmp("ssf_h", (m, hidden), dy)).sum(0)
                 if spec.native:
                     y_dy.add_(fc1_b * d_fc1_b)
-                d_fc1_g, d_fc1_s = _ssf_grads(y_dy, d_fc1_b, fc1_g, fc1_s, True)
+                d_fc1_g, d_fc1_s = _ssf_grads(y_dy, d_fc1_b, fc1_g, fc1_s)
 
             # Attention branch, Eq. 2: x1 = x + keep1 * proj(MSA(q, k, v)), [q; k; v] = qkv(LN1(x))
             da = _scaled(dx1, keep1, b)
@@ -446,7 +443,7 @@ class _BlockFunction(torch.autograd.Function):
             d_proj_g = d_proj_s = None
             if proj_g is not None and any(need[20:22]):  # the projection's output is the stream's step
                 y_dy = torch.sub(x1, x0, out=tmp("ssf", (m, d), dy)).mul_(dx1).sum(0)
-                d_proj_g, d_proj_s = _ssf_grads(y_dy, d_proj_b, proj_g, proj_s, True)
+                d_proj_g, d_proj_s = _ssf_grads(y_dy, d_proj_b, proj_g, proj_s)
             do = torch.mm(da, proj_w, out=tmp("do", (m, d), dy)).view(b, t, spec.heads, -1).transpose(1, 2)
             q, k, v = _heads(qkv, b, t, spec.heads)
             dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False)
@@ -467,7 +464,7 @@ class _BlockFunction(torch.autograd.Function):
                     [torch.mul(z, qkv[:, i * d : (i + 1) * d], out=tmp("ssf", (m, d), dy)).sum(0)
                      for i, z in enumerate(parts)]
                 )  # fmt: skip
-                d_qkv_g, d_qkv_s = _ssf_grads(y_dy, d_qkv_b, qkv_g, qkv_s, True)
+                d_qkv_g, d_qkv_s = _ssf_grads(y_dy, d_qkv_b, qkv_g, qkv_s)
             dxn1 = torch.mm(parts[0], qkv_w[:d], out=tmp("dxn1", (m, d), dy))
             for i in (1, 2):
                 dxn1.addmm_(parts[i], qkv_w[i * d : (i + 1) * d])

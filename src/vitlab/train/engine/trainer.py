@@ -41,7 +41,7 @@ from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..sizing.budget import Replanner
 from ..sizing.choice import Sizing
-from ..sizing.finetune import method_advice
+from ..sizing.finetune import given_method_advice
 from ..sizing.machine import ThreadWatch
 from ..sizing.steps import Replan, RunPlan
 from .loaders import RunLoaders
@@ -354,18 +354,6 @@ class Trainer:
         return self.objective.evaluate(net, batches, device=self.device, amp_dtype=self.amp_dtype, dist=self.dist,
                                        last=last, logits=logits)  # fmt: skip
 
-    def _method_advice(self) -> tuple[str, str] | None:
-        """A fine-tune whose method the user gave (``--tune``, ``--lora``, ``--freeze``), judged by the rule the auto
-        recipe picks one by (:func:`~vitlab.train.sizing.finetune.method_advice`)."""
-        cfg = self.cfg
-        if not cfg.init or not {"tune", "lora", "freeze"} & set(cfg.recipe_given):
-            return None
-        r = self.sizing.recipe
-        given = set(cfg.recipe_given)
-        return method_advice(r.tuning, n_train=len(self.data.train), params=self.vit.config.num_params(),
-                             fsdp=cfg.fsdp, body="head_warmup" in given and r.head_warmup > 0,
-                             muon="optimizer" in given and r.optimizer == "muon")  # fmt: skip
-
     def _wall_s(self) -> float:
         """Wall seconds of the whole run: earlier processes' and this one's."""
         return self.position.wall_before + time.perf_counter() - self.t_start
@@ -382,10 +370,12 @@ class Trainer:
             summary["signal"] = self.stop.name  # type: ignore[union-attr]
         summary["attention"] = att = self.watch.summary()
         if not p.interrupted and self.objective.uses_labels:
-            summary["advice"] = advice_line(rows, recipe=self.sizing.recipe, epochs=self.plan.epochs,
-                                            time_budget=self.cfg.time_budget, n_eval=len(self.data.val),
-                                            alarms=att["alarms"], notes=att["notes"],
-                                            method=self._method_advice())  # fmt: skip
+            r = self.sizing.recipe
+            method = given_method_advice(self.cfg, r.tuning, n_train=len(self.data.train),
+                                         params=self.vit.config.num_params())  # fmt: skip
+            summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=self.cfg.time_budget,
+                                            n_eval=len(self.data.val), alarms=att["alarms"], notes=att["notes"],
+                                            method=method)  # fmt: skip
         if d.is_main:
             write_json(summary, out / "summary.json")
             if summary.get("advice"):

@@ -101,6 +101,30 @@ def tune_method(
     return method, why + " (docs/transfer.md)"
 
 
+METHOD_FLAGS = frozenset({"tune", "lora", "freeze"})
+"""The recipe fields by which a user chooses what a fine-tune trains (``--tune``, ``--lora``, ``--freeze``): given,
+the rule does not pick; the end of the run judges the choice by it instead (:func:`given_method_advice`)."""
+
+
+def rule_settings(cfg: Any) -> dict[str, bool]:
+    """The run's options :func:`tune_method` weighs (``fsdp``, ``body``, ``muon``), from what ``cfg`` (a
+    :class:`~vitlab.train.conf.train_config.TrainConfig`) asked: the pick and the advice read them alike."""
+    r, given = cfg.recipe, set(cfg.recipe_given)
+    return {
+        "fsdp": bool(cfg.fsdp),
+        "body": "head_warmup" in given and bool(r.head_warmup),
+        "muon": "optimizer" in given and r.optimizer == "muon",
+    }
+
+
+def given_method_advice(cfg: Any, tuning: str, *, n_train: int, params: int) -> tuple[str, str] | None:
+    """The end of a fine-tune's judgement (:func:`method_advice`) of the method ``tuning`` it trained, when the user
+    chose it (:data:`METHOD_FLAGS`); None for a run whose method the rule picked, or a run without ``--init``."""
+    if not cfg.init or not METHOD_FLAGS & set(cfg.recipe_given):
+        return None
+    return method_advice(tuning, n_train=n_train, params=params, **rule_settings(cfg))
+
+
 def method_advice(
     tuning: str, *, n_train: int, params: int, fsdp: bool = False, body: bool = False, muon: bool = False
 ) -> tuple[str, str] | None:
@@ -162,9 +186,8 @@ def finetune_recipe(
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
     params = init.num_params()
     method, picked = None, {}
-    if not {"tune", "lora", "freeze"} & set(cfg.recipe_given):  # (the run's choice: the config keeps what was asked)
-        method = tune_method(n_train=n_train, params=params, fsdp=cfg.fsdp, body=bool(given.get("head_warmup")),
-                             muon=given.get("optimizer") == "muon")  # fmt: skip
+    if not METHOD_FLAGS & set(cfg.recipe_given):  # (the run's choice: the config keeps what was asked)
+        method = tune_method(n_train=n_train, params=params, **rule_settings(cfg))
         picked = {"tune": method[0], **({"lora": AUTO_LORA_RANK} if method[0] == "lora" else {})}
     tuning = method[0] if method is not None else r.tuning
     lp = new_head and n_train < SMALL_DATA and tuning != "head" and processes == 1 and not cfg.fsdp
