@@ -223,6 +223,25 @@ def test_adapters_train_through_the_fused_block_with_the_plain_paths_gradients(m
     assert training_path(other.train()) == "autograd"
 
 
+def _fused_and_plain_grads(model: nn.Module, x: torch.Tensor) -> tuple[dict, dict]:
+    """The trained parameters' gradients of ``model(x).square().sum()`` on the speed paths and on the plain autograd
+    path, each forward after the same seed (the same stochastic-depth masks)."""
+    from vitlab.accel import set_enabled
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        model(x).square().sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    fused = grads()
+    set_enabled(False)
+    try:
+        return fused, grads()
+    finally:
+        set_enabled(True)
+
+
 @pytest.mark.parametrize("drop_path", [0.0, 0.3])
 @pytest.mark.parametrize("base_trains", [False, True])
 def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(drop_path, base_trains, monkeypatch):
@@ -230,7 +249,7 @@ def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(dr
     the fused node (dB = s dY^T (X A^T), dA = s (dY B)^T X: no full weight gradient), four layers a block, equal to
     the plain autograd path's, with stochastic depth too (the same masks: the same seed before each forward). A
     base weight that trains as well takes the effective weight through autograd instead (no thin products)."""
-    from vitlab.accel import fused_block, set_enabled
+    from vitlab.accel import fused_block
 
     model = tiny()
     for b in model.blocks:
@@ -245,21 +264,8 @@ def test_lora_on_the_fused_block_forms_the_factors_gradients_by_thin_products(dr
     calls = []
     real = fused_block._lora_grads
     monkeypatch.setattr(fused_block, "_lora_grads", lambda *a: calls.append(a[2] is not None) or real(*a))
-    x = images(model, 8)
-
-    def grads() -> dict[str, torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(3)
-        model(x).square().sum().backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-
-    fused = grads()
-    assert calls == [not base_trains] * (4 * len(model.blocks))
-    set_enabled(False)
-    try:
-        reference = grads()
-    finally:
-        set_enabled(True)
+    fused, reference = _fused_and_plain_grads(model, images(model, 8))
+    assert calls == [not base_trains] * (4 * len(model.blocks))  # the fused pass's (the plain one has no node)
     assert fused.keys() == reference.keys() and any(".lora_B." in n for n in fused)
     for n in fused:
         assert_close_rel(fused[n], reference[n])
@@ -272,7 +278,7 @@ def test_ssf_on_the_fused_block_forms_the_scales_gradients_from_the_layers_outpu
     output (d beta = sum dY, d gamma = (sum dY * y - beta d beta) / gamma: no full weight gradient), four layers a
     block, on the C kernels where they are and with stochastic depth, equal to the plain autograd path's. A layer
     whose scale fell below the floor takes autograd's product through diag(gamma) W instead."""
-    from vitlab.accel import fused_block, set_enabled
+    from vitlab.accel import fused_block
 
     model = tiny()
     for b in model.blocks:
@@ -286,21 +292,8 @@ def test_ssf_on_the_fused_block_forms_the_scales_gradients_from_the_layers_outpu
     calls = []
     real = fused_block._ssf_grads
     monkeypatch.setattr(fused_block, "_ssf_grads", lambda *a: calls.append(a[2] is not None) or real(*a))
-    x = images(model, 8)
-
-    def grads() -> dict[str, torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(3)
-        model(x).square().sum().backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-
-    fused = grads()
+    fused, reference = _fused_and_plain_grads(model, images(model, 8))
     assert len(calls) == 4 * len(model.blocks) - small_scale and all(calls)
-    set_enabled(False)
-    try:
-        reference = grads()
-    finally:
-        set_enabled(True)
     assert fused.keys() == reference.keys() and any(".ssf_scale" in n for n in fused)
     for n in fused:
         assert_close_rel(fused[n], reference[n])
