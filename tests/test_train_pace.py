@@ -15,6 +15,7 @@ from vitlab.train.engine.schedule import LRFactor
 from vitlab.train.sizing import machine as cores
 from vitlab.train.sizing.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
 from vitlab.train.sizing.recipe import LEVELS, auto_recipe
+from vitlab.train.sizing.steps import Replan
 
 # -- threads from the free cores -------------------------------------------------------------------------------------
 
@@ -89,6 +90,34 @@ def test_the_thread_watch_lowers_the_threads_when_the_pace_collapses_and_restore
     assert "-> 2 torch thread(s) (was 1)" in (busy_start.after_epoch(0.1) or "") and busy_start.threads == 2
     fixed = cores.ThreadWatch(threads=2, chosen=2, fixed=True, sample=lambda: 0.0, set_threads=set_to.append)
     assert fixed.after_epoch(0.1) is None and fixed.after_epoch(1.0) is None and set_to == [1, 2]
+
+
+def test_a_runs_thread_watch_is_fixed_by_the_flag_the_device_a_tiny_step_and_a_replay():
+    """The watch a run starts moves the threads only on a CPU, for a step worth timing, when the user did not set
+    them and the run does not replay another's choices (a replay keeps the threads it replays)."""
+    cpu, big = torch.device("cpu"), 1e12
+
+    def fixed(cfg: TrainConfig | None = None, **kw) -> bool:
+        return cores.ThreadWatch.for_run(cfg or TrainConfig(), **{"device": cpu, "step_macs": big, **kw}).fixed
+
+    assert not fixed()
+    assert fixed(replayed=True)
+    assert fixed(TrainConfig(threads=1))
+    assert fixed(device=torch.device("meta"))
+    assert fixed(step_macs=cores.TINY_STEP_MACS / 2)
+
+
+def test_a_re_plan_line_says_what_it_was_made_from():
+    """A move after a step or at an epoch's end quotes the pace it was made from; a replayed one says so."""
+    at_step = Replan(step=10, total=90, at="step", per_step=0.25)
+    assert at_step.line(was=80, warmup=5, replayed=False) == (
+        "\ntime budget: the run's own steps take 250 ms -> re-planned to 90 steps (was 80), warmup 5 steps"
+    )
+    at_epoch = Replan(step=20, total=70, at="epoch", per_step=0.5)
+    assert "the steps since the last plan took 500 ms -> re-planned to 70 steps (was 90)" in at_epoch.line(
+        was=90, warmup=5, replayed=False
+    )
+    assert at_epoch.line(was=90, warmup=4, replayed=True).startswith("\ntime budget: replayed -> re-planned to 70")
 
 
 def test_threads_flag_wins_and_the_first_lines_say_so(monkeypatch):

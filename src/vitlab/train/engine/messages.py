@@ -77,15 +77,16 @@ def start_line(
     data: DataSplits,
     recipe: Recipe,
     plan: RunPlan,
-    lr: float,
     processes: int,
     device: torch.device,
     *,
     time_budget: float | None = None,
 ) -> str:
-    """The line a run starts with: what is trained on what, with which recipe and plan, where; with
-    ``--time-budget`` the wall time it was planned to take (otherwise :class:`WallEstimate` times the first steps)."""
+    """The line a run starts with: what is trained on what, with which recipe and plan (its peak LR; a plan saved
+    before plans kept one: the recipe's, scaled to its batch), where; with ``--time-budget`` the wall time it was
+    planned to take (otherwise :class:`WallEstimate` times the first steps)."""
     m = model.config
+    lr = plan.lr or recipe.scaled_lr(recipe.batch_size)
     wall = f"; expected wall time ~{duration(time_budget)} (--time-budget)" if time_budget else ""
     return (
         f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "

@@ -107,8 +107,8 @@ class Trainer:
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
         macs = self.vit.macs() * self.loaders.micro * 3  # a training step's
-        self.threads = ThreadWatch.for_run(self.cfg, device=self.device, step_macs=macs)
-        self.threads.fixed |= self.sizing.replayed is not None  # a replay keeps the threads it replays
+        self.threads = ThreadWatch.for_run(self.cfg, device=self.device, step_macs=macs,
+                                           replayed=self.sizing.replayed is not None)  # fmt: skip
         self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
 
     @property
@@ -169,8 +169,7 @@ class Trainer:
         self.watch = AttentionWatch.start(self.cfg.watch_attention, loaders=self.loaders, vit=self.vit,
                                           context=context, rows=rows, sharded=self.cfg.fsdp)  # fmt: skip
         r, d = self.sizing.recipe, self.dist
-        lr = self.plan.lr or r.scaled_lr(r.batch_size)
-        self.log(start_line(self.vit, self.data, r, self.plan, lr, d.world_size, self.device,
+        self.log(start_line(self.vit, self.data, r, self.plan, d.world_size, self.device,
                             time_budget=self.cfg.time_budget))  # fmt: skip
         self.eta = WallEstimate(  # a budgeted run knows its end; --pack evaluates the centre crop and the native one
             total_steps=0 if self.cfg.time_budget else self.plan.total_steps, batch_size=r.batch_size,
@@ -270,9 +269,7 @@ class Trainer:
         warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
-        which = "the steps since the last plan took" if at == "epoch" else "the run's own steps take"
-        how = "replayed" if self.sizing.replayed else f"{which} {per_step * 1000:.0f} ms"
-        self.log(f"\ntime budget: {how} -> re-planned to {total} steps (was {was}), warmup {warm} steps")
+        self.log(move.line(was=was, warmup=warm, replayed=bool(self.sizing.replayed)))
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:
@@ -325,18 +322,11 @@ class Trainer:
     def _checkpoint(self, *, micro_done: int) -> None:
         """Save ``last.pt`` (a collective): ``micro_done`` micro-batches into the current epoch (0: at its start)."""
         self.saver.save(
-            net=self.net,
-            opt=self.opt,
-            generator=self.loaders.generator,
-            position=self.position,
-            plan=self.plan,
-            cfg=self.cfg,
-            sizing=self.sizing,
-            wall_s=self._wall_s(),
-            micro_done=micro_done,
+            net=self.net, opt=self.opt, generator=self.loaders.generator, position=self.position, plan=self.plan,
+            cfg=self.cfg, sizing=self.sizing, wall_s=self._wall_s(), micro_done=micro_done,
             data_fingerprint=self.data_fingerprint,
             packed=packed_counts(self.position, self.loaders, self.dist) if micro_done else (0, 0),
-        )
+        )  # fmt: skip
         self.last_save = time.perf_counter()
 
     def _evaluate(self, *, last: bool = False, logits: bool = False) -> dict[str, Any]:

@@ -217,10 +217,13 @@ class ThreadWatch:
     set_threads: Callable[[int], None] = torch.set_num_threads
 
     @classmethod
-    def for_run(cls, cfg: TrainConfig, *, device: torch.device, step_macs: float) -> ThreadWatch:
-        """The watch of a run whose threads :func:`set_threads` chose (torch's count now is its choice)."""
+    def for_run(
+        cls, cfg: TrainConfig, *, device: torch.device, step_macs: float, replayed: bool = False
+    ) -> ThreadWatch:
+        """The watch of a run whose threads :func:`set_threads` chose (torch's count now is its choice); fixed when
+        the user set them, off the CPU, for a tiny step, and in a replay (it keeps the threads it replays)."""
         n = torch.get_num_threads()
-        fixed = cfg.threads > 0 or device.type != "cpu" or step_macs < TINY_STEP_MACS
+        fixed = cfg.threads > 0 or device.type != "cpu" or step_macs < TINY_STEP_MACS or replayed
         return cls(threads=n, chosen=n, fixed=fixed, step_macs=step_macs, cap=thread_cap())
 
     def after_epoch(self, per_step: float) -> str | None:

@@ -22,6 +22,12 @@ class Replan:
     at: str = "epoch"
     per_step: float = 0.0
 
+    def line(self, *, was: int, warmup: int, replayed: bool) -> str:
+        """The run's line for this move: what it was made from (a replay says so), the new and the old total."""
+        which = "the steps since the last plan took" if self.at == "epoch" else "the run's own steps take"
+        how = "replayed" if replayed else f"{which} {self.per_step * 1000:.0f} ms"
+        return f"\ntime budget: {how} -> re-planned to {self.total} steps (was {was}), warmup {warmup} steps"
+
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total": self.total, "at": self.at, "per_step": self.per_step}
 
