@@ -269,7 +269,7 @@ class Trainer:
         warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
-        self.log(move.line(was=was, warmup=warm, replayed=bool(self.sizing.replayed)))
+        self.log(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:
