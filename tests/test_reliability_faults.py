@@ -106,9 +106,7 @@ def test_sigkill_at_random_moments_then_resume_completes(data_dir, tmp_path):
                 break
     assert kills >= 3 and len(saved_steps) >= 2, (kills, saved_steps)
 
-    proc = _spawn(["train", "--out", str(out), "--resume", "--workers", "0", "--no-progress"])
-    log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, log
+    assert main(["train", "--out", str(out), "--resume", "--workers", "0", "--no-progress"]) == 0  # in this process
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["steps"], summary["epochs"], summary["interrupted"]) == (3 * EPOCHS, EPOCHS, False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

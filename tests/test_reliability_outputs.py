@@ -253,7 +253,7 @@ def _wait_for_training(proc):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
+def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, capsys, sig):
     out = tmp_path / "run"
     script = tmp_path / "slow.py"
     script.write_text(HELD)
@@ -267,10 +267,8 @@ def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
     )
     log = _wait_for_training(proc)
     if sig == signal.SIGTERM:  # meanwhile a second run into the same folder is refused
-        other = subprocess.run(
-            [sys.executable, "-m", "vitlab", *train_args(data_dir, out)], capture_output=True, text=True, env=_env()
-        )
-        assert other.returncode == 2 and f"in use by pid {proc.pid} on {socket.gethostname()}" in other.stderr
+        assert main(train_args(data_dir, out)) == 2  # from this process: another pid
+        assert f"in use by pid {proc.pid} on {socket.gethostname()}" in capsys.readouterr().err
     proc.send_signal(sig)
     rest, _ = proc.communicate(timeout=60)
     log = "".join(log) + rest
@@ -281,14 +279,7 @@ def test_sigterm_and_sighup_save_and_resume(data_dir, tmp_path, sig):
     assert json.loads((out / "summary.json").read_text())["signal"] == sig.name
     assert not (out / ".lock").exists()
 
-    done = subprocess.run(
-        [sys.executable, "-m", "vitlab", "train", "--out", str(out), "--resume", "--workers", "0", "--no-progress"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert main(["train", "--out", str(out), "--resume", "--workers", "0", "--no-progress"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["steps"], summary["interrupted"]) == (3 * EPOCHS, False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
