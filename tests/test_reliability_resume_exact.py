@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ RUN = ["--epochs", "3", "--dim", "16", "--depth", "1", "--heads", "2", "--seed",
 # dropping, and an EMA of the weights
 RUN += ["--crop-scale", "0.35,1", "--randaugment", "2,9", "--random-erasing", "0.25", "--mixup", "0.8"]
 RUN += ["--cutmix", "1.0", "--drop-path", "0.1", "--token-drop", "0.25", "--ema", "0.9", "--no-progress"]
+SRC = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])
 STOP = 4  # global step 4: one step into the second epoch
 KEYS = ("epoch", "step", "train_loss", "lr", "top1", "top5", "eval_loss")
 
@@ -123,22 +125,19 @@ def test_stopped_mid_epoch_and_resumed_is_the_uninterrupted_run(
     assert_same(outcome(out), uninterrupted[loader])
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitlab"]
+WORKER = str(Path(__file__).with_name("torchrun_worker.py"))
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER]
 
 
 def _torchrun(*runs: list[str], env: dict[str, str]) -> None:
-    """``vitlab`` with each of ``runs``' arguments on two processes, the runs side by side; a launch that failed
-    before training (torchrun's rendezvous port race) is tried once more."""
-    procs = [
-        subprocess.Popen([*TORCHRUN, *a], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for a in runs
-    ]
-    for argv, proc in zip(runs, procs, strict=True):
-        out, err = proc.communicate(timeout=300)
-        if proc.returncode != 0 and "training vit_" not in out:
-            retry = subprocess.run([*TORCHRUN, *argv], capture_output=True, text=True, env=env, timeout=300)
-            err, proc = retry.stderr, retry
-        assert proc.returncode == 0, err[-3000:]
+    """``vitlab`` with each of ``runs``' arguments, one after another, on the two processes of one torchrun launch
+    (the launch and the imports paid once); a launch that failed before training (torchrun's rendezvous port race)
+    is tried once more."""
+    cmd = [*TORCHRUN, json.dumps(list(runs))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0 and "training vit_" not in proc.stdout:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize(("loader", "workers"), [("folder", 1), ("shards", 2)])
@@ -148,10 +147,11 @@ def test_two_processes_stopped_mid_epoch_and_resumed_are_the_uninterrupted_two_p
     """Two processes (torchrun, gloo): the resumed run equals the two-process run that never stopped. (Not the
     one-process run: two processes average their gradients in another order, and each draws its own stochastic
     depth.)"""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": SRC}
     full, part = tmp_path / "full", tmp_path / "part"
     run = ["train", *sources[loader], "--workers", str(workers), *RUN]
     _torchrun([*run, "--out", str(full)], [*run, "--out", str(part), "--stop-after", str(STOP)], env=env)
     assert load_state(part / "last.pt")["step"] == STOP
+    # the resume: a launch of its own (fresh processes, as after a real stop)
     _torchrun(["train", "--out", str(part), "--resume", "--workers", str(workers), "--no-progress"], env=env)
     assert_same(outcome(part), outcome(full))
