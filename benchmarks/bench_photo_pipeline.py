@@ -80,7 +80,7 @@ from _common import (
     time_steps,
 )
 
-from vitlab.data import load_data
+from vitlab.data import DataSource, load_data
 from vitlab.distributed import Dist
 from vitlab.models import ViTConfig
 from vitlab.train import TrainConfig
@@ -142,7 +142,7 @@ def decode(cfg: TrainConfig, *, out: Path) -> tuple[Any, dict[str, Any]]:
     import sklearn.model_selection  # noqa: F401
 
     clock = Stopwatch()
-    data = load_run_data(cfg, _here(), out=out, log=lambda line: None)
+    data = load_run_data(cfg, _here(), source=DataSource.named(cfg.data), out=out, log=lambda line: None)
     wall = clock.elapsed()
     n = len(data.train) + len(data.val)
     stored = data.train.images

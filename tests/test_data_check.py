@@ -377,13 +377,14 @@ def test_the_report_shows_the_groups_as_thumbnails(leaky, tmp_path):
 
 
 def test_shards_are_said_not_checked(capsys):
+    from vitlab.data.sources import DataSource
     from vitlab.distributed import Dist
     from vitlab.train.conf.train_config import TrainConfig
     from vitlab.train.engine.run_data import SHARDS_LINE, check_before
 
     said = []
     cfg = TrainConfig(data="shards/train-{000000..000003}.tar")
-    assert check_before(cfg, out=Path("x"), log=said.append, dist=Dist()) is None
+    assert check_before(cfg, DataSource.named(cfg.data), out=Path("x"), log=said.append, dist=Dist()) is None
     assert said == [SHARDS_LINE]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitlab.data.sources import DataSource
 from vitlab.distributed import Dist
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.optim import build_optimizer
@@ -85,9 +86,11 @@ def test_the_plan_stores_the_folder_for_the_budget_side(tmp_path):
 )
 def test_only_a_fresh_timed_run_on_a_folder_without_a_size_chooses_it(tmp_path, kw, wanted):
     cfg = _cfg(tmp_path, **kw)
-    assert probe.wants_budget_size(cfg, uses_labels=True, dist=Dist()) is wanted
-    assert not probe.wants_budget_size(_cfg(tmp_path / "missing", time_budget=60.0), uses_labels=True, dist=Dist())
-    assert not probe.wants_budget_size(_cfg(tmp_path, time_budget=60.0), uses_labels=False, dist=Dist())
+    folder, missing = DataSource.named(str(tmp_path)), DataSource.named(str(tmp_path / "missing"))
+    assert probe.wants_budget_size(cfg, folder, uses_labels=True, dist=Dist()) is wanted
+    assert not probe.wants_budget_size(_cfg(tmp_path / "missing", time_budget=60.0), missing, uses_labels=True,
+                                       dist=Dist())  # fmt: skip
+    assert not probe.wants_budget_size(_cfg(tmp_path, time_budget=60.0), folder, uses_labels=False, dist=Dist())
 
 
 @pytest.mark.slow

@@ -23,11 +23,12 @@ from .._lazy import lazy_names
 if TYPE_CHECKING:
     from .images.rows import ImageRows, PackedImages
     from .pipeline.transforms import ArrayDataset, channel_stats, eval_transform, mix_transform, train_transform
-    from .sources import DataError, DataSplits, ImageArray, load_data
+    from .sources import DataError, DataSource, DataSplits, ImageArray, load_data
 
 __all__ = [
     "ArrayDataset",
     "DataError",
+    "DataSource",
     "DataSplits",
     "ImageArray",
     "ImageRows",
@@ -43,6 +44,7 @@ _WHERE = {
     "ImageRows": "images.rows",
     "PackedImages": "images.rows",
     "DataError": "sources",
+    "DataSource": "sources",
     "DataSplits": "sources",
     "ImageArray": "sources",
     "load_data": "sources",

@@ -22,12 +22,14 @@ from .images.decode import header_sizes
 from .images.rows import ImageRows, PackedImages
 from .images.scan import readable, scan_classes
 from .images.storage import FolderStorage
+from .shards.source import is_shard_spec
 
 __all__ = [
     "BUILTIN_DATA",
     "DEFAULT_HOLD_OUT",
     "EVAL_DIRS",
     "DataError",
+    "DataSource",
     "DataSplits",
     "FolderStorage",
     "ImageArray",
@@ -137,6 +139,29 @@ def data_folder(spec: str) -> Path | None:
             "read as data: give the data's own folder"
         )
     return path
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What a ``--data`` value names, told once (a run resolves its ``--data`` at the top, and every reader of it
+    takes this): tar shards (:func:`~vitlab.data.shards.source.is_shard_spec`), else the user's image folder
+    (:func:`data_folder`; a run folder is refused there), else neither: a built-in data set, or a name
+    :func:`load_data` refuses."""
+
+    spec: str
+    shards: bool = False
+    folder: Path | None = None
+
+    @classmethod
+    def named(cls, spec: str) -> DataSource:
+        if is_shard_spec(spec):
+            return cls(spec=spec, shards=True)
+        return cls(spec=spec, folder=data_folder(spec))
+
+    @property
+    def users(self) -> bool:
+        """The user's own images (a folder, or tar shards), not a built-in data set."""
+        return self.shards or self.folder is not None
 
 
 EVAL_DIRS = ("val", "valid", "validation", "test")

@@ -29,6 +29,7 @@ import torch
 from ..._fs import FolderLock
 from ..._text import shown_lines
 from ...data.shards.stream import StreamData
+from ...data.sources import DataSource
 from ...distributed import Dist, barrier, setup, teardown
 from ...errors import CheckpointError, ConfigError, VitlabError
 from ...track import check_trackers
@@ -92,6 +93,7 @@ def fit(
         cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
         saved = _resumed_sizing(state)
     validate(cfg)
+    source = DataSource.named(cfg.data)  # what --data names, told once (a run folder given as data refused here)
     check_trackers(cfg.log)  # a missing logger library before any data is read
     init = InitModel.read(cfg)  # read once; its architecture checked against the options before any data
     teacher = load_teacher(cfg.teacher) if cfg.teacher else None  # before the data: its size counts in the memory
@@ -103,8 +105,8 @@ def fit(
                 if state is None:
                     claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=_say)
             summary = prepare(
-                cfg, state=state, saved=saved, replay=replay, init=init, teacher=teacher, dist=d, device=device,
-                out=out, stop=stop,
+                cfg, source, state=state, saved=saved, replay=replay, init=init, teacher=teacher, dist=d,
+                device=device, out=out, stop=stop,
             ).run()  # fmt: skip
         barrier(d)  # no process tears its group down while another still writes its results or talks to it
         return summary
@@ -147,6 +149,7 @@ def _replayed(
 
 def prepare(
     cfg: TrainConfig,
+    source: DataSource,
     *,
     state: dict[str, Any] | None,
     init: InitModel | None,
@@ -159,7 +162,7 @@ def prepare(
     teacher: torch.nn.Module | None = None,
 ) -> Trainer:
     """Everything before the first step, in order (see the module's notes); ``state``: the read ``last.pt`` of a
-    resumed run, ``saved``: its sizing (kept, with its plan)."""
+    resumed run, ``saved``: its sizing (kept, with its plan); ``source``: what the run's ``--data`` names."""
     t_start = time.perf_counter()
     log: Callable[..., None] = _say if dist.is_main else (lambda *a, **k: None)
     amp_dtype, use_scaler = amp(cfg.precision, device)
@@ -169,11 +172,11 @@ def prepare(
     kind = objective_for(cfg)
     check_model_size(cfg, dist=dist, device=device)  # by arithmetic: a model too big for memory before its data
     # -- the data, stored for the side the sizing's rule chooses -------------------------------------------------
-    fingerprint = run_data_fingerprint(cfg, state=state, log=log)  # resumed: the data must be unchanged
+    fingerprint = run_data_fingerprint(cfg, source, state=state, log=log)  # resumed: the data must be unchanged
     if saved is None and not dist.enabled:
         saved = _replayed(replay, cfg, fingerprint, log)
     side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
-    data = load_run_data(cfg, here, out=out, log=log, labels=kind.uses_labels, init_size=side,
+    data = load_run_data(cfg, here, source=source, out=out, log=log, labels=kind.uses_labels, init_size=side,
                          storage=saved.storage if saved is not None else None)  # fmt: skip
     # -- what the run gets here: measured, then chosen ---------------------------------------------------------
     num_classes = kind.head(data)[0]

@@ -34,7 +34,7 @@ from ...data.check import REPORT_NAME, DataCheck, check_folder
 from ...data.images.scan import scan_classes
 from ...data.shards.source import is_shard_spec, open_source
 from ...data.shards.stream import open_stream_data
-from ...data.sources import DataError, DataSplits, FolderStorage, builtin_data, data_folder
+from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data
 from ...distributed import Dist, barrier
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
@@ -61,35 +61,36 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 
 def load_run_data(
-    cfg: TrainConfig, here: Here, *, out: Path, log: Callable[[str], None], labels: bool = True,
+    cfg: TrainConfig, here: Here, *, source: DataSource, out: Path, log: Callable[[str], None], labels: bool = True,
     init_size: int | None = None, storage: FolderStorage | None = None,
 ) -> DataSplits:  # fmt: skip
-    """The run's train and evaluation splits, stored for the side the run trains at, which the sizing's side rule
-    chooses from the images' sizes (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards'
-    first samples; ``init_size``: the ``--init`` model's side, the size a fine-tune without ``--img-size`` trains at;
-    for photos under a time budget, the passes it buys at each side, timed first:
-    :func:`~vitlab.train.sizing.probe.budget_passes`); ``storage``: a resumed or replayed run's (chosen before: kept).
+    """The run's train and evaluation splits of ``source`` (its ``--data``, told once), stored for the side the run
+    trains at, which the sizing's side rule chooses from the images' sizes
+    (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards' first samples; ``init_size``:
+    the ``--init`` model's side, the size a fine-tune without ``--img-size`` trains at; for photos under a time
+    budget, the passes it buys at each side, timed first: :func:`~vitlab.train.sizing.probe.budget_passes`);
+    ``storage``: a resumed or replayed run's (chosen before: kept).
     The data check's lines come first (:mod:`.data_check`: ``out/data_check.json``; ``--strict-data`` stops on leaks
     and conflicting labels, ``--dedup-eval`` leaves the leaked evaluation images out), then the choice of side.
     Rank 0 decodes first (and writes the shared cache) while the others wait; undecodable files are listed in
     ``out/bad_files.txt``."""
     dist = here.dist
-    check = check_before(cfg, out=out, log=log, dist=dist) if dist.is_main else None  # the run's first lines
+    check = check_before(cfg, source, out=out, log=log, dist=dist) if dist.is_main else None  # the first lines
     passes = None
-    if storage is None and wants_budget_size(cfg, uses_labels=labels, dist=dist):
+    if storage is None and wants_budget_size(cfg, source, uses_labels=labels, dist=dist):
         passes = budget_passes(cfg, here)
     storing = storage or functools.partial(folder_storage, cfg, init_size=init_size, passes=passes)
-    if is_shard_spec(cfg.data):  # tar shards: read as they train, no decode cache; their side by the same rule
-        data = open_stream_data(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
+    if source.shards:  # tar shards: read as they train, no decode cache; their side by the same rule
+        data = open_stream_data(source.spec, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:
-            raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+            raise DataError(f"--data {source.spec}: empty train or evaluation split")
         data.storage = storage or storing(data.sizes, n_files=len(data.train), shards=True)
         log(data.storage.line)
         return data
 
     def get_data():
         return load_data(
-            cfg.data,
+            source.spec,
             val_split=cfg.val_split,
             storage=storing,
             cache_dir=cfg.cache_dir,
@@ -104,7 +105,7 @@ def load_run_data(
         data = get_data()
     barrier(dist)
     if not dist.is_main:
-        check = check_before(cfg, out=out, log=log, dist=dist)  # (only for --dedup-eval: rank 0's hashes kept)
+        check = check_before(cfg, source, out=out, log=log, dist=dist)  # (only for --dedup-eval: rank 0's hashes kept)
         data = get_data()
     if data.storage is not None:
         log(data.storage.line)
@@ -115,21 +116,21 @@ def load_run_data(
         if dist.is_main:
             atomic_write_text(out / "bad_files.txt", "".join(f"{p}\t{why}\n" for p, why in data.skipped))
     if data.num_classes == 1 and labels:
-        log(f"warning: --data {cfg.data}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
+        log(f"warning: --data {source.spec}: only one class ({data.class_names[0]!r}); top-1 is 100% by construction")
     if len(data.train) == 0 or len(data.val) == 0:
-        raise DataError(f"--data {cfg.data}: empty train or evaluation split")
+        raise DataError(f"--data {source.spec}: empty train or evaluation split")
     data = check_after(check, data, cfg, out=out, log=log, dist=dist)
-    for line in eval_split_lines(data, spec=cfg.data, labels=labels, asked=cfg.val_split is not None):
+    for line in eval_split_lines(data, source, labels=labels, asked=cfg.val_split is not None):
         log(line)
     return data
 
 
-def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool = False) -> list[str]:
+def eval_split_lines(data: Any, source: DataSource, *, labels: bool = True, asked: bool = False) -> list[str]:
     """What a run on a folder says about its evaluation split: the split held out (its size, where from, how to
     change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
     :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1). Nothing for the built-in
-    data sets, whose splits are fixed and known."""
-    if data_folder(spec) is None:
+    data sets, whose splits are fixed and known, and for tar shards, whose splits were made when they were packed."""
+    if source.folder is None:
         return []
     n, total = len(data.val), len(data.train) + len(data.val)
     lines = []
@@ -137,7 +138,7 @@ def eval_split_lines(data: Any, *, spec: str, labels: bool = True, asked: bool =
         why = (
             "by --val-split"
             if asked
-            else f"as {spec} has no val/ or test/ folder: --val-split F to change it, or add a val/ folder"
+            else f"as {source.spec} has no val/ or test/ folder: --val-split F to change it, or add a val/ folder"
         )
         lines.append(
             f"evaluation split: {n:,} of the {total:,} images held out ({data.held_out:.0%} of each class, seed 0), "
@@ -180,15 +181,15 @@ def data_record(cfg: TrainConfig, data: Any, fingerprint: dict[str, Any] | None)
     }
 
 
-def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
+def data_fingerprint(cfg: TrainConfig, source: DataSource) -> dict[str, Any] | None:
     """What a folder run trains on, kept in ``last.pt`` so that ``--resume`` can tell whether the data changed:
     the class names and, per split folder, its number of image files and the decode cache's key of their
     paths, sizes and modification times (:func:`vitlab.data.cache.store.cache_key`). The files are listed as
     :func:`vitlab.data.load_data` lists them (only their metadata is read). None for the built-in
     datasets (digits, CIFAR), which do not change, and for a ``--data`` that is no folder."""
-    if is_shard_spec(cfg.data):  # the shards' names, sample counts and checksums
-        return open_source(cfg.data, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
-    root = data_folder(cfg.data)  # (a built-in name is never a folder: `--out digits` is not read as data)
+    if source.shards:  # the shards' names, sample counts and checksums
+        return open_source(source.spec, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe).fingerprint()
+    root = source.folder  # (a built-in name is never a folder: `--out digits` is not read as data)
     if root is None:
         return None
     train = root / "train"
@@ -207,20 +208,20 @@ def data_fingerprint(cfg: TrainConfig) -> dict[str, Any] | None:
 
 
 def run_data_fingerprint(
-    cfg: TrainConfig, *, state: dict[str, Any] | None, log: Callable[[str], None]
+    cfg: TrainConfig, source: DataSource, *, state: dict[str, Any] | None, log: Callable[[str], None]
 ) -> dict[str, Any] | None:
     """The data fingerprint a run keeps in ``last.pt`` (:func:`data_fingerprint`, taken before decoding):
     a new run's, now. A resumed run keeps the one saved when it started, after checking that the data
     still matches it (:func:`check_data_unchanged`); a checkpoint from before fingerprints resumes as it
     did, with a note, and keeps today's from then on."""
-    now = data_fingerprint(cfg)
+    now = data_fingerprint(cfg, source)
     if state is None:
         return now
     if "data_fingerprint" not in state:
         log("note: this last.pt predates data fingerprints: the data is not checked against the run's start")
         return now
     saved = _saved_fingerprint(state["data_fingerprint"])
-    check_data_unchanged(saved, now, data=cfg.data)
+    check_data_unchanged(saved, now, data=source.spec)
     return saved
 
 
@@ -282,15 +283,17 @@ def check_data_unchanged(saved: dict[str, Any] | None, now: dict[str, Any] | Non
 SHARDS_LINE = "data check: tar shards are not checked (vitlab data check DIR checks the folder they were packed from)"
 
 
-def check_before(cfg: TrainConfig, *, out: Path, log: Callable[[str], None], dist: Dist) -> DataCheck | None:
-    """The check of ``cfg.data`` before it is decoded (None for data that is no folder). A folder with its own
-    evaluation split: its lines now, and ``--strict-data`` refuses here. Only rank 0 checks, unless the run
-    changes its evaluation split by it (``--dedup-eval``: every rank must leave out the same images; the others
-    then read the hashes rank 0 kept)."""
-    if is_shard_spec(cfg.data):
+def check_before(
+    cfg: TrainConfig, source: DataSource, *, out: Path, log: Callable[[str], None], dist: Dist
+) -> DataCheck | None:
+    """The check of the run's ``--data`` (``source``) before it is decoded (None for data that is no folder). A
+    folder with its own evaluation split: its lines now, and ``--strict-data`` refuses here. Only rank 0 checks,
+    unless the run changes its evaluation split by it (``--dedup-eval``: every rank must leave out the same images;
+    the others then read the hashes rank 0 kept)."""
+    if source.shards:
         log(SHARDS_LINE)
         return None
-    root = data_folder(cfg.data)
+    root = source.folder
     if root is None or not (dist.is_main or cfg.dedup_eval):
         return None
     check = check_folder(

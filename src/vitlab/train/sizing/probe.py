@@ -32,9 +32,8 @@ from torch import nn
 from ...accel import accelerate
 from ...data import ArrayDataset, eval_transform, train_transform
 from ...data.pipeline.seeding import seeded
-from ...data.shards.source import is_shard_spec
 from ...data.shards.stream import StreamData, first_images
-from ...data.sources import ImageArray, data_folder
+from ...data.sources import DataSource, ImageArray
 from ...devices import autocast
 from ...distributed import Dist
 from ...models import VisionTransformer
@@ -157,11 +156,6 @@ def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
     return cfg.recipe.name == "auto" and not cfg.init and uses_labels and not dist.enabled
 
 
-def _user_data(cfg: TrainConfig) -> bool:
-    """Whether ``--data`` is the user's images (a folder, or tar shards), not a built-in data set."""
-    return data_folder(cfg.data) is not None or is_shard_spec(cfg.data)
-
-
 def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
     """Whether a new run's recipe is chosen from a measured pace: a time-budgeted measured run
     (:func:`_measured_run`; a fine-tune's model is its ``--init`` model's, :mod:`~vitlab.train.sizing.finetune`) on
@@ -171,29 +165,29 @@ def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) ->
     return bool(cfg.time_budget) and _measured_run(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
 
 
-def wants_budget_size(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+def wants_budget_size(cfg: TrainConfig, source: DataSource, *, uses_labels: bool, dist: Dist) -> bool:
     """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): a
-    time-budgeted measured run (:func:`_measured_run`) on the user's images (a folder or its shards, ``--pack`` too)
-    with no size given (``--img-size``, a recipe's)."""
+    time-budgeted measured run (:func:`_measured_run`) on the user's images (``source``: a folder or its shards,
+    ``--pack`` too) with no size given (``--img-size``, a recipe's)."""
     return (
         bool(cfg.time_budget)
         and _measured_run(cfg, uses_labels=uses_labels, dist=dist)
         and not cfg.img_size
         and not cfg.recipe.img_size
-        and _user_data(cfg)
+        and source.users
     )
 
 
 def wants_epoch_sides(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
     """Whether a new photo run for a number of epochs times its side against a faster one
     (:func:`epoch_seconds`, :func:`~vitlab.train.sizing.side.faster_side_line`): a measured run without a time budget
-    on the user's images, with no size given."""
+    with no size given. (On the user's images: the caller asks it of data that holds photos,
+    :func:`~vitlab.train.sizing.side.holds_photos`, which only a folder's or shards' storage can.)"""
     return (
         not cfg.time_budget
         and _measured_run(cfg, uses_labels=uses_labels, dist=dist)
         and not cfg.img_size
         and not cfg.recipe.img_size
-        and _user_data(cfg)
     )
 
 
