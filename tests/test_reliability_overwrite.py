@@ -107,17 +107,22 @@ def test_overwrite_removes_the_run_s_own_outputs_and_keeps_the_rest(data_dir, tm
     assert json.loads((out / "summary.json").read_text())["epochs"] == 1
 
 
-def test_a_run_folder_given_as_data_is_refused_before_overwrite_removes_anything(finished_run, run_copy):
+def test_a_run_folder_given_as_data_is_refused_before_overwrite_removes_anything(finished_run, run_copy, tmp_path):
     """The library's ``fit`` tells what ``--data`` names once, before the run folder is claimed: a run folder given as
     the data (not a data set) is refused with ``overwrite`` before the previous run's outputs are removed. (Before:
     ``vitlab.train.fit`` removed them first, then refused the data; the command line checked the data earlier.)"""
     from vitlab.data import DataError
+    from vitlab.errors import ConfigError
     from vitlab.train import TrainConfig, fit
 
     before = snapshot(run_copy)
     with pytest.raises(DataError, match="a run folder .vitlab train --out wrote it., not a data set"):
         fit(TrainConfig(data=str(finished_run), out=str(run_copy), progress=False), overwrite=True)
     assert snapshot(run_copy) == before
+    data = tiny_folder(tmp_path / "photos", per_class=2, test_per_class=1)  # an --out inside the data: refused too
+    with pytest.raises(ConfigError, match="inside the data folder"):
+        fit(TrainConfig(data=str(data), out=str(data / "run"), progress=False))
+    assert not (data / "run").exists()
 
 
 def test_convert_overwrite_never_replaces_another_program_s_model(tmp_path, capsys):

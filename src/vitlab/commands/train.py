@@ -75,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = build_config(values, given=given)
         check_locations(cfg)  # before anything looks at a folder (a name too long to exist)
         overwrite = overwrite_target(args.overwrite, typed, out=str(cfg.out), file=args.config)
-        if not args.resume:  # (a resumed run reads the data it was started with: a --data typed again is compared)
-            check_out_is_not_data(cfg.data, cfg.out)
         with removed_if_unused(cfg.out):  # a run that fails before writing anything leaves no empty folder
             summary = fit(cfg, resume=args.resume, given=given, overwrite=overwrite, replay=replay)
     except OptionError as e:  # named as the user gave it: the flag, or the config file's key
@@ -144,30 +142,6 @@ def _sizing_beside(config: Path) -> dict | None:
         raise ConfigError(f"{config.parent / SIZING_FILE}: cannot read what that run chose ({e}); "
                           "--replan to choose afresh") from None  # fmt: skip
     return None if rec is None else {**rec, "where": str(config.parent / SIZING_FILE)}
-
-
-def check_out_is_not_data(data: str, out: str | None) -> None:
-    """An output folder is never read as a data set: ``--data`` naming the run's ``--out`` (or a folder inside it, or
-    one holding it) is refused in one line, before anything is written. A built-in name (``digits``) is the data set
-    whatever folders exist (:func:`vitlab.data.sources.builtin_data`), so ``--out digits`` trains on the digits."""
-    from .._text import shown
-    from ..data.sources import data_folder
-    from ..errors import ConfigError
-
-    root = data_folder(data)
-    if root is None or not out:
-        return
-    d, o = root.resolve(), Path(out).expanduser().resolve()
-    if d == o or o in d.parents:
-        raise ConfigError(
-            f"--data {shown(data)}: the run's output folder (--out {shown(out)}) or a folder in it; an output folder "
-            "is never read as data: give the data's own folder"
-        )
-    if d in o.parents:
-        raise ConfigError(
-            f"--out {shown(out)}: inside the data folder --data {shown(data)}, where the run's files would be read as "
-            "data (a class folder); choose an --out outside it"
-        )
 
 
 def result_line(summary: dict) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, OfflineError
+from .._text import shown
+from ..errors import ConfigError, DataError, OfflineError
 from .cache.store import DEFAULT_BUFFER_BYTES, decode_files
 from .images.decode import header_sizes
 from .images.rows import ImageRows, PackedImages
@@ -162,6 +163,24 @@ class DataSource:
     def users(self) -> bool:
         """The user's own images (a folder, or tar shards), not a built-in data set."""
         return self.shards or self.folder is not None
+
+    def check_out(self, out: str | os.PathLike[str]) -> None:
+        """An output folder is never read as a data set: the data folder naming the run's ``out`` (or a folder inside
+        it, or one holding it) is refused in one line, before anything is written. (A built-in name is the data set
+        whatever folders exist, so ``--out digits`` trains on the digits.)"""
+        if self.folder is None:
+            return
+        d, o = self.folder.resolve(), Path(out).expanduser().resolve()
+        if d == o or o in d.parents:
+            raise ConfigError(
+                f"--data {shown(self.spec)}: the run's output folder (--out {shown(out)}) or a folder in it; an "
+                "output folder is never read as data: give the data's own folder"
+            )
+        if d in o.parents:
+            raise ConfigError(
+                f"--out {shown(out)}: inside the data folder --data {shown(self.spec)}, where the run's files would be "
+                "read as data (a class folder); choose an --out outside it"
+            )
 
 
 EVAL_DIRS = ("val", "valid", "validation", "test")

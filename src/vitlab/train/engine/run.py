@@ -94,6 +94,8 @@ def fit(
         saved = _resumed_sizing(state)
     validate(cfg)
     source = DataSource.named(cfg.data)  # what --data names, told once (a run folder given as data refused here)
+    if state is None:  # (a resumed run reads the data it was started with: a --data typed again is compared)
+        source.check_out(out)  # an output folder is never read as data, nor written inside the data
     check_trackers(cfg.log)  # a missing logger library before any data is read
     init = InitModel.read(cfg)  # read once; its architecture checked against the options before any data
     teacher = load_teacher(cfg.teacher) if cfg.teacher else None  # before the data: its size counts in the memory
