@@ -144,10 +144,10 @@ def data_folder(spec: str) -> Path | None:
 
 @dataclass(frozen=True)
 class DataSource:
-    """What a ``--data`` value names, told once (a run resolves its ``--data`` at the top, and every reader of it
-    takes this): tar shards (:func:`~vitlab.data.shards.source.is_shard_spec`), else the user's image folder
-    (:func:`data_folder`; a run folder is refused there), else neither: a built-in data set, or a name
-    :func:`load_data` refuses."""
+    """What a ``--data`` value names, told once (:func:`vitlab.train.fit` makes it at its top; the run's data
+    fingerprint, data check, side probe, loading and split lines take it): tar shards
+    (:func:`~vitlab.data.shards.source.is_shard_spec`), else the user's image folder (:func:`data_folder`; a run folder
+    is refused there), else neither: a built-in data set, or a name :func:`load_data` refuses."""
 
     spec: str
     shards: bool = False
