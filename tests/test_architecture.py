@@ -284,3 +284,24 @@ def test_no_two_modules_share_a_file_name_for_unrelated_jobs() -> None:
             names.setdefault(path.name, []).append(m)
     shared = {name for name, mods in names.items() if len(mods) > 1}
     assert shared == set(SAME_NAME), {n: names.get(n) for n in shared ^ set(SAME_NAME)}
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    """Calls of a function named ``name`` (``name(...)`` or ``x.name(...)``) under ``tree``."""
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and (n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", None)) == name
+    ]
+
+
+def test_a_micro_batch_is_computed_in_one_place() -> None:
+    """The even split of a batch over processes and accumulation steps (``micro_batch``) has one caller,
+    ``BatchSplit.asked``: the run's memory fit and ``vitlab plan`` both split a batch there (before: six sites)."""
+    calls, where = 0, set()
+    for m, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        calls += len(_calls(tree, "micro_batch"))
+        where |= {(m, f.name) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and _calls(f, "micro_batch")}
+    assert (calls, where) == (1, {("vitlab.train.sizing.capacity", "asked")})

@@ -183,3 +183,26 @@ def test_plan_reports_finite_numbers(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "nan" not in out.lower() and "inf " not in out.lower()
     assert "x 4 accumulation steps = 8 per device and step" in out
+
+
+def test_plan_shows_the_split_train_makes_where_the_batch_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Where DDP's step does not fit the device, ``plan`` names the split ``train``'s memory fit makes (the same
+    :class:`~vitlab.train.sizing.capacity.BatchSplit`): the largest micro-batch dividing the per-device batch whose
+    step fits in :data:`PLAN_MARGIN` of the device, with the accumulation that keeps the batch; None where one
+    image does not fit."""
+    from vitlab.train.sizing.capacity import PLAN_MARGIN
+
+    roomy = _plan(model="vit_ti16", batch_size=48, devices=2)
+    assert (roomy.fitted.micro, roomy.fitted.accum_steps) == (24, 1)  # the asked split fits 80 GiB
+    need = {m: _plan(model="vit_ti16", batch_size=2 * m, devices=2).memory[0].total for m in (1, 2, 3, 4, 6, 8, 12)}
+    room = int(need[6] / PLAN_MARGIN) + 1  # 6 images a device fit, 8 do not (12 and 24 neither)
+    assert need[8] > PLAN_MARGIN * room
+    tight = _plan(model="vit_ti16", batch_size=48, devices=2, device_memory=room)
+    assert (tight.per_device_batch, tight.accum_steps) == (24, 1)  # what was asked, as asked
+    assert (tight.fitted.micro, tight.fitted.accum_steps, tight.fitted.batch_size) == (6, 4, 48)
+    assert _plan(model="vit_ti16", batch_size=48, devices=2, device_memory=int(need[1] / 2)).fitted is None
+    assert main(["plan", "--model", "vit_ti16", "--batch-size", "48", "--devices", "2", "--device-memory",
+                 str(room)]) == 0  # fmt: skip
+    assert "splits it into 4 accumulation steps of 6 images a device" in capsys.readouterr().out
+    assert main(["plan", "--model", "vit_ti16", "--batch-size", "48", "--device-memory", str(int(need[1] / 2))]) == 0
+    assert "a step of 1 image a device does not fit" in capsys.readouterr().out

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from .._text import shown
     from .._units import size_option
     from ..resolve import model_source, source_config
-    from ..train.sizing.capacity import estimate
+    from ..train.sizing.capacity import PLAN_MARGIN, estimate
 
     memory = size_option("--device-memory", args.device_memory)
     source = model_source(args.model)  # the one model rule; nothing but the configuration is read
@@ -92,10 +92,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nper-device memory, GiB (device: {_gb(pl.device_memory)} GiB)")
     print(f"{'strategy':<13}{'weights':>9}{'grads':>9}{'AdamW':>9}{'activ.':>9}{'total':>9}  fits")
     for m in pl.memory:
-        fits = "yes" if m.total <= 0.9 * pl.device_memory else "no"
+        fits = "yes" if m.total <= PLAN_MARGIN * pl.device_memory else "no"
         print(
             f"{m.strategy:<13}{_gb(m.weights):>9}{_gb(m.gradients):>9}{_gb(m.optimizer):>9}"
             f"{_gb(m.activations):>9}{_gb(m.total):>9}  {fits}"
+        )
+    split = pl.fitted
+    if split is None:
+        print("DDP: a step of 1 image a device does not fit; see the FSDP rows (vitlab train --fsdp)")
+    elif split.micro != pl.per_device_batch:
+        print(
+            f"DDP: vitlab train splits it into {split.accum_steps} accumulation steps of "
+            f"{counted(split.micro, 'image')} a device (the largest that fits; the batch of {pl.batch_size} unchanged)"
         )
     print(
         f"\nstep: {pl.step_seconds:.3f} s ({pl.step_seconds_checkpointing:.3f} s with checkpointing), "
@@ -112,5 +120,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['model']:<9}{r['dataset']:<14}{r['epochs']:>7}{r['flops'] / 1e18:>8.0f}{r['paper_core_days']:>13,.0f}"
             f"{r['core_days_at_mfu']:>12,.0f}{r['implied_mfu']:>12.2f}{r['wall_days']:>10.1f}"
         )
-    print("fits: total <= 90% of the device; estimates leave out allocator, CUDA context and comms buffers")
+    print(
+        f"fits: total <= {PLAN_MARGIN:.0%} of the device; estimates leave out allocator, CUDA context and comms buffers"
+    )
     return 0

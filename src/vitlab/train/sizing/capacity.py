@@ -27,7 +27,9 @@ counted here (leave ~10-20 % of the device free); ``vitlab train`` adds what a r
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +46,9 @@ __all__ = [
     "MAX_DEVICE_MEMORY",
     "MAX_PEAK_TFLOPS",
     "PAPER_RUNS",
+    "PLAN_MARGIN",
     "TPUV3_CORE_TFLOPS",
+    "BatchSplit",
     "Capacity",
     "MemoryNeed",
     "PaperRun",
@@ -60,6 +64,10 @@ __all__ = [
 
 BYTES_STATE = {"weights": 4, "gradients": 4, "optimizer": 8}  # fp32 params, fp32 grads, AdamW m and v
 TPUV3_CORE_TFLOPS = 61.5  # one TPUv3 core's bf16 peak (a chip = 2 cores = 123 TFLOP/s)
+
+PLAN_MARGIN = 0.9
+"""``vitlab plan``'s "fits": a step's total within this share of the device (the rest: allocator, CUDA context and
+communication buffers, which the estimate leaves out)."""
 
 MAX_DEVICE_MEMORY = 1 << 50  # 1 PiB: no accelerator comes near it
 MAX_PEAK_TFLOPS = 1e6  # 1 EFLOP/s per device: three orders of magnitude past an H100's dense bf16
@@ -134,6 +142,34 @@ class MemoryNeed:
 
 
 @dataclass(frozen=True)
+class BatchSplit:
+    """A global batch on its processes: ``micro`` images a forward pass on each of ``world_size`` processes,
+    ``accum_steps`` passes a step. The one place a micro-batch is computed: the run's memory fit
+    (:func:`~vitlab.train.sizing.memory.memory_split`) and ``vitlab plan``'s device (:func:`estimate`) both split
+    here, so that plan never plans a batch train would refuse or split otherwise."""
+
+    batch_size: int
+    world_size: int
+    micro: int
+    accum_steps: int
+
+    @classmethod
+    def asked(cls, batch_size: int, *, world_size: int, accum_steps: int) -> BatchSplit:
+        """The split the options ask for, by ``vitlab train``'s rule (:func:`~vitlab.train.conf.rules.micro_batch`:
+        the batch splits evenly over processes and accumulation steps, or a one-line refusal naming them)."""
+        micro = micro_batch(batch_size, world_size=world_size, accum_steps=accum_steps)
+        return cls(batch_size=batch_size, world_size=world_size, micro=micro, accum_steps=accum_steps)
+
+    def smaller(self, fits: Callable[[int], bool]) -> BatchSplit | None:
+        """The largest micro-batch, not above this one, that divides the per-process batch and ``fits``, with as
+        many accumulation steps as keep the global batch (and so the recipe) the same; None when one image does
+        not fit. Memory falls with the micro-batch, so the first that fits is the fastest split."""
+        per = self.batch_size // self.world_size
+        micro = next((m for m in range(self.micro, 0, -1) if per % m == 0 and fits(m)), None)
+        return None if micro is None else dataclasses.replace(self, micro=micro, accum_steps=per // micro)
+
+
+@dataclass(frozen=True)
 class Capacity:
     """Everything ``vitlab plan`` prints: memory per strategy, step time, the paper's runs at this MFU."""
 
@@ -148,6 +184,10 @@ class Capacity:
     accum_steps: int
     device_memory: int
     memory: tuple[MemoryNeed, ...]
+    fitted: BatchSplit | None
+    """The split ``vitlab train``'s memory fit makes of this batch with DDP on this device: the asked one when its
+    step fits in :data:`PLAN_MARGIN` of the device, else more accumulation steps of a smaller micro-batch; None
+    when one image a device does not fit (shard the model: FSDP)."""
     step_seconds: float
     step_seconds_checkpointing: float
     images_per_second: float
@@ -322,9 +362,10 @@ def estimate(
 ) -> Capacity:
     """What training registered model ``model`` costs (or the model of ``config``, named ``model``: a run folder's,
     a checkpoint's) at ``img_size`` with a global ``batch_size`` split over ``devices`` devices of ``device_memory``
-    bytes each and ``accum_steps`` accumulation steps (by ``vitlab train``'s rule,
-    :func:`~vitlab.train.conf.rules.micro_batch`: the batch must split evenly), at ``mfu`` of ``peak_tflops`` (TFLOP/s
-    per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2 bytes)."""
+    bytes each and ``accum_steps`` accumulation steps (by ``vitlab train``'s rule, :class:`BatchSplit`: the batch
+    must split evenly, and where the step does not fit the device, train's memory fit splits it further), at ``mfu``
+    of ``peak_tflops`` (TFLOP/s per device). ``precision``: ``fp32`` or ``bf16`` (autocast: activations in 2
+    bytes)."""
     import torch  # lazy: `vitlab plan --help` and the training options' checks import no torch
 
     from ...models import VisionTransformer, count_macs, create_model  # lazy: as torch, for the meta model
@@ -340,7 +381,8 @@ def estimate(
     )
     if precision not in ("fp32", "bf16"):
         raise ConfigError(f"--precision {precision!r}: choose fp32 or bf16")
-    local = micro_batch(batch_size, world_size=devices, accum_steps=accum_steps)  # train's rule, train's message
+    split = BatchSplit.asked(batch_size, world_size=devices, accum_steps=accum_steps)  # train's rule and message
+    local = split.micro
     with torch.device("meta"):
         if config is None:
             m = create_model(model, img_size=img_size)
@@ -359,6 +401,11 @@ def estimate(
         state_bytes(params, strategy="FSDP", activations=acts, **sharded),
         state_bytes(params, strategy="FSDP + ckpt", activations=acts_ckpt, **sharded),
     )
+
+    def fits(micro: int) -> bool:
+        acts = activation_bytes(cfg, img_size=img_size, batch=micro, bytes_per_value=bpv)
+        return state_bytes(params, activations=acts).total <= PLAN_MARGIN * device_memory
+
     rate = devices * peak_tflops * 1e12 * mfu  # useful FLOP/s of the whole job
     step = batch_size * train_flops_per_image(macs) / rate
     step_ckpt = batch_size * train_flops_per_image(macs, checkpointing=True) / rate
@@ -373,6 +420,7 @@ def estimate(
         accum_steps=accum_steps,
         device_memory=device_memory,
         memory=memory,
+        fitted=split.smaller(fits),
         step_seconds=step,
         step_seconds_checkpointing=step_ckpt,
         images_per_second=batch_size / step,

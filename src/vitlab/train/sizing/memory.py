@@ -56,7 +56,7 @@ from ..conf.phases import ends_dropping
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, objective_name
 from . import capacity
-from .capacity import grid_tokens, inference_bytes, micro_batch
+from .capacity import BatchSplit, grid_tokens, inference_bytes
 from .machine import available_memory, cgroup_available
 
 __all__ = [
@@ -407,11 +407,6 @@ def _shared_available(device: torch.device, dist: Dist) -> tuple[int, str] | Non
     return (n, why) if n >= 0 else None
 
 
-def _divisors_down(n: int, start: int) -> list[int]:
-    """Divisors of ``n`` from ``start`` down to 1."""
-    return [m for m in range(min(start, n), 0, -1) if n % m == 0]
-
-
 def _size(mc: Any) -> str:
     h, w = mc.img_size
     return f"{h} px" if h == w else f"{h}x{w} px"
@@ -435,12 +430,13 @@ def memory_split(
     the same (the split's line says so). When a micro-batch of one image does not fit, a
     :class:`~vitlab.errors.ConfigError` names the flags that shrink the run. A resumed run keeps its
     micro-batch (its saved position counts micro-batches) and only warns. The evaluation batch is the largest of
-    ``max(micro, 256)`` halved until it fits. The one place a run's micro-batch is computed
-    (:func:`~vitlab.train.conf.rules.micro_batch`; ``vitlab plan`` applies the same rule to the machine it is
+    ``max(micro, 256)`` halved until it fits. The one place a run's micro-batch is computed (by
+    :class:`~vitlab.train.sizing.capacity.BatchSplit`, whose split ``vitlab plan`` shows for the machine it is
     asked about)."""
     r = recipe
     w = dist.world_size
-    micro0 = micro_batch(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # before any work
+    asked = BatchSplit.asked(r.batch_size, world_size=w, accum_steps=r.accum_steps)  # before any work
+    micro0 = asked.micro
     workers = cfg.workers if cfg.workers >= 0 else 1
     counts = parameter_counts(model_config, learns=objective_name(cfg))
 
@@ -474,16 +470,16 @@ def memory_split(
             f"warning: memory: {step} needs ~{format_size(first.total)}, {have}: "
             "the resumed run keeps its batch and may run out of memory"
         )
-    micros = _divisors_down(r.batch_size // w, micro0)
-    micro = micro0 if resumed else next((m for m in micros if need(m, 1).total <= usable), None)
-    if micro is None:
+    split = asked if resumed else asked.smaller(lambda m: need(m, 1).total <= usable)
+    if split is None:
         one = need(1, 1)
         ckpt = not cfg.grad_checkpointing and need(1, 1, dataclasses.replace(cfg, grad_checkpointing=True)).total < (
             0.9 * one.total
         )
         raise ConfigError(_refusal(one, model_config, have, checkpointing_helps=ckpt, cfg=cfg, workers=workers))
-    if micro != micro0:  # micro divides the per-process batch: the split holds the loaders' rule
-        accum = r.batch_size // (w * micro)
+    micro = split.micro
+    if split != asked:  # micro divides the per-process batch: the split holds the loaders' rule
+        accum = split.accum_steps
         line = (
             f"memory: {step} needs ~{format_size(first.total)}, {have} -> {accum} accumulation steps of "
             f"{micro} image{'s' if micro > 1 else ''}{' per process' if w > 1 else ''} (the batch of "
