@@ -81,6 +81,13 @@ def test_eval_reads_the_packed_folder_and_a_pattern(packed, full_run, tmp_path, 
     assert summary["data"]["shards"] == {"train": 10, "test": 3}
     assert main(["eval", "--model", str(model), "--data", "hf:cifar10"]) != 0
     assert "not built" in capsys.readouterr().err
+    # --val-split on shards holds out their last training shards (as training does), never a fraction of each class
+    assert main(["eval", "--model", str(model), "--data", str(packed), "--val-split", "0.2", "--json",
+                 "--output", str(tmp_path / "c.json")]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert json.loads(out.out)["count"] == 2 * 4  # the last 2 of 10 shards of 4
+    assert "of each class" not in out.err and "no val/ or test/" not in out.err
+    assert "8 images of its last training shards (20% of them, rounded, at least one), held out as" in out.err
 
 
 @pytest.mark.slow

@@ -96,8 +96,7 @@ def model_data(
     checkpoint), the embedded digits. ``notes`` say which was taken. The folder the model's run trained on, when it
     has no ``val/``, is evaluated on the fraction the run held out (seed 0), the images that did not train it: the
     run's own number, never one over its training images."""
-    from ..data.shards.source import is_shard_spec
-    from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir
+    from ..data.sources import DEFAULT_HOLD_OUT, DataSource, eval_split_dir
     from ..resolve import recorded_data
 
     notes = []
@@ -108,8 +107,8 @@ def model_data(
             return "digits", val_split, [note]
         data = recorded_data(model, spec, ask="pass --data with its location, or --data digits for the embedded digits")
         notes.append(f"no --data: {data}, the data {spec} was trained on (its config records it)")
-    root = data_folder(data)
-    plain = root is not None and not is_shard_spec(data) and eval_split_dir(root) is None  # (shards: their splits)
+    root = DataSource.named(data).folder  # (tar shards: None, they hold out shards)
+    plain = root is not None and eval_split_dir(root) is None
     if val_split is None and split != "train" and plain and trained_on(model, data):
         saved = model.config.extra.get("val_split")
         val_split = saved if type(saved) is float and 0 < saved < 1 else DEFAULT_HOLD_OUT

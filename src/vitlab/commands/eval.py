@@ -145,10 +145,17 @@ def calibration_line(res: dict) -> str:
 
 def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, asked: bool) -> list[str]:
     """What the evaluation split was when the data set has none of its own: the whole folder (``all``), or the
-    fraction held out of it (by ``--val-split``, ``asked``; or the one the model's run held out of its own folder)."""
-    from ..data.sources import data_folder
+    fraction held out of it (by ``--val-split``, ``asked``; or the one the model's run held out of its own folder).
+    Tar shards hold out their last training shards, not a fraction of each class."""
+    from ..data.sources import DataSource
 
-    if data_folder(data) is None:
+    source = DataSource.named(data)
+    if source.shards and val_split is not None:
+        return [
+            f"{data}: evaluated {res['count']:,} images of its last training shards ({val_split:.0%} of them, "
+            "rounded, at least one), held out as training holds them out (--val-split)"
+        ]
+    if source.folder is None:
         return []
     if res["split"] == "all":
         return [
