@@ -177,6 +177,26 @@ def test_gradients_are_those_of_the_images_apart(method):
         assert_close_rel(a.grad, b.grad, rtol=1e-4, msg=name)
 
 
+def test_images_of_one_length_attend_in_one_call_each_within_itself():
+    """``split`` batches the images of one token count across sequences into one attention call: the logits and
+    gradients stay those of each image alone, with padding between and after the runs."""
+    model = randomised(VisionTransformer(**TINY, reg_tokens=1)).train()
+    twin = copy.deepcopy(model)
+    xs = [image(16, 16, seed=s) for s in (1, 2, 3)] + [image(8, 32, seed=4), image(24, 8, seed=5)]
+    tokens = [patchify(x, 8) for x in xs]  # 4, 4, 4, 4 and 3 patches: four images of one length
+    packed = pack([[tokens[0], tokens[3]], [tokens[1]], [tokens[4], tokens[2]]], seq_len=14, prefix_tokens=2)
+    groups = PackedAttention(packed.image_ids).same_length
+    assert sorted(len(g) for g in groups) == [1, 4] and PackedAttention(packed.image_ids).padding
+    order = [0, 3, 1, 4, 2]  # the images in packed order
+    got = model(packed)
+    want = unpacked(twin, [xs[i] for i in order])
+    assert_close_rel(got, want)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert_close_rel(a.grad, b.grad, rtol=1e-4, msg=name)
+
+
 def test_gradient_checkpointing_gives_the_same_packed_output():
     model = randomised(VisionTransformer(**TINY)).train()
     packed = pack([[patchify(image(16, 24), 8), patchify(image(24, 8), 8)]], seq_len=16, prefix_tokens=1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -238,8 +239,9 @@ ATTENTION_METHODS = ("split", "mask")
 class PackedAttention:
     """Attention within each image of packed sequences (Eq. 2 per image), handed to every block.
 
-    ``split`` (the default) runs ``F.scaled_dot_product_attention`` once for each image's run of tokens and
-    concatenates (padding runs are not attended: their outputs are zeros); ``mask`` runs it once on the whole
+    ``split`` (the default) cuts the sequences into each image's run of tokens, runs
+    ``F.scaled_dot_product_attention`` once for the images of each length, batched, and puts the runs back in place
+    (padding runs are not attended: their outputs are zeros); ``mask`` runs it once on the whole
     batch with a boolean ``(B, 1, S, S)`` block mask, computing the masked pairs too (padding attends to padding).
     Both compute each image's attention exactly; ``benchmarks/bench_packed_attention.py`` times them."""
 
@@ -255,6 +257,26 @@ class PackedAttention:
             out.append(list(zip(ids.tolist(), counts.tolist(), strict=True)))
         return out
 
+    @functools.cached_property
+    def lengths(self) -> list[list[int]]:
+        """Per sequence, the lengths of its runs (:attr:`runs`)."""
+        return [[n for _, n in seq] for seq in self.runs]
+
+    @functools.cached_property
+    def same_length(self) -> list[list[int]]:
+        """The images' runs (their indices among all runs, in order) grouped by length: each group attends in
+        one batched call (one call per image costs its overhead 4 times a block, forward and backward)."""
+        groups: dict[int, list[int]] = {}
+        for r, (i, n) in enumerate(run for seq in self.runs for run in seq):
+            if i >= 0:
+                groups.setdefault(n, []).append(r)
+        return list(groups.values())
+
+    @functools.cached_property
+    def padding(self) -> list[int]:
+        """The padding runs' indices among all runs."""
+        return [r for r, (i, _) in enumerate(run for seq in self.runs for run in seq) if i < 0]
+
     def mask(self) -> torch.Tensor:
         """``(B, 1, S, S)`` boolean: query ``i`` may attend to key ``j`` (the same image, or both padding)."""
         ids = self.image_ids
@@ -264,21 +286,25 @@ class PackedAttention:
         """``softmax(q k^T / sqrt(d)) v`` within each image, for ``(B, heads, S, d)`` queries, keys and values."""
         if self.method == "mask":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(), dropout_p=dropout_p)
-        rows = []
-        for b, runs in enumerate(self.runs):
-            qs, ks, vs = (t[b : b + 1].split([n for _, n in runs], dim=2) for t in (q, k, v))
-            parts = [  # padding (id -1) is not attended
-                F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p) if i >= 0 else torch.zeros_like(qi)
-                for (i, _), qi, ki, vi in zip(runs, qs, ks, vs, strict=True)
-            ]
-            rows.append(torch.cat(parts, dim=2))
-        return torch.cat(rows)
+        qs, ks, vs = ([run for b, row in enumerate(t.split(1)) for run in row.split(self.lengths[b], dim=2)]
+                      for t in (q, k, v))  # fmt: skip
+        out: list[torch.Tensor] = list(qs)  # padding runs (id -1) are not attended: zeros, below
+        for r in self.padding:
+            out[r] = torch.zeros_like(qs[r])
+        for at in self.same_length:  # the images of one token count attend in one call, each within itself
+            o = F.scaled_dot_product_attention(*(torch.cat([t[i] for i in at]) for t in (qs, ks, vs)),
+                                               dropout_p=dropout_p)  # fmt: skip
+            for i, oi in zip(at, o.split(1), strict=True):
+                out[i] = oi
+        ends = list(itertools.accumulate(len(n) for n in self.lengths))
+        return torch.cat([torch.cat(out[a:e], dim=2) for a, e in zip([0, *ends[:-1]], ends, strict=True)])
 
 
 def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed ``(B, S, D)`` tokens as one padded row per image, ``(n, L, D)`` with ``L`` the longest image,
-    and ``(n, L, 1)`` weights, 1 for the image's tokens and 0 for the padding after them."""
+    and ``(n, L, 1)`` weights, 1 for the image's tokens and 0 for the padding after them. (Rows gathered as an
+    embedding lookup: its backward is 2x faster on a CPU than a gather's by indexing.)"""
     steps = torch.arange(int(length.max()), device=tokens.device)
     valid = steps[None] < length[:, None]
     idx = torch.where(valid, start[:, None] + steps[None], start[:, None])
-    return tokens.reshape(-1, tokens.shape[-1])[idx], valid[..., None].to(tokens.dtype)
+    return F.embedding(idx, tokens.reshape(-1, tokens.shape[-1])), valid[..., None].to(tokens.dtype)
