@@ -16,6 +16,13 @@ same round (less sensitive to load that changes between rounds). On a machine sh
 numbers are noise: measure alone.
 
     PYTHONPATH=src python benchmarks/bench_packed_attention.py --rounds 11 --threads 2
+
+``--train-step`` times whole training steps instead (forward, loss and backward, as ``vitlab train`` runs them,
+``vitlab.accel`` on): the tiny model the auto recipe trains on photos under a short budget (patch 8, width 128,
+depth 4, sin-cos 2-D positions) on a batch of 128 photo-shaped images with half their tokens dropped, packed
+(``--pack``: ``split`` and ``mask``) and square at 64 px (the model's own token dropping), interleaved:
+
+    PYTHONPATH=src python benchmarks/bench_packed_attention.py --train-step --rounds 15 --threads 2
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from _common import PackedAttention
+from _common import PackedAttention, packed_images
 
 from vitlab.bench import time_calls
 
@@ -150,14 +157,63 @@ def passes(methods: dict, q, k, v, ctx, *, rounds: int) -> dict[str, dict[str, l
     return {m: {"fwd": ms(f"{m} fwd", FORWARDS), "bwd": ms(f"{m} bwd", BACKWARDS)} for m in methods}
 
 
+PHOTO_SHAPES = ((64, 48), (48, 64), (56, 64), (64, 64), (72, 56), (40, 80))
+"""Sides of the packed images (each about a 64-px square's tokens, at a photo's aspect ratio), in turn."""
+
+
+def train_steps(*, rounds: int, batch: int = 128) -> None:
+    """Median ms of a training step, packed (each attention method) and square, and each over the square's."""
+    from vitlab.accel import FastVisionTransformer
+    from vitlab.models import ViTConfig
+
+    arch = dict(patch_size=8, embed_dim=128, depth=4, num_heads=4, mlp_dim=256, posemb="sincos2d", num_classes=10)
+    g = torch.Generator().manual_seed(0)
+    shapes = [PHOTO_SHAPES[i % len(PHOTO_SHAPES)] for i in range(batch)]
+    tokens = [packed_images.drop_tokens(packed_images.patchify(torch.randn(3, h, w, generator=g), 8), 0.5,
+                                        generator=g) for h, w in shapes]  # fmt: skip
+    seq_len, seqs, used = 4 * 33, [[]], 0  # --pack-len's default: four images at the side, with their class token
+    for t in tokens:
+        if used + t.patches.shape[0] + 1 > seq_len:
+            seqs, used = [*seqs, []], 0
+        seqs[-1].append(t)
+        used += t.patches.shape[0] + 1
+    packed = packed_images.pack(seqs, seq_len=seq_len, prefix_tokens=1)
+    square = torch.randn(batch, 3, 64, 64, generator=g)
+    labels = torch.randint(0, 10, (batch,), generator=g)
+    models = {"square": FastVisionTransformer(ViTConfig(img_size=(64, 64), patch_drop_rate=0.5, **arch)).train()}
+    for method in ("split", "mask"):
+        models[f"packed {method}"] = FastVisionTransformer(ViTConfig(img_size=(64, 64), **arch)).train()
+        models[f"packed {method}"].packed_attention = method
+
+    def step(name: str):
+        def run() -> None:
+            m = models[name]
+            m.zero_grad()
+            F.cross_entropy(m(square if name == "square" else packed), labels).backward()
+
+        return run
+
+    timed = time_calls({n: step(n) for n in models}, rounds=rounds, warmup=2)
+    ms = {n: [t * 1e3 for t in timed[n].seconds] for n in models}
+    print(f"a training step of {batch} images ({len(seqs)} packed sequences of {seq_len} tokens), median ms")
+    print("| step | ms | over square |\n|---|---|---|")
+    for n, times in ms.items():
+        ratio = statistics.median(a / b for a, b in zip(times, ms["square"]))
+        print(f"| {n} | {statistics.median(times):.1f} | {ratio:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
+    ap.add_argument("--train-step", action="store_true", help="time whole training steps, packed and square")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
+    if args.train_step:
+        train_steps(rounds=args.rounds)
+        return
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds (median ms)")
     print("| config | images | method | forward | fwd / split | forward + backward | f+b / split | max abs diff |")
     print("|---|---|---|---|---|---|---|---|")

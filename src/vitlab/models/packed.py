@@ -292,9 +292,9 @@ class PackedAttention:
         for r in self.padding:
             out[r] = torch.zeros_like(qs[r])
         for at in self.same_length:  # the images of one token count attend in one call, each within itself
-            o = F.scaled_dot_product_attention(*(torch.cat([t[i] for i in at]) for t in (qs, ks, vs)),
-                                               dropout_p=dropout_p)  # fmt: skip
-            for i, oi in zip(at, o.split(1), strict=True):
+            qkv = (t[at[0]] if len(at) == 1 else torch.cat([t[i] for i in at]) for t in (qs, ks, vs))
+            o = F.scaled_dot_product_attention(*qkv, dropout_p=dropout_p)
+            for i, oi in zip(at, o.split(1) if len(at) > 1 else [o], strict=True):
                 out[i] = oi
         ends = list(itertools.accumulate(len(n) for n in self.lengths))
         return torch.cat([torch.cat(out[a:e], dim=2) for a, e in zip([0, *ends[:-1]], ends, strict=True)])
