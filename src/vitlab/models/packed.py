@@ -265,7 +265,7 @@ class PackedAttention:
     @functools.cached_property
     def same_length(self) -> list[list[int]]:
         """The images' runs (their indices among all runs, in order) grouped by length: each group attends in
-        one batched call (one call per image costs its overhead 4 times a block, forward and backward)."""
+        one batched call (a call per image pays a call's overhead per image in every block, forward and backward)."""
         groups: dict[int, list[int]] = {}
         for r, (i, n) in enumerate(run for seq in self.runs for run in seq):
             if i >= 0:
@@ -303,7 +303,7 @@ class PackedAttention:
 def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed ``(B, S, D)`` tokens as one padded row per image, ``(n, L, D)`` with ``L`` the longest image,
     and ``(n, L, 1)`` weights, 1 for the image's tokens and 0 for the padding after them. (Rows gathered as an
-    embedding lookup: its backward is 2x faster on a CPU than a gather's by indexing.)"""
+    embedding lookup: on a CPU its backward is faster than an indexing gather's, 4 ms against 6-7 ms a step here.)"""
     steps = torch.arange(int(length.max()), device=tokens.device)
     valid = steps[None] < length[:, None]
     idx = torch.where(valid, start[:, None] + steps[None], start[:, None])
