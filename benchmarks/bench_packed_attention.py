@@ -20,7 +20,8 @@ numbers are noise: measure alone.
 ``--train-step`` times whole training steps instead (forward, loss and backward, as ``vitlab train`` runs them,
 ``vitlab.accel`` on): the tiny model the auto recipe trains on photos under a short budget (patch 8, width 128,
 depth 4, sin-cos 2-D positions) on a batch of 128 photo-shaped images with half their tokens dropped, packed
-(``--pack``: ``split`` and ``mask``) and square at 64 px (the model's own token dropping), interleaved:
+(``--pack``: ``split`` and ``mask``, into ``--pack-len``'s default) and square at 64 px (the model's own token
+dropping), interleaved:
 
     PYTHONPATH=src python benchmarks/bench_packed_attention.py --train-step --rounds 15 --threads 2
 """
@@ -171,7 +172,7 @@ def train_steps(*, rounds: int, batch: int = 128) -> None:
     shapes = [PHOTO_SHAPES[i % len(PHOTO_SHAPES)] for i in range(batch)]
     tokens = [packed_images.drop_tokens(packed_images.patchify(torch.randn(3, h, w, generator=g), 8), 0.5,
                                         generator=g) for h, w in shapes]  # fmt: skip
-    seq_len, seqs, used = 4 * 33, [[]], 0  # --pack-len's default: four images at the side, with their class token
+    seq_len, seqs, used = 4 * (8 * 8 + 1), [[]], 0  # --pack-len's default: four 64-px images and their class tokens
     for t in tokens:
         if used + t.patches.shape[0] + 1 > seq_len:
             seqs, used = [*seqs, []], 0
