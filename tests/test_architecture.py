@@ -298,7 +298,8 @@ def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
 
 def test_a_micro_batch_is_computed_in_one_place() -> None:
     """The even split of a batch over processes and accumulation steps (``micro_batch``) has one caller,
-    ``BatchSplit.asked``: the run's memory fit and ``vitlab plan`` both split a batch there (before: six sites)."""
+    ``BatchSplit.asked``: the run's memory fit and ``vitlab plan`` both split a batch there (six sites when #57 was
+    filed, two before this test)."""
     calls, where = 0, set()
     for m, path in MODULES.items():
         tree = ast.parse(path.read_text())
