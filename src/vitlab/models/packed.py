@@ -263,6 +263,12 @@ class PackedAttention:
         return [[n for _, n in seq] for seq in self.runs]
 
     @functools.cached_property
+    def sequences(self) -> list[tuple[int, int]]:
+        """Per sequence, the ``[start, end)`` of its runs among all runs (computed once, not in every block)."""
+        ends = list(itertools.accumulate(len(n) for n in self.lengths))
+        return list(zip([0, *ends[:-1]], ends, strict=True))
+
+    @functools.cached_property
     def same_length(self) -> list[list[int]]:
         """The images' runs (their indices among all runs, in order) grouped by length: each group attends in
         one batched call (a call per image pays a call's overhead per image in every block, forward and backward)."""
@@ -296,14 +302,13 @@ class PackedAttention:
             o = F.scaled_dot_product_attention(*qkv, dropout_p=dropout_p)
             for i, oi in zip(at, o.split(1) if len(at) > 1 else [o], strict=True):
                 out[i] = oi
-        ends = list(itertools.accumulate(len(n) for n in self.lengths))
-        return torch.cat([torch.cat(out[a:e], dim=2) for a, e in zip([0, *ends[:-1]], ends, strict=True)])
+        return torch.cat([torch.cat(out[a:e], dim=2) for a, e in self.sequences])
 
 
 def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed ``(B, S, D)`` tokens as one padded row per image, ``(n, L, D)`` with ``L`` the longest image,
     and ``(n, L, 1)`` weights, 1 for the image's tokens and 0 for the padding after them. (Rows gathered as an
-    embedding lookup: on a CPU its backward is faster than an indexing gather's, 4 ms against 6-7 ms a step here.)"""
+    embedding lookup: on a CPU its backward is faster than an indexing gather's; docs/training.md, "Packing".)"""
     steps = torch.arange(int(length.max()), device=tokens.device)
     valid = steps[None] < length[:, None]
     idx = torch.where(valid, start[:, None] + steps[None], start[:, None])

@@ -540,7 +540,8 @@ class VisionTransformer(nn.Module):
         pre = torch.cat([pre, pre.new_zeros(1, d)])
         slot = torch.arange(ids.numel(), device=ids.device) - start[img]
         slot = torch.where(valid & ~patch[:, 0], slot, p)
-        # (rows looked up as embeddings: the backward of an indexing gather into a table of a few rows is 10x slower)
+        # (rows looked up as embeddings: an indexing gather's backward into a table of a few rows is far slower on a
+        # CPU; docs/training.md, "Packing")
         z = torch.where(patch, tokens.reshape(-1, d) + F.embedding(row, pe), F.embedding(slot, pre))
         return self.norm_pre(self.pos_drop(z.view(tokens.shape)))
 
