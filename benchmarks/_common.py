@@ -64,6 +64,10 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     "sizing_memory": ("vitlab.train.sizing.memory", None),  # its available_memory
     "sizing_sizer": ("vitlab.train.sizing.sizer", None),  # its memory_split
     "engine_trainer": ("vitlab.train.engine.trainer", None),  # its Trainer._end_epoch
+    # bench_checkpoint_save.py: the run's writer of last.pt and the budget's first estimate of an epoch end's saving
+    # (a public `vitlab.train` function that saves a run's state would serve the first)
+    "atomic_torch_save": ("vitlab.train.persist.state", "atomic_torch_save"),
+    "save_seconds": ("vitlab.train.sizing.pace", "save_seconds"),
     # attention_runs.py: a run folder's health series and its alarms replayed over them (public in `vitlab.inspect`,
     # e.g. `health_history(run_folder)` and `replay_alarms(history, context)`, they would serve it)
     "named_alarms": ("vitlab.inspect.alarms", "named_alarms"),

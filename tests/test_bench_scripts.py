@@ -145,6 +145,7 @@ def test_packed_attention_times_every_method_each_round() -> None:
         ("bench_cpu_inference", ["vit_ti16", "1", "1"], "| both off (aten) |"),
         ("bench_scaling", ["--models", "vit_ti16", "--sizes", "32", "--batch-size", "1", "--steps", "1"], '"tokens"'),
         ("bench_export", ["--model", "vit_ti16", "--batch-size", "1", "--steps", "1"], "onnxruntime / pytorch:"),
+        ("bench_checkpoint_save", ["--models", "tiny (auto)", "--rounds", "1"], "| tiny (auto) | 556,298 | 7 MB |"),
     ],
 )
 def test_scripts_without_a_smoke_mode_print_their_rows(script: str, argv: list[str], says: str, monkeypatch, capsys):

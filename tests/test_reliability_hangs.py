@@ -218,11 +218,11 @@ def test_workers_of_a_loader_alive_at_exit_do_not_keep_the_process(tmp_path):
 # -- planning a time budget --------------------------------------------------------------------------------------------
 
 
-def _steps_in_budget_counting_down(left, per_step, eval_s, steps_per_epoch, done=0):
+def _steps_in_budget_counting_down(left, per_step, end_s, steps_per_epoch, done=0):
     """The planner as it was: one step at a time from the most that could fit."""
 
     def cost(n):
-        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + 0.5)
+        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * end_s
 
     n = max(1, int(left / per_step))
     while n > 1 and cost(n) > left:
@@ -234,13 +234,13 @@ def _steps_in_budget_counting_down(left, per_step, eval_s, steps_per_epoch, done
 @given(
     left=st.floats(-10.0, 500.0, allow_nan=False),
     per_step=st.floats(0.01, 20.0),
-    eval_s=st.floats(0.0, 50.0),
+    end_s=st.floats(0.0, 50.0),
     steps_per_epoch=st.integers(1, 40),
     done=st.integers(0, 200),
 )
-def test_the_budget_planner_agrees_with_counting_down(left, per_step, eval_s, steps_per_epoch, done):
-    want = _steps_in_budget_counting_down(left, per_step, eval_s, steps_per_epoch, done)
-    assert _steps_in_budget(left, per_step, eval_s, steps_per_epoch, done) == want
+def test_the_budget_planner_agrees_with_counting_down(left, per_step, end_s, steps_per_epoch, done):
+    want = _steps_in_budget_counting_down(left, per_step, end_s, steps_per_epoch, done)
+    assert _steps_in_budget(left, per_step, end_s, steps_per_epoch, done) == want
 
 
 def test_a_budget_of_a_thousand_days_is_planned_in_few_evaluations():
@@ -254,6 +254,6 @@ def test_a_budget_of_a_thousand_days_is_planned_in_few_evaluations():
             assert Counted.calls <= 64, "the planner walks the steps one by one"
             return int(other) / int(self)
 
-    n = _steps_in_budget(1000 * 86400.0 - 5.0, 0.001, 2.0, Counted(390))
+    n = _steps_in_budget(1000 * 86400.0 - 5.0, 0.001, 2.5, Counted(390))
     assert 0 < n < 1000 * 86400 / 0.001 and n * 0.001 + math.ceil(n / 390) * 2.5 <= 1000 * 86400.0 - 5.0
     assert (n + 1) * 0.001 + math.ceil((n + 1) / 390) * 2.5 > 1000 * 86400.0 - 5.0  # the most that fit

@@ -107,7 +107,7 @@ def test_time_budget_with_a_schedule_re_plans_at_its_last_size(tmp_path, monkeyp
     never goes back to a smaller size."""
     from vitlab.train import get_recipe
 
-    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (120, 60, 0.0, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (120, 60, 0.0, 0.05, 0.5))
     sizes: list[int] = []
     resize = loaders_mod.resize_batch  # the square loaders resize a step's input (RunLoaders.step_input)
 
@@ -142,7 +142,8 @@ def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> 
     clock = [0.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
     kw = {"dist": Dist(), "device": torch.device("cpu")}
-    r = budget.Replanner.for_plan(total_steps=1000, budget=300.0, t_start=0.0, eval_s=0.0, steps_per_epoch=100)
+    r = budget.Replanner.for_plan(total_steps=1000, budget=300.0, t_start=0.0, eval_s=0.0, save_s=0.5,
+                                  steps_per_epoch=100)  # fmt: skip
     r.last_size_from = 0.5
     for step in range(1, 546):
         clock[0] += 0.1 if step <= 500 else 0.5  # the small size at 0.1 s a step, the last at 0.5 s
@@ -153,7 +154,7 @@ def test_a_scheduled_plan_is_re_fitted_from_its_last_sizes_pace(monkeypatch) -> 
             assert new is None, step
     total, pace = new or (0, 0.0)
     assert pace == pytest.approx(0.5 * 1.02)
-    assert total == 545 + steps_in_budget(300.0 - 72.5 - 5.0, 0.51, 0.0, 100, 545) < 1000
+    assert total == 545 + steps_in_budget(300.0 - 72.5 - 5.0, 0.51, 0.5, 100, 545) < 1000
     clock[0] += 55 * 0.5
     assert r.after_epoch(step=600, planned=total, per_step=0.01, overhead_s=0.0, **kw) is None  # began at 500
     clock[0] += 100 * 0.05
@@ -229,7 +230,7 @@ def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, f
 
     recipe = get_recipe("digits", batch_size=32, **fields)
     assert last_stretch_from(recipe) == share
-    monkeypatch.setattr(budget, "measure_budget", lambda *a, **k: (1000, 100, 0.0, 0.05))
+    monkeypatch.setattr(budget, "measure_budget", lambda *a, **k: (1000, 100, 0.0, 0.05, 0.5))
     cfg = trainer_mod.TrainConfig(recipe=recipe, out="o", time_budget=60.0)
     here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=0.0, optimizer=None)
     _, replan = budget.plan_run(

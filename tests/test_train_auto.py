@@ -202,7 +202,7 @@ def test_time_budget_re_plan_refits_the_warmup_so_the_run_ends_annealed(tmp_path
     from vitlab import train as trainer
     from vitlab.train.sizing import budget
 
-    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.0, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.0, 0.05, 0.5))
 
     def measured(self, *, steps_this_run, **_):  # the run's own pace, without a real clock: 120 steps fit
         return (120, 0.05) if self.due and steps_this_run == budget.REPLAN_AT else None

@@ -152,5 +152,5 @@ def test_a_budget_keeps_back_the_last_evaluations_mirrored_pass(monkeypatch) -> 
                                       last_extra=extra)  # fmt: skip
         r.due = False
         got[extra] = r.after_epoch(**kw)
-    assert got[0.0] == 100 + budget.steps_in_budget(90.0, 0.11, 2.0, 100, 100)
-    assert got[1.0] == 100 + budget.steps_in_budget(88.0, 0.11, 2.0, 100, 100) < got[0.0]
+    assert got[0.0] == 100 + budget.steps_in_budget(90.0, 0.11, 2.5, 100, 100)
+    assert got[1.0] == 100 + budget.steps_in_budget(88.0, 0.11, 2.5, 100, 100) < got[0.0]

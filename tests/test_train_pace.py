@@ -5,15 +5,17 @@ the cores that are free. Every timing here is faked or irrelevant: the tests che
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 import torch
 
+from vitlab.models.config import ViTConfig
 from vitlab.train.conf.train_config import TrainConfig
 from vitlab.train.engine.schedule import LRFactor
 from vitlab.train.sizing import machine as cores
-from vitlab.train.sizing.pace import Pace, budget_reserve, short_budget_line, steps_in_budget
+from vitlab.train.sizing.pace import Pace, budget_reserve, save_seconds, short_budget_line, steps_in_budget
 from vitlab.train.sizing.recipe import LEVELS, auto_recipe
 from vitlab.train.sizing.steps import Replan
 
@@ -108,7 +110,8 @@ def test_a_runs_thread_watch_is_fixed_by_the_flag_the_device_a_tiny_step_and_a_r
 
 
 def test_a_re_plan_line_says_what_it_was_made_from():
-    """A move after a step or at an epoch's end quotes the pace it was made from; a replayed one says so."""
+    """A move after a step or at an epoch's end quotes the pace it was made from (at an epoch's end with the epochs'
+    ends it timed); a replayed one says so."""
     at_step = Replan(step=10, total=90, at="step", per_step=0.25)
     assert at_step.line(was=80, warmup=5, replayed=False) == (
         "\ntime budget: the run's own steps take 250 ms -> re-planned to 90 steps (was 80), warmup 5 steps"
@@ -118,6 +121,12 @@ def test_a_re_plan_line_says_what_it_was_made_from():
         was=90, warmup=5, replayed=False
     )
     assert at_epoch.line(was=90, warmup=4, replayed=True).startswith("\ntime budget: replayed -> re-planned to 70")
+    timed = Replan(step=20, total=70, at="epoch", per_step=0.5, end_s=0.08)  # the epoch ends it was made from too
+    assert "took 500 ms and an epoch's end (evaluation, saving) 0.08 s -> re-planned to 70" in timed.line(
+        was=90, warmup=5, replayed=False
+    )
+    assert Replan.from_dict(timed.to_dict()) == timed
+    assert Replan.from_dict({"step": 20, "total": 70, "at": "epoch", "per_step": 0.5}) == at_epoch  # an older last.pt
 
 
 def test_threads_flag_wins_and_the_first_lines_say_so(monkeypatch):
@@ -169,7 +178,8 @@ def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
     kw = {"dist": Dist(), "device": torch.device("cpu")}
-    r = budget.Replanner.for_plan(total_steps=2000, budget=207.5, t_start=1000.0, eval_s=0.0, steps_per_epoch=400)
+    r = budget.Replanner.for_plan(total_steps=2000, budget=207.5, t_start=1000.0, eval_s=0.0, save_s=0.5,
+                                  steps_per_epoch=400)  # fmt: skip
     assert r.check_every == 100
     r.due, r.mark = False, (0, 1000.0)  # the early re-plan happened at step 0 (as if), on a 0.1 s pace
     clock[0] = 1010.0  # 100 steps at 0.1 s: on pace (1,900 steps and 5 saves in the 192.5 s left after 5 kept back)
@@ -177,10 +187,61 @@ def test_long_epochs_are_checked_within_the_epoch_both_ways(monkeypatch):
     assert r.after_step(steps_this_run=150, step=150, planned=2000, **kw) is None  # not a quarter epoch yet
     clock[0] = 1030.0  # 100 steps at 0.2 s: shorter
     short, pace = r.after_step(steps_this_run=200, step=200, planned=2000, **kw) or (0, 0.0)
-    assert pace == pytest.approx(0.2) and short == 200 + steps_in_budget(172.5, 0.2, 0.0, 400, 200) < 2000
+    assert pace == pytest.approx(0.2) and short == 200 + steps_in_budget(172.5, 0.2, 0.5, 400, 200) < 2000
     clock[0] = 1035.0  # 100 steps at 0.05 s: longer again
     longer, _ = r.after_step(steps_this_run=300, step=300, planned=short, **kw) or (0, 0.0)
-    assert longer == 300 + steps_in_budget(167.5, 0.05, 0.0, 400, 300) > short
+    assert longer == 300 + steps_in_budget(167.5, 0.05, 0.5, 400, 300) > short
+
+
+@pytest.mark.parametrize("redraws", [False, True])
+def test_epoch_ends_quicker_than_the_estimate_move_the_plan_once(monkeypatch, redraws):
+    """A tiny model's epoch ends (its evaluation and saving) take a sixth of what the first plan counted for them:
+    the first judged stretch makes their measured time the plan's and lengthens the plan to the budget once; after
+    that the plan stays (the run of 24 photos under a 1-minute budget re-planned at every judgment, eight times,
+    while its estimate of the saving stayed at half a second), and the run ends on its budget. With the figures
+    redrawn every 30 s (an end of 1.5 s then) the plan stays too: the ends are the mean of the whole run's, not of
+    a stretch's, and the 1.4 s of the redraw come out of the budget's reserve."""
+    from vitlab.distributed import Dist
+    from vitlab.train.sizing import budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    planned = steps_in_budget(55.0, 0.06, 0.5, 2)  # 60 s, 5 kept back: epochs of 2 steps at 60 ms and 0.5 s of end
+    r = budget.Replanner.for_plan(total_steps=planned, budget=60.0, t_start=0.0, eval_s=0.0, save_s=0.5,
+                                  steps_per_epoch=2, per_step=0.06)  # fmt: skip
+    r.due = False  # the early re-plan happened (at step 0, as if), on pace
+    step, moves, drawn = 0, [], 0.0
+    while step < planned:
+        step, clock[0] = step + 2, clock[0] + 2 * 0.06  # two steps on pace
+        end = 1.5 if redraws and clock[0] - drawn > 30 else 0.08  # the epoch's end: 80 ms, or with a redraw
+        drawn = clock[0] if end > 1 else drawn
+        clock[0] += end
+        if new := r.after_epoch(step=step, planned=planned, per_step=0.06, overhead_s=end, **kw):
+            moves.append((step, new))
+            planned = new
+    assert len(moves) == 1 and moves[0][1] > 2 * steps_in_budget(55.0, 0.06, 0.5, 2), moves
+    assert r.end_s == pytest.approx(0.08, rel=0.1)
+    assert 0.9 * 55.0 < clock[0] <= (60.0 if redraws else 55.0 + 1e-9)  # on its budget
+
+
+def test_a_stretch_is_judged_once_it_lasted_a_few_seconds(monkeypatch):
+    """40 steps of 70 ms where the plan counted 60 (2.8 s: a pace that short is the machine's noise) move nothing;
+    the stretch is judged, and the plan moved, once it has lasted ``STRETCH_S``."""
+    from vitlab.distributed import Dist
+    from vitlab.train.sizing import budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    r = budget.Replanner.for_plan(total_steps=800, budget=60.0, t_start=0.0, eval_s=0.0, save_s=0.02,
+                                  steps_per_epoch=2, per_step=0.06)  # fmt: skip
+    r.due, step, moved = False, 0, None
+    while moved is None:
+        step, clock[0] = step + 2, clock[0] + 2 * 0.07 + 0.02
+        moved = r.after_epoch(step=step, planned=800, per_step=0.07, overhead_s=0.02, **kw)
+    assert step == 2 * math.ceil(budget.STRETCH_S / 0.16 - 1e-9) > budget.STRETCH  # 32 epochs of 0.16 s: 64 steps
+    assert moved < 800
 
 
 # -- measure, then choose ------------------------------------------------------------------------------------------
@@ -204,8 +265,8 @@ def _pace(step_s: float, **kw) -> Pace:
 
 def test_the_auto_recipe_states_the_passes_its_measured_pace_buys():
     """With a measured pace, the steps the auto line states are those the run's plan counts for the chosen model
-    (the same steps_in_budget, with its evaluations), and a faster machine buys more passes and never a lighter
-    augmentation level; without a pace it still falls back to the fixed estimate."""
+    (the same steps_in_budget, with its evaluations and savings), and a faster machine buys more passes and never a
+    lighter augmentation level; without a pace it still falls back to the fixed estimate."""
     kw = {"n_train": 5000, "img_size": (32, 32), "num_classes": 10, "in_chans": 3, "time_budget": 300.0}
     levels = list(LEVELS)
     chosen = []
@@ -221,8 +282,9 @@ def test_the_auto_recipe_states_the_passes_its_measured_pace_buys():
             step_macs=3 * forward_macs(a, (32, 32), 3, token_drop=recipe.token_drop) * recipe.batch_size,
             batch=recipe.batch_size,
         )
-        eval_s = pace.evaluation_s(forward_macs(a, (32, 32), 3))
-        steps = steps_in_budget(300.0 - budget_reserve(300.0), per_step, eval_s, 5000 // recipe.batch_size)
+        params = ViTConfig(img_size=(32, 32), in_chans=3, **a).num_params()
+        end_s = pace.evaluation_s(forward_macs(a, (32, 32), 3)) + save_seconds(params=params, trainable=params)
+        steps = steps_in_budget(300.0 - budget_reserve(300.0), per_step, end_s, 5000 // recipe.batch_size)
         assert f"~{steps:,} steps" in line
         chosen.append((steps * recipe.batch_size, levels.index(line.split(" aug")[0].rsplit(" ", 1)[1])))
     assert chosen[0][0] < chosen[1][0] and chosen[0][1] <= chosen[1][1] <= chosen[2][1]
@@ -232,19 +294,19 @@ def test_the_auto_recipe_states_the_passes_its_measured_pace_buys():
 
 def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_epochs():
     line = short_budget_line(
-        budget=60.0, left=50.0, per_step=0.5, eval_s=2.0, steps_per_epoch=200, steps=96, n_eval=500
+        budget=60.0, left=50.0, per_step=0.5, eval_s=2.0, save_s=0.5, steps_per_epoch=200, steps=96, n_eval=500
     )
     assert line and line.startswith("warning: --time-budget 1m buys only 0.48 passes")
     # 5 s spent before the plan, 3 epochs of 200 steps at 0.5 s and an evaluation of 2.5 s, 5 s kept back: 317.5 s
     assert "--time-budget 6m buys about 3 epochs" in line and "evaluate on fewer" not in line
     evals = short_budget_line(
-        budget=120.0, left=110.0, per_step=0.01, eval_s=30.0, steps_per_epoch=100, steps=300, n_eval=10_000
+        budget=120.0, left=110.0, per_step=0.01, eval_s=30.0, save_s=0.5, steps_per_epoch=100, steps=300, n_eval=10_000
     )
     assert evals and "or evaluate on fewer images (an evaluation folder of ~83 of the 10,000)" in evals
     assert "--time-budget 4m buys about 3 epochs" in evals  # 3 evaluations of 30.5 s in at most half of it
     assert (
         short_budget_line(
-            budget=600.0, left=590.0, per_step=0.1, eval_s=1.0, steps_per_epoch=100, steps=5000, n_eval=500
+            budget=600.0, left=590.0, per_step=0.1, eval_s=1.0, save_s=0.5, steps_per_epoch=100, steps=5000, n_eval=500
         )
         is None
     )
@@ -371,7 +433,7 @@ def test_the_update_is_timed_alone_and_not_scaled_by_the_resolution_schedule(mon
     def planned(update_s: float) -> int:
         monkeypatch.setattr(budget, "_probe", lambda *a, **k: (0.1, update_s, 1.0, 0.0))
         here = _here(t_start=time.perf_counter())
-        steps, _, _, _ = budget.measure_budget(
+        steps, *_ = budget.measure_budget(
             cfg, recipe, here, net=net, run_net=net, loaders=loaders, objective=Objective(), log=lambda line: None
         )
         return steps

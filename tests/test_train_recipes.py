@@ -196,7 +196,7 @@ def test_time_budget_probe_of_a_compiled_model_leaves_its_weights_bit_identical(
     )  # fmt: skip
     here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=time.perf_counter(),
                 optimizer=build_optimizer)  # fmt: skip
-    steps, epochs, _, _ = budget.measure_budget(
+    steps, epochs, *_ = budget.measure_budget(
         cfg, cfg.recipe, here, net=model, run_net=Compiled(model), loaders=loaders, objective=Classify(num_classes=3),
         log=print,
     )  # fmt: skip
@@ -235,7 +235,7 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
     from vitlab.train.persist.outputs import read_metrics
     from vitlab.train.sizing.budget import REPLAN_AT
 
-    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.0, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (100_000, 5_000, 0.0, 0.05, 0.5))
     budget = 6.0
     cfg = trainer.TrainConfig(
         recipe=get_recipe("digits", batch_size=32, warmup_steps=10),
@@ -257,10 +257,10 @@ def test_time_budget_re_plans_from_the_runs_own_steps(tmp_path, monkeypatch):
 def test_steps_in_budget_counts_the_evaluations_still_to_come():
     from vitlab.train.sizing.budget import steps_in_budget as _steps_in_budget
 
-    assert _steps_in_budget(100.0, 1.0, 0.0, 10) == 95  # 95 steps + 10 evaluations of 0.5 s (saving) = 100 s
-    assert _steps_in_budget(100.0, 1.0, 9.5, 10) == 50  # 5 epochs of 10 steps + 5 evaluations of 10 s
+    assert _steps_in_budget(100.0, 1.0, 0.5, 10) == 95  # 95 steps + 10 epoch ends of 0.5 s (saving) = 100 s
+    assert _steps_in_budget(100.0, 1.0, 10.0, 10) == 50  # 5 epochs of 10 steps + 5 evaluations and savings of 10 s
     # mid-epoch: 5 steps of epoch 1 done; its evaluation is still to come
-    assert _steps_in_budget(25.0, 1.0, 9.5, 10, done=5) == 5
+    assert _steps_in_budget(25.0, 1.0, 10.0, 10, done=5) == 5
 
 
 def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkeypatch):
@@ -286,7 +286,7 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
     assert replanner(100.0).after_epoch(step=100, planned=1000, per_step=0.1, overhead_s=1.5, **kw) == 100
     # 10 s spent, 90 s left: 900 more steps at 0.11 s do not fit, fewer do
     new = replanner(10.0).after_epoch(step=100, planned=1000, per_step=0.11, overhead_s=1.5, **kw)
-    assert new == 100 + budget.steps_in_budget(90.0, 0.11, 1.0, 100, 100) and 700 < new < 900
+    assert new == 100 + budget.steps_in_budget(90.0, 0.11, 1.5, 100, 100) and 700 < new < 900
     evals = math.ceil(new / 100) - 1
     assert (new - 100) * 0.11 + evals * 1.5 <= 90 < (new - 99) * 0.11 + evals * 1.5  # as many as fit, no more
     assert replanner(10.0).after_epoch(step=100, planned=new + 10, per_step=0.11, overhead_s=1.5, **kw) is None
@@ -309,10 +309,10 @@ def test_a_slow_epoch_cuts_the_run_and_the_recovered_pace_lengthens_it_again(mon
                                   per_step=0.1)  # fmt: skip
     r.due = False  # the early re-plan happened
     cut = r.after_epoch(step=100, planned=900, per_step=0.12, **kw)  # one slow epoch: cut at its pace
-    assert cut == 100 + budget.steps_in_budget(90.0, 0.12, 1.0, 100, 100) < 900
+    assert cut == 100 + budget.steps_in_budget(90.0, 0.12, 1.5, 100, 100) < 900
     clock[0] = 920.5  # the next epoch at 0.09 s a step
     longer = r.after_epoch(step=200, planned=cut, per_step=0.09, **kw)  # the load went away: lengthened again
-    assert longer == 200 + budget.steps_in_budget(105.0 - 20.5 - 5.0, 0.09, 1.0, 100, 200) > cut
+    assert longer == 200 + budget.steps_in_budget(105.0 - 20.5 - 5.0, 0.09, 1.5, 100, 200) > cut
     clock[0] = 930.0
     assert r.after_epoch(step=300, planned=longer, per_step=0.09, **kw) is None  # on pace: no move
 
@@ -326,7 +326,7 @@ def test_epoch_end_correction_keeps_a_finished_warmup_and_anneals_to_the_new_end
     from vitlab.train.engine import trainer
     from vitlab.train.sizing import budget
 
-    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (300, 7, 0.0, 0.05))
+    monkeypatch.setattr("vitlab.train.sizing.budget.measure_budget", lambda *a, **k: (300, 7, 0.0, 0.05, 0.5))
     monkeypatch.setattr(budget.Replanner, "after_step", lambda self, **_: None)
     calls = []
 

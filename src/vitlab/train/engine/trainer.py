@@ -267,7 +267,7 @@ class Trainer:
         (the line says so); the move is kept in the plan, so that a replay makes it at the same point."""
         was = self.plan.total_steps
         warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
-        move = Replan(step=self.position.step, total=total, at=at, per_step=per_step)
+        move = Replan(step=self.position.step, total=total, at=at, per_step=per_step, end_s=self.replan.end_s)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
         self.log(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))
         self.bar.set_total(total)

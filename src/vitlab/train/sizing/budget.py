@@ -23,7 +23,7 @@ from ...models.layers import set_patch_drop
 from ..conf.phases import ends_dropping, last_stretch_from, mean_cost, unmasked_phases, warmup_for
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig
-from .pace import LOGGING_SHARE, SAVE_S, Pace, budget_reserve, short_budget_line, steps_in_budget
+from .pace import LOGGING_SHARE, Pace, budget_reserve, save_seconds, short_budget_line, steps_in_budget
 from .probe import Here, time_steps, time_update
 from .steps import Replan, RunPlan
 
@@ -34,6 +34,9 @@ REPLAN_FROM, REPLAN_AT = 5, 45
 STRETCH = REPLAN_AT - REPLAN_FROM
 """Steps a stretch of the run must hold before its pace is judged (epochs shorter than this are taken together):
 the pace of a few steps, or of one short epoch and its evaluation, is mostly the machine's noise."""
+STRETCH_S = 5.0
+"""Seconds a stretch must also last (its steps and epoch ends): 40 steps of a tiny model are 2.5 s, whose pace was
+10 to 15% off the next stretch's on the 2-core machine, so a 1-minute run re-planned at most of its judgments."""
 BAND = 0.10
 """After the early re-plan, the plan moves only when the pace of the stretch since the last move is more than this
 share off the pace the plan was made at, or when at that pace the run would end more than this share of the time
@@ -64,13 +67,15 @@ def _reusable(pace: Pace | None, cfg: TrainConfig, recipe: Recipe, loaders: Any)
 def measure_budget(
     cfg: TrainConfig, recipe: Recipe, here: Here, *, net: nn.Module, run_net: nn.Module, loaders: Any,
     objective: Any, log: Callable[[str], None], pace: Pace | None = None,
-) -> tuple[int, int, float, float]:  # fmt: skip
-    """``(steps, epochs, seconds per step, seconds per evaluation)`` that fit ``cfg.time_budget`` for a run of
-    ``recipe``: time a few throw-away steps of the objective on a copy of the model (so the real run's RNG and weights
-    are untouched), then subtract evaluations (timed on up to 256 images, an evaluation batch at a time as the run
-    evaluates). The step time less the optimizer's update (timed alone: Muon's does not shrink with the image) is
-    multiplied by the recipe's mean step cost (:func:`~vitlab.train.conf.phases.mean_cost`): the probe times the final
-    size, dropping tokens, and with ``--token-drop-until`` it times a step on every token too. When the recipe's own
+) -> tuple[int, int, float, float, float]:  # fmt: skip
+    """``(steps, epochs, seconds per step, seconds per evaluation, seconds of saving an epoch)`` that fit
+    ``cfg.time_budget`` for a run of ``recipe``: time a few throw-away steps of the objective on a copy of the model
+    (so the real run's RNG and weights are untouched), then subtract the epochs' ends: their evaluations (timed on up
+    to 256 images, an evaluation batch at a time as the run evaluates) and their saving (estimated from the model's
+    size, :func:`~.pace.save_seconds`, until the run times its own). The step time less the optimizer's update (timed
+    alone: Muon's does not shrink with the image) is multiplied by the recipe's mean step cost
+    (:func:`~vitlab.train.conf.phases.mean_cost`): the probe times the final size, dropping tokens, and with
+    ``--token-drop-until`` it times a step on every token too. When the recipe's own
     probe (``pace``, :func:`~vitlab.train.sizing.probe.measure_pace`) timed this very step, its step and evaluation
     times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is timed on the
     run's transform: added to each step without workers, beside it with them. When the plan is no meaningful run, a
@@ -102,7 +107,9 @@ def measure_budget(
     budget: float = cfg.time_budget  # type: ignore[assignment]
     left = budget - (time.perf_counter() - here.t_start) - budget_reserve(budget)
     left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
-    total = steps_in_budget(left, per_step, eval_s, spe)
+    save_s = save_seconds(params=sum(p.numel() for p in net.parameters()),
+                          trainable=sum(p.numel() for p in net.parameters() if p.requires_grad))  # fmt: skip
+    total = steps_in_budget(left, per_step, eval_s + save_s, spe)
     epochs = max(1, math.ceil(total / spe))
     log(
         f"time budget {budget:.0f} s: {'the recipe probe measured' if reuse else 'measured'} "
@@ -114,14 +121,14 @@ def measure_budget(
             if unmasked
             else ""
         )
-        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s "
+        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s, saving ~{save_s:.1f} s "
         f"-> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
     )
-    short = short_budget_line(budget=budget, left=left, per_step=per_step, eval_s=eval_s, steps_per_epoch=spe,
-                              steps=total, n_eval=loaders.eval_size)  # fmt: skip
+    short = short_budget_line(budget=budget, left=left, per_step=per_step, eval_s=eval_s, save_s=save_s,
+                              steps_per_epoch=spe, steps=total, n_eval=loaders.eval_size)  # fmt: skip
     if short:
         log(short)
-    return total, epochs, per_step, eval_s
+    return total, epochs, per_step, eval_s, save_s
 
 
 def _probe(
@@ -170,9 +177,9 @@ def plan_run(
     allows (:func:`measure_budget`; ``pace``: the recipe's probe, when there was one). The warmup is capped at half
     the run; every rank gets rank 0's plan."""
     spe = loaders.steps_per_epoch
-    epochs, total, per_step, eval_s = recipe.epochs, recipe.epochs * spe, 0.0, 0.0
+    epochs, total, per_step, eval_s, save_s = recipe.epochs, recipe.epochs * spe, 0.0, 0.0, 0.0
     if cfg.time_budget:
-        total, epochs, per_step, eval_s = measure_budget(
+        total, epochs, per_step, eval_s, save_s = measure_budget(
             cfg, recipe, here, net=net, run_net=run_net, loaders=loaders, objective=objective, log=log, pace=pace
         )
     warm, wanted = warmup_for(recipe, total_steps=total, steps_per_epoch=spe)
@@ -187,6 +194,7 @@ def plan_run(
             budget=cfg.time_budget,
             t_start=here.t_start,
             eval_s=eval_s,
+            save_s=save_s,
             steps_per_epoch=spe,
             last_extra=objective.last_eval_extra,
             per_step=per_step,
@@ -206,12 +214,12 @@ class Replanner:
 
     After that the pace is followed both ways, within a band: the steps and the end-of-epoch work since the last
     judgment make a stretch, judged at an epoch's end (and, in epochs of many steps, every :attr:`check_every` steps)
-    once it holds :data:`STRETCH` steps (short epochs are taken together); the plan moves only when the stretch's pace
-    is :data:`BAND` off the plan's, or the run would end :data:`BAND` of the time left early or later than the budget's
-    reserve (:meth:`_judge`). Then the steps still to go are re-fitted to what that pace, the evaluations still to come
-    and the time left allow, shorter when the machine slowed, longer when it recovered. The time left is read from the
-    clock, so time lost to a slow stretch is made up by the steps that follow, and the run ends on its budget. Each move
-    re-fits the LR schedule from the current step without a jump
+    once it holds :data:`STRETCH` steps and :data:`STRETCH_S` seconds (short epochs are taken together); the plan
+    moves only when the stretch's pace is :data:`BAND` off the plan's, or the run would end :data:`BAND` of the time
+    left early or later than the budget's reserve (:meth:`_judge`). Then the steps still to go are re-fitted to what
+    that pace, the epoch ends still to come and the time left allow, shorter when the machine slowed, longer when it
+    recovered. The time left is read from the clock, so time lost to a slow stretch is made up by the steps that
+    follow, and the run ends on its budget. Each move re-fits the LR schedule from the current step without a jump
     (:meth:`~vitlab.train.engine.schedule.LRFactor.replan_from`).
 
     A replayed run (:meth:`replaying`) measures nothing: it makes the recorded moves at the recorded steps."""
@@ -226,7 +234,15 @@ class Replanner:
     t_start: float = 0.0
     """``time.perf_counter()`` when this process started the run."""
     eval_s: float = 0.0
-    """Seconds of an evaluation (the probe's, then the mean of the stretch's end-of-epoch work as measured)."""
+    """Seconds of an evaluation, the probe's (what the last one's extra pass costs: :attr:`last_extra`)."""
+    end_s: float = 0.0
+    """Seconds of the work at an epoch's end, its evaluation and saving: first the probe's evaluation and the saving's
+    estimate (:func:`~.pace.save_seconds`), then the mean of every epoch end the run has judged, as it timed them: in
+    full (a tiny model's end takes a tenth of a second where the estimate may say half of one, and a plan that kept
+    the estimate would stay short of its budget and move at every judgment), and over the whole run, not a stretch (the
+    figures are redrawn every 30 s: a stretch with a redraw and one without would move the plan back and forth)."""
+    ends: tuple[int, float] = (0, 0.0)
+    """The epoch ends judged so far and their seconds (:attr:`end_s`'s mean)."""
     last_extra: float = 0.0
     """What the run's last evaluation costs beyond the others', in evaluations (``Objective.last_eval_extra``)."""
     steps_per_epoch: int = 1
@@ -256,16 +272,17 @@ class Replanner:
     @classmethod
     def for_plan(
         cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int,
-        last_extra: float = 0.0, per_step: float = 0.0,
+        save_s: float = 0.0, last_extra: float = 0.0, per_step: float = 0.0,
     ):  # fmt: skip
         """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough) made at
-        ``per_step`` seconds a step."""
+        ``per_step`` seconds a step, ``eval_s`` and ``save_s`` at each epoch's end."""
         return cls(
             due=total_steps >= 2 * REPLAN_AT,
             late=True,
             budget=budget,
             t_start=t_start,
             eval_s=eval_s,
+            end_s=eval_s + save_s,
             last_extra=last_extra,
             steps_per_epoch=steps_per_epoch,
             per_step=per_step,
@@ -316,7 +333,7 @@ class Replanner:
         per_step = (now - self.t0) / (REPLAN_AT - REPLAN_FROM) * 1.02
         self.mark, self.followed_from, self.per_step = (step, now), step, per_step
         left = self._left(now)
-        total = self._capped(step, step + steps_in_budget(left, per_step, self.eval_s, self.steps_per_epoch, step))
+        total = self._capped(step, step + steps_in_budget(left, per_step, self.end_s, self.steps_per_epoch, step))
         (total,) = broadcast_ints([total], dist, device)
         self.due = False
         if abs(total - planned) <= 0.02 * planned:
@@ -347,24 +364,26 @@ class Replanner:
         self.stretch[0] += since
         self.stretch[1] += since * per_step
         self.stretch[2] += 1
-        self.stretch[3] += max(0.0, overhead_s - SAVE_S)  # steps_in_budget adds the saving to each evaluation
+        self.stretch[3] += overhead_s
         return self._judge(step=step, planned=planned, now=now, dist=dist, device=device)
 
     def _judge(self, *, step: int, planned: int, now: float, dist: Dist, device: torch.device) -> int | None:
-        """The new total when the stretch since the last judgment holds :data:`STRETCH` steps and its pace is
-        :data:`BAND` off the plan's, or the plan would end :data:`BAND` of the time left early or later than the
-        budget's reserve allows at that pace (and the move is beyond :data:`_TOLERANCE`); else None. A judged
-        stretch ends there (the next one times what comes after it); a move makes its pace the plan's."""
+        """The new total when the stretch since the last judgment holds :data:`STRETCH` steps and
+        :data:`STRETCH_S` seconds and its pace is :data:`BAND` off the plan's, or the plan would end :data:`BAND` of
+        the time left early or later than the budget's reserve allows at that pace (and the move is beyond
+        :data:`_TOLERANCE`); else None. A judged stretch ends there (the next one times what comes after it); a move
+        makes its pace the plan's."""
         steps, seconds, works, work_s = self.stretch
-        if steps < STRETCH:
+        if steps < STRETCH or seconds + work_s < STRETCH_S:
             return None
         self.stretch = [0, 0.0, 0, 0.0]
         pace = seconds / steps
         if works:
-            self.eval_s = work_s / works
+            self.ends = (self.ends[0] + works, self.ends[1] + work_s)
+            self.end_s = self.ends[1] / self.ends[0]
         left = self._left(now)
         evals = math.ceil(planned / self.steps_per_epoch) - step // self.steps_per_epoch
-        ends_in = (planned - step) * pace + evals * (self.eval_s + SAVE_S)
+        ends_in = (planned - step) * pace + evals * self.end_s
         off_pace = self.per_step > 0 and abs(pace / self.per_step - 1) > BAND
         off_end = ends_in > left + budget_reserve(self.budget) or ends_in < (1 - BAND) * left
         (moves,) = broadcast_ints([int(off_pace or off_end)], dist, device)  # every rank decides as rank 0
@@ -391,7 +410,7 @@ class Replanner:
         """The new total at ``per_step`` seconds a step from ``now`` on (rank 0's, on every rank), or None when it
         is within the tolerance of ``planned``."""
         left = self._left(now)
-        more = 0 if left < per_step + self.eval_s else steps_in_budget(left, per_step, self.eval_s,
+        more = 0 if left < per_step + self.end_s else steps_in_budget(left, per_step, self.end_s,
                                                                        self.steps_per_epoch, step)  # fmt: skip
         total, pace_us = broadcast_ints([self._capped(step, step + more), round(per_step * 1e6)], dist, device)
         slack = max(_TOLERANCE * (planned - step), 0.01 * self.budget / max(pace_us / 1e6, 1e-9))

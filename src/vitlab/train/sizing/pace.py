@@ -12,12 +12,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LOGGING_SHARE", "Pace", "budget_reserve", "short_budget_line", "steps_in_budget"]
+__all__ = ["LOGGING_SHARE", "Pace", "budget_reserve", "save_seconds", "short_budget_line", "steps_in_budget"]
 
 LOGGING_SHARE = 1.03
 """A training step in the run costs about 3% more than the same step in a probe (logging, the progress bar)."""
-SAVE_S = 0.5
-"""Seconds of saving (``last.pt``) counted with each end-of-epoch evaluation."""
+SAVE_BYTES_PER_S = 200e6
+"""How fast an epoch's end writes the run's state (``last.pt``: ``torch.save``, then fsync): 144 to 299 MB/s on the
+2-core machine for 7 MB to 1 GB of it, the small files slowest (``benchmarks/bench_checkpoint_save.py``,
+docs/training.md "Re-planning within a band")."""
+SAVE_FIXED_S = 0.05
+"""Seconds of an epoch's end beyond its evaluation and the state's bytes (its metrics row and line, the random
+generators' states, the folder's fsync)."""
+
+
+def save_seconds(*, params: int, trainable: int) -> float:
+    """The first estimate of the saving at an epoch's end, before the run has timed one: ``last.pt``'s weights (4
+    bytes each) and the optimizer's two moments of each trainable weight (8 bytes, AdamW's) at
+    :data:`SAVE_BYTES_PER_S`, plus :data:`SAVE_FIXED_S`. From 0.08 s for the auto recipe's tiny model to 5 s for
+    ViT-B/16; the run's own epoch ends replace it (:class:`~vitlab.train.sizing.budget.Replanner`)."""
+    return SAVE_FIXED_S + (4 * params + 8 * trainable) / SAVE_BYTES_PER_S
 
 
 def budget_reserve(budget: float) -> float:
@@ -25,16 +38,16 @@ def budget_reserve(budget: float) -> float:
     return min(5.0, 0.1 * budget)
 
 
-def steps_in_budget(left: float, per_step: float, eval_s: float, steps_per_epoch: int, done: int = 0) -> int:
-    """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each,
-    plus one evaluation (``eval_s``, plus :data:`SAVE_S` for saving) at the end of every epoch they finish or start.
+def steps_in_budget(left: float, per_step: float, end_s: float, steps_per_epoch: int, done: int = 0) -> int:
+    """How many more optimizer steps fit in ``left`` seconds after ``done`` steps: ``per_step`` each, plus the work
+    at the end of every epoch they finish or start (``end_s``: its evaluation and saving).
 
     The answer is the largest ``n`` from 1 to ``left / per_step`` whose cost fits (1 when none does). The cost
     grows with ``n`` (in floating point too: rounding is monotonic), so a bisection finds it in O(log n) steps:
     a budget of years plans as fast as one of minutes."""
 
     def cost(n: int) -> float:
-        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * (eval_s + SAVE_S)
+        return n * per_step + (math.ceil((done + n) / steps_per_epoch) - done // steps_per_epoch) * end_s
 
     lo, hi = 1, max(1, int(left / per_step))  # cost(lo) fits, or lo is the answer anyway; the answer is <= hi
     while lo < hi:
@@ -90,38 +103,41 @@ class Pace:
 
 
 def short_budget_line(
-    *, budget: float, left: float, per_step: float, eval_s: float, steps_per_epoch: int, steps: int, n_eval: int
-) -> str | None:
-    """One line when ``steps`` planned in a ``budget`` of seconds (``left`` of them for training and evaluation)
-    cannot make a meaningful run, else None: fewer than one pass over the data, or evaluation taking more than half
-    of the time. It proposes the budget that buys three epochs with their evaluations in at most half of it (whole
-    minutes) when that is a longer budget, and, when evaluation dominates, an evaluation split small enough to take a
-    quarter of an epoch's time. It says only what the plan it was made from does: a run of many short epochs is not
-    told that its budget "buys only" them."""
+    *, budget: float, left: float, per_step: float, eval_s: float, save_s: float, steps_per_epoch: int, steps: int,
+    n_eval: int,
+) -> str | None:  # fmt: skip
+    """One line when ``steps`` planned in a ``budget`` of seconds (``left`` of them for training and the epochs'
+    ends) cannot make a meaningful run, else None: fewer than one pass over the data, or the epochs' ends (an
+    evaluation of ``eval_s`` and a saving of ``save_s`` each) taking more than half of the time. It proposes the
+    budget that buys three epochs with their ends in at most half of it (whole minutes) when that is a longer budget,
+    and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's time. It says
+    only what the plan it was made from does: a run of many short epochs is not told that its budget "buys only"
+    them."""
     passes = steps / steps_per_epoch
-    evals = math.ceil(passes) * (eval_s + SAVE_S)
-    if passes >= 1 and evals <= 0.5 * left:
+    end_s = eval_s + save_s
+    ends = math.ceil(passes) * end_s
+    if passes >= 1 and ends <= 0.5 * left:
         return None
     spent = budget - left - budget_reserve(budget)
-    epoch_s = steps_per_epoch * per_step + eval_s + SAVE_S
-    run = max(3 * epoch_s, 6 * (eval_s + SAVE_S))  # 3 epochs, their evaluations at most half of the time
+    run = max(3 * (steps_per_epoch * per_step + end_s), 6 * end_s)  # 3 epochs, their ends at most half of the time
     need = spent + run + budget_reserve(spent + run)
     minutes = max(1, math.ceil(need / 60))
-    timing = f"({eval_s:.1f} s each, {steps_per_epoch} steps an epoch at {per_step * 1000:.0f} ms)"
+    timing = (
+        f"({eval_s:.1f} s of evaluation and {save_s:.1f} s of saving each, {steps_per_epoch} steps an epoch at "
+        f"{per_step * 1000:.0f} ms)"
+    )
+    what = f"evaluating and saving take {ends:.0f} s of the {max(0.0, left):.0f} s left"
     if passes < 1:
         line = (
             f"warning: --time-budget {_duration(budget)} buys only {passes:.2f} passes over the training data, and "
-            f"evaluation takes {evals:.0f} s of the {max(0.0, left):.0f} s left {timing}"
+            f"{what} {timing}"
         )
     else:
-        line = (
-            f"warning: evaluation takes {evals:.0f} s of the {max(0.0, left):.0f} s left: {math.ceil(passes)} "
-            f"evaluations in {passes:.1f} passes {timing}"
-        )
+        line = f"warning: {what}: {math.ceil(passes)} epoch ends in {passes:.1f} passes {timing}"
     more = minutes * 60 > budget
     if more:
         line += f": --time-budget {minutes}m buys about 3 epochs"
-    if evals > 0.5 * left and eval_s > 0:
+    if ends > 0.5 * left and eval_s > save_s:
         keep = max(1, int(n_eval * 0.25 * steps_per_epoch * per_step / eval_s))
         if keep < n_eval:
             line += (", or" if more else ":") + f" evaluate on fewer images (an evaluation folder of ~{keep:,} of the "

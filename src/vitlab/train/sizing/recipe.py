@@ -28,10 +28,11 @@ import dataclasses
 import math
 from typing import Any
 
+from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
 from .levels import LEVELS, aug_level, level_fields
-from .pace import Pace, budget_reserve, steps_in_budget
+from .pace import Pace, budget_reserve, save_seconds, steps_in_budget
 from .side import PHOTO_SIDE
 
 __all__ = [
@@ -228,8 +229,8 @@ def _by_pace(
     token_drop: float | None, photos: bool,
 ) -> tuple[str, dict[str, Any], float, str, int, float]:  # fmt: skip
     """``(model, ViT fields, token drop, level, steps, seconds a step)`` for a time budget, from a measured pace:
-    the steps are counted as the run's plan counts them (:func:`~.pace.steps_in_budget`, with the evaluations),
-    each candidate model's step scaled from the probed one by its multiply-accumulates, with its level's
+    the steps are counted as the run's plan counts them (:func:`~.pace.steps_in_budget`, with each epoch's evaluation
+    and saving), each candidate model's step scaled from the probed one by its multiply-accumulates, with its level's
     augmentation. The level is the heaviest whose own cost still leaves the passes it asks for (a level's
     augmentation slows the steps, so fewer passes might ask for a lighter one), the model the largest whose
     images seen reach its :data:`MODELS` threshold, else the smallest."""
@@ -242,10 +243,12 @@ def _by_pace(
     for name, least, fields in reversed(MODELS):
         arch = {"patch_size": patch, **fields, **pad}
         step_macs = 3 * forward_macs(arch, img_size, in_chans, token_drop=drop) * batch
-        eval_s = pace.evaluation_s(forward_macs(arch, img_size, in_chans))
+        params = ViTConfig(img_size=img_size, in_chans=in_chans, **arch).num_params()
+        save_s = save_seconds(params=params, trainable=params)
+        end_s = pace.evaluation_s(forward_macs(arch, img_size, in_chans)) + save_s
         for level in reversed(order):
             per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
-            steps = steps_in_budget(left, per_step, eval_s, spe)
+            steps = steps_in_budget(left, per_step, end_s, spe)
             if order.index(aug_level(epochs=steps * batch / n_train, n_train=n_train)) >= order.index(level):
                 break
         if steps * batch >= least or name == MODELS[0][0]:

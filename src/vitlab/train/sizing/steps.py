@@ -15,31 +15,36 @@ __all__ = ["Replan", "RunPlan"]
 class Replan:
     """One move of a running plan: after optimizer step ``step`` (``at`` ``"step"``: right after it; ``"epoch"``: at
     its epoch's end, after the evaluation) the plan ends at ``total``; ``per_step``: the seconds a step it was made
-    from. A replay makes the same moves at the same points (:meth:`Replanner.replaying`)."""
+    from, ``end_s`` the seconds of an epoch's end (its evaluation and saving; 0: not recorded). A replay makes the same
+    moves at the same points (:meth:`Replanner.replaying`)."""
 
     step: int
     total: int
     at: str = "epoch"
     per_step: float = 0.0
+    end_s: float = 0.0
 
     def line(self, *, was: int, warmup: int, replayed: bool) -> str:
         """The run's line for this move: what it was made from (a replay says so), the new and the old total."""
         which = "the steps since the last plan took" if self.at == "epoch" else "the run's own steps take"
         how = "replayed" if replayed else f"{which} {self.per_step * 1000:.0f} ms"
+        if self.end_s and self.at == "epoch" and not replayed:  # timed by the run at its epochs' ends
+            how += f" and an epoch's end (evaluation, saving) {self.end_s:.2f} s"
         return f"\ntime budget: {how} -> re-planned to {self.total} steps (was {was}), warmup {warmup} steps"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "total": self.total, "at": self.at, "per_step": self.per_step}
+        return {"step": self.step, "total": self.total, "at": self.at, "per_step": self.per_step, "end_s": self.end_s}
 
     @classmethod
     def from_dict(cls, d: Any) -> Replan:
         """The move a :meth:`to_dict` describes (read from a file: every value checked, a ``ValueError`` otherwise)."""
-        if not isinstance(d, dict) or set(d) != {"step", "total", "at", "per_step"}:
-            raise ValueError("a re-plan is {step, total, at, per_step}")
-        step, total, at, pace = d["step"], d["total"], d["at"], d["per_step"]
-        if not (_count(step) and _count(total) and at in ("step", "epoch") and _seconds(pace)):
+        keys = {"step", "total", "at", "per_step"}
+        if not isinstance(d, dict) or set(d) not in (keys, keys | {"end_s"}):  # end_s: absent before it was kept
+            raise ValueError("a re-plan is {step, total, at, per_step, end_s}")
+        step, total, at, pace, end = d["step"], d["total"], d["at"], d["per_step"], d.get("end_s", 0.0)
+        if not (_count(step) and _count(total) and at in ("step", "epoch") and _seconds(pace) and _seconds(end)):
             raise ValueError(f"a re-plan's values are out of range: {d!r}")
-        return cls(step=step, total=total, at=at, per_step=float(pace))
+        return cls(step=step, total=total, at=at, per_step=float(pace), end_s=float(end))
 
 
 def _count(v: Any) -> bool:
