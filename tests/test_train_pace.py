@@ -129,6 +129,20 @@ def test_a_re_plan_line_says_what_it_was_made_from():
     assert Replan.from_dict({"step": 20, "total": 70, "at": "epoch", "per_step": 0.5}) == at_epoch  # an older last.pt
 
 
+def test_a_cpu_run_takes_a_worker_by_itself_only_for_epochs_of_many_steps(monkeypatch):
+    """One torch thread and another core free: a worker runs the augmentation beside the steps, but the loader starts
+    it afresh every epoch, so epochs of fewer than ``WORKER_MIN_STEPS`` steps get none; ``--workers`` always wins."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(cores, "_memo", [(1e18, 2.0)])  # a recent sample: two cores free
+    monkeypatch.setattr(cores.torch, "get_num_threads", lambda: 1)
+    assert cores.workers_for(TrainConfig(), device=cpu, steps_per_epoch=cores.WORKER_MIN_STEPS) == 1
+    assert cores.workers_for(TrainConfig(), device=cpu, steps_per_epoch=cores.WORKER_MIN_STEPS - 1) == 0
+    assert cores.workers_for(TrainConfig(), device=cpu, steps_per_epoch=2) == 0
+    assert cores.workers_for(TrainConfig(workers=3), device=cpu, steps_per_epoch=2) == 3
+    monkeypatch.setattr(cores, "_memo", [(1e18, 1.0)])  # one core free: the worker would share the step's
+    assert cores.workers_for(TrainConfig(), device=cpu, steps_per_epoch=500) == 0
+
+
 def test_threads_flag_wins_and_the_first_lines_say_so(monkeypatch):
     before = torch.get_num_threads()
     try:

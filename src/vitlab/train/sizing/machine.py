@@ -44,6 +44,7 @@ from ..conf.train_config import TrainConfig
 __all__ = [
     "SAMPLE_S",
     "TINY_STEP_MACS",
+    "WORKER_MIN_STEPS",
     "ThreadWatch",
     "allowed_cpus",
     "available_memory",
@@ -65,6 +66,12 @@ SAMPLE_S = 0.2
 """Seconds between the two readings of ``/proc/stat`` that measure which cores are idle."""
 TINY_STEP_MACS = 2e9
 """Multiply-accumulates of a training step (3 x the forward's, the micro-batch) under which one thread is used."""
+WORKER_MIN_STEPS = 50
+"""Optimizer steps an epoch must hold before a CPU run takes a DataLoader worker by itself. The loader starts its
+worker afresh every epoch, and epochs of a few small steps pay that at every one: a fine-tune on 21 photos (epochs of
+2 steps of 8 at 64 px) made 502 steps in a 1-minute budget with the worker and 1,032 without; on 200 photos (22
+steps an epoch) it trained at 302 and 322 img/s with it, 363 and 411 without; at 224 px, 60 and 59 against 57 and
+65 (docs/training.md, "Threads on a busy machine"). No run measured a worker ahead."""
 FREE_FROM = 0.75
 """The idle share from which a core counts as free: ``floor(idle cores + 1 - FREE_FROM)``."""
 COLLAPSE, RECOVER = 0.5, 1.5
@@ -294,14 +301,15 @@ def threads_line(cfg: TrainConfig, *, device: torch.device, workers: int, step_m
     return f"cpu: {n} torch thread(s) ({why}), {workers} DataLoader worker(s)"
 
 
-def workers_for(cfg: TrainConfig, *, device: torch.device) -> int:
+def workers_for(cfg: TrainConfig, *, device: torch.device, steps_per_epoch: int) -> int:
     """DataLoader workers: ``--workers`` when given; else one on a GPU, and one on the CPU when torch runs one
-    thread and another core is free (the augmentation then runs beside the steps)."""
+    thread, another core is free (the augmentation then runs beside the steps) and an epoch holds at least
+    :data:`WORKER_MIN_STEPS` optimizer steps (``steps_per_epoch``)."""
     if cfg.workers >= 0:
         return cfg.workers
     if device.type == "cuda":
         return 1
-    if torch.get_num_threads() != 1:
+    if torch.get_num_threads() != 1 or steps_per_epoch < WORKER_MIN_STEPS:
         return 0
     usable = _usable(_sample_free_cores())
     return int((usable if usable is not None else len(allowed_cpus())) >= 2)

@@ -222,7 +222,7 @@ def _image_seconds(
         aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=in_chans, clock=clock)
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
     pace = Pace(step_s=step_s * batch / k, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
-                workers=workers_for(cfg, device=here.device))  # fmt: skip
+                workers=workers_for(cfg, device=here.device, steps_per_epoch=n_train // batch))  # fmt: skip
     return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
 
 
@@ -317,7 +317,7 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         image_macs = float(forward_macs(recipe.arch, img, in_chans))
         step_macs = 3.0 * forward_macs(recipe.arch, img, in_chans, token_drop=recipe.token_drop) * batch
         threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as the run's
-        workers = workers_for(cfg, device=device)
+        workers = workers_for(cfg, device=device, steps_per_epoch=n_train // batch)
         k = min(AUG_ITEMS, n_train)
         train, read_s = _items(data.train, k, at_least=(img[1], img[0]), clock=clock)
         k = len(train)

@@ -83,7 +83,7 @@ def choose(
         threads = fix_threads(saved.threads, device=here.device)
     else:
         threads = set_threads(cfg, device=here.device, step_macs=step_macs).threads
-    workers = workers_for(cfg, device=here.device)
+    workers = workers_for(cfg, device=here.device, steps_per_epoch=len(data.train) // split.recipe.batch_size)
     say(threads_line(cfg, device=here.device, workers=workers, step_macs=step_macs))
     return Sizing(
         recipe=split.recipe, chosen=chosen, storage=getattr(data, "storage", None), micro=split.micro,
