@@ -36,7 +36,7 @@ STRETCH = REPLAN_AT - REPLAN_FROM
 the pace of a few steps, or of one short epoch and its evaluation, is mostly the machine's noise."""
 STRETCH_S = 5.0
 """Seconds a stretch must also last (its steps and epoch ends): 40 steps of a tiny model are 2.5 s, whose pace was
-10 to 15% off the next stretch's on the 2-core machine, so a 1-minute run re-planned at most of its judgments."""
+10 to 15% off the next stretch's on the 2-core machine, so a 1-minute run moved its plan at nearly every judgment."""
 BAND = 0.10
 """After the early re-plan, the plan moves only when the pace of the stretch since the last move is more than this
 share off the pace the plan was made at, or when at that pace the run would end more than this share of the time
@@ -411,7 +411,7 @@ class Replanner:
         is within the tolerance of ``planned``."""
         left = self._left(now)
         more = 0 if left < per_step + self.end_s else steps_in_budget(left, per_step, self.end_s,
-                                                                       self.steps_per_epoch, step)  # fmt: skip
+                                                                      self.steps_per_epoch, step)  # fmt: skip
         total, pace_us = broadcast_ints([self._capped(step, step + more), round(per_step * 1e6)], dist, device)
         slack = max(_TOLERANCE * (planned - step), 0.01 * self.budget / max(pace_us / 1e6, 1e-9))
         if abs(total - planned) <= slack:
