@@ -295,7 +295,12 @@ class Replanner:
         return cls(recorded=tuple(m for m in plan.replans if m.step >= done))
 
     def _recorded(self, step: int, at: str) -> Replan | None:
-        return next((m for m in self.recorded or () if m.step == step and m.at == at), None)
+        """The replay's move at ``step`` (``at`` its kind), if any; its epoch end becomes :attr:`end_s`, so that the
+        move the run records is the recorded one."""
+        move = next((m for m in self.recorded or () if m.step == step and m.at == at), None)
+        if move is not None:
+            self.end_s = move.end_s
+        return move
 
     def after_step(
         self, *, steps_this_run: int, step: int, planned: int, dist: Dist, device: torch.device
