@@ -207,7 +207,8 @@ OPTIONS: tuple[Option, ...] = (
       resume="saved",
       help="train on a folder with one class folder (with a warning): its top-1 is 100%% by construction"),
     O(path="workers", flag="--workers", group=data, kind=INT, default=-1, resume="process",
-      help="DataLoader worker processes (0: augment in the training process; -1: 1 for tiny models or on GPU)"),
+      help="DataLoader worker processes (0: augment in the training process; -1: 1 on a GPU, or for tiny models "
+      "whose epochs hold 50 steps or more)"),
     O(path="pack", flag="--pack", group=data, kind=FLAG, default=False,
       help="NaViT (Dehghani et al. 2023): each image at its own aspect ratio within a token budget, the batch's "
       "patch tokens packed into sequences; evaluation reports the centre crop and the native aspect ratio"),
