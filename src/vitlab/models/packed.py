@@ -269,11 +269,16 @@ class PackedAttention:
         return list(zip([0, *ends[:-1]], ends, strict=True))
 
     @functools.cached_property
+    def all_runs(self) -> list[tuple[int, int]]:
+        """Every sequence's :attr:`runs`, one after the other: a run's index here is its index among all runs."""
+        return [run for seq in self.runs for run in seq]
+
+    @functools.cached_property
     def same_length(self) -> list[list[int]]:
         """The images' runs (their indices among all runs, in order) grouped by length: each group attends in
         one batched call (a call per image pays a call's overhead per image in every block, forward and backward)."""
         groups: dict[int, list[int]] = {}
-        for r, (i, n) in enumerate(run for seq in self.runs for run in seq):
+        for r, (i, n) in enumerate(self.all_runs):
             if i >= 0:
                 groups.setdefault(n, []).append(r)
         return list(groups.values())
@@ -281,7 +286,7 @@ class PackedAttention:
     @functools.cached_property
     def padding(self) -> list[int]:
         """The padding runs' indices among all runs."""
-        return [r for r, (i, _) in enumerate(run for seq in self.runs for run in seq) if i < 0]
+        return [r for r, (i, _) in enumerate(self.all_runs) if i < 0]
 
     def mask(self) -> torch.Tensor:
         """``(B, 1, S, S)`` boolean: query ``i`` may attend to key ``j`` (the same image, or both padding)."""
