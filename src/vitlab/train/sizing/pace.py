@@ -20,15 +20,16 @@ SAVE_BYTES_PER_S = 200e6
 """How fast an epoch's end writes the run's state (``last.pt``: ``torch.save``, then fsync): 144 to 299 MB/s on the
 2-core machine for 7 MB to 1 GB of it, the small files slowest (``benchmarks/bench_checkpoint_save.py``,
 docs/training.md "Re-planning within a band")."""
-SAVE_FIXED_S = 0.05
+SAVE_FIXED_S = 0.02
 """Seconds of an epoch's end beyond its evaluation and the state's bytes (its metrics row and line, the random
-generators' states, the folder's fsync)."""
+generators' states, the folder's fsync): a head-only fine-tune of the tiny model (a 2.2-MB ``last.pt``, about
+0.015 s of it) timed its whole epoch ends, 3 images evaluated, at 0.04 s (docs/training.md)."""
 
 
 def save_seconds(*, params: int, trainable: int) -> float:
     """The first estimate of the saving at an epoch's end, before the run has timed one: ``last.pt``'s weights (4
     bytes each) and the optimizer's two moments of each trainable weight (8 bytes, AdamW's) at
-    :data:`SAVE_BYTES_PER_S`, plus :data:`SAVE_FIXED_S`. From 0.08 s for the auto recipe's tiny model to 5 s for
+    :data:`SAVE_BYTES_PER_S`, plus :data:`SAVE_FIXED_S`. From 0.05 s for the auto recipe's tiny model to 5 s for
     ViT-B/16; the run's own epoch ends replace it (:class:`~vitlab.train.sizing.budget.Replanner`)."""
     return SAVE_FIXED_S + (4 * params + 8 * trainable) / SAVE_BYTES_PER_S
 
