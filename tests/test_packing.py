@@ -16,7 +16,14 @@ from PIL import Image
 
 from vitlab.data import load_data
 from vitlab.data.images.rows import PackedImages
-from vitlab.data.pipeline.navit import Patchify, SequenceBatches, native_grid, pack_batches, token_budget
+from vitlab.data.pipeline.navit import (
+    Patchify,
+    SequenceBatches,
+    SizedImages,
+    native_grid,
+    pack_batches,
+    token_budget,
+)
 from vitlab.data.shards.source import open_source
 from vitlab.data.shards.write import pack_folder
 from vitlab.data.sources import FolderStorage
@@ -227,6 +234,32 @@ def test_evaluation_order_has_no_random_draws():
     b = list(loader(src, shuffle=False, patchify=pf))
     assert same(a, b)
     assert torch.cat([x.labels for x in a]).tolist() == src.labels.tolist()
+
+
+def test_kept_resized_images_give_the_same_batches_in_every_epoch():
+    src = synthetic(24)
+    pf = patchify(resolution=(32, 32), hflip=0.5)
+    assert (
+        pf.fixed_size
+        and not patchify().fixed_size
+        and not patchify(resolution=(32, 32), crop_scale=(0.5, 1)).fixed_size
+    )
+    sized = SizedImages(src.images, pf)
+    for epoch in (0, 1, 2):  # the first epoch resizes and keeps, the next ones read what was kept
+        kept = list(loader(src, patchify=pf, epoch=epoch, sized=sized))
+        assert same(kept, list(loader(src, patchify=pf, epoch=epoch)))
+        assert len(sized.kept) == 24
+    first = sized.kept[0]
+    assert torch.equal(first, pf.sized(src.images[0])) and sized[0] is first
+    one = first.numel()
+    capped = SizedImages(src.images, pf, keep_bytes=3 * one)  # room for about three: the rest is resized each time
+    list(loader(src, patchify=pf, sized=capped))
+    assert 1 <= len(capped.kept) <= 3 and capped.left >= 0
+    drawn = SizedImages(src.images, patchify(hflip=0.5))  # a resolution drawn per image: nothing is kept
+    assert same(list(loader(src, patchify=drawn.patchify, sized=drawn)), list(loader(src, patchify=drawn.patchify)))
+    assert not drawn.kept
+    with pytest.raises(ConfigError, match="another Patchify"):
+        loader(src, patchify=patchify(resolution=(32, 32)), sized=sized)
 
 
 def test_pack_len_must_hold_the_largest_image():

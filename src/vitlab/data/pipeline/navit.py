@@ -60,6 +60,7 @@ __all__ = [
     "Patchify",
     "SequenceBatches",
     "ShardPatchify",
+    "SizedImages",
     "native_grid",
     "pack_batches",
     "pack_groups",
@@ -119,7 +120,18 @@ class Patchify:
         """The most patches an image can have (at the high resolution)."""
         return token_budget(self.resolution[1], self.patch_size)
 
+    @property
+    def fixed_size(self) -> bool:
+        """Whether :meth:`sized` draws nothing (one resolution, no random crop): an image's packed size and
+        pixels are then the same in every epoch, and :class:`SizedImages` may keep them."""
+        return self.resolution[0] == self.resolution[1] and self.crop_scale == self.crop_ratio == (1.0, 1.0)
+
     def __call__(self, image: np.ndarray | torch.Tensor) -> PatchTokens:
+        return self.finish(self.sized(image))
+
+    def sized(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Steps 1-2 up to the resize: ``image`` (uint8 ``(H, W, C)`` array or ``(C, H, W)`` tensor) at its
+        drawn resolution and crop, resized to its patch grid, ``(C, gh * P, gw * P)``."""
         x = image if isinstance(image, torch.Tensor) else torch.from_numpy(np.array(image, copy=True))
         if not isinstance(image, torch.Tensor):
             x = x.permute(2, 0, 1)
@@ -131,11 +143,16 @@ class Patchify:
         gh, gw = native_grid(x.shape[1], x.shape[2], patch_size=p, max_tokens=token_budget(side, p))
         if (x.shape[1], x.shape[2]) != (gh * p, gw * p):
             x = resize_image(x, (gh * p, gw * p))
+        return x
+
+    def finish(self, x: torch.Tensor) -> PatchTokens:
+        """The rest of step 2 and step 3 on a :meth:`sized` image (left unchanged): flip, augment, normalise,
+        patch."""
         if self.hflip > 0 and float(torch.rand(())) < self.hflip:
             x = x.flip(-1)
         if self.augment is not None:
             x = self.augment(x)
-        return patchify(self._norm(x), p)
+        return patchify(self._norm(x), self.patch_size)
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
         """A random box of ``x`` ``(C, H, W)`` at its own aspect ratio (times the drawn factor), or ``x``."""
@@ -162,22 +179,48 @@ class ShardPatchify:
         return self.patchify(decode_encoded(data))
 
 
+KEEP_BYTES = 512 << 20
+"""The most bytes of resized images a :class:`SizedImages` keeps (the images after them are resized each time)."""
+
+
+class SizedImages:
+    """The images of a decoded split through :meth:`Patchify.sized`. With a fixed geometry
+    (:attr:`Patchify.fixed_size`) each resized image is kept, up to ``keep_bytes`` in all, and read again in the
+    next epochs instead of resized anew: the bicubic resize was half of a packed step's loading on a CPU
+    (docs/training.md, "Packing"). The same pixels either way (nothing is drawn before the resize)."""
+
+    def __init__(self, images: Any, patchify: Patchify, *, keep_bytes: int = KEEP_BYTES) -> None:
+        self.images, self.patchify = images, patchify
+        self.left = keep_bytes if patchify.fixed_size else 0
+        self.kept: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        x = self.kept.get(i)
+        if x is None:
+            x = self.patchify.sized(self.images[i])
+            size = x.numel() * x.element_size()
+            if size <= self.left:
+                self.kept[i], self.left = x, self.left - size
+        return x
+
+
 class _FolderPatches(Dataset):
     """Position ``p`` of an epoch's order of decoded images -> :class:`PackSample` (in DataLoader workers)."""
 
-    def __init__(self, images: Any, labels: np.ndarray, *, patchify: Patchify, order: EpochOrder) -> None:
-        self.images, self.labels, self.patchify, self.order = images, labels, patchify, order
+    def __init__(self, images: SizedImages, labels: np.ndarray, *, order: EpochOrder) -> None:
+        self.images, self.labels, self.order = images, labels, order
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, p: int) -> PackSample:
         i = int(self.order.offsets(np.asarray([p]))[0])
+        finish = self.images.patchify.finish
         if self.order.shuffle:  # the same draws whichever worker prepares it, and again after a resumption
             with seeded(item_seed(self.order.seed, self.order.epoch, p)):
-                tokens = self.patchify(self.images[i])
+                tokens = finish(self.images[i])
         else:
-            tokens = self.patchify(self.images[i])
+            tokens = finish(self.images[i])
         return PackSample(tokens, int(self.labels[i]), p)
 
 
@@ -203,7 +246,8 @@ class SequenceBatches:
     ``num_prefix_tokens``. ``chunk``: images per DataLoader batch of the workers; ``worker_init_fn`` and
     ``generator`` are the DataLoader's (default: a generator of (seed, epoch, rank), so that no global generator
     is drawn from). ``num_classes``, ``label_map`` (class index in the shards -> the model's) and ``window`` (the
-    shuffle window) for shards. :attr:`padding_fraction` is the padding of the batches yielded so far in the
+    shuffle window) for shards. ``sized``: the decoded split's :class:`SizedImages` kept across epochs (by
+    ``patchify``; default: resized anew). :attr:`padding_fraction` is the padding of the batches yielded so far in the
     current pass, :attr:`slots` and :attr:`padded` its counts."""
 
     source: Any
@@ -227,6 +271,7 @@ class SequenceBatches:
     num_classes: int | None = None
     label_map: np.ndarray | None = None
     window: int = DEFAULT_SHUFFLE_BUFFER
+    sized: SizedImages | None = None
     slots: int = field(default=0, init=False)
     padded: int = field(default=0, init=False)
 
@@ -244,6 +289,8 @@ class SequenceBatches:
             )
         if not 0 <= self.rank < self.world:
             raise ConfigError(f"packed loader: rank {self.rank} of {self.world} processes")
+        if self.sized is not None and self.sized.patchify is not self.patchify:
+            raise ConfigError("packed loader: the kept resized images were made by another Patchify")
 
     @property
     def padding_fraction(self) -> float:
@@ -285,7 +332,8 @@ class SequenceBatches:
         n = len(self.source.labels)
         stop = n if self.stop is None else min(self.stop, n)
         order = EpochOrder([n], seed=self.seed, epoch=self.epoch, window=max(1, n), shuffle=self.shuffle)
-        ds = _FolderPatches(self.source.images, self.source.labels, patchify=self.patchify, order=order)
+        sized = self.sized or SizedImages(self.source.images, self.patchify, keep_bytes=0)
+        ds = _FolderPatches(sized, self.source.labels, order=order)
         for chunk in self._loader(ds, sampler=range(self.start + self.rank, stop, self.world)):
             yield from chunk
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torchvision.transforms import v2
 
 from ...data.pipeline.first_fit import PackSample, pack_groups
-from ...data.pipeline.navit import Patchify, SequenceBatches, ShardPatchify
+from ...data.pipeline.navit import Patchify, SequenceBatches, ShardPatchify, SizedImages
 from ...data.pipeline.seeding import item_seed, seeded
 from ...data.shards.source import ShardSet
 from ...distributed import Dist, all_reduce_sum
@@ -35,9 +35,6 @@ from ..sizing.memory import PackGeometry, pack_geometry
 from .loaders import EpochCut, RunLoaders
 from .shards import FirstSamples
 from .signals import ignore_stop_signals
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["NavitLoaders", "navit_loaders", "packed_counts", "packed_metrics"]
 
@@ -63,6 +60,7 @@ class NavitLoaders(EpochCut):
     evaluations: ClassVar[int] = 2  # the centre crop and the native aspect ratio
     _current: SequenceBatches | None = field(default=None, init=False, repr=False)
     _probe: FirstSamples | None = field(default=None, init=False, repr=False)
+    _sized: SizedImages | None = field(default=None, init=False, repr=False)
 
     @property
     def generator(self) -> torch.Generator:  # type: ignore[override]
@@ -89,13 +87,15 @@ class NavitLoaders(EpochCut):
 
     def train_batches(self, epoch: int, start_micro: int = 0) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
         per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
+        if self._sized is None and not self.workers and not isinstance(self.train_source, ShardSet):
+            self._sized = SizedImages(self.train_source.images, self.patchify)  # kept here: workers end each epoch
         self._current = SequenceBatches(
             source=self.train_source, patchify=self.patchify, pack_len=self.geometry.pack_len,
             prefix_tokens=self.geometry.prefix, images=self.micro, seed=self.seed, epoch=epoch,
             start=start_micro * per_micro, stop=self.micro_per_epoch * per_micro, rank=self.dist.rank,
             world=self.dist.world_size, token_drop=self.token_drop, workers=self.workers,
             worker_init_fn=ignore_stop_signals, generator=self.epoch_generator(epoch), num_classes=self.num_classes,
-            window=self.window,
+            window=self.window, sized=self._sized,
         )  # fmt: skip
         return ((b.packed, b.labels) for b in self._current)
 
