@@ -239,6 +239,34 @@ def test_epoch_ends_quicker_than_the_estimate_move_the_plan_once(monkeypatch, re
     assert 0.9 * 55.0 < clock[0] <= (60.0 if redraws else 55.0 + 1e-9)  # on its budget
 
 
+def test_figures_are_redrawn_every_30_s_but_not_in_a_budgets_last_30_s(monkeypatch):
+    """A 2-minute run ending an epoch every second redraws its figures at 31 and 62 s, not at 93 s (27 s left: the
+    end of the run draws them); a 1-minute run never mid-run; without a budget (or replaying one), every 30 s."""
+    from vitlab.train.persist.figures import redraw_due
+    from vitlab.train.sizing import budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+
+    def redraws(seconds: float, replanner: budget.Replanner) -> list[int]:
+        drawn, last = [], 0
+        for t in range(1, int(seconds) + 1):
+            clock[0] = float(t)
+            if redraw_due(since_last=t - last, left=replanner.seconds_left()):
+                drawn.append(t)
+                last = t
+        return drawn
+
+    def plan(seconds: float) -> budget.Replanner:
+        return budget.Replanner.for_plan(total_steps=100, budget=seconds, t_start=0.0, eval_s=0.0, save_s=0.02,
+                                         steps_per_epoch=2, per_step=0.06)  # fmt: skip
+
+    assert redraws(120, plan(120.0)) == [31, 62]
+    assert redraws(60, plan(60.0)) == []
+    assert budget.Replanner().seconds_left() is None
+    assert redraws(120, budget.Replanner()) == [31, 62, 93]
+
+
 def test_a_stretch_is_judged_once_it_lasted_a_few_seconds(monkeypatch):
     """40 steps of 70 ms where the plan counted 60 (2.8 s: a pace that short is the machine's noise) move nothing;
     the stretch is judged, and the plan moved, once it has lasted ``STRETCH_S``."""

@@ -26,7 +26,7 @@ from ..conf.phases import ends_dropping
 from ..conf.train_config import TrainConfig
 from ..objectives import Objective
 from ..persist.advice import advice_line
-from ..persist.figures import draw_run_figures
+from ..persist.figures import draw_run_figures, redraw_due
 from ..persist.health import row_scalars
 from ..persist.outputs import (
     append_metrics,
@@ -315,7 +315,7 @@ class Trainer:
                 self.saver.save_model(exported, cfg=cfg, recipe=self.sizing.recipe, ev=ev, epoch=p.epoch,
                                       data=self.data_rec, calibration=cal)  # fmt: skip
         self._checkpoint(micro_done=0)
-        if d.is_main and time.perf_counter() - self.last_plot > 30:  # the end of the run always draws them
+        if d.is_main and redraw_due(since_last=time.perf_counter() - self.last_plot, left=self.replan.seconds_left()):
             self._draw()
             self.last_plot = time.perf_counter()
 

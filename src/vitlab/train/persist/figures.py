@@ -21,6 +21,7 @@ from .health import health_records
 from .outputs import read_metrics
 
 __all__ = [
+    "FIGURE_EVERY_S",
     "MAX_CONFUSION_FIGURE",
     "draw_figures",
     "draw_run_figures",
@@ -28,6 +29,7 @@ __all__ = [
     "plot_curves",
     "plot_health",
     "plot_reliability",
+    "redraw_due",
 ]
 
 
@@ -246,6 +248,18 @@ def draw_figures(out: Path, class_names: Sequence[str], ev: dict[str, Any], *, t
             plot_reliability(ev["calibration"], out / "reliability.png", where=title)
     except Exception as e:
         print(f"warning: could not draw figures ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+FIGURE_EVERY_S = 30.0
+"""A run's figures are redrawn at the first epoch end this many seconds after the last drawing."""
+
+
+def redraw_due(*, since_last: float, left: float | None) -> bool:
+    """Whether a run redraws its figures at an epoch's end, ``since_last`` seconds after it last drew them: every
+    :data:`FIGURE_EVERY_S` seconds, but not in a time budget's last :data:`FIGURE_EVERY_S` (``left``: the budget's
+    seconds left; None without one). The end of the run draws them; a redraw just before, seconds with
+    matplotlib's start, would be steps lost (a 1-minute run spent 2.5 to 3.7 s of its budget on one)."""
+    return since_last > FIGURE_EVERY_S and (left is None or left > FIGURE_EVERY_S)
 
 
 def draw_run_figures(

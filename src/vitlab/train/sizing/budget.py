@@ -404,6 +404,11 @@ class Replanner:
         (its start is a share of the plan: a longer one moves it later)."""
         return min(total, int(step / self.last_size_from)) if self.last_size_from else total
 
+    def seconds_left(self) -> float | None:
+        """Seconds of the time budget left now, its reserve included (None: no budget, or a run that follows a plan
+        made before: a resumption or a replay)."""
+        return self.budget - (time.perf_counter() - self.t_start) if self.budget else None
+
     def _left(self, now: float) -> float:
         """Seconds left for steps and evaluations at ``now``: the budget less the time spent, the reserve and the
         last evaluation's extra cost."""
