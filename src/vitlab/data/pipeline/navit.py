@@ -49,7 +49,7 @@ from ...errors import ConfigError, DataError
 from ...models.packed import PatchTokens, drop_tokens, patchify
 from ..images.decode import decode_encoded, match_channels
 from ..shards.source import ShardSet
-from ..shards.stream import DEFAULT_SHUFFLE_BUFFER, EpochOrder, ShardStream
+from ..shards.stream import DEFAULT_SHUFFLE_BUFFER, KEEP_BYTES, EpochOrder, ShardStream
 from .first_fit import PackedBatch, PackSample, pack_batches, pack_groups
 from .seeding import item_seed, seeded
 from .transforms import _normalize, resize_image
@@ -179,15 +179,13 @@ class ShardPatchify:
         return self.patchify(decode_encoded(data))
 
 
-KEEP_BYTES = 512 << 20
-"""The most bytes of resized images a :class:`SizedImages` keeps (the images after them are resized each time)."""
-
-
 class SizedImages:
     """The images of a decoded split through :meth:`Patchify.sized`. With a fixed geometry
-    (:attr:`Patchify.fixed_size`) each resized image is kept, up to ``keep_bytes`` in all, and read again in the
-    next epochs instead of resized anew: the bicubic resize was half of a packed step's loading on a CPU
-    (docs/training.md, "Packing"). The same pixels either way (nothing is drawn before the resize)."""
+    (:attr:`Patchify.fixed_size`) each resized image is kept in this process, up to ``keep_bytes`` in all (the
+    shards' :data:`~vitlab.data.shards.stream.KEEP_BYTES` by default; 0: none), and read again in the next epochs
+    instead of resized anew: the bicubic resize was half of a packed step's loading on a CPU (docs/training.md,
+    "Packing"). The same pixels either way (nothing is drawn before the resize). A DataLoader worker's copy lives
+    for one epoch, so a run with workers keeps none."""
 
     def __init__(self, images: Any, patchify: Patchify, *, keep_bytes: int = KEEP_BYTES) -> None:
         self.images, self.patchify = images, patchify
@@ -202,6 +200,9 @@ class SizedImages:
             if size <= self.left:
                 self.kept[i], self.left = x, self.left - size
         return x
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "kept": {}, "left": 0}  # a worker's copy keeps nothing
 
 
 class _FolderPatches(Dataset):

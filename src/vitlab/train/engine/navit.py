@@ -25,6 +25,7 @@ from ...data.pipeline.first_fit import PackSample, pack_groups
 from ...data.pipeline.navit import Patchify, SequenceBatches, ShardPatchify, SizedImages
 from ...data.pipeline.seeding import item_seed, seeded
 from ...data.shards.source import ShardSet
+from ...data.shards.stream import KEEP_BYTES
 from ...distributed import Dist, all_reduce_sum
 from ...evaluate.own_aspect import native_batches
 from ...models.packed import PackedPatches, drop_tokens, refusal
@@ -87,8 +88,10 @@ class NavitLoaders(EpochCut):
 
     def train_batches(self, epoch: int, start_micro: int = 0) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
         per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
-        if self._sized is None and not self.workers and not isinstance(self.train_source, ShardSet):
-            self._sized = SizedImages(self.train_source.images, self.patchify)  # kept here: workers end each epoch
+        if self._sized is None and not isinstance(self.train_source, ShardSet):
+            self._sized = SizedImages(
+                self.train_source.images, self.patchify, keep_bytes=0 if self.workers else KEEP_BYTES
+            )
         self._current = SequenceBatches(
             source=self.train_source, patchify=self.patchify, pack_len=self.geometry.pack_len,
             prefix_tokens=self.geometry.prefix, images=self.micro, seed=self.seed, epoch=epoch,
