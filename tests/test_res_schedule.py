@@ -234,8 +234,8 @@ def test_a_budget_re_plans_from_the_last_stretch_of_one_step_cost(monkeypatch, f
     cfg = trainer_mod.TrainConfig(recipe=recipe, out="o", time_budget=60.0)
     here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=0.0, optimizer=None)
     _, replan = budget.plan_run(
-        cfg, recipe, here, net=None, run_net=None, loaders=SimpleNamespace(steps_per_epoch=10), lr=1e-3,
-        objective=SimpleNamespace(last_eval_extra=0.0), log=print,
+        cfg, recipe, here, net=None, run_net=None, loaders=SimpleNamespace(steps_per_epoch=10, first_epoch_fills=False),
+        lr=1e-3, objective=SimpleNamespace(last_eval_extra=0.0), log=print,
     )  # fmt: skip
     assert replan.last_size_from == share and replan.due and replan.late
     assert replan._capped(100, 10_000) == (int(100 / share) if share else 10_000)

@@ -54,6 +54,11 @@ class RunLoaders(Protocol):
     @property
     def micro_per_epoch(self) -> int: ...
 
+    @property
+    def first_epoch_fills(self) -> bool:
+        """Whether the first epoch fills what the later ones read from memory (its steps cost more)."""
+        ...
+
     def set_token_drop(self, rate: float) -> bool:
         """Drop ``rate`` of each image's tokens as the loader packs it (from the next batch); True when it changed.
         False and nothing done where the model drops them (square batches)."""
@@ -110,6 +115,12 @@ class EpochCut:
         """The generator of epoch ``epoch``'s training DataLoader (it seeds the workers' own generators, which
         augmentation does not use)."""
         return torch.Generator().manual_seed(item_seed(self.seed, epoch, -1 - self.rank))
+
+    @property
+    def first_epoch_fills(self) -> bool:
+        """Whether the first epoch fills what the later ones read from this process's memory, so that its steps
+        cost more than theirs (the time budget's :attr:`~vitlab.train.sizing.budget.Replanner.first_epoch`)."""
+        return False
 
     def set_token_drop(self, rate: float) -> bool:
         return False  # the model's PatchDropout drops tokens from square batches

@@ -79,6 +79,11 @@ class NavitLoaders(EpochCut):
     def eval_size(self) -> int:
         return self.square.eval_size
 
+    @property
+    def first_epoch_fills(self) -> bool:
+        """Each image is resized once and kept (:class:`~vitlab.data.pipeline.navit.SizedImages`)."""
+        return not self.workers and self.patchify.fixed_size and not isinstance(self.train_source, ShardSet)
+
     def set_token_drop(self, rate: float) -> bool:
         changed = rate != self.token_drop
         self.token_drop = rate

@@ -105,6 +105,10 @@ class ShardLoaders(EpochCut):
         )
         return StreamBatches(loader, rank=self.dist.rank, epoch=epoch, trace=True)
 
+    @property
+    def first_epoch_fills(self) -> bool:
+        return isinstance(self.train_tf, KeptDecode) and self.train_tf.keep_bytes > 0  # decoded once, then kept
+
     def eval_batches(self) -> Iterable[Any]:
         return self.eval_loader
 
