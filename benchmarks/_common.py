@@ -186,7 +186,12 @@ def make_photo_folder(src: Path, dst: Path, *, split: str) -> Path:
     for name, sub in (("train", "train"), ("val", split)):
         if not (src / sub).is_dir():
             raise SystemExit(f"--data {src}: no {sub}/ folder (--photos wants train/, validation/ and test/)")
-        (dst / name).symlink_to((src / sub).resolve(), target_is_directory=True)
+        link, target = dst / name, (src / sub).resolve()
+        if link.is_symlink() and link.resolve() == target:
+            continue  # made by an earlier run with the same --work
+        if link.exists() or link.is_symlink():
+            raise SystemExit(f"{link}: already there and not a link to {target}; give another --work")
+        link.symlink_to(target, target_is_directory=True)
     return dst
 
 

@@ -376,6 +376,15 @@ def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_e
     )
     assert evals and "or evaluate on fewer images (an evaluation folder of ~83 of the 10,000)" in evals
     assert "--time-budget 4m buys about 3 epochs" in evals  # 3 evaluations of 30.5 s in at most half of it
+    # 24 photos, 3 evaluated: a split of ~1 of the 3 would be proposed; nothing under 50 images is a measurement
+    tiny = short_budget_line(
+        budget=60.0, left=53.0, per_step=0.02, eval_s=0.1, save_s=0.02, steps_per_epoch=3, steps=700, n_eval=3
+    )
+    assert tiny and tiny.startswith("warning: evaluating and saving take") and "evaluate on fewer" not in tiny
+    few = short_budget_line(
+        budget=120.0, left=110.0, per_step=0.01, eval_s=30.0, save_s=0.5, steps_per_epoch=100, steps=300, n_eval=500
+    )
+    assert few and "evaluate on fewer" not in few  # ~4 of the 500: under the floor
     assert (
         short_budget_line(
             budget=600.0, left=590.0, per_step=0.1, eval_s=1.0, save_s=0.5, steps_per_epoch=100, steps=5000, n_eval=500

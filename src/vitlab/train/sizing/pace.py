@@ -12,7 +12,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["LOGGING_SHARE", "Pace", "budget_reserve", "save_seconds", "short_budget_line", "steps_in_budget"]
+__all__ = [
+    "FEWEST_EVAL_IMAGES",
+    "LOGGING_SHARE",
+    "Pace",
+    "budget_reserve",
+    "save_seconds",
+    "short_budget_line",
+    "steps_in_budget",
+]
 
 LOGGING_SHARE = 1.03
 """A training step in the run costs about 3% more than the same step in a probe (logging, the progress bar)."""
@@ -103,6 +111,11 @@ class Pace:
         return self.eval_s * image_macs / self.eval_image_macs
 
 
+FEWEST_EVAL_IMAGES = 50
+"""The smallest evaluation split the short-budget warning proposes: the top-1 of fewer images is noise (one standard
+error of up to 7 points at 50), not a measurement worth an epoch's end."""
+
+
 def short_budget_line(
     *, budget: float, left: float, per_step: float, eval_s: float, save_s: float, steps_per_epoch: int, steps: int,
     n_eval: int,
@@ -111,9 +124,9 @@ def short_budget_line(
     ends) cannot make a meaningful run, else None: fewer than one pass over the data, or the epochs' ends (an
     evaluation of ``eval_s`` and a saving of ``save_s`` each) taking more than half of the time. It proposes the
     budget that buys three epochs with their ends in at most half of it (whole minutes) when that is a longer budget,
-    and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's time. It says
-    only what the plan it was made from does: a run of many short epochs is not told that its budget "buys only"
-    them."""
+    and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's time (not one of
+    fewer than :data:`FEWEST_EVAL_IMAGES`). It says only what the plan it was made from does: a run of many short
+    epochs is not told that its budget "buys only" them."""
     passes = steps / steps_per_epoch
     end_s = eval_s + save_s
     ends = math.ceil(passes) * end_s
@@ -140,7 +153,7 @@ def short_budget_line(
         line += f": --time-budget {minutes}m buys about 3 epochs"
     if ends > 0.5 * left and eval_s > save_s:
         keep = max(1, int(n_eval * 0.25 * steps_per_epoch * per_step / eval_s))
-        if keep < n_eval:
+        if FEWEST_EVAL_IMAGES <= keep < n_eval:
             line += (", or" if more else ":") + f" evaluate on fewer images (an evaluation folder of ~{keep:,} of the "
             line += f"{n_eval:,})"
     return line
