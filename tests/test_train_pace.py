@@ -297,6 +297,27 @@ def test_a_first_epoch_that_fills_memory_is_not_the_runs_pace(monkeypatch, fills
         assert pace > 0.28 and new < planned
 
 
+def test_the_early_re_plan_waits_for_the_later_of_the_filling_epoch_and_the_last_stretch(monkeypatch):
+    """With a resolution schedule (or a warm start, token dropping) the early re-plan times the last stretch's steps;
+    with a first epoch that fills memory too, the steps after whichever of the two begins later."""
+    from vitlab.distributed import Dist
+    from vitlab.train.sizing import budget
+
+    clock = [0.0]
+    monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
+    kw = {"dist": Dist(), "device": torch.device("cpu")}
+    for share, begun in ((0.5, 500), (0.01, 23), (0.0, 23)):
+        r = budget.Replanner.for_plan(total_steps=1000, budget=600.0, t_start=0.0, eval_s=0.0, steps_per_epoch=23,
+                                      per_step=0.1, first_epoch_fills=True)  # fmt: skip
+        r.last_size_from = share
+        step = 0
+        while r.due:
+            step += 1
+            clock[0] += 0.1
+            r.after_step(steps_this_run=step, step=step, planned=1000, **kw)
+        assert step == begun + budget.REPLAN_AT, (share, step)
+
+
 def test_a_stretch_is_judged_once_it_lasted_a_few_seconds(monkeypatch):
     """40 steps of 70 ms where the plan counted 60 (2.8 s: a pace that short is the machine's noise) move nothing;
     the stretch is judged, and the plan moved, once it has lasted ``STRETCH_S``."""

@@ -264,8 +264,8 @@ class Replanner:
     first_epoch: int = 0
     """The steps of a first epoch that fills what the later ones read from memory (tar shards decoded, packed images
     resized: the loaders' ``first_epoch_fills``), 0 otherwise. Its steps are not the run's pace (on the clothing photos'
-    shards they took 294 ms where the next ones took 227 and the early re-plan that timed both cut the plan by 15%,
-    then a later one lengthened it again): the early re-plan times the steps after it, and it is not judged."""
+    shards they took 382 ms where the next ones took 227; the early re-plan that timed both read 294 and cut the plan
+    by 15%, then a later one lengthened it again): the early re-plan times the steps after it, and it is not judged."""
     followed_from: int = 0
     """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
     epoch_start: int = 0
@@ -321,7 +321,7 @@ class Replanner:
             return None if move is None else (move.total, move.per_step)
         if self.due:
             since = step - math.ceil(self.last_size_from * planned) if self.last_size_from else steps_this_run
-            since -= self.first_epoch
+            since = min(since, step - self.first_epoch)  # and after the filling epoch
             return self._early(since=since, step=step, planned=planned, dist=dist, device=device)
         if not (self.late and self.check_every and self.mark is not None and step < planned):
             return None
