@@ -257,7 +257,7 @@ def test_kept_resized_images_give_the_same_batches_in_every_epoch():
     assert 1 <= len(capped.kept) <= 3 and capped.left >= 0
     drawn = SizedImages(src.images, patchify(hflip=0.5))  # a resolution drawn per image: nothing is kept
     assert same(list(loader(src, patchify=drawn.patchify, sized=drawn)), list(loader(src, patchify=drawn.patchify)))
-    assert not drawn.kept
+    assert not drawn.kept and not drawn.keeps and sized.keeps and not SizedImages(src.images, pf, keep_bytes=0).keeps
     with pytest.raises(ConfigError, match="another Patchify"):
         loader(src, patchify=patchify(resolution=(32, 32)), sized=sized)
 

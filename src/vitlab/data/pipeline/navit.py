@@ -185,11 +185,13 @@ class SizedImages:
     shards' :data:`~vitlab.data.shards.stream.KEEP_BYTES` by default; 0: none), and read again in the next epochs
     instead of resized anew: the bicubic resize was half of a packed step's loading on a CPU (docs/training.md,
     "Packing"). The same pixels either way (nothing is drawn before the resize). A DataLoader worker's copy lives
-    for one epoch, so a run with workers keeps none."""
+    for one epoch, so a run with workers keeps none. :attr:`keeps`: whether the first pass keeps what the next ones
+    read (its steps cost more: the time budget's ``first_epoch_fills``)."""
 
     def __init__(self, images: Any, patchify: Patchify, *, keep_bytes: int = KEEP_BYTES) -> None:
         self.images, self.patchify = images, patchify
-        self.left = keep_bytes if patchify.fixed_size else 0
+        self.keeps = patchify.fixed_size and keep_bytes > 0
+        self.left = keep_bytes if self.keeps else 0
         self.kept: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -202,7 +204,7 @@ class SizedImages:
         return x
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "kept": {}, "left": 0}  # a worker's copy keeps nothing
+        return {**self.__dict__, "kept": {}, "left": 0, "keeps": False}  # a worker's copy keeps nothing
 
 
 class _FolderPatches(Dataset):

@@ -79,10 +79,14 @@ class NavitLoaders(EpochCut):
     def eval_size(self) -> int:
         return self.square.eval_size
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.train_source, ShardSet):  # each image resized once and kept, without workers
+            keep = 0 if self.workers else KEEP_BYTES
+            self._sized = SizedImages(self.train_source.images, self.patchify, keep_bytes=keep)
+
     @property
     def first_epoch_fills(self) -> bool:
-        """Each image is resized once and kept (:class:`~vitlab.data.pipeline.navit.SizedImages`)."""
-        return not self.workers and self.patchify.fixed_size and not isinstance(self.train_source, ShardSet)
+        return self._sized is not None and self._sized.keeps
 
     def set_token_drop(self, rate: float) -> bool:
         changed = rate != self.token_drop
@@ -93,10 +97,6 @@ class NavitLoaders(EpochCut):
 
     def train_batches(self, epoch: int, start_micro: int = 0) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
         per_micro = self.micro * self.dist.world_size  # samples of one micro-batch, all ranks together
-        if self._sized is None and not isinstance(self.train_source, ShardSet):
-            self._sized = SizedImages(
-                self.train_source.images, self.patchify, keep_bytes=0 if self.workers else KEEP_BYTES
-            )
         self._current = SequenceBatches(
             source=self.train_source, patchify=self.patchify, pack_len=self.geometry.pack_len,
             prefix_tokens=self.geometry.prefix, images=self.micro, seed=self.seed, epoch=epoch,
