@@ -183,7 +183,7 @@ class SizedImages:
     """The images of a decoded split through :meth:`Patchify.sized`. With a fixed geometry
     (:attr:`Patchify.fixed_size`) each resized image is kept in this process, up to ``keep_bytes`` in all (the
     shards' :data:`~vitlab.data.shards.stream.KEEP_BYTES` by default; 0: none), and read again in the next epochs
-    instead of resized anew: the bicubic resize was half of a packed step's loading on a CPU (docs/training.md,
+    instead of resized anew: the bicubic resize was two fifths of a packed step's loading on a CPU (docs/training.md,
     "Packing"). The same pixels either way (nothing is drawn before the resize). A DataLoader worker's copy lives
     for one epoch, so a run with workers keeps none. :attr:`keeps`: whether the first pass keeps what the next ones
     read (its steps cost more: the time budget's ``first_epoch_fills``)."""
