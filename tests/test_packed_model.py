@@ -178,15 +178,18 @@ def test_gradients_are_those_of_the_images_apart(method):
 
 
 def test_images_of_one_length_attend_in_one_call_each_within_itself():
-    """``split`` batches the images of one token count across sequences into one attention call: the logits and
+    """``split`` gathers the images of one token count across sequences into one attention call: the logits and
     gradients stay those of each image alone, with padding between and after the runs."""
     model = randomised(VisionTransformer(**TINY, reg_tokens=1)).train()
     twin = copy.deepcopy(model)
     xs = [image(16, 16, seed=s) for s in (1, 2, 3)] + [image(8, 32, seed=4), image(24, 8, seed=5)]
     tokens = [patchify(x, 8) for x in xs]  # 4, 4, 4, 4 and 3 patches: four images of one length
     packed = pack([[tokens[0], tokens[3]], [tokens[1]], [tokens[4], tokens[2]]], seq_len=14, prefix_tokens=2)
-    groups = PackedAttention(packed.image_ids).same_length
-    assert sorted(len(g) for g in groups) == [1, 4] and PackedAttention(packed.image_ids).padding
+    attention = PackedAttention(packed.image_ids)
+    assert sorted(len(g) for g in attention.same_length) == [1, 4] and bool((packed.image_ids < 0).any())
+    order, sizes, shapes, back = attention.gather  # one batch of four 6-token images, one of a 5-token image
+    assert sorted(shapes) == [(1, 5), (4, 6)] and sizes == [n * length for n, length in shapes]
+    assert int((back == order.numel()).sum()) == int((packed.image_ids < 0).sum())  # padding: the zero row
     order = [0, 3, 1, 4, 2]  # the images in packed order
     got = model(packed)
     want = unpacked(twin, [xs[i] for i in order])

@@ -113,9 +113,16 @@ def patchify(image: torch.Tensor, patch_size: int) -> PatchTokens:
         raise InputError(f"image size {h}x{w} is not divisible by the patch size {p}")
     gh, gw = h // p, w // p
     patches = image.reshape(c, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(gh * gw, c * p * p)
-    rows = torch.arange(gh, device=image.device).repeat_interleave(gw)
-    cols = torch.arange(gw, device=image.device).repeat(gh)
+    rows, cols = grid_places(gh, gw, image.device)
     return PatchTokens(patches, rows, cols, (gh, gw))
+
+
+@functools.lru_cache(maxsize=1024)
+def grid_places(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and column ``(rows * cols,)`` of each patch of a ``rows`` x ``cols`` grid in row-major order. Made
+    once a grid and shared by its images' :class:`PatchTokens` (read, never written: indexing and packing copy
+    them); four small tensor calls an image were a fifth of a packed batch's loading on a CPU."""
+    return torch.arange(rows, device=device).repeat_interleave(cols), torch.arange(cols, device=device).repeat(rows)
 
 
 def drop_tokens(tokens: PatchTokens, rate: float, *, generator: torch.Generator | None = None) -> PatchTokens:
@@ -239,9 +246,9 @@ ATTENTION_METHODS = ("split", "mask")
 class PackedAttention:
     """Attention within each image of packed sequences (Eq. 2 per image), handed to every block.
 
-    ``split`` (the default) cuts the sequences into each image's run of tokens, runs
-    ``F.scaled_dot_product_attention`` once for the images of each length, batched, and puts the runs back in place
-    (padding runs are not attended: their outputs are zeros); ``mask`` runs it once on the whole
+    ``split`` (the default) gathers the tokens of the images of each length into one batch (one index for all
+    lengths), runs ``F.scaled_dot_product_attention`` once a length, and puts the outputs back in place by a second
+    index (padding is not attended: its outputs are zeros); ``mask`` runs it once on the whole
     batch with a boolean ``(B, 1, S, S)`` block mask, computing the masked pairs too (padding attends to padding).
     Both compute each image's attention exactly; ``benchmarks/bench_packed_attention.py`` times them."""
 
@@ -258,35 +265,37 @@ class PackedAttention:
         return out
 
     @functools.cached_property
-    def lengths(self) -> list[list[int]]:
-        """Per sequence, the lengths of its runs (:attr:`runs`)."""
-        return [[n for _, n in seq] for seq in self.runs]
-
-    @functools.cached_property
-    def sequences(self) -> list[tuple[int, int]]:
-        """Per sequence, the ``[start, end)`` of its runs among all runs (computed once, not in every block)."""
-        ends = list(itertools.accumulate(len(n) for n in self.lengths))
-        return list(zip([0, *ends[:-1]], ends, strict=True))
-
-    @functools.cached_property
-    def all_runs(self) -> list[tuple[int, int]]:
-        """Every sequence's :attr:`runs`, one after the other: a run's index here is its index among all runs."""
-        return [run for seq in self.runs for run in seq]
-
-    @functools.cached_property
     def same_length(self) -> list[list[int]]:
         """The images' runs (their indices among all runs, in order) grouped by length: each group attends in
         one batched call (a call per image pays a call's overhead per image in every block, forward and backward)."""
         groups: dict[int, list[int]] = {}
-        for r, (i, n) in enumerate(self.all_runs):
+        for r, (i, n) in enumerate(run for seq in self.runs for run in seq):
             if i >= 0:
                 groups.setdefault(n, []).append(r)
         return list(groups.values())
 
     @functools.cached_property
-    def padding(self) -> list[int]:
-        """The padding runs' indices among all runs."""
-        return [r for r, (i, _) in enumerate(self.all_runs) if i < 0]
+    def gather(self) -> tuple[torch.Tensor, list[int], list[tuple[int, int]], torch.Tensor]:
+        """Where each image's tokens are among the flattened ``(B * S)`` tokens, computed once for every block:
+        ``(order, sizes, shapes, back)``. ``order``: the tokens of the images of each length (:attr:`same_length`),
+        image after image, group after group; ``sizes``: each group's tokens; ``shapes``: its ``(images, length)``;
+        ``back``: each token's row among the groups' outputs in that order (a padding token's: one row past
+        them, where ``attend`` puts zeros)."""
+        s = self.image_ids.shape[1]
+        starts = [b * s + o for b, seq in enumerate(self.runs)
+                  for o in itertools.accumulate((n for _, n in seq[:-1]), initial=0)]  # fmt: skip
+        lengths = [n for seq in self.runs for _, n in seq]
+        order, sizes, shapes = [], [], []
+        for at in self.same_length:
+            n = lengths[at[0]]
+            order.append((torch.tensor([starts[r] for r in at])[:, None] + torch.arange(n)).reshape(-1))
+            sizes.append(len(at) * n)
+            shapes.append((len(at), n))
+        order_t = torch.cat(order)
+        back = torch.full((self.image_ids.numel(),), order_t.numel(), dtype=torch.int64)
+        back[order_t] = torch.arange(order_t.numel())
+        device = self.image_ids.device
+        return order_t.to(device), sizes, shapes, back.to(device)
 
     def mask(self) -> torch.Tensor:
         """``(B, 1, S, S)`` boolean: query ``i`` may attend to key ``j`` (the same image, or both padding)."""
@@ -297,17 +306,18 @@ class PackedAttention:
         """``softmax(q k^T / sqrt(d)) v`` within each image, for ``(B, heads, S, d)`` queries, keys and values."""
         if self.method == "mask":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(), dropout_p=dropout_p)
-        qs, ks, vs = ([run for b, row in enumerate(t.split(1)) for run in row.split(self.lengths[b], dim=2)]
-                      for t in (q, k, v))  # fmt: skip
-        out: list[torch.Tensor] = list(qs)  # padding runs (id -1) are not attended: zeros, below
-        for r in self.padding:
-            out[r] = torch.zeros_like(qs[r])
-        for at in self.same_length:  # the images of one token count attend in one call, each within itself
-            qkv = (t[at[0]] if len(at) == 1 else torch.cat([t[i] for i in at]) for t in (qs, ks, vs))
+        order, sizes, shapes, back = self.gather
+        b, h, s, d = q.shape
+        # (B * S, heads, d) rows, one a token (a view of the projection's output); one gather a tensor, not a cut and
+        # a concatenation an image: these were a quarter of a packed training step on a CPU (docs/training.md)
+        parts = [t.transpose(1, 2).flatten(0, 1).index_select(0, order).split(sizes) for t in (q, k, v)]
+        out = []
+        for (n, length), *qkv in zip(shapes, *parts, strict=True):  # the images of one length: one batched call
+            qkv = [t.view(n, length, h, d).transpose(1, 2) for t in qkv]
             o = F.scaled_dot_product_attention(*qkv, dropout_p=dropout_p)
-            for i, oi in zip(at, o.split(1) if len(at) > 1 else [o], strict=True):
-                out[i] = oi
-        return torch.cat([torch.cat(out[a:e], dim=2) for a, e in self.sequences])
+            out.append(o.transpose(1, 2).reshape(n * length, h, d))
+        out.append(q.new_zeros(1, h, d))  # padding tokens attend to nothing: zeros
+        return torch.cat(out).index_select(0, back).view(b, s, h, d).transpose(1, 2)
 
 
 def unpack(tokens: torch.Tensor, start: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
