@@ -16,12 +16,19 @@ from vitlab import accel
 from vitlab.checkpoints import save
 from vitlab.cli import main
 from vitlab.data.images.rows import PackedImages
-from vitlab.data.pipeline.navit import native_grid
+from vitlab.data.pipeline.navit import SizedImages, native_grid
 from vitlab.data.pipeline.transforms import resize_image
 from vitlab.data.shards.source import open_source
 from vitlab.data.shards.write import pack_folder
 from vitlab.errors import ConfigError
-from vitlab.evaluate import evaluate_batches, evaluate_native, model_inputs, native_inputs
+from vitlab.evaluate import (
+    evaluate_batches,
+    evaluate_native,
+    model_inputs,
+    native_batches,
+    native_inputs,
+    native_patchify,
+)
 from vitlab.models import VisionTransformer
 from vitlab.models.packed import patchify
 
@@ -141,3 +148,25 @@ def test_predict_native(tmp_path, capsys):
     for argv, what in ((["--native-res", "40"], "only with --native"), (["--native", "--tome", "2"], "--tome")):
         assert main(["predict", "--model", str(tmp_path / "model"), *argv, str(square)]) == 2
         assert what in capsys.readouterr().err
+
+
+def test_kept_images_give_the_same_native_batches_and_belong_to_one_model():
+    """A training run evaluates the same split every epoch: its images kept resized (``sized``) give the batches
+    resized anew give, and kept images of another model or resolution are refused."""
+    model = randomised(VisionTransformer(**TINY))
+    shapes = [(32, 48), (40, 24), (24, 24), (64, 40), (20, 36)]
+    data = np.concatenate([photo(h, w, i).ravel() for i, (h, w) in enumerate(shapes)])
+
+    class Split:
+        images = PackedImages(data, heights=[h for h, _ in shapes], widths=[w for _, w in shapes], chans=3)
+        labels = np.arange(5) % 3
+
+    sized = SizedImages(Split.images, native_patchify(model))
+    fresh = list(native_batches(model, Split, sequences=2))
+    for _ in range(2):  # the first pass resizes and keeps, the second reads what was kept
+        kept = list(native_batches(model, Split, sequences=2, sized=sized))
+        assert len(kept) == len(fresh) and len(sized.kept) == 5
+        for (a, la), (b, lb) in zip(kept, fresh, strict=True):
+            assert torch.equal(a.patches, b.patches) and torch.equal(a.image_ids, b.image_ids) and torch.equal(la, lb)
+    with pytest.raises(ConfigError, match="another model or resolution"):
+        list(native_batches(model, Split, resolution=24, sized=sized))

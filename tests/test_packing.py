@@ -17,6 +17,7 @@ from PIL import Image
 from vitlab.data import load_data
 from vitlab.data.images.rows import PackedImages
 from vitlab.data.pipeline.navit import (
+    KeptBytes,
     Patchify,
     SequenceBatches,
     SizedImages,
@@ -24,7 +25,9 @@ from vitlab.data.pipeline.navit import (
     pack_batches,
     token_budget,
 )
+from vitlab.data.pipeline.seeding import item_seed, seeded
 from vitlab.data.shards.source import open_source
+from vitlab.data.shards.stream import EpochOrder
 from vitlab.data.shards.write import pack_folder
 from vitlab.data.sources import FolderStorage
 from vitlab.errors import ConfigError, DataError
@@ -183,6 +186,27 @@ def test_token_dropping_keeps_a_seeded_subset_of_each_images_patches():
             assert torch.equal(patch, x0[where[(r, c)]])  # the same patches as undropped, a subset of them
 
 
+def test_a_packed_batch_is_normalised_at_once_to_each_images_own_normalised_patches():
+    """The loaders pack uint8 patches and normalise the batch in one call: every patch token holds exactly what
+    ``Patchify`` gives the image alone (float normalised patches), prefix slots and padding stay zero."""
+    src = synthetic(12)
+    pf = patchify(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), hflip=0.5, crop_scale=(0.5, 1.0))
+    batches = list(loader(src, patchify=pf, seed=2, epoch=1, prefix_tokens=2, token_drop=0.25))
+    for b in batches:
+        p = b.packed
+        assert p.patches.dtype == torch.float32 and not p.patches[p.rows < 0].any()
+        for i, pos in enumerate(b.positions.tolist()):
+            i_src = int(EpochOrder([12], seed=2, epoch=1, window=12).offsets(np.asarray([pos]))[0])
+            with seeded(item_seed(2, 1, pos)):
+                own = pf(src.images[i_src])  # the image alone, normalised by Patchify itself
+            m = (p.image_ids == i) & (p.rows >= 0)
+            where = {(r, c): k for k, (r, c) in enumerate(zip(own.rows.tolist(), own.cols.tolist()))}
+            idx = [where[(r, c)] for r, c in zip(p.rows[m].tolist(), p.cols[m].tolist())]
+            assert torch.equal(p.patches[m], own.patches[idx])  # bit for bit
+    packed = batches[0].packed
+    assert pf.normalise_packed(packed) is packed  # float patches: already normalised
+
+
 def test_an_epoch_is_every_image_once_deterministic_and_packed_greedily():
     src = synthetic()
     batches = list(loader(src, seed=3, epoch=1))
@@ -254,7 +278,13 @@ def test_kept_resized_images_give_the_same_batches_in_every_epoch():
     one = first.numel()
     capped = SizedImages(src.images, pf, keep_bytes=3 * one)  # room for about three: the rest is resized each time
     list(loader(src, patchify=pf, sized=capped))
-    assert 1 <= len(capped.kept) <= 3 and capped.left >= 0
+    assert 1 <= len(capped.kept) <= 3 and capped.budget.left >= 0
+    shared = KeptBytes(5 * one)  # one cap for two splits: what the first keeps, the second cannot
+    a, b = SizedImages(src.images, pf, keep_bytes=shared), SizedImages(src.images, pf, keep_bytes=shared)
+    for s in (a, b):
+        assert same(list(loader(src, patchify=pf, sized=s)), list(loader(src, patchify=pf)))
+    kept = sum(x.numel() for s in (a, b) for x in s.kept.values())
+    assert len(a.kept) >= 1 and kept <= 5 * one and shared.left == 5 * one - kept
     drawn = SizedImages(src.images, patchify(hflip=0.5))  # a resolution drawn per image: nothing is kept
     assert same(list(loader(src, patchify=drawn.patchify, sized=drawn)), list(loader(src, patchify=drawn.patchify)))
     assert not drawn.kept and not drawn.keeps and sized.keeps and not SizedImages(src.images, pf, keep_bytes=0).keeps

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.pipeline.navit import Patchify, SequenceBatches
+from ..data.pipeline.navit import Patchify, SequenceBatches, SizedImages
 from ..devices import resolve_device
 from ..errors import ConfigError
 from ..models.packed import PackedPatches, pack
@@ -65,14 +65,21 @@ def native_batches(
     rank: int = 0,
     world: int = 1,
     worker_init_fn: Callable[[int], None] | None = None,
+    sized: SizedImages | None = None,
 ) -> Iterator[tuple[PackedPatches, torch.Tensor]]:
     """``(packed images, labels)`` batches of an evaluation split (decoded images and labels, or tar shards with
     ``num_classes`` and ``label_map``) in its own order, ``sequences`` packed sequences a batch of ``pack_len``
     tokens (default: one image's budget, so one image a sequence; longer ones pack several, at the cost of
     attention over the masked pairs). ``stats`` receives the padding fraction at the end. ``rank`` of ``world``:
     this process's share of the split (positions ``rank``, ``rank + world``, ...); ``worker_init_fn``: the
-    DataLoader workers'."""
+    DataLoader workers'. ``sized``: the split's images kept resized (:class:`SizedImages`) by this model's
+    :func:`native_patchify` at ``resolution``, for a caller that evaluates the same split again (a training run,
+    every epoch)."""
     pf = native_patchify(model, resolution=resolution)
+    if sized is not None:
+        if sized.patchify != pf:
+            raise ConfigError("native aspect ratio: the kept images were resized for another model or resolution")
+        pf = sized.patchify
     prefix = model.num_prefix_tokens
     loader = SequenceBatches(
         source=source,
@@ -87,6 +94,7 @@ def native_batches(
         rank=rank,
         world=world,
         worker_init_fn=worker_init_fn,
+        sized=sized,
     )
     for batch in loader:
         yield batch.packed, batch.labels

@@ -7,7 +7,8 @@ Each image of an epoch goes through four steps:
 2. **its grid**: a random crop at the image's own aspect ratio (training: a share of its area in ``crop_scale``,
    its aspect ratio times a factor in ``crop_ratio``), then the largest patch grid of that shape within the
    budget (:func:`native_grid`); the crop is resized to it (the evaluation's bicubic resize,
-   :func:`vitlab.data.pipeline.transforms.resize_image`), flipped or augmented, normalised;
+   :func:`vitlab.data.pipeline.transforms.resize_image`), flipped or augmented, normalised (the loaders normalise a
+   whole packed batch at once, :meth:`Patchify.normalise_packed`: the same kernels, the same values);
 3. **its patches** (:func:`~vitlab.models.packed.patchify`), of which token dropping keeps a random subset
    (NaViT Sec. 3.4, :func:`~vitlab.models.packed.drop_tokens`; ``SequenceBatches.token_drop``);
 4. **packing**, one of two ways. ``sequences``: images in the epoch's order fill a batch of ``sequences``
@@ -35,6 +36,7 @@ permutation, or tar shards through :class:`~vitlab.data.shards.stream.ShardStrea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from ...errors import ConfigError, DataError
-from ...models.packed import PatchTokens, drop_tokens, patchify
+from ...models.packed import PackedPatches, PatchTokens, drop_tokens, patchify
 from ..images.decode import decode_encoded, match_channels
 from ..shards.source import ShardSet
 from ..shards.stream import DEFAULT_SHUFFLE_BUFFER, KEEP_BYTES, EpochOrder, ShardStream
@@ -55,6 +57,7 @@ from .seeding import item_seed, seeded
 from .transforms import _normalize, resize_image
 
 __all__ = [
+    "KeptBytes",
     "PackSample",
     "PackedBatch",
     "Patchify",
@@ -145,14 +148,29 @@ class Patchify:
             x = resize_image(x, (gh * p, gw * p))
         return x
 
-    def finish(self, x: torch.Tensor) -> PatchTokens:
+    def finish(self, x: torch.Tensor, *, normalise: bool = True) -> PatchTokens:
         """The rest of step 2 and step 3 on a :meth:`sized` image (left unchanged): flip, augment, normalise,
-        patch."""
+        patch. ``normalise=False``: the patches keep the image's uint8 values, for a loader that normalises a packed
+        batch at once (:meth:`normalise_packed`)."""
         if self.hflip > 0 and float(torch.rand(())) < self.hflip:
             x = x.flip(-1)
         if self.augment is not None:
             x = self.augment(x)
-        return patchify(self._norm(x), self.patch_size)
+        return patchify(self._norm(x) if normalise else x, self.patch_size)
+
+    def normalise_packed(self, packed: PackedPatches) -> PackedPatches:
+        """``packed`` built from ``finish(..., normalise=False)`` tokens, its patch values normalised as
+        :meth:`finish` normalises an image's (the same two torchvision kernels, elementwise: the same values), in
+        one call a batch instead of one an image (on a CPU the per-image call cost a third of the per-image
+        loading, ``benchmarks/bench_sizing_paths.py``); prefix slots and padding stay zero. Float patches (already
+        normalised) are returned as they are."""
+        x = packed.patches
+        if x.is_floating_point():
+            return packed
+        b, s, k = x.shape
+        c = self.in_chans
+        x = self._norm(x.reshape(b * s, c, k // c, 1)).reshape(b, s, k)  # a patch's values: C planes of P x P
+        return dataclasses.replace(packed, patches=torch.where((packed.rows >= 0)[..., None], x, 0.0))
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
         """A random box of ``x`` ``(C, H, W)`` at its own aspect ratio (times the drawn factor), or ``x``."""
@@ -174,24 +192,35 @@ class ShardPatchify:
     """The bytes of a tar shard's image -> :class:`Patchify`'s tokens (decoded at full resolution)."""
 
     patchify: Patchify
+    normalise: bool = True
+    """False: uint8 patches, for :meth:`Patchify.normalise_packed` once the batch is packed."""
 
     def __call__(self, data: bytes) -> PatchTokens:
-        return self.patchify(decode_encoded(data))
+        return self.patchify.finish(self.patchify.sized(decode_encoded(data)), normalise=self.normalise)
+
+
+@dataclass
+class KeptBytes:
+    """What a process may still keep in memory, in bytes: one cap shared by the :class:`SizedImages` that draw on
+    it (a packed run's training split and its native evaluation's)."""
+
+    left: int
 
 
 class SizedImages:
     """The images of a decoded split through :meth:`Patchify.sized`. With a fixed geometry
     (:attr:`Patchify.fixed_size`) each resized image is kept in this process, up to ``keep_bytes`` in all (the
-    shards' :data:`~vitlab.data.shards.stream.KEEP_BYTES` by default; 0: none), and read again in the next epochs
-    instead of resized anew: the bicubic resize was two fifths of a packed step's loading on a CPU (docs/training.md,
-    "Packing"). The same pixels either way (nothing is drawn before the resize). A DataLoader worker's copy lives
-    for one epoch, so a run with workers keeps none. :attr:`keeps`: whether the first pass keeps what the next ones
-    read (its steps cost more: the time budget's ``first_epoch_fills``)."""
+    shards' :data:`~vitlab.data.shards.stream.KEEP_BYTES` by default; 0: none; a :class:`KeptBytes`: what is left of
+    a cap shared with another split), and read again in the next epochs instead of resized anew: the bicubic resize
+    was two fifths of a packed step's loading on a CPU (docs/training.md, "Packing"). The same pixels either way
+    (nothing is drawn before the resize). A DataLoader worker's copy lives for one epoch, so a run with workers
+    keeps none. :attr:`keeps`: whether the first pass keeps what the next ones read (its steps cost more: the time
+    budget's ``first_epoch_fills``)."""
 
-    def __init__(self, images: Any, patchify: Patchify, *, keep_bytes: int = KEEP_BYTES) -> None:
+    def __init__(self, images: Any, patchify: Patchify, *, keep_bytes: int | KeptBytes = KEEP_BYTES) -> None:
         self.images, self.patchify = images, patchify
-        self.keeps = patchify.fixed_size and keep_bytes > 0
-        self.left = keep_bytes if self.keeps else 0
+        self.budget = keep_bytes if isinstance(keep_bytes, KeptBytes) else KeptBytes(keep_bytes)
+        self.keeps = patchify.fixed_size and self.budget.left > 0
         self.kept: dict[int, torch.Tensor] = {}
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -199,12 +228,13 @@ class SizedImages:
         if x is None:
             x = self.patchify.sized(self.images[i])
             size = x.numel() * x.element_size()
-            if size <= self.left:
-                self.kept[i], self.left = x, self.left - size
+            if self.keeps and size <= self.budget.left:
+                self.kept[i] = x
+                self.budget.left -= size
         return x
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "kept": {}, "left": 0, "keeps": False}  # a worker's copy keeps nothing
+        return {**self.__dict__, "kept": {}, "budget": KeptBytes(0), "keeps": False}  # a worker's copy keeps nothing
 
 
 class _FolderPatches(Dataset):
@@ -218,12 +248,12 @@ class _FolderPatches(Dataset):
 
     def __getitem__(self, p: int) -> PackSample:
         i = int(self.order.offsets(np.asarray([p]))[0])
-        finish = self.images.patchify.finish
+        finish = self.images.patchify.finish  # uint8 patches: SequenceBatches normalises each packed batch
         if self.order.shuffle:  # the same draws whichever worker prepares it, and again after a resumption
             with seeded(item_seed(self.order.seed, self.order.epoch, p)):
-                tokens = finish(self.images[i])
+                tokens = finish(self.images[i], normalise=False)
         else:
-            tokens = finish(self.images[i])
+            tokens = finish(self.images[i], normalise=False)
         return PackSample(tokens, int(self.labels[i]), p)
 
 
@@ -315,7 +345,7 @@ class SequenceBatches:
         for batch in batches:
             self.slots += batch.packed.image_ids.numel()
             self.padded += int((batch.packed.image_ids < 0).sum())
-            yield batch
+            yield dataclasses.replace(batch, packed=self.patchify.normalise_packed(batch.packed))
 
     def _dropped(self, samples: Iterable[PackSample]) -> Iterator[PackSample]:
         for s in samples:
@@ -345,7 +375,7 @@ class SequenceBatches:
             raise ConfigError("SequenceBatches over shards: pass num_classes")
         ds = ShardStream(
             shards=self.source,
-            transform=ShardPatchify(patchify=self.patchify),
+            transform=ShardPatchify(patchify=self.patchify, normalise=False),
             out_shape=(0,),
             num_classes=self.num_classes,
             seed=self.seed,

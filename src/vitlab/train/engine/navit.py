@@ -22,12 +22,12 @@ from torch import nn
 from torchvision.transforms import v2
 
 from ...data.pipeline.first_fit import PackSample, pack_groups
-from ...data.pipeline.navit import Patchify, SequenceBatches, ShardPatchify, SizedImages
+from ...data.pipeline.navit import KeptBytes, Patchify, SequenceBatches, ShardPatchify, SizedImages
 from ...data.pipeline.seeding import item_seed, seeded
 from ...data.shards.source import ShardSet
 from ...data.shards.stream import KEEP_BYTES
 from ...distributed import Dist, all_reduce_sum
-from ...evaluate.own_aspect import native_batches
+from ...evaluate.own_aspect import native_batches, native_patchify
 from ...models.packed import PackedPatches, drop_tokens, refusal
 from ..conf.options import OptionError, ref
 from ..conf.train_config import TrainConfig
@@ -62,6 +62,7 @@ class NavitLoaders(EpochCut):
     _current: SequenceBatches | None = field(default=None, init=False, repr=False)
     _probe: FirstSamples | None = field(default=None, init=False, repr=False)
     _sized: SizedImages | None = field(default=None, init=False, repr=False)
+    _eval_sized: SizedImages | None = field(default=None, init=False, repr=False)
 
     @property
     def generator(self) -> torch.Generator:  # type: ignore[override]
@@ -80,9 +81,11 @@ class NavitLoaders(EpochCut):
         return self.square.eval_size
 
     def __post_init__(self) -> None:
-        if not isinstance(self.train_source, ShardSet):  # each image resized once and kept, without workers
-            keep = 0 if self.workers else KEEP_BYTES
+        keep = KeptBytes(0 if self.workers else KEEP_BYTES)  # each image resized once and kept, without workers
+        if not isinstance(self.train_source, ShardSet):
             self._sized = SizedImages(self.train_source.images, self.patchify, keep_bytes=keep)
+        if not isinstance(self.val_source, ShardSet):  # evaluated every epoch: kept too, within the same cap
+            self._eval_sized = SizedImages(self.val_source.images, native_patchify(self.model), keep_bytes=keep)
 
     @property
     def first_epoch_fills(self) -> bool:
@@ -114,7 +117,7 @@ class NavitLoaders(EpochCut):
         return native_batches(
             self.model, self.val_source, sequences=self.eval_batch, workers=self.workers,
             num_classes=self.num_classes, rank=self.dist.rank, world=self.dist.world_size,
-            worker_init_fn=ignore_stop_signals,
+            worker_init_fn=ignore_stop_signals, sized=self._eval_sized,
         )  # fmt: skip
 
     def train_items(self, n: int) -> list[tuple[Any, int]]:
