@@ -102,6 +102,8 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     "PackedAttention": ("vitlab.models.packed", "PackedAttention"),
     # bench_packed_attention.py --train-step: images cut into patches and packed (public `vitlab.models` names too)
     "packed_images": ("vitlab.models.packed", None),  # patchify, drop_tokens, pack
+    # bench_packed_attention.py --loader: the packed loader (Patchify, SizedImages, SequenceBatches)
+    "packed_loader": ("vitlab.data.pipeline.navit", None),
     # bench_cpu_inference.py, bench_native.py, memory_calibration.py: the per-path switches of vitlab.accel
     # (documented as `vitlab.accel.onednn.disabled()` ...; `vitlab.accel` exports the master switch only)
     "onednn": ("vitlab.accel.onednn", None),

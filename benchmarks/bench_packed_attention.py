@@ -2,8 +2,8 @@
 
 Methods, all computing softmax(q k^T / sqrt(d)) v within each image of packed sequences:
 
-- ``split``: one ``F.scaled_dot_product_attention`` call per image (the varlen loop), outputs concatenated
-  (vitlab's default, :class:`vitlab.models.packed.PackedAttention`);
+- ``split``: the images of each token count gathered into one batch, one ``F.scaled_dot_product_attention`` call
+  a count, the outputs put back in place (vitlab's default, :class:`vitlab.models.packed.PackedAttention`);
 - ``mask``: one SDPA call with a boolean ``(B, 1, S, S)`` block mask (``model.packed_attention = "mask"``);
 - ``padded``: the images gathered into a ``(n, heads, L, d)`` batch padded to the longest, a key-padding mask,
   one SDPA call, scattered back;
@@ -24,6 +24,13 @@ depth 4, sin-cos 2-D positions) on a batch of 128 photo-shaped images with half 
 dropping), interleaved:
 
     PYTHONPATH=src python benchmarks/bench_packed_attention.py --train-step --rounds 15 --threads 2
+
+``--loader`` times what feeds such a step: the packed loader's batches of 128 photo-shaped uint8 images (stored
+with the shorter side at 73 px, as a 64-px run stores photos), kept resized after the first epoch (not timed),
+flipped, normalised, patched, half their tokens dropped and packed, on the training thread (0 workers), an epoch
+a round:
+
+    PYTHONPATH=src python benchmarks/bench_packed_attention.py --loader --rounds 9 --threads 2
 """
 
 from __future__ import annotations
@@ -31,11 +38,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import types
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from _common import PackedAttention, packed_images
+from _common import PackedAttention, packed_images, packed_loader
 
 from vitlab.bench import time_calls
 
@@ -203,17 +212,46 @@ def train_steps(*, rounds: int, batch: int = 128) -> None:
         print(f"| {n} | {statistics.median(times):.1f} | {ratio:.2f} |")
 
 
+def loader_batches(*, rounds: int, batch: int = 128, n: int = 1536) -> None:
+    """Median ms of a packed training batch's loading, after the epoch that keeps the resized images."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [((73, 97), (97, 73), (73, 73), (73, 130))[i % 4] for i in range(n)]
+    split = types.SimpleNamespace(
+        images=[torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g).numpy() for h, w in shapes],
+        labels=np.arange(n) % 10,
+    )
+    pf = packed_loader.Patchify(patch_size=8, resolution=(64, 64), mean=(0.5,) * 3, std=(0.25,) * 3, hflip=0.5)
+    sized = packed_loader.SizedImages(split.images, pf)
+    epochs = iter(range(rounds + 2))
+    counts: list[int] = []
+
+    def epoch() -> None:
+        batches = packed_loader.SequenceBatches(
+            source=split, patchify=pf, pack_len=4 * (8 * 8 + 1), prefix_tokens=1, images=batch, seed=0,
+            epoch=next(epochs), token_drop=0.5, sized=sized,
+        )  # fmt: skip
+        counts.append(sum(1 for _ in batches))
+
+    timed = time_calls({"loader": epoch}, rounds=rounds, warmup=1)  # the warm-up epoch resizes and keeps
+    ms = [t * 1e3 / c for t, c in zip(timed["loader"].seconds, counts[1:], strict=True)]
+    print(f"packed loader: {n} images, batches of {batch}: {statistics.median(ms):.1f} ms a batch (median of {rounds})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of " + ", ".join(CONFIGS))
     ap.add_argument("--train-step", action="store_true", help="time whole training steps, packed and square")
+    ap.add_argument("--loader", action="store_true", help="time the packed loader's batches")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     if args.train_step:
         train_steps(rounds=args.rounds)
+        return
+    if args.loader:
+        loader_batches(rounds=args.rounds)
         return
     print(f"torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds (median ms)")
     print("| config | images | method | forward | fwd / split | forward + backward | f+b / split | max abs diff |")

@@ -22,8 +22,9 @@ from _common import make_photo_folder
 
 
 def train(args: list[str], out: Path) -> dict:
-    """``vitlab train ARGS --out OUT`` in its own process: what its summary and its log say."""
-    cmd = [sys.executable, "-m", "vitlab", "train", *args, "--out", str(out), "--no-progress"]
+    """``vitlab train ARGS --out OUT`` in its own process (replacing a run of an earlier call there): what its summary
+    and its log say."""
+    cmd = [sys.executable, "-m", "vitlab", "train", *args, "--out", str(out), "--overwrite", "--no-progress"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     log = done.stdout + done.stderr
     if done.returncode != 0:

@@ -121,7 +121,8 @@ def patchify(image: torch.Tensor, patch_size: int) -> PatchTokens:
 def grid_places(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The row and column ``(rows * cols,)`` of each patch of a ``rows`` x ``cols`` grid in row-major order. Made
     once a grid and shared by its images' :class:`PatchTokens` (read, never written: indexing and packing copy
-    them); four small tensor calls an image were a fifth of a packed batch's loading on a CPU."""
+    them); the four small tensor calls an image were an eighth of a packed batch's loading on a CPU (docs/training.md,
+    "Packing")."""
     return torch.arange(rows, device=device).repeat_interleave(cols), torch.arange(cols, device=device).repeat(rows)
 
 
@@ -309,7 +310,7 @@ class PackedAttention:
         order, sizes, shapes, back = self.gather
         b, h, s, d = q.shape
         # (B * S, heads, d) rows, one a token (a view of the projection's output); one gather a tensor, not a cut and
-        # a concatenation an image: these were a quarter of a packed training step on a CPU (docs/training.md)
+        # a concatenation an image: those were a tenth of a packed training step on a CPU (docs/training.md)
         parts = [t.transpose(1, 2).flatten(0, 1).index_select(0, order).split(sizes) for t in (q, k, v)]
         out = []
         for (n, length), *qkv in zip(shapes, *parts, strict=True):  # the images of one length: one batched call

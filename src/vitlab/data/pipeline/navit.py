@@ -161,9 +161,9 @@ class Patchify:
     def normalise_packed(self, packed: PackedPatches) -> PackedPatches:
         """``packed`` built from ``finish(..., normalise=False)`` tokens, its patch values normalised as
         :meth:`finish` normalises an image's (the same two torchvision kernels, elementwise: the same values), in
-        one call a batch instead of one an image (on a CPU the per-image call cost a third of the per-image
-        loading, ``benchmarks/bench_sizing_paths.py``); prefix slots and padding stay zero. Float patches (already
-        normalised) are returned as they are."""
+        one call a batch instead of one an image (on a CPU the per-image call was a fifth of an image's loading:
+        docs/training.md, "Packing"); prefix slots and padding stay zero. Float patches (already normalised) are
+        returned as they are."""
         x = packed.patches
         if x.is_floating_point():
             return packed
