@@ -257,3 +257,31 @@ def test_a_budget_of_a_thousand_days_is_planned_in_few_evaluations():
     n = _steps_in_budget(1000 * 86400.0 - 5.0, 0.001, 2.5, Counted(390))
     assert 0 < n < 1000 * 86400 / 0.001 and n * 0.001 + math.ceil(n / 390) * 2.5 <= 1000 * 86400.0 - 5.0
     assert (n + 1) * 0.001 + math.ceil((n + 1) / 390) * 2.5 > 1000 * 86400.0 - 5.0  # the most that fit
+
+
+SHARED_TEMP = """
+import multiprocessing.util
+import torch
+from torch.utils.data import DataLoader
+from vitlab.data.pipeline.loading import batches
+
+
+class TempDirs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return multiprocessing.util.get_temp_dir()  # in a worker: the folder it would make, or the one it inherited
+
+
+seen = [d for b in batches(DataLoader(TempDirs(), batch_size=1, num_workers=2, collate_fn=list)) for d in b]
+print(sorted(set(seen)) == [multiprocessing.util.get_temp_dir()])
+"""
+
+
+def test_dataloader_workers_share_the_training_processs_temp_dir():
+    """multiprocessing's temporary folder is made before the workers start: a worker that made its own removed it
+    at its exit while its queue's thread could still write there (a traceback beside the run's one error line)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", SHARED_TEMP], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stdout + done.stderr

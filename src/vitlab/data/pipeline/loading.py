@@ -13,13 +13,15 @@ them while the training process finishes its step and saves). Two consequences a
   workers of an iterator still referenced at exit, whose shutdown PyTorch skips then). :func:`_end_workers_at_exit`,
   registered after multiprocessing's own handler so that it runs first, kills the workers of the loaders
   :func:`batches` iterated that are still alive.
+- :mod:`multiprocessing`'s temporary folder is made in the training process before it starts workers
+  (:func:`workers_share_temp_dir`), so that no worker removes a folder of its own as it exits.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing.util  # noqa: F401  (its exit handler is registered first, so it runs after ours)
+import multiprocessing.util  # (imported before ours registers: its exit handler runs after ours)
 import re
 import signal
 import threading
@@ -30,7 +32,7 @@ from typing import Any
 from ... import errors
 from ...errors import DataError, VitlabError
 
-__all__ = ["Batches", "batches", "worker_error_line"]
+__all__ = ["Batches", "batches", "worker_error_line", "workers_share_temp_dir"]
 
 _WORKER = re.compile(r"^Caught (\w+) in DataLoader worker process (\d+)\.")
 
@@ -71,10 +73,21 @@ def _stop_workers(it: Iterator[Any]) -> None:
                 w.join(timeout=5)
 
 
+def workers_share_temp_dir() -> None:
+    """Make :mod:`multiprocessing`'s temporary folder in this process before it starts DataLoader workers: they
+    inherit it, and only this process removes it, at its exit, once its workers have ended. A worker that made its
+    own removed it as it exited while its queue's thread could still be making a socket there (the one PyTorch
+    passes a tensor's file descriptor through): ``rmtree`` failed and the worker printed multiprocessing's
+    traceback beside the run's one error line (a shard broken mid-run with 2 workers, one CI run in five)."""
+    multiprocessing.util.get_temp_dir()
+
+
 def batches(loader: Iterable[Any]) -> Iterator[Any]:
     """The batches of ``loader`` (a DataLoader); an exception while producing one is a one-line
     :class:`~vitlab.errors.DataError` (:func:`worker_error_line`; the original is its ``__cause__``, shown with
     ``--debug``), and the loader's workers are ended when the iteration ends, whatever ends it."""
+    if getattr(loader, "num_workers", 0):
+        workers_share_temp_dir()
     it = iter(loader)
     _WORKERS.update(getattr(it, "_workers", ()))
     try:

@@ -53,6 +53,7 @@ from ..images.decode import decode_encoded, match_channels
 from ..shards.source import ShardSet
 from ..shards.stream import DEFAULT_SHUFFLE_BUFFER, KEEP_BYTES, EpochOrder, ShardStream
 from .first_fit import PackedBatch, PackSample, pack_batches, pack_groups
+from .loading import workers_share_temp_dir
 from .seeding import item_seed, seeded
 from .transforms import _normalize, resize_image
 
@@ -355,6 +356,8 @@ class SequenceBatches:
             yield s
 
     def _loader(self, dataset: Any, **kw: Any) -> DataLoader:
+        if self.workers:
+            workers_share_temp_dir()
         g = self.generator or torch.Generator().manual_seed(item_seed(self.seed, self.epoch, -1 - self.rank))
         return DataLoader(
             dataset, batch_size=self.chunk, num_workers=self.workers, collate_fn=_as_list, generator=g,
