@@ -313,8 +313,8 @@ class PackedAttention:
         # a concatenation an image: those were a tenth of a packed training step on a CPU (docs/training.md)
         parts = [t.transpose(1, 2).flatten(0, 1).index_select(0, order).split(sizes) for t in (q, k, v)]
         out = []
-        for (n, length), *qkv in zip(shapes, *parts, strict=True):  # the images of one length: one batched call
-            qkv = [t.view(n, length, h, d).transpose(1, 2) for t in qkv]
+        for (n, length), *rows in zip(shapes, *parts, strict=True):  # the images of one length: one batched call
+            qkv = [t.view(n, length, h, d).transpose(1, 2) for t in rows]
             o = F.scaled_dot_product_attention(*qkv, dropout_p=dropout_p)
             out.append(o.transpose(1, 2).reshape(n * length, h, d))
         out.append(q.new_zeros(1, h, d))  # padding tokens attend to nothing: zeros
