@@ -31,6 +31,7 @@ from vitlab.data.shards.stream import EpochOrder
 from vitlab.data.shards.write import pack_folder
 from vitlab.data.sources import FolderStorage
 from vitlab.errors import ConfigError, DataError
+from vitlab.models.packed import pack
 
 SHAPES = [(30, 40), (40, 30), (24, 64), (48, 48), (64, 20), (36, 27), (20, 20), (56, 42)]
 
@@ -203,8 +204,12 @@ def test_a_packed_batch_is_normalised_at_once_to_each_images_own_normalised_patc
             where = {(r, c): k for k, (r, c) in enumerate(zip(own.rows.tolist(), own.cols.tolist()))}
             idx = [where[(r, c)] for r, c in zip(p.rows[m].tolist(), p.cols[m].tolist())]
             assert torch.equal(p.patches[m], own.patches[idx])  # bit for bit
-    packed = batches[0].packed
-    assert pf.normalise_packed(packed) is packed  # float patches: already normalised
+    images = [pf.sized(src.images[i]).float() for i in range(4)]  # float pixels, sized once
+    with seeded(0):  # the same flips for both
+        own = pack([[pf.finish(x)] for x in images], seq_len=64, prefix_tokens=2)  # each normalised by finish itself
+    with seeded(0):
+        raw = pack([[pf.finish(x, normalise=False)] for x in images], seq_len=64, prefix_tokens=2)
+    assert torch.equal(pf.normalise_packed(raw).patches, own.patches)  # normalised like finish's, not passed through
 
 
 def test_an_epoch_is_every_image_once_deterministic_and_packed_greedily():

@@ -163,11 +163,8 @@ class Patchify:
         """``packed`` built from ``finish(..., normalise=False)`` tokens, its patch values normalised as
         :meth:`finish` normalises an image's (the same two torchvision kernels, elementwise: the same values), in
         one call a batch instead of one an image (on a CPU the per-image call was a fifth of an image's loading:
-        docs/training.md, "Packing"); prefix slots and padding stay zero. Float patches (already normalised) are
-        returned as they are."""
+        docs/training.md, "Packing"); prefix slots and padding stay zero."""
         x = packed.patches
-        if x.is_floating_point():
-            return packed
         b, s, k = x.shape
         c = self.in_chans
         x = self._norm(x.reshape(b * s, c, k // c, 1)).reshape(b, s, k)  # a patch's values: C planes of P x P
