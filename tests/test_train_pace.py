@@ -15,7 +15,14 @@ from vitlab.models.config import ViTConfig
 from vitlab.train.conf.train_config import TrainConfig
 from vitlab.train.engine.schedule import LRFactor
 from vitlab.train.sizing import machine as cores
-from vitlab.train.sizing.pace import Pace, budget_reserve, save_seconds, short_budget_line, steps_in_budget
+from vitlab.train.sizing.pace import (
+    LOGGING_SHARE,
+    Pace,
+    budget_reserve,
+    save_seconds,
+    short_budget_line,
+    steps_in_budget,
+)
 from vitlab.train.sizing.recipe import LEVELS, auto_recipe
 from vitlab.train.sizing.steps import Replan
 
@@ -435,6 +442,76 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     assert set(pace.aug_s) == set(LEVELS) and all(v > 0 for v in pace.aug_s.values())
     recipe, line = auto_recipe(n_train=40, img_size=(16, 16), num_classes=4, in_chans=3, time_budget=60.0, pace=pace)
     assert "measured" in line and recipe.arch["patch_size"] == pace.arch["patch_size"]
+
+
+def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_packed_cost(monkeypatch):
+    """A ``--pack`` run's model drops no tokens (its loader drops them before packing), but its steps see only the
+    kept ones: the probes time a square step of the model dropping as many, counted at PACKED_STEP_COST (before,
+    they timed every token and counted that again, so a packed run planned 5.7 passes at 64 px where it then made
+    12). The models the probes time and the pace they measure, with the same faked step time."""
+    from vitlab.data.sources import DataSplits, ImageArray
+    from vitlab.train.sizing import probe
+    from vitlab.train.sizing.side import PACKED_STEP_COST
+
+    timed = []
+
+    def fake_steps(model, *a, **kw):
+        timed.append(model.config.patch_drop_rate)
+        return 0.1
+
+    monkeypatch.setattr(probe, "time_steps", fake_steps)
+    monkeypatch.setattr(probe, "_time_augmentation", lambda *a, **kw: 1e-4)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8)
+    labels = np.arange(48, dtype=np.int64) % 4
+    data = DataSplits("x", ImageArray(images[:40], labels[:40]), ImageArray(images[40:], labels[40:]), list("abcd"))
+    before = torch.get_num_threads()
+    try:
+        paces = {pack: probe.measure_pace(TrainConfig(time_budget=60.0, threads=1, pack=pack), data, _here())
+                 for pack in (False, True)}  # fmt: skip
+        seconds = {pack: probe._image_seconds(TrainConfig(time_budget=60.0, threads=1, pack=pack), _here(), side=64,
+                                              n_train=3000) for pack in (False, True)}  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert timed[0] == timed[1] > 0 and timed[2] == timed[3] == 0.5  # the recipe's token dropping, packed or not
+    assert paces[True].step_s == pytest.approx(PACKED_STEP_COST * paces[False].step_s)
+    assert paces[True].step_macs == paces[False].step_macs and "packed" in paces[True].probe
+    step = 0.1 / 32  # an image's share of a timed step of 32 (scaled to the run's batch and back)
+    assert seconds[False] == pytest.approx((step + 1e-4) * LOGGING_SHARE)
+    assert seconds[True] == pytest.approx((PACKED_STEP_COST * step + 1e-4) * LOGGING_SHARE)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_tar_shards_decoding_is_charged_once_where_the_run_keeps_it(tmp_path, monkeypatch, workers):
+    """A shard run reads each sample from its shard at every pass, but decodes it once and keeps it (without
+    DataLoader workers; its evaluation batches always): the pace charges the reading at every step and the decoding
+    to the first pass (before, the decoding at every step: the recipe planned 7.7 passes where the folder of the same
+    photos planned 12, and chose another augmentation level). A clock that ticks once a reading makes every
+    measured span one tick."""
+    from imagefolder import tiny_folder
+    from vitlab.data.images.storage import FolderStorage
+    from vitlab.data.shards.stream import open_stream_data
+    from vitlab.data.shards.write import pack_folder
+    from vitlab.train.sizing import probe
+
+    pack_folder(tiny_folder(tmp_path / "rgb", per_class=15, test_per_class=2), tmp_path / "shards", progress=False)
+    data = open_stream_data(str(tmp_path / "shards"))
+    data.storage = FolderStorage(size=(16, 16), store_side=18)
+    monkeypatch.setattr(probe, "time_steps", lambda *a, **kw: 0.1)
+    monkeypatch.setattr(probe, "workers_for", lambda *a, **kw: workers)
+    ticks = itertools.count()
+    before = torch.get_num_threads()
+    try:
+        pace = probe.measure_pace(TrainConfig(time_budget=60.0, threads=1), data, _here(), clock=lambda: next(ticks))
+    finally:
+        torch.set_num_threads(before)
+    n_train, n_val, k = len(data.train), len(data.val), 16  # 16: the items each level is timed on
+    read = decode = 1 / k  # one tick for the k samples' reading, one for their decoding
+    kept = workers == 0
+    assert pace.read_s == pytest.approx(read)
+    assert all(v == pytest.approx(1 / k + read + (0 if kept else decode)) for v in pace.aug_s.values())
+    assert n_val <= probe.EVAL_ITEMS  # so the evaluation's reading and decoding are one tick each for the whole split
+    assert pace.first_pass_s == pytest.approx((decode * n_train if kept else 0.0) + 2.0)  # the first evaluation's
 
 
 def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):

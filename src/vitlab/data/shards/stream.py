@@ -28,6 +28,7 @@ kept after the first evaluation, up to :data:`KEEP_BYTES` (:class:`KeptBatches`)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -61,6 +62,7 @@ __all__ = [
     "StreamBatches",
     "StreamData",
     "TrainDecode",
+    "first_encoded",
     "first_images",
     "is_shard_spec",
     "open_stream_data",
@@ -419,12 +421,11 @@ class StreamData:
         return {**describe_splits(self), "shards": shards}
 
 
-def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[int, int] | None = None) -> list:
-    """The first ``n`` images of ``shards`` in their stored order (fewer when they hold fewer), decoded as uint8
-    ``(H, W, 3)`` arrays (a JPEG at the smallest DCT scale keeping ``at_least`` ``(width, height)``); a sample that
-    does not decode, or the rest of a shard that cannot be read, is passed over (training reports it, with what to
-    do). Bounded: ``n`` samples are read, one shard open at a time."""
-    images: list[np.ndarray] = []
+def first_encoded(shards: ShardSet) -> Iterator[bytes]:
+    """The encoded images of ``shards``' samples in their stored order, each read from its shard as training reads
+    it; a sample without an image, or the rest of a shard that cannot be read, is passed over (training reports it,
+    with what to do). Lazy, one shard open at a time: a caller reads as many as it takes (close the iterator, or let
+    it go, to close the shard)."""
     for shard in shards.shards:
         try:
             with open_shard(shard.url) as tar:
@@ -433,13 +434,27 @@ def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[in
                         continue
                     try:
                         img, _ = image_and_label(parts, where=f"{shard.url}: sample {i}")
-                        images.append(np.asarray(decode_encoded(img, at_least=at_least)))
-                    except Exception:  # any decoding failure: the statistics do without this sample
+                    except Exception:  # any failure: the caller does without this sample
                         continue
-                    if len(images) >= n:
-                        return images
+                    yield img
         except (DataError, OSError, tarfile.TarError):  # a damaged or missing shard: training's reader says so
             continue
+
+
+def first_images(shards: ShardSet, n: int = STATS_SAMPLES, *, at_least: tuple[int, int] | None = None) -> list:
+    """The first ``n`` images of ``shards`` in their stored order (fewer when they hold fewer,
+    :func:`first_encoded`), decoded as uint8 ``(H, W, 3)`` arrays (a JPEG at the smallest DCT scale keeping
+    ``at_least`` ``(width, height)``); a sample that does not decode is passed over. Bounded: samples are read until
+    ``n`` decode."""
+    images: list[np.ndarray] = []
+    with contextlib.closing(first_encoded(shards)) as encoded:
+        for img in encoded:
+            try:
+                images.append(np.asarray(decode_encoded(img, at_least=at_least)))
+            except Exception:  # any decoding failure: the statistics do without this sample
+                continue
+            if len(images) >= n:
+                break
     return images
 
 

@@ -78,7 +78,9 @@ def measure_budget(
     ``--token-drop-until`` it times a step on every token too. When the recipe's own
     probe (``pace``, :func:`~vitlab.train.sizing.probe.measure_pace`) timed this very step, its step and evaluation
     times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is timed on the
-    run's transform: added to each step without workers, beside it with them. When the plan is no meaningful run, a
+    run's transform: added to each step without workers, beside it with them; where the first pass decodes what the
+    later ones read kept (tar shards: ``loaders.first_epoch_fills``), on the kept items, the decoding subtracted once
+    as the recipe's probe timed it (:attr:`~.pace.Pace.first_pass_s`). When the plan is no meaningful run, a
     line says so and proposes what would make one (:func:`~.pace.short_budget_line`).
 
     ``loaders`` are the run's (:class:`~vitlab.train.engine.loaders.RunLoaders`), ``objective`` its objective (its
@@ -89,10 +91,16 @@ def measure_budget(
     r, micro, spe = recipe, loaders.micro, loaders.steps_per_epoch
     reuse = _reusable(pace, cfg, r, loaders)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
+    kept = pace is not None and loaders.first_epoch_fills and not loaders.packed  # (packed probe items: decoded anew)
+    first_s = pace.first_pass_s if kept else 0.0  # type: ignore[union-attr]
+    read_s = pace.read_s * micro if pace is not None and first_s else 0.0
     with torch.random.fork_rng(devices=[]):
         t0 = time.perf_counter()  # data loading + augmentation of one micro-batch
         items = loaders.train_items(micro)
-        aug_s = (time.perf_counter() - t0) * r.accum_steps
+        if first_s:  # that reading decoded them, which the first pass pays once: every later one finds them kept
+            t0 = time.perf_counter()  # (after reading each sample from its shard, which the recipe's probe timed)
+            items = loaders.train_items(micro)
+        aug_s = (time.perf_counter() - t0 + read_s) * r.accum_steps
         if reuse:
             step_s, eval_s = pace.step_s, pace.eval_s * objective.eval_passes * loaders.evaluations  # type: ignore[union-attr]
             update_s = 0.0  # the recipe's probe timed whole steps; its fixed share is the schedule's
@@ -105,7 +113,7 @@ def measure_budget(
     compute = update_s + (step_s - update_s) * mean_cost(r, full_over_dropped=full_over_dropped)
     per_step = (compute + aug_s if loaders.workers == 0 else max(compute, aug_s / loaders.workers)) * LOGGING_SHARE
     budget: float = cfg.time_budget  # type: ignore[assignment]
-    left = budget - (time.perf_counter() - here.t_start) - budget_reserve(budget)
+    left = budget - (time.perf_counter() - here.t_start) - budget_reserve(budget) - first_s
     left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
     save_s = save_seconds(params=sum(p.numel() for p in net.parameters()),
                           trainable=sum(p.numel() for p in net.parameters() if p.requires_grad))  # fmt: skip
@@ -121,8 +129,9 @@ def measure_budget(
             if unmasked
             else ""
         )
-        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s, saving ~{save_s:.1f} s "
-        f"-> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
+        + f" ({r.batch_size / per_step:.0f} img/s incl. augmentation), eval {eval_s:.1f} s, saving ~{save_s:.1f} s"
+        + (f", decoding the first pass ~{first_s:.1f} s" if first_s else "")
+        + f" -> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
     )
     short = short_budget_line(budget=budget, left=left, per_step=per_step, eval_s=eval_s, save_s=save_s,
                               steps_per_epoch=spe, steps=total, n_eval=loaders.eval_size)  # fmt: skip

@@ -92,6 +92,14 @@ class Pace:
     """Images of the evaluation split."""
     elapsed_s: float = 0.0
     """Seconds of the run spent when the probe ended (the budget's part already used)."""
+    read_s: float = 0.0
+    """Seconds a training image's reading costs at every pass, part of :attr:`aug_s` (tar shards: the sample read
+    from its shard; 0: a folder's images, in memory)."""
+    first_pass_s: float = 0.0
+    """Seconds the run's first pass over its images costs once, beyond its steps and evaluations: tar shards'
+    samples decoded as they are first read and kept in memory after (the training split's without DataLoader
+    workers, the evaluation batches always, up to :data:`~vitlab.data.shards.stream.KEEP_BYTES`), so charged once,
+    not at every step (0: a folder, decoded before the probe)."""
     probe: str = ""
     """What was probed, for the auto recipe's line (e.g. ``"model tiny, 32 images"``)."""
     arch: dict = field(default_factory=dict)

@@ -5,7 +5,8 @@
 - :func:`measure_pace`: before a time-budgeted ``auto`` recipe picks its augmentation level, batch and model, a
   few training steps of the smallest model the recipe would pick (with the token dropping it would train with),
   each augmentation level's transform on real training items (a folder's decoded images; tar shards' first
-  samples, their decoding timed too), and an evaluation pass. :func:`vitlab.train.sizing.recipe.auto_recipe` then
+  samples, their decoding timed too: paid at every step, or once where the run keeps what it decodes), and an
+  evaluation pass. :func:`vitlab.train.sizing.recipe.auto_recipe` then
   counts the steps of each candidate from that (:class:`~vitlab.train.sizing.pace.Pace`), as the run's plan will,
   so that the passes its line states are the passes the run plans;
 - :func:`epoch_seconds`: the seconds of a run for a number of epochs at a side, for the line that proposes a
@@ -17,7 +18,9 @@ fork of the generators (:func:`~vitlab.data.pipeline.seeding.seeded`), so the ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import math
 import statistics
 import time
@@ -25,14 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ...accel import accelerate
 from ...data import ArrayDataset, eval_transform, train_transform
+from ...data.images.decode import decode_encoded
 from ...data.pipeline.seeding import seeded
-from ...data.shards.stream import StreamData, first_images
+from ...data.shards.stream import KEEP_BYTES, StreamData, first_encoded
 from ...data.sources import DataSource, ImageArray
 from ...devices import autocast
 from ...distributed import Dist
@@ -101,8 +106,10 @@ def _probe_model(
 ) -> nn.Module:
     """The throw-away model a probe times: the architecture rule's fresh model of ``recipe`` (the user's
     ``--model`` and architecture flags left out: the probe times the auto recipe's candidates), with the speed
-    paths the run's model gets."""
-    probe_cfg = dataclasses.replace(cfg, arch={}, model=None)
+    paths the run's model gets. It drops the tokens the recipe drops, ``--pack`` too: a packed run drops them in
+    its loader (its model drops none), so a square step of as many tokens, times
+    :data:`~.side.PACKED_STEP_COST`, is what its packed step costs."""
+    probe_cfg = dataclasses.replace(cfg, arch={}, model=None, pack=False)
     c = fresh_config(probe_cfg, recipe=recipe, image_size=img, in_chans=in_chans, num_classes=num_classes,
                      class_names=names)  # fmt: skip
     return accelerate(VisionTransformer(c))
@@ -279,17 +286,27 @@ def _time_augmentation(side: int, *, level: str, in_chans: int, clock: Callable[
     return (clock() - t0) / len(items)
 
 
-def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[], float]) -> tuple[Any, float]:
-    """``(images, seconds each to read)``: ``k`` images of ``split`` spread over it (a folder's decoded images, read
-    from the cache's pages, paid once by the run: 0 s) or its first ``k`` samples (tar shards: decoded now, as the
-    run's loader decodes each sample it reads, so their decoding is part of the pace)."""
+def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[], float]) -> tuple[list, float, float]:
+    """``(images, seconds each to read, seconds each to decode)``: ``k`` images of ``split`` spread over it (a
+    folder's decoded images, read from the cache's pages, paid once by the run: 0 s) or its first ``k`` samples (tar
+    shards: read from the shards as every pass of the run reads each sample, then decoded as its first pass decodes
+    it)."""
     if isinstance(split, ImageArray):
         n = len(split)
         idx = [i * n // max(1, min(k, n)) for i in range(min(k, n))]
-        return [split.images[i] for i in idx], 0.0
+        return [split.images[i] for i in idx], 0.0, 0.0
     t0 = clock()
-    images = first_images(split, k, at_least=at_least)
-    return images, (clock() - t0) / max(1, len(images))
+    with contextlib.closing(first_encoded(split)) as samples:
+        encoded = list(itertools.islice(samples, k))
+    t1 = clock()
+    images = []
+    for data in encoded:
+        try:
+            images.append(np.asarray(decode_encoded(data, at_least=at_least)))
+        except Exception:  # a sample that does not decode: the run reports it; its time is the others'
+            continue
+    n = max(1, len(encoded))
+    return images, (t1 - t0) / n, (clock() - t1) / n
 
 
 def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter) -> Pace:
@@ -319,8 +336,10 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as the run's
         workers = workers_for(cfg, device=device, steps_per_epoch=n_train // batch)
         k = min(AUG_ITEMS, n_train)
-        train, read_s = _items(data.train, k, at_least=(img[1], img[0]), clock=clock)
+        train, read_s, decode_s = _items(data.train, k, at_least=(img[1], img[0]), clock=clock)
         k = len(train)
+        kept = _kept_share(train, n_train, store_side=stored.store_side if stored is not None else None)
+        kept = kept if workers == 0 else 0.0  # a worker's kept decodes last one epoch
         aug_s, items = {}, []
         for level in LEVELS:
             tf = _level_transform(level, img=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
@@ -331,7 +350,7 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
             _ = [ds[i] for i in range(k if not aug_s else min(k, WARM_ITEMS))]
             t0 = clock()
             xs_level = [ds[i][0] for i in range(k)]
-            aug_s[level] = (clock() - t0) / max(1, k) + read_s
+            aug_s[level] = (clock() - t0) / max(1, k) + read_s + decode_s * (1 - kept)
             items = items or xs_level
         xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
         ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
@@ -340,31 +359,52 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device,
         amp_dtype=here.amp_dtype,
                             n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
-        eval_s = _time_eval(model, data.val, n_val=len(data.val), img=img, in_chans=in_chans, crop_pct=crop_pct,
-                            device=device, clock=clock)  # fmt: skip
+        step_s *= PACKED_STEP_COST if cfg.pack else 1.0
+        eval_s, eval_first_s = _time_eval(model, data.val, n_val=len(data.val), img=img, in_chans=in_chans,
+                                          crop_pct=crop_pct, device=device, clock=clock)  # fmt: skip
     return Pace(
         step_s=step_s, step_macs=step_macs, batch=batch, aug_s=aug_s, workers=workers, eval_s=eval_s,
         eval_image_macs=image_macs, n_eval=len(data.val), elapsed_s=clock() - here.t_start, arch=dict(recipe.arch),
-        probe=f"{step_s * 1000:.0f} ms a step of {batch} for the tiny model on {threads} thread(s), "
-        f"the augmentation on {len(items)} of the training images",
+        read_s=read_s, first_pass_s=decode_s * kept * n_train + eval_first_s,
+        probe=f"{step_s * 1000:.0f} ms a step of {batch} for the tiny model on {threads} thread(s)"
+        + (f" (packed: {PACKED_STEP_COST:g}x a square step)" if cfg.pack else "")
+        + f", the augmentation on {len(items)} of the training images",
     )  # fmt: skip
 
 
 def _time_eval(
     model: nn.Module, val: Any, *, n_val: int, img: tuple[int, int], in_chans: int, crop_pct: float,
     device: torch.device, clock: Callable[[], float],
-) -> float:  # fmt: skip
-    """Seconds of one evaluation of ``val`` (reading, transform and forward), from up to :data:`EVAL_ITEMS` of it."""
+) -> tuple[float, float]:  # fmt: skip
+    """``(seconds of one evaluation of val, seconds its first one costs beyond that)``: the reading, transform and
+    forward, from up to :data:`EVAL_ITEMS` of it; tar shards' samples are decoded by the first evaluation only (its
+    batches are kept, as much of them as :data:`~vitlab.data.shards.stream.KEEP_BYTES` holds)."""
     tf = eval_transform(img_size=img, mean=model.config.mean, std=model.config.std, in_chans=in_chans,
                         crop_pct=crop_pct)  # fmt: skip
-    images, read_s = _items(val, EVAL_ITEMS, at_least=(img[1], img[0]), clock=clock)
+    images, read_s, decode_s = _items(val, EVAL_ITEMS, at_least=(img[1], img[0]), clock=clock)
+    read_s += decode_s
     n = len(images)
     if n == 0:  # no evaluation split: nothing to time
-        return 0.0
+        return 0.0, 0.0
     ds = ArrayDataset(images, [0] * n, transform=tf, in_chans=in_chans)
     model.eval()
     _ = [ds[i] for i in range(n)]  # untimed: the first reads of the cache's pages, paid once by the run
     t0 = clock()
     with torch.no_grad():
         model(torch.stack([ds[i][0] for i in range(n)]).to(device))
-    return ((clock() - t0) / n + read_s) * n_val
+    kept = min(1.0, KEEP_BYTES / max(1, n_val * 4 * in_chans * img[0] * img[1]))  # float batches
+    return ((clock() - t0) / n + read_s * (1 - kept)) * n_val, read_s * kept * n_val
+
+
+def _kept_share(images: list, n: int, *, store_side: int | None) -> float:
+    """The share of ``n`` training images like ``images`` (decoded samples) that a shard run keeps decoded after
+    its first pass: none unless they are stored at a side (:class:`~vitlab.data.shards.stream.KeptDecode`, the
+    shorter side at most ``store_side``), else as many as :data:`~vitlab.data.shards.stream.KEEP_BYTES` holds."""
+    if store_side is None or not images:
+        return 0.0
+    each = 0.0
+    for a in images:
+        h, w = a.shape[:2]
+        scale = min(1.0, store_side / max(1, min(h, w)))
+        each += round(h * scale) * round(w * scale) * (a.shape[2] if a.ndim == 3 else 1)
+    return min(1.0, KEEP_BYTES / max(1.0, each / len(images) * n))

@@ -235,7 +235,7 @@ def _by_pace(
     augmentation slows the steps, so fewer passes might ask for a lighter one), the model the largest whose
     images seen reach its :data:`MODELS` threshold, else the smallest."""
     spe, order = max(1, n_train // batch), list(LEVELS)
-    left = time_budget - pace.elapsed_s - budget_reserve(time_budget)
+    left = time_budget - pace.elapsed_s - budget_reserve(time_budget) - pace.first_pass_s
     patch = _patch_for(img_size, photos=photos)
     pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
     grid = (img_size[0] // patch) * (img_size[1] // patch)

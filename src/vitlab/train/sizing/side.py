@@ -131,9 +131,11 @@ def store_side(img: int, crop_pct: float = 1.0) -> int:
     return max(32, math.floor(img / min(CROP_MARGIN, crop_pct)))
 
 
-PACKED_STEP_COST = 1.65
-"""A packed step (``--pack``) over a square one of the same images and token budget, on 2 CPU cores: 1.6-1.7x
-(docs/training.md, "Packing"); the passes a budget buys at a side for packed training are the square ones over it."""
+PACKED_STEP_COST = 1.3
+"""A packed step (``--pack``) over a square one of the same images and tokens kept, on 2 CPU cores: 1.22-1.33x
+since attention gathers each image's tokens by index (``benchmarks/bench_packed_attention.py --train-step``,
+docs/training.md, "Packing"); the probes time a square step dropping the tokens the run drops and count a packed
+one as this many (the passes a budget buys at a side, the pace the auto recipe chooses from)."""
 
 
 def folder_storage(
