@@ -67,7 +67,7 @@ _ASK = "pass --data with its location, --image FILE ..., or --data digits for th
 def run(args: argparse.Namespace) -> int:
     from .._fs import own_folder
     from .._text import shown
-    from ..data.shards.source import is_shard_spec
+    from ..data.sources import DataSource
     from ..devices import resolve_device
     from ..errors import ConfigError, DataError
     from ..evaluate.accuracy import decode_crop, decode_size
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             args.data = recorded_data(model, args.model, ask=_ASK)
             recorded = True
-    if args.data and is_shard_spec(args.data):
+    if args.data and DataSource.named(args.data).shards:
         where = f"{shown(args.model)} was trained on tar shards" if recorded else f"{shown(args.data)}: tar shards"
         raise DataError(f"--data: {where}, which inspect does not read; {_ASK}")
     if args.image:

@@ -328,11 +328,11 @@ def evaluate_model(
 
     from .._progress import ProgressLog
     from ..data import DataError, load_data
-    from ..data.shards.source import is_shard_spec
+    from ..data.sources import DataSource
 
     cfg = model.config
     dev = resolve_device(device)
-    if is_shard_spec(data):
+    if DataSource.named(data).shards:
         return _evaluate_shards(
             model,
             data,

@@ -141,10 +141,10 @@ def sample_split(
     memory already: drawn from their evaluation split. A file that does not decode is passed over."""
     from ..data.images.decode import MAX_ASPECT, decode_image
     from ..data.images.scan import scan_classes
-    from ..data.sources import DEFAULT_HOLD_OUT, data_folder, eval_split_dir, stratified_split
+    from ..data.sources import DEFAULT_HOLD_OUT, DataSource, eval_split_dir, stratified_split
 
     rng = np.random.default_rng(seed)
-    root = data_folder(data)
+    root = DataSource.named(data).folder
     if root is None:  # digits, cifar10, cifar100: arrays already
         _, test = labelled_splits(data)
         idx = rng.permutation(len(test.labels))[:n]
