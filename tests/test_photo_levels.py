@@ -15,7 +15,7 @@ from test_photos import _photos
 from vitlab.data import load_data
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.sizing import recipe_for
-from vitlab.train.sizing.levels import LEVELS, PHOTO_OFF, level_fields
+from vitlab.train.sizing.levels import LEVELS, PHOTO_CROP_FROM, PHOTO_OFF, aug_level, level_fields
 from vitlab.train.sizing.probe import _level_transform
 from vitlab.train.sizing.recipe import auto_recipe
 from vitlab.train.sizing.side import folder_storage, holds_photos
@@ -43,6 +43,24 @@ def test_the_auto_recipe_for_photos_says_it_keeps_the_crop_only():
     assert "-> medium aug (long schedule; photos: its crop and flip only)" in line and "no RandAugment" in line
     r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=70)
     assert r.randaugment == (2, 10) and r.mixup == 0.2 and "photos" not in line
+
+
+def test_photos_are_cropped_only_from_30_passes_other_images_from_10():
+    """On the clothing photos a 1-minute budget's 14-16 passes lost 7 points to the light level's crop
+    (docs/training.md, "The crop on photos"): a photo run under PHOTO_CROP_FROM passes gets the minimal level and
+    its line says why; other images keep the light level from 10."""
+    assert PHOTO_CROP_FROM == 30
+    assert [aug_level(epochs=e, n_train=3_000, photos=True) for e in (5, 15, 29.9, 30, 60)] == [
+        "minimal", "minimal", "minimal", "light", "medium"
+    ]  # fmt: skip
+    assert [aug_level(epochs=e, n_train=3_000) for e in (5, 15, 29.9, 30)] == ["minimal", "light", "light", "light"]
+    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=15, photo_data=True)
+    assert r.crop_scale == r.crop_ratio == (1.0, 1.0) and r.lr == pytest.approx(1e-3)  # the LR of 10 passes and more
+    assert "15 passes -> minimal aug (short schedule; photos: no crop under 30 passes): no crop" in line
+    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=15)
+    assert r.crop_scale == LEVELS["light"]["crop_scale"] and "-> light aug (medium schedule)" in line
+    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=5, photo_data=True)
+    assert "-> minimal aug (short schedule; photos: its crop and flip only)" in line
 
 
 def _fitted(cfg: TrainConfig, data_root: Path, tmp_path: Path):

@@ -214,7 +214,15 @@ def finetune_recipe(
     )
     line = (
         head
-        + auto_reason(new, level=level, passes=passes, n_train=n_train, model="", photos=photos).rsplit("; model", 1)[0]
+        + auto_reason(
+            new,
+            level=level,
+            plain=aug_level(epochs=passes, n_train=0),
+            passes=passes,
+            n_train=n_train,
+            model="",
+            photos=photos,
+        ).rsplit("; model", 1)[0]
     )
     line += (
         f"; AdamW: lr {FT_LR:g} at batch {FT_BATCH} for models up to width {FT_WIDTH} (docs/transfer.md), "

@@ -31,7 +31,7 @@ from typing import Any
 from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
-from .levels import LEVELS, aug_level, level_fields
+from .levels import LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
 from .pace import Pace, budget_reserve, save_seconds, steps_in_budget
 from .side import PHOTO_SIDE
 
@@ -179,7 +179,7 @@ def auto_recipe(
     if time_budget is not None and pace is not None:
         model, arch, token_drop, level, steps, per_step = _by_pace(
             pace, time_budget=time_budget, n_train=n_train, img_size=img_size, in_chans=in_chans, batch=batch,
-            token_drop=token_drop, photos=photos,
+            token_drop=token_drop, photos=photos, photo_data=photo_data,
         )  # fmt: skip
         how = f"~{steps:,} steps of {per_step * 1000:.0f} ms in {time_budget:.0f} s (measured: {pace.probe})"
     elif time_budget is not None:
@@ -200,7 +200,7 @@ def auto_recipe(
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
-    level = level or aug_level(epochs=passes, n_train=n_train)
+    level = level or aug_level(epochs=passes, n_train=n_train, photos=photo_data)
     aug = level_fields(level, photos=photo_data)
     warm = 0.1 if steps < 5000 else 0.05
     lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
@@ -220,13 +220,15 @@ def auto_recipe(
         **aug,
     )
     head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
-    reason = head + auto_reason(recipe, level=level, passes=passes, n_train=n_train, model=model, photos=photo_data)
+    plain = aug_level(epochs=passes, n_train=0, photos=photo_data)
+    reason = head + auto_reason(recipe, level=level, plain=plain, passes=passes, n_train=n_train, model=model,
+                                photos=photo_data)  # fmt: skip
     return recipe, reason
 
 
 def _by_pace(
     pace: Pace, *, time_budget: float, n_train: int, img_size: tuple[int, int], in_chans: int, batch: int,
-    token_drop: float | None, photos: bool,
+    token_drop: float | None, photos: bool, photo_data: bool = False,
 ) -> tuple[str, dict[str, Any], float, str, int, float]:  # fmt: skip
     """``(model, ViT fields, token drop, level, steps, seconds a step)`` for a time budget, from a measured pace:
     the steps are counted as the run's plan counts them (:func:`~.pace.steps_in_budget`, with each epoch's evaluation
@@ -249,7 +251,8 @@ def _by_pace(
         for level in reversed(order):
             per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
             steps = steps_in_budget(left, per_step, end_s, spe)
-            if order.index(aug_level(epochs=steps * batch / n_train, n_train=n_train)) >= order.index(level):
+            wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photo_data)
+            if order.index(wanted) >= order.index(level):
                 break
         if steps * batch >= least or name == MODELS[0][0]:
             return name, {**arch, **PLAIN}, drop, level, steps, per_step
@@ -264,18 +267,22 @@ _OPTIMIZERS = {
 }
 
 
-def auto_reason(r: Recipe, *, level: str, passes: float, n_train: int, model: str, photos: bool = False) -> str:
-    """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why, the
-    batch, LR and warmup, token dropping and the model."""
+def auto_reason(
+    r: Recipe, *, level: str, plain: str, passes: float, n_train: int, model: str, photos: bool = False
+) -> str:
+    """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why (``plain``:
+    the level for as many passes before the data's size shifted it, :func:`~.levels.aug_level` with ``n_train``
+    0), the batch, LR and warmup, token dropping and the model."""
     ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
     mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
     crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
     crop += " square" if r.crop_ratio == (1.0, 1.0) and r.crop_scale[0] < 1 else ""
-    plain = aug_level(epochs=passes, n_train=0)
     passes_text = f"{passes:.0f}" if passes >= 10 or passes == int(passes) else f"{passes:.1f}"
     why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
     why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
-    why += "; photos: its crop and flip only" if photos else ""
+    if photos:  # (a photo's level under PHOTO_CROP_FROM passes is the minimal one: no crop at all)
+        short = plain == "minimal" and passes >= 10
+        why += f"; photos: no crop under {PHOTO_CROP_FROM} passes" if short else "; photos: its crop and flip only"
     arch = r.arch
     return (
         f", {passes_text} {'pass' if passes_text == '1' else 'passes'} -> {level} aug ({why}): {crop}, flip, LS 0.1, "
