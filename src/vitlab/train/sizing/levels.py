@@ -55,13 +55,13 @@ PHOTO_OFF: dict[str, Any] = {"randaugment": None, "mixup": 0.0, "cutmix": 0.0, "
 
 PHOTO_CROP_FROM = 30
 """The passes from which photos trained from scratch as squares get their level's random crop (under them the
-minimal level: the whole image, flipped), where other images, and photos packed at their own aspect ratio
-(``--pack``: under a 1-minute budget 43.50% with the light level's crop against 41.54% with ``--crop-scale 1,1``,
-three seeds interleaved, and 40.86% with the minimal level), get it from 10. On the clothing photos at 64 px, against the same runs
-with ``--crop-scale 1,1`` (docs/training.md, "The crop on photos"): under a 1-minute budget (14-16 passes, the light
-level) the crop of 0.5-1 cost 6.9 points on the mean of three seeds (2.4 to 10.6 each, at either LR); at 2 minutes
-(29-34 passes) it was 1.2 behind on the mean of two (0.0 and 2.3); at 5 minutes (77-84 passes, the medium level's
-crop of 0.35-1) 2.6 ahead on one seed. Between 34 and 77 passes it was not measured."""
+minimal level: the whole image, flipped), where other images get it from 10, and so do photos packed at their own
+aspect ratio (``--pack``: under a 1-minute budget 43.50% with the light level's crop against 41.54% with
+``--crop-scale 1,1``, three seeds interleaved, and 40.86% with the minimal level). On the clothing photos at 64 px,
+against the same runs with ``--crop-scale 1,1`` (docs/training.md, "The crop on photos"): under a 1-minute budget
+(14-16 passes, the light level) the crop of 0.5-1 cost 6.9 points on the mean of three seeds (2.4 to 10.6 each, at
+either LR); at 2 minutes (29-34 passes) it was 1.2 behind on the mean of two (0.0 and 2.3); at 5 minutes (77-84
+passes, the medium level's crop of 0.35-1) 2.6 ahead on one seed. Between 34 and 77 passes it was not measured."""
 
 
 def aug_level(*, epochs: float, n_train: int, photos: bool = False) -> str:
