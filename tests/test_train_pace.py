@@ -347,6 +347,17 @@ def test_a_stretch_is_judged_once_it_lasted_a_few_seconds(monkeypatch):
 # -- measure, then choose ------------------------------------------------------------------------------------------
 
 
+def _random_splits(n: int, *, train: int):
+    """``n`` random 16-px RGB images in 4 classes, the first ``train`` of them the training split."""
+    from vitlab.data.sources import DataSplits, ImageArray
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (n, 16, 16, 3), dtype=np.uint8)
+    labels = np.arange(n, dtype=np.int64) % 4
+    return DataSplits("x", ImageArray(images[:train], labels[:train]), ImageArray(images[train:], labels[train:]),
+                      list("abcd"))  # fmt: skip
+
+
 def _here(**kw):
     """Where a probe runs in these tests: one process on the CPU, float32, the engine's optimizer builder."""
     from vitlab.distributed import Dist
@@ -424,13 +435,9 @@ def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_e
 def test_the_probe_measures_every_level_on_the_runs_own_images():
     """measure_pace times real steps of the smallest auto model (here tiny: 16 px, 48 images) and every level's
     transform, in a fork of the random generators (the run's own draws do not depend on it)."""
-    from vitlab.data.sources import DataSplits, ImageArray
     from vitlab.train.sizing.probe import measure_pace
 
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8)
-    labels = np.arange(48, dtype=np.int64) % 4
-    data = DataSplits("x", ImageArray(images[:40], labels[:40]), ImageArray(images[40:], labels[40:]), list("abcd"))
+    data = _random_splits(48, train=40)
     cfg = TrainConfig(time_budget=60.0, threads=1)
     before, state = torch.get_num_threads(), torch.random.get_rng_state()
     try:
@@ -449,7 +456,6 @@ def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_pa
     kept ones: the probes time a square step of the model dropping as many, counted at PACKED_STEP_COST (before,
     they timed every token and counted that again, so a packed run planned 5.7 passes at 64 px where it then made
     12). The models the probes time and the pace they measure, with the same faked step time."""
-    from vitlab.data.sources import DataSplits, ImageArray
     from vitlab.train.sizing import probe
     from vitlab.train.sizing.side import PACKED_STEP_COST
 
@@ -461,10 +467,7 @@ def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_pa
 
     monkeypatch.setattr(probe, "time_steps", fake_steps)
     monkeypatch.setattr(probe, "_time_augmentation", lambda *a, **kw: 1e-4)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 255, (48, 16, 16, 3), dtype=np.uint8)
-    labels = np.arange(48, dtype=np.int64) % 4
-    data = DataSplits("x", ImageArray(images[:40], labels[:40]), ImageArray(images[40:], labels[40:]), list("abcd"))
+    data = _random_splits(48, train=40)
     before = torch.get_num_threads()
     try:
         paces = {pack: probe.measure_pace(TrainConfig(time_budget=60.0, threads=1, pack=pack), data, _here())
@@ -518,7 +521,6 @@ def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
     """The auto recipe takes Muon for a time budget on small images, whose step costs more than AdamW's: the probe
     that chooses the recipe times that step (the run's optimizer at LR 0), a user's --optimizer where given, and
     AdamW where a setting refuses Muon (layer-wise LR decay here)."""
-    from vitlab.data.sources import DataSplits, ImageArray
     from vitlab.train.conf.recipes import get_recipe
     from vitlab.train.engine.optim import build_optimizer
     from vitlab.train.sizing.probe import measure_pace
@@ -529,10 +531,7 @@ def test_the_probe_times_the_optimizer_the_run_will_train_with(monkeypatch):
         built.append((recipe.optimizer, lr))
         return build_optimizer(model, recipe, lr)
 
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 255, (24, 16, 16, 3), dtype=np.uint8)
-    labels = np.arange(24, dtype=np.int64) % 4
-    data = DataSplits("x", ImageArray(images[:20], labels[:20]), ImageArray(images[20:], labels[20:]), list("abcd"))
+    data = _random_splits(24, train=20)
     before = torch.get_num_threads()
     try:
         for given in ({}, {"optimizer": "sgd"}, {"layer_decay": 0.75}):
