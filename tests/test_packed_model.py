@@ -1,7 +1,8 @@
 """Packed input (models/packed.py, NaViT's "Patch n' Pack"): several images of any shapes in sequences with
 block-diagonal attention give each image the logits of the unpacked model on it alone (cls / gap / map pooling,
 1-D learned, factorised 2-D learned and sine-cosine position embeddings, registers, the distillation token);
-the unpacked path is the code it was; token dropping before packing composes; accel/ stands aside."""
+the unpacked path is the code it was; token dropping before packing composes; accel/ runs the images of each length
+as a batch, or stands aside when the blocks draw random numbers."""
 
 from __future__ import annotations
 
@@ -230,27 +231,61 @@ def test_features_of_packed_input_are_per_token():
         assert_close_rel(feats[:, :7], model.forward_features(x[None]))
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_accel_stands_aside_for_packed_input(train, monkeypatch):
-    """The speed paths (fused inference and training blocks, class-token-only last block, batch chunks) would not
-    see the mask: an accelerated model computes on packed input exactly what the plain one does."""
+def _speed_path_calls(monkeypatch) -> list[str]:
+    """The fused training and inference block paths each call appends its name to (and then runs)."""
     from vitlab.accel import fused_block, onednn
 
-    plain = randomised(VisionTransformer(**TINY)).train(train)
+    calls: list[str] = []
+    for mod in (fused_block, onednn):
+        real = mod.block_forward
+        monkeypatch.setattr(
+            mod, "block_forward", lambda *a, _r=real, _n=mod.__name__, **k: calls.append(_n) or _r(*a, **k)
+        )
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["cls-learn", "gap-sincos2d-registers", "distilled"])
+@pytest.mark.parametrize("train", [False, True])
+def test_accel_runs_the_packed_images_of_each_length_as_a_batch(arch, train, monkeypatch):
+    """The speed paths run packed input by lengths (the images of one length as a batch through every block): the
+    logits and every parameter's gradient are the plain packed model's, to float32 rounding; the fused blocks ran."""
+    plain = randomised(VisionTransformer(**TINY, **ARCHS[arch])).train(train)
     fast = accel.accelerate(copy.deepcopy(plain))
-    fast.inference_chunk_bytes = 1
-    xs = [image(16, 40), image(32, 32, seed=2)]
-    packed = pack([[patchify(x, 8) for x in xs]], seq_len=30, prefix_tokens=1)
-    assert not fast.accelerable(packed)
-
-    def boom(*_a, **_k):
-        raise AssertionError("a speed path ran on packed input")
-
-    monkeypatch.setattr(onednn, "block_forward", boom)
-    monkeypatch.setattr(fused_block, "block_forward", boom)
-    monkeypatch.setattr(accel.FastBlock, "forward_cls", boom)
+    xs = [image(16, 40), image(32, 32, seed=2), image(40, 16, seed=3), image(24, 24, seed=4), image(8, 16, seed=5)]
+    packed = pack(
+        [[patchify(x, 8) for x in xs[:3]], [patchify(x, 8) for x in xs[3:]]],
+        seq_len=48,
+        prefix_tokens=fast.num_prefix_tokens,
+    )
+    assert fast.packed_accelerable()
+    calls = _speed_path_calls(monkeypatch)
     with torch.set_grad_enabled(train):
-        assert torch.equal(fast(packed), plain(packed))
+        got, want = fast(packed), plain(packed)
+    assert_close_rel(got, want)
+    assert len(calls) == len(fast.blocks) * 4 or (not calls and not train)  # four lengths: 10, 16, 9 and 2 patches
+    if train:
+        assert calls == ["vitlab.accel.fused_block"] * len(calls)
+        (got * torch.arange(got.numel()).view_as(got)).sum().backward()
+        (want * torch.arange(want.numel()).view_as(want)).sum().backward()
+        grads = dict(plain.named_parameters())
+        for name, p in fast.named_parameters():
+            assert_close_rel(p.grad, grads[name].grad, msg=name)
+
+
+@pytest.mark.parametrize("option", ["drop_path_rate", "attn_drop_rate", "drop_rate"])
+def test_accel_stands_aside_for_packed_input_that_draws_in_its_blocks(option, monkeypatch):
+    """Stochastic depth and dropout draw per packed sequence on the plain path: a training forward with either
+    takes the plain packed forward (the same draws, the same numbers)."""
+    plain = randomised(VisionTransformer(**TINY, **{option: 0.3})).train()
+    fast = accel.accelerate(copy.deepcopy(plain))
+    packed = pack([[patchify(image(16, 40), 8), patchify(image(32, 32, seed=2), 8)]], seq_len=30, prefix_tokens=1)
+    assert not fast.packed_accelerable() and not fast.accelerable(packed)
+    calls = _speed_path_calls(monkeypatch)
+    torch.manual_seed(0)
+    got = fast(packed)
+    torch.manual_seed(0)
+    assert torch.equal(got, plain(packed)) and calls == []
+    assert fast.eval().packed_accelerable()
 
 
 def test_refused_options():

@@ -13,8 +13,11 @@ Both take the token count from the embedded sequence, so training with token dro
 then not chunked (:meth:`FastVisionTransformer.drops_tokens`).
 
 Both run only where nobody could tell: no hooks anywhere in the model, no token merging, the last block exactly as
-built, no attention capture, an eager (not traced or compiled) forward, and images in a batch rather than packed
-(:class:`~vitlab.models.packed.PackedPatches`: the blocks then see an attention mask and take the plain forward).
+built, no attention capture, an eager (not traced or compiled) forward, and images in a batch rather than packed.
+
+Packed images (:class:`~vitlab.models.packed.PackedPatches`, NaViT) run their blocks by length
+(:meth:`FastVisionTransformer.encode_packed`): the images of one length as one batch through every block, so that
+each block takes its speed paths, as exact as the packed sequences' attention within each image.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..models.flops import block_macs
-from ..models.layers import Block, PatchDropout
-from ..models.packed import PackedPatches
+from ..models.layers import Block, DropPath, PatchDropout
+from ..models.packed import PackedAttention, PackedPatches
+from ..models.packed import check as check_packed
 from ..models.vit import VisionTransformer
 from .blocks import FastBlock, paper_block
 from .buffers import share_scratch
@@ -73,6 +78,43 @@ class FastVisionTransformer(VisionTransformer):
             and running_eagerly()
             and not hooks_anywhere(self)
         )
+
+    def packed_accelerable(self) -> bool:
+        """Whether :meth:`encode_packed` may run the blocks on each length of image in turn (the images of one
+        length as a batch) instead of on the packed sequences: what :meth:`accelerable` asks of a batch, every block
+        a :class:`.blocks.FastBlock`, no activation checkpointing, and in training no dropout or stochastic depth in
+        the blocks (their draws would fall otherwise than on the packed sequences: stochastic depth drops a whole
+        sequence there)."""
+        return (
+            enabled()
+            and self._captured is None
+            and not self.tome_r
+            and running_eagerly()
+            and not hooks_anywhere(self)
+            and not (self.grad_checkpointing and self.training and torch.is_grad_enabled())
+            and all(type(b) is FastBlock for b in self.blocks)
+            and not (self.training and _draws(self.blocks))
+        )
+
+    def encode_packed(self, packed: PackedPatches, *, attention: bool = False) -> dict[str, Any]:
+        """As :meth:`VisionTransformer.encode_packed` (Eq. 1-3 and the final LayerNorm on packed images), with the
+        blocks run on the images of each length as one batch ``(images, length, D)``: a token attends to its own
+        image's alone either way, and the rest of a block is per token, so the results are the same, while each
+        block takes its speed paths (:class:`.blocks.FastBlock`) instead of the packed sequences' plain forward
+        (NaViT's packing is for a TPU's fixed shapes; on a CPU, batches of one length are as exact and need no
+        gathered attention). Padding comes back as zeros before the final LayerNorm (no image reads it)."""
+        if attention or not self.packed_accelerable():
+            return super().encode_packed(packed, attention=attention)
+        start, length = check_packed(self, packed)
+        z = self._embed_packed(packed, start)
+        b, s, d = z.shape
+        order, sizes, shapes, back = PackedAttention(packed.image_ids, self.packed_attention).gather
+        groups = [g.view(n, t, d) for g, (n, t) in zip(z.reshape(b * s, d)[order].split(sizes), shapes, strict=True)]
+        for blk in self.blocks:
+            groups = [blk(g) for g in groups]
+        rows = torch.cat([g.reshape(-1, d) for g in groups] + [z.new_zeros(1, d)])
+        encoded = self.norm(F.embedding(back, rows).view(b, s, d))  # (a lookup: its backward is the faster gather)
+        return {"blocks": [], "attention": [], "encoded": encoded, "start": start, "length": length}
 
     def cls_only_applies(self) -> bool:
         """Whether ``forward`` may run the last block for the class token alone."""
@@ -153,6 +195,14 @@ class FastVisionTransformer(VisionTransformer):
         t, d = gh * gw + self.num_prefix_tokens, cfg.embed_dim
         kept = t * d * 2 * d + d * d + 2 * t * d + d * d + 2 * d * cfg.mlp_dim  # k, v for all; the rest for one
         return full - block_macs(cfg, t) + kept
+
+
+def _draws(blocks: nn.Module) -> bool:
+    """Whether a training forward of ``blocks`` draws random numbers (dropout, attention dropout, stochastic depth)."""
+    return any(
+        (isinstance(m, (nn.Dropout, DropPath)) and m.p > 0) or getattr(m, "attn_drop", 0.0) > 0
+        for m in blocks.modules()
+    )
 
 
 def _convert_blocks(model: nn.Module) -> None:

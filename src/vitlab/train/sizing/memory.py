@@ -244,12 +244,13 @@ def estimate(
 
 def _fused_cpu_blocks(cfg: TrainConfig, mc: Any, device_type: str) -> bool:
     """Whether the training blocks run as :mod:`vitlab.accel.fused_block`'s one autograd node (its conditions: a
-    CPU, float32 without autocast, eager, no dropout inside the block, a qkv bias, a GELU MLP, global attention).
+    CPU, float32 without autocast, eager, no dropout inside the block, a qkv bias, a GELU MLP, global attention;
+    packed input without stochastic depth or checkpointing: :meth:`vitlab.accel.FastVisionTransformer.encode_packed`).
     Those blocks keep their activations in buffers from one step to the next (:mod:`vitlab.accel.buffers`), also
     while evaluating and also under ``--grad-checkpointing``, whose recomputed forward writes them again."""
     return (
         device_type == "cpu"
-        and not cfg.pack  # the speed paths stand aside for packed input
+        and not (cfg.pack and (mc.drop_path_rate > 0 or cfg.grad_checkpointing))  # (packed: by length, else plain)
         and cfg.precision in ("auto", "fp32")
         and not cfg.compile
         and mc.attn_drop_rate == 0

@@ -132,10 +132,13 @@ def store_side(img: int, crop_pct: float = 1.0) -> int:
 
 
 PACKED_STEP_COST = 1.3
-"""A packed step (``--pack``) over a square one of the same images and tokens kept, on 2 CPU cores: 1.22-1.33x
-since attention gathers each image's tokens by index (``benchmarks/bench_packed_attention.py --train-step``,
-docs/training.md, "Packing"); the probes time a square step dropping the tokens the run drops and count a packed
-one as this many (the passes a budget buys at a side, the pace the auto recipe chooses from)."""
+"""A packed step (``--pack``) over a square one of the same images and tokens kept, on 2 CPU cores, as a run pays it:
+the blocks' compute is 1.09-1.11x since they run the images of each length as a batch on the speed paths
+(``benchmarks/bench_packed_attention.py --train-step``, photo shapes uncropped; 1.22-1.33x before, on the plain
+packed forward), and a run's light crop makes more lengths (more, smaller calls a block) and packs its batches
+(docs/training.md, "Packing"): 1.3 planned 231, 220 and 243 steps where three 1-minute photo runs made 231, 229 and
+243. The probes time a square step dropping the tokens the run drops and count a packed one as this many (the passes
+a budget buys at a side, the pace the auto recipe chooses from)."""
 
 
 def folder_storage(
