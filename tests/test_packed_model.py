@@ -248,7 +248,8 @@ def _speed_path_calls(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("train", [False, True])
 def test_accel_runs_the_packed_images_of_each_length_as_a_batch(arch, train, monkeypatch):
     """The speed paths run packed input by lengths (the images of one length as a batch through every block): the
-    logits and every parameter's gradient are the plain packed model's, to float32 rounding; the fused blocks ran."""
+    logits, the pooled features and every parameter's gradient are the plain packed model's, to float32 rounding;
+    the fused blocks ran, and under class-token pooling the last block for the class tokens alone."""
     plain = randomised(VisionTransformer(**TINY, **ARCHS[arch])).train(train)
     fast = accel.accelerate(copy.deepcopy(plain))
     xs = [image(16, 40), image(32, 32, seed=2), image(40, 16, seed=3), image(24, 24, seed=4), image(8, 16, seed=5)]
@@ -258,13 +259,20 @@ def test_accel_runs_the_packed_images_of_each_length_as_a_batch(arch, train, mon
         prefix_tokens=fast.num_prefix_tokens,
     )
     assert fast.packed_accelerable()
+    cls_only = fast.cls_only_applies()  # class-token pooling: the last block for the class tokens alone
+    assert cls_only == (arch == "cls-learn")
     calls = _speed_path_calls(monkeypatch)
+    real_cls = accel.FastBlock.forward_cls
+    monkeypatch.setattr(accel.FastBlock, "forward_cls", lambda *a: calls.append("cls") or real_cls(*a))
     with torch.set_grad_enabled(train):
         got, want = fast(packed), plain(packed)
+        assert_close_rel(fast.forward_packed(packed, pre_logits=True), plain.forward_packed(packed, pre_logits=True))
     assert_close_rel(got, want)
-    assert len(calls) == len(fast.blocks) * 4 or (not calls and not train)  # four lengths: 10, 16, 9 and 2 patches
+    blocks = [c for c in calls if c != "cls"]  # four lengths (10, 16, 9 and 2 patches), a call each, twice
+    assert calls.count("cls") == 2 * 4 * cls_only
+    assert len(blocks) == 2 * 4 * (len(fast.blocks) - cls_only) or (not blocks and not train)
     if train:
-        assert calls == ["vitlab.accel.fused_block"] * len(calls)
+        assert blocks == ["vitlab.accel.fused_block"] * len(blocks)
         (got * torch.arange(got.numel()).view_as(got)).sum().backward()
         (want * torch.arange(want.numel()).view_as(want)).sum().backward()
         grads = dict(plain.named_parameters())

@@ -98,23 +98,47 @@ class FastVisionTransformer(VisionTransformer):
 
     def encode_packed(self, packed: PackedPatches, *, attention: bool = False) -> dict[str, Any]:
         """As :meth:`VisionTransformer.encode_packed` (Eq. 1-3 and the final LayerNorm on packed images), with the
-        blocks run on the images of each length as one batch ``(images, length, D)``: a token attends to its own
-        image's alone either way, and the rest of a block is per token, so the results are the same, while each
-        block takes its speed paths (:class:`.blocks.FastBlock`) instead of the packed sequences' plain forward
-        (NaViT's packing is for a TPU's fixed shapes; on a CPU, batches of one length are as exact and need no
-        gathered attention). Padding comes back as zeros before the final LayerNorm (no image reads it)."""
+        blocks run on the images of each length as one batch ``(images, length, D)`` (:meth:`_by_length`): a token
+        attends to its own image's alone either way, and the rest of a block is per token, so the results are the
+        same, while each block takes its speed paths (:class:`.blocks.FastBlock`) instead of the packed sequences'
+        plain forward (NaViT's packing is for a TPU's fixed shapes; on a CPU, batches of one length are as exact and
+        need no gathered attention). Padding comes back as zeros before the final LayerNorm (no image reads it)."""
         if attention or not self.packed_accelerable():
             return super().encode_packed(packed, attention=attention)
         start, length = check_packed(self, packed)
         z = self._embed_packed(packed, start)
         b, s, d = z.shape
-        order, sizes, shapes, back = PackedAttention(packed.image_ids, self.packed_attention).gather
-        groups = [g.view(n, t, d) for g, (n, t) in zip(z.reshape(b * s, d)[order].split(sizes), shapes, strict=True)]
+        packing = PackedAttention(packed.image_ids, self.packed_attention)
+        groups = self._by_length(z, packing)
         for blk in self.blocks:
             groups = [blk(g) for g in groups]
         rows = torch.cat([g.reshape(-1, d) for g in groups] + [z.new_zeros(1, d)])
-        encoded = self.norm(F.embedding(back, rows).view(b, s, d))  # (a lookup: its backward is the faster gather)
+        encoded = self.norm(F.embedding(packing.gather[3], rows).view(b, s, d))  # (a lookup: the faster backward)
         return {"blocks": [], "attention": [], "encoded": encoded, "start": start, "length": length}
+
+    def forward_packed(self, packed: PackedPatches, *, pre_logits: bool = False, return_attention: bool = False) -> Any:
+        """As :meth:`VisionTransformer.forward_packed`; under class-token pooling (:meth:`cls_only_applies`) with the
+        blocks by length (:meth:`encode_packed`), the last block runs for each image's class token alone, as
+        :meth:`forward` does for a batch of images."""
+        if return_attention or not (self.packed_accelerable() and self.cls_only_applies()):
+            return super().forward_packed(packed, pre_logits=pre_logits, return_attention=return_attention)
+        z = self._embed_packed(packed, check_packed(self, packed)[0])
+        packing = PackedAttention(packed.image_ids, self.packed_attention)
+        groups = self._by_length(z, packing)
+        for blk in self.blocks[:-1]:
+            groups = [blk(g) for g in groups]
+        cls = torch.cat([self.blocks[-1].forward_cls(g) for g in groups])  # (images, 1, D), by length
+        images = [i for seq in packing.runs for i, _ in seq]  # each run's image id (-1: padding)
+        at = torch.tensor([images[r] for group in packing.same_length for r in group], device=cls.device)
+        return self.forward_head(self.norm(cls[torch.argsort(at)]), pre_logits=pre_logits)  # in the images' order
+
+    @staticmethod
+    def _by_length(z: torch.Tensor, packing: PackedAttention) -> list[torch.Tensor]:
+        """The embedded packed tokens ``z`` ``(B, S, D)`` of the images of each length as one batch ``(images,
+        length, D)`` (:attr:`~vitlab.models.packed.PackedAttention.gather`'s index and groups)."""
+        order, sizes, shapes, _ = packing.gather
+        d = z.shape[-1]
+        return [g.view(n, t, d) for g, (n, t) in zip(z.reshape(-1, d)[order].split(sizes), shapes, strict=True)]
 
     def cls_only_applies(self) -> bool:
         """Whether ``forward`` may run the last block for the class token alone."""
