@@ -131,14 +131,15 @@ def store_side(img: int, crop_pct: float = 1.0) -> int:
     return max(32, math.floor(img / min(CROP_MARGIN, crop_pct)))
 
 
-PACKED_STEP_COST = 1.3
+PACKED_STEP_COST = 1.2
 """A packed step (``--pack``) over a square one of the same images and tokens kept, on 2 CPU cores, as a run pays it:
-the blocks' compute is 1.09-1.11x since they run the images of each length as a batch on the speed paths
-(``benchmarks/bench_packed_attention.py --train-step``, photo shapes uncropped; 1.22-1.33x before, on the plain
-packed forward), and a run's light crop makes more lengths (more, smaller calls a block) and packs its batches
-(docs/training.md, "Packing"): 1.3 planned 231, 220 and 243 steps where three 1-minute photo runs made 231, 229 and
-243. The probes time a square step dropping the tokens the run drops and count a packed one as this many (the passes
-a budget buys at a side, the pace the auto recipe chooses from)."""
+the blocks' compute is 0.92-0.94x since they run the images of each length as a batch on the speed paths, the last
+one for the class tokens alone (``benchmarks/bench_packed_attention.py --train-step``, photo shapes uncropped;
+1.22-1.33x before, on the plain packed forward), and a run's light crop makes more lengths (more, smaller calls a
+block) and packs its batches (docs/training.md, "Packing"): at 1.3, three 1-minute photo runs planned 276, 262 and
+257 steps and made 316, 262 and 299 (1.10x on the mean). The probes time a square step dropping the tokens the run
+drops and count a packed one as this many (the passes a budget buys at a side, the pace the auto recipe chooses
+from)."""
 
 
 def folder_storage(
