@@ -45,10 +45,10 @@ def test_the_auto_recipe_for_photos_says_it_keeps_the_crop_only():
     assert r.randaugment == (2, 10) and r.mixup == 0.2 and "photos" not in line
 
 
-def test_photos_are_cropped_only_from_30_passes_other_images_from_10():
+def test_photos_are_cropped_only_from_30_passes_other_images_from_10(tmp_path):
     """On the clothing photos a 1-minute budget's 14-16 passes lost 7 points to the light level's crop
     (docs/training.md, "The crop on photos"): a photo run under PHOTO_CROP_FROM passes gets the minimal level and
-    its line says why; other images, and photos packed at their own aspect ratio, keep the light level from 10."""
+    its line says why, square or packed (``--pack``, the same rule); other images keep the light level from 10."""
     assert PHOTO_CROP_FROM == 30
     assert [aug_level(epochs=e, n_train=3_000, photos=True) for e in (5, 15, 29.9, 30, 60)] == [
         "minimal", "minimal", "minimal", "light", "medium"
@@ -61,8 +61,11 @@ def test_photos_are_cropped_only_from_30_passes_other_images_from_10():
     assert r.crop_scale == LEVELS["light"]["crop_scale"] and "-> light aug (medium schedule)" in line
     r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=5, photo_data=True)
     assert "-> minimal aug (short schedule; photos: its crop and flip only)" in line
-    r, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=15, photo_data=True, packed=True)
-    assert r.crop_scale == LEVELS["light"]["crop_scale"] and "-> light aug (medium schedule; photos: its crop" in line
+    photos = _photos(tmp_path / "photos", [(400, 533)] * 3)
+    for pack in (False, True):
+        _, fitted = _fitted(_cfg(photos, img_size=64, epochs=15, pack=pack), photos, tmp_path / f"pack{pack}")
+        assert fitted.recipe.crop_scale == fitted.recipe.crop_ratio == (1.0, 1.0), pack
+        assert "photos: no crop under 30 passes" in fitted.resolved
 
 
 def _fitted(cfg: TrainConfig, data_root: Path, tmp_path: Path):

@@ -163,7 +163,6 @@ def auto_recipe(
     photos: bool = False,
     photo_data: bool = False,
     pace: Pace | None = None,
-    packed: bool = False,
 ) -> tuple[Recipe, str]:
     """The resolved ``auto`` recipe for ``n_train`` images of ``img_size`` in ``num_classes`` classes,
     trained for ``epochs`` or ``time_budget`` seconds, and one line saying what it chose and why.
@@ -171,18 +170,16 @@ def auto_recipe(
     ``batch_size``: the user's (else :func:`auto_batch`); ``token_drop``: the user's (else
     :data:`BUDGET_TOKEN_DROP` with a ``time_budget``, none without); ``photos``: the input is photo-sized
     (the patch, :func:`_patch_for`); ``photo_data``: the images are photos the run crops from (the level's crop
-    and flip only, :func:`~.levels.level_fields`; trained as squares, a crop only from
-    :data:`~.levels.PHOTO_CROP_FROM` passes); ``packed``: trained packed at their own aspect ratio (``--pack``: a crop
-    from 10 passes, as other images); ``pace``: what a probe measured on the data (with a ``time_budget``, the model,
+    and flip only, :func:`~.levels.level_fields`; a crop only from :data:`~.levels.PHOTO_CROP_FROM` passes, square or
+    packed); ``pace``: what a probe measured on the data (with a ``time_budget``, the model,
     level and passes are chosen from it, :func:`_by_pace`; without one, from :data:`MACS_PER_S`)."""
     batch = batch_size or auto_batch(n_train)
-    square_photos = photo_data and not packed
     steps_per_epoch = max(1, n_train // batch)
     level = None
     if time_budget is not None and pace is not None:
         model, arch, token_drop, level, steps, per_step = _by_pace(
             pace, time_budget=time_budget, n_train=n_train, img_size=img_size, in_chans=in_chans, batch=batch,
-            token_drop=token_drop, photos=photos, square_photos=square_photos,
+            token_drop=token_drop, photos=photos, photo_data=photo_data,
         )  # fmt: skip
         how = f"~{steps:,} steps of {per_step * 1000:.0f} ms in {time_budget:.0f} s (measured: {pace.probe})"
     elif time_budget is not None:
@@ -203,7 +200,7 @@ def auto_recipe(
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
         how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
-    level = level or aug_level(epochs=passes, n_train=n_train, photos=square_photos)
+    level = level or aug_level(epochs=passes, n_train=n_train, photos=photo_data)
     aug = level_fields(level, photos=photo_data)
     warm = 0.1 if steps < 5000 else 0.05
     lr = (2e-3 if passes < 10 else 1e-3) * math.sqrt(batch / 128)
@@ -223,7 +220,7 @@ def auto_recipe(
         **aug,
     )
     head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
-    plain = aug_level(epochs=passes, n_train=0, photos=square_photos)
+    plain = aug_level(epochs=passes, n_train=0, photos=photo_data)
     reason = head + auto_reason(recipe, level=level, plain=plain, passes=passes, n_train=n_train, model=model,
                                 photos=photo_data)  # fmt: skip
     return recipe, reason
@@ -231,7 +228,7 @@ def auto_recipe(
 
 def _by_pace(
     pace: Pace, *, time_budget: float, n_train: int, img_size: tuple[int, int], in_chans: int, batch: int,
-    token_drop: float | None, photos: bool, square_photos: bool = False,
+    token_drop: float | None, photos: bool, photo_data: bool = False,
 ) -> tuple[str, dict[str, Any], float, str, int, float]:  # fmt: skip
     """``(model, ViT fields, token drop, level, steps, seconds a step)`` for a time budget, from a measured pace:
     the steps are counted as the run's plan counts them (:func:`~.pace.steps_in_budget`, with each epoch's evaluation
@@ -254,7 +251,7 @@ def _by_pace(
         for level in reversed(order):
             per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
             steps = steps_in_budget(left, per_step, end_s, spe)
-            wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=square_photos)
+            wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photo_data)
             if order.index(wanted) >= order.index(level):
                 break
         if steps * batch >= least or name == MODELS[0][0]:
@@ -336,7 +333,6 @@ def classify_recipe(
             photos=min(img) >= PHOTO_SIDE,  # a photo-sized input (224 px): the paper's patch 16
             pace=pace if cfg.time_budget else None,
             photo_data=photo_data,
-            packed=cfg.pack,
         )
         arch = dict(new.arch)
         user = {k: v for k, v in cfg.arch.items() if v is not None}
