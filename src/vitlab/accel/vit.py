@@ -224,7 +224,8 @@ class FastVisionTransformer(VisionTransformer):
 def _draws(blocks: nn.Module) -> bool:
     """Whether a training forward of ``blocks`` draws random numbers (dropout, attention dropout, stochastic depth)."""
     return any(
-        (isinstance(m, (nn.Dropout, DropPath)) and m.p > 0) or getattr(m, "attn_drop", 0.0) > 0
+        (isinstance(m, (nn.Dropout, DropPath)) and m.p > 0)
+        or (isinstance(a := getattr(m, "attn_drop", 0.0), (int, float)) and a > 0)
         for m in blocks.modules()
     )
 
