@@ -1,6 +1,7 @@
 """One sizing rule on every path (issue 57): the same photo folder under one time budget, trained from the folder,
 from its tar shards (``vitlab data pack``) and with ``--pack``, then replayed from the folder run's ``config.yaml``;
-and the lines a photo run for a number of epochs prints about its wall time. Each run is ``python -m vitlab train``
+and the lines a photo run for a number of epochs prints about its wall time; the folder's and the packed run's
+models evaluated with their centre crop at crop_pct 0.875 and 1. Each run is ``python -m vitlab train``
 in its own process, one after the other (run it alone on the machine: a budget is wall time). Prints one JSON line
 per run and a Markdown table for docs/training.md ("How a run is sized").
 
@@ -46,6 +47,23 @@ def train(args: list[str], out: Path) -> dict:
     }
 
 
+def centre_crops(model: Path, val: Path, cache: Path) -> dict[str, float]:
+    """The top-1 of the model folder ``model`` on the class folder ``val``, its centre crop taken at timm's crop_pct
+    of 0.875 and at 1 (the whole shorter side): a packed run's crop_pct is chosen for the scale it trained at
+    (``vitlab.train.sizing.side.packed_crop_pct``), a square run's is 0.875; both are shown for both."""
+    import vitlab
+    from vitlab.evaluate import evaluate_model
+
+    out = {}
+    for pct in (0.875, 1.0):
+        m = vitlab.resolve_model(str(model))
+        m.config.crop_pct = pct
+        out[f"crop_pct {pct:g}"] = round(
+            100 * evaluate_model(m, str(val), cache_dir=str(cache), progress=False)["top1"], 2
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="a folder with train/, validation/ and test/")
@@ -73,6 +91,8 @@ def main() -> None:
     rows["replay"] = train(["--config", str(work / "folder" / "config.yaml")], work / "replay")
     rows["epochs"] = train(["--data", str(folder), "--epochs", "10", "--stop-after", "12", "--seed", str(a.seed)],
                            work / "epochs")  # fmt: skip
+    for name in ("folder", "pack"):
+        rows[name]["centre_crops"] = centre_crops(work / name / "model", folder / "val", work / "cache")
     for name, r in rows.items():
         print(json.dumps({"run": name, **r}))
     print("\n| path | side, patch | steps | top-1 | re-plans | wall |\n|---|---|---|---|---|---|")
@@ -80,6 +100,9 @@ def main() -> None:
         if name != "epochs":
             print(f"| {name} | {r['img_size']} px, {r['patch']} | {r['steps']} | {r['top1']}% | {r['replans']} | "
                   f"{r['wall_s']} s |")  # fmt: skip
+    for name in ("folder", "pack"):
+        crops = ", ".join(f"{k}: {v}%" for k, v in rows[name]["centre_crops"].items())
+        print(f"\n{name}'s model, its centre crop at {crops}")
     print("\n--epochs 10 on the photos: " + " / ".join(rows["epochs"]["lines"]))
 
 

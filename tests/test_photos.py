@@ -97,6 +97,32 @@ def test_a_fine_tune_stores_photos_for_its_init_models_size(tmp_path):
     assert unknown.size is None and unknown.store_side == 439
 
 
+def test_packed_photos_are_evaluated_at_the_scale_they_trained_at(tmp_path):
+    """``--pack`` trains each photo whole within a square's token budget, its shorter side at ``side / sqrt(a)``: the
+    centre crop resizes that shorter side by as much as the square run's does its ``side`` (Touvron et al. 2019). 3:4
+    phone photos: the whole shorter side (crop_pct 1); square photos as the square run; a crop_pct the user gave, and
+    the square run, as before; ``--pack-res`` from the middle of its range. The model saves what was chosen."""
+    phones = {(3024, 4032): 20, (4032, 3024): 3, (1080, 1920): 1}  # a median aspect ratio of 4:3
+    square = folder_storage(_cfg(tmp_path, img_size=64), phones)
+    packed = folder_storage(_cfg(tmp_path, img_size=64, pack=True), phones)
+    assert (square.crop_pct, packed.crop_pct) == (0.875, 1.0) and packed.line.endswith(
+        "crop_pct 1 (packed whole: the scale they train at)"
+    )
+    assert packed.store_side == square.store_side == 73  # the training images: stored as before
+    assert folder_storage(_cfg(tmp_path, img_size=64, pack=True), {(2000, 2000): 5}).crop_pct == 0.875
+    wide = folder_storage(_cfg(tmp_path, img_size=64, pack=True), {(2000, 2200): 5})  # 1.1: sqrt 1.049
+    assert wide.crop_pct == pytest.approx(0.875 * 1.1**0.5)
+    low = folder_storage(_cfg(tmp_path, img_size=64, pack=True, pack_res=(64.0, 96.0)), {(2000, 2200): 5})
+    assert low.crop_pct == pytest.approx(0.875 * 1.1**0.5 * 64 / 80)
+    given = get_recipe("auto").replace(crop_pct=0.9)
+    cfg = TrainConfig(recipe=given, data=str(tmp_path), out="unused", progress=False, img_size=64, pack=True)
+    assert folder_storage(cfg, phones).crop_pct == 0.9
+    data = _photos(tmp_path / "phones", [(300, 400), (400, 300), (300, 400)])
+    code, out = _train(data, tmp_path, "--pack", "--img-size", "64", "--patch-size", "16", *TINY)
+    assert code == 0
+    assert json.loads((Path(out) / "model" / "config.json").read_text())["crop_pct"] == 1.0
+
+
 @pytest.mark.parametrize(("side", "patch"), [(32, 4), (8, 1), (28, 4), (64, 8)])
 def test_small_images_keep_their_own_size_and_patch(tmp_path, side, patch):
     """CIFAR's 32 px, digits' 8 px, MNIST's 28 px and 64 px: their own size, evaluated whole, stored as they are."""
