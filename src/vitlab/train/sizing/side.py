@@ -163,7 +163,7 @@ def packed_crop_pct(
     packed run")."""
     aspect = median(max(wh) / max(1, min(wh)) for wh, n in counts.items() for _ in range(n))
     trained = sum(pack_res) / 2 if pack_res is not None else side
-    return min(1.0, PHOTO_CROP_PCT * math.sqrt(aspect) * side / trained)
+    return round(min(1.0, PHOTO_CROP_PCT * math.sqrt(aspect) * side / trained), 3)  # (as a line shows it)
 
 
 def folder_storage(
@@ -227,7 +227,7 @@ def folder_storage(
     if shards:
         stored = f"read from the shards as they train, {stored.split(', ')[0]} in memory (nothing on disk)"
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
-    line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:.3g}{scale}"
+    line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}{scale}"
     return FolderStorage(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
 
 
