@@ -112,6 +112,10 @@ def test_packed_photos_are_evaluated_at_the_scale_they_trained_at(tmp_path):
     assert folder_storage(_cfg(tmp_path, img_size=64, pack=True), {(2000, 2000): 5}).crop_pct == 0.875
     wide = folder_storage(_cfg(tmp_path, img_size=64, pack=True), {(2000, 2200): 5})  # 1.1: sqrt 1.049
     assert wide.crop_pct == round(0.875 * 1.1**0.5, 3) and "crop_pct 0.918 (packed" in wide.line
+    counted = folder_storage(
+        _cfg(tmp_path, img_size=64, pack=True), {(2000, 2000): 1, (2000, 2200): 1, (2000, 2600): 5}
+    )
+    assert counted.crop_pct == round(0.875 * 1.3**0.5, 3)  # the median photo's 1.3, counted, not the sizes' 1.1
     low = folder_storage(_cfg(tmp_path, img_size=64, pack=True, pack_res=(64.0, 96.0)), {(2000, 2200): 5})
     assert low.crop_pct == round(0.875 * 1.1**0.5 * 64 / 80, 3)
     given = get_recipe("auto").replace(crop_pct=0.9)

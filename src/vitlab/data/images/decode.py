@@ -14,7 +14,7 @@ import math
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from .resize import centre_square, resized_shape
 
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_ASPECT",
     "OverBudget",
     "convert_mode",
+    "counted_median",
     "decode_encoded",
     "decode_image",
     "decode_pil",
@@ -40,6 +41,8 @@ __all__ = [
     "too_thin",
     "typical_side",
 ]
+
+T = TypeVar("T", int, float)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 """File name endings (lower case) taken as images when a folder is searched."""
@@ -74,15 +77,22 @@ def typical_side(sizes: Mapping[tuple[int, int], int]) -> int:
     """The typical shorter side of a folder of images: the median shorter side over the images (``sizes``
     maps ``(width, height)`` to a count), leaving out strips (:func:`too_thin`), so that a few outliers,
     thin or huge, never set the model's input size (nor the size a folder of mixed sizes is decoded to)."""
-    sides = sorted((min(wh), n) for wh, n in sizes.items() if not too_thin(*wh)) or sorted(
-        (min(wh), n) for wh, n in sizes.items()
+    return counted_median(sizes, min)
+
+
+def counted_median(sizes: Mapping[tuple[int, int], int], of: Callable[[tuple[int, int]], T]) -> T:
+    """The (lower) median of ``of((width, height))`` over the images ``sizes`` counts (``(width, height) -> count``),
+    leaving out strips (:func:`too_thin`) unless nothing else is there: :func:`typical_side`'s rule, for any
+    measure of an image's size (its shorter side, its aspect ratio), in time of the distinct sizes, not the images."""
+    values = sorted((of(wh), n) for wh, n in sizes.items() if not too_thin(*wh)) or sorted(
+        (of(wh), n) for wh, n in sizes.items()
     )
-    half, seen = (sum(n for _, n in sides) + 1) // 2, 0
-    for side, n in sides:
+    half, seen = (sum(n for _, n in values) + 1) // 2, 0
+    for value, n in values:
         seen += n
         if seen >= half:
-            return side
-    raise ValueError("typical_side of no images")
+            return value
+    raise ValueError("the median of no images")
 
 
 def header_sizes(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[int, int] | None]:

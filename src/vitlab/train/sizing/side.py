@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from ..._units import duration
-from ...data.images.decode import too_thin, typical_side
+from ...data.images.decode import counted_median, too_thin, typical_side
 from ...data.images.resize import resize_side
 from ...data.images.storage import FolderStorage
 
@@ -152,16 +151,16 @@ def packed_crop_pct(
     resolution discrepancy": the apparent size of the objects at test as at training).
 
     A square run trains on the photo's shorter side at ``side`` px and evaluates it resized to ``side /``
-    :data:`PHOTO_CROP_PCT`; a packed one trains each photo whole at its aspect ratio ``a`` (long / short) within
-    the token budget of a ``side`` px square (``--pack-res``: the middle of its range), its shorter side at most
-    ``side / sqrt(a)`` (the patch grid rounds down), so its centre crop is resized as much over that: ``crop_pct =
+    :data:`PHOTO_CROP_PCT`; a packed one trains each photo whole at its aspect ratio ``a`` (long / short) within the
+    token budget of a ``side`` px square (``--pack-res``: the middle of its range), its shorter side at most ``side
+    / sqrt(a)`` (the patch grid rounds down), so its centre crop is resized as much over that: ``crop_pct =
     PHOTO_CROP_PCT * sqrt(a)``, at most 1 (the whole shorter side: a ``side`` crop needs no less), for the typical
-    (median) aspect ratio of ``counts`` (``(width, height) -> count``). 3:4 phone photos: 1.0, the shorter side
-    resized to ``side`` where the square run resizes it to ``side / 0.875``. The clothing photos at 64 px, five
-    1-minute runs of each: the packed models' centre crop read 44.34% on the mean at crop_pct 1 against 41.41% at
-    0.875 (ahead on every seed), the square models' 49.15% against 53.43% (docs/training.md, "The centre crop of a
-    packed run")."""
-    aspect = median(max(wh) / max(1, min(wh)) for wh, n in counts.items() for _ in range(n))
+    (median, :func:`~vitlab.data.images.decode.counted_median`) aspect ratio of ``counts`` (``(width, height) ->
+    count``). 3:4 phone photos: 1.0, the shorter side resized to ``side`` where the square run resizes it to ``side
+    / 0.875``. The clothing photos at 64 px, five 1-minute runs of each: the packed models' centre crop read 44.34%
+    on the mean at crop_pct 1 against 41.41% at 0.875 (ahead on every seed), the square models' 49.15% against
+    53.43% (docs/training.md, "The centre crop of a packed run")."""
+    aspect = counted_median(counts, lambda wh: max(wh) / max(1, min(wh)))
     trained = sum(pack_res) / 2 if pack_res is not None else side
     return round(min(1.0, PHOTO_CROP_PCT * math.sqrt(aspect) * side / trained), 3)  # (as a line shows it)
 
