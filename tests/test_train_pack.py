@@ -143,3 +143,26 @@ def test_the_pack_vs_square_benchmark_runs_both_arms_and_writes_its_table(source
     assert rows[0]["padding"] is None and 0 <= rows[1]["padding"] < 1
     assert all(set(r["native_at"]) == {"8", "16"} for r in rows)
     assert "| pack | 0 |" in out.read_text()
+
+
+def test_the_tokens_a_second_of_an_epoch_cut_short_count_the_images_it_made():
+    """A time budget's last epoch ends part-way: its mean tokens an image is taken over the micro-batches it made,
+    not over the whole epoch's (which read a quarter of the truth on a 10-minute run cut a quarter through)."""
+    from types import SimpleNamespace
+
+    from vitlab.distributed import Dist
+    from vitlab.train.engine.navit import packed_metrics
+
+    objective = SimpleNamespace(evaluate=lambda *a, **k: {"top1": 0.5, "top5": 0.9, "loss": 1.0})
+    loaders = SimpleNamespace(packed=True, micro=8, micro_per_epoch=12, native_eval_batches=lambda: [])
+
+    def tokens_per_sec(micro_done: int) -> float:
+        # 20 tokens an image in every micro-batch made, 25 slots an image
+        position = SimpleNamespace(micro=micro_done, tokens=20 * 8 * micro_done, slots=25 * 8 * micro_done)
+        row = packed_metrics(objective, None, loaders=loaders, position=position, dist=Dist(), device="cpu",
+                             amp_dtype=None, images_per_sec=100.0)  # fmt: skip
+        assert row["padding"] == pytest.approx(0.2)
+        return row["tokens_per_sec"]
+
+    assert tokens_per_sec(12) == pytest.approx(2000.0)  # the whole epoch
+    assert tokens_per_sec(3) == pytest.approx(2000.0)  # a quarter of it: the same tokens an image

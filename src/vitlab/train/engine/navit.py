@@ -187,10 +187,12 @@ def packed_metrics(
     amp_dtype: torch.dtype | None, images_per_sec: float,
 ) -> dict[str, float]:  # fmt: skip
     """A packed run's epoch: the evaluation at native aspect ratio beside the centre crop's, the padding of the
-    training sequences and the tokens a second (images a second x the epoch's mean tokens an image)."""
+    training sequences and the tokens a second (images a second x the epoch's mean tokens an image). The mean is
+    taken over the images of the micro-batches the epoch made (``position.micro``, before a resume too): a time
+    budget's last epoch ends part-way, and its tokens are that part's."""
     nev = objective.evaluate(eval_net, loaders.native_eval_batches(), device=device, amp_dtype=amp_dtype, dist=dist)
     tokens, slots = packed_counts(position, loaders, dist)
-    images = loaders.micro_per_epoch * loaders.micro * dist.world_size
+    images = position.micro * loaders.micro * dist.world_size
     return {
         "top1_native": nev["top1"],
         "top5_native": nev["top5"],
