@@ -147,7 +147,7 @@ def test_the_pack_vs_square_benchmark_runs_both_arms_and_writes_its_table(source
 
 def test_the_tokens_a_second_of_an_epoch_cut_short_count_the_images_it_made():
     """A time budget's last epoch ends part-way: its mean tokens an image is taken over the micro-batches it made,
-    not over the whole epoch's (which read a quarter of the truth on a 10-minute run cut a quarter through)."""
+    not over the whole epoch's (which read about half on 10-minute runs whose last epoch made 11 of 23 steps)."""
     from types import SimpleNamespace
 
     from vitlab.distributed import Dist
