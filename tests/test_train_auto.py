@@ -338,6 +338,27 @@ def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys
     assert rc["head_warmup"] == 3
 
 
+@pytest.mark.slow
+def test_head_warmup_under_lora_says_it_releases_the_adapters_and_trains_no_base_weight(tmp_path, capsys):
+    init = _init_model(tmp_path)
+    before = {n: p.detach().clone() for n, p in init.named_parameters()}
+    data = tiny_folder(tmp_path / "data", per_class=16, size=8)  # 48 images: batch 8, 6 steps an epoch
+    out = tmp_path / "ft"
+    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--lr", "0.3"]
+    args += ["--epochs", "1", "--head-warmup", "1", "--tune", "lora", "--optimizer", "adamw", "--stop-after", "4"]
+    code, text = _train(args, tmp_path, capsys)
+    assert code == 0 and "the new head trains alone for 1 step first" in text  # (the auto line: "1 steps" before)
+    assert "head warmup done after 1 step: training low-rank adapters and the head from here" in text
+    assert "every weight" not in text  # (it said so before, while only the adapters were released)
+    held = torch.load(out / "last.pt", map_location="cpu", weights_only=False)["model"]
+    trained = [k for k in held if "lora_B" in k and held[k].abs().sum() > 0]
+    assert trained  # the adapters trained after the warm-up (lora_B starts at zero)
+    for name, p in before.items():
+        base = name.replace("weight", "base_layer.weight").replace("bias", "base_layer.bias")
+        if not name.startswith("head."):
+            assert torch.equal(held[base if base in held else name], p), name  # no base weight moved
+
+
 def test_head_warmup_and_freeze_exclude_each_other(tmp_path, capsys):
     _init_model(tmp_path)
     data = tiny_folder(tmp_path / "data", per_class=4, size=8)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..._units import counted
 from ...accel import accelerate
 from ...adapters import DEFAULT_TARGETS, apply_tuning, trainable_counts
 from ...checkpoints import Checkpoint, checkpoint_config, load
@@ -287,10 +288,13 @@ class HeadOnly:
     decay, no state), so they stay bit-identical."""
 
     held: list[nn.Parameter]
+    what: str
+    """What trains once they are released, in words (every weight; under ``--tune lora`` the adapters and the head)."""
 
     @classmethod
-    def hold(cls, model: nn.Module, *, distributed: bool) -> HeadOnly:
-        """Hold ``model``'s non-head parameters back (one process: DDP registers the trainable parameters once)."""
+    def hold(cls, model: nn.Module, *, distributed: bool, what: str) -> HeadOnly:
+        """Hold ``model``'s non-head parameters back (one process: DDP registers the trainable parameters once);
+        ``what``: :meth:`~vitlab.train.conf.recipes.Recipe.tuning_what`."""
         if distributed:
             raise OptionError(ref("recipe.head_warmup"), " runs in one process; under torchrun use ",
                               ref("recipe.freeze"), ", then fine-tune")  # fmt: skip
@@ -300,11 +304,13 @@ class HeadOnly:
         held = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
         for p in held:
             p.requires_grad_(False)
-        return cls(held=held)
+        return cls(held=held, what=what)
 
-    def release(self) -> None:
+    def release(self, step: int) -> str:
+        """Train the held parameters again from ``step`` on; the line that says so."""
         for p in self.held:
             p.requires_grad_(True)
+        return f"head warmup done after {counted(step, 'step')}: training {self.what} from here"
 
 
 def seed_all(seed: int) -> None:

@@ -156,7 +156,7 @@ class Trainer:
         """Ready: from now on a stop signal saves (the first step then stops). The lines a run starts with."""
         self.stop.training()  # type: ignore[union-attr]
         if self.schedule.lookup(self.position.step).head_only:  # after the optimizer, which holds every parameter
-            self.head = HeadOnly.hold(self.vit, distributed=self.dist.enabled)
+            self.head = HeadOnly.hold(self.vit, distributed=self.dist.enabled, what=self.sizing.recipe.tuning_what())
         if self.init_line:
             self.log(self.init_line)
             if not self.resumed and self.objective.uses_labels:  # a collective under torchrun
@@ -245,9 +245,8 @@ class Trainer:
         image size the loop's)."""
         p = self.position
         if self.head is not None and not step.head_only:
-            self.head.release()
+            self.bar.line(self.head.release(p.step))  # 1 process
             self.head = None
-            self.bar.line(f"head warmup done after {p.step} steps: training every weight from here")  # 1 process
         switch = self.schedule.token_drop_switch()
         rate = step.token_drop_rate
         changed = ends_dropping(self.sizing.recipe) and (

@@ -231,7 +231,8 @@ def finetune_recipe(
     if method is not None:
         line = head + f"; method {method[0]}: {method[1]}" + line[len(head) :]
     if new.head_warmup:
-        line += f"; the new head trains alone for {new.head_warmup} steps first (LP-FT: under {SMALL_DATA:,} images)"
+        alone = counted(new.head_warmup, "step")
+        line += f"; the new head trains alone for {alone} first (LP-FT: under {SMALL_DATA:,} images)"
     kept = sorted(set(given) - {"epochs", "batch_size"})
     if kept:
         line += f"; kept as given: {', '.join(kept)}"
