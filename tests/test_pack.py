@@ -70,3 +70,17 @@ def test_pack_prints_the_manifest_path_once_joined_and_counts_in_agreement(folde
     printed = capsys.readouterr().out
     assert f"manifest: {tmp_path / 'shards' / 'manifest.json'};" in printed and "//" not in printed
     assert "test: 6 samples in 1 shard," in printed and "3 classes;" in printed
+
+
+def test_pack_takes_its_folder_as_out_like_every_command(folder, tmp_path, capsys):
+    """`vitlab data pack DIR --out OUT`, as `--out` is spelt in every other command (it was refused as unrecognised);
+    OUT and a different --out are refused, and check, which writes no folder, refuses --out."""
+    out = tmp_path / "shards"
+    assert main(["data", "pack", str(folder), "--out", str(out), "--no-progress"]) == 0
+    assert read_manifest(out)["splits"]["train"]["samples"] > 0
+    capsys.readouterr()
+    assert main(["data", "pack", str(folder), str(tmp_path / "a"), "--out", str(tmp_path / "b")]) == 2
+    assert main(["data", "check", str(folder), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "differ; give one" in err[0] and "--out is an option of vitlab data pack" in err[1]
+    assert not any((tmp_path / n).exists() for n in "abc")

@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "Train and evaluate from them with --data OUT (streamed, decoded at full resolution,\n"
             "not cached; docs/scale.md).\n\n"
             "examples:\n  vitlab data check ~/photos\n  vitlab data check ~/photos --json > check.json\n"
-            "  vitlab data pack ~/photos shards/ --shard-size 1GB\n"
+            "  vitlab data pack ~/photos shards/ --shard-size 1GB    # or --out shards/\n"
             "  vitlab train --data shards/ --img-size 224"
         ),
         formatter_class=formatter,
@@ -43,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         metavar="OUT",
         help="pack: folder for the shards and manifest.json (new, or one without shards)",
     )
+    p.add_argument("--out", dest="out_flag", default=None, metavar="OUT", help="pack: OUT, as every command's --out")
     p.add_argument("--json", action="store_true", help="check: print the report as JSON on stdout")
     p.add_argument(
         "--all-eval",
@@ -98,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     from ..data.shards.write import pack_folder
     from ..errors import ConfigError
 
+    if args.out is not None and args.out_flag is not None and args.out != args.out_flag:
+        raise ConfigError(f"vitlab data pack: OUT {args.out!r} and --out {args.out_flag!r} differ; give one")
+    args.out = args.out if args.out is not None else args.out_flag
     if args.out is None:
-        raise ConfigError("vitlab data pack DIR OUT: OUT, the folder for the shards, is missing")
+        raise ConfigError("vitlab data pack DIR OUT (or --out OUT): OUT, the folder for the shards, is missing")
     shard_bytes = size_option("--shard-size", args.shard_size)
     if args.max_image_pixels is not None and args.max_image_pixels < 1:
         raise ConfigError(f"--max-image-pixels {args.max_image_pixels}: out of range")
@@ -155,6 +159,8 @@ def check(args: argparse.Namespace) -> int:
 
     if args.out is not None:
         raise ConfigError(f"vitlab data check DIR takes one folder; {args.out!r} is one too many")
+    if args.out_flag is not None:
+        raise ConfigError("--out is an option of vitlab data pack; check prints its report (--json: as JSON)")
     for flag in ("shard_size", "seed", "overwrite"):
         if getattr(args, flag) != {"shard_size": "1GB", "seed": 0, "overwrite": False}[flag]:
             raise ConfigError(f"--{flag.replace('_', '-')} is an option of vitlab data pack, not of check")
