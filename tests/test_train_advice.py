@@ -121,6 +121,11 @@ def test_wall_estimate_times_the_first_steps(monkeypatch):
         )
         is None
     )  # too short to be worth a line
+    clock = iter([300.0, 301.0])  # a resumed run with 15 steps left times one step: named as one, not "32-32"
+    w = WallEstimate(total_steps=46, steps_per_epoch=23, batch_size=128, n_eval=341)
+    assert w.after_step(steps_this_run=1, step=31, wall_s=30.0) is None
+    line = w.after_step(steps_this_run=2, step=32, wall_s=31.0)
+    assert "(1000 ms per step over step 32, 14 steps and 1 evaluation(s) to go)" in line
 
 
 @pytest.mark.slow

@@ -153,7 +153,8 @@ class WallEstimate:
         evals = math.ceil(self.total / self.spe) - step // self.spe
         eval_s = per_step / 3 * self.n_eval / max(1, self.batch)
         total_s = wall_s + left * per_step + evals * eval_s
+        timed = f"step {step}" if self.until == 2 else f"steps {step - self.until + 2}-{step}"  # (not "32-32")
         return (
-            f"expected wall time ~{duration(total_s)} ({per_step * 1000:.0f} ms per step over steps "
-            f"{step - self.until + 2}-{step}, {left} steps and {evals} evaluation(s) to go)"
+            f"expected wall time ~{duration(total_s)} ({per_step * 1000:.0f} ms per step over {timed}, {left} steps "
+            f"and {evals} evaluation(s) to go)"
         )
