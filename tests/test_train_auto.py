@@ -313,15 +313,22 @@ def test_finetune_recipe_scales_to_a_160_image_folder(tmp_path, capsys):
     assert code == 2 and "--batch-size 512 is larger than the training set" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys):
+def _head_warmup_run(tmp_path, *options):
+    """``(the --init model's parameters, the run folder, vitlab finetune's arguments)`` for a head warm-up on 48
+    images (batch 8, 6 steps an epoch), AdamW at LR 0.3, with ``options``."""
     init = _init_model(tmp_path)
     before = {n: p.detach().clone() for n, p in init.named_parameters()}
-    data = tiny_folder(tmp_path / "data", per_class=16, size=8)  # 48 images: batch 8, 6 steps an epoch
+    data = tiny_folder(tmp_path / "data", per_class=16, size=8)
     out = tmp_path / "ft"
     args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--lr", "0.3"]
-    args += ["--epochs", "2", "--head-warmup", "3", "--keep", "last", "--optimizer", "adamw", "--weight-decay", "0.1"]
-    args += ["--tune", "full"]  # (on 48 images the auto recipe would train LoRA after the warm-up: issue 60's rule)
+    return before, out, [*args, "--optimizer", "adamw", *options]
+
+
+@pytest.mark.slow
+def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys):
+    options = ["--epochs", "2", "--head-warmup", "3", "--keep", "last", "--weight-decay", "0.1"]
+    options += ["--tune", "full"]  # (on 48 images the auto recipe would train LoRA after the warm-up: issue 60's rule)
+    before, out, args = _head_warmup_run(tmp_path, *options)
     code, text = _train([*args, "--stop-after", "3"], tmp_path, capsys)  # stops at the end of the head-only steps
     assert code == 0 and "head warmup done after 3 steps" in text
     held = torch.load(out / "last.pt", map_location="cpu", weights_only=False)["model"]
@@ -340,13 +347,8 @@ def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys
 
 @pytest.mark.slow
 def test_head_warmup_under_lora_says_it_releases_the_adapters_and_trains_no_base_weight(tmp_path, capsys):
-    init = _init_model(tmp_path)
-    before = {n: p.detach().clone() for n, p in init.named_parameters()}
-    data = tiny_folder(tmp_path / "data", per_class=16, size=8)  # 48 images: batch 8, 6 steps an epoch
-    out = tmp_path / "ft"
-    args = ["finetune", "--init", str(tmp_path / "init"), "--data", str(data), "--out", str(out), "--lr", "0.3"]
-    args += ["--epochs", "1", "--head-warmup", "1", "--tune", "lora", "--optimizer", "adamw", "--stop-after", "4"]
-    code, text = _train(args, tmp_path, capsys)
+    before, out, args = _head_warmup_run(tmp_path, "--epochs", "1", "--head-warmup", "1", "--tune", "lora")
+    code, text = _train([*args, "--stop-after", "4"], tmp_path, capsys)
     assert code == 0 and "the new head trains alone for 1 step first" in text  # (the auto line: "1 steps" before)
     assert "head warmup done after 1 step: training low-rank adapters and the head from here" in text
     assert "every weight" not in text  # (it said so before, while only the adapters were released)
