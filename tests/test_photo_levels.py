@@ -99,3 +99,11 @@ def test_the_probes_time_the_transform_a_photo_run_builds():
     plain = _level_transform("medium", photos=False, **kw).transforms
     assert not any(isinstance(t, v2.RandAugment | v2.RandomErasing) for t in photo)
     assert any(isinstance(t, v2.RandAugment) for t in plain) and any(isinstance(t, v2.RandomErasing) for t in plain)
+
+
+def test_the_auto_line_counts_one_step_as_one():
+    """A budget that buys one step said "~1 steps" (`vitlab train --data photos --time-budget 1s`)."""
+    _, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, time_budget=1e-3)
+    assert "~1 step (estimated for 0 s on cpu)" in line
+    _, line = auto_recipe(n_train=3_000, img_size=(64, 64), num_classes=10, epochs=1, batch_size=3_000)
+    assert line.startswith("auto: 1 step (1 epoch of 1)")

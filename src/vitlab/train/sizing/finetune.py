@@ -175,7 +175,7 @@ def finetune_recipe(
         macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
         rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(cfg.time_budget * rate / batch))
-        how = f"~{steps:,} steps (estimated for {cfg.time_budget:.0f} s on {device_type})"
+        how = f"~{counted(steps, 'step')} (estimated for {cfg.time_budget:.0f} s on {device_type})"
         epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
     else:
         token_drop = token_drop or 0.0

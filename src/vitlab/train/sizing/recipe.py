@@ -28,6 +28,7 @@ import dataclasses
 import math
 from typing import Any
 
+from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
@@ -181,7 +182,7 @@ def auto_recipe(
             pace, time_budget=time_budget, n_train=n_train, img_size=img_size, in_chans=in_chans, batch=batch,
             token_drop=token_drop, photos=photos, photo_data=photo_data,
         )  # fmt: skip
-        how = f"~{steps:,} steps of {per_step * 1000:.0f} ms in {time_budget:.0f} s (measured: {pace.probe})"
+        how = f"~{counted(steps, 'step')} of {per_step * 1000:.0f} ms in {time_budget:.0f} s (measured: {pace.probe})"
     elif time_budget is not None:
         model, arch = auto_arch(
             img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type, photos=photos
@@ -192,13 +193,13 @@ def auto_recipe(
         macs = forward_macs(arch, img_size, in_chans, token_drop=token_drop)
         rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
         steps = max(1, int(time_budget * rate / batch))
-        how = f"~{steps:,} steps (estimated for {time_budget:.0f} s on {device_type})"
+        how = f"~{counted(steps, 'step')} (estimated for {time_budget:.0f} s on {device_type})"
     else:
         token_drop = token_drop or 0.0
         epochs = epochs or RECIPES["auto"].epochs
         steps = epochs * steps_per_epoch
         model, arch = auto_arch(img_size=img_size, in_chans=in_chans, images_seen=steps * batch, photos=photos)
-        how = f"{steps:,} steps ({epochs} epochs of {steps_per_epoch})"
+        how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {steps_per_epoch})"
     passes = epochs if time_budget is None else steps * batch / n_train
     level = level or aug_level(epochs=passes, n_train=n_train, photos=photo_data)
     aug = level_fields(level, photos=photo_data)
