@@ -557,3 +557,18 @@ def test_report_renders_in_a_real_browser_with_no_broken_image(run_dir, tmp_path
     assert int(images) >= 5 and broken == "0"
     bad = page.replace("</body>", '<img alt="x" src="data:image/png;base64,AAAA"></body>')
     assert render(bad)[1] == "1"  # the probe does see a broken image
+
+
+def test_resuming_a_finished_run_rewrites_nothing(run_copy, capsys):
+    """`vitlab train --out RUN --resume` of a run that has finished trained nothing, yet rewrote its summary.json
+    (the wall time grown by the resume's start-up, the attention watch's passes at 0, the calibration of model/
+    dropped), its metrics and figures. Now it says so, returns the summary as written, and touches no file."""
+    files = sorted(p for p in run_copy.rglob("*") if p.is_file())
+    before = {p: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in files}
+    assert main(["train", "--out", str(run_copy), "--resume", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "the run is already complete (6 steps); nothing to resume, nothing rewritten" in out
+    assert "top-1 " in out and "results in " in out  # the summary's lines, from summary.json as the run wrote it
+    assert sorted(p for p in run_copy.rglob("*") if p.is_file()) == files
+    changed = [p.name for p in files if (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) != before[p]]
+    assert not changed

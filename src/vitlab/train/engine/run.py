@@ -41,7 +41,7 @@ from ..conf.train_config import TrainConfig
 from ..objectives import build_objective, objective_for
 from ..objectives.distill import load_teacher
 from ..persist.claim import claim_run_folder
-from ..persist.outputs import truncate_metrics
+from ..persist.outputs import read_summary, truncate_metrics
 from ..persist.position import RunPosition
 from ..persist.saver import CheckpointSaver
 from ..persist.state import read_resume_state
@@ -92,6 +92,8 @@ def fit(
         state = read_resume_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
         saved = _resumed_sizing(state)
+        if (finished := _finished(state, out)) is not None:
+            return finished
     validate(cfg)
     source = DataSource.named(cfg.data)  # what --data names, told once (a run folder given as data refused here)
     if state is None:  # (a resumed run reads the data it was started with: a --data typed again is compared)
@@ -119,6 +121,18 @@ def fit(
 def _say(*parts: Any, **kw: Any) -> None:
     """A run's line on the terminal, with what it quotes from files (class names, paths) shown escaped."""
     print(*(shown_lines(p) for p in parts), **kw)
+
+
+def _finished(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
+    """The summary of a resumed run with nothing left to train (``last.pt`` at the end of its plan, after a
+    ``--epochs`` given again re-planned it), read back and left as it is with every other output; None when steps are
+    left, or when the run ended before writing its summary (resuming then writes it)."""
+    if not RunPlan.from_dict(state["plan"]).done(step=state["step"], epoch=state["epoch"]):
+        return None
+    summary = read_summary(out)
+    if summary is not None and os.environ.get("RANK", "0") == "0":
+        _say(f"{out}: the run is already complete ({state['step']} steps); nothing to resume, nothing rewritten")
+    return summary
 
 
 def _resumed_sizing(state: dict[str, Any]) -> Sizing:
@@ -269,7 +283,7 @@ def _start_position(
     schedule.stretch(plan.total_steps, warmup_steps=plan.warmup_steps)  # the saved length, or the one --epochs set
     if dist.is_main:
         truncate_metrics(out / "metrics.jsonl", last_epoch=p.epoch)
-    if p.step >= plan.total_steps or p.epoch >= plan.epochs:
+    if plan.done(step=p.step, epoch=p.epoch):
         log(f"{out}: the run is already complete ({p.step} steps); nothing to resume")
     else:
         log(f"resuming {out} at epoch {p.epoch + 1}, step {p.step}/{plan.total_steps}")

@@ -366,10 +366,10 @@ class Trainer:
                                             n_eval=len(self.data.val), alarms=att["alarms"], notes=att["notes"],
                                             method=method)  # fmt: skip
         if d.is_main:
+            self._draw()  # before summary.json, written last: a finished run's outputs are whole once it is there
             write_json(summary, out / "summary.json")
             if summary.get("advice"):
                 self.log(summary["advice"])
-            self._draw()
             if p.interrupted:
                 self.log(stopped_line(p, by=summary.get("signal"), saved=self.saver.last, out=out))
         return summary

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._fs import append_text, atomic_write_text
+from ..._fs import append_text, atomic_write_text, read_small
 from ..conf.config_file import config_text
 from ..sizing.choice import SIZING_FILE, Sizing
 from ..sizing.steps import RunPlan
@@ -33,6 +33,7 @@ __all__ = [
     "model_epoch",
     "model_summary",
     "read_metrics",
+    "read_summary",
     "run_summary",
     "truncate_metrics",
     "write_config",
@@ -50,6 +51,8 @@ RUN_OUTPUTS = (*RUN_MARKERS, "sharded", "curves.png", "confusion.png", "bad_file
 """Everything a run writes in its folder (``.lock`` aside), the folders of the ``--log`` trackers included
 (:mod:`vitlab.track.backends`): the names ``--overwrite`` looks at, removing only what vitlab wrote there
 (:func:`~vitlab.train.persist.claim.claim_run_folder`)."""
+SUMMARY_BYTES = 8 << 20
+"""The most bytes a ``summary.json`` is read for (a run's is about 3 KiB; many classes' numbers make it longer)."""
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -86,6 +89,18 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except ValueError:  # a line cut by a kill
             break
     return rows
+
+
+def read_summary(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``out/summary.json`` as a run wrote it when it finished (None: absent, unreadable, larger than a summary
+    honestly is, or not a finished run's: an interrupted one, or another file of that name)."""
+    try:
+        doc = json.loads(read_small(Path(out) / "summary.json", limit=SUMMARY_BYTES, links=False))
+    except (OSError, ValueError):  # (absent or unreadable; NotAFile, TooLarge, not JSON: ValueErrors)
+        return None
+    if not isinstance(doc, dict) or not {"epochs", "steps", "interrupted"} <= doc.keys() or doc["interrupted"]:
+        return None
+    return doc
 
 
 def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[dict[str, Any]]:

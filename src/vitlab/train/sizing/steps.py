@@ -80,6 +80,10 @@ class RunPlan:
             replans=(*self.replans, move),
         )
 
+    def done(self, *, step: int, epoch: int) -> bool:
+        """Whether a run at optimizer step ``step``, ``epoch`` epochs finished, has nothing left of this plan."""
+        return step >= self.total_steps or epoch >= self.epochs
+
     def with_epochs(self, epochs: int) -> RunPlan:
         """The plan re-planned to ``epochs`` (``--resume --epochs``): the LR schedule then ends there."""
         return replace(self, epochs=epochs, total_steps=epochs * self.steps_per_epoch)
