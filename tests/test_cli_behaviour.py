@@ -562,13 +562,15 @@ def test_report_renders_in_a_real_browser_with_no_broken_image(run_dir, tmp_path
 def test_resuming_a_finished_run_rewrites_nothing(run_copy, capsys):
     """`vitlab train --out RUN --resume` of a run that has finished trained nothing, yet rewrote its summary.json
     (the wall time grown by the resume's start-up, the attention watch's passes at 0, the calibration of model/
-    dropped), its metrics and figures. Now it says so, returns the summary as written, and touches no file."""
+    dropped), config.yaml, sizing.json and figures. Now its checkpoint and data are checked as every resume's, and
+    the summary is returned as the run wrote it: no file changes, no result is written again."""
     files = sorted(p for p in run_copy.rglob("*") if p.is_file())
     before = {p: (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) for p in files}
     assert main(["train", "--out", str(run_copy), "--resume", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "the run is already complete (6 steps); nothing to resume, nothing rewritten" in out
+    assert "the run is already complete (6 steps); nothing to resume" in out
     assert "top-1 " in out and "results in " in out  # the summary's lines, from summary.json as the run wrote it
     assert sorted(p for p in run_copy.rglob("*") if p.is_file()) == files
-    changed = [p.name for p in files if (p.stat().st_ino, p.stat().st_mtime_ns, p.read_bytes()) != before[p]]
-    assert not changed
+    assert not [p.name for p in files if p.read_bytes() != before[p][2]]  # no file changes
+    kept = [p for p in files if p.name not in ("data_check.json", "metrics.jsonl")]  # (every resume checks them)
+    assert not [p.name for p in kept if (p.stat().st_ino, p.stat().st_mtime_ns) != before[p][:2]]  # none written

@@ -92,8 +92,6 @@ def fit(
         state = read_resume_state(out / "last.pt")
         cfg = resumed_config(state, cfg, flags=given, log=_say if os.environ.get("RANK", "0") == "0" else None)
         saved = _resumed_sizing(state)
-        if (finished := _finished(state, out)) is not None:
-            return finished
     validate(cfg)
     source = DataSource.named(cfg.data)  # what --data names, told once (a run folder given as data refused here)
     if state is None:  # (a resumed run reads the data it was started with: a --data typed again is compared)
@@ -108,10 +106,13 @@ def fit(
                 held.enter_context(FolderLock(out))
                 if state is None:
                     claim_run_folder(out, overwrite=overwrite, init=cfg.init, log=_say)
-            summary = prepare(
+            trainer = prepare(
                 cfg, source, state=state, saved=saved, replay=replay, init=init, teacher=teacher, dist=d,
                 device=device, out=out, stop=stop,
-            ).run()  # fmt: skip
+            )  # fmt: skip
+            summary = _finished(trainer)  # a finished run resumed: its outputs stay as they are
+            if summary is None:
+                summary = trainer.run()
         barrier(d)  # no process tears its group down while another still writes its results or talks to it
         return summary
     finally:
@@ -123,16 +124,15 @@ def _say(*parts: Any, **kw: Any) -> None:
     print(*(shown_lines(p) for p in parts), **kw)
 
 
-def _finished(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
-    """The summary of a resumed run with nothing left to train (``last.pt`` at the end of its plan, after a
-    ``--epochs`` given again re-planned it), read back and left as it is with every other output; None when steps are
-    left, or when the run ended before writing its summary (resuming then writes it)."""
-    if not RunPlan.from_dict(state["plan"]).done(step=state["step"], epoch=state["epoch"]):
+def _finished(trainer: Trainer) -> dict[str, Any] | None:
+    """The summary of a resumed run with nothing left to train (at the end of its plan, after a ``--epochs`` given
+    again re-planned it; its checkpoint and data checked as every resume's are), read back as the run wrote it: its
+    summary, figures, configuration and ``model/`` are not written again. None when steps are left, or when the run
+    ended before writing its summary (resuming then writes it)."""
+    p = trainer.position
+    if not trainer.resumed or not trainer.plan.done(step=p.step, epoch=p.epoch):
         return None
-    summary = read_summary(out)
-    if summary is not None and os.environ.get("RANK", "0") == "0":
-        _say(f"{out}: the run is already complete ({state['step']} steps); nothing to resume, nothing rewritten")
-    return summary
+    return read_summary(trainer.out)
 
 
 def _resumed_sizing(state: dict[str, Any]) -> Sizing:
