@@ -374,3 +374,15 @@ def test_a_model_saved_without_a_fit_never_keeps_an_inherited_temperature(tmp_pa
     fitted = calibrate(torch.randn(40, 3), torch.arange(40) % 3)
     saver.save_model(_model(7.0), cfg=cfg, recipe=recipe, ev={"top1": 0.5, "top5": 1.0}, epoch=1, calibration=fitted)
     assert model_temperature(vitlab.load(tmp_path / "model")) == fitted.temperature != 7.0
+
+
+def test_the_run_line_shows_a_kept_temperature_apart_from_the_fitted_one():
+    """A fitted 0.9996 left for 1 read "temperature 1, not the fitted 1" (`vitlab train --pack --epochs 1`)."""
+    from vitlab.commands.train import calibration_summary
+
+    cal = {"temperature": 1.0, "fitted_temperature": 0.9996, "ece": 0.031, "ece_uncalibrated": 0.031}
+    line = calibration_summary({"calibration": {**cal, "ece_images": 170, "fit_images": 171}})
+    assert line is not None and "temperature 1, not the fitted 0.9996: it did not pay out of sample" in line
+    cal = {**cal, "fitted_temperature": 0.777}
+    line = calibration_summary({"calibration": {**cal, "ece_images": 170, "fit_images": 171}})
+    assert "temperature 1, not the fitted 0.777:" in line
