@@ -84,3 +84,13 @@ def test_pack_takes_its_folder_as_out_like_every_command(folder, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "differ; give one" in err[0] and "--out is an option of vitlab data pack" in err[1]
     assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_a_command_that_reads_folders_names_shards_it_is_given(folder, tmp_path, capsys):
+    """`vitlab fewshot --data shards/` said "no class folders (expected shards/<class>/<image files>)"."""
+    out = tmp_path / "shards"
+    assert main(["data", "pack", str(folder), str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["fewshot", "--model", "vit_ti16", "--img-size", "16", "--data", str(out), "--no-probe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tar shards, which this command does not read; give the image folder" in err[0], err

@@ -478,6 +478,9 @@ def load_data(
         return _digits(val_split)
     if key is not None:
         return _cifar(key, cache)
+    if is_shard_spec(spec):  # (vitlab train and eval stream them, vitlab.data.shards: read by neither here)
+        raise DataError(f"--data {spec}: tar shards, which this command does not read; give the image folder they "
+                        "were packed from (vitlab train and vitlab eval read shards)")  # fmt: skip
     root = data_folder(spec)
     if root is not None:
         opt = _Decode(
