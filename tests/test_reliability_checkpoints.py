@@ -438,6 +438,12 @@ def test_convert_to_npz_and_back_keeps_the_model_and_says_what_only_vitlab_reads
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("note: ")
     assert "act, mean, std, class_names, posemb, img_size have no place in the big_vision layout" in err
+    vitlab.save(_roundtrip_model(act="gelu", img_size=224), tmp_path / "one")  # one field: "act has", not "act have"
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "one.npz")]) == 0
+    assert (
+        "one.npz: act has no place in the vit_jax layout; it is kept in its vitlab/config array"
+        in capsys.readouterr().err
+    )
     assert main(["convert", str(tmp_path / "m.npz"), str(tmp_path / "back")]) == 0
     a, b = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("m", "back"))
     assert b["extra"].pop("converted_from") == str(tmp_path / "m.npz")

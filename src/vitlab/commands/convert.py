@@ -113,8 +113,9 @@ def run(args: argparse.Namespace) -> int:
         out = write_npz(model, dst, layout=layout, overwrite=args.overwrite)
         lost = outside_layout(model.config)
         if lost:  # vitlab reads them back; a reader of the plain layout would not
+            has, kept = ("has", "it is") if len(lost) == 1 else ("have", "they are")
             print(
-                f"note: {out}: {', '.join(lost)} have no place in the {layout} layout; they are kept in its "
+                f"note: {out}: {', '.join(lost)} {has} no place in the {layout} layout; {kept} kept in its "
                 f"{CONFIG_KEY} array, which vitlab reads back and other readers ignore (they assume the official "
                 "models' tanh-GELU, inputs in [-1, 1] and 224 px)",
                 file=sys.stderr,
