@@ -574,3 +574,15 @@ def test_resuming_a_finished_run_rewrites_nothing(run_copy, capsys):
     assert not [p.name for p in files if p.read_bytes() != before[p][2]]  # no file changes
     kept = [p for p in files if p.name not in ("data_check.json", "metrics.jsonl")]  # (every resume checks them)
     assert not [p.name for p in kept if (p.stat().st_ino, p.stat().st_mtime_ns) != before[p][:2]]  # none written
+
+
+@pytest.mark.parametrize("cmd", ["eval --data digits", "fewshot --data digits", "inspect", "bench"])
+def test_a_batch_size_of_zero_is_one_line_alike_in_every_command(cmd, capsys):
+    """Each command said it otherwise ("batch_size and steps must be positive and warmup >= 0, got 0, 10, 2",
+    "batch_size: must be positive", ...), and `vitlab eval` let PyTorch's DataLoader say it."""
+    with pytest.raises(SystemExit) as e:  # (argparse's exit: at parsing, before any model is built)
+        main([*cmd.split(), "--model", "vit_ti16", "--batch-size", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: argument --batch-size: must be positive, got 0"), err  # argparse's usage, then it
+    assert err[0].startswith("usage: vitlab ") and not any("Traceback" in line for line in err)

@@ -32,6 +32,19 @@ MODEL_HELP = (
 )
 
 
+def count(text: str) -> int:
+    """argparse's ``type`` of a count option (``--batch-size``, ``--steps``): a whole number of at least 1, refused in
+    one line at parsing, as ``vitlab train`` refuses its own (before: each command said it otherwise, or
+    PyTorch's DataLoader did)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {n}")
+    return n
+
+
 def add_device_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--device``, resolved by :func:`vitlab.devices.resolve_device`."""
     p.add_argument("--device", default="auto", help=DEVICE_HELP)

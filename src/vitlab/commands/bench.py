@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from ._common import count
+
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     p = sub.add_parser(
@@ -38,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step"
     )
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=count, default=32)
     p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's, 224)")
     p.add_argument("--patch-size", type=int, default=None, help="override the patch size")
     p.add_argument("--dim", type=int, default=None, help="override the width D")
@@ -79,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "share a C heap and its page faults; how each library runs in its own user's program",
     )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per model")
+    p.add_argument("--steps", type=count, default=10, help="timed steps per model")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     p.add_argument("--no-peak", action="store_true", help="skip the matmul-peak measurement")
     p.add_argument("--peak-size", type=int, default=2048, help="n of the n x n matmul that measures the peak")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..train.conf.options import DATA_RULE, MEMORY_BUDGET_HELP
-from ._common import add_device_arg, add_model_arg, add_serving_args
+from ._common import add_device_arg, add_model_arg, add_serving_args, count
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="evaluate this fraction held out of a folder without val/ or test/ (stratified, seed 0, as training "
         "holds it out); default: the whole folder, or the fraction the model's run held out of its own data",
     )
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=count, default=256)
     p.add_argument(
         "--tta",
         choices=["none", "flip"],

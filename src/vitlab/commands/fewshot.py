@@ -7,7 +7,7 @@ import json
 
 from .._units import counted
 from ..train.conf.options import DATA_RULE
-from ._common import add_device_arg, add_model_arg
+from ._common import add_device_arg, add_model_arg, count
 
 
 def _shots(s: str) -> tuple[int, ...]:
@@ -75,7 +75,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--max-test", type=int, default=None, help="test images evaluated; None = all")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=count, default=128)
     p.add_argument(
         "--out", default=None, help="JSON file to write (default: fewshot.json next to the model; none for a name)"
     )

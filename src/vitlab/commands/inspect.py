@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..train.conf.options import DATA_RULE
-from ._common import add_device_arg, add_model_arg
+from ._common import add_device_arg, add_model_arg, count
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=count, default=32)
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)
 
