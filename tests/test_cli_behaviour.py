@@ -584,5 +584,5 @@ def test_a_batch_size_of_zero_is_one_line_alike_in_every_command(cmd, capsys):
         main([*cmd.split(), "--model", "vit_ti16", "--batch-size", "0"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].endswith("error: argument --batch-size: must be positive, got 0"), err  # argparse's usage, then it
+    assert err[-1].endswith("error: argument --batch-size: must be a positive whole number, got 0"), err  # (usage 1st)
     assert err[0].startswith("usage: vitlab ") and not any("Traceback" in line for line in err)

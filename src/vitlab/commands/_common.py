@@ -36,13 +36,10 @@ def count(text: str) -> int:
     """argparse's ``type`` of a count option (``--batch-size``, ``--steps``): a whole number of at least 1, refused in
     one line at parsing, as ``vitlab train`` refuses its own (before: each command said it otherwise, or
     PyTorch's DataLoader did)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {n}")
-    return n
+    digits = text.strip().removeprefix("+")
+    if not digits.isdecimal() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return int(digits)
 
 
 def add_device_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
