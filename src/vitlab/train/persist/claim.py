@@ -33,7 +33,7 @@ from pathlib import Path
 from ...checkpoints.vitlab_folder import CONFIG_NAME, WEIGHTS_NAME, is_native
 from ...errors import ConfigError
 from .dcp import SHARDED_DIR, clear
-from .outputs import ADAPTERS_DIR, RUN_MARKERS, RUN_OUTPUTS
+from .outputs import ADAPTERS_DIR, RUN_MARKERS, RUN_OUTPUTS, is_summary
 
 __all__ = ["claim_run_folder", "written_by_vitlab"]
 
@@ -57,8 +57,7 @@ def _json_object(p: Path) -> dict | None:
 
 
 def _summary(p: Path) -> bool:
-    doc = _json_object(p)
-    return doc is not None and {"epochs", "steps", "interrupted"} <= doc.keys()
+    return is_summary(_json_object(p))
 
 
 def _metrics(p: Path) -> bool:

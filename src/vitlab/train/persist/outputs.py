@@ -30,6 +30,7 @@ __all__ = [
     "RUN_OUTPUTS",
     "append_metrics",
     "epoch_row",
+    "is_summary",
     "model_epoch",
     "model_summary",
     "read_metrics",
@@ -98,9 +99,13 @@ def read_summary(out: str | os.PathLike[str]) -> dict[str, Any] | None:
         doc = json.loads(read_small(Path(out) / "summary.json", limit=SUMMARY_BYTES, links=False))
     except (OSError, ValueError):  # (absent or unreadable; NotAFile, TooLarge, not JSON: ValueErrors)
         return None
-    if not isinstance(doc, dict) or not {"epochs", "steps", "interrupted"} <= doc.keys() or doc["interrupted"]:
-        return None
-    return doc
+    return doc if is_summary(doc) and not doc["interrupted"] else None
+
+
+def is_summary(doc: Any) -> bool:
+    """Whether a read JSON document is a ``summary.json`` as :func:`run_summary` writes it (its keys; the one rule,
+    for the resume of a finished run and for ``--overwrite``'s what-vitlab-wrote check)."""
+    return isinstance(doc, dict) and {"epochs", "steps", "interrupted"} <= doc.keys()
 
 
 def truncate_metrics(path: str | os.PathLike[str], *, last_epoch: int) -> list[dict[str, Any]]:
