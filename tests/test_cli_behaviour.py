@@ -96,6 +96,19 @@ def test_counts_agree_with_their_number():
     assert counted(2, "child", "children") == "2 children"
 
 
+def test_a_duration_under_a_second_is_not_zero():
+    """Before: a 13-step fine-tune of 4 ms steps said "expected wall time ~0 s"."""
+    from vitlab._units import duration
+
+    assert [duration(0.05), duration(0.42), duration(0.96), duration(45), duration(192)] == [
+        "0.1 s",
+        "0.4 s",
+        "1 s",
+        "45 s",
+        "3.2 min",
+    ]
+
+
 @pytest.mark.slow
 def test_train_of_one_epoch_says_one_epoch(tmp_path, capsys):
     out = tmp_path / "r"
@@ -283,6 +296,31 @@ def test_cifar_offline_error_points_at_no_private_path(monkeypatch, tmp_path):
     with pytest.raises(OfflineError) as e:
         _cifar("cifar10", tmp_path)
     assert "../shared" not in str(e.value) and "ImageFolder" in str(e.value)
+
+
+def test_a_library_warning_is_one_line_under_the_command_once(tmp_path, capsys):
+    """Before: ``vitlab convert`` (and ``finetune --init``) of a bare state dict printed Python's warning, the file and
+    line of vitlab's source with the source line under it, once for each place that read the checkpoint."""
+    import torch
+    from safetensors.torch import save_file
+
+    import vitlab
+    from vitlab.cli import _warning_lines
+
+    m = vitlab.create_model("vit_ti16", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=2, num_classes=0)
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, tmp_path / "bare.safetensors")
+    assert main(["convert", str(tmp_path / "bare.safetensors"), str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("vitlab convert: warning: width 48 is not in the paper's table"), err
+    assert "--num-heads" in err[0]
+    assert main(["convert", str(tmp_path / "bare.safetensors"), str(tmp_path / "o2"), "--num-heads", "2"]) == 0
+    assert not capsys.readouterr().err
+    with torch.no_grad():
+        assert torch.equal(vitlab.load(tmp_path / "o2").blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+    show = _warning_lines("predict")
+    for _ in range(2):  # the same text from two places: once; what it quotes from a file: escaped
+        show(UserWarning("class \x1b[2Jname\nover two lines"), UserWarning, "f.py", 1)
+    assert capsys.readouterr().err == "vitlab predict: warning: class \\x1b[2Jname over two lines\n"
 
 
 # --- offline ----------------------------------------------------------------------------------------------------

@@ -56,7 +56,10 @@ def format_size(n: int) -> str:
 
 
 def duration(seconds: float) -> str:
-    """Seconds for a message: ``45 s``, ``3.2 min``, ``1.5 h``."""
+    """Seconds for a message: ``0.2 s``, ``45 s``, ``3.2 min``, ``1.5 h`` (under a second with a tenth: a short run's
+    expected wall time is not "~0 s")."""
+    if seconds < 0.95:
+        return f"{max(seconds, 0.1):.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -3,7 +3,9 @@
 Each sub-command lives in ``vitlab/commands/<name>.py`` and exposes
 ``add_parser(subparsers)``; that function must import nothing heavy, so
 ``vitlab --help`` stays fast. Errors meant for the user (``VitlabError`` and
-bad values) print one line and exit 2; ``--debug`` shows the traceback.
+bad values) print one line and exit 2; ``--debug`` shows the traceback. What the
+library warns (``warnings.warn``: an assumption about a checkpoint, an ignored
+value) is one escaped line too, each text once; ``--debug`` shows Python's own.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 from ._version import __version__
 
@@ -129,7 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import VitlabError
 
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            if not args.debug:
+                warnings.showwarning = _warning_lines(args.command)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("vitlab: interrupted", file=sys.stderr)
         return 130
@@ -147,6 +153,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = shown(msg.splitlines()[0]) if msg else type(e).__name__  # names from files: escaped
         print(f"vitlab {args.command}: error: {line}", file=sys.stderr)
         return 2
+
+
+def _warning_lines(command: str) -> Callable[..., None]:
+    """A ``warnings.showwarning`` for the command line: the library's warning as one line under the command's name,
+    like its errors (``vitlab finetune: warning: ...``), escaped (it may quote a file's names), each text once (a
+    checkpoint read twice warns twice from two places); not Python's file, line number and source line, which say
+    nothing to a user."""
+    from ._text import shown
+
+    said: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None, line=None):
+        text = shown(" ".join(str(message).split()))
+        if text not in said:
+            said.add(text)
+            print(f"vitlab {command}: warning: {text}", file=file or sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":
