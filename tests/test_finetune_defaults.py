@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -92,6 +93,32 @@ def test_the_head_is_kept_only_for_the_same_names_in_the_same_order(tmp_path, na
         assert not model.head.weight.any() and not model.head.bias.any()
     assert model.config.class_names == names
     assert torch.equal(model.blocks[0].attn.qkv.weight, before.blocks[0].attn.qkv.weight)  # the body is kept
+
+
+def test_heads_names_the_head_count_a_bare_state_dict_cannot_tell(tmp_path):
+    """A timm-named state dict of a width outside the paper's table does not say its head count (``qkv`` is 3D x D for
+    any). Before: ``--init`` read it with one head (a warning said "pass num_heads=...", which no flag could) and
+    ``--heads 2`` was refused as not matching that guess. Now ``--heads`` says it, as convert's ``--num-heads``."""
+    from safetensors.torch import save_file
+
+    from vitlab.train.conf.options import OptionError
+
+    torch.manual_seed(0)
+    ref = vitlab.create_model("vit_ti16", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=2,
+                              num_classes=0).eval()  # fmt: skip
+    bare = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, bare)
+    cfg = build_config({"init": str(bare), "data": "unused", "arch.num_heads": 2, "recipe.token_drop": 0.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no guess to warn of
+        init = InitModel.read(cfg)
+    assert init.config.num_heads == 2
+    model, _ = init.build(cfg, cfg.recipe, num_classes=4, class_names=NAMES)
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.allclose(model.eval().forward_features(x), ref.forward_features(x), rtol=1e-4, atol=1e-5)
+    folder = _init(tmp_path)  # a vitlab folder states its 2 heads: a flag that contradicts them is still refused
+    with pytest.raises(OptionError, match="does not match"):
+        InitModel.read(build_config({"init": str(folder), "data": "unused", "arch.num_heads": 4}))
 
 
 def test_head_choice_reasons():

@@ -66,7 +66,9 @@ class InitModel:
 
     @classmethod
     def read(cls, cfg: TrainConfig) -> InitModel | None:
-        """The run's ``--init`` checkpoint, checked against its options (None without ``--init``)."""
+        """The run's ``--init`` checkpoint, checked against its options (None without ``--init``). A checkpoint that
+        does not state its head count (a bare state dict: :func:`~vitlab.checkpoints.infer.guess_num_heads`) takes
+        ``--heads`` for it, as ``vitlab convert`` takes ``--num-heads``."""
         if not cfg.init:
             return None
         try:  # the one model rule (vitlab.resolve): a run folder is its model/; an architecture or export refused
@@ -75,6 +77,9 @@ class InitModel:
             if getattr(e, "problem", None) is None:  # the checkpoint's own error names its file
                 raise
             raise OptionError(ref("init"), f" {cfg.init}: {e.problem}") from None
+        heads = cfg.arch.get("num_heads")
+        if heads and ckpt.config is None and "num_heads" not in ckpt.fields:  # no shape tells it: --heads does
+            ckpt = dataclasses.replace(ckpt, fields={**ckpt.fields, "num_heads": heads})
         have = checkpoint_config(ckpt)
         check_init(cfg, have)
         return cls(cfg.init, ckpt, have)
