@@ -169,6 +169,27 @@ def test_strict_data_stops_on_sure_copies_only():
     assert sure.report()["counts"]["sure"] == {"duplicate": 0, "conflict": 0, "leak": 1}
 
 
+def test_one_file_linked_into_two_classes_is_a_conflict(tmp_path):
+    """A class tree built with links (``ln -s``) that files one picture under two classes: the folder walk counts the
+    file once, under the class reached first. Before: the check called the second path "unreadable: the same file as
+    ...; counted once", --strict-data let it pass, and the picture was taught as the first class alone without a word
+    of a conflict. A link inside its own class or from the evaluation split stays a path the walk left out."""
+    root = _folder(tmp_path / "photos", per_class=6, val_per_class=2)
+    tr = root / "train"
+    (tr / "c" / "from_a.jpg").symlink_to(tr / "a" / "00.jpg")  # a's picture under c too
+    (tr / "a" / "again.jpg").symlink_to(tr / "a" / "01.jpg")  # twice in a: counted once, as before
+    (root / "val" / "b" / "seen.jpg").symlink_to(tr / "b" / "00.jpg")  # left out of the evaluation, as before
+    check = check_folder(root, progress=False)
+    (conflict,) = check.of("conflict")
+    assert conflict.paths == ("train/a/00.jpg", "train/c/from_a.jpg")
+    assert conflict.detail == {"classes": ["a", "c"], "match": "linked", "sure": True}
+    assert _paths(check, "unreadable") == {("train/a/again.jpg",), ("val/b/seen.jpg",)}
+    assert not check.of("leak")
+    assert check.refusal() == "1 picture(s) under two or more classes (sure copies)"
+    (line,) = [x for x in check.lines() if x.startswith("data check: conflict")]
+    assert "1 of them one file linked into two classes): the run teaches a linked file as the class reached" in line
+
+
 def test_an_imbalanced_class_and_a_near_empty_one(tmp_path):
     root = tmp_path / "tree"
     for name, n in (("big", 40), ("mid", 30), ("rare", 3)):

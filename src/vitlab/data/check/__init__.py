@@ -73,6 +73,9 @@ class DataCheck:
     same as ``group``): what ``--strict-data`` stops on."""
     walk_problems: list[tuple[str, str]]
     findings: list[Finding]
+    linked: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """``{path: (record, class)}``: the walk's second paths (links) to a file it took, in the same split: the record
+    of the path reached first and the class the second is filed under (:func:`_linked`)."""
     held_out: bool = False
     near: int = 0
     """Pairs of near copies found (byte-identical ones aside)."""
@@ -175,8 +178,13 @@ class DataCheck:
         if f := self.of("conflict"):
             shown = "; ".join(" = ".join(x.paths[:2]) for x in f[:_SHOWN]) + (" ..." if len(f) > _SHOWN else "")
             unsure = _unsure(f, after_list=True)
-            out.append(("conflict", f"{len(f):,} picture(s) filed under two or more classes ({shown}{unsure}): the "
-                        "same picture is taught as each class"))  # fmt: skip
+            what = "the same picture is taught as each class"
+            if linked := sum(x.detail["match"] == "linked" for x in f):  # (the walk counts a file once)
+                unsure += f"; {linked:,} of them one file linked into two classes"
+                first = "a linked file as the class reached first only"
+                what = f"the run teaches {first}" if linked == len(f) else f"{what}, {first}"
+            out.append(("conflict", f"{len(f):,} picture(s) filed under two or more classes ({shown}{unsure}): "
+                        f"{what}"))  # fmt: skip
         if f := self.of("leak"):
             same = sum(x.detail["match"] == "identical" for x in f)
             fix = "; left out of the evaluation (--dedup-eval)" if dedup else ": the evaluation top-1 will read high"
@@ -222,7 +230,7 @@ def _unsure(found: list[Finding], *, after_list: bool = False) -> str:
 
 def _findings(check: DataCheck, roles: list[str | None]) -> list[Finding]:
     """Every finding of ``check`` with these roles, in the order of :data:`KINDS`."""
-    walk = [Finding("unreadable", (p,), {"reason": why}) for p, why in check.walk_problems]
+    walk = [_walk_finding(check, p, why) for p, why in check.walk_problems]
     found = [
         *walk,
         *file_findings(check.records),
@@ -231,6 +239,39 @@ def _findings(check: DataCheck, roles: list[str | None]) -> list[Finding]:
     ]
     order = {k: n for n, k in enumerate(KINDS)}
     return sorted(found, key=lambda f: (order.get(f.kind, len(order)), f.paths))
+
+
+def _walk_finding(check: DataCheck, path: str, why: str) -> Finding:
+    """A path the folder walk left out: ``unreadable`` (with the walk's reason), or ``conflict`` when it is a second
+    path (a link) to a file the walk took under another class of the same split: the run teaches the picture as the
+    class of the path reached first, and the other class never sees it."""
+    link = check.linked.get(path)
+    if link is not None:
+        first, label = check.records[link[0]], link[1]
+        if first.error is None and first.label != label:
+            classes = [check.class_names[first.label], check.class_names[label]]
+            return Finding("conflict", (first.rel, path), {"classes": classes, "match": "linked", "sure": True})
+    return Finding("unreadable", (path,), {"reason": why})
+
+
+def _linked(
+    problems: list[tuple[str, str]], places: list[tuple[str, Path]], seen: dict[tuple[int, int], str],
+    records: list[FileRecord], class_names: list[str], root: Path,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """:attr:`DataCheck.linked` of the walk's ``problems`` (``places[k]``: the split and folder of problem ``k``;
+    ``seen``: the walk's files by ``(st_dev, st_ino)``, with the path that reached each first)."""
+    index = {r.path: i for i, r in enumerate(records)}
+    out = {}
+    for (path, _), (split, folder) in zip(problems, places):
+        try:
+            st = os.stat(path)  # (a broken link, a folder or a FIFO is no file the walk took)
+        except OSError:
+            continue
+        i = index.get(seen.get((st.st_dev, st.st_ino), ""))
+        name = readable(os.path.relpath(path, folder).split(os.sep, 1)[0])
+        if i is not None and records[i].split == split and records[i].path != path and name in class_names:
+            out[_rel(path, root)] = (i, class_names.index(name))
+    return out
 
 
 def _split_folders(root: Path, *, val_split: float | None, every_eval: bool) -> list[tuple[str, Path, str]]:
@@ -268,8 +309,11 @@ def check_folder(
     records: list[FileRecord] = []
     roles: list[str | None] = []
     class_names: list[str] | None = None
+    places: list[tuple[str, Path]] = []
     for split, folder, role in splits:
+        before = len(problems)
         paths, labels, names = scan_classes(folder, class_names, seen=seen, problems=problems)
+        places += [(split, folder)] * (len(problems) - before)
         class_names = class_names or names
         records += [FileRecord(p, _rel(p, root), split, int(y)) for p, y in zip(paths, labels.tolist())]
         roles += [role] * len(paths)
@@ -293,6 +337,7 @@ def check_folder(
         group=groups(records, i, j),
         sure_group=groups(records, i[sure], j[sure]),
         walk_problems=[(_rel(p, root), why) for p, why in problems],
+        linked=_linked(problems, places, seen, records, class_names, root),
         findings=[],
         held_out=len(splits) == 1,
         near=near,

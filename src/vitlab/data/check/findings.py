@@ -11,7 +11,8 @@ finds will be ``label_issue``: a path, its given class, the suggested class and 
 - ``extreme_aspect``: a strip, one side more than :data:`EXTREME_ASPECT` times the other (over
   :data:`~vitlab.data.images.decode.MAX_ASPECT` a run leaves it out);
 - ``duplicate``: the same picture more than once in one class of one split (byte-identical, or a near copy);
-- ``conflict``: the same picture under two or more classes;
+- ``conflict``: the same picture under two or more classes (``match`` ``linked``: one file reached by a link from
+  another class, which the folder walk counts once, under the class reached first: :mod:`vitlab.data.check`);
 - ``leak``: a picture of the evaluation split also in training (byte-identical or a near copy), one finding per
   evaluation image, its training copies after it;
 - ``imbalance``: classes of the training split with fewer than :data:`MIN_CLASS_SHARE` of the mean class's images,
