@@ -133,7 +133,8 @@ def test_head_choice_reasons():
 # -- the fitting ---------------------------------------------------------------------------------------------------
 
 
-def _fit(n_train=1000, *, width=96, img=32, patch=4, names=None, flags=None, budget=None, processes=1, **given):
+def _fit(n_train=1000, *, width=96, img=32, patch=4, names=None, flags=None, budget=None, processes=1, pace=None,
+         **given):  # fmt: skip
     init = ViTConfig(img_size=(img, img), patch_size=patch, embed_dim=width, depth=4, num_heads=3, mlp_dim=2 * width,
                      num_classes=10, class_names=[f"c{i}" for i in range(10)])  # fmt: skip
     values = {"init": "pre/model", "data": "unused", "time_budget": budget, **(flags or {})}
@@ -142,7 +143,7 @@ def _fit(n_train=1000, *, width=96, img=32, patch=4, names=None, flags=None, bud
     assert cfg.recipe.name == "auto"  # --init without --recipe: the fine-tuning fitting
     names = names or [f"n{i}" for i in range(10)]
     recipe, line = finetune_recipe(cfg, n_train=n_train, class_names=names, in_chans=3, device_type="cpu", init=init,
-                                   processes=processes)  # fmt: skip
+                                   processes=processes, pace=pace)  # fmt: skip
     return SimpleNamespace(recipe=recipe, resolved=line)  # what the rule chose, and the line that says so
 
 
@@ -253,6 +254,41 @@ def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img,
     assert _fit(1000, budget=300.0, token_drop=0.0).recipe.token_drop == 0.0
 
 
+def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
+    """Before: a fine-tune's passes (its augmentation, LP-FT's warm-up, the line's steps) were estimated at a fixed
+    1e10 multiply-accumulates a second, while a fresh run's came from the pace a probe measured (issue 57: one sizing
+    rule on the same measurements). Now the probe's pace counts them as the plan will (paced_level): the --init
+    model's step scaled by its multiply-accumulates and what trains (STEP_FORWARDS), with each epoch's ends."""
+    from vitlab.train.sizing.finetune import STEP_FORWARDS
+    from vitlab.train.sizing.pace import Pace, save_seconds, steps_in_budget
+    from vitlab.train.sizing.recipe import forward_macs
+
+    pace = Pace(step_s=0.05, step_macs=1e9, batch=32, aug_s={k: 1e-4 for k in LEVELS}, eval_s=0.5,
+                eval_image_macs=1e6, n_eval=200, elapsed_s=2.0, probe="the probe")  # fmt: skip
+    arch = {"patch_size": 4, "embed_dim": 96, "depth": 4, "mlp_dim": 192}
+    params = ViTConfig(img_size=(32, 32), **arch, num_heads=3, num_classes=10).num_params()
+    tunes = []
+    for n_train in (100, 400, 3000):
+        fit = _fit(n_train, budget=300.0, pace=pace)
+        r = fit.recipe
+        tune = r.tune
+        tunes.append(tune)
+        assert "measured: the probe" in fit.resolved and "estimated" not in fit.resolved
+        step_macs = STEP_FORWARDS.get(tune, 2.0) * forward_macs(arch, (32, 32), 3, token_drop=0.5) * r.batch_size
+        save_s = save_seconds(params=params, trainable=params if tune == "full" else 0)
+        end_s = pace.evaluation_s(forward_macs(arch, (32, 32), 3)) + save_s
+        level = fit.resolved.split(" aug (")[0].rsplit("-> ", 1)[1]
+        steps = steps_in_budget(pace.budget_left(300.0), pace.per_step(level=level, step_macs=step_macs,
+                                batch=r.batch_size), end_s, max(1, n_train // r.batch_size))  # fmt: skip
+        assert f"~{steps:,} steps of " in fit.resolved
+        assert aug_level(epochs=steps * r.batch_size / n_train, n_train=n_train) == level
+        if r.head_warmup:  # LP-FT's warm-up: half the LR warmup of the counted steps, at most an epoch
+            assert r.head_warmup == max(1, min(n_train // r.batch_size, round(0.05 * steps)))
+    assert tunes == ["head", "lora", "full"]  # each step cost: 1, 2 and 3 forwards
+    estimated = _fit(3000, budget=300.0)
+    assert "estimated for 300 s on cpu" in estimated.resolved  # no probe (shards, several processes): as before
+
+
 @pytest.mark.slow
 def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
     init = _init(tmp_path)
@@ -262,6 +298,7 @@ def test_finetune_with_its_defaults_under_a_time_budget(tmp_path, capsys):
     assert main([*args, "--cache-dir", str(tmp_path / "c"), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "auto (fine-tuning" in text and "token drop 0.5 in training" in text and "time budget 3 s: measured" in text
+    assert "a step of" in text.split("auto (fine-tuning", 1)[1].split("\n", 1)[0]  # from the probe's pace
     assert "head replaced by a zero-initialised one for 4 classes (other classes" in text
     s = json.loads((out / "summary.json").read_text())
     rc = s["recipe_config"]

@@ -12,9 +12,12 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   the square root of ``batch / FT_BATCH``, as ``auto`` does.
 - **batch**: at most 1/16 of the training set, 8 to 128 (:func:`~.fitting.auto_batch`).
 - **length**: ``--epochs`` (default: the ``auto`` recipe's 30), or ``--time-budget``: then, as for ``train``, half
-  the patch tokens are dropped in training (:data:`~.fitting.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), the
-  number of passes is estimated from the model's multiply-accumulates to choose the augmentation, and the run plans
-  its steps from a measured step (:mod:`vitlab.train.sizing.budget`).
+  the patch tokens are dropped in training (:data:`~.recipe.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), and
+  the passes that choose the augmentation are counted from the pace a probe measured on the run's data, as a fresh
+  run's are (:func:`~.recipe.paced_level`: the ``--init`` model's step scaled from the probe's by its
+  multiply-accumulates and :data:`STEP_FORWARDS`, with each epoch's evaluation and saving); the run then plans its
+  steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe (tar shards it cannot
+  sample, several processes) they are estimated from :data:`~.recipe.MACS_PER_S`.
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
   on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
   run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
@@ -41,7 +44,8 @@ from ...models.config import ViTConfig
 from ..conf.arch import head_choice
 from ..conf.recipes import RECIPES, Recipe
 from .levels import aug_level, level_fields
-from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs
+from .pace import Pace, save_seconds
+from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs, paced_level
 
 __all__ = [
     "AUTO_LORA_RANK",
@@ -51,6 +55,7 @@ __all__ = [
     "FULL_FROM",
     "HEAD_BELOW",
     "SMALL_DATA",
+    "STEP_FORWARDS",
     "finetune_lr",
     "finetune_recipe",
     "method_advice",
@@ -63,6 +68,11 @@ SMALL_DATA = 10_000
 """Fewer training images than this: a new head trains alone first (LP-FT); the augmentation levels shift at the same
 size (:func:`~.fitting.aug_level`)."""
 
+
+STEP_FORWARDS = {"full": 3.0, "head": 1.0}
+"""A training step's cost in forward passes, by what trains: every weight 3 (the backward pass computes the gradients
+of the activations and of the weights, each about a forward's), the head alone 1 (no gradient flows into the frozen
+body), anything else (LoRA, SSF, the biases) 2: the activations' gradients, not the frozen weights'."""
 
 AUTO_LORA_RANK = 4
 """LoRA's rank when the rule picks it (``--lora R`` sets another): the rank of docs/transfer.md's table."""
@@ -154,11 +164,13 @@ def finetune_recipe(
     init: ViTConfig,
     processes: int = 1,
     photos: bool = False,
+    pace: Pace | None = None,
 ) -> tuple[Recipe, str]:
     """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.conf.train_config.TrainConfig` with
     ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
     (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
-    (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``)."""
+    (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``). ``pace``: what a probe
+    measured on the data (:func:`~.probe.measure_pace`), from which a time budget's passes are counted."""
     r = cfg.recipe
     given = {f: getattr(r, f) for f in cfg.recipe_given}
     batch = given.get("batch_size") or auto_batch(n_train)
@@ -168,21 +180,6 @@ def finetune_recipe(
     patch = cfg.arch.get("patch_size") or init.patch_size
     grid = math.ceil(img[0] / patch) * math.ceil(img[1] / patch)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
-    token_drop = given.get("token_drop")
-    if cfg.time_budget is not None:
-        if token_drop is None:
-            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
-        macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
-        rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
-        steps = max(1, int(cfg.time_budget * rate / batch))
-        how = f"~{counted(steps, 'step')} (estimated for {cfg.time_budget:.0f} s on {device_type})"
-        epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
-    else:
-        token_drop = token_drop or 0.0
-        epochs = r.epochs if "epochs" in given else RECIPES["auto"].epochs
-        steps, passes = epochs * spe, float(epochs)
-        how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
-    level = aug_level(epochs=passes, n_train=n_train)
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
     params = init.num_params()
     method, picked = None, {}
@@ -190,6 +187,32 @@ def finetune_recipe(
         method = tune_method(n_train=n_train, params=params, **rule_settings(cfg))
         picked = {"tune": method[0], **({"lora": AUTO_LORA_RANK} if method[0] == "lora" else {})}
     tuning = method[0] if method is not None else r.tuning
+    token_drop = given.get("token_drop")
+    level = None
+    if cfg.time_budget is not None:
+        if token_drop is None:
+            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+        macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
+        if pace is not None:
+            saved = params if tuning == "full" else 0  # (adapters' and a head's moments: a few bytes)
+            end_s = pace.evaluation_s(forward_macs(arch, img, in_chans)) + save_seconds(params=params, trainable=saved)
+            level, steps, per_step = paced_level(
+                pace, left=pace.budget_left(cfg.time_budget), step_macs=STEP_FORWARDS.get(tuning, 2.0) * macs * batch,
+                batch=batch, end_s=end_s, n_train=n_train,
+            )  # fmt: skip
+            how = f"~{counted(steps, 'step')} of {per_step * 1000:.0f} ms in {cfg.time_budget:.0f} s (measured: "
+            how += f"{pace.probe})"
+        else:
+            rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
+            steps = max(1, int(cfg.time_budget * rate / batch))
+            how = f"~{counted(steps, 'step')} (estimated for {cfg.time_budget:.0f} s on {device_type})"
+        epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
+    else:
+        token_drop = token_drop or 0.0
+        epochs = r.epochs if "epochs" in given else RECIPES["auto"].epochs
+        steps, passes = epochs * spe, float(epochs)
+        how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
+    level = level or aug_level(epochs=passes, n_train=n_train)
     lp = new_head and n_train < SMALL_DATA and tuning != "head" and processes == 1 and not cfg.fsdp
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {

@@ -113,6 +113,12 @@ class Pace:
         aug = batch * self.aug_s.get(level, 0.0)
         return (compute + aug if self.workers == 0 else max(compute, aug / self.workers)) * LOGGING_SHARE
 
+    def budget_left(self, budget: float) -> float:
+        """Seconds of a ``budget`` left for the run's steps and epoch ends once the probe has ended: less what it
+        spent (:attr:`elapsed_s`), the reserve for the final save (:func:`budget_reserve`) and the first pass's
+        decoding (:attr:`first_pass_s`)."""
+        return budget - self.elapsed_s - budget_reserve(budget) - self.first_pass_s
+
     def evaluation_s(self, image_macs: float) -> float:
         """Seconds of one evaluation of the split with a model of ``image_macs`` forward multiply-accumulates an
         image."""

@@ -109,7 +109,7 @@ def _probe_model(
     paths the run's model gets. It drops the tokens the recipe drops, ``--pack`` too: a packed run drops them in
     its loader (its model drops none), so a square step of as many tokens, times
     :data:`~.side.PACKED_STEP_COST`, is what its packed step costs."""
-    probe_cfg = dataclasses.replace(cfg, arch={}, model=None, pack=False)
+    probe_cfg = dataclasses.replace(cfg, arch={}, model=None, init=None, pack=False)
     c = fresh_config(probe_cfg, recipe=recipe, image_size=img, in_chans=in_chans, num_classes=num_classes,
                      class_names=names)  # fmt: skip
     return accelerate(VisionTransformer(c))
@@ -157,19 +157,25 @@ def time_update(
     return statistics.median(times)
 
 
+def _measured(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
+    """The ``auto`` recipe, a labelled objective and one process: a run whose recipe is chosen from what this machine
+    measures (several processes would each measure their own and must choose one)."""
+    return cfg.recipe.name == "auto" and uses_labels and not dist.enabled
+
+
 def _measured_run(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> bool:
-    """The ``auto`` recipe, a labelled objective, a fresh model and one process: a run whose choices are made from
-    what this machine measures (several processes would each measure their own and must choose one)."""
-    return cfg.recipe.name == "auto" and not cfg.init and uses_labels and not dist.enabled
+    """A measured run (:func:`_measured`) of a fresh model: its model and side are chosen too (a fine-tune's are its
+    ``--init`` model's)."""
+    return _measured(cfg, uses_labels=uses_labels, dist=dist) and not cfg.init
 
 
 def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) -> bool:
-    """Whether a new run's recipe is chosen from a measured pace: a time-budgeted measured run
-    (:func:`_measured_run`; a fine-tune's model is its ``--init`` model's, :mod:`~vitlab.train.sizing.finetune`) on
-    training images in memory (a folder or a built-in set) or in tar shards (their first samples)."""
+    """Whether a new run's recipe is chosen from a measured pace: a time-budgeted measured run (:func:`_measured`: a
+    fresh model's or a fine-tune's, :mod:`~vitlab.train.sizing.finetune`) on training images in memory (a folder or a
+    built-in set) or in tar shards (their first samples)."""
     train = getattr(data, "train", None)
     held = isinstance(train, ImageArray) or isinstance(data, StreamData)
-    return bool(cfg.time_budget) and _measured_run(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
+    return bool(cfg.time_budget) and _measured(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
 
 
 def wants_budget_size(cfg: TrainConfig, source: DataSource, *, uses_labels: bool, dist: Dist) -> bool:

@@ -33,7 +33,7 @@ from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
 from .levels import LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
-from .pace import Pace, budget_reserve, save_seconds, steps_in_budget
+from .pace import Pace, save_seconds, steps_in_budget
 from .side import PHOTO_SIDE
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "classify_recipe",
     "forward_macs",
     "mpp_recipe",
+    "paced_level",
 ]
 
 COMMON_FIELDS = {"hflip": 0.5, "label_smoothing": 0.1, "weight_decay": 0.05}
@@ -237,8 +238,7 @@ def _by_pace(
     augmentation. The level is the heaviest whose own cost still leaves the passes it asks for (a level's
     augmentation slows the steps, so fewer passes might ask for a lighter one), the model the largest whose
     images seen reach its :data:`MODELS` threshold, else the smallest."""
-    spe, order = max(1, n_train // batch), list(LEVELS)
-    left = time_budget - pace.elapsed_s - budget_reserve(time_budget) - pace.first_pass_s
+    left = pace.budget_left(time_budget)
     patch = _patch_for(img_size, photos=photos)
     pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
     grid = (img_size[0] // patch) * (img_size[1] // patch)
@@ -249,15 +249,30 @@ def _by_pace(
         params = ViTConfig(img_size=img_size, in_chans=in_chans, **arch).num_params()
         save_s = save_seconds(params=params, trainable=params)
         end_s = pace.evaluation_s(forward_macs(arch, img_size, in_chans)) + save_s
-        for level in reversed(order):
-            per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
-            steps = steps_in_budget(left, per_step, end_s, spe)
-            wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photo_data)
-            if order.index(wanted) >= order.index(level):
-                break
+        level, steps, per_step = paced_level(pace, left=left, step_macs=step_macs, batch=batch, end_s=end_s,
+                                             n_train=n_train, photos=photo_data)  # fmt: skip
         if steps * batch >= least or name == MODELS[0][0]:
             return name, {**arch, **PLAIN}, drop, level, steps, per_step
     raise AssertionError("unreachable: the smallest model is always chosen")
+
+
+def paced_level(
+    pace: Pace, *, left: float, step_macs: float, batch: int, end_s: float, n_train: int, photos: bool = False
+) -> tuple[str, int, float]:
+    """``(level, steps, seconds a step)``: the augmentation level of a run that has ``left`` seconds for steps of
+    ``step_macs`` on ``batch`` images and epoch ends of ``end_s`` (its evaluation and saving), at the measured
+    ``pace``, and the steps it then makes (:func:`~.pace.steps_in_budget`, as the run's plan counts them). The level
+    is the heaviest whose own cost still leaves the passes it asks for (:func:`~.levels.aug_level`: a level's
+    augmentation slows the steps, so fewer passes might ask for a lighter one). A fresh run's candidates
+    (:func:`_by_pace`) and a fine-tune (:func:`~.finetune.finetune_recipe`) choose by it alike."""
+    spe, order = max(1, n_train // batch), list(LEVELS)
+    for level in reversed(order):
+        per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
+        steps = steps_in_budget(left, per_step, end_s, spe)
+        wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photos)
+        if order.index(wanted) >= order.index(level):
+            break
+    return level, steps, per_step
 
 
 _OPTIMIZERS = {
