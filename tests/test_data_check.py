@@ -190,6 +190,23 @@ def test_one_file_linked_into_two_classes_is_a_conflict(tmp_path):
     assert "1 of them one file linked into two classes): the run teaches a linked file as the class reached" in line
 
 
+@pytest.mark.slow
+def test_a_run_names_a_linked_copy_it_left_out_as_what_it_is(tmp_path, capsys):
+    """Before: a second path to one file (a link inside its class, which the walk counts once) made a run say
+    "skipped 1 file(s) that cannot be decoded", and --strict-data "1 file(s) cannot be decoded"."""
+    root = _folder(tmp_path / "photos", per_class=6, val_per_class=2)
+    (root / "train" / "a" / "again.jpg").symlink_to(root / "train" / "a" / "01.jpg")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(root), "--out", str(out), *TRAIN]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning: skipped")]
+    assert line.startswith("warning: skipped 1 file(s) that cannot be used (e.g. ") and "decoded" not in line
+    assert "again.jpg: the same file" in line
+    argv = ["train", "--data", str(root), "--out", str(tmp_path / "strict"), "--strict-data", *TRAIN]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "1 file(s) cannot be used (--strict-data): " in err and "again.jpg: the same file as" in err
+
+
 def test_an_imbalanced_class_and_a_near_empty_one(tmp_path):
     root = tmp_path / "tree"
     for name, n in (("big", 40), ("mid", 30), ("rare", 3)):

@@ -107,7 +107,7 @@ def test_bad_files_are_skipped_and_named(tmp_path):
             strict=True,
         )
     msg = str(e.value)
-    assert msg.startswith("6 file(s) cannot be decoded (--strict-data)") and "\n" not in msg
+    assert msg.startswith("6 file(s) cannot be used (--strict-data)") and "\n" not in msg
     assert (
         all(name in msg for name in bad if name != "big.png") and "and 1 more" in msg
     )  # five listed, the sixth counted

@@ -304,7 +304,7 @@ def _header_counts(paths: list[str], limit: int = HEADER_SAMPLE) -> dict[tuple[i
 def _strict_error(skipped: list[tuple[str, str]]) -> DataError:
     listed = "; ".join(f"{p}: {why}" for p, why in skipped[:5])
     more = f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-    return DataError(f"{len(skipped)} file(s) cannot be decoded (--strict-data): {listed}{more}")
+    return DataError(f"{len(skipped)} file(s) cannot be used (--strict-data): {listed}{more}")
 
 
 def _decode_split(

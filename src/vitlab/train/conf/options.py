@@ -192,7 +192,8 @@ OPTIONS: tuple[Option, ...] = (
     O(path="cache_dir", flag="--cache-dir", group=data, resume="honoured",
       help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)"),
     O(path="strict_data", flag="--strict-data", group=data, kind=FLAG, default=False, resume="honoured",
-      help="stop on files that cannot be decoded instead of skipping them, and on what the data check finds "
+      help="stop on files that cannot be used (not decodable, a broken link, a second path to one file) instead "
+      "of skipping them, and on what the data check finds "
       "misleading: evaluation images also in training, the same picture under two classes (sure copies: identical "
       "or re-encoded, not look-alikes; docs/data_check.md)"),
     O(path="dedup_eval", flag="--dedup-eval", group=data, kind=FLAG, default=False,

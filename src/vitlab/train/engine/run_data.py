@@ -112,7 +112,8 @@ def load_run_data(
     if (line := cache_line(data.cache_files)) is not None:
         log(line)
     if data.skipped:
-        log(f"warning: skipped {len(data.skipped)} file(s) that cannot be decoded; list in {out / 'bad_files.txt'}")
+        (first, why), n = data.skipped[0], len(data.skipped)  # (not decodable, or left out by the folder walk)
+        log(f"warning: skipped {n} file(s) that cannot be used (e.g. {first}: {why}); list in {out / 'bad_files.txt'}")
         if dist.is_main:
             atomic_write_text(out / "bad_files.txt", "".join(f"{p}\t{why}\n" for p, why in data.skipped))
     if data.num_classes == 1 and labels:
