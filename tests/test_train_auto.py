@@ -327,7 +327,7 @@ def _head_warmup_run(tmp_path, *options):
 @pytest.mark.slow
 def test_head_warmup_holds_the_body_back_then_trains_everything(tmp_path, capsys):
     options = ["--epochs", "2", "--head-warmup", "3", "--keep", "last", "--weight-decay", "0.1"]
-    options += ["--tune", "full"]  # (on 48 images the auto recipe would train LoRA after the warm-up: issue 60's rule)
+    options += ["--tune", "full"]  # (what it trains stated: issue 60's rule is tested apart)
     before, out, args = _head_warmup_run(tmp_path, *options)
     code, text = _train([*args, "--stop-after", "3"], tmp_path, capsys)  # stops at the end of the head-only steps
     assert code == 0 and "head warmup done after 3 steps" in text

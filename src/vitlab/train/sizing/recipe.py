@@ -84,9 +84,10 @@ through this recipe (docs/speedrun.md, docs/training.md). AdamW stays where Muon
 (:func:`~vitlab.train.conf.train_config.muon_refusal`: ``--fsdp``, layer-wise LR decay, ``--freeze``)."""
 
 MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
-"""A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run whose data could not
-be probed before the recipe is chosen (tar shards, several processes): only the model size and the augmentation
-level depend on it, the run's own plan is measured. Runs on a folder choose from a measured :class:`~.pace.Pace`."""
+"""A rough training throughput (multiply-accumulates per second) for a ``--time-budget`` run that no probe measured
+before its recipe is chosen (several processes, which would each measure their own): only the model size and the
+augmentation level depend on it, the run's own plan is measured. Runs on a folder or its tar shards, fresh or
+fine-tuning (:mod:`.finetune`), choose from a measured :class:`~.pace.Pace`."""
 
 
 def auto_batch(n_train: int, *, cap: int = 128) -> int:
