@@ -16,8 +16,8 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   the passes that choose the augmentation are counted from the pace a probe measured on the run's data, as a fresh
   run's are (:func:`~.recipe.paced_level`: the ``--init`` model's step scaled from the probe's by its
   multiply-accumulates and :data:`STEP_FORWARDS`, with each epoch's evaluation and saving); the run then plans its
-  steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe (tar shards it cannot
-  sample, several processes) they are estimated from :data:`~.recipe.MACS_PER_S`.
+  steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe (several processes) they
+  are estimated from :data:`~.recipe.MACS_PER_S`.
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
   on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
   run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
