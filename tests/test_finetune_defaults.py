@@ -194,7 +194,7 @@ def test_the_method_is_picked_by_the_data_and_the_model_size(width):
             assert fit.recipe.tuning == method, (n, width)
             assert f"; method {method}: " in fit.resolved and "(docs/transfer.md)" in fit.resolved
             assert fit.recipe.lora_rank == AUTO_LORA_RANK if method == "lora" else fit.recipe.lora == 0
-            assert (fit.recipe.head_warmup == 0) == (method == "head" or n >= SMALL_DATA)  # LP-FT: not for a probe
+            assert (fit.recipe.head_warmup == 0) == (n >= SMALL_DATA)  # LP-FT under 10,000 images
     assert full_from > 50 * math.ceil(FULL_FROM * _params(96)) if width == 768 else full_from < 100
 
 
@@ -237,7 +237,10 @@ def test_the_end_of_run_judges_a_given_method_with_the_runs_own_settings():
     assert given_method_advice(cfg(tune="full"), "full", n_train=few, params=p)[1] == "--lora 4"
     assert given_method_advice(cfg(tune="head"), "head", n_train=100, params=p)[1] == "--tune full"
     assert given_method_advice(cfg(tune="full", optimizer="muon"), "full", n_train=few, params=p) is None
-    assert given_method_advice(cfg(tune="full"), "full", n_train=few, params=p)[1] == "--lora 4"
+    fsdp = build_config(
+        {"init": "pre/model", "data": "unused", "fsdp": True, "recipe.tune": "full"}, given={"recipe.tune"}
+    )
+    assert given_method_advice(fsdp, "full", n_train=few, params=p) is None  # no adapters under --fsdp: full agrees
     assert given_method_advice(cfg(lora=8), "lora", n_train=10_000, params=p)[1] == "--tune full"
     no_init = build_config({"data": "unused", "recipe.tune": "full"}, given={"recipe.tune"})
     assert given_method_advice(no_init, "full", n_train=100, params=p) is None
