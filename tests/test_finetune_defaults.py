@@ -262,8 +262,8 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
     """Before: a fine-tune's passes (its augmentation, LP-FT's warm-up, the line's steps) were estimated at a fixed
     1e10 multiply-accumulates a second, while a fresh run's came from the pace a probe measured (issue 57: one sizing
     rule on the same measurements). Now the probe's pace counts them as the plan will (paced_level): the --init
-    model's step scaled by its multiply-accumulates and what trains (STEP_FORWARDS), with each epoch's ends."""
-    from vitlab.train.sizing.finetune import STEP_FORWARDS
+    model's step scaled by its multiply-accumulates and what trains (3, 2 or 1 forwards), with each epoch's ends.
+    Without a probe the estimate counts the step's work by what trains too (before: 3 forwards for every method)."""
     from vitlab.train.sizing.pace import Pace, save_seconds, steps_in_budget
     from vitlab.train.sizing.recipe import forward_macs
 
@@ -277,7 +277,8 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
         tune = r.tuning
         assert tune == {"tune": "head", "lora": "lora"}.get(next(iter(given), ""), "full")  # 1, 2, 3 forwards
         assert "measured: the probe" in fit.resolved and "estimated" not in fit.resolved
-        step_macs = STEP_FORWARDS.get(tune, 2.0) * forward_macs(arch, (32, 32), 3, token_drop=0.5) * r.batch_size
+        forwards = {"head": 1.0, "lora": 2.0, "full": 3.0}[tune]
+        step_macs = forwards * forward_macs(arch, (32, 32), 3, token_drop=0.5) * r.batch_size
         save_s = save_seconds(params=params, trainable=params if tune == "full" else 0)
         end_s = pace.evaluation_s(forward_macs(arch, (32, 32), 3)) + save_s
         level = fit.resolved.split(" aug (")[0].rsplit("-> ", 1)[1]
@@ -289,6 +290,11 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
             assert r.head_warmup == max(1, min(n_train // r.batch_size, round(0.05 * steps)))
     estimated = _fit(3000, budget=300.0)
     assert "estimated for 300 s on cpu" in estimated.resolved  # no probe (shards, several processes): as before
+    macs = forward_macs(arch, (32, 32), 3, token_drop=0.5)
+    for given, forwards in (({}, 3.0), ({"lora": 4}, 2.0), ({"tune": "head"}, 1.0)):
+        fit = _fit(3000, budget=300.0, **given)
+        steps = max(1, int(300.0 * 1e10 / (forwards * macs) / fit.recipe.batch_size))
+        assert f"~{steps:,} steps (estimated for 300 s on cpu)" in fit.resolved
 
 
 @pytest.mark.slow

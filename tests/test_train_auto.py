@@ -15,7 +15,16 @@ from vitlab.cli import main
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.optim import build_optimizer, layer_id
 from vitlab.train.engine.schedule import lr_factor
-from vitlab.train.sizing.recipe import LEVELS, aug_level, auto_arch, auto_batch, auto_recipe, classify_recipe
+from vitlab.train.sizing.recipe import (
+    BUDGET_TOKEN_DROP,
+    LEVELS,
+    aug_level,
+    auto_arch,
+    auto_batch,
+    auto_recipe,
+    budget_token_drop,
+    classify_recipe,
+)
 
 # n_train, epochs -> batch, steps, level, model
 RULES = [
@@ -108,6 +117,16 @@ def test_auto_batch_and_model_for_the_budget():
     r2, _ = auto_recipe(n_train=1_000, img_size=(64, 64), num_classes=10, epochs=5, batch_size=16)
     assert r2.token_drop == 0.0  # a fixed number of epochs: dropping tokens only saves time
     assert r2.batch_size == 16 and r2.scaled_lr(16) == pytest.approx(2e-3 * (16 / 128) ** 0.5)
+
+
+def test_a_budget_drops_tokens_on_the_grid_the_model_sees():
+    """One rule for a fresh run and a fine-tune (before: the fresh run counted whole patches, the fine-tune the padded
+    grid): half the tokens from a grid of 16, partial patches counted, since the model pads a side the patch does
+    not divide."""
+    assert budget_token_drop((32, 32), 8) == BUDGET_TOKEN_DROP  # 4 x 4
+    assert budget_token_drop((24, 24), 8) == 0.0  # 3 x 3: too few tokens to drop half
+    assert budget_token_drop((30, 30), 8) == BUDGET_TOKEN_DROP  # padded to 32: 4 x 4, as the model sees it
+    assert budget_token_drop((30, 90), 16) == 0.0  # 2 x 6
 
 
 def test_a_time_budget_on_small_images_trains_with_muon_photos_and_epochs_with_adamw():

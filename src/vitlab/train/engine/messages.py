@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..._units import counted, duration
+from ..sizing.pace import step_forwards
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -131,10 +132,14 @@ class WallEstimate:
     """The expected wall time of a run without ``--time-budget``, from a quick timing of its own first
     optimizer steps (data loading and augmentation included): steps 1 to ``1 + k`` of this process, ``k``
     a tenth of the steps left, 1 to 10. Each evaluation is counted as a forward pass over the evaluation
-    split at a third of a training step's cost per image (no backward pass, no optimizer)."""
+    split, a training step's cost per image over its forwards (a third when every weight trains, the whole of it
+    when the head alone does: :func:`~vitlab.train.sizing.pace.step_forwards`)."""
 
-    def __init__(self, *, total_steps: int, steps_per_epoch: int, batch_size: int, n_eval: int) -> None:
+    def __init__(
+        self, *, total_steps: int, steps_per_epoch: int, batch_size: int, n_eval: int, tuning: str = "full"
+    ) -> None:
         self.total, self.spe, self.batch, self.n_eval = total_steps, max(1, steps_per_epoch), batch_size, n_eval
+        self.forwards = step_forwards(tuning)
         self.t0 = 0.0
         self.until: int | None = None
 
@@ -151,7 +156,7 @@ class WallEstimate:
         per_step = (time.perf_counter() - self.t0) / (self.until - 1)
         left = self.total - step
         evals = math.ceil(self.total / self.spe) - step // self.spe
-        eval_s = per_step / 3 * self.n_eval / max(1, self.batch)
+        eval_s = per_step / self.forwards * self.n_eval / max(1, self.batch)
         total_s = wall_s + left * per_step + evals * eval_s
         timed = f"step {step}" if self.until == 2 else f"steps {step - self.until + 2}-{step}"  # (not "32-32")
         return (

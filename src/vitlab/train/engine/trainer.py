@@ -43,6 +43,7 @@ from ..sizing.budget import Replanner
 from ..sizing.choice import Sizing
 from ..sizing.finetune import given_method_advice
 from ..sizing.machine import ThreadWatch
+from ..sizing.pace import train_step_macs
 from ..sizing.steps import Replan, RunPlan
 from .loaders import RunLoaders
 from .loop import EpochResult, StepParts, train_epoch
@@ -106,7 +107,7 @@ class Trainer:
 
     def __post_init__(self) -> None:
         self.eval_net = self.opt.ema.module if self.opt.ema is not None else self.net
-        macs = self.vit.macs() * self.loaders.micro * 3  # a training step's
+        macs = train_step_macs(self.vit.macs(), self.loaders.micro)  # a training step's
         self.threads = ThreadWatch.for_run(self.cfg, device=self.device, step_macs=macs,
                                            replayed=self.sizing.replayed is not None)  # fmt: skip
         self.data_rec = data_record(self.cfg, self.data, self.data_fingerprint)
@@ -172,7 +173,7 @@ class Trainer:
         self.log(start_line(self.vit, self.data, r, self.plan, d.world_size, self.device,
                             time_budget=self.cfg.time_budget))  # fmt: skip
         self.eta = WallEstimate(  # a budgeted run knows its end; --pack evaluates the centre crop and the native one
-            total_steps=0 if self.cfg.time_budget else self.plan.total_steps, batch_size=r.batch_size,
+            total_steps=0 if self.cfg.time_budget else self.plan.total_steps, batch_size=r.batch_size, tuning=r.tuning,
             steps_per_epoch=self.loaders.steps_per_epoch, n_eval=len(self.data.val) * self.loaders.evaluations,
         )  # fmt: skip
 

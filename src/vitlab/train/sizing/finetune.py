@@ -12,12 +12,12 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   the square root of ``batch / FT_BATCH``, as ``auto`` does.
 - **batch**: at most 1/16 of the training set, 8 to 128 (:func:`~.fitting.auto_batch`).
 - **length**: ``--epochs`` (default: the ``auto`` recipe's 30), or ``--time-budget``: then, as for ``train``, half
-  the patch tokens are dropped in training (:data:`~.recipe.BUDGET_TOKEN_DROP`, grids of at least 16 tokens), and
+  the patch tokens are dropped in training (:func:`~.recipe.budget_token_drop`: grids of at least 16 tokens), and
   the passes that choose the augmentation are counted from the pace a probe measured on the run's data, as a fresh
   run's are (:func:`~.recipe.paced_level`: the ``--init`` model's step scaled from the probe's by its
-  multiply-accumulates and :data:`STEP_FORWARDS`, with each epoch's evaluation and saving); the run then plans its
-  steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe (several processes) they
-  are estimated from :data:`~.recipe.MACS_PER_S`.
+  multiply-accumulates and what trains, :func:`~.pace.train_step_macs`, with each epoch's evaluation and saving);
+  the run then plans its steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe
+  (several processes) they are estimated from :data:`~.recipe.MACS_PER_S` and the same count of the step's work.
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
   on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
   run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
@@ -44,8 +44,16 @@ from ...models.config import ViTConfig
 from ..conf.arch import head_choice
 from ..conf.recipes import RECIPES, Recipe
 from .levels import aug_level, level_fields
-from .pace import Pace, save_seconds
-from .recipe import BUDGET_TOKEN_DROP, COMMON_FIELDS, MACS_PER_S, auto_batch, auto_reason, forward_macs, paced_level
+from .pace import Pace, save_seconds, train_step_macs
+from .recipe import (
+    COMMON_FIELDS,
+    auto_batch,
+    auto_reason,
+    budget_token_drop,
+    estimated_images,
+    forward_macs,
+    paced_level,
+)
 
 __all__ = [
     "AUTO_LORA_RANK",
@@ -54,7 +62,6 @@ __all__ = [
     "FT_WIDTH",
     "FULL_FROM",
     "SMALL_DATA",
-    "STEP_FORWARDS",
     "finetune_lr",
     "finetune_recipe",
     "method_advice",
@@ -67,11 +74,6 @@ SMALL_DATA = 10_000
 """Fewer training images than this: a new head trains alone first (LP-FT); the augmentation levels shift at the same
 size (:func:`~.fitting.aug_level`)."""
 
-
-STEP_FORWARDS = {"full": 3.0, "head": 1.0}
-"""A training step's cost in forward passes, by what trains: every weight 3 (the backward pass computes the gradients
-of the activations and of the weights, each about a forward's), the head alone 1 (no gradient flows into the frozen
-body), anything else (LoRA, SSF, the biases) 2: the activations' gradients, not the frozen weights'."""
 
 AUTO_LORA_RANK = 4
 """LoRA's rank when the rule picks it (``--lora R`` sets another): the rank of docs/transfer.md's table."""
@@ -163,7 +165,6 @@ def finetune_recipe(
     side = cfg.img_size or r.img_size
     img = (side, side) if side else tuple(init.img_size)
     patch = cfg.arch.get("patch_size") or init.patch_size
-    grid = math.ceil(img[0] / patch) * math.ceil(img[1] / patch)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
     params = init.num_params()
@@ -176,20 +177,21 @@ def finetune_recipe(
     level = None
     if cfg.time_budget is not None:
         if token_drop is None:
-            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+            token_drop = budget_token_drop(img, patch)
         macs = forward_macs(arch, img, in_chans, token_drop=token_drop)
         if pace is not None:
             saved = params if tuning == "full" else 0  # (adapters' and a head's moments: a few bytes)
             end_s = pace.evaluation_s(forward_macs(arch, img, in_chans)) + save_seconds(params=params, trainable=saved)
             level, steps, per_step = paced_level(
-                pace, left=pace.budget_left(cfg.time_budget), step_macs=STEP_FORWARDS.get(tuning, 2.0) * macs * batch,
+                pace, left=pace.budget_left(cfg.time_budget), step_macs=train_step_macs(macs, batch, tuning=tuning),
                 batch=batch, end_s=end_s, n_train=n_train,
             )  # fmt: skip
             how = f"~{counted(steps, 'step')} of {per_step * 1000:.0f} ms in {cfg.time_budget:.0f} s (measured: "
             how += f"{pace.probe})"
         else:
-            rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
-            steps = max(1, int(cfg.time_budget * rate / batch))
+            seen = estimated_images(cfg.time_budget, image_step_macs=train_step_macs(macs, 1, tuning=tuning),
+                                    device_type=device_type)  # fmt: skip
+            steps = max(1, int(seen / batch))
             how = f"~{counted(steps, 'step')} (estimated for {cfg.time_budget:.0f} s on {device_type})"
         epochs, passes = r.epochs, steps * batch / n_train  # (the plan measures its steps: the epochs are unused)
     else:

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 __all__ = [
     "FEWEST_EVAL_IMAGES",
     "LOGGING_SHARE",
+    "STEP_FORWARDS",
     "Pace",
     "budget_reserve",
     "save_seconds",
     "short_budget_line",
+    "step_forwards",
     "steps_in_budget",
+    "train_step_macs",
 ]
 
 LOGGING_SHARE = 1.03
@@ -32,6 +35,26 @@ SAVE_FIXED_S = 0.02
 """Seconds of an epoch's end beyond its evaluation and the state's bytes (its metrics row and line, the random
 generators' states, the folder's fsync): a head-only fine-tune of the tiny model (a 2.2-MB ``last.pt``, about
 0.015 s of it) timed its whole epoch ends, 3 images evaluated, at 0.04 s (docs/training.md)."""
+
+
+STEP_FORWARDS = {"full": 3.0, "head": 1.0}
+"""A training step's cost in forward passes, by what trains: every weight 3 (the backward pass computes the gradients
+of the activations and of the weights, each about a forward's), the head alone 1 (no gradient flows into the frozen
+body), anything else (LoRA, SSF, the biases) 2: the activations' gradients, not the frozen weights'. Every estimate
+of a step's work (the auto recipe's model and passes, the fine-tune's, the threads, the expected wall time) counts
+with this table (:func:`train_step_macs`)."""
+
+
+def step_forwards(tuning: str = "full") -> float:
+    """A training step's cost in forward passes when what ``tuning`` names trains (a recipe's ``tuning``;
+    :data:`STEP_FORWARDS`, 2 for adapters)."""
+    return STEP_FORWARDS.get(tuning, 2.0)
+
+
+def train_step_macs(forward_macs: float, batch: int, *, tuning: str = "full") -> float:
+    """Multiply-accumulates of one optimizer step of ``batch`` images whose forward costs ``forward_macs`` each,
+    training what ``tuning`` names (:func:`step_forwards`)."""
+    return step_forwards(tuning) * forward_macs * batch
 
 
 def save_seconds(*, params: int, trainable: int) -> float:

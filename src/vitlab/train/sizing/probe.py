@@ -47,7 +47,7 @@ from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, run_recipe
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
-from .pace import Pace, budget_reserve
+from .pace import Pace, budget_reserve, train_step_macs
 from .recipe import auto_batch, auto_recipe, forward_macs
 from .side import PACKED_STEP_COST, PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
 
@@ -224,7 +224,7 @@ def _image_seconds(
     with seeded(cfg.seed):
         model = _probe_model(cfg, recipe, num_classes=classes, in_chans=in_chans, img=img,
                              names=[str(i) for i in range(classes)]).to(here.device)  # fmt: skip
-        set_threads(cfg, device=here.device, step_macs=model.macs() * batch * 3)
+        set_threads(cfg, device=here.device, step_macs=train_step_macs(model.macs(), batch))
         xs = torch.randn(k, in_chans, side, side, device=here.device)
         ys = torch.randint(0, classes, (k,), device=here.device)
         opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
@@ -338,8 +338,8 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
         model = _probe_model(cfg, recipe, num_classes=data.num_classes, in_chans=in_chans, img=img,
                              names=list(data.class_names)).to(device)  # fmt: skip
         image_macs = float(forward_macs(recipe.arch, img, in_chans))
-        step_macs = 3.0 * forward_macs(recipe.arch, img, in_chans, token_drop=recipe.token_drop) * batch
-        threads = set_threads(cfg, device=device, step_macs=model.macs() * batch * 3).threads  # as the run's
+        step_macs = train_step_macs(forward_macs(recipe.arch, img, in_chans, token_drop=recipe.token_drop), batch)
+        threads = set_threads(cfg, device=device, step_macs=train_step_macs(model.macs(), batch)).threads  # the run's
         workers = workers_for(cfg, device=device, steps_per_epoch=n_train // batch)
         k = min(AUG_ITEMS, n_train)
         train, read_s, decode_s = _items(data.train, k, at_least=(img[1], img[0]), clock=clock)

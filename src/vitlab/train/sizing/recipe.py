@@ -33,7 +33,7 @@ from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
 from .levels import LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
-from .pace import Pace, save_seconds, steps_in_budget
+from .pace import Pace, save_seconds, steps_in_budget, train_step_macs
 from .side import PHOTO_SIDE
 
 __all__ = [
@@ -49,7 +49,9 @@ __all__ = [
     "auto_batch",
     "auto_reason",
     "auto_recipe",
+    "budget_token_drop",
     "classify_recipe",
+    "estimated_images",
     "forward_macs",
     "mpp_recipe",
     "paced_level",
@@ -76,6 +78,15 @@ BUDGET_TOKEN_DROP = 0.5
 run has a ``--time-budget``: each step then costs about half, so the budget buys about twice the steps, which
 outweighs the noisier steps on short budgets (docs/speedrun.md). Only for grids of at least 16 tokens."""
 
+
+def budget_token_drop(img_size: tuple[int, int], patch: int) -> float:
+    """The share of patch tokens a ``--time-budget`` run drops when the recipe does not say:
+    :data:`BUDGET_TOKEN_DROP` on a grid of at least 16 tokens (a side the patch does not divide is padded, so its
+    partial patches count), else none."""
+    grid = math.ceil(img_size[0] / patch) * math.ceil(img_size[1] / patch)
+    return BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+
+
 BUDGET_OPTIMIZER = "muon"
 """The optimizer of a ``--time-budget`` run on small images (not photos): Muon (Jordan et al. 2024, as in
 airbench94_muon) for the encoder blocks' matrices, AdamW for every other weight, at the AdamW LR
@@ -88,6 +99,12 @@ MACS_PER_S = {"cpu": 1e10, "cuda": 2e12}
 before its recipe is chosen (several processes, which would each measure their own): only the model size and the
 augmentation level depend on it, the run's own plan is measured. Runs on a folder or its tar shards, fresh or
 fine-tuning (:mod:`.finetune`), choose from a measured :class:`~.pace.Pace`."""
+
+
+def estimated_images(time_budget: float, *, image_step_macs: float, device_type: str) -> float:
+    """Training images a ``time_budget`` of seconds buys at :data:`MACS_PER_S` when a step costs ``image_step_macs``
+    an image (:func:`~.pace.train_step_macs` of one image): the estimate of a budget no probe measured."""
+    return time_budget * MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / image_step_macs
 
 
 def auto_batch(n_train: int, *, cap: int = 128) -> int:
@@ -142,11 +159,8 @@ def auto_arch(
         arch = {"patch_size": patch, **fields, **pad}
         seen = images_seen
         if time_budget is not None:
-            seen = (
-                time_budget
-                * MACS_PER_S.get(device_type, MACS_PER_S["cpu"])
-                / (3 * forward_macs(arch, img_size, in_chans))
-            )
+            step = train_step_macs(forward_macs(arch, img_size, in_chans), 1)
+            seen = estimated_images(time_budget, image_step_macs=step, device_type=device_type)
         if seen is not None and seen >= least:
             return name, {**arch, **PLAIN}
     return MODELS[0][0], {"patch_size": patch, **MODELS[0][2], **pad, **PLAIN}
@@ -189,12 +203,11 @@ def auto_recipe(
         model, arch = auto_arch(
             img_size=img_size, in_chans=in_chans, time_budget=time_budget, device_type=device_type, photos=photos
         )
-        grid = (img_size[0] // arch["patch_size"]) * (img_size[1] // arch["patch_size"])
         if token_drop is None:
-            token_drop = BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+            token_drop = budget_token_drop(img_size, arch["patch_size"])
         macs = forward_macs(arch, img_size, in_chans, token_drop=token_drop)
-        rate = MACS_PER_S.get(device_type, MACS_PER_S["cpu"]) / (3 * macs)
-        steps = max(1, int(time_budget * rate / batch))
+        seen = estimated_images(time_budget, image_step_macs=train_step_macs(macs, 1), device_type=device_type)
+        steps = max(1, int(seen / batch))
         how = f"~{counted(steps, 'step')} (estimated for {time_budget:.0f} s on {device_type})"
     else:
         token_drop = token_drop or 0.0
@@ -242,11 +255,10 @@ def _by_pace(
     left = pace.budget_left(time_budget)
     patch = _patch_for(img_size, photos=photos)
     pad = {"dynamic_img_pad": True} if img_size[0] % patch or img_size[1] % patch else {}
-    grid = (img_size[0] // patch) * (img_size[1] // patch)
-    drop = token_drop if token_drop is not None else BUDGET_TOKEN_DROP if grid >= 16 else 0.0
+    drop = token_drop if token_drop is not None else budget_token_drop(img_size, patch)
     for name, least, fields in reversed(MODELS):
         arch = {"patch_size": patch, **fields, **pad}
-        step_macs = 3 * forward_macs(arch, img_size, in_chans, token_drop=drop) * batch
+        step_macs = train_step_macs(forward_macs(arch, img_size, in_chans, token_drop=drop), batch)
         params = ViTConfig(img_size=img_size, in_chans=in_chans, **arch).num_params()
         save_s = save_seconds(params=params, trainable=params)
         end_s = pace.evaluation_s(forward_macs(arch, img_size, in_chans)) + save_s

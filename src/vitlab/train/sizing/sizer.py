@@ -18,7 +18,7 @@ from .choice import Sizing
 from .finetune import finetune_recipe
 from .machine import fix_threads, set_threads, threads_line, workers_for
 from .memory import memory_split
-from .pace import Pace
+from .pace import Pace, train_step_macs
 from .probe import Here, epoch_seconds, measure_pace, wants_epoch_sides, wants_pace
 from .recipe import classify_recipe, mpp_recipe
 from .side import FAST_SIDE, faster_side_line, holds_photos, sized_recipe
@@ -78,7 +78,7 @@ def choose(
     split = memory_split(cfg, recipe, model_config=mc, dist=here.dist, device=here.device, num_classes=num_classes,
                          teacher=teacher, resumed=resumed)  # fmt: skip
     say(split.line)
-    step_macs = count_macs(mc) * split.micro * 3
+    step_macs = train_step_macs(count_macs(mc), split.micro)
     if saved is not None and saved.replayed:
         threads = fix_threads(saved.threads, device=here.device)
     else:
