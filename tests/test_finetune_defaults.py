@@ -120,6 +120,30 @@ def test_heads_names_the_head_count_a_bare_state_dict_cannot_tell(tmp_path):
         InitModel.read(build_config({"init": str(folder), "data": "unused", "arch.num_heads": 4}))
 
 
+def test_a_head_count_guess_points_each_command_to_the_flag_that_states_it(tmp_path):
+    """Before: the guess's warning said "on the command line: --heads" to every command, and under ``vitlab train
+    --teacher FILE`` that flag sets the student's heads, not the teacher's. Now it names what states the file's count
+    for any command (``vitlab convert --num-heads``), and the model it writes loads with that count and no guess."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    ref = vitlab.create_model("vit_ti16", img_size=16, patch_size=4, embed_dim=48, depth=1, num_heads=2,
+                              num_classes=3).eval()  # fmt: skip
+    bare = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, bare)
+    with pytest.warns(UserWarning, match="assuming 1 attention head") as caught:
+        guessed = vitlab.load(bare)
+    text = next(str(w.message) for w in caught if "assuming" in str(w.message))
+    assert "vitlab convert FILE DST --num-heads N" in text and "vitlab finetune --init FILE` takes --heads" in text
+    assert guessed.config.num_heads == 1
+    assert main(["convert", str(bare), str(tmp_path / "stated"), "--num-heads", "2"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the written model states its heads: nothing to guess
+        stated = vitlab.resolve_model(str(tmp_path / "stated"), trained=True, option="--teacher")
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.allclose(stated.forward_features(x), ref.forward_features(x), rtol=1e-4, atol=1e-5)
+
+
 def test_head_choice_reasons():
     cfg = ViTConfig(num_classes=3, class_names=None)
     assert head_choice(cfg, ["a", "b", "c"]) == (

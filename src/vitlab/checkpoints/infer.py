@@ -32,8 +32,8 @@ def guess_num_heads(width: int) -> int:
     heads = width // 64 if width % 64 == 0 else 1
     warnings.warn(
         f"width {width} is not in the paper's table; assuming {heads} attention head(s) of width {width // heads}; "
-        "pass num_heads=... if the checkpoint used another count (on the command line: --heads, convert's "
-        "--num-heads)",
+        "pass num_heads=... if the checkpoint used another count (on the command line: `vitlab convert FILE DST "
+        "--num-heads N` writes a model that states it, for any command; `vitlab finetune --init FILE` takes --heads)",
         stacklevel=3,
     )
     return heads
