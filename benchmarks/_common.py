@@ -68,13 +68,17 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # (a public `vitlab.train` function that saves a run's state would serve the first)
     "atomic_torch_save": ("vitlab.train.persist.state", "atomic_torch_save"),
     "save_seconds": ("vitlab.train.sizing.pace", "save_seconds"),
+    # replan_replay.py: the time budget's re-planner, fed recorded or generated paces with a clock of its own (a
+    # public `vitlab.train` replay of a run's paces would serve it)
+    "Replanner": ("vitlab.train.sizing.budget", "Replanner"),
+    "sizing_budget": ("vitlab.train.sizing.budget", None),  # its clock, which a replay sets
     # attention_runs.py: a run folder's health series and its alarms replayed over them (public in `vitlab.inspect`,
     # e.g. `health_history(run_folder)` and `replay_alarms(history, context)`, they would serve it)
     "named_alarms": ("vitlab.inspect.alarms", "named_alarms"),
     "named_notes": ("vitlab.inspect.alarms", "named_notes"),
     "alarm_history": ("vitlab.train.persist.health", "alarm_history"),
     "health_records": ("vitlab.train.persist.health", "health_records"),
-    "read_metrics": ("vitlab.train.persist.outputs", "read_metrics"),
+    "read_metrics": ("vitlab.train.persist.outputs", "read_metrics"),  # (replan_replay.py too)
     # bench_deploy.py: the model argument's one rule (issue 57 moves it into the library, e.g. `vitlab.resolve_model`)
     # and the pieces `vitlab deploy` composes (public in `vitlab.deploy` as they are, they would serve it)
     "resolve_model": ("vitlab.commands._common", "resolve_model"),

@@ -294,27 +294,49 @@ def test_epoch_end_correction_fits_the_steps_left_to_the_last_epochs_pace(monkey
     assert budget.Replanner().after_epoch(step=100, planned=1000, per_step=1.0, overhead_s=0.0, **kw) is None
 
 
-def test_a_slow_epoch_cuts_the_run_and_the_recovered_pace_lengthens_it_again(monkeypatch):
-    """The plan follows the pace both ways, beyond its band: an epoch slowed by a passing load (20 % over the
-    plan's pace) cuts the steps still to go to what fits at its pace; the next epoch at the old pace lengthens them
-    again, by what the time left allows (the time lost in the slow epoch is not made up twice); an epoch on the
-    plan's pace leaves it alone."""
+def test_a_slow_epoch_is_no_change_of_pace_but_a_slower_machine_cuts_the_run_and_a_faster_one_lengthens_it(monkeypatch):
+    """The plan follows the machine's pace both ways, beyond its band, and not its noise. The first judged epoch has
+    nothing to be weighed against: 20 % slower than the plan's pace, it cuts the steps still to go to what fits at
+    its pace. After it, one epoch slowed by a passing load (20 % over the run's pace) is no change of the machine's
+    pace: the time it lost comes out of the steps at the run's mean pace (not at the slow epoch's), and the epochs at
+    the pace again leave the plan alone. A machine that halves its speed is a change after two epochs: the plan is
+    then cut to the new pace (not to a mean of old and new), and one that doubles it again lengthens the plan, after
+    two epochs too, by what the time left allows at that pace (the time lost is not made up twice). Before, each
+    epoch was judged by its own pace: the passing load cut the plan at its pace, and the next epoch lengthened it
+    again."""
     from vitlab.distributed import Dist
     from vitlab.train.sizing import budget
 
-    clock = [910.0]  # 10 s of 105 spent
+    clock = [910.0]  # 10 s of 205 spent
     monkeypatch.setattr(budget.time, "perf_counter", lambda: clock[0])
     kw = {"dist": Dist(), "device": torch.device("cpu"), "overhead_s": 1.5}
-    r = budget.Replanner.for_plan(total_steps=1000, budget=105.0, t_start=900.0, eval_s=1.0, steps_per_epoch=100,
+    r = budget.Replanner.for_plan(total_steps=2000, budget=205.0, t_start=900.0, eval_s=1.0, steps_per_epoch=100,
                                   per_step=0.1)  # fmt: skip
     r.due = False  # the early re-plan happened
-    cut = r.after_epoch(step=100, planned=900, per_step=0.12, **kw)  # one slow epoch: cut at its pace
-    assert cut == 100 + budget.steps_in_budget(90.0, 0.12, 1.5, 100, 100) < 900
-    clock[0] = 920.5  # the next epoch at 0.09 s a step
-    longer = r.after_epoch(step=200, planned=cut, per_step=0.09, **kw)  # the load went away: lengthened again
-    assert longer == 200 + budget.steps_in_budget(105.0 - 20.5 - 5.0, 0.09, 1.5, 100, 200) > cut
-    clock[0] = 930.0
-    assert r.after_epoch(step=300, planned=longer, per_step=0.09, **kw) is None  # on pace: no move
+    step, planned = 0, 1800
+
+    def epoch(pace: float) -> int | None:
+        nonlocal step, planned
+        step, clock[0] = step + 100, clock[0] + 100 * pace + 1.5
+        new = r.after_epoch(step=step, planned=planned, per_step=pace, **kw)
+        planned = new or planned
+        return new
+
+    def fits(pace: float) -> int:  # the plan that ends on the budget at ``pace`` from here
+        return step + budget.steps_in_budget(205.0 - (clock[0] - 900.0) - 5.0, pace, 1.5, 100, step)
+
+    assert epoch(0.12) == fits(0.12) < 1800  # the first judged epoch, 20 % slow: cut at its pace
+    assert [epoch(0.12), epoch(0.12)] == [None, None]
+    was = planned
+    assert epoch(0.144) == fits(0.126) < was  # the lost time, at the run's mean pace: (3 x 0.12 + 0.144) / 4
+    assert r.per_step == pytest.approx(0.126) and planned > fits(0.144)
+    assert [epoch(0.12), epoch(0.12)] == [None, None]  # at the pace again: no move back
+    epoch(0.24)  # half the speed: one epoch is no change yet (its lost time at the run's mean)
+    assert r.per_step < 0.2
+    assert epoch(0.24) == fits(0.24) and r.per_step == pytest.approx(0.24)  # two: a change, cut to the new pace
+    halved = planned
+    epoch(0.12)
+    assert epoch(0.12) == fits(0.12) > halved and r.per_step == pytest.approx(0.12)  # and back: lengthened
 
 
 @pytest.mark.slow

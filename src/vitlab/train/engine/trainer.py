@@ -201,7 +201,7 @@ class Trainer:
                                           overhead_s=time.perf_counter() - t_end, dist=self.dist,
                                           device=self.device)  # fmt: skip
             if new is not None:
-                self._replanned(new, per_step, at="epoch")
+                self._replanned(new, self.replan.per_step, at="epoch")  # the run's pace the move was made at
                 self._checkpoint(micro_done=0)  # last.pt was written with the plan before the move
             if line := self.threads.after_epoch(per_step):
                 self.log(line)

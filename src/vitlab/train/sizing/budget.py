@@ -41,6 +41,15 @@ BAND = 0.10
 """After the early re-plan, the plan moves only when the pace of the stretch since the last move is more than this
 share off the pace the plan was made at, or when at that pace the run would end more than this share of the time
 left early, or later than the budget's reserve allows (:meth:`Replanner._judge`)."""
+CHANGE = 2 * BAND
+"""How far off the run's pace a stretch must be to count toward a change of the machine's pace (Page's CUSUM, 1954:
+each judged stretch adds how far its log-pace is beyond this, at most this again, :meth:`Replanner._run_pace`); a
+change is :data:`EVIDENCE` of it."""
+EVIDENCE = 3.5 * BAND
+"""The evidence that makes a change: two stretches in a row at 1.5x the run's pace or more (or two thirds of it), three
+at 1.4x, so that a halved or doubled speed is followed after two stretches. Stretches swing by 1.5x around a steady
+pace on the 2-core machine (a 10-minute fine-tune's tiny steps: 145 to 255 ms within its first minutes; 20% either
+side, in turns, moved a plan judged by each stretch alone 52 times in 10 minutes), and seldom twice in a row."""
 _TOLERANCE = 0.03
 """A move happens only when it changes the steps still to go by more than this share (and by more than 1% of the
 budget's time): re-shaping the rest of the decay for fewer steps than that is not worth a line."""
@@ -281,6 +290,12 @@ class Replanner:
     """The step at which the current epoch began."""
     stretch: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0.0])
     """The stretch since the last judgment: ``[steps, their seconds, end-of-epoch works, their seconds]``."""
+    paced: tuple[int, float] = (0, 0.0)
+    """The judged steps since the machine's pace last changed and their seconds: the run's pace is their mean."""
+    evidence: tuple[float, float] = (0.0, 0.0)
+    """The evidence that the pace became slower, faster (the two sums of Page's CUSUM, :data:`EVIDENCE`)."""
+    since: tuple[tuple[int, float], ...] = ()
+    """The judged stretches (steps, seconds) since the evidence was last nil: where a change began."""
     recorded: tuple[Replan, ...] | None = None
     """A replay's moves (None: a measured run)."""
 
@@ -317,7 +332,7 @@ class Replanner:
         move the run records is the recorded one."""
         move = next((m for m in self.recorded or () if m.step == step and m.at == at), None)
         if move is not None:
-            self.end_s = move.end_s
+            self.end_s, self.per_step = move.end_s, move.per_step
         return move
 
     def after_step(
@@ -391,17 +406,38 @@ class Replanner:
         self.stretch[3] += overhead_s
         return self._judge(step=step, planned=planned, now=now, dist=dist, device=device)
 
+    def _run_pace(self, steps: int, seconds: float) -> float:
+        """The run's pace once a stretch of ``steps`` in ``seconds`` is judged: the mean of every judged step since
+        the machine's pace last changed. The stretch adds how far its log-pace is beyond :data:`CHANGE` off that mean
+        (at most :data:`CHANGE` again) to the evidence that the pace became slower (or faster); once that evidence
+        passes :data:`EVIDENCE`, the pace changed where the evidence began, and the mean restarts from the stretches
+        since. One stretch's pace is the machine's noise as much as its speed: judged alone, it moved the plans of
+        5-minute linear probes 16 and 19 times back and forth around a steady pace (docs/training.md)."""
+        n, s = self.paced
+        if n and s > 0 and seconds > 0:  # (a clock that did not move, in a test: no evidence)
+            d = math.log(seconds / steps * n / s)
+            slower = max(0.0, self.evidence[0] + min(d - CHANGE, CHANGE))
+            faster = max(0.0, self.evidence[1] + min(-d - CHANGE, CHANGE))
+            since = (*self.since, (steps, seconds))
+            if max(slower, faster) > EVIDENCE:  # a change: the run's pace is that of the stretches that showed it
+                self.paced = (sum(k for k, _ in since), sum(t for _, t in since))
+                self.evidence, self.since = (0.0, 0.0), ()
+                return self.paced[1] / self.paced[0]
+            self.evidence, self.since = (slower, faster), since if slower or faster else ()
+        self.paced = (n + steps, s + seconds)
+        return self.paced[1] / self.paced[0]
+
     def _judge(self, *, step: int, planned: int, now: float, dist: Dist, device: torch.device) -> int | None:
         """The new total when the stretch since the last judgment holds :data:`STRETCH` steps and
-        :data:`STRETCH_S` seconds and its pace is :data:`BAND` off the plan's, or the plan would end :data:`BAND` of
-        the time left early or later than the budget's reserve allows at that pace (and the move is beyond
-        :data:`_TOLERANCE`); else None. A judged stretch ends there (the next one times what comes after it); a move
-        makes its pace the plan's."""
+        :data:`STRETCH_S` seconds and the run's pace (:meth:`_run_pace`, this stretch included) is :data:`BAND` off
+        the plan's, or the plan would end :data:`BAND` of the time left early or later than the budget's reserve
+        allows at that pace (and the move is beyond :data:`_TOLERANCE`); else None. A judged stretch ends there (the
+        next one times what comes after it); a move makes the run's pace the plan's."""
         steps, seconds, works, work_s = self.stretch
         if steps < STRETCH or seconds + work_s < STRETCH_S:
             return None
         self.stretch = [0, 0.0, 0, 0.0]
-        pace = seconds / steps
+        pace = self._run_pace(int(steps), seconds)
         if works:
             self.ends = (self.ends[0] + works, self.ends[1] + work_s)
             self.end_s = self.ends[1] / self.ends[0]

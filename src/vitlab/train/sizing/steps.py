@@ -15,8 +15,9 @@ __all__ = ["Replan", "RunPlan"]
 class Replan:
     """One move of a running plan: after optimizer step ``step`` (``at`` ``"step"``: right after it; ``"epoch"``: at
     its epoch's end, after the evaluation) the plan ends at ``total``; ``per_step``: the seconds a step it was made
-    from, ``end_s`` the seconds of an epoch's end (its evaluation and saving; 0: not recorded). A replay makes the same
-    moves at the same points (:meth:`Replanner.replaying`)."""
+    from (the run's pace: :meth:`~.budget.Replanner._run_pace`), ``end_s`` the seconds of an epoch's end (its
+    evaluation and saving; 0: not recorded). A replay makes the same moves at the same points
+    (:meth:`Replanner.replaying`)."""
 
     step: int
     total: int
@@ -26,7 +27,7 @@ class Replan:
 
     def line(self, *, was: int, warmup: int, replayed: bool) -> str:
         """The run's line for this move: what it was made from (a replay says so), the new and the old total."""
-        which = "the steps since the last plan took" if self.at == "epoch" else "the run's own steps take"
+        which = "the run's steps since its pace last changed take" if self.at == "epoch" else "the run's own steps take"
         how = "replayed" if replayed else f"{which} {self.per_step * 1000:.0f} ms"
         if self.end_s and self.at == "epoch" and not replayed:  # timed by the run at its epochs' ends
             how += f" and an epoch's end (evaluation, saving) {self.end_s:.2f} s"
