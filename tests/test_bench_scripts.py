@@ -156,3 +156,20 @@ def test_scripts_without_a_smoke_mode_print_their_rows(script: str, argv: list[s
     bench.main()
     out = capsys.readouterr().out
     assert says in out and "# load average at end" in out, out
+
+
+def test_the_replan_replay_feeds_generated_paces_to_the_re_planner(monkeypatch, capsys):
+    """``replan_replay.py --synthetic`` replays every generated machine through the re-planner on a clock of its own
+    (nothing timed) and ends every run within its budget's reach; the module's clock is the real one again after."""
+    import time
+
+    bench = load("replan_replay")
+    monkeypatch.setattr("sys.argv", ["replan_replay.py", "--synthetic", "--seeds", "1"])
+    bench.main()
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and " s |" in r]
+    assert len(rows) == len(bench.MACHINES) * len(bench.KINDS), rows
+    for row in rows:
+        budget, _, moves, ends = (c.strip() for c in row.strip("|").split("|"))
+        least, most = (float(v) for v in ends.split(" - "))
+        assert int(moves) <= 12 and 0.9 * float(budget[:-2]) < least <= most < 1.01 * float(budget[:-2]), row
+    assert shared().sizing_budget.time is time
