@@ -38,7 +38,7 @@ STRETCH_S = 5.0
 """Seconds a stretch must also last (its steps and epoch ends): 40 steps of a tiny model are 2.5 s, whose pace was
 10 to 15% off the next stretch's on the 2-core machine, so a 1-minute run moved its plan at nearly every judgment."""
 BAND = 0.10
-"""After the early re-plan, the plan moves only when the pace of the stretch since the last move is more than this
+"""After the early re-plan, the plan moves only when the run's pace (:meth:`Replanner._run_pace`) is more than this
 share off the pace the plan was made at, or when at that pace the run would end more than this share of the time
 left early, or later than the budget's reserve allows (:meth:`Replanner._judge`)."""
 CHANGE = 2 * BAND
