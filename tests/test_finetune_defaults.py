@@ -278,7 +278,7 @@ def test_a_time_budget_drops_tokens_and_fits_the_augmentation_to_its_passes(img,
     assert r.token_drop == drop  # a grid of 64 tokens drops half; one of 4 tokens none
     assert "estimated for 300 s on cpu" in cfg.resolved
     passes = float(cfg.resolved.split(" passes -> ")[0].rsplit(", ", 1)[1].replace(",", ""))
-    assert f"-> {aug_level(epochs=passes, n_train=1000)} aug" in cfg.resolved
+    assert f"-> {aug_level(epochs=passes, n_train=1000, finetune=True)} aug" in cfg.resolved
     assert _fit(1000, budget=300.0, token_drop=0.0).recipe.token_drop == 0.0
 
 
@@ -309,7 +309,7 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
         steps = steps_in_budget(pace.budget_left(300.0), pace.per_step(level=level, step_macs=step_macs,
                                 batch=r.batch_size), end_s, max(1, n_train // r.batch_size))  # fmt: skip
         assert f"~{steps:,} steps of " in fit.resolved
-        assert aug_level(epochs=steps * r.batch_size / n_train, n_train=n_train) == level
+        assert aug_level(epochs=steps * r.batch_size / n_train, n_train=n_train, finetune=True) == level
         if r.head_warmup:  # LP-FT's warm-up: half the LR warmup of the counted steps, at most an epoch
             assert r.head_warmup == max(1, min(n_train // r.batch_size, round(0.05 * steps)))
     estimated = _fit(3000, budget=300.0)

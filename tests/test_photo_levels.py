@@ -9,13 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torchvision.transforms import v2
 
 from test_photos import _photos
 from vitlab.data import load_data
+from vitlab.models.config import ViTConfig
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.sizing import recipe_for
-from vitlab.train.sizing.levels import LEVELS, PHOTO_CROP_FROM, PHOTO_OFF, aug_level, level_fields
+from vitlab.train.sizing.levels import FINETUNE_MOST, LEVELS, PHOTO_CROP_FROM, PHOTO_OFF, aug_level, level_fields
 from vitlab.train.sizing.probe import _level_transform
 from vitlab.train.sizing.recipe import auto_recipe
 from vitlab.train.sizing.side import folder_storage, holds_photos
@@ -99,6 +101,45 @@ def test_the_probes_time_the_transform_a_photo_run_builds():
     plain = _level_transform("medium", photos=False, **kw).transforms
     assert not any(isinstance(t, v2.RandAugment | v2.RandomErasing) for t in photo)
     assert any(isinstance(t, v2.RandAugment) for t in plain) and any(isinstance(t, v2.RandomErasing) for t in plain)
+
+
+def test_a_fine_tune_of_photos_takes_its_level_whole_and_at_most_the_light_one(tmp_path):
+    """On the clothing photos a fine-tune kept its level's crop and flip only (the photo rule of training from
+    scratch) and scored 54.03% in 10 minutes where the light level whole scored 66.13%, the strong level whole
+    47.31% (docs/transfer.md): a fine-tune of photos takes its level whole, at most FINETUNE_MOST."""
+    assert FINETUNE_MOST == "light"
+    photos = _photos(tmp_path / "photos", [(400, 533)] * 3)
+    init = ViTConfig(img_size=(64, 64), patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
+    cfg = _cfg(photos, img_size=64, epochs=120, init="pre/model")  # 120 passes: strong, from scratch
+    s = load_data(str(photos), storage=functools.partial(folder_storage, cfg), cache_dir=tmp_path / "cache",
+                  progress=False)  # fmt: skip
+    recipe, chosen, _ = recipe_for(cfg, s, init=init)
+    assert holds_photos(s) and {f: getattr(recipe, f) for f in LEVELS["light"]} == LEVELS["light"]
+    assert "120 passes -> light aug (long schedule; a fine-tune: at most light)" in chosen
+    assert "photos" not in chosen.split("aug (")[1].split(")")[0]
+    assert [aug_level(epochs=e, n_train=3_000, finetune=True) for e in (5, 30, 70, 150)] == [
+        "minimal", "light", "light", "light"
+    ]  # fmt: skip
+    assert aug_level(epochs=150, n_train=20_000, finetune=True) == "mild"  # the data's shift, from the light level
+
+
+def test_a_fine_tunes_probe_times_its_level_whole_on_photos(monkeypatch):
+    """The probe times each level's transform as the run will build it: a fine-tune of photos the whole level."""
+    from test_train_pace import _here, _random_splits
+    from vitlab.train.sizing import probe
+
+    seen = []
+    real = probe._level_transform
+    monkeypatch.setattr(probe, "holds_photos", lambda data: True)
+    monkeypatch.setattr(probe, "_level_transform", lambda level, **kw: seen.append(kw["photos"]) or real(level, **kw))
+    before = torch.get_num_threads()
+    try:
+        for init in (None, "pre/model"):
+            cfg = TrainConfig(time_budget=60.0, threads=1, init=init)
+            probe.measure_pace(cfg, _random_splits(48, train=40), _here())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [True] * len(LEVELS) + [False] * len(LEVELS)
 
 
 def test_the_auto_line_counts_one_step_as_one():

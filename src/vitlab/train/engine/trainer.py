@@ -365,7 +365,7 @@ class Trainer:
                                          params=self.vit.config.num_params())  # fmt: skip
             summary["advice"] = advice_line(rows, recipe=r, epochs=self.plan.epochs, time_budget=self.cfg.time_budget,
                                             n_eval=len(self.data.val), alarms=att["alarms"], notes=att["notes"],
-                                            method=method)  # fmt: skip
+                                            method=method, given=self.cfg.recipe_given)  # fmt: skip
         if d.is_main:
             self._draw()  # before summary.json, written last: a finished run's outputs are whole once it is there
             write_json(summary, out / "summary.json")

@@ -5,7 +5,7 @@ threshold and names the flags a timm user would reach for."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..sizing.levels import regularisers
@@ -59,13 +59,16 @@ def advice_line(
     alarms: Sequence[str] = (),
     notes: Sequence[str] = (),
     method: tuple[str, str] | None = None,
+    given: Collection[str] = (),
 ) -> str | None:
     """One line of advice at the end of a finished run, or None. Three findings, each with its fix:
 
     - top-1 still rising steeply (:data:`RISE_POINTS`, and :data:`NOISE_SE` standard errors of the last top-1 on the
       ``n_eval`` evaluation images, :func:`top1_stderr`): train longer (``--epochs`` or ``--time-budget`` doubled);
-    - train loss far above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises: the flags
-      that lighten it (a named recipe other than ``auto`` also gets ``--recipe auto``, fitted to the run's length);
+    - train loss far above the evaluation loss (:data:`UNDERFIT_RATIO`) while the recipe regularises beyond what the
+      ``auto`` rule chose (:func:`~vitlab.train.sizing.levels.regularisers`: a named recipe's regularisers, or those
+      the user set, ``given``): the flags that lighten it (a named recipe other than ``auto`` also gets ``--recipe
+      auto``, fitted to the run's length);
     - evaluation loss risen from its lowest while the train loss fell (:data:`OVERFIT_RATIO`, and by more than
       :data:`NOISE_SE` standard errors of a mean loss over ``n_eval`` images, taken as ``loss / sqrt(n_eval)``: one
       image's cross-entropy spreads about as much as its mean): a random crop and MixUp where the recipe has none,
@@ -89,7 +92,7 @@ def advice_line(
         why.append(f"top-1 still rising steeply (+{gain:.1f} points over {of}{beyond})")
         fix.append(f"--time-budget {2 * time_budget / 60:g}m" if time_budget else f"--epochs {2 * epochs}")
     train, ev = rows[-1]["train_loss"], rows[-1]["eval_loss"]
-    lighter = regularisers(recipe)
+    lighter = regularisers(recipe, given=given)
     if lighter and train > UNDERFIT_RATIO * ev + UNDERFIT_MARGIN:
         why.append(f"train loss {train:.2f} far above eval loss {ev:.2f} (underfitting: too much regularisation)")
         fix.append(("--recipe auto, or " if recipe.name != "auto" else "") + " ".join(lighter))

@@ -18,9 +18,12 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   multiply-accumulates and what trains, :func:`~.pace.train_step_macs`, with each epoch's evaluation and saving);
   the run then plans its steps from its own measured step (:mod:`vitlab.train.sizing.budget`). Without a probe
   (several processes) they are estimated from :data:`~.recipe.MACS_PER_S` and the same count of the step's work.
-- **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``;
-  on photos its crop and flip only (:func:`~.levels.level_fields`), as ``auto`` trains photos: the rule the end of
-  run's advice judges by too (:func:`~.levels.regularisers`), so a fine-tune is never told to undo its recipe.
+- **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``,
+  but at most :data:`~.levels.FINETUNE_MOST` (the light level: RandAugment(2, 7), stochastic depth 0.05, a crop of
+  0.5-1), and whole on photos too (the crop-and-flip rule of :func:`~.levels.level_fields` is training from
+  scratch's): on the clothing photos a heavier level lost 2 to 19 points and the photo rule 5 to 12
+  (docs/transfer.md). The end of run's advice never proposes undoing what this rule chose
+  (:func:`~.levels.regularisers`).
 - **method** (:func:`tune_method`, issue 60; ``--tune``, ``--lora`` or ``--freeze`` choose it instead): LoRA (rank
   :data:`AUTO_LORA_RANK`) below :data:`FULL_FROM` images per parameter, every weight from there: on docs/transfer.md's
   table (a model pre-trained on CIFAR-10's animals, fine-tuned on 100, 1,000 and 3,000 images of its vehicles and on
@@ -150,12 +153,11 @@ def finetune_recipe(
     device_type: str,
     init: ViTConfig,
     processes: int = 1,
-    photos: bool = False,
     pace: Pace | None = None,
 ) -> tuple[Recipe, str]:
     """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.conf.train_config.TrainConfig` with
     ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
-    (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
+    (photos or not: one rule), and the line that says what was chosen. Fields the user set
     (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``). ``pace``: what a probe
     measured on the data (:func:`~.probe.measure_pace`), from which a time budget's passes are counted."""
     r = cfg.recipe
@@ -184,7 +186,7 @@ def finetune_recipe(
             end_s = pace.evaluation_s(forward_macs(arch, img, in_chans)) + save_seconds(params=params, trainable=saved)
             level, steps, per_step = paced_level(
                 pace, left=pace.budget_left(cfg.time_budget), step_macs=train_step_macs(macs, batch, tuning=tuning),
-                batch=batch, end_s=end_s, n_train=n_train,
+                batch=batch, end_s=end_s, n_train=n_train, finetune=True,
             )  # fmt: skip
             how = f"~{counted(steps, 'step')} of {per_step * 1000:.0f} ms in {cfg.time_budget:.0f} s (measured: "
             how += f"{pace.probe})"
@@ -199,12 +201,12 @@ def finetune_recipe(
         epochs = r.epochs if "epochs" in given else RECIPES["auto"].epochs
         steps, passes = epochs * spe, float(epochs)
         how = f"{counted(steps, 'step')} ({counted(epochs, 'epoch')} of {spe})"
-    level = level or aug_level(epochs=passes, n_train=n_train)
+    level = level or aug_level(epochs=passes, n_train=n_train, finetune=True)
     lp = new_head and n_train < SMALL_DATA and tuning != "head" and processes == 1 and not cfg.fsdp
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
         **COMMON_FIELDS,
-        **level_fields(level, photos=photos),
+        **level_fields(level),
         "optimizer": "adamw",
         "batch_size": batch,
         "base_batch": batch,
@@ -231,7 +233,7 @@ def finetune_recipe(
             passes=passes,
             n_train=n_train,
             model="",
-            photos=photos,
+            finetune=True,
         ).rsplit("; model", 1)[0]
     )
     line += (

@@ -32,7 +32,7 @@ from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
-from .levels import LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
+from .levels import FINETUNE_MOST, LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
 from .pace import Pace, save_seconds, steps_in_budget, train_step_macs
 from .side import PHOTO_SIDE
 
@@ -270,19 +270,20 @@ def _by_pace(
 
 
 def paced_level(
-    pace: Pace, *, left: float, step_macs: float, batch: int, end_s: float, n_train: int, photos: bool = False
-) -> tuple[str, int, float]:
+    pace: Pace, *, left: float, step_macs: float, batch: int, end_s: float, n_train: int, photos: bool = False,
+    finetune: bool = False,
+) -> tuple[str, int, float]:  # fmt: skip
     """``(level, steps, seconds a step)``: the augmentation level of a run that has ``left`` seconds for steps of
     ``step_macs`` on ``batch`` images and epoch ends of ``end_s`` (its evaluation and saving), at the measured
     ``pace``, and the steps it then makes (:func:`~.pace.steps_in_budget`, as the run's plan counts them). The level
     is the heaviest whose own cost still leaves the passes it asks for (:func:`~.levels.aug_level`: a level's
     augmentation slows the steps, so fewer passes might ask for a lighter one). A fresh run's candidates
-    (:func:`_by_pace`) and a fine-tune (:func:`~.finetune.finetune_recipe`) choose by it alike."""
+    (:func:`_by_pace`) and a fine-tune (:func:`~.finetune.finetune_recipe`, ``finetune``) choose by it alike."""
     spe, order = max(1, n_train // batch), list(LEVELS)
     for level in reversed(order):
         per_step = pace.per_step(level=level, step_macs=step_macs, batch=batch)
         steps = steps_in_budget(left, per_step, end_s, spe)
-        wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photos)
+        wanted = aug_level(epochs=steps * batch / n_train, n_train=n_train, photos=photos, finetune=finetune)
         if order.index(wanted) >= order.index(level):
             break
     return level, steps, per_step
@@ -297,18 +298,23 @@ _OPTIMIZERS = {
 
 
 def auto_reason(
-    r: Recipe, *, level: str, plain: str, passes: float, n_train: int, model: str, photos: bool = False
-) -> str:
+    r: Recipe, *, level: str, plain: str, passes: float, n_train: int, model: str, photos: bool = False,
+    finetune: bool = False,
+) -> str:  # fmt: skip
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why (``plain``:
     the level for as many passes before the data's size shifted it, :func:`~.levels.aug_level` with ``n_train``
-    0), the batch, LR and warmup, token dropping and the model."""
+    0; ``finetune``: a fine-tune's, at most :data:`~.levels.FINETUNE_MOST`), the batch, LR and warmup, token dropping
+    and the model."""
     ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
     mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
     crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
     crop += " square" if r.crop_ratio == (1.0, 1.0) and r.crop_scale[0] < 1 else ""
     passes_text = f"{passes:.0f}" if passes >= 10 or passes == int(passes) else f"{passes:.1f}"
     why = {"minimal": "short", "mild": "medium", "light": "medium", "medium": "long", "strong": "long"}[plain]
-    why += " schedule" + (f", lighter for {n_train:,} images" if level != plain else "")
+    order, most = list(LEVELS), FINETUNE_MOST
+    capped = finetune and order.index(plain) > order.index(most)
+    why += " schedule" + (f"; a fine-tune: at most {most}" if capped else "")
+    why += f", lighter for {n_train:,} images" if level != (most if capped else plain) else ""
     if photos:  # (a photo's level under PHOTO_CROP_FROM passes is the minimal one: no crop at all)
         short = plain == "minimal" and passes >= 10
         why += f"; photos: no crop under {PHOTO_CROP_FROM} passes" if short else "; photos: its crop and flip only"
