@@ -20,10 +20,10 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   (several processes) they are estimated from :data:`~.recipe.MACS_PER_S` and the same count of the step's work.
 - **augmentation**: the level for the passes and the data (:func:`~.levels.aug_level`, after AugReg), as ``auto``,
   but at most :data:`~.levels.FINETUNE_MOST` (the light level: RandAugment(2, 7), stochastic depth 0.05, a crop of
-  0.5-1), and whole on photos too (the crop-and-flip rule of :func:`~.levels.level_fields` is training from
-  scratch's): on the clothing photos a heavier level lost 2 to 19 points and the photo rule 5 to 12
-  (docs/transfer.md). The end of run's advice never proposes undoing what this rule chose
-  (:func:`~.levels.regularisers`).
+  0.5-1); on photos its crop and flip only (:func:`~.levels.level_fields`) under
+  :data:`~.levels.FINETUNE_WHOLE_FROM` passes, the level whole from there: on the clothing photos a heavier level
+  lost 2 to 19 points, the crop alone 6 at 61-64 passes and 12 at 120-146, and won 3 at 24-31 (docs/transfer.md).
+  The end of run's advice never proposes undoing what this rule chose (:func:`~.levels.regularisers`).
 - **method** (:func:`tune_method`, issue 60; ``--tune``, ``--lora`` or ``--freeze`` choose it instead): LoRA (rank
   :data:`AUTO_LORA_RANK`) below :data:`FULL_FROM` images per parameter, every weight from there: on docs/transfer.md's
   table (a model pre-trained on CIFAR-10's animals, fine-tuned on 100, 1,000 and 3,000 images of its vehicles and on
@@ -46,7 +46,7 @@ from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.arch import head_choice
 from ..conf.recipes import RECIPES, Recipe
-from .levels import aug_level, level_fields
+from .levels import FINETUNE_WHOLE_FROM, aug_level, level_fields
 from .pace import Pace, save_seconds, train_step_macs
 from .recipe import (
     COMMON_FIELDS,
@@ -153,11 +153,12 @@ def finetune_recipe(
     device_type: str,
     init: ViTConfig,
     processes: int = 1,
+    photos: bool = False,
     pace: Pace | None = None,
 ) -> tuple[Recipe, str]:
     """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.conf.train_config.TrainConfig` with
     ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
-    (photos or not: one rule), and the line that says what was chosen. Fields the user set
+    (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
     (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``). ``pace``: what a probe
     measured on the data (:func:`~.probe.measure_pace`), from which a time budget's passes are counted."""
     r = cfg.recipe
@@ -206,7 +207,7 @@ def finetune_recipe(
     warm = 0.1 if steps < 5000 else 0.05
     fitted = {
         **COMMON_FIELDS,
-        **level_fields(level),
+        **level_fields(level, photos=photos and passes < FINETUNE_WHOLE_FROM),
         "optimizer": "adamw",
         "batch_size": batch,
         "base_batch": batch,
@@ -233,6 +234,7 @@ def finetune_recipe(
             passes=passes,
             n_train=n_train,
             model="",
+            photos=photos and passes < FINETUNE_WHOLE_FROM,
             finetune=True,
         ).rsplit("; model", 1)[0]
     )

@@ -332,7 +332,7 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
     )  # fmt: skip
     stored = getattr(data, "storage", None)
     crop_pct = stored.crop_pct if stored is not None else 1.0
-    photos = holds_photos(data) and cfg.init is None  # a fine-tune takes its level whole (.levels' notes)
+    photos = holds_photos(data)  # (a fine-tune's passes too: counted at the crop's cost, .levels.FINETUNE_WHOLE_FROM)
     device = here.device
     with seeded(cfg.seed):
         model = _probe_model(cfg, recipe, num_classes=data.num_classes, in_chans=in_chans, img=img,

@@ -32,7 +32,7 @@ from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
 from ..conf.train_config import run_recipe
-from .levels import FINETUNE_MOST, LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
+from .levels import FINETUNE_MOST, FINETUNE_WHOLE_FROM, LEVELS, PHOTO_CROP_FROM, aug_level, level_fields
 from .pace import Pace, save_seconds, steps_in_budget, train_step_macs
 from .side import PHOTO_SIDE
 
@@ -303,8 +303,8 @@ def auto_reason(
 ) -> str:  # fmt: skip
     """What :func:`auto_recipe` chose, after the data it was chosen for: the augmentation level and why (``plain``:
     the level for as many passes before the data's size shifted it, :func:`~.levels.aug_level` with ``n_train``
-    0; ``finetune``: a fine-tune's, at most :data:`~.levels.FINETUNE_MOST`), the batch, LR and warmup, token dropping
-    and the model."""
+    0; ``finetune``: a fine-tune's, at most :data:`~.levels.FINETUNE_MOST`; ``photos``: kept to its crop and flip),
+    the batch, LR and warmup, token dropping and the model."""
     ra = f"RandAugment{r.randaugment}" if r.randaugment else "no RandAugment"
     mix = f"MixUp {r.mixup:g} / CutMix {r.cutmix:g}" if r.mixup or r.cutmix else "no MixUp/CutMix"
     crop = "no crop" if r.crop_scale[0] == 1 else f"crop {r.crop_scale[0]:g}-1"
@@ -315,7 +315,9 @@ def auto_reason(
     capped = finetune and order.index(plain) > order.index(most)
     why += " schedule" + (f"; a fine-tune: at most {most}" if capped else "")
     why += f", lighter for {n_train:,} images" if level != (most if capped else plain) else ""
-    if photos:  # (a photo's level under PHOTO_CROP_FROM passes is the minimal one: no crop at all)
+    if photos and finetune:  # (a fine-tune's photos: its crop and flip under FINETUNE_WHOLE_FROM passes)
+        why += f"; photos: its crop and flip only under {FINETUNE_WHOLE_FROM} passes"
+    elif photos:  # (a photo's level under PHOTO_CROP_FROM passes is the minimal one: no crop at all)
         short = plain == "minimal" and passes >= 10
         why += f"; photos: no crop under {PHOTO_CROP_FROM} passes" if short else "; photos: its crop and flip only"
     arch = r.arch

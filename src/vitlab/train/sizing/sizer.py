@@ -109,7 +109,7 @@ def recipe_for(
     elif init is not None and cfg.recipe.name == "auto":
         recipe, chosen = finetune_recipe(
             cfg, n_train=n_train, class_names=list(data.class_names), in_chans=data.in_chans,
-            device_type=device_type, init=init, processes=processes, pace=pace,
+            device_type=device_type, init=init, processes=processes, photos=holds_photos(data), pace=pace,
         )  # fmt: skip
     else:
         recipe, chosen = classify_recipe(
