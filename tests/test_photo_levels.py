@@ -114,7 +114,7 @@ def test_the_probes_time_the_transform_a_photo_run_builds():
 def test_a_fine_tune_of_photos_takes_the_light_level_whole_from_40_passes_its_crop_only_under(tmp_path):
     """On the clothing photos a fine-tune kept its level's crop and flip only (the photo rule of training from
     scratch) and scored 54.03% in 10 minutes where the light level whole scored 66.13%, the strong level whole
-    47.31%; at 2 minutes (24-31 passes) the light crop alone led the whole level by 3.2 points on two seeds
+    47.31%; at 2 minutes (24-31 passes) the light crop alone led the whole level by about 2 points
     (docs/transfer.md): a fine-tune takes at most FINETUNE_MOST, on photos whole from FINETUNE_WHOLE_FROM passes."""
     assert (FINETUNE_MOST, FINETUNE_WHOLE_FROM) == ("light", 40)
     photos = _photos(tmp_path / "photos", [(400, 533)] * 3)

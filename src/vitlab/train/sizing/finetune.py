@@ -22,8 +22,9 @@ The rule (:func:`finetune_recipe`), every part of which a user may override with
   but at most :data:`~.levels.FINETUNE_MOST` (the light level: RandAugment(2, 7), stochastic depth 0.05, a crop of
   0.5-1); on photos its crop and flip only (:func:`~.levels.level_fields`) under
   :data:`~.levels.FINETUNE_WHOLE_FROM` passes, the level whole from there: on the clothing photos a heavier level
-  lost 2 to 19 points, the crop alone 6 at 61-64 passes and 12 at 120-146, and won 3 at 24-31 (docs/transfer.md).
-  The end of run's advice never proposes undoing what this rule chose (:func:`~.levels.regularisers`).
+  lost 2 to 19 points, the crop alone 6 at 61-64 passes and 12 at 120-146, and led by about 2 at 24-31
+  (docs/transfer.md). The end of run's advice never proposes undoing what this rule chose
+  (:func:`~.levels.regularisers`).
 - **method** (:func:`tune_method`, issue 60; ``--tune``, ``--lora`` or ``--freeze`` choose it instead): LoRA (rank
   :data:`AUTO_LORA_RANK`) below :data:`FULL_FROM` images per parameter, every weight from there: on docs/transfer.md's
   table (a model pre-trained on CIFAR-10's animals, fine-tuned on 100, 1,000 and 3,000 images of its vehicles and on

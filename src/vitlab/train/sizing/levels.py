@@ -91,10 +91,10 @@ RandAugment and stochastic depth (the photo rule) 56.99% and 54.03% (docs/transf
 FINETUNE_WHOLE_FROM = 40
 """The passes from which a fine-tune of photos takes its level whole (RandAugment(2, 7) and stochastic depth 0.05 at
 the light level); under them, the crop and flip only, as photos trained from scratch. On the clothing photos (the
-runs of :data:`FINETUNE_MOST`), the light level's crop alone against the level whole: 56.05% against 52.82% at 2
-minutes (24-31 passes; 53.23 / 50.81 and 58.87 / 54.84, seeds 0 and 1), 56.18% against 62.10% at 5 (61-64 passes,
-seed 0); at 10 minutes (121-146 passes) the whole level 66.13%, the strong level's crop alone 54.03%. Between 31 and
-51 passes it was not measured: the boundary lies between them."""
+runs of :data:`FINETUNE_MOST`), the light level's crop alone against the level whole: 54.91% against 52.82% at 2
+minutes (24-31 passes; four runs against two, seeds 0 and 1; 62.39% against 60.41% on validation), 56.18% against
+62.10% at 5 (61-64 passes, seed 0); at 10 minutes (121-146 passes) the whole level 66.13%, the strong level's crop
+alone 54.03%. Between 31 and 61 passes it was not measured: the boundary lies between them."""
 
 
 def aug_level(*, epochs: float, n_train: int, photos: bool = False, finetune: bool = False) -> str:
