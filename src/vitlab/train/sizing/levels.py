@@ -94,7 +94,8 @@ the light level); under them, the crop and flip only, as photos trained from scr
 runs of :data:`FINETUNE_MOST`), the light level's crop alone against the level whole: 54.91% against 52.82% at 2
 minutes (24-31 passes; four runs against two, seeds 0 and 1; 62.39% against 60.41% on validation), 56.18% against
 62.10% at 5 (61-64 passes, seed 0); at 10 minutes (121-146 passes) the whole level 66.13%, the strong level's crop
-alone 54.03%. Between 31 and 61 passes it was not measured: the boundary lies between them."""
+alone 54.03%. Between them, at 3.5 minutes (44-55 passes, seeds 0 and 1), a tie: the crop alone 57.93%, the whole
+level 58.47% (67.01% against 64.08% on validation): the boundary lies there."""
 
 
 def aug_level(*, epochs: float, n_train: int, photos: bool = False, finetune: bool = False) -> str:
