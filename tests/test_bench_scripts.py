@@ -160,7 +160,9 @@ def test_scripts_without_a_smoke_mode_print_their_rows(script: str, argv: list[s
 
 def test_the_replan_replay_feeds_generated_paces_to_the_re_planner(monkeypatch, capsys):
     """``replan_replay.py --synthetic`` replays every generated machine through the re-planner on a clock of its own
-    (nothing timed) and ends every run within its budget's reach; the module's clock is the real one again after."""
+    (nothing timed) and ends every run on its budget (seed 0 of the half-hour machine that doubles its speed at 40% of
+    it ended 8.7 s past it before ``budget.FINAL``, in 9 moves; the one slowed from 30 to 60% of it now makes 13, one
+    more, and ends 10.9 s earlier); the module's clock is the real one again after."""
     import time
 
     bench = load("replan_replay")
@@ -171,5 +173,5 @@ def test_the_replan_replay_feeds_generated_paces_to_the_re_planner(monkeypatch, 
     for row in rows:
         budget, _, moves, ends = (c.strip() for c in row.strip("|").split("|"))
         least, most = (float(v) for v in ends.split(" - "))
-        assert int(moves) <= 12 and 0.9 * float(budget[:-2]) < least <= most < 1.01 * float(budget[:-2]), row
+        assert int(moves) <= 13 and 0.9 * float(budget[:-2]) < least <= most <= float(budget[:-2]), row
     assert shared().sizing_budget.time is time

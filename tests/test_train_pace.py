@@ -396,6 +396,18 @@ def test_a_machine_that_slows_down_is_followed_after_two_stretches_and_the_run_e
         assert 600.0 - 2 * budget_reserve(600.0) < end <= 600.0, end
 
 
+def test_a_half_hour_run_that_slows_near_its_end_still_ends_on_its_budget(monkeypatch):
+    """150 ms a step, then 10-20% slower for the rest of a half-hour budget: less than what Page's rule calls a change,
+    so the run's mean pace follows it slowly and each judgment finds the plan a few seconds late. Before, a move had to
+    change the plan by 1% of the budget (18 s), more than the 5 s it keeps back, and these runs ended 10.3, 13.6 and
+    11.2 s past it; in the budget's last tenth (``budget.FINAL``) a late end beyond the reserve now moves the plan."""
+    for at, slower in ((0.6, 1.15), (0.8, 1.2), (0.9, 1.1)):
+        moves, end, _ = _follow(monkeypatch, lambda t, a=at, f=slower: 0.15 if t < a * 1800.0 else 0.15 * f,
+                                budget_s=1800.0, spe=100)  # fmt: skip
+        assert 1800.0 - 2 * budget_reserve(1800.0) < end <= 1800.0, (at, slower, end)
+        assert moves <= 6, (at, slower, moves)
+
+
 # -- measure, then choose ------------------------------------------------------------------------------------------
 
 
