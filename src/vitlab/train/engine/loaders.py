@@ -119,7 +119,7 @@ class EpochCut:
     @property
     def first_epoch_fills(self) -> bool:
         """Whether the first epoch fills what the later ones read from this process's memory, so that its steps
-        cost more than theirs (the time budget's :attr:`~vitlab.train.sizing.budget.Replanner.first_epoch`)."""
+        cost more than theirs (the time budget's :attr:`~vitlab.train.sizing.budget.Replanner.first_steps`)."""
         return False
 
     def set_token_drop(self, rate: float) -> bool:

@@ -227,6 +227,7 @@ def plan_run(
             last_extra=objective.last_eval_extra,
             per_step=per_step,
             first_epoch_fills=loaders.first_epoch_fills,
+            head_only=recipe.head_warmup,
         )
         if last := last_stretch_from(recipe):  # the first steps cost otherwise (smaller sizes, the warm start,
             replan.last_size_from = last  # token dropping): the plan is re-fitted once the last stretch has begun,
@@ -289,11 +290,15 @@ class Replanner:
     token dropping's end; 0: every step costs the same). The steps before it do not tell the pace of the later ones, so
     the early re-plan times the steps ``REPLAN_FROM`` to ``REPLAN_AT`` of the last stretch, an epoch begun before them
     is not a pace, and no new plan is so long that a step would go back to an earlier stretch."""
-    first_epoch: int = 0
-    """The steps of a first epoch that fills what the later ones read from memory (tar shards decoded, packed images
-    resized: the loaders' ``first_epoch_fills``), 0 otherwise. Its steps are not the run's pace (on the clothing photos'
-    shards they took 382 ms where the next ones took 227; the early re-plan that timed both read 294 and cut the plan
-    by 15%, then a later one lengthened it again): the early re-plan times the steps after it, and it is not judged."""
+    first_steps: int = 0
+    """The steps at the run's start that are not its pace: the early re-plan times the steps after them, and an epoch
+    begun among them is not judged. A first epoch that fills what the later ones read from memory (tar shards decoded,
+    packed images resized: the loaders' ``first_epoch_fills``): on the clothing photos' shards its steps took 382 ms
+    where the next ones took 227, and the early re-plan that timed both read 294 and cut the plan by 15%, then a later
+    one lengthened it again. A fine-tune's head warmup (LP-FT, ``recipe.head_warmup``: only the head trains, and the
+    backward pass stops there): on the clothing photos (23 such steps, 2 minutes, 2026-12-01) the early re-plan that
+    timed steps 5 to 45 read 110-121 ms where the run's later steps took 145-158, lengthened the plan by 17-37% and
+    the next judgment cut it back."""
     followed_from: int = 0
     """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
     epoch_start: int = 0
@@ -313,14 +318,15 @@ class Replanner:
     def for_plan(
         cls, *, total_steps: int, budget: float, t_start: float, eval_s: float, steps_per_epoch: int,
         save_s: float = 0.0, last_extra: float = 0.0, per_step: float = 0.0, first_epoch_fills: bool = False,
+        head_only: int = 0,
     ):  # fmt: skip
         """A replanner for a fresh time-budgeted plan of ``total_steps`` (due only if the run is long enough) made at
-        ``per_step`` seconds a step, ``eval_s`` and ``save_s`` at each epoch's end (``first_epoch_fills``:
-        :attr:`first_epoch`)."""
-        first = steps_per_epoch if first_epoch_fills else 0
+        ``per_step`` seconds a step, ``eval_s`` and ``save_s`` at each epoch's end (``first_epoch_fills``, and
+        ``head_only``, the steps of a head warmup: :attr:`first_steps`)."""
+        first = max(steps_per_epoch if first_epoch_fills else 0, head_only)
         return cls(
             due=total_steps >= first + 2 * REPLAN_AT,
-            first_epoch=first,
+            first_steps=first,
             late=True,
             budget=budget,
             t_start=t_start,
@@ -355,7 +361,7 @@ class Replanner:
             return None if move is None else (move.total, move.per_step)
         if self.due:
             since = step - math.ceil(self.last_size_from * planned) if self.last_size_from else steps_this_run
-            since = min(since, step - self.first_epoch)  # and after the filling epoch
+            since = min(since, step - self.first_steps)  # and after the filling epoch or the head warmup
             return self._early(since=since, step=step, planned=planned, dist=dist, device=device)
         if not (self.late and self.check_every and self.mark is not None and step < planned):
             return None
@@ -408,8 +414,9 @@ class Replanner:
             return None
         since = max(0, step - max(began, self.mark[0] if self.mark is not None else began))
         self.mark = (step, now)
-        if step >= planned or (self.last_size_from and began < self.followed_from) or began < self.first_epoch:
-            return None  # done, an epoch begun at a smaller size or before its last size was timed, or the filling one
+        if step >= planned or (self.last_size_from and began < self.followed_from) or began < self.first_steps:
+            return None  # done, an epoch begun at a smaller size or before its last size was timed, or among the first
+            # steps (the filling epoch, the head warmup)
         self.stretch[0] += since
         self.stretch[1] += since * per_step
         self.stretch[2] += 1
