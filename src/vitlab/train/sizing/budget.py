@@ -297,8 +297,8 @@ class Replanner:
     where the next ones took 227, and the early re-plan that timed both read 294 and cut the plan by 15%, then a later
     one lengthened it again. A fine-tune's head warmup (LP-FT, ``recipe.head_warmup``: only the head trains, and the
     backward pass stops there): on the clothing photos (23 such steps, 2 minutes, 2026-12-01) the early re-plan that
-    timed steps 5 to 45 read 110-121 ms where the run's later steps took 145-158, lengthened the plan by 17-37% and
-    the next judgment cut it back."""
+    timed steps 5 to 45 read 109-121 ms where the run's later steps took 137-158 (with RandAugment 145-175 against
+    177-193), lengthened the plan by 17-36% and the next judgment cut it back."""
     followed_from: int = 0
     """The step of the early re-plan: epochs that began before it are not a pace (:meth:`after_epoch`)."""
     epoch_start: int = 0
