@@ -39,3 +39,11 @@ if __name__ == "__main__":
         rc = main(argv)
         if rc:
             sys.exit(rc)
+    # Every command returned 0 and wrote its results: the process ends here, before the interpreter's teardown. There
+    # torch destroys what outlived the commands (DTensor's module-level caches keep FSDP2's device mesh, and the mesh
+    # its process group, past destroy_process_group), and destroying gloo's threads then can abort a rank: once in CI
+    # (2026-12-01), rank 1 of a launch whose five commands had all finished ended with "terminate called without an
+    # active exception" (SIGABRT), and the launch failed. What the tests check is each command's exit status.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
