@@ -24,6 +24,9 @@ from vitlab.train.sizing.budget import steps_in_budget as _steps_in_budget
 
 ARCH = ["--dim", "16", "--depth", "1", "--heads", "2", "--no-progress", "--threads", "1"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# torch's advice when a loader starts more worker processes than the machine lends it cores (two workers on a one-core
+# runner): a line about the machine running the tests, not about the failure under test, so the children ignore it
+QUIET = {"PYTHONWARNINGS": "ignore:This DataLoader will create:UserWarning", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def processes_of(marker: str) -> list[int]:
 def run_and_break(argv: list[str], *, marker: str, damage, timeout: float = 180) -> tuple[int, str]:
     """Start ``python argv``, call ``damage()`` once its first epoch is done, then wait for it to end (a hang fails
     the test, after killing what it started). Returns the exit code and stderr."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **QUIET}
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stdout:
         if line.startswith("epoch 1/"):
@@ -201,7 +204,7 @@ def test_workers_of_a_loader_alive_at_exit_do_not_keep_the_process(tmp_path):
     """multiprocessing's exit handler SIGTERMs daemonic workers and waits for them; these ignore SIGTERM. vitlab's
     own exit handler, which runs first, kills them."""
     marker = str(tmp_path / "kept-alive")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **QUIET}
     proc = subprocess.Popen([sys.executable, "-c", KEPT_ALIVE, marker], stderr=subprocess.PIPE, text=True, env=env)
     try:
         _, err = proc.communicate(timeout=120)
