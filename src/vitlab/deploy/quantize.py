@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
 from collections.abc import Iterator
@@ -120,6 +121,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight.to(torch.int8).contiguous())
         self.register_buffer("weight_scale", weight_scale.to(torch.float32).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self._split: tuple[tuple[int, int], torch.Tensor] | None = None  # (the weight's storage and version, halves)
 
     @classmethod
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
@@ -133,10 +135,27 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         s = (rows.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
         q = (rows / s).round().clamp(-127, 127).to(torch.int8)
-        y = _int8_matmul(q, self.weight).float() * (s * self.weight_scale)
+        y = self._products(q).float() * (s * self.weight_scale)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _products(self, q: torch.Tensor) -> torch.Tensor:
+        """``q @ weight.T`` in int32, exact on every CPU: where the int8 kernel saturates
+        (:func:`int_mm_saturates`), through the weight in halves (:func:`_halves`, made once per weight). A trace
+        may be served on another CPU than the one it was made on: it asks the kernel at each call (the same
+        worst case, about 15 us) and makes the halves in the graph where it must."""
+        w = self.weight
+        if w.device.type != "cpu":
+            return _int8_matmul(q, w)
+        if torch.jit.is_tracing():
+            return _traced_products()(q, w)
+        if not int_mm_saturates():
+            return _int8_matmul(q, w)
+        key = (w.data_ptr(), w._version)
+        if self._split is None or self._split[0] != key:
+            self._split = (key, _halves(w))
+        return _int8_matmul(torch.cat([q, q], dim=1), self._split[1])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -149,6 +168,48 @@ def _int8_matmul(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch._int_mm(q, w.t())
     except (AttributeError, RuntimeError, NotImplementedError):
         return (q.double() @ w.double().t()).round().to(torch.int32)
+
+
+def _saturates() -> bool:
+    """The worst case, 127 x 127 summed over 8 terms, against its exact sum (TorchScript can compile it)."""
+    q = torch.full([8, 8], 127, dtype=torch.int8)
+    return not bool((torch._int_mm(q, q.t()) == 127 * 127 * 8).all())
+
+
+@functools.cache
+def int_mm_saturates() -> bool:
+    """Whether ``torch._int_mm`` gets int8 sums wrong on this CPU. oneDNN's int8 kernels for x86 CPUs without
+    VNNI (AVX2 only, AVX-512 before Cascade Lake, AMD before Zen 4) add each pair of products in int16 with
+    saturation (``vpmaddubsw``): two products of 127 x 127 already pass 32,767. Emulated with
+    ``ONEDNN_MAX_CPU_ISA=AVX2``, sums of random full-range int8 came out 22-37% off, and a tiny model's int8
+    copy agreed with it on 67% of images. With every weight within [-64, 64] the sums are exact, which
+    :func:`_halves` gives. Asked once a process."""
+    try:
+        return _saturates()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False  # (no kernel: _int8_matmul's float64 sums)
+
+
+def _halves(w: torch.Tensor) -> torch.Tensor:
+    """``[hi, lo]`` side by side (``out x 2 in``) with ``hi + lo = w``, each within [-64, 64]: ``q @ w.T`` is
+    ``[q, q] @ [hi, lo].T``, which a saturating kernel sums exactly. (``w >> 1`` is ``floor(w / 2)``.)"""
+    hi = w >> 1
+    return torch.cat([hi, w - hi], dim=1)
+
+
+def _exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """:meth:`Int8Linear._products` in a trace: the kernel asked at each call, the halves made where needed."""
+    if _saturates():
+        return torch._int_mm(torch.cat([q, q], dim=1), _halves(w).t())
+    return torch._int_mm(q, w.t())
+
+
+@functools.cache
+def _traced_products():
+    """:func:`_exact_products` compiled, so that a trace keeps its branch (a trace alone records one path)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.jit.script(_exact_products)
 
 
 def torch_dynamic(model: nn.Module) -> nn.Module:
