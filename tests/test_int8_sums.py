@@ -1,12 +1,14 @@
 """vitlab's int8 layer (``deploy/quantize.py``: ``Int8Linear``) sums its int8 products exactly on every x86 CPU.
 oneDNN's int8 kernels for CPUs without VNNI (AVX2 only, AVX-512 before Cascade Lake, AMD before Zen 4) add each pair
-of products in int16 with saturation, so ``torch._int_mm`` there is 22-37% off on full-range int8; the layer routes
-such sums through the weight in halves, and a TorchScript trace always does, since it may be served on such a CPU."""
+of products in int16 with saturation, so ``torch._int_mm`` there is 22-37% off on full-range int8; there the layer
+multiplies by the weight in halves, and a TorchScript trace asks the kernel at each call, since it may be served on
+another CPU than the one that traced it."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import warnings
@@ -87,9 +89,7 @@ def test_a_kernel_that_sums_exactly_is_used_as_it_is(monkeypatch):
 CHILD = """
 import json, sys, warnings
 import torch
-from vitlab.deploy.quantize import int_mm_saturates
-
-from vitlab.deploy.quantize import Int8Linear
+from vitlab.deploy.quantize import Int8Linear, int_mm_saturates
 
 state, x = torch.load(sys.argv[1]), torch.load(sys.argv[2])
 layer = Int8Linear(state["weight"], state["weight_scale"], state["bias"])
@@ -111,7 +111,7 @@ print(json.dumps({"saturates": int_mm_saturates(), "eager": torch.equal(eager, e
 """
 
 
-@pytest.mark.skipif(os.uname().machine not in ("x86_64", "AMD64"), reason="oneDNN's x86 kernels")
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's x86 kernels")
 def test_an_int8_layer_and_its_trace_on_a_cpu_without_vnni(tmp_path):
     """The real kernel: a process whose oneDNN may use no more than AVX2 (the kernels of a CPU without VNNI). The
     trace is made here, on whatever CPU runs the tests, and served there."""

@@ -141,9 +141,9 @@ class Int8Linear(nn.Module):
 
     def _products(self, q: torch.Tensor) -> torch.Tensor:
         """``q @ weight.T`` in int32, exact on every CPU: where the int8 kernel saturates
-        (:func:`int_mm_saturates`), through the weight in halves (:func:`_halves`, made at each call: under 0.1 ms
-        for ViT-S/16's largest weight, 6% of its batch-1 time where it applies). A trace may be served on another
-        CPU than the one it was made on: it asks the kernel at each call (the same worst case, about 15 us)."""
+        (:func:`int_mm_saturates`), through the weight in halves (:func:`_halves`, made at each call from the
+        weight: nothing kept beside it). A trace may be served on another CPU than the one it was made on: it asks
+        the kernel at each call (the same worst case, about 15 us)."""
         w = self.weight
         if w.device.type != "cpu":
             return _int8_matmul(q, w)
