@@ -1,6 +1,6 @@
 """vitlab's int8 layer (``deploy/quantize.py``: ``Int8Linear``) sums its int8 products exactly on every x86 CPU.
 oneDNN's int8 kernels for CPUs without VNNI (AVX2 only, AVX-512 before Cascade Lake, AMD before Zen 4) add each pair
-of products in int16 with saturation, so ``torch._int_mm`` there is 22-37% off on full-range int8; there the layer
+of products in int16 with saturation, so ``torch._int_mm`` there gets full-range int8 sums wrong; there the layer
 multiplies by the weight in halves, and a TorchScript trace asks the kernel at each call, since it may be served on
 another CPU than the one that traced it."""
 
