@@ -50,6 +50,7 @@ def test_lora_run_states_what_trains_and_saves_a_plain_merged_model(source, tmp_
     adapters = 4 * ((16 + 48) + (16 + 16) + (16 + h) + (h + 16))
     assert f"LoRA r=4, alpha=8 on 4 linears (qkv,proj,fc1,fc2; merged into model/): {adapters + 51:,} of " in text
     assert "parameters train (" in text
+    assert " model/ adapters/ last.pt" in text  # the results line names what --keep-adapters wrote
     with safe_open(str(out / "model" / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
     assert not [k for k in keys if "lora" in k or "base_layer" in k]

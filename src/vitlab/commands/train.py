@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         health = "health.png " if (Path(summary["out"]) / "health.png").is_file() else ""  # --watch-attention
         reliability = "reliability.png " if (Path(summary["out"]) / "reliability.png").is_file() else ""
+        adapters = " adapters/" if (Path(summary["out"]) / "adapters").is_dir() else ""  # --keep-adapters
         print(
             f"results in {shown(summary['out'])}/: metrics.jsonl summary.json curves.png {health}confusion.png "
-            f"{reliability}model/ last.pt"
+            f"{reliability}model/{adapters} last.pt"
         )
     return exit_status(summary)
 
