@@ -158,3 +158,55 @@ def test_public_name_carries_its_hub_repo_licence_and_crop(monkeypatch, timm_fil
     assert vitlab.load("augreg_in21k_ft_in1k/vit_b16").config.crop_pct == 0.95
     any_repo = vitlab.load("timm/vit_base_patch16_224.some_tag").pretrained_cfg
     assert any_repo["hf_hub_id"] == "timm/vit_base_patch16_224.some_tag" and "license" not in any_repo
+
+
+def test_offline_mode_takes_any_cached_alternative_and_says_why_none(monkeypatch, tmp_path, timm_file):
+    """With HF_HUB_OFFLINE set, the Hub cache alone is read, every alternative tried (before: the first file missing
+    from the cache ended the search, so a cached pytorch_model.bin was never found) and the refusal says why."""
+    _, ref = timm_file
+    torch.save(ref.state_dict(), tmp_path / "pytorch_model.bin")
+    asked = []
+
+    def cache_only(*, repo_id, filename, **kw):
+        asked.append((filename, kw.get("local_files_only")))
+        if filename == "pytorch_model.bin" and (tmp_path / filename).exists():
+            return str(tmp_path / filename)
+        raise huggingface_hub.errors.LocalEntryNotFoundError(f"{filename}: not in the disk cache")
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cache_only)
+    model = vitlab.load("augreg_in21k/vit_s16")
+    assert torch.equal(model.head.weight, ref.head.weight)
+    assert asked[:2] == [("model.safetensors", True), ("pytorch_model.bin", True)]
+
+    (tmp_path / "pytorch_model.bin").unlink()
+    with pytest.raises(vitlab.OfflineError) as e:
+        vitlab.load("augreg_in21k/vit_s16")
+    assert "not in the Hub cache, and HF_HUB_OFFLINE allows no download" in str(e.value)
+    assert "vit_small_patch16_224.augreg_in21k/resolve/main/model.safetensors" in str(e.value)
+
+
+def test_a_public_name_not_downloaded_is_refused_for_that_not_as_an_unknown_name(monkeypatch):
+    """The one model rule: a known public checkpoint that cannot be fetched says why (before: "not a registered
+    name ...; did you mean axial_vit_s16, vit_s16?", the reason in parentheses after it)."""
+    from vitlab.resolve import model_source, read_model
+
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    for option, get in (
+        ("--model", lambda: vitlab.resolve_model("augreg_in21k/vit_s16")),
+        ("--init", lambda: read_model(model_source("augreg_in21k/vit_s16", trained=True), option="--init")),
+    ):
+        with pytest.raises(vitlab.OfflineError) as e:
+            get()
+        text = str(e.value)
+        assert text.startswith(f"{option} augreg_in21k/vit_s16: huggingface_hub is not installed"), text
+        assert "did you mean" not in text and "not a registered name" not in text
+
+
+def test_an_unknown_name_lists_close_registered_and_public_names_once():
+    with pytest.raises(vitlab.UnknownModelError) as e:
+        vitlab.resolve_model("vit_b166")
+    text = str(e.value)
+    assert text.count("did you mean") == 1 and "vit_b16" in text and "google/vit_b16" in text, text
+    with pytest.raises(vitlab.UnknownModelError, match="`vitlab models` lists the names"):
+        vitlab.resolve_model("zzz")

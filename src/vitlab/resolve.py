@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import CheckpointError, ConfigError, DataError, UnknownModelError, VitlabError
+from .errors import CheckpointError, ConfigError, DataError, OfflineError, UnknownModelError, VitlabError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -146,15 +146,23 @@ def model_source(
     return ModelSource(text, "public")
 
 
-def _unknown(option: str, spec: str, e: Exception) -> VitlabError:
+def _unknown(option: str, spec: str, e: VitlabError) -> VitlabError:
+    """The refusal of a name that is neither a path nor a registered architecture, ``e`` what reading it raised. A
+    public checkpoint's name is refused for its own reason (not downloaded: an :class:`~vitlab.errors.OfflineError`
+    saying what to fetch and where), never as an unknown name; any other name with the close registered and public
+    names."""
+    from .checkpoints import hub
     from .models.variants import close_names
 
-    close = close_names(spec)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if hub.is_hub_name(spec):
+        why = str(e).removeprefix(f"{spec}: ")
+        return _refuse(option, spec, why, cls=OfflineError if isinstance(e, OfflineError) else CheckpointError)
+    close = [*close_names(spec), *hub.close_names(spec)]
+    hint = f"; did you mean {', '.join(close)}?" if close else "; `vitlab models` lists the names"
     return _refuse(
         option,
         repr(spec),
-        f"not a registered name, an existing path, or a loadable checkpoint{hint} ({e})",
+        f"not a registered name, an existing path, or a public checkpoint's name{hint}",
         cls=UnknownModelError,
     )
 

@@ -29,7 +29,17 @@ from typing import Any
 from ..errors import CheckpointError, OfflineError
 from ..models.variants import BACKBONES, backbone_tag
 
-__all__ = ["KNOWN", "HubEntry", "cache_dir", "card", "is_hub_name", "list_names", "pretrained_name", "resolve"]
+__all__ = [
+    "KNOWN",
+    "HubEntry",
+    "cache_dir",
+    "card",
+    "close_names",
+    "is_hub_name",
+    "list_names",
+    "pretrained_name",
+    "resolve",
+]
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,11 @@ def pretrained_name(model: str) -> str:
     raise CheckpointError(f"{model}: no public weights are known for this model; pass checkpoint_path=... instead")
 
 
+def close_names(name: str) -> list[str]:
+    """Up to three known checkpoint names close to ``name``, closest first."""
+    return difflib.get_close_matches(name, list(KNOWN), n=3, cutoff=0.6)
+
+
 def is_hub_name(name: str) -> bool:
     """``name`` is a known checkpoint name or a Hub repo reference (not checked online)."""
     return _entry(name) is not None
@@ -209,7 +224,7 @@ def resolve(name: str) -> Path:
     """
     entry = _entry(name)
     if entry is None:
-        close = difflib.get_close_matches(name, list(KNOWN), n=3, cutoff=0.6)
+        close = close_names(name)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `vitlab models --pretrained` lists the names"
         raise CheckpointError(f"{name}: no such file or folder, and not a known checkpoint name{hint}")
     local = cache_dir() / entry.repo_id.replace("/", "--")
@@ -230,14 +245,15 @@ def resolve(name: str) -> Path:
     offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
     unreachable = None if offline else _unreachable(constants.ENDPOINT)
     hint = "" if offline else "; offline, set HF_HUB_OFFLINE=1 to use only cached files without trying the network"
+    cache_only = offline or unreachable is not None  # (unreachable: huggingface_hub's retries would wait ~30 s)
     last: Exception | None = None
     for files in _files(entry):
-        try:  # unreachable: the Hub cache only (huggingface_hub's retries would wait ~30 s to fail)
-            kw = {"local_files_only": True} if unreachable else {}
+        try:
+            kw = {"local_files_only": True} if cache_only else {}
             paths = [Path(hf_hub_download(repo_id=entry.repo_id, filename=f, **kw)) for f in files]
-        except Exception as e:  # EntryNotFound -> try the next alternative; network errors -> below
+        except Exception as e:  # not cached, EntryNotFound -> try the next alternative; network errors -> below
             last = e
-            if unreachable or type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+            if cache_only or type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
                 continue
             break
         if entry.kind == "hf":
@@ -247,6 +263,8 @@ def resolve(name: str) -> Path:
         return paths[0]
     if unreachable:
         raise OfflineError(f"{name}: not in the Hub cache and {unreachable}{hint}; or {advice}")
+    if offline:
+        raise OfflineError(f"{name}: not in the Hub cache, and HF_HUB_OFFLINE allows no download; or {advice}")
     reason = str(last).strip().splitlines()[0] if last and str(last).strip() else type(last).__name__
     raise OfflineError(
         f"{name}: cannot download from the Hugging Face Hub ({entry.repo_id}: {reason}){hint}; or {advice}"
