@@ -233,6 +233,30 @@ def test_names_from_files_reach_the_terminal_escaped(tmp_path, capsys):
     assert "\\x1b[2J" in out
 
 
+def test_names_a_stream_cannot_encode_are_escaped_not_an_error(tmp_path):
+    """Where Python's streams are not UTF-8 (a latin-1 locale, ``PYTHONIOENCODING=ascii``, a redirected stream on
+    Windows), a class folder named in Chinese or French ended ``predict``, ``eval`` and ``data check`` with
+    ``vitlab predict: error: 'ascii' codec can't encode character '\\u51ac'``, after their work was done."""
+    import os
+    import subprocess
+    import sys
+
+    winter, summer = "\u51ac", "\xe9t\xe9"  # (the source stays ASCII)
+    data = plain_folder(tmp_path / "photos", classes=(winter, summer), n=4)
+    run = run_folder(tmp_path / "run", tiny_model((winter, summer)))
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for args in (
+        ["predict", "--model", str(run), str(next((data / winter).iterdir()))],
+        ["data", "check", str(data)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "vitlab", *args], env=env, capture_output=True, timeout=300, cwd=tmp_path
+        )
+        out, err = done.stdout.decode("ascii"), done.stderr.decode("ascii")  # ASCII, as the stream's encoding says
+        assert done.returncode == 0, err
+        assert "\\u51ac" in out and "codec can't encode" not in err, (out, err)
+
+
 @pytest.mark.parametrize("command", ["inspect", "eval", "fewshot"])
 def test_a_model_with_nan_weights_is_one_line(tmp_path, capsys, command):
     """The issue's case: `vitlab inspect` on a NaN model gave a traceback; eval reported nan as a result."""

@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from .errors import VitlabError
 
+    _escaping_streams()
     try:
         with warnings.catch_warnings():
             if not args.debug:
@@ -153,6 +154,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = shown(msg.splitlines()[0]) if msg else type(e).__name__  # names from files: escaped
         print(f"vitlab {args.command}: error: {line}", file=sys.stderr)
         return 2
+
+
+def _escaping_streams() -> None:
+    """Standard output and error write a character their encoding cannot hold as its escape (``\\u51ac``) instead of
+    failing: a class folder named in Chinese or French, printed where Python's streams are not UTF-8 (a latin-1 locale,
+    ``PYTHONIOENCODING=ascii``, a redirected stream on Windows), once ended ``predict``, ``eval`` and ``data check``
+    with ``'ascii' codec can't encode character``. UTF-8 streams are left as they are."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding, reconfigure = getattr(stream, "encoding", None), getattr(stream, "reconfigure", None)
+        if encoding and reconfigure is not None and codecs.lookup(encoding).name != "utf-8":
+            reconfigure(errors="backslashreplace")
 
 
 def _warning_lines(command: str) -> Callable[..., None]:
