@@ -365,7 +365,7 @@ class StreamBatches:
                 raise DataError(bad)
             if self.trace:
                 rows = (f"{self.rank}\t{self.epoch}\t{int(p)}\t{k}\n" for p, k in zip(pos, keys, strict=True))
-                with open(self.trace, "a") as f:
+                with open(self.trace, "a", encoding="utf-8") as f:
                     f.write("".join(rows))
             yield x, y
 
