@@ -624,3 +624,30 @@ def test_a_batch_size_of_zero_is_one_line_alike_in_every_command(cmd, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("error: argument --batch-size: must be a positive whole number, got 0"), err  # (usage 1st)
     assert err[0].startswith("usage: vitlab ") and not any("Traceback" in line for line in err)
+
+
+def test_suggested_command_lines_can_be_copied_whatever_the_path(tmp_path, capsys):
+    """A line vitlab suggests (``train from it: --data X``, ``Continue with: vitlab train --out X --resume``,
+    ``train with --out X first``) quotes a path the shell would split or expand; before, ``--data out dir {x}/shards``
+    was three words and a brace expansion. A plain path stays as it is."""
+    import shlex
+    from pathlib import Path
+
+    from imagefolder import tiny_folder
+    from vitlab.train.engine.messages import stopped_line
+    from vitlab.train.persist.position import RunPosition
+
+    odd = tmp_path / "out dir {x} $HOME 100%"
+    data = tiny_folder(tmp_path / "photos", per_class=2, test_per_class=1)
+    assert main(["data", "pack", str(data), str(odd / "shards"), "--no-progress"]) == 0
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert shlex.split(said.split("train from it: ", 1)[1]) == ["--data", str(odd / "shards")], said
+
+    line = stopped_line(RunPosition(epoch=1, step=4), by="SIGINT", saved=odd / "last.pt", out=odd)
+    assert shlex.split(line.split("Continue with: ", 1)[1]) == ["vitlab", "train", "--out", str(odd), "--resume"]
+    plain = stopped_line(RunPosition(), by=None, saved=Path("runs/x/last.pt"), out=Path("runs/x"))
+    assert plain.endswith("Continue with: vitlab train --out runs/x --resume")
+
+    assert main(["train", "--out", str(odd / "run"), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert shlex.split(err.split("(train with ", 1)[1].split(" first)")[0]) == ["--out", str(odd / "run")], err

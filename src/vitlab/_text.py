@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 
-__all__ = ["readable", "shown", "shown_lines"]
+__all__ = ["readable", "shell_word", "shown", "shown_lines"]
 
 # Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts the escape sequences that move
 # the cursor, recolour, retitle the window or rewrite the line), DEL, the line and paragraph separators, and the
@@ -43,3 +44,10 @@ def shown_lines(text: object) -> str:
     """:func:`shown` of each line of a message vitlab writes over several lines (the end of a run's advice and its
     notes): its own line breaks kept, every other character a terminal acts on escaped."""
     return "\n".join(shown(line) for line in str(text).split("\n"))
+
+
+def shell_word(text: object) -> str:
+    """A path as one word of a command line vitlab suggests (``Continue with: vitlab train --out 'my runs/x'
+    --resume``): quoted only where a shell would split or expand it (spaces, braces, ``$``), so the line can be
+    copied as it is, and :func:`shown`."""
+    return shown(shlex.quote(str(text)))

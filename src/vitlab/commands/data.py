@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--labels and --model are options of vitlab data check, not of pack")
     from pathlib import Path
 
-    from .._text import shown
+    from .._text import shell_word, shown
     from .._units import counted, format_size, size_option
     from ..data.shards.manifest import MANIFEST
     from ..data.shards.write import pack_folder
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         )
     manifest = Path(args.out) / MANIFEST  # joined as a path: `--out shards/` gives shards/manifest.json
     classes = counted(len(m["classes"]), "class")
-    print(f"{classes}; manifest: {shown(manifest)}; train from it: --data {shown(args.out)}")
+    print(f"{classes}; manifest: {shown(manifest)}; train from it: --data {shell_word(args.out)}")
     return 0
 
 

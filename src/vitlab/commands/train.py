@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 
 def run(args: argparse.Namespace) -> int:
     from .._fs import removed_if_unused
-    from .._text import shown
+    from .._text import shell_word, shown
     from ..errors import ConfigError
     from ..train import fit
     from ..train.conf.config_file import Sources, merge, read_config_file
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         )
         out = shown(summary["out"])
         print(f"results in {out}/: metrics.jsonl summary.json curves.png model/ (headless ViT) last.pt")
-        print(f"fine-tune it with: vitlab finetune --init {out}/model --data DATA")
+        print(f"fine-tune it with: vitlab finetune --init {shell_word(Path(summary['out']) / 'model')} --data DATA")
     elif summary.get("top1") is not None and summary.get("processes", 1) >= 1 and _is_main():
         print(result_line(summary))
         if line := calibration_summary(summary):

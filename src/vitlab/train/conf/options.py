@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._text import shell_word
 from ...errors import ConfigError
 from .kinds import (
     DURATION,
@@ -453,7 +454,7 @@ def overwrite_target(overwrite: bool, typed: Collection[str], *, out: str, file:
     if file is not None:
         raise ConfigError(
             f"--overwrite: acts only on a --out typed on this command line, never on the folder a config file "
-            f"names ({file}: out: {out}); type --out {out} to replace the run there"
+            f"names ({file}: out: {out}); type --out {shell_word(out)} to replace the run there"
         )
     return False
 

@@ -7,6 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..._text import shell_word
 from ..._units import counted, duration
 from ..sizing.pace import step_forwards
 
@@ -119,7 +120,7 @@ def stopped_line(p: RunPosition, *, by: str | None, saved: Path, out: Path) -> s
     how = f" by {by}" if by else ""
     return (
         f"stopped{how} at epoch {p.epoch + 1}, step {p.step}; saved {saved}. "
-        f"Continue with: vitlab train --out {out} --resume"
+        f"Continue with: vitlab train --out {shell_word(out)} --resume"
     )
 
 

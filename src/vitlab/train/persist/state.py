@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..._fs import replacing
+from ..._text import shell_word
 from ...checkpoints.files import torch_load_safe
 from ...errors import CheckpointError, ConfigError, OutputError
 from ..conf.train_config import read_saved_config
@@ -71,7 +72,7 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read ``last.pt`` safely (``weights_only=True``: no code can run)."""
     p = Path(path)
     if not p.is_file():
-        raise CheckpointError(f"{p}: no checkpoint to resume from (train with --out {p.parent} first)")
+        raise CheckpointError(f"{p}: no checkpoint to resume from (train with --out {shell_word(p.parent)} first)")
     try:
         return torch_load_safe(p)
     except CheckpointError as e:  # say which file of the run it was
