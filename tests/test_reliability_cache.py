@@ -77,6 +77,34 @@ def test_full_disk_is_one_line_before_any_decoding(tmp_path, monkeypatch, capsys
     assert files(cache) == []
 
 
+def test_a_cache_folder_that_cannot_be_made_is_one_line_naming_the_way_out(tmp_path, monkeypatch, capsys):
+    """A HOME that does not exist or cannot be written (a service account, a read-only image): before, ``vitlab train:
+    error: [Errno 2] No such file or directory: '/nonexistent'``, naming neither the cache nor a way round it;
+    ``fewshot`` had no ``--cache-dir`` to take one."""
+    import vitlab
+
+    make_images(tmp_path / "data" / "a")
+    make_images(tmp_path / "data" / "b")
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("VITLAB_CACHE", str(blocker / "cache"))  # under a file: no user, root included, can make it
+    args = ["--data", str(tmp_path / "data"), "--no-progress"]
+    assert main(["train", *args, "--epochs", "1", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vitlab train: error: {blocker / 'cache'}: cannot make the folder")
+    assert "--cache-dir DIR or set $VITLAB_CACHE" in err[0]
+
+    model = vitlab.VisionTransformer(
+        img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=2, class_names=["a", "b"]
+    )
+    vitlab.save(model, tmp_path / "m")
+    few = ["fewshot", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "data"), "--shots", "1", "--no-probe"]
+    assert main([*few, "--out", str(tmp_path / "f.json")]) == 2
+    assert "cannot make the folder of the decode caches" in capsys.readouterr().err
+    assert main([*few, "--out", str(tmp_path / "f.json"), "--cache-dir", str(tmp_path / "c")]) == 0
+    assert files(tmp_path / "c")
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_no_space_when_reserving_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch, code):
     """``disk_usage`` can be wrong (quotas, other writers): the reservation is where ``ENOSPC`` shows,

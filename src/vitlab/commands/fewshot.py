@@ -76,6 +76,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
     p.add_argument("--batch-size", type=count, default=128)
+    p.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
     p.add_argument(
         "--out", default=None, help="JSON file to write (default: fewshot.json next to the model; none for a name)"
     )
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:  # --json: stdout is the JSON alone
         print(f"note: {shown(note)}", file=sys.stderr if args.json else sys.stdout)
     model.to(device)
-    result = evaluate_fewshot(model, data, cfg)
+    result = evaluate_fewshot(model, data, cfg, cache_dir=args.cache_dir)
     result["model"] = args.model
     target = args.out or default_output(args.model, "fewshot.json")
     out = write_json(target, result) if target else None

@@ -15,6 +15,7 @@ The representation is the pre-logits vector,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -310,20 +311,28 @@ def _held_out(labels: np.ndarray, exclude: np.ndarray, per_class: int, num_class
 
 
 def evaluate_fewshot(
-    model: nn.Module, data: str | tuple[Any, Any], config: FewShotConfig | None = None, *, progress: bool = True
+    model: nn.Module,
+    data: str | tuple[Any, Any],
+    config: FewShotConfig | None = None,
+    *,
+    progress: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Few-shot ridge accuracies and the linear probe of ``model`` on ``data``.
 
     ``data`` is a ``--data`` value (``digits``, ``cifar10``, an ImageFolder path) or a
     ``(train, test)`` pair of :class:`~vitlab.inspect.images.LabelledSplit`. Only the
-    training images some seed samples (plus the probe's) go through the model.
+    training images some seed samples (plus the probe's) go through the model. ``cache_dir``: where a folder's
+    decode cache is (default ``$VITLAB_CACHE`` or ``~/.cache/vitlab``).
     """
     from ..inspect.images import labelled_splits
     from .accuracy import decode_crop, decode_size
 
     cfg = config or FewShotConfig()
     if isinstance(data, str):  # decoded as `vitlab eval` decodes it: the same pixels for the same files
-        train, test = labelled_splits(data, size=decode_size(model), crop=decode_crop(model), progress=progress)
+        train, test = labelled_splits(
+            data, size=decode_size(model), crop=decode_crop(model), progress=progress, cache_dir=cache_dir
+        )
     else:
         train, test = data
     k = int(max(train.labels.max(), test.labels.max()) + 1)

@@ -98,15 +98,21 @@ def preprocess(
 
 
 def labelled_splits(
-    data: str, *, size: int | None = None, crop: int | None = None, progress: bool = True
+    data: str,
+    *,
+    size: int | None = None,
+    crop: int | None = None,
+    progress: bool = True,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> tuple[LabelledSplit, LabelledSplit]:
     """``(train, evaluation)`` splits of a ``--data`` value, through :func:`vitlab.data.load_data`
     (``digits``, ``cifar10``, an ImageFolder path: everything ``vitlab train`` takes); ``size``
     is the side a folder of mixed-size images is decoded to, and with ``crop`` every image, stored for the
-    evaluation that crops it (``load_data``'s ``size`` and ``crop``)."""
+    evaluation that crops it (``load_data``'s ``size`` and ``crop``); ``cache_dir``: where a folder's decode cache
+    is (``--cache-dir``; default ``$VITLAB_CACHE`` or ``~/.cache/vitlab``)."""
     from ..data import load_data
 
-    splits = load_data(data, size=size, crop=crop, progress=progress)
+    splits = load_data(data, size=size, crop=crop, progress=progress, cache_dir=cache_dir)
     names = list(splits.class_names)
 
     def split(s, name: str) -> LabelledSplit:

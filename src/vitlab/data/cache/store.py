@@ -304,7 +304,13 @@ def decode_files(
     from ..._progress import ProgressLog
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a HOME that does not exist or cannot be written (a service account, a read-only image)
+        raise CacheError(
+            f"{cache}: cannot make the folder of the decode caches ({e.strerror or e}); pass --cache-dir DIR or "
+            "set $VITLAB_CACHE to put them on a writable disk"
+        ) from e
     layout = size if size is not None else f"aspect-{max_side}" if keep_aspect else f"native-or-{fallback_size}"
     if size is not None and crop not in (None, size):
         layout = f"{size}-crop{crop}"
