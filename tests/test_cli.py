@@ -71,6 +71,19 @@ def test_bad_input_is_one_line_without_traceback() -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_before_or_after_the_command(where: str, capsys) -> None:
+    """``vitlab eval --model x --debug`` was ``unrecognized arguments: --debug``, under ``train`` with ``did you mean
+    --time-budget?``: the flag is the top level's, and users put it after the command as well."""
+    from vitlab.errors import UnknownModelError
+
+    args = ["eval", "--model", "no_such_model"]
+    with pytest.raises(UnknownModelError):
+        main(["--debug", *args] if where == "before" else [*args, "--debug"])
+    assert main(args) == 2
+    assert capsys.readouterr().err.startswith("vitlab eval: error: --model 'no_such_model'")
+
+
 @pytest.mark.slow
 def test_models_lists_timm_names_and_public_checkpoints_and_filters(capsys: pytest.CaptureFixture[str]) -> None:
     """As ``timm.list_models(pattern, pretrained=...)``: the names vitlab takes, filtered by a shell-style pattern."""

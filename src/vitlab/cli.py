@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    parser.add_argument(
+        "--debug", action="store_true", help="show full tracebacks on errors (before or after the command)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -123,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if "--debug" in extra:  # `vitlab train ... --debug`: the top-level flag, given after the command
+        extra = [a for a in extra if a != "--debug"]
+        args.debug = True
     if extra:
         _unknown_args(parser, getattr(args, "command", None), extra)
     if not getattr(args, "func", None):
