@@ -191,3 +191,26 @@ def test_convert_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("vitlab convert: error:") and "not a PyTorch checkpoint" in err and err.count("\n") == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_fields_of_a_newer_vitlab_are_named_in_a_warning_and_kept(tmp_path):
+    """A folder written by a newer vitlab may carry a field this version does not know (one that changes what the
+    model computes, and holds no weights to fail the load): before, it was dropped into ``extra`` without a word.
+    A field an older vitlab wrote and this one retired stays silent."""
+    import json
+    import warnings
+
+    from vitlab._version import __version__
+
+    vitlab.save(tiny(), tmp_path / "m")
+    cfg_file = tmp_path / "m" / "config.json"
+    raw = json.loads(cfg_file.read_text())
+    newer = ".".join(str(int(p) + 1) for p in __version__.split("."))
+    cfg_file.write_text(json.dumps({**raw, "vitlab_version": newer, "post_norm": True}))
+    with pytest.warns(UserWarning, match=rf"written by vitlab {newer}, whose field\(s\) 'post_norm' this vitlab"):
+        model = vitlab.load(tmp_path / "m")
+    assert model.config.extra["post_norm"] is True  # kept, and saved again as it came
+    cfg_file.write_text(json.dumps({**raw, "vitlab_version": "0.0.1", "retired_field": 1}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vitlab.load(tmp_path / "m")

@@ -5,6 +5,7 @@ safetensors holds tensors only, so loading a folder can never run code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -111,13 +112,36 @@ def config_record(cfg: ViTConfig, *, architecture: str) -> dict[str, Any]:
 
 def config_from_record(raw: dict[str, Any], *, where: str) -> ViTConfig:
     """The configuration :func:`config_record` wrote, every field type- and range-checked; a bad one is
-    a :class:`CheckpointError` naming ``where`` and the field."""
+    a :class:`CheckpointError` naming ``where`` and the field. Fields this version does not know are kept in
+    ``extra`` (as Hugging Face keeps a config's unknown attributes); written by a newer vitlab, they may change
+    what the model computes, so they are named in a warning (an older vitlab's, fields since retired, are not)."""
     fields = {k: v for k, v in raw.items() if k not in ("format", "architecture", "vitlab_version")}
     try:
         cfg = ViTConfig.from_dict(fields)
     except ConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    _warn_if_newer(raw, where=where)
     return _checked_temperature(cfg, where=where)
+
+
+def _release(version: object) -> tuple[int, ...] | None:
+    """``0.2.0`` as ``(0, 2, 0)``; None for anything that is not dotted whole numbers (a development tag too)."""
+    parts = str(version).split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def _warn_if_newer(raw: dict[str, Any], *, where: str) -> None:
+    known = {f.name for f in dataclasses.fields(ViTConfig)} | {"format", "architecture", "vitlab_version"}
+    unknown = sorted(k for k in raw if k not in known)
+    wrote, here = _release(raw.get("vitlab_version")), _release(__version__)
+    if unknown and wrote is not None and here is not None and wrote > here:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        names = ", ".join(repr(k)[:40] for k in unknown[:5]) + more
+        warnings.warn(
+            f"{where}: written by vitlab {raw['vitlab_version']}, whose field(s) {names} this vitlab {__version__} "
+            "does not know: kept in config.extra, not used by the model (upgrade vitlab to use them)",
+            stacklevel=3,
+        )
 
 
 def _checked_temperature(cfg: ViTConfig, *, where: str) -> ViTConfig:
