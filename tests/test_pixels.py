@@ -92,6 +92,26 @@ def test_transforms_for_a_one_channel_model_takes_the_luma(images):
         assert torch.equal(tf(Image.open(path)), want) and torch.equal(tf(path), want), path.name
 
 
+def test_transforms_for_a_read_only_array_hands_torch_a_writable_copy(images, model, monkeypatch):
+    """``np.asarray(Image.open(p))`` is read-only, and torch warned ("The given NumPy array is not writable ...
+    undefined behavior") to a user who did nothing wrong; the array's pixels are taken as they are."""
+    handed = []
+    from_numpy = torch.from_numpy
+
+    def watched(a):
+        handed.append(a.flags.writeable)
+        return from_numpy(a)
+
+    monkeypatch.setattr(torch, "from_numpy", watched)  # (torch warns once a process: watch what reaches it instead)
+    decoded = read_image(images[0])
+    frozen = np.asarray(Image.fromarray(decoded))
+    assert not frozen.flags.writeable
+    got = vitlab.transforms_for(model)(frozen)
+    assert handed and all(handed), handed
+    assert torch.equal(got, model_inputs(model, [decoded])[0])
+    assert not frozen.flags.writeable  # the caller's array untouched
+
+
 @pytest.fixture(scope="module")
 def exported(model, tmp_path_factory) -> Path:
     pytest.importorskip("onnxscript")

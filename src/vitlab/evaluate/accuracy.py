@@ -248,6 +248,8 @@ class _ModelChannels:
             image = decode_pil(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
             if self.keep_pil and self.in_chans in (1, 3):
                 return image
+        elif isinstance(image, np.ndarray) and not image.flags.writeable:  # np.asarray(Image.open(p)) is read-only:
+            image = image.copy()  # torch.from_numpy would warn of undefined behaviour, to a user who did nothing wrong
         return match_channels(v2.ToImage()(image).as_subclass(torch.Tensor), self.in_chans)
 
     def __repr__(self) -> str:
