@@ -45,7 +45,7 @@ def both() -> tuple[nn.Module, nn.Module]:
 def test_checklist_attributes_and_forward(both):
     ref, ours = both
     x = images()
-    for attr in ("num_features", "head_hidden_size", "num_classes", "global_pool", "num_prefix_tokens"):
+    for attr in ("num_features", "embed_dim", "head_hidden_size", "num_classes", "global_pool", "num_prefix_tokens"):
         assert getattr(ours, attr) == getattr(ref, attr), attr
     assert isinstance(ours.get_classifier(), nn.Linear) and ours.get_classifier().out_features == 5
     assert ours.no_weight_decay() <= ref.no_weight_decay()
@@ -203,6 +203,21 @@ def test_timm_kwargs():
     assert (m.config.pool, m.config.mlp_dim, m.global_pool) == ("gap", 384, "avg")
     with pytest.raises(ConfigError, match="global_pool"):
         vitlab.create_model("vit_ti16", global_pool="max")
+
+
+def test_dynamic_img_size_is_taken_and_the_model_answers_as_timms_at_other_sizes():
+    """timm's ``dynamic_img_size=True`` (DINOv2/v3 users type it) was a ``TypeError``; a vitlab model already takes
+    any size the patch divides, its position embeddings resampled as timm's dynamic model resamples them."""
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", dynamic_img_size=True, **ARCH))
+    ours = vitlab.create_model("vit_tiny_patch16_224", dynamic_img_size=True, **ARCH)
+    ours.load_state_dict(ref.state_dict())
+    ours.eval()
+    for h, w in ((32, 32), (48, 48), (32, 64)):
+        x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(h + w))
+        with torch.no_grad():
+            assert_close_rel(ours(x), ref(x))
+    with pytest.raises(ConfigError, match="dynamic_img_size: expected True or False"):
+        vitlab.create_model("vit_ti16", dynamic_img_size="yes")
 
 
 def test_pretrained_resolves_the_public_name(monkeypatch, tmp_path):

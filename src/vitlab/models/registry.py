@@ -84,8 +84,14 @@ for _p in (16, 32):  # Axial-ViT (Appendix D.6)
 
 def timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """timm's ``create_model`` keyword arguments as :class:`ViTConfig` fields: ``global_pool``
-    (``token``/``avg`` or ours) -> ``pool``, ``mlp_ratio`` -> ``mlp_dim``; the rest as they are."""
+    (``token``/``avg`` or ours) -> ``pool``, ``mlp_ratio`` -> ``mlp_dim``; ``dynamic_img_size`` taken and dropped
+    (a vitlab model takes any input size whose sides the patch divides, its position embeddings resampled at each
+    call, as timm's ``dynamic_img_size=True`` model does); the rest as they are."""
     out = dict(kwargs)
+    if "dynamic_img_size" in out:
+        dynamic = out.pop("dynamic_img_size")
+        if not isinstance(dynamic, bool):
+            raise ConfigError(f"dynamic_img_size: expected True or False, got {type(dynamic).__name__}")
     if "global_pool" in out:
         pool = out.pop("global_pool")
         if not isinstance(pool, str):

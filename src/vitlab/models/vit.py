@@ -610,6 +610,11 @@ class VisionTransformer(nn.Module):
         return self.config.embed_dim
 
     @property
+    def embed_dim(self) -> int:
+        """The width D of every token (timm's ``embed_dim``)."""
+        return self.config.embed_dim
+
+    @property
     def head_hidden_size(self) -> int:
         """Width of what the classifier reads (``forward_head(pre_logits=True)``)."""
         return self.config.pre_logits_dim
