@@ -220,6 +220,38 @@ def test_dynamic_img_size_is_taken_and_the_model_answers_as_timms_at_other_sizes
         vitlab.create_model("vit_ti16", dynamic_img_size="yes")
 
 
+@pytest.mark.parametrize("out_indices", [None, 2, (0, -1)])
+def test_features_only_gives_timms_maps_and_feature_info(out_indices):
+    """timm's ``features_only=True`` (detection and segmentation backbones) was a ``TypeError``: the maps of the
+    chosen blocks, equal to timm's ``FeatureGetterNet``'s, with its ``feature_info``."""
+    kw = {} if out_indices is None else {"out_indices": out_indices}
+    deep = {**ARCH, "depth": 4}  # (timm's default: the last 3 blocks)
+    ref = randomize(timm.create_model("vit_tiny_patch16_224", **deep))
+    theirs = timm.create_model("vit_tiny_patch16_224", features_only=True, **deep, **kw)
+    theirs.model.load_state_dict(ref.state_dict(), strict=False)  # (timm's prunes the norm and the head)
+    ours = vitlab.create_model("vit_tiny_patch16_224", features_only=True, **deep, **kw)
+    ours.model.load_state_dict(ref.state_dict())
+    ours.eval(), theirs.eval()
+    x = images()
+    with torch.no_grad():
+        got, want = ours(x), theirs(x)
+    assert len(got) == len(want) and all(g.shape == w.shape for g, w in zip(got, want, strict=True))
+    for g, w in zip(got, want, strict=True):
+        assert_close_rel(g, w)
+    info, their_info = ours.feature_info, theirs.feature_info
+    assert info.channels() == their_info.channels() and info.reduction() == their_info.reduction()
+    assert info.module_name() == their_info.module_name()
+
+
+def test_features_only_refusals():
+    with pytest.raises(ConfigError, match="out_indices: 5 is not a number of blocks in 1..2"):
+        vitlab.create_model("vit_ti16", features_only=True, out_indices=5, **ARCH)
+    with pytest.raises(ConfigError, match="are not block indices in -2..1"):
+        vitlab.create_model("vit_ti16", features_only=True, out_indices=(0, 7), **ARCH)
+    with pytest.raises(ConfigError, match="out_indices: an option of features_only=True"):
+        vitlab.create_model("vit_ti16", out_indices=2, **ARCH)
+
+
 def test_pretrained_resolves_the_public_name(monkeypatch, tmp_path):
     """pretrained=True loads the public weights for the name; offline that is an OfflineError (nothing downloads)."""
     from vitlab.checkpoints import hub

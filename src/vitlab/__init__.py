@@ -57,22 +57,30 @@ def create_model(
     As timm's ``create_model``: randomly initialised, or with ``pretrained=True`` the public weights
     for the name (:func:`vitlab.checkpoints.hub.pretrained_name`; downloaded and cached, an
     :class:`OfflineError` saying what to fetch when offline), or ``checkpoint_path`` weights loaded
-    into the named architecture (every tensor must fit)."""
+    into the named architecture (every tensor must fit). ``features_only=True`` (with timm's ``out_indices``,
+    default 3): the patch-token maps of the chosen blocks, as timm's (:class:`vitlab.models.timm_api.FeatureGetter`)."""
     from .accel import accelerate
     from .checkpoints import load as read
     from .checkpoints import load_state, read_checkpoint
     from .checkpoints.hub import pretrained_name
     from .models import create_model as build
     from .models.registry import timm_kwargs
+    from .models.timm_api import FeatureGetter
 
+    features_only = kwargs.pop("features_only", False)
+    out_indices = kwargs.pop("out_indices", None)
+    if out_indices is not None and not features_only:
+        raise ConfigError("out_indices: an option of features_only=True")
     if pretrained and checkpoint_path is not None:
         raise ConfigError("pass pretrained=True or checkpoint_path=..., not both")
     if pretrained:  # the architecture comes with the weights; the keyword arguments adapt it
-        return accelerate(read(pretrained_name(name), **timm_kwargs(kwargs)))
-    model = build(name, **kwargs)
-    if checkpoint_path is not None:
-        load_state(model, read_checkpoint(checkpoint_path).state, source=str(checkpoint_path))
-    return accelerate(model)
+        model = read(pretrained_name(name), **timm_kwargs(kwargs))
+    else:
+        model = build(name, **kwargs)
+        if checkpoint_path is not None:
+            load_state(model, read_checkpoint(checkpoint_path).state, source=str(checkpoint_path))
+    model = accelerate(model)
+    return FeatureGetter(model, out_indices=3 if out_indices is None else out_indices) if features_only else model
 
 
 def load(source: Any, **kwargs: Any) -> nn.Module:

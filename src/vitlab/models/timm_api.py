@@ -8,12 +8,24 @@ the checkpoint readers, the registry and the exported folders use too. Nothing h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import torch
+from torch import nn
 
 from ..errors import ConfigError
 from .config import ViTConfig
 
-__all__ = ["EVAL_CROP_MODE", "EVAL_INTERPOLATION", "TIMM_POOL", "pool_name", "pretrained_cfg"]
+__all__ = [
+    "EVAL_CROP_MODE",
+    "EVAL_INTERPOLATION",
+    "TIMM_POOL",
+    "FeatureGetter",
+    "FeatureInfo",
+    "pool_name",
+    "pretrained_cfg",
+]
 
 EVAL_INTERPOLATION = "bicubic"
 """How vitlab's evaluation resizes (:func:`vitlab.data.eval_transform` and the decode cache: PIL's bicubic, timm's
@@ -77,3 +89,54 @@ def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
         out["label_names"] = tuple(cfg.class_names)
     out.update({k: cfg.extra[k] for k in _CARRIED if isinstance(cfg.extra.get(k), str)})
     return out
+
+
+class FeatureInfo(list):
+    """timm's ``feature_info`` of a ``features_only`` model: one dict a map (``num_chs``, ``reduction``, ``module``,
+    ``index``), with timm's accessors."""
+
+    def get_dicts(self) -> list[dict[str, Any]]:
+        return [dict(d) for d in self]
+
+    def channels(self, idx: int | None = None) -> list[int] | int:
+        return self[idx]["num_chs"] if idx is not None else [d["num_chs"] for d in self]
+
+    def reduction(self, idx: int | None = None) -> list[int] | int:
+        return self[idx]["reduction"] if idx is not None else [d["reduction"] for d in self]
+
+    def module_name(self, idx: int | None = None) -> list[str] | str:
+        return self[idx]["module"] if idx is not None else [d["module"] for d in self]
+
+
+class FeatureGetter(nn.Module):
+    """timm's ``create_model(..., features_only=True, out_indices=...)`` for a ViT (timm's ``FeatureGetterNet``):
+    ``forward(x)`` is the list of ``(B, D, rows, cols)`` patch-token maps after the blocks ``out_indices`` names
+    (an int: the last that many blocks, timm's default 3; or block indices, negative from the end), which is
+    ``model.forward_intermediates(x, indices=..., intermediates_only=True)``; ``feature_info`` gives each map's
+    channels, reduction (input pixels a token) and block, as timm's does. The wrapped model is ``self.model``."""
+
+    def __init__(self, model: nn.Module, *, out_indices: int | Sequence[int] = 3, norm: bool = False) -> None:
+        super().__init__()
+        depth = len(model.blocks)  # type: ignore[arg-type]
+        if isinstance(out_indices, bool) or not isinstance(out_indices, (int, Sequence)):
+            raise ConfigError(f"out_indices: expected a number of blocks or block indices, got {out_indices!r}")
+        if isinstance(out_indices, int):
+            if not 0 < out_indices <= depth:
+                raise ConfigError(f"out_indices: {out_indices} is not a number of blocks in 1..{depth}")
+            chosen = list(range(depth - out_indices, depth))
+        else:
+            bad = [i for i in out_indices if isinstance(i, bool) or not isinstance(i, int) or not -depth <= i < depth]
+            if bad or not out_indices:
+                raise ConfigError(f"out_indices: {list(out_indices)!r} are not block indices in -{depth}..{depth - 1}")
+            chosen = [i % depth for i in out_indices]
+        cfg: ViTConfig = model.config  # type: ignore[assignment]
+        reduction = cfg.img_size[0] // cfg.grid_size[0]
+        self.model, self.out_indices, self.norm = model, tuple(chosen), norm
+        self.feature_info = FeatureInfo(
+            {"num_chs": cfg.embed_dim, "reduction": reduction, "module": f"blocks.{i}", "index": i} for i in chosen
+        )
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return self.model.forward_intermediates(  # type: ignore[operator]
+            x, indices=list(self.out_indices), norm=self.norm, output_fmt="NCHW", intermediates_only=True
+        )
