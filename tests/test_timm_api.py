@@ -252,6 +252,32 @@ def test_features_only_refusals():
         vitlab.create_model("vit_ti16", out_indices=2, **ARCH)
 
 
+@pytest.mark.parametrize("change", [{"img_size": 64}, {"img_size": (48, 32)}, {"patch_size": 8}])
+def test_set_input_size_resamples_as_timms(both, change):
+    """timm's ``set_input_size`` (an ``AttributeError`` before): the position embeddings (and a new patch size's
+    projection, FlexiViT) resampled in place, the config and ``pretrained_cfg`` following; the logits at the new
+    size are timm's."""
+    ref, ours = both
+    ref.set_input_size(**{k: (v, v) if k == "patch_size" else v for k, v in change.items()})
+    ours.set_input_size(**change)
+    assert ours.pos_embed.shape == ref.pos_embed.shape
+    assert ours.pretrained_cfg["input_size"] == (3, *ref.patch_embed.img_size)  # (timm's keeps its default's)
+    x = images(2, 32) if "patch_size" in change else torch.randn(2, 3, *ref.patch_embed.img_size)
+    with torch.no_grad():
+        assert_close_rel(ours(x), ref(x))
+
+
+def test_set_input_size_of_other_stems_and_position_tables():
+    hybrid = vitlab.create_model("vit_r_ti16", img_size=64, num_classes=3)
+    with pytest.raises(ConfigError, match="only a plain patch embedding"):
+        hybrid.set_input_size(patch_size=4)
+    hybrid.set_input_size(img_size=96)
+    assert hybrid.config.img_size == (96, 96) and hybrid.pos_embed.shape[1] == 1 + 3 * 3  # (a 32-pixel stride)
+    rows_cols = vitlab.create_model("vit_ti16", img_size=32, posemb="learn2d", num_classes=3)
+    rows_cols.set_input_size(img_size=(64, 48))
+    assert (rows_cols.pos_embed_row.shape[1], rows_cols.pos_embed_col.shape[1]) == (4, 3)
+
+
 def test_pretrained_resolves_the_public_name(monkeypatch, tmp_path):
     """pretrained=True loads the public weights for the name; offline that is an OfflineError (nothing downloads)."""
     from vitlab.checkpoints import hub

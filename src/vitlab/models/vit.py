@@ -418,6 +418,42 @@ class VisionTransformer(nn.Module):
                 state_dict[k] = resample_1d(state_dict[k], n, mode=cfg.posemb_resample)  # type: ignore[arg-type]
         return state_dict
 
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """timm's ``set_input_size``: from now on the model's resolution is ``img_size`` (and its patch
+        ``patch_size``): learned position embeddings resampled to the new grid in 2-D, as a checkpoint of another
+        resolution loads (Sec. 3.2); the patch projection of a new patch size resampled by FlexiViT's PI-resize
+        (:func:`.flexi.resample_patch_embed`, a plain patch embedding only); the config, and so
+        ``pretrained_cfg``, follow. (Other sizes were taken before too, resampled at each call.)"""
+        from .flexi import resample_patch_embed
+
+        cfg = self.config
+        new = cfg.replace(
+            img_size=cfg.img_size if img_size is None else img_size,
+            patch_size=cfg.patch_size if patch_size is None else patch_size,
+        )
+        if new.patch_size != cfg.patch_size and (cfg.stem != "patch" or cfg.hybrid_layers is not None):
+            raise ConfigError("patch_size: only a plain patch embedding is resampled to another patch size")
+        check_buildable(new)
+        if new.patch_size != cfg.patch_size:
+            old = self.patch_embed
+            self.patch_embed = self._make_stem(new).to(old.proj.weight)
+            with torch.no_grad():
+                self.patch_embed.proj.weight.copy_(resample_patch_embed(old.proj.weight, new.patch_size))
+                if old.proj.bias is not None:
+                    self.patch_embed.proj.bias.copy_(old.proj.bias)
+        if cfg.posemb == "learn" and new.grid_size != cfg.grid_size:
+            pe = resample_posemb(
+                self.pos_embed.data, new.grid_size, old_grid=cfg.grid_size, num_prefix_tokens=self.num_prefix_tokens,
+                mode=cfg.posemb_resample,
+            )  # fmt: skip
+            self.pos_embed = nn.Parameter(pe, requires_grad=self.pos_embed.requires_grad)
+        elif cfg.posemb == "learn2d":
+            for axis, n in (("row", new.grid_size[0]), ("col", new.grid_size[1])):
+                table = getattr(self, f"pos_embed_{axis}")
+                resampled = resample_1d(table.data, n, mode=cfg.posemb_resample)
+                setattr(self, f"pos_embed_{axis}", nn.Parameter(resampled, requires_grad=table.requires_grad))
+        self.config = new
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """``load_state_dict`` accepts checkpoints of another resolution: see :meth:`adapt_state_dict`."""
         self.adapt_state_dict(state_dict, prefix)
