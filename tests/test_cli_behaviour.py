@@ -180,6 +180,8 @@ def test_save_to_a_file_name_is_refused(tmp_path):
     with pytest.raises(vitlab.CheckpointError, match="saved as a folder"):
         vitlab.save(model, tmp_path / "m.safetensors")
     assert not (tmp_path / "m.safetensors").exists()
+    with pytest.raises(vitlab.CheckpointError, match=r"an ONNX file is written by vitlab export \(--out m.onnx\)"):
+        vitlab.save(model, tmp_path / "m.onnx")  # (`vitlab convert SRC m.onnx`: the command that writes one)
 
 
 def test_fewshot_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):

@@ -66,9 +66,10 @@ def save(
         cfg = cfg.replace(extra={**cfg.extra, **extra})
     out = Path(path)
     if out.suffix.lower() in _FILE_SUFFIXES and not out.is_dir():  # a file name: refuse rather than make a folder of it
+        onnx = "; an ONNX file is written by vitlab export (--out m.onnx)" if out.suffix.lower() == ".onnx" else ""
         raise CheckpointError(
             f"{out}: names a file, but a model is saved as a folder (model.safetensors + config.json, as "
-            f"save_pretrained does); pass the folder, e.g. {str(out.with_suffix(''))!r}"
+            f"save_pretrained does); pass the folder, e.g. {str(out.with_suffix(''))!r}{onnx}"
         )
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: is a file, not a folder; a model is saved as a folder")
