@@ -29,7 +29,7 @@ def parse_size(text: str) -> int:
     scale = _UNITS.get(m.group(2).lower()) if m else None
     value = round(float(m.group(1)) * scale) if m and scale else 0
     if value < 1:
-        raise ValueError(f"{text!r} is not a size like 512M, 2G, 64MiB or a number of bytes")
+        raise ValueError(f"{text!r} is not a size like 512M, 2G, 64MiB or a number of bytes (1 or more)")
     return value
 
 
