@@ -240,7 +240,10 @@ def test_features_only_gives_timms_maps_and_feature_info(out_indices):
         assert_close_rel(g, w)
     info, their_info = ours.feature_info, theirs.feature_info
     assert info.channels() == their_info.channels() and info.reduction() == their_info.reduction()
-    assert info.module_name() == their_info.module_name()
+    assert info.module_name() == their_info.module_name() and info.get_dicts() == their_info.get_dicts()
+    assert len(info) == len(their_info) and info[1] == their_info[1]
+    for idx in (0, 1, [0, 3]):  # timm's idx: any block by its index, whichever blocks were chosen
+        assert info.module_name(idx) == their_info.module_name(idx) and info.channels(idx) == their_info.channels(idx)
 
 
 def test_features_only_refusals():

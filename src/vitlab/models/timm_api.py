@@ -91,21 +91,45 @@ def pretrained_cfg(cfg: ViTConfig) -> dict[str, Any]:
     return out
 
 
-class FeatureInfo(list):
-    """timm's ``feature_info`` of a ``features_only`` model: one dict a map (``num_chs``, ``reduction``, ``module``,
-    ``index``), with timm's accessors."""
+class FeatureInfo:
+    """timm's ``feature_info`` of a ``features_only`` model: one dict a block (``module``, ``num_chs``,
+    ``reduction``, ``index``); the accessors answer for the chosen blocks, or with ``idx`` for any block by its index
+    (timm's semantics: ``module_name(1)`` is ``blocks.1`` whichever blocks were chosen)."""
 
-    def get_dicts(self) -> list[dict[str, Any]]:
-        return [dict(d) for d in self]
+    def __init__(self, info: list[dict[str, Any]], out_indices: tuple[int, ...]) -> None:
+        self.info, self.out_indices = info, out_indices
 
-    def channels(self, idx: int | None = None) -> list[int] | int:
-        return self[idx]["num_chs"] if idx is not None else [d["num_chs"] for d in self]
+    def get(self, key: str, idx: int | Sequence[int] | None = None) -> Any:
+        if idx is None:
+            return [self.info[i][key] for i in self.out_indices]
+        if isinstance(idx, (tuple, list)):
+            return [self.info[i][key] for i in idx]
+        return self.info[idx][key]  # type: ignore[index]
 
-    def reduction(self, idx: int | None = None) -> list[int] | int:
-        return self[idx]["reduction"] if idx is not None else [d["reduction"] for d in self]
+    def get_dicts(self, keys: Sequence[str] | None = None, idx: int | Sequence[int] | None = None) -> Any:
+        def pick(d: dict[str, Any]) -> dict[str, Any]:
+            return dict(d) if keys is None else {k: d[k] for k in keys}
 
-    def module_name(self, idx: int | None = None) -> list[str] | str:
-        return self[idx]["module"] if idx is not None else [d["module"] for d in self]
+        if idx is None:
+            return [pick(self.info[i]) for i in self.out_indices]
+        if isinstance(idx, (tuple, list)):
+            return [pick(self.info[i]) for i in idx]
+        return pick(self.info[idx])  # type: ignore[index]
+
+    def channels(self, idx: int | Sequence[int] | None = None) -> Any:
+        return self.get("num_chs", idx)
+
+    def reduction(self, idx: int | Sequence[int] | None = None) -> Any:
+        return self.get("reduction", idx)
+
+    def module_name(self, idx: int | Sequence[int] | None = None) -> Any:
+        return self.get("module", idx)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        return self.info[idx]
+
+    def __len__(self) -> int:
+        return len(self.info)
 
 
 class FeatureGetter(nn.Module):
@@ -115,7 +139,7 @@ class FeatureGetter(nn.Module):
     ``model.forward_intermediates(x, indices=..., intermediates_only=True)``; ``feature_info`` gives each map's
     channels, reduction (input pixels a token) and block, as timm's does. The wrapped model is ``self.model``."""
 
-    def __init__(self, model: nn.Module, *, out_indices: int | Sequence[int] = 3, norm: bool = False) -> None:
+    def __init__(self, model: nn.Module, *, out_indices: int | Sequence[int] = 3) -> None:
         super().__init__()
         depth = len(model.blocks)  # type: ignore[arg-type]
         if isinstance(out_indices, bool) or not isinstance(out_indices, (int, Sequence)):
@@ -131,12 +155,14 @@ class FeatureGetter(nn.Module):
             chosen = [i % depth for i in out_indices]
         cfg: ViTConfig = model.config  # type: ignore[assignment]
         reduction = cfg.img_size[0] // cfg.grid_size[0]
-        self.model, self.out_indices, self.norm = model, tuple(chosen), norm
-        self.feature_info = FeatureInfo(
-            {"num_chs": cfg.embed_dim, "reduction": reduction, "module": f"blocks.{i}", "index": i} for i in chosen
-        )
+        self.model, self.out_indices = model, tuple(chosen)
+        every = [
+            {"module": f"blocks.{i}", "num_chs": cfg.embed_dim, "reduction": reduction, "index": i}
+            for i in range(depth)
+        ]
+        self.feature_info = FeatureInfo(every, self.out_indices)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         return self.model.forward_intermediates(  # type: ignore[operator]
-            x, indices=list(self.out_indices), norm=self.norm, output_fmt="NCHW", intermediates_only=True
+            x, indices=list(self.out_indices), output_fmt="NCHW", intermediates_only=True
         )
