@@ -60,6 +60,25 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "example" in (p.description or "") + (p.epilog or ""), f"`vitlab {name} --help` has no example"
 
 
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """An option listed in --help without a line of help leaves a user guessing its unit and default."""
+    import argparse
+
+    from vitlab.cli import build_parser
+
+    def bare(parser: argparse.ArgumentParser, name: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    found += bare(sub, f"{name} {sub_name}".strip())
+            elif action.option_strings and action.help != argparse.SUPPRESS and not (action.help or "").strip():
+                found.append(f"vitlab {name} {action.option_strings[-1]}")
+        return found
+
+    assert bare(build_parser(), "") == []
+
+
 @pytest.mark.slow
 def test_bad_input_is_one_line_without_traceback() -> None:
     r = subprocess.run(

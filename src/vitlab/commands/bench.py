@@ -40,14 +40,14 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument(
         "--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step"
     )
-    p.add_argument("--batch-size", type=count, default=32)
+    p.add_argument("--batch-size", type=count, default=32, help="images per timed step (default: 32)")
     p.add_argument("--img-size", type=int, default=None, help="input resolution (default: the model's, 224)")
     p.add_argument("--patch-size", type=int, default=None, help="override the patch size")
     p.add_argument("--dim", type=int, default=None, help="override the width D")
     p.add_argument("--depth", type=int, default=None, help="override the number of layers")
     p.add_argument("--heads", type=int, default=None, help="override the number of heads")
     p.add_argument("--mlp-ratio", type=float, default=None, help="MLP width as a multiple of D")
-    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head (default: 1000)")
     p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],

@@ -79,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="pack: replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write "
         "stops it; nothing else there is deleted)",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on the terminal")
     add_label_args(p.add_argument_group("check --labels: label issues ranked from a model"))
     p.set_defaults(func=run)
 

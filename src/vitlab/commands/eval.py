@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="evaluate this fraction held out of a folder without val/ or test/ (stratified, seed 0, as training "
         "holds it out); default: the whole folder, or the fraction the model's run held out of its own data",
     )
-    p.add_argument("--batch-size", type=count, default=256)
+    p.add_argument("--batch-size", type=count, default=256, help="images per forward pass (default: 256)")
     p.add_argument(
         "--tta",
         choices=["none", "flip"],
@@ -57,8 +57,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="test-time augmentation: flip averages the logits of each image and its horizontal mirror",
     )
     add_device_arg(p)
-    p.add_argument("--cache-dir", default=None)
-    p.add_argument("--strict-data", action="store_true")
+    p.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
+    p.add_argument(
+        "--strict-data",
+        action="store_true",
+        help="stop on files that cannot be used (not decodable, a broken link) instead of skipping them",
+    )
     p.add_argument("--memory-budget", default="64M", metavar="SIZE", help=MEMORY_BUDGET_HELP)
     p.add_argument(
         "--output", default=None, help="JSON file to write (default: eval.json next to the model; none for a name)"

@@ -38,7 +38,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         formatter_class=formatter,
     )
     add_model_arg(p)
-    p.add_argument("--format", choices=["onnx", "torch", "torchscript"], default="onnx")
+    p.add_argument(
+        "--format",
+        choices=["onnx", "torch", "torchscript"],
+        default="onnx",
+        help="onnx (ONNX Runtime, default), torch (vitlab's eager model as safetensors) or torchscript",
+    )
     p.add_argument("--int8", choices=["dynamic", "static"], default=None, help="int8 quantisation (default: none)")
     p.add_argument("--quant-format", choices=["qdq", "qoperator"], default="qdq", help="ONNX graph of static int8 ops")
     p.add_argument("--tome", type=int, default=0, metavar="R", help="token merging: R patch tokens merged per block")

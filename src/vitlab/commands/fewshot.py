@@ -75,7 +75,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--max-test", type=int, default=None, help="test images evaluated; None = all")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
-    p.add_argument("--batch-size", type=count, default=128)
+    p.add_argument(
+        "--batch-size", type=count, default=128, help="images per forward pass of the feature extraction (default: 128)"
+    )
     p.add_argument("--cache-dir", default=None, help="decoded-image cache (default ~/.cache/vitlab or $VITLAB_CACHE)")
     p.add_argument(
         "--out", default=None, help="JSON file to write (default: fewshot.json next to the model; none for a name)"

@@ -49,7 +49,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--show", type=int, default=4, help="images shown in the rollout figures")
     p.add_argument("--img-size", type=int, default=None, help="input resolution; None = the model's")
     add_device_arg(p)
-    p.add_argument("--batch-size", type=count, default=32)
+    p.add_argument(
+        "--batch-size", type=count, default=32, help="images per forward pass of the attention distances (default: 32)"
+    )
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=run)
 
