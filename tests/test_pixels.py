@@ -112,6 +112,32 @@ def test_transforms_for_a_read_only_array_hands_torch_a_writable_copy(images, mo
     assert not frozen.flags.writeable  # the caller's array untouched
 
 
+def test_transforms_for_an_array_with_alpha_or_16_bits_is_the_file_it_was_read_from(images, model, tmp_path):
+    """``np.asarray(Image.open(p))`` of an RGBA or LA PNG (or its ``(C, H, W)`` tensor) lies on white and that of a
+    16-bit PNG is scaled to 8 bits, as the file itself is (before: 4 or 2 channels were refused, and 16 bits were
+    scaled by torch, not through the decoder's 8 bits)."""
+    tf = vitlab.transforms_for(model)
+    for name in ("alpha-rgba.png", "alpha-la.png"):
+        path = next(p for p in images if p.name == name)
+        arr = np.asarray(Image.open(path))
+        assert arr.shape[-1] in (2, 4), arr.shape
+        want = tf(path)
+        assert torch.equal(tf(arr), want), name
+        assert torch.equal(tf(torch.from_numpy(arr.copy()).permute(2, 0, 1)), want), name
+    deep = (np.random.default_rng(3).integers(0, 65536, (30, 34))).astype(np.uint16)
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    assert Image.open(tmp_path / "deep.png").mode == "I;16"
+    assert torch.equal(tf(np.asarray(Image.open(tmp_path / "deep.png"))), tf(tmp_path / "deep.png"))
+
+
+@pytest.mark.parametrize("empty", ["array", "pil"])
+def test_transforms_for_refuses_an_image_without_pixels(model, empty):
+    """An image of no pixels is an :class:`~vitlab.errors.InputError` saying so (before: ZeroDivisionError)."""
+    image = np.zeros((0, 7, 3), np.uint8) if empty == "array" else Image.new("RGB", (7, 0))
+    with pytest.raises(vitlab.errors.InputError, match="7 x 0 pixels"):
+        vitlab.transforms_for(model)(image)
+
+
 @pytest.fixture(scope="module")
 def exported(model, tmp_path_factory) -> Path:
     pytest.importorskip("onnxscript")

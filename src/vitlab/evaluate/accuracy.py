@@ -15,7 +15,7 @@ from torch import nn
 
 from ..data.images.resize import resize_side
 from ..devices import autocast, resolve_device
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, InputError
 from .calibration import LogitKeeper, Reliability, model_temperature, probabilities
 
 if TYPE_CHECKING:
@@ -198,23 +198,24 @@ def preprocess_for(model: nn.Module):
 
 
 def transforms_for(model: nn.Module, *, training: bool = False):
-    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from an image
-    file's path, a PIL image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1]
-    too) to the normalised float tensor the model takes.
+    """The preprocessing of ``model`` for plain PyTorch: a ``torchvision.transforms.v2`` pipeline from an image file's
+    path, a PIL image, a ``(H, W, C)`` uint8 array or a ``(C, H, W)`` uint8 tensor (a float one in [0, 1] too) to
+    the normalised float tensor the model takes.
 
-    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``, after what vitlab's decoder
-    does to a file (:func:`~vitlab.data.images.decode.decode_image`): a path is decoded by it, and a PIL image is
-    treated as it treats the file it opened (:func:`~vitlab.data.images.decode.decode_pil`: turned as its EXIF
-    orientation tag says, transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so
-    ``transforms_for(model)(path)`` and ``transforms_for(model)(Image.open(path))`` are the pixels ``vitlab predict
-    path`` feeds the model: a phone's portrait stands upright, a transparent PNG lies on white. A PIL image stays
-    one until after the crop: PIL resizes it (bicubic) and crops it, so the result equals
-    ``timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))`` of the same (turned, RGB)
-    image. A uint8 array or tensor of 1 or 3 channels is taken as already decoded and resized as a PIL image too
-    (the same pixels); a float tensor, or another channel count, is resized by torch (bicubic, antialiased),
-    which may differ from PIL by about one grey level where it resizes. ``training=True``: the paper's Inception
-    crop and a horizontal flip (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are
-    matched to the model as vitlab's decoder does (grey repeated, RGB to luma for one channel)."""
+    Evaluation (default): :func:`preprocess_for`, the transform of ``vitlab eval``, after what vitlab's decoder does to
+    a file (:func:`~vitlab.data.images.decode.decode_image`): a path is decoded by it, and a PIL image is treated as it
+    treats the file it opened (:func:`~vitlab.data.images.decode.decode_pil`: turned as its EXIF orientation tag says,
+    transparency composited on white, 16-bit scaled, ``L`` for a one-channel model), so ``transforms_for(model)(path)``
+    and ``transforms_for(model)(Image.open(path))`` are the pixels ``vitlab predict path`` feeds the model: a phone's
+    portrait stands upright, a transparent PNG lies on white. A PIL image stays one until after the crop: PIL resizes it
+    (bicubic) and crops it, so the result equals ``timm.data.create_transform(**timm.data.resolve_data_config({},
+    model=model))`` of the same (turned, RGB) image. A uint8 array or tensor of 1 or 3 channels is taken as already
+    decoded and resized as a PIL image too (the same pixels), and one with an alpha channel (``np.asarray`` of an ``LA``
+    or ``RGBA`` PNG) is laid on white first, and a uint16 one scaled to 8 bits, as their files would be; a float tensor
+    is resized by torch (bicubic, antialiased), which may differ from PIL by about one grey level where it resizes. An
+    image without pixels is refused. ``training=True``: the paper's Inception crop and a horizontal flip
+    (:func:`vitlab.data.train_transform`'s defaults, no RandAugment). Channels are matched to the model as vitlab's
+    decoder does (grey repeated, RGB to luma for one channel)."""
     from torchvision.transforms import v2
 
     from ..data import train_transform
@@ -243,17 +244,39 @@ class _ModelChannels:
 
         if isinstance(image, (str, os.PathLike)):
             image = read_image(image).copy()  # the one decoder: EXIF orientation, transparency on white, RGB
-        elif isinstance(image, Image.Image):
+        image = _as_pil(image)  # np.asarray(Image.open(png)) of RGBA, LA or 16 bits: as its file would be
+        if isinstance(image, Image.Image):
+            if not image.width or not image.height:
+                raise InputError(f"an image of {image.width} x {image.height} pixels has nothing to resize")
             grey = image.mode in ("1", "L", "LA", "La", "I", "F") or image.mode.startswith("I;")
             image = decode_pil(image, "L" if self.in_chans == 1 or (grey and self.in_chans != 3) else "RGB")
             if self.keep_pil and self.in_chans in (1, 3):
                 return image
         elif isinstance(image, np.ndarray) and not image.flags.writeable:  # np.asarray(Image.open(p)) is read-only:
             image = image.copy()  # torch.from_numpy would warn of undefined behaviour, to a user who did nothing wrong
-        return match_channels(v2.ToImage()(image).as_subclass(torch.Tensor), self.in_chans)
+        x = v2.ToImage()(image).as_subclass(torch.Tensor)
+        if not x.shape[-1] or not x.shape[-2]:
+            raise InputError(f"an image of {x.shape[-1]} x {x.shape[-2]} pixels has nothing to resize")
+        return match_channels(x, self.in_chans)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(in_chans={self.in_chans})"
+
+
+def _as_pil(image: Any) -> Any:
+    """An unbatched image array that PIL's own modes describe as the decoder's rule needs them, as that PIL
+    image, so that the decoder converts it as it converts the file: a uint8 ``(H, W, 2 or 4)`` array or
+    ``(2 or 4, H, W)`` tensor with an alpha channel (``np.asarray`` of an ``LA`` or ``RGBA`` PNG, composited on
+    white) and a ``(H, W)`` uint16 array (of an ``I;16`` PNG, scaled to 8 bits); anything else as it is."""
+    from PIL import Image
+
+    if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim == 3 and image.shape[0] in (2, 4):
+        image = image.permute(1, 2, 0).numpy(force=True)
+    if not isinstance(image, np.ndarray) or not all(image.shape):
+        return image
+    if (image.dtype == np.uint16 and image.ndim == 2) or (image.dtype == np.uint8 and image.shape[2:] in ((2,), (4,))):
+        return Image.fromarray(np.ascontiguousarray(image))  # (PIL reads I;16, LA or RGBA from the shape and type)
+    return image
 
 
 def decode_size(model: nn.Module) -> int:
