@@ -1,9 +1,10 @@
 """The data check's near-copy rule measured on photos (issue 59, docs/data_check.md): its false positives over every
 pair of distinct photos of a folder, its recall on copies made from them (re-encoded at JPEG quality 60-90, resized
-0.5-0.9x, cropped 2-5% per side, each side drawn apart), for a grid of hash distances and thumbnail correlations
-around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of ``vitlab.data.check.perceptual``; ``+`` marks
-``SURE_CORRELATION``, the sure copies ``--strict-data`` stops on), and the speed of
-the pass over the files (read once, hashed, decoded at a reduced DCT scale, fingerprinted) and of the pair search.
+0.5-0.9x, cropped 2-5% per side, each side drawn apart, mirrored left to right), for a grid of hash distances and
+thumbnail correlations around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of
+``vitlab.data.check.perceptual``; ``+`` marks ``SURE_CORRELATION``, the sure copies ``--strict-data`` stops on), and
+the speed of the pass over the files (read once, hashed, decoded at a reduced DCT scale, fingerprinted) and of the
+pair search.
 
 Run it alone on the machine (2 cores: ``taskset -c 0,1``), it reads every file of ``--data``:
 
@@ -51,12 +52,13 @@ def fingerprints(paths: list[Path], root: Path, *, workers: int) -> tuple[list, 
 
 
 def make_copies(originals: list[Path], out: Path, seed: int) -> dict[str, list[tuple[int, Path]]]:
-    """For each original, three copies under ``out``: ``reencoded`` (JPEG quality 60-90), ``resized`` (0.5-0.9x,
-    bicubic, JPEG 90) and ``cropped`` (2-5% off each side, drawn apart, JPEG 90): ``kind -> [(original, path)]``."""
+    """For each original, four copies under ``out``: ``reencoded`` (JPEG quality 60-90), ``resized`` (0.5-0.9x,
+    bicubic, JPEG 90), ``cropped`` (2-5% off each side, drawn apart, JPEG 90) and ``mirrored`` (left to right, JPEG
+    90): ``kind -> [(original, path)]``."""
     from PIL import Image, ImageOps
 
     rng = np.random.default_rng(seed)
-    made: dict[str, list[tuple[int, Path]]] = {"reencoded": [], "resized": [], "cropped": []}
+    made: dict[str, list[tuple[int, Path]]] = {"reencoded": [], "resized": [], "cropped": [], "mirrored": []}
     for k, p in enumerate(originals):
         with Image.open(p) as im:
             im = ImageOps.exif_transpose(im).convert("RGB")
@@ -68,6 +70,7 @@ def make_copies(originals: list[Path], out: Path, seed: int) -> dict[str, list[t
             "reencoded": (im, q),
             "resized": (im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.Resampling.BICUBIC), 90),
             "cropped": (im.crop((round(w * left), round(h * top), w - round(w * right), h - round(h * bottom))), 90),
+            "mirrored": (ImageOps.mirror(im), 90),
         }
         for kind, (copy, quality) in variants.items():
             path = out / f"{k:05d}-{kind}.jpg"
@@ -77,11 +80,12 @@ def make_copies(originals: list[Path], out: Path, seed: int) -> dict[str, list[t
 
 
 def distances(fps_a, ia: np.ndarray, fps_b, ib: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Hash distance (the smallest of whole-whole, whole-centre, centre-whole) and thumbnail correlation of pairs
-    ``(ia[k] of fps_a, ib[k] of fps_b)``, as the check measures them."""
+    """Hash distance (the smallest of whole-whole, whole-centre, centre-whole, whole-mirror) and thumbnail correlation
+    of pairs ``(ia[k] of fps_a, ib[k] of fps_b)``, as the check measures them."""
     perceptual = data_check_perceptual
     wa, ca, wb, cb = fps_a.whole[ia], fps_a.centre[ia], fps_b.whole[ib], fps_b.centre[ib]
     d = np.minimum(np.minimum(perceptual.hamming(wa, wb), perceptual.hamming(wa, cb)), perceptual.hamming(ca, wb))
+    d = np.minimum(d, perceptual.hamming(wa, fps_b.mirror[ib]))
     thumbs = np.concatenate([fps_a.thumbs[ia], fps_b.thumbs[ib]])
     n = len(ia)
     r = perceptual.correlations(thumbs, np.arange(n), np.arange(n, 2 * n))
@@ -102,7 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help="a folder of photos (every image file under it)")
     ap.add_argument("--limit", type=int, default=None, help="only this many files, evenly spread (default: all)")
-    ap.add_argument("--copies", type=int, default=300, help="originals copied three ways for the recall")
+    ap.add_argument("--copies", type=int, default=300, help="originals copied four ways for the recall")
     ap.add_argument("--workers", type=int, default=2, help="threads of the pass over the files (the check's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="60 generated pictures: that the script runs")
@@ -118,7 +122,7 @@ def main() -> None:
         ok = np.array([r.error is None for r in recs])
         idx = np.flatnonzero(ok)
         clock = Stopwatch()
-        i, j, d = perceptual.hash_pairs(fps.whole[idx], fps.centre[idx], bits=max(BITS))
+        i, j, d = perceptual.hash_pairs(fps.whole[idx], fps.centre[idx], fps.mirror[idx], bits=max(BITS))
         search_s = clock.elapsed()
         r = perceptual.correlations(fps.thumbs[idx], i, j) if len(i) else np.zeros(0)
         i, j = idx[i], idx[j]
@@ -140,9 +144,9 @@ def main() -> None:
     sure = (perceptual.NEAR_BITS, perceptual.SURE_CORRELATION)
     print(f"\n{n:,} photos ({len(recs) - n} unreadable), {pairs:,} pairs; {int(exact.sum())} byte-identical "
           "pairs (exact copies in the folder, not counted below); "
-          f"{len(originals)} originals copied three ways\n")  # fmt: skip
-    print("| bits | min r | distinct pairs passing | rate | recall re-encoded | recall resized | recall cropped |")
-    print("|---|---|---|---|---|---|---|")
+          f"{len(originals)} originals copied four ways\n")  # fmt: skip
+    print("| bits | min r | distinct pairs passing | rate | recall re-encoded | recall resized | recall cropped "
+          "| recall mirrored |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     rows = []
     for bits in BITS:
         for corr in CORRELATIONS:
@@ -150,8 +154,8 @@ def main() -> None:
             rec = {k: float(((dd <= bits) & (rr >= corr)).mean()) if len(dd) else float("nan")
                    for k, (dd, rr) in recall_d.items()}  # fmt: skip
             mark = " *" if (bits, corr) == chosen else " +" if (bits, corr) == sure else ""
-            print(f"| {bits}{mark} | {corr:.2f} | {passing:,} | {passing / max(1, pairs):.2e} | "
-                  f"{rec['reencoded']:.3f} | {rec['resized']:.3f} | {rec['cropped']:.3f} |")  # fmt: skip
+            recalls = " | ".join(f"{rec[k]:.3f}" for k in ("reencoded", "resized", "cropped", "mirrored"))
+            print(f"| {bits}{mark} | {corr:.2f} | {passing:,} | {passing / max(1, pairs):.2e} | {recalls} |")
             rows.append({"bits": bits, "min_correlation": corr, "false_pairs": passing,
                          "false_rate": passing / max(1, pairs), "recall": rec})  # fmt: skip
     flagged = (d <= chosen[0]) & (r >= chosen[1]) & ~exact

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageOps
 
 from vitlab.cli import main
 from vitlab.data.check import KINDS, DataCheck, check_folder
@@ -89,6 +89,7 @@ def faulty(tmp_path_factory) -> Path:
     reencoded(Image.open(tr / "c" / "01.jpg"), 70).save(va / "c" / "q70b.jpg", quality=70)
     resized(Image.open(tr / "a" / "02.jpg")).save(va / "a" / "small.jpg", quality=90)
     cropped(Image.open(tr / "a" / "03.jpg")).save(va / "a" / "crop.jpg", quality=90)
+    ImageOps.mirror(Image.open(tr / "c" / "02.jpg")).save(va / "c" / "mirror.jpg", quality=90)  # training flips
     shutil.copy(tr / "b" / "04.jpg", tr / "c" / "from_b.jpg")  # the same picture under b and c
     shutil.copy(tr / "c" / "05.jpg", tr / "c" / "05_again.jpg")  # the same picture twice in c
     reencoded(Image.open(tr / "c" / "06.jpg"), 80).save(tr / "c" / "06_q80.jpg", quality=80)
@@ -128,19 +129,20 @@ def test_each_kind_is_found_and_decodable_modes_are_no_fault(faulty):
         ("val/c/q70b.jpg", "train/c/01.jpg"): "near",
         ("val/a/small.jpg", "train/a/02.jpg"): "near",
         ("val/a/crop.jpg", "train/a/03.jpg"): "near",
+        ("val/c/mirror.jpg", "train/c/02.jpg"): "near",
     }
     named = {p for f in check.findings for p in f.paths}
     assert not named & {"train/b/cmyk.jpg", "train/b/grey.png", "train/b/palette.png", "train/b/deep.png"}
     assert check.of("imbalance") == []
     assert check.leaked() == {str(faulty / p) for p in ("val/a/copy0.jpg", "val/b/copy1.jpg", "val/a/q70.png",
-                              "val/c/q70b.jpg", "val/a/small.jpg", "val/a/crop.jpg")}  # fmt: skip
+                              "val/c/q70b.jpg", "val/a/small.jpg", "val/a/crop.jpg", "val/c/mirror.jpg")}  # fmt: skip
     sure = {f.paths[0]: f.detail["sure"] for f in check.of("leak")}
     assert all(sure[p] for p in ("val/a/copy0.jpg", "val/b/copy1.jpg", "val/a/q70.png", "val/c/q70b.jpg",
-                                 "val/a/small.jpg"))  # fmt: skip
+                                 "val/a/small.jpg", "val/c/mirror.jpg"))  # fmt: skip
     assert all(f.detail["sure"] for f in check.of("conflict") + check.of("duplicate"))
     lines = check.lines(where="X")
     assert [line.split(":")[1].strip() for line in lines] == [k for k in KINDS if k != "imbalance"]
-    assert "6 evaluation image(s) are also in train/ (2 identical, 4 near copies, 1 of them only similar" in lines[-1]
+    assert "7 evaluation image(s) are also in train/ (2 identical, 5 near copies, 1 of them only similar" in lines[-1]
     assert not sure["val/a/crop.jpg"]  # a crop: reported, not sure
 
 
@@ -221,26 +223,32 @@ def test_an_imbalanced_class_and_a_near_empty_one(tmp_path):
 
 
 def test_the_thresholds_split_copies_from_distinct_pictures():
-    """The thresholds, on generated pictures: every re-encoded (JPEG 60-90), resized (0.5-0.9x) and cropped (2-5% a
-    side) copy is within NEAR_BITS and correlates at least MIN_CORRELATION; no two distinct pictures pass both.
+    """The thresholds, on generated pictures: every re-encoded (JPEG 60-90), resized (0.5-0.9x), cropped (2-5% a
+    side) and mirrored (left to right, re-encoded) copy is within NEAR_BITS and correlates at least MIN_CORRELATION
+    (the mirrored ones only through the mirror alignment); no two distinct pictures pass both.
     (Measured on photos: benchmarks/bench_data_check.py, docs/data_check.md.)"""
     rng = np.random.default_rng(0)
     originals = [picture(s) for s in range(120)]
     fps = [fingerprint(np.asarray(im)) for im in originals]
     copies = []
-    for k, im in enumerate(originals[:40]):
+    for k, im in enumerate(originals[:48]):
         made = {0: reencoded(im, int(rng.integers(60, 91))), 1: resized(im, float(rng.uniform(0.5, 0.9))),
-                2: cropped(im, float(rng.uniform(0.02, 0.05)))}[k % 3]  # fmt: skip
+                2: cropped(im, float(rng.uniform(0.02, 0.05))),
+                3: reencoded(ImageOps.mirror(im), 90)}[k % 4]  # fmt: skip
         copies.append((k, fingerprint(np.asarray(made.convert("RGB")))))
     for k, fp in copies:
         a = fps[k]
         d = min(hamming(a.whole, fp.whole), hamming(a.whole, fp.centre), hamming(a.centre, fp.whole))
+        if k % 4 == 3:  # mirrored: the whole hashes are far, the mirror hash is near
+            assert d > NEAR_BITS, (k, d)
+            d = hamming(a.whole, fp.mirror)
         r = correlations(np.stack([a.thumbs, fp.thumbs]), np.array([0]), np.array([1]))[0]
         assert d <= NEAR_BITS and r >= MIN_CORRELATION, (k, d, r)
-    whole = np.array([f.whole for f in fps], dtype=np.uint64)
-    centre = np.array([f.centre for f in fps], dtype=np.uint64)
+    whole, centre, mirror = (
+        np.array([getattr(f, x) for f in fps], dtype=np.uint64) for x in ("whole", "centre", "mirror")
+    )
     thumbs = np.stack([f.thumbs for f in fps])
-    pairs = near_pairs(whole, centre, thumbs)
+    pairs = near_pairs(whole, centre, thumbs, mirror)
     assert len(pairs[0]) == 0, pairs
 
 
@@ -252,20 +260,23 @@ def test_the_pair_search_is_the_brute_force_one(monkeypatch):
     rng = np.random.default_rng(1)
     whole = rng.integers(0, 2**63, 300, dtype=np.uint64)
     centre = rng.integers(0, 2**63, 300, dtype=np.uint64)
+    mirror = rng.integers(0, 2**63, 300, dtype=np.uint64)
     for a, b, flips in ((3, 250, 5), (7, 8, 0), (100, 299, 12), (40, 41, 13)):  # planted pairs, one just too far
         whole[b] = whole[a] ^ np.uint64((1 << flips) - 1)
     centre[60] = whole[20] ^ np.uint64(0b111)  # a crop's whole hash near another's centre
+    mirror[90] = whole[30] ^ np.uint64(0b11)  # a mirrored copy: its mirror hash near the other's whole hash
     monkeypatch.setattr(perceptual, "_BLOCK_ELEMENTS", 1000)
-    i, j, d = hash_pairs(whole, centre, bits=NEAR_BITS)
+    i, j, d = hash_pairs(whole, centre, mirror, bits=NEAR_BITS)
     expect = {}
     for a in range(300):
         for b in range(a + 1, 300):
             dd = min(bin(int(whole[a]) ^ int(whole[b])).count("1"), bin(int(whole[a]) ^ int(centre[b])).count("1"),
-                     bin(int(centre[a]) ^ int(whole[b])).count("1"))  # fmt: skip
+                     bin(int(centre[a]) ^ int(whole[b])).count("1"),
+                     bin(int(whole[a]) ^ int(mirror[b])).count("1"))  # fmt: skip
             if dd <= NEAR_BITS:
                 expect[(a, b)] = dd
     assert dict(zip(zip(i.tolist(), j.tolist()), d.tolist())) == expect
-    assert {(3, 250), (7, 8), (100, 299), (20, 60)} <= expect.keys() and (40, 41) not in expect
+    assert {(3, 250), (7, 8), (100, 299), (20, 60), (30, 90)} <= expect.keys() and (40, 41) not in expect
 
 
 def test_phash_is_the_dct_hash():
@@ -285,8 +296,8 @@ def test_cli_json_report(faulty, capsys):
     assert main(["data", "check", str(faulty), "--json", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["vitlab_data_check"] == 1 and report["root"] == str(faulty.absolute())
-    assert set(report["counts"]) >= {"images", *KINDS} and report["counts"]["leak"] == 6
-    assert report["counts"]["leaked_eval"] == {"identical": 2, "near": 4}
+    assert set(report["counts"]) >= {"images", *KINDS} and report["counts"]["leak"] == 7
+    assert report["counts"]["leaked_eval"] == {"identical": 2, "near": 5}
     assert {s: v["role"] for s, v in report["splits"].items()} == {"train": "train", "val": "eval"}
     for f in report["findings"]:
         assert f["kind"] in KINDS and isinstance(f["paths"], list) and f["paths"]
@@ -298,11 +309,11 @@ def test_cli_json_report(faulty, capsys):
 def test_cli_summary_and_strict_data(faulty, capsys):
     assert main(["data", "check", str(faulty), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "leak: 6 evaluation image(s) are also in train/" in out and "  conflict: train/b/04.jpg (b)" in out
+    assert "leak: 7 evaluation image(s) are also in train/" in out and "  conflict: train/b/04.jpg (b)" in out
     assert main(["data", "check", str(faulty), "--no-progress", "--strict-data"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(
-        "vitlab data check: error: 5 evaluation image(s) also in train/ (sure copies)"
+        "vitlab data check: error: 6 evaluation image(s) also in train/ (sure copies)"
     )
     assert main(["data", "check", str(faulty / "nope")]) == 2
     assert main(["data", "check", str(faulty), "extra"]) == 2

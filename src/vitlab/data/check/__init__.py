@@ -324,7 +324,7 @@ def check_folder(
     )  # fmt: skip
     ok = np.array([r.error is None for r in records], dtype=bool)
     idx = np.flatnonzero(ok)
-    i, j, _, r = near_pairs(fps.whole[idx], fps.centre[idx], fps.thumbs[idx])
+    i, j, _, r = near_pairs(fps.whole[idx], fps.centre[idx], fps.thumbs[idx], fps.mirror[idx])
     i, j = idx[i], idx[j]
     sure = r >= SURE_CORRELATION
     near = sum(records[a].digest != records[b].digest for a, b in zip(i.tolist(), j.tolist()))

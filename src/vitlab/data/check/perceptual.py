@@ -7,12 +7,15 @@ frequencies. Each picture gets, from its decoded pixels (:func:`fingerprint`):
   32x32 by area averaging, its 2-D DCT-II, and the 8x8 lowest frequencies compared with their median: 64 bits;
 - the same of its centre (:data:`CENTRE` of each side): a copy cropped by ``c`` per side is the original at scale
   ``1 - 2c``, so its whole hash is close to the original's centre hash;
+- the DCT hash of its left-right mirror image: training flips pictures (the paper's Inception crop and flip), so a
+  mirrored copy of a training picture in the evaluation split is one the model has seen;
 - a 16x16 RGB thumbnail of the whole and of the centre, to confirm a pair (below).
 
 Photos of one kind (garments on a bed, products on white) share their low frequencies: on the clothing photos of
 ``/work/shared/data/clothing`` distinct photos come within 8 bits, as close as a cropped copy. So a pair is a
-candidate when its hashes (whole-whole, whole-centre or centre-whole) are within :data:`NEAR_BITS`, and a near copy
-only when its thumbnails (the best of the same three alignments) also correlate at least :data:`MIN_CORRELATION`
+candidate when its hashes (whole-whole, whole-centre, centre-whole or whole-mirror) are within :data:`NEAR_BITS`, and
+a near copy only when its thumbnails (the best of the same four alignments) also correlate at least
+:data:`MIN_CORRELATION`
 (Pearson's r over the 768 RGB values): a copy keeps the colours and their layout to within the JPEG noise, a
 look-alike does not.
 
@@ -51,11 +54,11 @@ CENTRE = 0.92
 """The centre region of the second hash and thumbnail, as a fraction of each side: a crop of 2-5% per side (scale
 0.90-0.96) is then within 4% of it in scale, which both tolerate."""
 NEAR_BITS = 12
-"""A pair whose hashes (whole-whole, whole-centre or centre-whole) differ in at most this many of 64 bits is a
-candidate near copy. On a sample of the clothing photos, copies re-encoded (JPEG quality 60-90) differ in at most 2
-bits, resized (0.5-0.9x) in 6, cropped (2-5% per side) in 10 (docs/data_check.md)."""
+"""A pair whose hashes (whole-whole, whole-centre, centre-whole or whole-mirror) differ in at most this many of 64
+bits is a candidate near copy. On a sample of the clothing photos, copies re-encoded (JPEG quality 60-90) differ in
+at most 2 bits, resized (0.5-0.9x) in 6, cropped (2-5% per side) in 10 (docs/data_check.md)."""
 MIN_CORRELATION = 0.95
-"""A candidate is a near copy when its thumbnails (the best of the three alignments) correlate at least this much. On
+"""A candidate is a near copy when its thumbnails (the best of the four alignments) correlate at least this much. On
 that sample, copies correlate 0.99 or more re-encoded or resized and 0.97 or more (95th percentile) cropped, and no
 two distinct photos within :data:`NEAR_BITS` correlated above 0.93 (docs/data_check.md, benchmarks/bench_data_check.py
 for the measured rates)."""
@@ -98,12 +101,14 @@ def phash(grey: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What a picture is compared by: ``whole`` and ``centre`` DCT hashes, and ``thumbs`` ``(2, 16, 16, 3)`` uint8,
-    the whole picture's and its centre's RGB thumbnails."""
+    """What a picture is compared by: ``whole`` and ``centre`` DCT hashes, ``thumbs`` ``(2, 16, 16, 3)`` uint8, the
+    whole picture's and its centre's RGB thumbnails, and ``mirror``, the DCT hash of the whole picture mirrored left
+    to right (the mirrored thumbnail is ``thumbs[0, :, ::-1]``)."""
 
     whole: int
     centre: int
     thumbs: np.ndarray
+    mirror: int
 
 
 def fingerprint(rgb: np.ndarray) -> Fingerprint:
@@ -126,7 +131,8 @@ def fingerprint(rgb: np.ndarray) -> Fingerprint:
     grey = small @ _LUMA
     k = HASH_SIDE // THUMB_SIDE
     thumbs = small.reshape(2, THUMB_SIDE, k, THUMB_SIDE, k, 3).mean(axis=(2, 4))
-    return Fingerprint(phash(grey[0]), phash(grey[1]), np.clip(np.round(thumbs), 0, 255).astype(np.uint8))
+    thumbs = np.clip(np.round(thumbs), 0, 255).astype(np.uint8)
+    return Fingerprint(phash(grey[0]), phash(grey[1]), thumbs, phash(grey[0][:, ::-1]))
 
 
 def hamming(a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
@@ -136,15 +142,16 @@ def hamming(a: int | np.ndarray, b: int | np.ndarray) -> np.ndarray:
 
 
 def hash_pairs(
-    whole: np.ndarray, centre: np.ndarray | None = None, *, bits: int = NEAR_BITS
+    whole: np.ndarray, centre: np.ndarray | None = None, mirror: np.ndarray | None = None, *, bits: int = NEAR_BITS
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every pair ``i < j`` whose hashes are within ``bits``: ``(i, j, distance)`` arrays, the distance the smallest
-    of whole-whole, whole_i-centre_j and centre_i-whole_j (without ``centre``: whole-whole only).
+    of whole-whole, whole_i-centre_j, centre_i-whole_j and whole_i-mirror_j (each without its array: left out).
 
     Vectorised in blocks of rows (each block against every later row), so memory stays bounded
     (:data:`_BLOCK_ELEMENTS` pairs at a time) and no Python loop runs over pairs."""
     w = np.asarray(whole, dtype=np.uint64)
     c = None if centre is None else np.asarray(centre, dtype=np.uint64)
+    m = None if mirror is None else np.asarray(mirror, dtype=np.uint64)
     n = len(w)
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     rows = max(1, _BLOCK_ELEMENTS // max(1, n))
@@ -155,6 +162,8 @@ def hash_pairs(
         if c is not None:
             np.minimum(d, np.bitwise_count(w[start:stop, None] ^ c[None, cols]), out=d)
             np.minimum(d, np.bitwise_count(c[start:stop, None] ^ w[None, cols]), out=d)
+        if m is not None:
+            np.minimum(d, np.bitwise_count(w[start:stop, None] ^ m[None, cols]), out=d)
         r, k = np.nonzero(d <= bits)
         i, j = r + start, cols[k]
         keep = j > i
@@ -166,14 +175,16 @@ def hash_pairs(
     return i, j, d
 
 
-_ALIGN = ((0, 0), (0, 1), (1, 0))  # (thumbnail of i, thumbnail of j): whole-whole, whole-centre, centre-whole
+_ALIGN = ((0, 0), (0, 1), (1, 0), (0, 2))  # (thumbnail of i, of j): whole-whole, -centre, centre-whole, whole-mirror
 
 
 def correlations(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Pearson's r between the thumbnails of pictures ``i`` and ``j`` (``thumbs`` ``(N, 2, 16, 16, 3)``), the
-    largest of the three alignments (whole-whole, whole-centre, centre-whole). Two flat thumbnails (blank pictures)
-    count 1 when their mean levels are within 4 of each other, else 0; a flat one against one that is not counts 0."""
-    t = np.asarray(thumbs, dtype=np.float64).reshape(len(thumbs), 2, -1)
+    largest of the four alignments (whole-whole, whole-centre, centre-whole, whole and the mirrored whole). Two flat
+    thumbnails (blank pictures) count 1 when their mean levels are within 4 of each other, else 0; a flat one against
+    one that is not counts 0."""
+    t = np.asarray(thumbs, dtype=np.float64)
+    t = np.concatenate([t, t[:, :1, :, ::-1]], axis=1).reshape(len(thumbs), 3, -1)  # side 2: the whole, mirrored
     best = np.full(len(i), -1.0)
     for sa_side, sb_side in _ALIGN:
         a, b = t[i, sa_side], t[j, sb_side]
@@ -191,6 +202,7 @@ def near_pairs(
     whole: np.ndarray,
     centre: np.ndarray,
     thumbs: np.ndarray,
+    mirror: np.ndarray,
     *,
     bits: int = NEAR_BITS,
     min_correlation: float = MIN_CORRELATION,
@@ -198,7 +210,7 @@ def near_pairs(
     """The near copies among pictures with these fingerprints (arrays of :class:`Fingerprint` fields):
     ``(i, j, distance, correlation)`` of every pair ``i < j`` within ``bits`` (:func:`hash_pairs`) whose
     thumbnails correlate at least ``min_correlation`` (:func:`correlations`)."""
-    i, j, d = hash_pairs(whole, centre, bits=bits)
+    i, j, d = hash_pairs(whole, centre, mirror, bits=bits)
     r = correlations(thumbs, i, j) if len(i) else np.zeros(0)
     keep = r >= min_correlation
     return i[keep], j[keep], d[keep], r[keep]

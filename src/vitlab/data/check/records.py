@@ -38,7 +38,7 @@ DECODE_SIDE = 64
 to 32x32 anyway): a quarter or an eighth of the work of a full decode for a phone photo."""
 MAX_READ_BYTES = 256 << 20
 """The most bytes of one file held in memory; a larger file is hashed in chunks and decoded from its path."""
-_VERSION = 1  # of the hashes file: a new fingerprint or entry layout makes a new file
+_VERSION = 2  # of the hashes file: a new fingerprint or entry layout makes a new file
 _CHUNK = 1 << 20
 _WINDOW = 256  # files in flight at most
 _THUMB_BYTES = 2 * THUMB_SIDE * THUMB_SIDE * 3
@@ -64,20 +64,20 @@ class FileRecord:
 @dataclass
 class Fingerprints:
     """The perceptual fingerprints of the records, row ``i`` for record ``i`` (rows of unreadable files are zeros):
-    ``whole`` and ``centre`` hashes ``(N,)`` uint64, ``thumbs`` ``(N, 2, 16, 16, 3)`` uint8."""
+    ``whole``, ``centre`` and ``mirror`` hashes ``(N,)`` uint64, ``thumbs`` ``(N, 2, 16, 16, 3)`` uint8."""
 
     whole: np.ndarray
     centre: np.ndarray
     thumbs: np.ndarray
+    mirror: np.ndarray
 
     @classmethod
     def empty(cls, n: int) -> Fingerprints:
-        return cls(
-            np.zeros(n, np.uint64), np.zeros(n, np.uint64), np.zeros((n, 2, THUMB_SIDE, THUMB_SIDE, 3), np.uint8)
-        )
+        thumbs = np.zeros((n, 2, THUMB_SIDE, THUMB_SIDE, 3), np.uint8)
+        return cls(np.zeros(n, np.uint64), np.zeros(n, np.uint64), thumbs, np.zeros(n, np.uint64))
 
     def set(self, i: int, fp: Fingerprint) -> None:
-        self.whole[i], self.centre[i], self.thumbs[i] = fp.whole, fp.centre, fp.thumbs
+        self.whole[i], self.centre[i], self.thumbs[i], self.mirror[i] = fp.whole, fp.centre, fp.thumbs, fp.mirror
 
 
 def _reason(e: BaseException) -> str:
@@ -134,10 +134,10 @@ def _stat_key(path: str) -> str | None:
 
 
 def _entry(value: object) -> tuple[str, tuple[int, int], Fingerprint] | None:
-    """A kept entry ``[digest, width, height, whole, centre, thumbs]`` checked, or None when it is not one."""
-    if not (isinstance(value, list) and len(value) == 6):
+    """A kept entry ``[digest, width, height, whole, centre, thumbs, mirror]`` checked, or None when it is not one."""
+    if not (isinstance(value, list) and len(value) == 7):
         return None
-    digest, w, h, whole, centre, thumbs = value
+    digest, w, h, whole, centre, thumbs, mirror = value
     try:
         raw = base64.b64decode(thumbs, validate=True) if isinstance(thumbs, str) else b""
     except ValueError:
@@ -146,13 +146,13 @@ def _entry(value: object) -> tuple[str, tuple[int, int], Fingerprint] | None:
         isinstance(digest, str)
         and re.fullmatch(r"[0-9a-f]{32}", digest) is not None
         and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (w, h))
-        and all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{16}", x) for x in (whole, centre))
+        and all(isinstance(x, str) and re.fullmatch(r"[0-9a-f]{16}", x) for x in (whole, centre, mirror))
         and len(raw) == _THUMB_BYTES
     )
     if not ok:
         return None
     t = np.frombuffer(raw, dtype=np.uint8).reshape(2, THUMB_SIDE, THUMB_SIDE, 3).copy()
-    return digest, (w, h), Fingerprint(int(whole, 16), int(centre, 16), t)
+    return digest, (w, h), Fingerprint(int(whole, 16), int(centre, 16), t, int(mirror, 16))
 
 
 def _load_kept(path: Path, n_files: int) -> dict[str, list]:
@@ -244,7 +244,7 @@ def read_files(
                 continue  # a file that cannot be used is read again next time (its permissions may change)
             w, h = rec.size
             thumbs = base64.b64encode(fps.thumbs[i].tobytes()).decode("ascii")
-            whole, centre = f"{int(fps.whole[i]):016x}", f"{int(fps.centre[i]):016x}"
-            entries[key] = [rec.digest, w, h, whole, centre, thumbs]
+            whole, centre, mirror = (f"{int(a[i]):016x}" for a in (fps.whole, fps.centre, fps.mirror))
+            entries[key] = [rec.digest, w, h, whole, centre, thumbs, mirror]
         _keep(kept_file, entries)
     return fps
