@@ -193,6 +193,32 @@ def test_fewshot_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch
     assert "not written" in capsys.readouterr().out and not (tmp_path / "fewshot.json").exists()
 
 
+@pytest.mark.parametrize("command", ["eval", "fewshot", "inspect"])
+def test_no_progress_reaches_the_commands_loops(command, run_dir, tmp_path, monkeypatch):
+    """``--no-progress``, as ``vitlab train`` and ``vitlab data`` take it, turns off every progress log the command
+    opens (before: eval, fewshot and inspect refused it as an unrecognised argument)."""
+    from vitlab._progress import ProgressLog
+
+    enabled = []
+    init = ProgressLog.__init__
+
+    def watched(self, *args, **kwargs):
+        enabled.append(kwargs.get("enabled", True))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ProgressLog, "__init__", watched)
+    out = str(tmp_path / "out")
+    argv = {
+        "eval": ["eval", "--model", str(run_dir), "--output", str(tmp_path / "e.json")],
+        "fewshot": ["fewshot", "--model", str(run_dir), "--shots", "1", "--seeds", "1", "--no-probe",
+                    "--max-test", "50", "--out", str(tmp_path / "f.json")],
+        "inspect": ["inspect", "--model", str(run_dir), "--num-images", "2", "--show", "1", "--batch-size", "1",
+                    "--out", out],
+    }[command]  # fmt: skip
+    assert main([*argv, "--no-progress"]) == 0
+    assert enabled and not any(enabled), enabled
+
+
 def test_export_default_output_next_to_the_model(run_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["export", "--model", str(run_dir), "--format", "torchscript", "--no-timing"]) == 0

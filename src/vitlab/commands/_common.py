@@ -47,6 +47,12 @@ def add_device_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
+def add_progress_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--no-progress`` (``args.no_progress``), as ``vitlab train`` has it: the command's loops draw no bar and
+    print no count lines (off a terminal they print plain lines, :mod:`vitlab._progress`); results still print."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on the terminal, nor count lines off it")
+
+
 def add_model_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """A required ``--model`` that :func:`resolve_model` reads."""
     p.add_argument("--model", required=True, help=MODEL_HELP)

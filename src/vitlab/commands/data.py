@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ._common import add_progress_arg
 from ._labels import add_label_args, label_lines, run_label_check
 
 
@@ -79,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         help="pack: replace the shards and manifest.json a pack wrote in OUT (a manifest.json vitlab did not write "
         "stops it; nothing else there is deleted)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on the terminal")
+    add_progress_arg(p)
     add_label_args(p.add_argument_group("check --labels: label issues ranked from a model"))
     p.set_defaults(func=run)
 

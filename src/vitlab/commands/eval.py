@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..train.conf.options import DATA_RULE, MEMORY_BUDGET_HELP
-from ._common import add_device_arg, add_model_arg, add_serving_args, count
+from ._common import add_device_arg, add_model_arg, add_progress_arg, add_serving_args, count
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -68,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--output", default=None, help="JSON file to write (default: eval.json next to the model; none for a name)"
     )
     p.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    add_progress_arg(p)
     p.set_defaults(func=run)
 
 
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         buffer_bytes=budget,
         allow_pipe=args.allow_pipe,
         tta=None if args.tta == "none" else args.tta,
+        progress=not args.no_progress,
     )
     res["model"] = str(args.model)
     res["tta"] = args.tta

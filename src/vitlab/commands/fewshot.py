@@ -7,7 +7,7 @@ import json
 
 from .._units import counted
 from ..train.conf.options import DATA_RULE
-from ._common import add_device_arg, add_model_arg, count
+from ._common import add_device_arg, add_model_arg, add_progress_arg, count
 
 
 def _shots(s: str) -> tuple[int, ...]:
@@ -83,6 +83,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--out", default=None, help="JSON file to write (default: fewshot.json next to the model; none for a name)"
     )
     p.add_argument("--json", action="store_true", help="print the JSON result instead of a table")
+    add_progress_arg(p)
     p.set_defaults(func=run)
 
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:  # --json: stdout is the JSON alone
         print(f"note: {shown(note)}", file=sys.stderr if args.json else sys.stdout)
     model.to(device)
-    result = evaluate_fewshot(model, data, cfg, cache_dir=args.cache_dir)
+    result = evaluate_fewshot(model, data, cfg, cache_dir=args.cache_dir, progress=not args.no_progress)
     result["model"] = args.model
     target = args.out or default_output(args.model, "fewshot.json")
     out = write_json(target, result) if target else None

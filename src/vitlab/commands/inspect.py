@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..train.conf.options import DATA_RULE
-from ._common import add_device_arg, add_model_arg, count
+from ._common import add_device_arg, add_model_arg, add_progress_arg, count
 
 
 def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
@@ -53,6 +53,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         "--batch-size", type=count, default=32, help="images per forward pass of the attention distances (default: 32)"
     )
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    add_progress_arg(p)
     p.set_defaults(func=run)
 
 
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_display=args.show,
         notes=notes,
+        progress=not args.no_progress,
     )
     if args.json:
         print(json.dumps(result, indent=2))
