@@ -376,6 +376,26 @@ def test_a_model_saved_without_a_fit_never_keeps_an_inherited_temperature(tmp_pa
     assert model_temperature(vitlab.load(tmp_path / "model")) == fitted.temperature != 7.0
 
 
+def test_a_temperature_at_the_bound_of_images_all_right_is_not_kept():
+    """Every fitting image right: the NLL falls without end as T shrinks and the fit stops at T_MIN, which would
+    make predict 50 times as sure as the logits on any image, one of a class never seen too (before: kept, a 3-class
+    run on 8 held-out images printed 97.5% for such a picture). T = 1 is kept and the run's line says why; one wrong
+    fitting image gives the NLL a minimum again, and that temperature is kept when it pays."""
+    from vitlab.commands.train import calibration_summary
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(40) % 4
+    z = torch.randn(40, 4, generator=g) * 0.5
+    z[torch.arange(40), y] += 3.0  # every image right, by a margin
+    cal = calibrate(z, y)
+    assert cal.fitted == T_MIN and cal.temperature == 1.0 and "every fitting image is right" in cal.why_not
+    summary = {"calibration": {**cal.to_dict(), "ece_images": cal.ece_images, "fit_images": cal.fit_images}}
+    assert f"temperature 1, not the fitted {T_MIN:g}: every fitting image is right" in calibration_summary(summary)
+    z[2, 2], z[2, 1] = 0.0, 6.0  # image 2 (class 2, fitting half) wrong, confidently
+    cal = calibrate(z, y)
+    assert T_MIN < cal.fitted < 1.0 and cal.why_not in (None, "it did not pay out of sample")
+
+
 def test_the_run_line_shows_a_kept_temperature_apart_from_the_fitted_one():
     """A fitted 0.9996 left for 1 read "temperature 1, not the fitted 1" (`vitlab train --pack --epochs 1`)."""
     from vitlab.commands.train import calibration_summary

@@ -115,7 +115,8 @@ def calibration_summary(summary: dict) -> str | None:
     split = (summary.get("eval") or {}).get("split", "evaluation")
     fitted = cal.get("fitted_temperature", cal["temperature"])
     shown = next((f"{fitted:.{n}g}" for n in range(3, 18) if f"{fitted:.{n}g}" != f"{cal['temperature']:.3g}"), "")
-    kept = "" if fitted == cal["temperature"] else f", not the fitted {shown}: it did not pay out of sample"  # not "1"
+    why = cal.get("why_not") or "it did not pay out of sample"
+    kept = "" if fitted == cal["temperature"] else f", not the fitted {shown}: {why}"  # not "1"
     return (
         f"calibration: temperature {cal['temperature']:.3g}{kept} (model/config.json; vitlab predict's probabilities), "
         f"ECE {100 * cal['ece']:.1f}% (uncalibrated {100 * cal['ece_uncalibrated']:.1f}%) on {cal['ece_images']:,} "
