@@ -107,6 +107,7 @@ def test_yaml_and_json_say_the_same_and_flags_win(folder, tmp_path) -> None:
         ("keep: worst\n", "keep: expected one of best, last"),
         ("allow_pipe: true\n", "allow_pipe: not read from a config file; give --allow-pipe on the command line"),
         ("a: &x [1]\nb: *x\n", "anchors and aliases"),
+        ("recipe:\n  epochs: 2\n  lr: 0.1\n  epochs: 3\n", "epochs is set twice in one mapping (lines 2 and 4)"),
         ("- data\n", "expected a mapping of options"),
     ],
 )
@@ -125,6 +126,16 @@ def test_an_error_from_the_command_line_names_the_flag(tmp_path, capsys) -> None
     argv = ["train", "--config", str(path), "--lr", "0", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")]
     err = _one_line_error(capsys, argv)
     assert "error: --lr: must be positive" in err and str(path) not in err
+
+
+def test_a_key_set_twice_is_refused_in_json_too(tmp_path) -> None:
+    """json, like PyYAML, keeps the last of two values silently; which one a run used would be a guess."""
+    path = tmp_path / "c.json"
+    path.write_text('{"recipe": {"epochs": 2, "epochs": 3}}')
+    with pytest.raises(ConfigError, match="epochs is set twice in one mapping"):
+        read_config_file(path)
+    path.write_text('{"recipe": {"epochs": 2}, "arch": {"depth": 2}}')
+    assert read_config_file(path)["recipe.epochs"] == 2
 
 
 def test_a_config_file_is_read_within_bounds(tmp_path) -> None:

@@ -46,8 +46,9 @@ in ``config.yaml`` (it was not asked)."""
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader without anchors and aliases (a few lines of them can stand for billions of values)
-    and with :data:`MAX_DEPTH` levels at most."""
+    """PyYAML's safe loader without anchors and aliases (a few lines of them can stand for billions of values),
+    with :data:`MAX_DEPTH` levels at most, and refusing a key set twice in one mapping (PyYAML keeps the last
+    silently: which of two values a run used would be a guess)."""
 
     depth = 0
 
@@ -61,6 +62,34 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in lines:
+                    raise yaml.YAMLError(_twice(key, lines[key], line))
+                lines[key] = line
+            except TypeError:  # an unhashable key: the base class says so
+                break
+        return super().construct_mapping(node, deep=deep)
+
+
+def _twice(key: Any, first: int | None = None, second: int | None = None) -> str:
+    where = f" (lines {first} and {second})" if first is not None else ""
+    return f"{key} is set twice in one mapping{where}: a config says each option once"
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a key given twice (``json`` keeps the last silently)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(_twice(key))
+        seen[key] = value
+    return seen
 
 
 def _depth(v: Any, level: int = 1) -> int:
@@ -85,7 +114,7 @@ def _parse(path: Path) -> Any:
         raise ConfigError(f"{path}: not UTF-8 text; give a YAML or JSON config file") from None
     try:
         if path.suffix.lower() == ".json":
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique)
             if _depth(doc) > MAX_DEPTH:
                 raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
             return doc
