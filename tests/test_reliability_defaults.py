@@ -108,7 +108,11 @@ def test_init_and_teacher_follow_the_same_rule(tmp_path, capsys):
     capsys.readouterr()
     out = ["--out", str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "64", "--no-progress"]
     assert main(["finetune", "--init", "vit_ti16", *out]) == 2
-    assert "--init vit_ti16: a registered name is an untrained architecture" in one_line_error(capsys, "finetune")
+    err = one_line_error(capsys, "finetune")
+    assert "--init vit_ti16: a registered name is an untrained architecture" in err
+    assert "its public weights are augreg_in21k_ft_in1k/vit_ti16 (downloaded when online)" in err  # timm's pretrained
+    assert main(["finetune", "--init", "vit_small_patch16_dinov3", *out]) == 2
+    assert "its public weights are timm/vit_small_patch16_dinov3.lvd1689m" in one_line_error(capsys, "finetune")
     assert main(["finetune", "--init", str(exported), *out]) == 2
     assert f"--init {exported}: an exported folder (vitlab export)" in one_line_error(capsys, "finetune")
     assert main(["train", "--teacher", str(exported), "--distill", "hard", *TINY, *out]) == 2

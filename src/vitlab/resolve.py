@@ -137,13 +137,21 @@ def model_source(
         return ModelSource(text, "file", path)
     if resolve_name(text) in list_models():
         if trained:
-            raise _refuse(
-                option,
-                text,
-                f"a registered name is an untrained architecture; give a trained model ({TRAINED_KINDS})",
-            )
+            raise _refuse(option, text, f"a registered name is an untrained architecture; {_weights_for(text)}")
         return ModelSource(text, "architecture")
     return ModelSource(text, "public")
+
+
+def _weights_for(name: str) -> str:
+    """What to give instead of an architecture's name where trained weights are needed: its public weights by
+    name when some are known (what timm's ``pretrained=True`` loads for it), and any trained model."""
+    from .checkpoints import hub
+
+    try:
+        public = hub.pretrained_name(name)
+    except CheckpointError:
+        return f"give a trained model ({TRAINED_KINDS})"
+    return f"its public weights are {public} (downloaded when online), or give a trained model ({TRAINED_KINDS})"
 
 
 def _unknown(option: str, spec: str, e: VitlabError) -> VitlabError:
