@@ -113,6 +113,34 @@ def test_bad_files_are_skipped_and_named(tmp_path):
     )  # five listed, the sixth counted
 
 
+def test_photos_of_formats_the_decoder_cannot_read_are_named_not_skipped_silently(tmp_path, capsys):
+    """An iPhone's HEIC (or a camera's raw file) in a class folder was skipped without a word, as a text file is;
+    an AVIF photo, which PIL reads, was skipped too. Now the HEIC is left out with its reason (the run's warning,
+    ``bad_files.txt``, ``vitlab data check``) and the AVIF is trained on; ``vitlab predict`` on a folder says so."""
+    from PIL import features
+
+    if not features.check("avif"):
+        pytest.skip("this Pillow reads no AVIF")
+    root = tmp_path / "data"
+    for c, color in (("a", (200, 30, 30)), ("b", (30, 30, 200))):
+        (root / c).mkdir(parents=True)
+        for i in range(4):
+            (root / c / f"{i}.jpg").write_bytes(_jpeg_bytes(color=color))
+    Image.new("RGB", (16, 16), (200, 40, 40)).save(root / "a" / "new.avif")
+    (root / "a" / "IMG_0001.HEIC").write_bytes(b"\x00\x00\x00\x18ftypheic" + bytes(64))
+    (root / "b" / "notes.txt").write_text("not a photo")  # (still passed over in silence)
+    s = load_data(str(root), cache_dir=tmp_path / "cache", progress=False, size=16, val_split=0.25)
+    reasons = {p.rsplit("/", 1)[-1]: why for p, why in s.skipped}
+    assert list(reasons) == ["IMG_0001.HEIC"] and reasons["IMG_0001.HEIC"].startswith("a .heic image: a format")
+    assert len(s.train) + len(s.val) == 9  # the 8 JPEGs and the AVIF
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "x.heic").write_bytes(b"heic")
+    assert main(["predict", "--model", "vit_ti16", str(only)]) == 2
+    err = capsys.readouterr().err
+    assert "no image files (.jpg, .jpeg, .png, .ppm ...) in this folder; 1 photo(s) of a format" in err
+
+
 def test_a_real_decompression_bomb_is_refused_from_its_header(tmp_path):
     """A PNG whose header claims 30000x30000 pixels (900 M, ~2.7 GB decoded) in a few kB."""
     small = tmp_path / "small.png"

@@ -82,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
     if args.native and args.tome is not None:
         raise ConfigError("--native with --tome: token merging does not apply to packed images")
     dev = resolve_device(args.device)  # before loading the model: a typo fails fast
-    files = image_files(args.images)  # folders searched; a missing path fails here, before the model loads
+    left_out: list = []
+    files = image_files(args.images, left_out=left_out)  # folders searched; a missing path fails before the model loads
+    if left_out:
+        print(f"note: left out {len(left_out)} file(s): {shown(str(left_out[0][0]))}: {left_out[0][1]}"
+              + (" ..." if len(left_out) > 1 else ""), file=sys.stderr)  # fmt: skip
     model, _ = resolve_model(args.model, fast=True, exported=True, trust_torchscript=args.trust_torchscript)
     if args.tome is not None:
         model.set_tome(args.tome)

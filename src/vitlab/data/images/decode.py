@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
+    "UNREAD_EXTENSIONS",
     "OverBudget",
     "convert_mode",
     "counted_median",
@@ -40,12 +41,18 @@ __all__ = [
     "match_channels",
     "too_thin",
     "typical_side",
+    "unread_format",
 ]
 
 T = TypeVar("T", int, float)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
-"""File name endings (lower case) taken as images when a folder is searched."""
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif", ".avif")
+"""File name endings (lower case) taken as images when a folder is searched (AVIF: Pillow 11.3 or later reads it;
+an older one reports such a file as one that cannot be used)."""
+UNREAD_EXTENSIONS = (".heic", ".heif", ".jxl", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf", ".svg")
+"""Endings of photos the decoder (PIL) does not read: Apple's HEIC/HEIF (an iPhone's default), JPEG XL, camera raw
+files, SVG drawings. A folder search reports such a file as left out (:func:`unread_format`), never skips it without
+a word as it skips a text file."""
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 """PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
@@ -62,6 +69,16 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 def is_image_name(name: str) -> bool:
     """Whether a file name has one of :data:`IMAGE_EXTENSIONS` (any case) and is not hidden (``.name``)."""
     return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def unread_format(name: str) -> str | None:
+    """Why a file named ``name`` is left out when it is a photo of a format the decoder does not read
+    (:data:`UNREAD_EXTENSIONS`, any case, not hidden), else None."""
+    low = name.lower()
+    if name.startswith(".") or not low.endswith(UNREAD_EXTENSIONS):
+        return None
+    ext = low.rpartition(".")[2]
+    return f"a .{ext} image: a format vitlab's decoder (PIL) does not read; convert it to JPEG or PNG"
 
 
 def too_thin(width: int, height: int) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..._text import readable, shown
 from ...errors import DataError
-from .decode import IMAGE_EXTENSIONS, is_image_name
+from .decode import IMAGE_EXTENSIONS, is_image_name, unread_format
 
 __all__ = ["readable", "scan_classes", "shown"]
 
@@ -85,6 +85,8 @@ def _class_files(top: str, walk: _Walk) -> list[str]:
                 else:
                     first = walk.files[(st.st_dev, st.st_ino)]
                     walk.problems.append((e.path, f"the same file as {first}; counted once"))
+            elif (why := unread_format(e.name)) and stat.S_ISREG(st.st_mode):
+                walk.problems.append((e.path, why))
         stack.extend(reversed(subdirs))
     return files
 

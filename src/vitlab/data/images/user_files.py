@@ -11,21 +11,33 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError
-from .decode import IMAGE_EXTENSIONS, decode_image, is_image_name
+from .decode import IMAGE_EXTENSIONS, decode_image, is_image_name, unread_format
 
 __all__ = ["image_files", "read_image"]
 
 
-def image_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+def image_files(
+    paths: Sequence[str | os.PathLike[str]], *, left_out: list[tuple[Path, str]] | None = None
+) -> list[Path]:
     """The image files the user named: files as given, folders searched recursively for
     :func:`is_image_name` files (sorted). A missing path, or a folder without images, is a one-line
-    :class:`~vitlab.errors.InputError`; whether each file decodes is left to :func:`read_image`."""
+    :class:`~vitlab.errors.InputError`; whether each file decodes is left to :func:`read_image`. Photos of a format
+    the decoder does not read (:func:`~vitlab.data.images.decode.unread_format`: HEIC, raw ...) found in a folder
+    are appended to ``left_out`` with the reason, and named by the error of a folder that holds nothing else."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if is_image_name(f.name) and f.is_file())
+            found, unread = [], []
+            for f in sorted(p.rglob("*")):
+                if is_image_name(f.name) and f.is_file():
+                    found.append(f)
+                elif (why := unread_format(f.name)) and f.is_file():
+                    unread.append((f, why))
+            if left_out is not None:
+                left_out += unread
             if not found:
-                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder")
+                also = f"; {len(unread)} photo(s) of a format it cannot read ({unread[0][1]})" if unread else ""
+                raise InputError(f"{p}: no image files ({', '.join(IMAGE_EXTENSIONS[:4])} ...) in this folder{also}")
             files.extend(found)
         elif p.exists():
             files.append(p)
