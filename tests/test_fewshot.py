@@ -79,6 +79,18 @@ def test_fewshot_accuracy_separable_and_chance():
     assert set(res) == {"1", "5"}
     assert res["5"]["per_seed"] == [1.0, 1.0, 1.0]
     assert res["5"]["train_size"] == 20
+    assert res["5"]["classes_short"] == 0 and res["5"]["fewest"] == 30
+
+
+def test_a_shot_count_beyond_a_class_says_so():
+    """50-shot of classes with 30 and 10 images trains on all 40 and is not 50-shot: the result and the command's
+    line say how many classes fell short and the fewest images one has (before: "50-shot" and a train size)."""
+    xtr, ytr = _blobs(30, 2, 4, sep=20.0, seed=0)
+    keep = np.concatenate([np.flatnonzero(ytr == 0), np.flatnonzero(ytr == 1)[:10]])
+    xte, yte = _blobs(5, 2, 4, sep=20.0, seed=1)
+    res = fewshot_accuracy(xtr[keep], ytr[keep], xte, yte, shots=(5, 20, 50), seeds=2)
+    assert [res[s]["classes_short"] for s in ("5", "20", "50")] == [0, 1, 2]
+    assert res["50"]["fewest"] == 10 and res["50"]["train_size"] == 40
     # Features unrelated to the labels: about chance (1/4) on 2000 test points.
     rng = np.random.default_rng(2)
     noise_tr, noise_te = torch.from_numpy(rng.normal(size=(400, 16))), torch.from_numpy(rng.normal(size=(2000, 16)))

@@ -123,10 +123,14 @@ def run(args: argparse.Namespace) -> int:
         f"{result['test_size']} test images"
     )
     for shots, r in result["fewshot"].items():
+        short = r.get("classes_short", 0)
         print(
             f"  {shots:>3}-shot  {100 * r['mean']:6.2f}% +- {100 * r['std']:.2f}  "
-            f"({counted(args.seeds, 'seed')}, {counted(r['train_size'], 'train image')}, l2 {r['l2_reg']:g})"
-        )
+            f"({counted(args.seeds, 'seed')}, {counted(r['train_size'], 'train image')}, l2 {r['l2_reg']:g}"
+            + (f"; {short} of {result['num_classes']} classes have fewer than {shots} training images (fewest "
+               f"{r['fewest']}): all of theirs are used" if short else "")
+            + ")"
+        )  # fmt: skip
     if "linear_probe" in result:
         lp = result["linear_probe"]
         print(f"  probe     {100 * lp['accuracy']:6.2f}%  (logistic regression on {lp['train_size']} train images)")

@@ -191,6 +191,7 @@ def _fewshot_runs(
     if l2_reg is None and val is None:
         raise ConfigError("l2_reg=None (automatic) needs held-out validation features")
     out: dict[str, dict[str, Any]] = {}
+    counts = np.bincount(np.asarray(train_y, dtype=np.int64), minlength=num_classes)
     for s in shots:
         fits = []
         for seed in range(seeds):
@@ -221,6 +222,8 @@ def _fewshot_runs(
             "per_seed": accs,
             "train_size": len(fits[0][1]),
             "l2_reg": chosen,
+            "classes_short": int((counts < s).sum()),  # classes with fewer than s images: all of theirs are used
+            "fewest": int(counts.min()),
         }
         if val_acc is not None:
             out[str(s)]["val_accuracy"] = val_acc
