@@ -104,3 +104,23 @@ def test_shards_are_normalised_by_their_own_statistics_like_the_folder(packed, t
     fmean, fstd = channel_stats(folder.train.images, in_chans=3)
     np.testing.assert_allclose(mean + std, fmean + fstd, rtol=0.05)  # the shard's JPEGs decoded at their DCT scale
     assert max(abs(v - 0.5) for v in mean + std) > 0.1
+
+
+@pytest.mark.parametrize(("per_class", "says"), [((1, 1), "10% at random, seed 0; not of each class"),
+                                                 ((10, 10), "10% of each class, seed 0")])  # fmt: skip
+def test_the_split_line_says_whether_it_held_out_each_class(tmp_path, per_class, says):
+    """A folder of one image a class cannot be split by class: its line said "10% of each class" while one class
+    lost its only image to the evaluation; and "about 0 a class", "one image is 1e+02 points"."""
+    from vitlab.data.sources import DataSource, DataSplits, ImageArray, stratified_split
+    from vitlab.train.engine.run_data import eval_split_lines
+
+    for c in "ab":
+        (tmp_path / c).mkdir()
+    labels = np.repeat(np.arange(2), per_class)
+    tr, va = stratified_split(labels, 0.1)
+    full = ImageArray(np.zeros((len(labels), 4, 4, 3), np.uint8), labels)
+    data = DataSplits("x", full.subset(tr), full.subset(va), ["a", "b"], val_name="val", held_out=0.1)
+    lines = eval_split_lines(data, DataSource.named(str(tmp_path)))
+    assert says in lines[0], lines
+    if per_class == (1, 1):
+        assert "about 0.5 a class: one image is 100 points of top-1" in lines[1], lines

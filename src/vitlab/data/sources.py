@@ -41,6 +41,7 @@ __all__ = [
     "eval_split_dir",
     "load_data",
     "stratified_split",
+    "stratifies",
 ]
 
 BUILTIN_DATA = ("digits", "cifar10", "cifar100")
@@ -219,17 +220,24 @@ def stratified_split(labels: np.ndarray, fraction: float, *, seed: int = 0) -> t
     if not 0.0 < fraction < 1.0:
         raise DataError(f"--val-split must be in (0, 1), got {fraction}")
     idx = np.arange(len(labels))
-    counts = np.bincount(labels)
     n_val = math.ceil(fraction * len(labels))  # scikit-learn's count for a float test_size
     if not 0 < n_val < len(labels):
         raise DataError(
             f"--val-split {fraction:g} of {len(labels)} image(s) leaves no training or no evaluation image: "
             "add images, or a val/ folder"
         )
-    room = min(n_val, len(labels) - n_val) >= int((counts > 0).sum())
-    stratify = labels if counts[counts > 0].min() >= 2 and room else None
+    stratify = labels if stratifies(labels, fraction) else None
     tr, va = train_test_split(idx, test_size=fraction, random_state=seed, stratify=stratify)
     return np.sort(tr), np.sort(va)
+
+
+def stratifies(labels: np.ndarray, fraction: float) -> bool:
+    """Whether :func:`stratified_split` holds ``fraction`` of each class out of ``labels``: every class has two
+    images, and each side has room for one of every class; else its split is a plain random one."""
+    counts = np.bincount(labels)
+    n_val = math.ceil(fraction * len(labels))
+    room = min(n_val, len(labels) - n_val) >= int((counts > 0).sum())
+    return bool(len(labels)) and int(counts[counts > 0].min()) >= 2 and room
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:

@@ -126,6 +126,18 @@ def load_run_data(
     return data
 
 
+def _how(data: Any) -> str:
+    """How a folder's evaluation split was held out: of each class, or at random where it could not be."""
+    from ...data.sources import stratifies
+
+    if stratifies(np.concatenate([data.train.labels, data.val.labels]), data.held_out):
+        return f"{data.held_out:.0%} of each class, seed 0"
+    return (
+        f"{data.held_out:.0%} at random, seed 0; not of each class, which takes two images a class and room for one "
+        "of each on both sides"
+    )
+
+
 def eval_split_lines(data: Any, source: DataSource, *, labels: bool = True, asked: bool = False) -> list[str]:
     """What a run on a folder says about its evaluation split: the split held out (its size, where from, how to
     change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
@@ -141,15 +153,12 @@ def eval_split_lines(data: Any, source: DataSource, *, labels: bool = True, aske
             if asked
             else f"as {source.spec} has no val/ or test/ folder: --val-split F to change it, or add a val/ folder"
         )
-        lines.append(
-            f"evaluation split: {n:,} of the {total:,} images held out ({data.held_out:.0%} of each class, seed 0), "
-            + why
-        )
+        lines.append(f"evaluation split: {n:,} of the {total:,} images held out ({_how(data)}), " + why)
     per_class = n / max(1, data.num_classes)
     if labels and per_class < SMALL_EVAL_PER_CLASS:
         lines.append(
-            f"warning: {n:,} evaluation images ({data.val_name}), about {per_class:.0f} a class: one image is "
-            f"{100 / n:.2g} points of top-1, and its standard error is up to +/-{top1_stderr(0.5, n):.1f} points; "
+            f"warning: {n:,} evaluation images ({data.val_name}), about {per_class:.2g} a class: one image is "
+            f"{100 / n:.3g} points of top-1, and its standard error is up to +/-{top1_stderr(0.5, n):.1f} points; "
             f"differences smaller than twice that are noise ({SMALL_EVAL_PER_CLASS} a class or more to tell them)"
         )
     return lines
