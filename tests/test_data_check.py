@@ -220,6 +220,17 @@ def test_an_imbalanced_class_and_a_near_empty_one(tmp_path):
     assert f.paths == ("rare",) and f.detail["counts"] == {"rare": 3} and f.detail["largest"] == {"big": 40}
     assert check.held_out and check.of("leak") == []  # a tree: its evaluation split is the run's to hold out
     assert any(line.startswith("data check: imbalance: small classes in the folder: rare 3") for line in check.lines())
+    assert any("rare 3 image(s), beside big 40 (mean" in line for line in check.lines())
+
+
+def test_a_folder_of_small_classes_only_has_none_beside(tmp_path):
+    """Every class under 5 images: the line named the largest small class "beside" itself ("a 1, b 1 image(s),
+    beside a 1 (mean 1)")."""
+    for name in "ab":
+        (tmp_path / name).mkdir()
+        picture(ord(name), (32, 24)).save(tmp_path / name / "0.png")
+    (line,) = [x for x in check_folder(tmp_path, progress=False).lines() if "imbalance" in x]
+    assert "small classes in the folder: a 1, b 1 image(s): their accuracy" in line and "beside" not in line
 
 
 def test_the_thresholds_split_copies_from_distinct_pictures():

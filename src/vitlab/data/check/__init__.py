@@ -195,10 +195,10 @@ class DataCheck:
             small = ", ".join(f"{c} {n:,}" for c, n in list(x.detail["counts"].items())[:_SHOWN])
             more = f" and {len(x.detail['counts']) - _SHOWN} more" if len(x.detail["counts"]) > _SHOWN else ""
             ((big, n),) = x.detail["largest"].items()
-            split = self.folders.get(x.detail["split"])
+            beside = "" if big in x.detail["counts"] else f", beside {big} {n:,} (mean {x.detail['mean']:g})"
+            split = self.folders.get(x.detail["split"])  # (a folder of small classes only has no larger one beside)
             out.append(("imbalance", f"small classes in {f'{split}/' if split else 'the folder'}: {small}{more} "
-                        f"image(s), beside {big} {n:,} (mean {x.detail['mean']:g}): their accuracy rests on few "
-                        "images"))  # fmt: skip
+                        f"image(s){beside}: their accuracy rests on few images"))  # fmt: skip
         if not out:
             n = sum(r.error is None for r in self.records)
             return [f"data check: {n:,} images, none unreadable, tiny or strip-shaped, no copies, leaks, conflicting "
