@@ -34,7 +34,7 @@ from ...data.check import REPORT_NAME, DataCheck, check_folder
 from ...data.images.scan import scan_classes
 from ...data.shards.source import is_shard_spec, open_source
 from ...data.shards.stream import open_stream_data
-from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data
+from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data, stratifies
 from ...distributed import Dist, barrier
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
@@ -128,8 +128,6 @@ def load_run_data(
 
 def _how(data: Any) -> str:
     """How a folder's evaluation split was held out: of each class, or at random where it could not be."""
-    from ...data.sources import stratifies
-
     if stratifies(np.concatenate([data.train.labels, data.val.labels]), data.held_out):
         return f"{data.held_out:.0%} of each class, seed 0"
     return (
