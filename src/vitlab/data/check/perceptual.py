@@ -13,11 +13,10 @@ frequencies. Each picture gets, from its decoded pixels (:func:`fingerprint`):
 
 Photos of one kind (garments on a bed, products on white) share their low frequencies: on the clothing photos of
 ``/work/shared/data/clothing`` distinct photos come within 8 bits, as close as a cropped copy. So a pair is a
-candidate when its hashes (whole-whole, whole-centre, centre-whole or whole-mirror) are within :data:`NEAR_BITS`, and
-a near copy only when its thumbnails (the best of the same four alignments) also correlate at least
-:data:`MIN_CORRELATION`
-(Pearson's r over the 768 RGB values): a copy keeps the colours and their layout to within the JPEG noise, a
-look-alike does not.
+candidate when its hashes (whole-whole, whole-centre, centre-whole or whole-mirror) are within :data:`NEAR_BITS`,
+and a near copy only when its thumbnails (the best of the same four alignments) also correlate at least
+:data:`MIN_CORRELATION` (Pearson's r over the 768 RGB values): a copy keeps the colours and their layout to within
+the JPEG noise, a look-alike does not.
 
 The candidate search compares every pair, vectorised: blocks of rows XORed against all later rows and their bits
 counted (``numpy.bitwise_count``), never a Python loop over pairs; 10,000 pictures are 50 M comparisons per
