@@ -124,3 +124,20 @@ def test_the_split_line_says_whether_it_held_out_each_class(tmp_path, per_class,
     assert says in lines[0], lines
     if per_class == (1, 1):
         assert "about 0.5 a class: one image is 100 points of top-1" in lines[1], lines
+
+
+def test_a_test_folder_beside_val_is_named_as_left_alone(tmp_path):
+    """train/, val/ and test/: the run evaluates val/ and said nothing of test/, which a user keeps for the end."""
+    from vitlab.data.sources import DataSource, DataSplits, ImageArray
+    from vitlab.train.engine.run_data import eval_split_lines
+
+    for split in ("train", "val", "test"):
+        for c in "ab":
+            (tmp_path / "photos" / split / c).mkdir(parents=True)
+    split = ImageArray(np.zeros((100, 4, 4, 3), np.uint8), np.repeat(np.arange(2), 50))
+    data = DataSplits("photos", split, split, ["a", "b"], val_name="val")
+    lines = eval_split_lines(data, DataSource.named(str(tmp_path / "photos")), out=tmp_path / "run")
+    assert lines == [f"evaluation split: val/ (100 images); test/ left alone for a final test: vitlab eval --model "
+                     f"{tmp_path / 'run' / 'model'} --data {tmp_path / 'photos' / 'test'}"]  # fmt: skip
+    (tmp_path / "photos" / "test").rename(tmp_path / "photos" / "held")
+    assert eval_split_lines(data, DataSource.named(str(tmp_path / "photos")), out=tmp_path / "run") == []

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..._fs import atomic_write_text
+from ..._text import shell_word
 from ...data import load_data
 from ...data.cache.admin import cache_line
 from ...data.cache.store import cache_key, default_cache_dir
@@ -34,7 +35,16 @@ from ...data.check import REPORT_NAME, DataCheck, check_folder
 from ...data.images.scan import scan_classes
 from ...data.shards.source import is_shard_spec, open_source
 from ...data.shards.stream import open_stream_data
-from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data, stratifies
+from ...data.sources import (
+    EVAL_DIRS,
+    DataError,
+    DataSource,
+    DataSplits,
+    FolderStorage,
+    builtin_data,
+    eval_split_dir,
+    stratifies,
+)
 from ...distributed import Dist, barrier
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
@@ -121,7 +131,7 @@ def load_run_data(
     if len(data.train) == 0 or len(data.val) == 0:
         raise DataError(f"--data {source.spec}: empty train or evaluation split")
     data = check_after(check, data, cfg, out=out, log=log, dist=dist)
-    for line in eval_split_lines(data, source, labels=labels, asked=cfg.val_split is not None):
+    for line in eval_split_lines(data, source, labels=labels, asked=cfg.val_split is not None, out=out):
         log(line)
     return data
 
@@ -136,15 +146,27 @@ def _how(data: Any) -> str:
     )
 
 
-def eval_split_lines(data: Any, source: DataSource, *, labels: bool = True, asked: bool = False) -> list[str]:
+def eval_split_lines(
+    data: Any, source: DataSource, *, labels: bool = True, asked: bool = False, out: Path | None = None
+) -> list[str]:
     """What a run on a folder says about its evaluation split: the split held out (its size, where from, how to
-    change it; ``asked``: by ``--val-split``, else because the folder has none), and a warning when it has fewer than
-    :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1). Nothing for the built-in
-    data sets, whose splits are fixed and known, and for tar shards, whose splits were made when they were packed."""
+    change it; ``asked``: by ``--val-split``, else because the folder has none), the other evaluation folders it
+    leaves alone (``test/`` beside ``val/``: a final test, and how to run it on the run's ``out``), and a warning
+    when it has fewer than :data:`SMALL_EVAL_PER_CLASS` images a class (with the standard error of its top-1).
+    Nothing for the built-in data sets, whose splits are fixed and known, and for tar shards, whose splits were made
+    when they were packed."""
     if source.folder is None:
         return []
     n, total = len(data.val), len(data.train) + len(data.val)
     lines = []
+    chosen = eval_split_dir(source.folder)
+    others = [d for d in EVAL_DIRS if chosen is not None and d != chosen.name and (source.folder / d).is_dir()]
+    if others:
+        model = shell_word(str(out / "model")) if out is not None else "RUN/model"
+        lines.append(
+            f"evaluation split: {chosen.name}/ ({n:,} images); {', '.join(d + '/' for d in others)} left alone for "
+            f"a final test: vitlab eval --model {model} --data {shell_word(str(source.folder / others[0]))}"
+        )
     if getattr(data, "held_out", None) is not None:
         why = (
             "by --val-split"
