@@ -345,6 +345,28 @@ def test_the_hashes_are_kept_for_the_next_check(tmp_path, monkeypatch):
     assert read == [str(root / "train" / "a" / "00.jpg")]
 
 
+def test_cache_ls_counts_and_clear_deletes_the_kept_hashes_and_nothing_else(tmp_path, capsys):
+    """The hashes files stayed in the cache folder for ever (an older version's too, which no check reads again):
+    ``vitlab cache ls`` did not show them and ``clear`` did not delete them. Now both do, and a file of another
+    content or a link under the same name pattern is never taken for one."""
+    root = _folder(tmp_path / "photos", per_class=3, val_per_class=1)
+    cache = tmp_path / "cache"
+    check_folder(root, progress=False, cache_dir=cache)
+    older = cache / "datacheck-0123456789abcdef0123.hashes.json"
+    older.write_text('{"vitlab_data_check_hashes": 1, "files": {}}')  # an older vitlab's
+    other = cache / "datacheck-aaaaaaaaaaaaaaaaaaaa.hashes.json"
+    other.write_text("a user's file")
+    link = cache / "datacheck-bbbbbbbbbbbbbbbbbbbb.hashes.json"
+    link.symlink_to(older)
+    assert main(["cache", "ls", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "no decode caches under" in out and "2 file(s) of hashes vitlab data check" in out
+    assert main(["cache", "clear", "--cache-dir", str(cache)]) == 0
+    assert ", and 2 file(s) of data check hashes" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.iterdir()) == sorted([other.name, link.name])
+    assert other.read_text() == "a user's file" and link.is_symlink()
+
+
 def test_a_held_out_split_leaks_what_lands_on_both_sides(tmp_path):
     root = tmp_path / "tree"
     for c in "ab":

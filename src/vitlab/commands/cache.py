@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "or $VITLAB_CACHE, or --cache-dir). List those caches, delete them, or cap what they take: before a\n"
             "new cache is built, the least recently used ones that no running job reads are deleted until all\n"
             "fit the cap (default 20 GiB; $VITLAB_CACHE_MAX_SIZE wins over the setting). A deleted cache is\n"
-            "decoded again by the next run that needs it. Only vitlab's own cache files are ever deleted.\n\n"
+            "decoded again by the next run that needs it. Only vitlab's own cache files are ever deleted; ls and\n"
+            "clear also count and delete the hashes vitlab data check keeps there.\n\n"
             "examples:\n  vitlab cache ls\n  vitlab cache clear --older-than 7d\n"
             "  vitlab cache limit 50G     # the cap, kept in the cache folder's cache-settings.json\n"
             "  vitlab cache limit         # show it"
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.cache.admin import clear_caches, list_caches
     from ..data.cache.limit import MAX_SIZE_ENV, cache_limit, make_room, set_cache_limit
     from ..data.cache.store import default_cache_dir
+    from ..data.check.records import kept_hashes
     from ..errors import ConfigError
 
     where = args.cache_dir or str(default_cache_dir())
@@ -80,11 +82,16 @@ def run(args: argparse.Namespace) -> int:
         if args.size is not None:
             make_room(where, 0, name="the caches")  # a lower cap applies now
         return 0
+    hashes = kept_hashes(where)
+    hashes_line = (
+        f"{len(hashes)} file(s) of hashes vitlab data check kept, {format_size(sum(h.bytes for h in hashes))} "
+        "(cleared with the caches: the next check reads its files again)"
+    )
     if args.action == "ls":
         entries = list_caches(where)
         now = time.time()
         if not entries:
-            print(f"no decode caches under {shown(where)}")
+            print(f"no decode caches under {shown(where)}" + (f"; {hashes_line}" if hashes else ""))
             return 0
         print(f"{'size':>10}{'images':>9}{'used':>8}  {'source':<40} file")
         for e in entries:
@@ -93,11 +100,18 @@ def run(args: argparse.Namespace) -> int:
         total = sum(e.bytes for e in entries)
         cap = shown(cache_limit(where).describe())
         print(f"{len(entries)} cache(s), {format_size(total)} under {shown(where)}; cap {cap}")
+        if hashes:
+            print(hashes_line)
         return 0
     gone = clear_caches(where, older_than=args.older_than)
     kept = len(list_caches(where))
+    now = time.time()
+    old = [h for h in hashes if args.older_than is None or now - h.mtime > args.older_than]
+    for h in old:
+        h.path.unlink(missing_ok=True)
     print(
         f"deleted {len(gone)} cache(s), {format_size(sum(e.bytes for e in gone))} under {shown(where)}"
+        + (f", and {len(old)} file(s) of data check hashes, {format_size(sum(h.bytes for h in old))}" if old else "")
         + (f"; kept {kept} newer" if kept else "")
     )
     return 0

@@ -31,7 +31,7 @@ from ..._fs import atomic_write_text
 from ..images.decode import DEFAULT_MAX_IMAGE_PIXELS, decode_encoded, decode_image, file_kind, image_size
 from .perceptual import THUMB_SIDE, Fingerprint, fingerprint
 
-__all__ = ["DECODE_SIDE", "MAX_READ_BYTES", "FileRecord", "Fingerprints", "read_files"]
+__all__ = ["DECODE_SIDE", "MAX_READ_BYTES", "FileRecord", "Fingerprints", "KeptHashes", "kept_hashes", "read_files"]
 
 DECODE_SIDE = 64
 """A JPEG is decoded at the smallest DCT scale that keeps both sides at least this long (the fingerprint shrinks it
@@ -122,6 +122,40 @@ def _read(path: str, max_pixels: int | None) -> tuple[str, tuple[int, int], Fing
 def _hashes_file(cache_dir: Path, root: Path, max_pixels: int | None) -> Path:
     key = f"v{_VERSION}|{os.path.realpath(root)}|{max_pixels or DEFAULT_MAX_IMAGE_PIXELS}"
     return cache_dir / f"datacheck-{hashlib.sha256(os.fsencode(key)).hexdigest()[:20]}.hashes.json"
+
+
+_HASHES_NAME = re.compile(r"datacheck-[0-9a-f]{20}\.hashes\.json")
+_MARKER = b'{"vitlab_data_check_hashes": '
+
+
+@dataclass(frozen=True)
+class KeptHashes:
+    """One file of hashes a check kept in a cache folder: its path, bytes and last write."""
+
+    path: Path
+    bytes: int
+    mtime: float
+
+
+def kept_hashes(cache_dir: str | os.PathLike[str]) -> list[KeptHashes]:
+    """The hashes files data checks kept under ``cache_dir`` (of any version, an older vitlab's too), least recently
+    written first: named ``datacheck-<20 hex>.hashes.json``, a regular file (never a link) that begins as one is
+    written. ``vitlab cache ls`` counts them and ``vitlab cache clear`` deletes them: the next check reads its files
+    again. Nothing else is ever taken for one."""
+    found = []
+    folder = Path(cache_dir)
+    for f in folder.glob("datacheck-*.hashes.json") if folder.is_dir() else ():
+        try:
+            st = os.lstat(f)
+            if not (_HASHES_NAME.fullmatch(f.name) and stat.S_ISREG(st.st_mode)):
+                continue
+            with open(f, "rb") as fh:
+                if fh.read(len(_MARKER)) != _MARKER:
+                    continue
+        except OSError:
+            continue
+        found.append(KeptHashes(f, st.st_size, st.st_mtime))
+    return sorted(found, key=lambda k: (k.mtime, k.path.name))
 
 
 def _stat_key(path: str) -> str | None:
