@@ -106,38 +106,40 @@ def test_shards_are_normalised_by_their_own_statistics_like_the_folder(packed, t
     assert max(abs(v - 0.5) for v in mean + std) > 0.1
 
 
-@pytest.mark.parametrize(("per_class", "says"), [((1, 1), "10% at random, seed 0; not of each class"),
-                                                 ((10, 10), "10% of each class, seed 0")])  # fmt: skip
+@pytest.mark.parametrize(("per_class", "says"), [(1, "10% at random, seed 0; not of each class"),
+                                                 (10, "10% of each class, seed 0")])  # fmt: skip
 def test_the_split_line_says_whether_it_held_out_each_class(tmp_path, per_class, says):
     """A folder of one image a class cannot be split by class: its line said "10% of each class" while one class
     lost its only image to the evaluation; and "about 0 a class", "one image is 1e+02 points"."""
-    from vitlab.data.sources import DataSource, DataSplits, ImageArray, stratified_split
+    from vitlab.data.sources import DataSource
     from vitlab.train.engine.run_data import eval_split_lines
 
-    for c in "ab":
-        (tmp_path / c).mkdir()
-    labels = np.repeat(np.arange(2), per_class)
-    tr, va = stratified_split(labels, 0.1)
-    full = ImageArray(np.zeros((len(labels), 4, 4, 3), np.uint8), labels)
-    data = DataSplits("x", full.subset(tr), full.subset(va), ["a", "b"], val_name="val", held_out=0.1)
-    lines = eval_split_lines(data, DataSource.named(str(tmp_path)))
+    for c, colour in (("a", 40), ("b", 200)):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (8, 8), (colour, i, 0)).save(tmp_path / "photos" / c / f"{i}.png")
+    data = load_data(str(tmp_path / "photos"), cache_dir=tmp_path / "cache", progress=False, size=8)
+    lines = eval_split_lines(data, DataSource.named(str(tmp_path / "photos")))
     assert says in lines[0], lines
-    if per_class == (1, 1):
+    if per_class == 1:
         assert "about 0.5 a class: one image is 100 points of top-1" in lines[1], lines
 
 
 def test_a_test_folder_beside_val_is_named_as_left_alone(tmp_path):
     """train/, val/ and test/: the run evaluates val/ and said nothing of test/, which a user keeps for the end."""
-    from vitlab.data.sources import DataSource, DataSplits, ImageArray
+    from vitlab.data.sources import DataSource
     from vitlab.train.engine.run_data import eval_split_lines
 
+    root = tmp_path / "photos"
     for split in ("train", "val", "test"):
-        for c in "ab":
-            (tmp_path / "photos" / split / c).mkdir(parents=True)
-    split = ImageArray(np.zeros((100, 4, 4, 3), np.uint8), np.repeat(np.arange(2), 50))
-    data = DataSplits("photos", split, split, ["a", "b"], val_name="val")
-    lines = eval_split_lines(data, DataSource.named(str(tmp_path / "photos")), out=tmp_path / "run")
+        for c, colour in (("a", 40), ("b", 200)):
+            (root / split / c).mkdir(parents=True)
+            for i in range(50):
+                Image.new("RGB", (8, 8), (colour, i, 0)).save(root / split / c / f"{i}.png")
+    data = load_data(str(root), cache_dir=tmp_path / "cache", progress=False, size=8)
+    lines = eval_split_lines(data, DataSource.named(str(root)), out=tmp_path / "run")
     assert lines == [f"evaluation split: val/ (100 images); test/ left alone for a final test: vitlab eval --model "
-                     f"{tmp_path / 'run' / 'model'} --data {tmp_path / 'photos' / 'test'}"]  # fmt: skip
-    (tmp_path / "photos" / "test").rename(tmp_path / "photos" / "held")
-    assert eval_split_lines(data, DataSource.named(str(tmp_path / "photos")), out=tmp_path / "run") == []
+                     f"{tmp_path / 'run' / 'model'} --data {root / 'test'}"]  # fmt: skip
+    (root / "test").rename(root / "held")
+    data = load_data(str(root), cache_dir=tmp_path / "cache", progress=False, size=8)
+    assert eval_split_lines(data, DataSource.named(str(root)), out=tmp_path / "run") == []

@@ -94,6 +94,10 @@ class DataSplits:
     held_out: float | None = None
     """The fraction of a folder without ``val/`` or ``test/`` held out for evaluation (stratified); ``None``: the
     data's own evaluation split."""
+    by_class: bool = True
+    """Whether ``held_out`` was held out of each class (:func:`stratifies`), not at random."""
+    left_alone: tuple[str, ...] = ()
+    """The folder's other evaluation folders, beside the one evaluated (``test`` beside ``val``): kept for the end."""
 
     @property
     def num_classes(self) -> int:
@@ -385,6 +389,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         opt = dataclasses.replace(opt, storage=storage)  # the training split's storage stores the evaluation split too
         val, _, skipped2, f2, _ = _decode_split(val_dir, names, opt, seen=seen, evaluation=True)
         files = [f for f in (f1, f2) if f]
+        others = tuple(d for d in EVAL_DIRS if d != val_dir.name and (root / d).is_dir())
         return DataSplits(
             root.name,
             train,
@@ -394,6 +399,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
             skipped=skipped + skipped2,
             cache_files=files,
             storage=storage,
+            left_alone=others,
         )
     tree = train_dir if train_dir.is_dir() else root
     full, names, skipped, f1, storage = _decode_split(tree, None, opt)  # one cache: val is not stored apart
@@ -417,6 +423,7 @@ def _folder(root: Path, *, val_split: float | None, opt: _Decode, eval_only: boo
         cache_files=files,
         storage=dataclasses.replace(storage, eval_side=None) if storage is not None else None,
         held_out=val_split or DEFAULT_HOLD_OUT,
+        by_class=stratifies(full.labels, val_split or DEFAULT_HOLD_OUT),
     )
 
 

@@ -35,16 +35,7 @@ from ...data.check import REPORT_NAME, DataCheck, check_folder
 from ...data.images.scan import scan_classes
 from ...data.shards.source import is_shard_spec, open_source
 from ...data.shards.stream import open_stream_data
-from ...data.sources import (
-    EVAL_DIRS,
-    DataError,
-    DataSource,
-    DataSplits,
-    FolderStorage,
-    builtin_data,
-    eval_split_dir,
-    stratifies,
-)
+from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data
 from ...distributed import Dist, barrier
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
@@ -136,16 +127,6 @@ def load_run_data(
     return data
 
 
-def _how(data: Any) -> str:
-    """How a folder's evaluation split was held out: of each class, or at random where it could not be."""
-    if stratifies(np.concatenate([data.train.labels, data.val.labels]), data.held_out):
-        return f"{data.held_out:.0%} of each class, seed 0"
-    return (
-        f"{data.held_out:.0%} at random, seed 0; not of each class, which takes two images a class and room for one "
-        "of each on both sides"
-    )
-
-
 def eval_split_lines(
     data: Any, source: DataSource, *, labels: bool = True, asked: bool = False, out: Path | None = None
 ) -> list[str]:
@@ -159,13 +140,11 @@ def eval_split_lines(
         return []
     n, total = len(data.val), len(data.train) + len(data.val)
     lines = []
-    chosen = eval_split_dir(source.folder)
-    others = [d for d in EVAL_DIRS if chosen is not None and d != chosen.name and (source.folder / d).is_dir()]
-    if others:
+    if others := getattr(data, "left_alone", ()):
         model = shell_word(str(out / "model")) if out is not None else "RUN/model"
         lines.append(
-            f"evaluation split: {chosen.name}/ ({n:,} images); {', '.join(d + '/' for d in others)} left alone for "
-            f"a final test: vitlab eval --model {model} --data {shell_word(str(source.folder / others[0]))}"
+            f"evaluation split: {data.val_name}/ ({n:,} images); {', '.join(d + '/' for d in others)} left alone "
+            f"for a final test: vitlab eval --model {model} --data {shell_word(str(source.folder / others[0]))}"
         )
     if getattr(data, "held_out", None) is not None:
         why = (
@@ -173,7 +152,12 @@ def eval_split_lines(
             if asked
             else f"as {source.spec} has no val/ or test/ folder: --val-split F to change it, or add a val/ folder"
         )
-        lines.append(f"evaluation split: {n:,} of the {total:,} images held out ({_how(data)}), " + why)
+        how = "of each class" if data.by_class else "at random"
+        note = "" if data.by_class else "; not of each class, which takes two images a class and room for one of each"
+        lines.append(
+            f"evaluation split: {n:,} of the {total:,} images held out ({data.held_out:.0%} {how}, seed 0{note}), "
+            + why
+        )
     per_class = n / max(1, data.num_classes)
     if labels and per_class < SMALL_EVAL_PER_CLASS:
         lines.append(
