@@ -306,3 +306,13 @@ def test_a_micro_batch_is_computed_in_one_place() -> None:
         calls += len(_calls(tree, "micro_batch"))
         where |= {(m, f.name) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and _calls(f, "micro_batch")}
     assert (calls, where) == (1, {("vitlab.train.sizing.capacity", "asked")})
+
+
+def test_the_engine_stays_a_loop() -> None:
+    """#57: the engine runs what the sizing room and the configuration decided, in at most 15 files of at most 380
+    lines (the issue's target). A decision that grows the engine past it belongs in ``train/sizing`` or in the data
+    it is made on (the evaluation split's facts are ``DataSplits`` fields, not derived again in
+    ``engine/run_data.py``, whose lines went to 389 when they were)."""
+    files = sorted((SRC / "vitlab" / "train" / "engine").glob("*.py"))
+    long = {f.name: n for f in files if (n := len(f.read_text().splitlines())) > 380}
+    assert len(files) <= 15 and long == {}, (len(files), long)
