@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if args.size is not None:
             make_room(where, 0, name="the caches")  # a lower cap applies now
         return 0
-    hashes = kept_hashes(where)
+    hashes = kept_hashes(where)  # (ls and clear: limit returned above)
     hashes_line = (
         f"{len(hashes)} file(s) of hashes vitlab data check kept, {format_size(sum(h.bytes for h in hashes))} "
         "(cleared with the caches: the next check reads its files again)"

@@ -47,8 +47,9 @@ __all__ = [
 T = TypeVar("T", int, float)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif", ".avif")
-"""File name endings (lower case) taken as images when a folder is searched (AVIF: Pillow 11.3 or later reads it;
-an older one reports such a file as one that cannot be used)."""
+"""File name endings (lower case) taken as images when a folder is searched (AVIF: read where Pillow was built with
+it, ``PIL.features.check("avif")``, as the Pillow the project installs is; elsewhere such a file is reported as one
+that cannot be used)."""
 UNREAD_EXTENSIONS = (".heic", ".heif", ".jxl", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf", ".svg")
 """Endings of photos the decoder (PIL) does not read: Apple's HEIC/HEIF (an iPhone's default), JPEG XL, camera raw
 files, SVG drawings. A folder search reports such a file as left out (:func:`unread_format`), never skips it without
