@@ -228,8 +228,28 @@ def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ratio vitlab / timm" in out and "img/s" in out
     assert main(["bench", "--model", "vit_ti16", "--img-size", "15", "--steps", "1", "--no-peak"]) == 2
     assert "img_size" in capsys.readouterr().err
-    assert main(["bench", "--model", "vit_nope"]) == 2
-    assert "unknown model" in capsys.readouterr().err
+    assert main(["bench", "--model", "vit_nope"]) == 2  # the one model rule's refusal, as every command's
+    assert "'vit_nope': not a registered name" in capsys.readouterr().err
+
+
+def test_cli_times_a_trained_models_architecture(finished_run, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--model` takes what every command takes (the one model rule): a run folder is timed as its architecture,
+    with its own classes, at its own side; the architecture flags still override it. It was refused as "unknown
+    model", a user could not time the model they had trained."""
+    from vitlab import load
+
+    trained = load(finished_run / "model").config
+    base = ["bench", "--model", str(finished_run), "--batch-size", "2", "--steps", "1", "--warmup", "0", "--no-peak"]
+    assert main([*base, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["img_size"], d["params"]) == (trained.img_size[0], trained.num_params())
+    assert main([*base, "--num-classes", "7", "--depth", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    wider = trained.replace(num_classes=7, class_names=None, depth=2)
+    assert d["params"] == wider.num_params() != trained.num_params()
+    assert main(["bench", "--model", str(finished_run / "metrics.jsonl"), "--steps", "1", "--no-peak"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl" in err and "Traceback" not in err
 
 
 @pytest.mark.slow

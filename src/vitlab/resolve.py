@@ -12,7 +12,7 @@ In order, a model argument is:
    (distillation's teacher, ``--init``);
 3. anything else: a public name (``augreg_in21k/vit_b16``) for :func:`vitlab.load`.
 
-Every command (``eval``, ``predict``, ``inspect``, ``fewshot``, ``export``, ``plan``), distillation's teacher
+Every command (``eval``, ``predict``, ``inspect``, ``fewshot``, ``export``, ``plan``, ``bench``), distillation's teacher
 (:func:`vitlab.train.objectives.distill.load_teacher`) and fine-tuning's ``--init``
 (:class:`vitlab.train.engine.model.InitModel`) go through :func:`model_source`, so one argument means one model
 everywhere, and a refusal reads the same whichever option it came by. A refusal is a :class:`ModelArgError` (or

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..devices import autocast, resolve_device
 from ..errors import ConfigError
+from ..models import ViTConfig
 from .references import REFERENCES
 from .result import BenchResult
 from .sides import COMPILE_MODES, DTYPES, MODES, Side
@@ -18,11 +19,11 @@ __all__ = ["benchmark"]
 
 
 def benchmark(
-    model: str = "vit_s16",
+    model: str | ViTConfig = "vit_s16",
     *,
     mode: str = "infer",
     batch_size: int = 32,
-    num_classes: int = 1000,
+    num_classes: int | None = None,
     dtype: str = "float32",
     device: str = "cpu",
     vs: str | None = None,
@@ -39,8 +40,9 @@ def benchmark(
     **overrides: Any,
 ) -> BenchResult:
     """Time ``steps`` inference forwards or training steps of ``model`` (a registered
-    name) and, with ``vs="timm"`` or ``"hf"``, of the equivalent reference model,
-    interleaved. ``overrides`` are :class:`ViTConfig` fields (``img_size``,
+    name, or a :class:`ViTConfig`: a trained model's architecture, built with random weights)
+    with ``num_classes`` classes (None: the model's) and, with ``vs="timm"`` or ``"hf"``,
+    of the equivalent reference model, interleaved. ``overrides`` are :class:`ViTConfig` fields (``img_size``,
     ``patch_size``, ``embed_dim``, ``depth``, ``num_heads``, ``mlp_dim`` ...).
     ``device`` is a torch device name or ``auto`` (:func:`vitlab.devices.resolve_device`).
 

@@ -35,13 +35,16 @@ class Side:
 
     key: str
     """``"ours"`` (a vitlab model from the registry) or ``"ref"`` (:func:`build_reference` of ``vs``)."""
-    model: str
-    """A registered model name; the reference copies its architecture."""
+    model: str | ViTConfig
+    """A registered model name, or a model's config (a trained model's architecture, as
+    :func:`vitlab.resolve.source_config` reads it): built with random weights, as timing needs none. The reference
+    copies the architecture."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """:class:`ViTConfig` fields, as ``create_model`` takes them."""
     mode: str = "infer"
     batch_size: int = 32
-    num_classes: int = 1000
+    num_classes: int | None = None
+    """Classes of the head; None: the model's (1000 for a registered name)."""
     dtype: str = "float32"
     """A key of ``DTYPES``; other than float32 the step runs under autocast."""
     device: str = "cpu"
@@ -74,7 +77,7 @@ def build_side(side: Side, *, progress: bool = False) -> Built:
     tdtype = DTYPES[side.dtype]
     autocast(dev, tdtype)  # a combination autocast cannot run raises ConfigError here, before any model
     with torch.device("meta"):  # the architecture only: no weights, no init
-        probe = create_model(side.model, num_classes=side.num_classes, **side.overrides)
+        probe = _ours(side)
     cfg: ViTConfig = probe.config  # type: ignore[assignment]
     if side.vs in ("timm", "hf") and not is_plain_vit(probe):
         raise ConfigError(
@@ -82,14 +85,10 @@ def build_side(side: Side, *, progress: bool = False) -> Built:
             f"only plain ViTs have a {side.vs} equivalent here"
         )
     torch.manual_seed(side.seed)
-    model = (
-        create_model(side.model, num_classes=side.num_classes, **side.overrides)
-        if side.key == "ours"
-        else build_reference(side.vs or "vitlab", cfg)
-    ).to(dev)
+    model = (_ours(side) if side.key == "ours" else build_reference(side.vs or "vitlab", cfg)).to(dev)
     g = torch.Generator().manual_seed(side.seed + 1)  # the same images on both sides, in any process
     x = torch.randn(side.batch_size, cfg.in_chans, *cfg.img_size, generator=g).to(dev)
-    y = torch.randint(0, max(side.num_classes, 1), (side.batch_size,), generator=g).to(dev)
+    y = torch.randint(0, max(cfg.num_classes, 1), (side.batch_size,), generator=g).to(dev)
     # an A/A run (--vs vitlab) trains both copies alike; timm and HF get AdamW as their users write it
     make_opt = vitlab_optimizer if side.key == "ours" or side.vs == "vitlab" else plain_adamw
     opt = make_opt(model) if side.mode == "train" else None
@@ -122,6 +121,17 @@ def build_side(side: Side, *, progress: bool = False) -> Built:
         inference_path=inference_path(model, x) if eager_ours and side.mode == "infer" else None,
         training_path=training_path(model) if eager_ours and side.mode == "train" and dev.type == "cpu" else None,
     )
+
+
+def _ours(side: Side) -> nn.Module:
+    """Our model of ``side``, randomly initialised: a registered name through the registry, a config as itself, with
+    the side's overrides either way. A new number of classes drops the config's class names (they no longer fit)."""
+    if not isinstance(side.model, ViTConfig):
+        return create_model(side.model, num_classes=side.num_classes, **side.overrides)
+    changes = dict(side.overrides)
+    if side.num_classes is not None and side.num_classes != side.model.num_classes:
+        changes.update(num_classes=side.num_classes, class_names=None)
+    return VisionTransformer(side.model.replace(**changes))
 
 
 def _describe(opt: torch.optim.Optimizer) -> str:

@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab bench --model vit_s16 --batch-size 32 --vs timm\n"
             "  vitlab bench --model vit_b16 --batch-size 16 --vs timm --json\n"
+            "  vitlab bench --model runs/flowers --batch-size 1     # a trained model's architecture\n"
             "  vitlab bench --model vit_s16 --compile --vs timm      # both compiled, compile time reported\n"
             "  vitlab bench --model vit_s16 --compile --ref-eager --vs timm   # compiled vitlab vs eager timm\n"
             "  vitlab bench --mode train --model vit_ti16 --img-size 32 --patch-size 4 --dim 192 --depth 9 \\\n"
@@ -36,7 +37,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument("--model", default="vit_s16", help="registered model name (see `vitlab models`)")
+    p.add_argument(
+        "--model",
+        default="vit_s16",
+        help="a registered name (see `vitlab models`), or a run or model folder, a checkpoint or a public name: its "
+        "architecture is timed, with random weights (the weights do not change the time)",
+    )
     p.add_argument(
         "--mode", choices=["infer", "train"], default="infer", help="inference forward or full training step"
     )
@@ -47,7 +53,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     p.add_argument("--depth", type=int, default=None, help="override the number of layers")
     p.add_argument("--heads", type=int, default=None, help="override the number of heads")
     p.add_argument("--mlp-ratio", type=float, default=None, help="MLP width as a multiple of D")
-    p.add_argument("--num-classes", type=int, default=1000, help="classes of the head (default: 1000)")
+    p.add_argument(
+        "--num-classes", type=int, default=None, help="classes of the head (default: the model's; 1000 for a name)"
+    )
     p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
@@ -92,18 +100,27 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from .._text import shown
     from ..bench import benchmark, model_overrides
     from ..devices import cap_threads
     from ..models import create_model
+    from ..resolve import model_source, source_config
 
     if args.threads is not None and args.threads > 0:
         args.threads, line = cap_threads(args.threads)
         if line:
             print(line, file=sys.stderr)
+    source = model_source(args.model)  # the one model rule; only the architecture is read, never the weights
+    for note in source.notes:
+        print(f"note: {shown(note)}", file=sys.stderr)
+    model = args.model if source.kind == "architecture" else source_config(source)
     base_dim = None
     if args.mlp_ratio is not None and args.dim is None:
-        with torch.device("meta"):  # only to read the width; allocates nothing
-            base_dim = create_model(args.model).config.embed_dim
+        if isinstance(model, str):
+            with torch.device("meta"):  # only to read the width; allocates nothing
+                base_dim = create_model(model).config.embed_dim
+        else:
+            base_dim = model.embed_dim
     overrides = model_overrides(
         img_size=args.img_size,
         patch_size=args.patch_size,
@@ -114,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         base_dim=base_dim,
     )
     res = benchmark(
-        args.model,
+        model,
         mode=args.mode,
         batch_size=args.batch_size,
         num_classes=args.num_classes,
