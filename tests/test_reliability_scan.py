@@ -201,3 +201,34 @@ def test_a_panorama_within_the_strip_rule_is_stored_whole_at_its_aspect_ratio(tm
     assert shapes == [(73, 73, 3)] * 6 + [(73, 730, 3)]  # shorter side floor(64 / 0.875), aspect ratio kept
     [(path, why)] = s.skipped
     assert path.endswith("strip.png") and "one side is over 10 times the other" in why
+
+
+def test_a_labels_file_or_a_flat_folder_is_named_in_the_refusal(tmp_path, capsys):
+    """A Kaggle-style folder (``train.csv`` of file and label beside ``train_images/``) was refused as "only one
+    class ('train_images')", its images as "no class folders", and ``--data train.csv`` as "not an existing folder":
+    nothing said where the labels go. Each refusal now says what it saw and where docs/training.md shows the way."""
+    kag = _classes(tmp_path / "kag", names=("train_images",), n=3)
+    (kag / "train.csv").write_text("image_id,label\n00.png,cat\n01.png,dog\n02.png,cat\n")
+    common = ["--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "r"), "--no-progress"]
+    assert main(["train", "--data", str(kag), *common]) == 2
+    err = capsys.readouterr().err
+    assert "only one class ('train_images')" in err and "train.csv is not read" in err and "Labels in a file" in err
+    assert err.count("\n") == 1
+    assert main(["train", "--data", str(kag / "train_images"), *common]) == 2
+    err = capsys.readouterr().err
+    assert "no class folders" in err and "3 image file(s) lie in it directly" in err and "train.csv" not in err
+    for argv in (["train", "--data", str(kag / "train.csv"), *common], ["data", "check", str(kag / "train.csv")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "A labels file is not read" in err and "Labels in a file" in err and err.count("\n") == 1
+    assert main(["train", "--data", str(kag / "train_images" / "00.png"), *common]) == 2
+    err = capsys.readouterr().err  # a file that is no labels file: said to be a file, no labels hint
+    assert "00.png': a file; --data is 'digits'" in err and "A labels file" not in err
+    assert not (tmp_path / "r").exists()
+    assert main(["data", "check", str(kag), "--no-progress", "--cache-dir", str(tmp_path / "c")]) == 0
+    head = capsys.readouterr().out.splitlines()[0]  # was "3 image file(s) in 1 classes, splits ."
+    assert head == f"{kag}: 3 image file(s) in 1 class, one class tree (no train/ and val/)"
+    _classes(tmp_path / "plain", names=("only",), n=2)  # nothing else at its top: no hint
+    with pytest.raises(DataError) as e:
+        load_data(str(tmp_path / "plain"), cache_dir=tmp_path / "c", progress=False, min_classes=2)
+    assert str(e.value).endswith("to train on it anyway)")

@@ -155,7 +155,9 @@ def check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .._text import shown
+    from .._units import counted
     from ..data.check import KINDS, check_folder
+    from ..data.images.scan import labels_file_hint
     from ..errors import ConfigError, DataError
 
     if args.out is not None:
@@ -171,7 +173,7 @@ def check(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {args.workers}: at least 1")
     root = Path(args.src).expanduser()
     if not root.is_dir():
-        raise DataError(f"{args.src}: not a folder (vitlab data check reads an ImageFolder)")
+        raise DataError(f"{args.src}: not a folder (vitlab data check reads an ImageFolder){labels_file_hint(root)}")
     from ..data.cache.store import default_cache_dir
 
     result = check_folder(
@@ -190,8 +192,9 @@ def check(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         n = len(result.records)
-        print(f"{shown(root)}: {n:,} image file(s) in {len(result.class_names)} classes, splits "
-              + ", ".join(f"{f or '.'}" for f in result.folders.values()))  # fmt: skip
+        splits = [f for f in result.folders.values() if f]
+        print(f"{shown(root)}: {n:,} image file(s) in {counted(len(result.class_names), 'class')}, "
+              + (f"splits {', '.join(splits)}" if splits else "one class tree (no train/ and val/)"))  # fmt: skip
         for line in result.lines():
             print(shown(line.removeprefix("data check: ")))
         for kind in KINDS:

@@ -21,7 +21,7 @@ from ..errors import ConfigError, DataError, OfflineError
 from .cache.store import DEFAULT_BUFFER_BYTES, decode_files
 from .images.decode import header_sizes
 from .images.rows import ImageRows, PackedImages
-from .images.scan import readable, scan_classes
+from .images.scan import labels_file_hint, readable, scan_classes
 from .images.storage import FolderStorage
 from .shards.source import is_shard_spec
 
@@ -517,4 +517,7 @@ def load_data(
             f"--data {spec}: the Hugging Face datasets reader is not built; write the data set as an ImageFolder and "
             "`vitlab data pack` it (docs/scale.md)"
         )
-    raise DataError(f"--data {spec!r}: not 'digits', 'cifar10', 'cifar100', an existing folder or tar shards")
+    what = "not 'digits', 'cifar10', 'cifar100', an existing folder or tar shards"
+    if Path(spec).expanduser().is_file():
+        what = f"a file; --data is {what.removeprefix('not ')}{labels_file_hint(spec)}"
+    raise DataError(f"--data {spec!r}: {what}")

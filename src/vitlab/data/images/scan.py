@@ -19,7 +19,12 @@ from ..._text import readable, shown
 from ...errors import DataError
 from .decode import IMAGE_EXTENSIONS, is_image_name, unread_format
 
-__all__ = ["readable", "scan_classes", "shown"]
+__all__ = ["LABEL_FILE_ENDINGS", "labels_file_hint", "layout_hint", "readable", "scan_classes", "shown"]
+
+LABEL_FILE_ENDINGS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
+"""Endings of the files other tools take labels from (a Kaggle ``train.csv``, Hugging Face's ``metadata.jsonl``):
+vitlab reads none of them, a class is the folder an image is in; a folder that holds one is told so."""
+_HINT_ENTRIES = 10_000  # entries of a folder's top a hint looks at, at most: a hint never walks a huge tree
 
 
 @dataclass
@@ -122,11 +127,11 @@ def scan_classes(
     if class_names is None:
         class_names = sorted(found)
     if not class_names:
-        raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>)")
+        raise DataError(f"{root}: no class folders (expected {root}/<class>/<image files>){layout_hint(root)}")
     if own_classes and len(class_names) < min_classes:
         raise DataError(
             f"{root}: only one class ({class_names[0]!r}) found; a classifier needs at least two "
-            "(add a folder per class, or pass --allow-single-class to train on it anyway)"
+            f"(add a folder per class, or pass --allow-single-class to train on it anyway){layout_hint(root)}"
         )
     walk = _Walk(files=seen if seen is not None else {})
     for d in [root, *(found[c] for c in class_names if c in found)]:  # a link back to any of them is a loop
@@ -151,3 +156,44 @@ def scan_classes(
                 "add images or remove the folder(s)"
             )
     return paths, np.asarray(labels, dtype=np.int64), class_names
+
+
+def layout_hint(root: str | os.PathLike[str]) -> str:
+    """What the top of ``root`` shows of another layout, for the one-line error of a folder without two class
+    folders (``"; ..."``, or ``""``): image files lying in it directly (each wants a folder named for its class), a
+    labels file (``train.csv``, ``metadata.jsonl``: not read, docs/training.md says how to make class folders of
+    it). Looks at the first :data:`_HINT_ENTRIES` entries of ``root`` alone, never deeper."""
+    images, labels, more = 0, [], ""
+    try:
+        with os.scandir(root) as it:
+            for i, e in enumerate(it):
+                if i >= _HINT_ENTRIES:
+                    more = "+"
+                    break
+                if e.name.startswith(".") or not e.is_file():
+                    continue
+                images += is_image_name(e.name)
+                if e.name.lower().endswith(LABEL_FILE_ENDINGS):
+                    labels.append(readable(e.name))
+    except OSError:
+        return ""
+    hint = ""
+    if images:
+        hint += (
+            f"; {images:,}{more} image file(s) lie in it directly, where they have no "
+            "class: a class is the folder an image is in"
+        )
+    if labels:
+        hint += f"; {', '.join(sorted(labels)[:3])} is not read (labels come from folder names): {_MAKE_FOLDERS}"
+    return hint
+
+
+_MAKE_FOLDERS = 'make a folder per class from it (docs/training.md, "Labels in a file")'
+
+
+def labels_file_hint(path: str | os.PathLike[str]) -> str:
+    """For a file given where a folder of images is read: ``". A labels file ..."`` when ``path`` ends as one
+    (:data:`LABEL_FILE_ENDINGS`), else ``""``."""
+    if not os.fspath(path).lower().endswith(LABEL_FILE_ENDINGS):
+        return ""
+    return f". A labels file is not read, a class is the folder an image is in: {_MAKE_FOLDERS}"
