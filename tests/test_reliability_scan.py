@@ -232,3 +232,19 @@ def test_a_labels_file_or_a_flat_folder_is_named_in_the_refusal(tmp_path, capsys
     with pytest.raises(DataError) as e:
         load_data(str(tmp_path / "plain"), cache_dir=tmp_path / "c", progress=False, min_classes=2)
     assert str(e.value).endswith("to train on it anyway)")
+
+
+def test_a_class_folder_whose_files_are_all_links_is_not_called_empty(tmp_path):
+    """Class folders made by hard links inside the folder of the originals (docs/training.md, "Labels in a file"):
+    each file is counted once, under the folder scanned first, so the originals' folder came out empty and the
+    refusal said "class folder(s) without image files: train_images" of a folder of 6 images."""
+    root = _classes(tmp_path / "kag", names=("train_images",), n=6)
+    for i in range(6):
+        dest = root / "photos" / f"c{i % 2}" / f"{i:02d}.png"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.link(root / "train_images" / f"{i:02d}.png", dest)
+    with pytest.raises(DataError) as e:
+        load_data(str(root), cache_dir=tmp_path / "c", progress=False, min_classes=2)
+    msg = str(e.value)
+    assert "class folder train_images: each of its 6 image file(s) is the same file as one under another" in msg
+    assert "without image files" not in msg and f"{root}/train_images/00.png = {root}/photos/c0/00.png" in msg

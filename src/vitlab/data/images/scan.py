@@ -151,11 +151,32 @@ def scan_classes(
         present = set(labels)
         empty = [c for i, c in enumerate(class_names) if i not in present]
         if empty:  # a class the model must output but can never learn: refuse, as torchvision's ImageFolder does
+            for c in empty:
+                if linked := _linked_away(found[c], walk):
+                    raise DataError(
+                        f"{root}: class folder {readable(c)}: each of its {linked[0]:,} image file(s) is the same file "
+                        f"as one under another class folder ({linked[1]}: hard or symbolic links), and a file is "
+                        "counted once, under the folder scanned first; a picture has one class: remove the copy "
+                        "that is not in its class"
+                    )
             raise DataError(
                 f"{root}: class folder(s) without image files: {', '.join(empty[:10])}; "
                 "add images or remove the folder(s)"
             )
     return paths, np.asarray(labels, dtype=np.int64), class_names
+
+
+def _linked_away(folder: str, walk: _Walk) -> tuple[int, str] | None:
+    """``(how many, the first as "path = first path")`` of the image files under ``folder`` that were reached
+    before by another path (hard or symbolic links), or None when there are none: a class folder that comes out
+    empty that way is not "without image files"."""
+    inside = folder.rstrip(os.sep) + os.sep
+    same = [(p, why) for p, why in walk.problems if p.startswith(inside) and why.startswith("the same file as ")]
+    if not same:
+        return None
+    path, why = same[0]
+    first = why.removeprefix("the same file as ").removesuffix("; counted once")
+    return len(same), f"{readable(path)} = {readable(first)}"
 
 
 def layout_hint(root: str | os.PathLike[str]) -> str:
