@@ -328,6 +328,18 @@ def test_cli_inspect_with_image_files_and_errors(tmp_path, capsys):
         == 2
     )
     assert "missing.jpg: no such file or folder" in capsys.readouterr().err
+    # the images as vitlab predict takes them, after the options (was "unrecognized arguments"); --image adds to them
+    argv = [
+        "inspect",
+        "--model",
+        str(tmp_path / "gap"),
+        "--out",
+        str(tmp_path / "pos"),
+        "--json",
+        str(tmp_path / "b.png"),
+    ]
+    assert main([*argv, "--image", str(tmp_path / "a.png")]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == ["a.png", "b.png"]
     assert main(["inspect", "--model", "no_such_model", "--out", str(out)]) == 2
     assert "no_such_model" in capsys.readouterr().err
 

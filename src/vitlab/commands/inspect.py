@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "examples:\n"
             "  vitlab inspect --model runs/digits --out inspect/\n"
             "  vitlab inspect --model vit_ti16 --image cat.jpg dog.jpg --out inspect/\n"
+            "  vitlab inspect --model runs/flowers photos/rose.jpg      # images as vitlab predict takes them\n"
             "  vitlab inspect --model runs/cifar/model --data path/to/cifar10 --num-images 256 --out inspect/"
         ),
         formatter_class=formatter,
@@ -35,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
     add_model_arg(p)
     p.add_argument(
         "--image", nargs="+", action="extend", default=[], metavar="IMG", help="image files or folders to analyse"
+    )
+    p.add_argument(
+        "images", nargs="*", default=[], metavar="IMAGE", help="the same as --image (as vitlab predict takes them)"
     )
     p.add_argument(
         "--data",
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             f"The weights are random: {args.model} is an architecture name, not a trained model, so the figures "
             "show an untrained network."
         )
+    args.image = [*args.image, *args.images]
     if not args.image and not args.data:
         if notes:  # a bare architecture: no data of its own
             notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
