@@ -1,7 +1,7 @@
 """The data check's near-copy rule measured on photos (issue 59, docs/data_check.md): its false positives over every
 pair of distinct photos of a folder, its recall on copies made from them (re-encoded at JPEG quality 60-90, resized
-0.5-0.9x, cropped 2-5% per side, each side drawn apart, mirrored left to right), for a grid of hash distances and
-thumbnail correlations around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of
+0.5-0.9x, cropped 2-5% per side, each side drawn apart, mirrored left to right, greyscale), for a grid of hash
+distances and thumbnail correlations around the chosen pair (``NEAR_BITS``, ``MIN_CORRELATION`` of
 ``vitlab.data.check.perceptual``; ``+`` marks ``SURE_CORRELATION``, the sure copies ``--strict-data`` stops on), and
 the speed of the pass over the files (read once, hashed, decoded at a reduced DCT scale, fingerprinted) and of the
 pair search.
@@ -12,7 +12,8 @@ Run it alone on the machine (2 cores: ``taskset -c 0,1``), it reads every file o
     python benchmarks/bench_data_check.py --data /work/shared/data/clothing --limit 200 --copies 20  # a quick look
     python benchmarks/bench_data_check.py --smoke                                                  # seconds
 
-Output: one markdown table (per grid point: pairs of distinct photos passing, their rate, recall per kind of copy;
+Output: one markdown table (per grid point: pairs of distinct photos passing, their rate, the pairs passing were the
+second photo of each greyscale (the rule compares such a pair by luma alone), recall per kind of copy;
 ``*`` marks the chosen point), the pairs of distinct photos the chosen rule calls copies (look at them: a folder
 may hold real near copies, which are no false positives), the speed rows, and one JSON line of everything.
 Byte-identical files of the folder are counted apart (exact copies, found by their content hash), never as false
@@ -32,6 +33,7 @@ from _common import Stopwatch, data_check_perceptual, data_check_records, photo_
 
 BITS = (8, 10, 12, 14, 16)
 CORRELATIONS = (0.0, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99)
+KINDS = ("reencoded", "resized", "cropped", "mirrored", "greyscale")
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
 
@@ -52,13 +54,13 @@ def fingerprints(paths: list[Path], root: Path, *, workers: int) -> tuple[list, 
 
 
 def make_copies(originals: list[Path], out: Path, seed: int) -> dict[str, list[tuple[int, Path]]]:
-    """For each original, four copies under ``out``: ``reencoded`` (JPEG quality 60-90), ``resized`` (0.5-0.9x,
-    bicubic, JPEG 90), ``cropped`` (2-5% off each side, drawn apart, JPEG 90) and ``mirrored`` (left to right, JPEG
-    90): ``kind -> [(original, path)]``."""
+    """For each original, five copies under ``out``: ``reencoded`` (JPEG quality 60-90), ``resized`` (0.5-0.9x,
+    bicubic, JPEG 90), ``cropped`` (2-5% off each side, drawn apart, JPEG 90), ``mirrored`` (left to right, JPEG
+    90) and ``greyscale`` (PIL's luma, a one-channel JPEG 90): ``kind -> [(original, path)]``."""
     from PIL import Image, ImageOps
 
     rng = np.random.default_rng(seed)
-    made: dict[str, list[tuple[int, Path]]] = {"reencoded": [], "resized": [], "cropped": [], "mirrored": []}
+    made: dict[str, list[tuple[int, Path]]] = {k: [] for k in KINDS}
     for k, p in enumerate(originals):
         with Image.open(p) as im:
             im = ImageOps.exif_transpose(im).convert("RGB")
@@ -71,6 +73,7 @@ def make_copies(originals: list[Path], out: Path, seed: int) -> dict[str, list[t
             "resized": (im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.Resampling.BICUBIC), 90),
             "cropped": (im.crop((round(w * left), round(h * top), w - round(w * right), h - round(h * bottom))), 90),
             "mirrored": (ImageOps.mirror(im), 90),
+            "greyscale": (ImageOps.grayscale(im), 90),
         }
         for kind, (copy, quality) in variants.items():
             path = out / f"{k:05d}-{kind}.jpg"
@@ -106,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help="a folder of photos (every image file under it)")
     ap.add_argument("--limit", type=int, default=None, help="only this many files, evenly spread (default: all)")
-    ap.add_argument("--copies", type=int, default=300, help="originals copied four ways for the recall")
+    ap.add_argument("--copies", type=int, default=300, help="originals copied five ways for the recall")
     ap.add_argument("--workers", type=int, default=2, help="threads of the pass over the files (the check's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="60 generated pictures: that the script runs")
@@ -125,6 +128,10 @@ def main() -> None:
         i, j, d = perceptual.hash_pairs(fps.whole[idx], fps.centre[idx], fps.mirror[idx], bits=max(BITS))
         search_s = clock.elapsed()
         r = perceptual.correlations(fps.thumbs[idx], i, j) if len(i) else np.zeros(0)
+        # the same pairs were the second photo greyscale (its hash is its luma's, unchanged): compared by luma
+        luma = np.round(fps.thumbs[idx].astype(np.float64) @ np.array([0.299, 0.587, 0.114]))
+        greyed = np.concatenate([fps.thumbs[idx], np.repeat(luma[..., None], 3, axis=-1).astype(np.uint8)])
+        r_grey = perceptual.correlations(greyed, i, j + len(idx)) if len(i) else np.zeros(0)
         i, j = idx[i], idx[j]
         exact = np.array([recs[a].digest == recs[b].digest for a, b in zip(i.tolist(), j.tolist())], dtype=bool)
         n = len(idx)
@@ -144,20 +151,24 @@ def main() -> None:
     sure = (perceptual.NEAR_BITS, perceptual.SURE_CORRELATION)
     print(f"\n{n:,} photos ({len(recs) - n} unreadable), {pairs:,} pairs; {int(exact.sum())} byte-identical "
           "pairs (exact copies in the folder, not counted below); "
-          f"{len(originals)} originals copied four ways\n")  # fmt: skip
-    print("| bits | min r | distinct pairs passing | rate | recall re-encoded | recall resized | recall cropped "
-          "| recall mirrored |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+          f"{len(originals)} originals copied five ways\n")  # fmt: skip
+    print("| bits | min r | distinct pairs passing | rate | passing, one side greyscale | recall re-encoded "
+          "| recall resized | recall cropped | recall mirrored | recall greyscale |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     rows = []
     for bits in BITS:
         for corr in CORRELATIONS:
             passing = int(((d <= bits) & (r >= corr) & ~exact).sum())
+            grey_passing = int(((d <= bits) & (r_grey >= corr) & ~exact).sum())
             rec = {k: float(((dd <= bits) & (rr >= corr)).mean()) if len(dd) else float("nan")
                    for k, (dd, rr) in recall_d.items()}  # fmt: skip
             mark = " *" if (bits, corr) == chosen else " +" if (bits, corr) == sure else ""
-            recalls = " | ".join(f"{rec[k]:.3f}" for k in ("reencoded", "resized", "cropped", "mirrored"))
-            print(f"| {bits}{mark} | {corr:.2f} | {passing:,} | {passing / max(1, pairs):.2e} | {recalls} |")
+            recalls = " | ".join(f"{rec[k]:.3f}" for k in KINDS)
+            print(f"| {bits}{mark} | {corr:.2f} | {passing:,} | {passing / max(1, pairs):.2e} | {grey_passing:,} "
+                  f"| {recalls} |")  # fmt: skip
             rows.append({"bits": bits, "min_correlation": corr, "false_pairs": passing,
-                         "false_rate": passing / max(1, pairs), "recall": rec})  # fmt: skip
+                         "false_rate": passing / max(1, pairs), "false_pairs_greyscale": grey_passing,
+                         "recall": rec})  # fmt: skip
     flagged = (d <= chosen[0]) & (r >= chosen[1]) & ~exact
     print(
         f"\ndistinct pairs the chosen rule ({chosen[0]} bits, r >= {chosen[1]}) calls copies: {int(flagged.sum())} "

@@ -22,6 +22,7 @@ from vitlab.data.check.findings import copy_findings
 from vitlab.data.check.perceptual import (
     MIN_CORRELATION,
     NEAR_BITS,
+    SURE_CORRELATION,
     _dct_matrix,
     correlations,
     fingerprint,
@@ -261,6 +262,31 @@ def test_the_thresholds_split_copies_from_distinct_pictures():
     thumbs = np.stack([f.thumbs for f in fps])
     pairs = near_pairs(whole, centre, thumbs, mirror)
     assert len(pairs[0]) == 0, pairs
+
+
+def test_a_greyscale_copy_is_a_sure_copy_and_a_greyscale_stranger_is_not(tmp_path):
+    """A greyscale copy of a colour picture (a one-channel JPEG) has the picture's luma but not its RGB values: the
+    RGB thumbnails correlated too little (0.41 of such copies of the clothing photos passed, docs/data_check.md), so
+    a greyscale copy in val/ of a training photo was no leak. Compared by luma when either side is greyscale, each
+    such copy is a sure copy, and no distinct picture, greyed, passes as a copy of another."""
+    fps = [fingerprint(np.asarray(picture(s))) for s in range(120)]
+    for k in range(24):
+        grey = reencoded(ImageOps.grayscale(picture(k)).convert("RGB"), 90).convert("L")  # a one-channel JPEG
+        fp = fingerprint(np.asarray(grey)[..., None])
+        assert hamming(fps[k].whole, fp.whole) <= NEAR_BITS
+        r = correlations(np.stack([fps[k].thumbs, fp.thumbs]), np.array([0]), np.array([1]))[0]
+        assert r >= SURE_CORRELATION, (k, r)
+    greyed = [fingerprint(np.asarray(ImageOps.grayscale(picture(s)))[..., None]) for s in range(120)]
+    mixed = [fps[k] if k % 2 else greyed[k] for k in range(120)]  # every other picture greyscale, all distinct
+    whole, centre, mirror = (np.array([getattr(f, x) for f in mixed], dtype=np.uint64) for x in ("whole", "centre",
+                                                                                               "mirror"))  # fmt: skip
+    assert len(near_pairs(whole, centre, np.stack([f.thumbs for f in mixed]), mirror)[0]) == 0
+
+    root = _folder(tmp_path / "photos", per_class=4, val_per_class=1)
+    ImageOps.grayscale(Image.open(root / "train" / "b" / "02.jpg")).save(root / "val" / "b" / "grey.jpg", quality=90)
+    (leak,) = check_folder(root, progress=False).of("leak")
+    assert leak.paths == ("val/b/grey.jpg", "train/b/02.jpg") and leak.detail["match"] == "near"
+    assert leak.detail["sure"]
 
 
 def test_the_pair_search_is_the_brute_force_one(monkeypatch):
