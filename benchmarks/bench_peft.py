@@ -9,6 +9,8 @@ first: the peak resident memory its steps add (``VmHWM`` after resetting it, les
 
     python benchmarks/bench_peft.py step                                   # all three models (B/16: minutes a round)
     python benchmarks/bench_peft.py step --models vit_ti16 --rounds 3 --threads 4
+    python benchmarks/bench_peft.py step --models vit_ti16 --side 64 --batch 128 \
+        --arch patch_size=8,embed_dim=128,depth=4,num_heads=2,mlp_dim=512   # the auto recipe's smallest model
 
 (b) ``transfer``: ``vitlab finetune --init RUN --data DIR --time-budget T --tune X`` for each method and seed, each a
 process of its own, one after another; the table of the evaluation top-1 each run reports (summary.json).
@@ -47,10 +49,11 @@ METHODS = {"full": ("full", 0), "lora4": ("lora", 4), "lora8": ("lora", 8), "ssf
 NUM_CLASSES = 10
 
 
-def tuned_model(name: str, method: str, rank: int, *, side: int) -> nn.Module:
-    """``name`` at ``side`` px (randomly initialised, 10 classes, vitlab's speed paths) set to train by ``method``."""
+def tuned_model(name: str, method: str, rank: int, *, side: int, arch: dict[str, int] | None = None) -> nn.Module:
+    """``name`` at ``side`` px (randomly initialised, 10 classes, vitlab's speed paths; ``arch``: ``create_model``
+    overrides) set to train by ``method``."""
     torch.manual_seed(0)
-    model = vitlab.create_model(name, num_classes=NUM_CLASSES, img_size=side)
+    model = vitlab.create_model(name, num_classes=NUM_CLASSES, img_size=side, **(arch or {}))
     if method == "head":
         model.requires_grad_(False)
         model.head.requires_grad_(True)
@@ -93,10 +96,12 @@ def _status(key: str) -> int:
     return 0
 
 
-def step_memory(name: str, method: str, rank: int, *, batch: int, side: int) -> tuple[int | None, int]:
+def step_memory(
+    name: str, method: str, rank: int, *, batch: int, side: int, arch: dict[str, int]
+) -> tuple[int | None, int]:
     """``(peak bytes two steps add over the RSS before them, or None where VmHWM cannot be reset; gradient and
     optimizer-state bytes)`` of one method, alone in the process."""
-    step = Step(tuned_model(name, method, rank, side=side), batch=batch, side=side)
+    step = Step(tuned_model(name, method, rank, side=side, arch=arch), batch=batch, side=side)
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: what follows is the steps' own peak
         rss = _status("VmRSS")
@@ -108,13 +113,17 @@ def step_memory(name: str, method: str, rank: int, *, batch: int, side: int) -> 
     return peak, step.state_bytes()
 
 
-def step_rows(name: str, *, batch: int, side: int, rounds: int, warmup: int) -> list[dict[str, Any]]:
+def step_rows(
+    name: str, *, batch: int, side: int, rounds: int, warmup: int, arch: dict[str, int]
+) -> list[dict[str, Any]]:
     rows = []
     for row, (method, rank) in METHODS.items():
-        peak, state = step_memory(name, method, rank, batch=batch, side=side)
-        trained, total = trainable_counts(tuned_model(name, method, rank, side=side))
+        peak, state = step_memory(name, method, rank, batch=batch, side=side, arch=arch)
+        trained, total = trainable_counts(tuned_model(name, method, rank, side=side, arch=arch))
         rows.append({"method": row, "peak": peak, "state": state, "trained": trained, "total": total})
-    steps = {r: Step(tuned_model(name, m, k, side=side), batch=batch, side=side) for r, (m, k) in METHODS.items()}
+    steps = {
+        r: Step(tuned_model(name, m, k, side=side, arch=arch), batch=batch, side=side) for r, (m, k) in METHODS.items()
+    }
     times = time_calls(steps, rounds=rounds, warmup=warmup)
     for r in rows:
         r["ms"] = 1000 * times[r["method"]].median
@@ -128,8 +137,9 @@ def run_step(a: argparse.Namespace) -> None:
     print(f"CPU, {torch.get_num_threads()} threads, {a.side} px, batch {a.batch}, median of {a.rounds} rounds\n")
     print("| model | method | trains | ms per step | vs full | peak added (MiB) | grads + optimizer state (MiB) |")
     print("|---|---|---:|---:|---:|---:|---:|")
+    arch = {k: int(v) for k, v in (item.split("=", 1) for item in a.arch.split(",") if item)}
     for name in a.models.split(","):
-        rows = step_rows(name, batch=a.batch, side=a.side, rounds=a.rounds, warmup=a.warmup)
+        rows = step_rows(name, batch=a.batch, side=a.side, rounds=a.rounds, warmup=a.warmup, arch=arch)
         full = next(r["ms"] for r in rows if r["method"] == "full")
         for r in rows:
             peak = f"{r['peak'] / mib:,.0f}" if r["peak"] is not None else "n/a"
@@ -200,6 +210,7 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    s.add_argument("--arch", default="", help="create_model overrides, e.g. patch_size=8,embed_dim=128 (integers)")
     t = sub.add_parser("transfer", help="(b) each method's top-1 at equal wall time")
     t.add_argument("--init", required=True, help="the pre-trained model (run or model folder, public name)")
     t.add_argument("--data", required=True)

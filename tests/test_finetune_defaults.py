@@ -286,9 +286,9 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
     """Before: a fine-tune's passes (its augmentation, LP-FT's warm-up, the line's steps) were estimated at a fixed
     1e10 multiply-accumulates a second, while a fresh run's came from the pace a probe measured (issue 57: one sizing
     rule on the same measurements). Now the probe's pace counts them as the plan will (paced_level): the --init
-    model's step scaled by its multiply-accumulates and what trains (3, 2 or 1 forwards), with each epoch's ends.
+    model's step scaled by its multiply-accumulates and what trains (STEP_FORWARDS), with each epoch's ends.
     Without a probe the estimate counts the step's work by what trains too (before: 3 forwards for every method)."""
-    from vitlab.train.sizing.pace import Pace, save_seconds, steps_in_budget
+    from vitlab.train.sizing.pace import STEP_FORWARDS, Pace, save_seconds, steps_in_budget
     from vitlab.train.sizing.recipe import forward_macs
 
     pace = Pace(step_s=0.05, step_macs=1e9, batch=32, aug_s={k: 1e-4 for k in LEVELS}, eval_s=0.5,
@@ -299,9 +299,9 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
         fit = _fit(n_train, budget=300.0, pace=pace, **given)
         r = fit.recipe
         tune = r.tuning
-        assert tune == {"tune": "head", "lora": "lora"}.get(next(iter(given), ""), "full")  # 1, 2, 3 forwards
+        assert tune == {"tune": "head", "lora": "lora"}.get(next(iter(given), ""), "full")
         assert "measured: the probe" in fit.resolved and "estimated" not in fit.resolved
-        forwards = {"head": 1.0, "lora": 2.0, "full": 3.0}[tune]
+        forwards = STEP_FORWARDS[tune]
         step_macs = forwards * forward_macs(arch, (32, 32), 3, token_drop=0.5) * r.batch_size
         save_s = save_seconds(params=params, trainable=params if tune == "full" else 0)
         end_s = pace.evaluation_s(forward_macs(arch, (32, 32), 3)) + save_s
@@ -315,7 +315,8 @@ def test_a_time_budget_counts_a_fine_tunes_passes_from_the_measured_pace():
     estimated = _fit(3000, budget=300.0)
     assert "estimated for 300 s on cpu" in estimated.resolved  # no probe (shards, several processes): as before
     macs = forward_macs(arch, (32, 32), 3, token_drop=0.5)
-    for given, forwards in (({}, 3.0), ({"lora": 4}, 2.0), ({"tune": "head"}, 1.0)):
+    for given, tune in (({}, "full"), ({"lora": 4}, "lora"), ({"tune": "head"}, "head")):
+        forwards = STEP_FORWARDS[tune]
         fit = _fit(3000, budget=300.0, **given)
         steps = max(1, int(300.0 * 1e10 / (forwards * macs) / fit.recipe.batch_size))
         assert f"~{steps:,} steps (estimated for 300 s on cpu)" in fit.resolved

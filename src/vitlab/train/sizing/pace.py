@@ -37,18 +37,21 @@ generators' states, the folder's fsync): a head-only fine-tune of the tiny model
 0.015 s of it) timed its whole epoch ends, 3 images evaluated, at 0.04 s (docs/training.md)."""
 
 
-STEP_FORWARDS = {"full": 3.0, "head": 1.0}
-"""A training step's cost in forward passes, by what trains: every weight 3 (the backward pass computes the gradients
-of the activations and of the weights, each about a forward's), the head alone 1 (no gradient flows into the frozen
-body), anything else (LoRA, SSF, the biases) 2: the activations' gradients, not the frozen weights'. Every estimate
-of a step's work (the auto recipe's model and passes, the fine-tune's, the threads, the expected wall time) counts
-with this table (:func:`train_step_macs`)."""
+STEP_FORWARDS = {"full": 3.0, "lora": 2.8, "ssf": 2.6, "bias": 2.2, "head": 1.0}
+"""A training step's cost in forward passes, by what trains (every value of a recipe's ``tuning``). Every weight: 3,
+the backward pass computing the activations' gradients and the weights', each about a forward's. The others are 3 x
+the median of their measured step time against a full step's (docs/performance.md, "Parameter-efficient fine-tuning
+on the CPU": ViT-Ti/16, S/16, B/16 at 224 px and the auto recipe's smallest model at 64 px, on two machines): LoRA
+0.82-1.10x (r 4 and 8; its thin products and the frozen weight's fused node cost about what the weight gradients
+save), SSF 0.84-0.98x, the biases 0.71-0.89x, the head alone 0.33-0.39x (no gradient flows into the frozen body).
+Every estimate of a step's work (the auto recipe's model and passes, the fine-tune's, the threads, the expected wall
+time) counts with this table (:func:`train_step_macs`). (It held 2 for every adapter, a LoRA step estimated at 0.67x
+a full one: a fine-tune's first line said ~171 steps of 125 ms where the run then measured 218 ms.)"""
 
 
 def step_forwards(tuning: str = "full") -> float:
-    """A training step's cost in forward passes when what ``tuning`` names trains (a recipe's ``tuning``;
-    :data:`STEP_FORWARDS`, 2 for adapters)."""
-    return STEP_FORWARDS.get(tuning, 2.0)
+    """A training step's cost in forward passes when what ``tuning`` names trains (:data:`STEP_FORWARDS`)."""
+    return STEP_FORWARDS[tuning]
 
 
 def train_step_macs(forward_macs: float, batch: int, *, tuning: str = "full") -> float:
