@@ -269,6 +269,27 @@ def test_predict_a_folder_reports_unreadable_files_and_predicts_the_rest(run_dir
     assert main(["predict", "--model", str(run_dir), str(folder / "broken.jpg")]) == 2  # nothing readable: an error
 
 
+def test_predict_expands_a_quoted_pattern_and_names_a_url_or_stdin(run_dir, tmp_path, capsys, monkeypatch):
+    """A pattern the shell did not expand (quoted, or a Windows shell) was "no such file or folder", a URL too (its
+    `//` folded into `/` by Path), and `-` the same. A pattern is expanded as the shell would, sorted; a URL and
+    standard input say what they are; a file whose name holds a pattern's characters is still that file."""
+    from PIL import Image
+
+    for name in ("a1.png", "a2.png", "b1.png", "[x].png"):
+        Image.new("L", (8, 8), 200).save(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--model", str(run_dir), "a*.png", "--json"]) == 0
+    assert [r["image"] for r in json.loads(capsys.readouterr().out)] == ["a1.png", "a2.png"]
+    assert main(["predict", "--model", str(run_dir), "[x].png", "--json"]) == 0  # the file, not a pattern
+    assert [r["image"] for r in json.loads(capsys.readouterr().out)] == ["[x].png"]
+    for arg, said in (("c*.png", "c*.png: no file or folder matches this pattern"),
+                      ("https://example.com/cat.jpg", "https://example.com/cat.jpg: a URL; vitlab reads image files"),
+                      ("-", "-: standard input is not read")):  # fmt: skip
+        assert main(["predict", "--model", str(run_dir), arg]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+
+
 # --- the command line's words -----------------------------------------------------------------------------------
 
 

@@ -26,7 +26,12 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
         ),
         formatter_class=formatter,
     )
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders (searched recursively)")
+    p.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help="image files, folders (searched recursively) or patterns (photos/*.jpg, quoted or not)",
+    )
     add_model_arg(p)
     add_serving_args(p)
     p.add_argument("--top", type=int, default=5, help="how many classes to show")

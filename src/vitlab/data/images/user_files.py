@@ -4,6 +4,7 @@ file that cannot be used a one-line :class:`~vitlab.errors.InputError` naming it
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ def image_files(
     the decoder does not read (:func:`~vitlab.data.images.decode.unread_format`: HEIC, raw ...) found in a folder
     are appended to ``left_out`` with the reason, and named by the error of a folder that holds nothing else."""
     files: list[Path] = []
-    for p in map(Path, paths):
+    for p in (q for raw in paths for q in _expanded(os.fspath(raw))):
         if p.is_dir():
             found, unread = [], []
             for f in sorted(p.rglob("*")):
@@ -44,6 +45,25 @@ def image_files(
         else:
             raise InputError(f"{p}: no such file or folder")
     return files
+
+
+def _expanded(text: str) -> list[Path]:
+    """The paths one command-line argument names: itself when it exists (a file named ``a[1].jpg`` too), else the
+    paths a pattern (``*``, ``?``, ``[``) matches, sorted, as the shell expands them unquoted (Windows' shells do
+    not); a URL, standard input (``-``) and a pattern that matches nothing are one-line errors."""
+    p = Path(text)
+    if p.exists():
+        return [p]
+    if "://" in text:
+        raise InputError(f"{text}: a URL; vitlab reads image files: download it first (e.g. curl -O URL)")
+    if text == "-":
+        raise InputError("-: standard input is not read; give image files or folders")
+    if any(c in text for c in "*?["):
+        found = sorted(glob.glob(os.path.expanduser(text), recursive=True))
+        if not found:
+            raise InputError(f"{text}: no file or folder matches this pattern")
+        return [Path(f) for f in found]
+    return [p]
 
 
 def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = None) -> np.ndarray:
