@@ -8,6 +8,7 @@ with NaN weights is one line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,19 @@ def test_eval_of_a_plain_class_folder_evaluates_all_of_it_and_says_so(tmp_path, 
     assert main([*common, "--val-split", "0.2", "--json"]) == 0  # a held-out fraction, when asked for
     cap = capsys.readouterr()
     assert json.loads(cap.out)["count"] == 6 and "--val-split" in cap.err
+
+
+def test_eval_of_a_test_folder_beside_train_is_no_plain_folder(tmp_path, capsys):
+    """A run on DIR (train/, val/ and test/) says "test/ left alone for a final test: vitlab eval --model X --data
+    DIR/test"; that command then noted "DIR/test has no val/ or test/ folder: all N of its images were evaluated",
+    as if something were missing. An evaluation split given itself is evaluated whole without a note."""
+    data = tmp_path / "photos"
+    plain_folder(data / "train")
+    shutil.copytree(data / "train", data / "test")
+    run = run_folder(tmp_path / "run", tiny_model())
+    assert main(["eval", "--model", str(run), "--data", str(data / "test"), "--cache-dir", str(tmp_path / "c")]) == 0
+    cap = capsys.readouterr()
+    assert "(all, 30 images)" in cap.out and "no val/ or test/ folder" not in cap.out + cap.err
 
 
 def test_fewshot_defaults_to_the_runs_own_data(tmp_path, capsys):

@@ -152,8 +152,9 @@ def calibration_line(res: dict) -> str:
 def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, asked: bool) -> list[str]:
     """What the evaluation split was when the data set has none of its own: the whole folder (``all``), or the
     fraction held out of it (by ``--val-split``, ``asked``; or the one the model's run held out of its own folder).
-    Tar shards hold out their last training shards, not a fraction of each class."""
-    from ..data.sources import DataSource
+    Nothing for an evaluation split given itself (``DIR/test`` beside ``DIR/train``): it is evaluated whole. Tar
+    shards hold out their last training shards, not a fraction of each class."""
+    from ..data.sources import EVAL_DIRS, DataSource
 
     source = DataSource.named(data)
     if source.shards and val_split is not None:
@@ -164,6 +165,8 @@ def split_notes(res: dict, spec: str, data: str, *, val_split: float | None, ask
     if source.folder is None:
         return []
     if res["split"] == "all":
+        if source.folder.name in EVAL_DIRS and (source.folder.parent / "train").is_dir():
+            return []  # an evaluation split itself (clothing/test, as a run's "left alone" line suggests): all of it
         return [
             f"{data} has no val/ or test/ folder: all {res['count']:,} of its images were evaluated (--val-split F "
             "evaluates a fraction held out, as training holds it out)"
