@@ -30,6 +30,7 @@ NOT_INSTALLED = (
     "wandb",
     "mlflow",
     "peft",
+    "pillow_heif",
 )
 
 BLOCK = f"""

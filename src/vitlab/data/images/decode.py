@@ -5,11 +5,13 @@ files through :func:`decode_image`, and all adapt channels to a model with
 :func:`match_channels`, so one image file gives one set of pixels whichever command reads it:
 EXIF orientation applied, transparency composited on white, 16-bit scaled (not clipped) to
 8 bits, decompression bombs refused from the header, RGB -> grey by the ITU-R 601-2 luma
-(PIL's own ``convert("L")``), grey -> RGB by repetition.
+(PIL's own ``convert("L")``), grey -> RGB by repetition. HEIC/HEIF photos decode where the ``heif`` extra
+(``pillow-heif``) is installed (:func:`heif_readable`), the others where PIL reads them.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import stat
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "HEIF_EXTENSIONS",
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
     "UNREAD_EXTENSIONS",
@@ -36,6 +39,7 @@ __all__ = [
     "decode_pil",
     "file_kind",
     "header_sizes",
+    "heif_readable",
     "image_size",
     "is_image_name",
     "match_channels",
@@ -50,10 +54,18 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 """File name endings (lower case) taken as images when a folder is searched (AVIF: read where Pillow was built with
 it, ``PIL.features.check("avif")``, as the Pillow the project installs is; elsewhere such a file is reported as one
 that cannot be used)."""
-UNREAD_EXTENSIONS = (".heic", ".heif", ".jxl", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf", ".svg")
-"""Endings of photos the decoder (PIL) does not read: Apple's HEIC/HEIF (an iPhone's default), JPEG XL, camera raw
+HEIF_EXTENSIONS = (".heic", ".heif")
+"""Apple's HEIC/HEIF, an iPhone's default: images where the ``heif`` extra is installed (``pillow-heif``, which
+gives PIL a HEIF decoder: :func:`heif_readable`), photos the decoder does not read where it is not."""
+UNREAD_EXTENSIONS = (*HEIF_EXTENSIONS, ".jxl", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".orf", ".rw2", ".raf", ".svg")
+"""Endings of photos the decoder (PIL) does not read: HEIC/HEIF without the ``heif`` extra, JPEG XL, camera raw
 files, SVG drawings. A folder search reports such a file as left out (:func:`unread_format`), never skips it without
 a word as it skips a text file."""
+HEIF_MISSING = (
+    "a HEIC/HEIF image, which this install does not decode: pip install 'vitlab[heif]' (pillow-heif) and it does, "
+    "or convert it to JPEG or PNG"
+)
+_HEIF_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1")
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 """PIL's own default decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``): about 1/4 GiB of RGB."""
@@ -68,18 +80,78 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 
 
 def is_image_name(name: str) -> bool:
-    """Whether a file name has one of :data:`IMAGE_EXTENSIONS` (any case) and is not hidden (``.name``)."""
-    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+    """Whether a file name has one of :data:`IMAGE_EXTENSIONS` (any case), or of :data:`HEIF_EXTENSIONS` where
+    they decode (:func:`heif_readable`), and is not hidden (``.name``)."""
+    low = name.lower()
+    return not name.startswith(".") and (
+        low.endswith(IMAGE_EXTENSIONS) or (low.endswith(HEIF_EXTENSIONS) and heif_readable())
+    )
 
 
 def unread_format(name: str) -> str | None:
     """Why a file named ``name`` is left out when it is a photo of a format the decoder does not read
-    (:data:`UNREAD_EXTENSIONS`, any case, not hidden), else None."""
+    (:data:`UNREAD_EXTENSIONS`, any case, not hidden; HEIC/HEIF only without the ``heif`` extra), else None."""
     low = name.lower()
     if name.startswith(".") or not low.endswith(UNREAD_EXTENSIONS):
         return None
+    if low.endswith(HEIF_EXTENSIONS):
+        return None if heif_readable() else HEIF_MISSING
     ext = low.rpartition(".")[2]
     return f"a .{ext} image: a format vitlab's decoder (PIL) does not read; convert it to JPEG or PNG"
+
+
+@functools.cache
+def heif_readable() -> bool:
+    """Whether HEIC/HEIF files decode here: ``pillow_heif`` is importable, and its PIL opener is then registered
+    (once a process; a worker process registers it again at its first HEIF). It applies the file's rotation (HEIF's
+    ``irot``/``imir``) as it decodes and sets the EXIF orientation to 1, so :func:`decode_pil`'s EXIF rule turns
+    nothing twice and :func:`image_size` reads the turned size from the header
+    (``tests/test_heif.py::test_a_heic_photo_decodes_as_its_jpeg_does``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pillow_heif") is None:
+        return False
+    try:
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
+    except Exception:  # a broken install: as if it were not there
+        return False
+    return True
+
+
+def _looks_heif(src: str | os.PathLike[str] | bytes | IO[bytes]) -> bool:
+    """Whether ``src`` starts as a HEIF file does (an ISO media ``ftyp`` box of a HEIF brand): 12 bytes read, a file
+    object's position kept."""
+    try:
+        if hasattr(src, "read"):
+            pos = src.tell()  # type: ignore[union-attr]
+            head = src.read(12)  # type: ignore[union-attr]
+            src.seek(pos)  # type: ignore[union-attr]
+        else:
+            with open(src, "rb") as f:  # type: ignore[arg-type]
+                head = f.read(12)
+    except (OSError, ValueError):
+        return False
+    return head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS
+
+
+def _open(src: str | os.PathLike[str] | bytes | IO[bytes]) -> Image.Image:
+    """``PIL.Image.open(src)``, and for a HEIF file PIL does not know yet, its opener registered first
+    (:func:`heif_readable`) or a ``ValueError`` naming the extra that reads it: nothing is imported for the other
+    formats."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        return Image.open(src)
+    except UnidentifiedImageError:
+        if not _looks_heif(src):
+            raise
+        if not heif_readable():
+            raise ValueError(HEIF_MISSING) from None
+        if hasattr(src, "seek"):
+            src.seek(0)  # type: ignore[union-attr]
+        return Image.open(src)
 
 
 def too_thin(width: int, height: int) -> bool:
@@ -133,10 +205,9 @@ def _orientation(im: Image.Image, *, header_only: bool = False) -> int:
 def image_size(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(width, height)`` of the decoded image (EXIF orientation applied) from the file's header,
     without decoding the pixels; ``None`` for a file PIL cannot open."""
-    from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with _open(path) as im:
             w, h = im.size
             return (h, w) if _orientation(im, header_only=True) in _TRANSPOSED else (w, h)
     except Exception:
@@ -307,7 +378,7 @@ def _decode(
         # PIL refuses 2x its own limit in open(): let a larger --max-image-pixels through
         Image.MAX_IMAGE_PIXELS = limit
     try:
-        im = Image.open(src)
+        im = _open(src)
     except Image.DecompressionBombError as e:
         raise ValueError(f"{e} (decompression-bomb guard; raise --max-image-pixels if you trust the file)") from None
     with im:

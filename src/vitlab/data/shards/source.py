@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import DataError
-from ..images.decode import IMAGE_EXTENSIONS
+from ..images.decode import HEIF_EXTENSIONS, IMAGE_EXTENSIONS
 from .manifest import MANIFEST, MAX_CLASSES, MAX_MANIFEST_BYTES, parse_manifest, read_manifest
 from .names import check_scheme, expand_spec, quoted, url_scheme
 
@@ -52,7 +52,8 @@ MAX_MEMBER_BYTES = 64 << 20
 """Largest tar member (one sample's image) read: a larger one is refused before it is read."""
 _KEY = re.compile(r"^((?:.*/|)[^/.]+)\.([^/]*)$")  # webdataset's split: the key ends at the basename's first dot
 _EVAL_NAMES = ("val", "valid", "validation", "test")
-_IMAGE_EXTS = {e.lstrip(".") for e in IMAGE_EXTENSIONS} | {"img"}
+_IMAGE_EXTS = {e.lstrip(".") for e in (*IMAGE_EXTENSIONS, *HEIF_EXTENSIONS)} | {"img"}  # (HEIF: the decoder says
+# which extra reads it where it is missing)
 _LABEL = re.compile(rb"^\s*(-?\d{1,18})\s*$")
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
