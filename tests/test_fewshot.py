@@ -148,7 +148,7 @@ def test_evaluate_fewshot_on_a_model_is_deterministic_and_complete():
     cfg = FewShotConfig(shots=(1, 5), seeds=2, max_train=30, batch_size=16)
     a = evaluate_fewshot(model, _coloured_splits(), cfg, progress=False)
     b = evaluate_fewshot(model, _coloured_splits(), cfg, progress=False)
-    assert a == b
+    assert a == b and a["test_split"] == "test"
     assert a["num_classes"] == 3 and a["feature_dim"] == 192 and a["test_size"] == 30
     assert a["fewshot"]["5"]["train_size"] == 15
     assert a["fewshot"]["5"]["mean"] == 1.0
@@ -167,8 +167,9 @@ def test_cli_fewshot_on_digits(tmp_path, capsys):
     assert main([*argv, "--max-train", "200", "--max-test", "100", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "5-shot" in printed and "probe" in printed
+    assert "100 test images (test)" in printed  # which split they are (a folder's: validation, test ...)
     res = json.loads(out.read_text())
-    assert res["num_classes"] == 10 and res["test_size"] == 100
+    assert res["num_classes"] == 10 and res["test_size"] == 100 and res["test_split"] == "test"
     assert res["fewshot"]["1"]["train_size"] == 10 and len(res["fewshot"]["1"]["per_seed"]) == 2
     assert 0.1 < res["fewshot"]["5"]["mean"] <= 1.0  # random features of digits beat chance
     with pytest.raises(SystemExit):

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{shown(args.model)} on {shown(data)}: {result['num_classes']} classes, {result['feature_dim']}-d features, "
-        f"{result['test_size']} test images"
+        f"{result['test_size']} test images" + (f" ({result['test_split']})" if result.get("test_split") else "")
     )
     for shots, r in result["fewshot"].items():
         short = r.get("classes_short", 0)

@@ -382,6 +382,7 @@ def evaluate_fewshot(
         "num_classes": k,
         "feature_dim": int(feats_tr.shape[1]),
         "test_size": len(test_idx),
+        "test_split": getattr(test, "name", None),  # the evaluation split's folder (validation, test ...)
         "fewshot": fs,
         "config": {**asdict(cfg), "shots": list(cfg.shots)},
     }
