@@ -105,3 +105,23 @@ def test_without_the_extra_a_heic_is_named_with_what_reads_it(tmp_path):
     named, why, err, size = json.loads(done.stdout)
     assert (named, why, err, size) == (False, HEIF_MISSING, HEIF_MISSING, None)
     assert "pip install 'vitlab[heif]'" in HEIF_MISSING
+
+
+@pytest.mark.parametrize("first", ["decode_encoded", "image_size", "decode_image"])
+def test_the_first_heif_a_process_meets_registers_the_decoder_in_every_path(tmp_path, first):
+    """A fresh process (a DataLoader worker, a shard reader) has no HEIF opener until the decoder meets its first
+    HEIF file, whichever path meets it: encoded bytes of a shard's member (the first version read the member's head
+    from where PIL's failed open had left the stream, and said "cannot identify image file"), a header, a file."""
+    heic = _save_heic(_halves(), tmp_path / "x.heic", orientation=6)
+    arg = f"Path({str(heic)!r}).read_bytes()" if first == "decode_encoded" else repr(str(heic))
+    code = f"""
+        import json
+        from pathlib import Path
+        from vitlab.data.images import decode
+        out = decode.{first}({arg})
+        print(json.dumps(list(out if first == "image_size" else out.shape)))
+    """.replace("first ==", f"{first!r} ==")
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ([48, 96] if first == "image_size" else [96, 48, 3])

@@ -121,13 +121,12 @@ def heif_readable() -> bool:
 
 
 def _looks_heif(src: str | os.PathLike[str] | bytes | IO[bytes]) -> bool:
-    """Whether ``src`` starts as a HEIF file does (an ISO media ``ftyp`` box of a HEIF brand): 12 bytes read, a file
-    object's position kept."""
+    """Whether ``src`` starts as a HEIF file does (an ISO media ``ftyp`` box of a HEIF brand): its first 12 bytes
+    (a file object's from its start, where :func:`decode_encoded`'s image starts, whatever PIL's failed open read)."""
     try:
         if hasattr(src, "read"):
-            pos = src.tell()  # type: ignore[union-attr]
+            src.seek(0)  # type: ignore[union-attr]
             head = src.read(12)  # type: ignore[union-attr]
-            src.seek(pos)  # type: ignore[union-attr]
         else:
             with open(src, "rb") as f:  # type: ignore[arg-type]
                 head = f.read(12)
