@@ -102,6 +102,8 @@ NOT_PUBLIC: dict[str, tuple[str, str | None]] = {
     # e.g. `vitlab.data.fingerprints(paths)` and `vitlab.data.near_pairs(...)`, they would serve it)
     "data_check_records": ("vitlab.data.check.records", None),  # FileRecord, read_files
     "data_check_perceptual": ("vitlab.data.check.perceptual", None),  # hash_pairs, correlations, the thresholds
+    # bench_heif.py: the one decoder, as a folder's file is read (a public `vitlab.data.decode_image` would serve it)
+    "decode_image": ("vitlab.data.images.decode", "decode_image"),
     # bench_packed_attention.py: block-diagonal attention over packed images (a public `vitlab.models` name)
     "PackedAttention": ("vitlab.models.packed", "PackedAttention"),
     # bench_packed_attention.py --train-step: images cut into patches and packed (public `vitlab.models` names too)

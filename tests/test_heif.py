@@ -125,3 +125,14 @@ def test_the_first_heif_a_process_meets_registers_the_decoder_in_every_path(tmp_
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ([48, 96] if first == "image_size" else [96, 48, 3])
+
+
+def test_the_heif_benchmark_decodes_both_formats(monkeypatch, capsys):
+    """``benchmarks/bench_heif.py --smoke``: its rows (never its numbers)."""
+    from benchscripts import load
+
+    bench = load("bench_heif")
+    monkeypatch.setattr("sys.argv", ["bench_heif.py", "--smoke"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "| jpeg |" in out and "| heic |" in out and "6 photos" in out and "# load average at end" in out
