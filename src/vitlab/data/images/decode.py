@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "HEIF_EXTENSIONS",
+    "HEIF_MISSING",
     "IMAGE_EXTENSIONS",
     "MAX_ASPECT",
     "UNREAD_EXTENSIONS",
@@ -65,6 +66,7 @@ HEIF_MISSING = (
     "a HEIC/HEIF image, which this install does not decode: pip install 'vitlab[heif]' (pillow-heif) and it does, "
     "or convert it to JPEG or PNG"
 )
+"""Why a HEIC/HEIF file is left out, or not decoded, where the ``heif`` extra is missing."""
 _HEIF_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs", b"mif1", b"msf1")
 
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
@@ -204,7 +206,6 @@ def _orientation(im: Image.Image, *, header_only: bool = False) -> int:
 def image_size(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(width, height)`` of the decoded image (EXIF orientation applied) from the file's header,
     without decoding the pixels; ``None`` for a file PIL cannot open."""
-
     try:
         with _open(path) as im:
             w, h = im.size
