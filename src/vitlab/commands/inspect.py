@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
             f"The weights are random: {args.model} is an architecture name, not a trained model, so the figures "
             "show an untrained network."
         )
-    args.image = [*args.image, *args.images]
-    if not args.image and not args.data:
+    given = [*args.image, *args.images]  # --image and the images after the options
+    if not given and not args.data:
         if notes:  # a bare architecture: no data of its own
             notes.append("Images: the embedded scikit-learn digits (no --image or --data given).")
         else:
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if args.data and DataSource.named(args.data).shards:
         where = f"{shown(args.model)} was trained on tar shards" if recorded else f"{shown(args.data)}: tar shards"
         raise DataError(f"--data: {where}, which inspect does not read; {_ASK}")
-    if args.image:
-        images, names = read_images(args.image)
+    if given:
+        images, names = read_images(given)
         distance_images = images[: args.num_images]
     elif args.data:  # only the images shown and measured are decoded, as the evaluation decodes them
         saved = (model.config.extra or {}).get("val_split") if recorded else None
