@@ -30,11 +30,13 @@ _HINT_ENTRIES = 10_000  # entries of a folder's top a hint looks at, at most: a 
 @dataclass
 class _Walk:
     """What one scan has seen: real folders and files by ``(st_dev, st_ino)`` with the path they were
-    first reached by, and ``problems``, ``(path, reason)`` of everything left out."""
+    first reached by, ``problems``, ``(path, reason)`` of everything left out, and ``repeats``, ``(path, first path)``
+    of the image files among them reached before by another path (links)."""
 
     dirs: dict[tuple[int, int], str] = field(default_factory=dict)
     files: dict[tuple[int, int], str] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)
+    repeats: list[tuple[str, str]] = field(default_factory=list)
 
     def first_visit(self, path: str, st: os.stat_result, table: dict[tuple[int, int], str]) -> bool:
         key = (st.st_dev, st.st_ino)
@@ -90,6 +92,7 @@ def _class_files(top: str, walk: _Walk) -> list[str]:
                 else:
                     first = walk.files[(st.st_dev, st.st_ino)]
                     walk.problems.append((e.path, f"the same file as {first}; counted once"))
+                    walk.repeats.append((e.path, first))
             elif (why := unread_format(e.name)) and stat.S_ISREG(st.st_mode):
                 walk.problems.append((e.path, why))
         stack.extend(reversed(subdirs))
@@ -168,14 +171,13 @@ def scan_classes(
 
 def _linked_away(folder: str, walk: _Walk) -> tuple[int, str] | None:
     """``(how many, the first as "path = first path")`` of the image files under ``folder`` that were reached
-    before by another path (hard or symbolic links), or None when there are none: a class folder that comes out
-    empty that way is not "without image files"."""
+    before by another path (hard or symbolic links: ``walk.repeats``), or None when there are none: a class folder
+    that comes out empty that way is not "without image files"."""
     inside = folder.rstrip(os.sep) + os.sep
-    same = [(p, why) for p, why in walk.problems if p.startswith(inside) and why.startswith("the same file as ")]
+    same = [(p, first) for p, first in walk.repeats if p.startswith(inside)]
     if not same:
         return None
-    path, why = same[0]
-    first = why.removeprefix("the same file as ").removesuffix("; counted once")
+    path, first = same[0]
     return len(same), f"{readable(path)} = {readable(first)}"
 
 
