@@ -382,7 +382,7 @@ def evaluate_fewshot(
         "num_classes": k,
         "feature_dim": int(feats_tr.shape[1]),
         "test_size": len(test_idx),
-        "test_split": getattr(test, "name", None),  # the evaluation split's folder (validation, test ...)
+        "test_split": test.name,  # the evaluation split's folder (validation, test ...) or a built-in set's
         "fewshot": fs,
         "config": {**asdict(cfg), "shots": list(cfg.shots)},
     }

@@ -9,7 +9,8 @@ frequencies. Each picture gets, from its decoded pixels (:func:`fingerprint`):
   ``1 - 2c``, so its whole hash is close to the original's centre hash;
 - the DCT hash of its left-right mirror image: training flips pictures (the paper's Inception crop and flip), so a
   mirrored copy of a training picture in the evaluation split is one the model has seen;
-- a 16x16 RGB thumbnail of the whole and of the centre, to confirm a pair (below).
+- a 16x16 RGB thumbnail of the whole and of the centre, to confirm a pair (below; compared by luma where either
+  picture is greyscale, so a greyscale copy of a colour photo is a copy).
 
 Photos of one kind (garments on a bed, products on white) share their low frequencies: on the clothing photos of
 ``/work/shared/data/clothing`` distinct photos come within 8 bits, as close as a cropped copy. So a pair is a
@@ -196,9 +197,11 @@ def correlations(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray
     best = np.full(len(i), -1.0)
     for sa_side, sb_side in _ALIGN:
         a, b = side(i, sa_side), side(j, sb_side)
+        r = _pearson(a.reshape(len(i), -1), b.reshape(len(i), -1))
         grey = _is_grey(a) | _is_grey(b)
-        rgb = _pearson(a.reshape(len(i), -1), b.reshape(len(i), -1))
-        best = np.maximum(best, np.where(grey, _pearson(a @ _LUMA, b @ _LUMA), rgb))
+        if grey.any():  # (the luma only of the pairs that need it: most folders hold no greyscale picture)
+            r[grey] = _pearson(a[grey] @ _LUMA, b[grey] @ _LUMA)
+        best = np.maximum(best, r)
     return best
 
 
