@@ -6,7 +6,9 @@ with the same outputs. Tiny random-initialised models."""
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -213,3 +215,83 @@ def test_hf_layout_of_the_papers_vit(tmp_path):
         assert_close_rel(model_hf(pixel_values=x).pooler_output, pooled(x))
     with pytest.raises(CheckpointError, match="init_values"):  # DINOv2's layer scale: no place in ViTModel
         write_layout(vitlab.create_model("vit_small_patch14_dinov2", depth=1), tmp_path / "d2", layout="hf")
+
+
+@pytest.mark.parametrize("posemb", ["sincos2d", "learn2d"])
+def test_auto_recipe_models_go_to_timm_and_hugging_face(posemb, tmp_path, capsys):
+    """Every auto recipe picks the fixed sine-cosine table (and the 2-D variant learns rows and columns): timm's and
+    Hugging Face's classes have no place for either, so the table they equal at the model's size is written as the
+    learned E_pos, zero for the class token. Both libraries then give vitlab's logits; timm's architecture is one timm
+    registers (its Ti/16 with patch 8: timm has no Ti/8)."""
+    model = vitlab.create_model(
+        "vit_ti16",
+        img_size=32,
+        patch_size=8,
+        embed_dim=64,
+        depth=2,
+        num_heads=4,
+        mlp_dim=128,
+        num_classes=3,
+        posemb=posemb,
+    )
+    randomize(model)
+    vitlab.save(model, tmp_path / "m")
+    for layout in ("timm", "hf"):
+        assert main(["convert", str(tmp_path / "m"), str(tmp_path / layout), "--layout", layout]) == 0
+        assert f"posemb '{posemb}': written as the learned table it equals at 32x32 px" in capsys.readouterr().err
+    timm_model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    hf_model = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    x = images()
+    with torch.no_grad():
+        want = model(x)
+        assert_close_rel(timm_model(x), want)
+        assert_close_rel(hf_model(pixel_values=x).logits, want)
+        assert_close_rel(vitlab.load(tmp_path / "hf")(x), want)  # back, as a learned table
+    assert json.loads((tmp_path / "timm" / "config.json").read_text())["model_args"]["patch_size"] == 8
+
+
+def test_timm_layout_names_only_architectures_timm_registers():
+    """vitlab takes every size x patch x resolution in timm's naming pattern as its own name; the layout writes only
+    those timm builds, so ``timm.create_model("local-dir:...")`` never meets an unknown model."""
+    from vitlab.models.variants import BACKBONES, NOT_IN_TIMM, TIMM_ALIASES
+
+    registered = set(timm.list_models())
+    assert set(TIMM_ALIASES) >= NOT_IN_TIMM
+    assert [n for n in (*BACKBONES, *TIMM_ALIASES) if n not in NOT_IN_TIMM and n not in registered] == []
+
+
+def test_hugging_faces_processor_gives_vitlabs_evaluation_pixels(tmp_path):
+    """The written preprocessor_config.json resizes the shorter side (bicubic) to the side over crop_pct and takes
+    the centre, as vitlab evaluates: a portrait photo of the model's data gives Hugging Face's pipeline the pixels
+    `vitlab predict` feeds the model (ViT's own processor squashes the whole photo, bilinear). crop_pct reads back
+    so that the resize is to the same side (64 / (64 / 73) is 72.99... in floats)."""
+    from PIL import Image
+
+    from vitlab.data.images.resize import resize_side
+    from vitlab.evaluate.accuracy import transforms_for
+
+    model = vitlab.create_model("vit_ti16", img_size=64, depth=1, num_classes=2, crop_pct=0.875)
+    write_layout(model, tmp_path / "hf", layout="hf")
+    proc = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    yy, xx = np.mgrid[0:130, 0:97]
+    photo = np.stack([xx * 2, yy * 2, (xx + yy) % 256], axis=-1).astype(np.uint8)  # smooth: resizes agree closely
+    image = Image.fromarray(photo)
+    theirs = proc(image, return_tensors="pt")["pixel_values"][0]
+    ours = transforms_for(model)(image)
+    assert theirs.shape == ours.shape == (3, 64, 64)
+    assert (theirs - ours).abs().mean() < 0.02 * ours.abs().mean()
+    back = vitlab.load(tmp_path / "hf").config.crop_pct
+    assert back == pytest.approx(64 / 73) and resize_side(64, back) == 73
+
+
+@pytest.mark.slow
+def test_the_layout_agreement_benchmark_scores_three_libraries(monkeypatch, capsys):
+    """``benchmarks/layout_agreement.py --smoke``: its rows (never its numbers)."""
+    from benchscripts import load
+
+    bench = load("layout_agreement")
+    monkeypatch.setattr("sys.argv", ["layout_agreement.py", "--smoke"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "6 photos" in out and "processor CLIPImageProcessor" in out
+    assert re.search(r"\| timm \| [\d.]+% \| 100\.0% \|", out) and "| hf |" in out  # timm: the same pixels

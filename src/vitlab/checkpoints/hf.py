@@ -22,6 +22,7 @@ becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept, and i
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..data.images.resize import resize_side
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig, check_fields
 from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
@@ -39,6 +41,7 @@ __all__ = [
     "WEIGHT_FILES",
     "config_fields",
     "convert_state",
+    "dinov3_preprocessor",
     "is_hf_folder",
     "is_hf_state",
     "read_folder",
@@ -216,7 +219,10 @@ def _crop_pct(pre: dict[str, Any], source: Path) -> float | None:
             f"{source}: do_center_crop with size {pre.get('size')!r:.60} and crop_size {pre.get('crop_size')!r:.60}: "
             "expected positive sides, the crop no larger than the size"
         )
-    return crop / size
+    pct = crop / size
+    if resize_side(crop, pct) != size:  # (64 / (64 / 73) is 72.99...: the next smaller float resizes to 73)
+        pct = math.nextafter(pct, 0.0)
+    return pct
 
 
 def unsupported(cfg: ViTConfig) -> list[str]:
@@ -302,12 +308,40 @@ def vit_state(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch
     return out
 
 
-def vit_preprocessor(cfg: ViTConfig, *, processor: str = "ViTImageProcessor") -> dict[str, Any]:
-    """``preprocessor_config.json`` of Hugging Face's ``processor`` (``ViTImageProcessor``; DINOv3's is
-    ``DINOv3ViTImageProcessor``) with the model's mean, std and input size."""
+def vit_preprocessor(cfg: ViTConfig) -> dict[str, Any]:
+    """``preprocessor_config.json`` that gives Hugging Face's ``pipeline("image-classification")`` and
+    ``AutoImageProcessor`` vitlab's evaluation pixels (:func:`vitlab.data.eval_transform`, timm's rule): the shorter
+    side resized (bicubic) to the model's side over its ``crop_pct``, the centre crop at the model's size, its mean and
+    std. ``ViTImageProcessor`` cannot say this (it squashes every image to the input size, bilinear, which changes
+    many top-1 classes of photos: docs/backbones.md), so the processor is ``CLIPImageProcessor``, which transformers
+    4 and 5 read the same way: ``size.shortest_edge`` and a ``crop_size``. A non-square model is resized to its size
+    over ``crop_pct`` whatever the aspect ratio, as vitlab resizes it."""
+    h, w = cfg.img_size
+    size: dict[str, int] = {"shortest_edge": resize_side(h, cfg.crop_pct)}
+    if h != w:
+        size = {"height": resize_side(h, cfg.crop_pct), "width": resize_side(w, cfg.crop_pct)}
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "do_resize": True,
+        "size": size,
+        "resample": 3,  # PIL's BICUBIC
+        "do_center_crop": True,
+        "crop_size": {"height": h, "width": w},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(cfg.mean),
+        "image_std": list(cfg.std),
+        "do_convert_rgb": cfg.in_chans == 3,
+    }
+
+
+def dinov3_preprocessor(cfg: ViTConfig) -> dict[str, Any]:
+    """``preprocessor_config.json`` of Hugging Face's ``DINOv3ViTImageProcessor`` with the model's mean, std and
+    input size: DINOv3's own processor (it resizes to the input size without a crop), kept for its model class."""
     h, w = cfg.img_size
     return {
-        "image_processor_type": processor,
+        "image_processor_type": "DINOv3ViTImageProcessor",
         "do_resize": True,
         "size": {"height": h, "width": w},
         "do_rescale": True,

@@ -35,7 +35,7 @@ from .._fs import default_file_mode, remove_stale, temp_path
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
-from ..models.variants import BACKBONES, TIMM_ALIASES, model_config
+from ..models.variants import BACKBONES, NOT_IN_TIMM, TIMM_ALIASES, model_config
 from . import dinov3, families, hf
 
 __all__ = ["LAYOUTS", "layout_files", "write_layout"]
@@ -60,6 +60,38 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
 
 
+_LEARNED_ONLY = {"timm": ("sincos2d", "learn2d"), "hf": ("sincos2d", "learn2d", "none")}
+"""The position embeddings a layout's classes have no place for, by layout: timm's ``VisionTransformer`` and ``Eva``
+learn one table or have none, Hugging Face's ``ViTModel`` always learns one."""
+
+
+def _portable(model: nn.Module, layout: str) -> tuple[ViTConfig, dict[str, torch.Tensor], list[str]]:
+    """``(config, state dict, notes)`` of ``model`` as ``layout`` can hold it: position embeddings the layout has no
+    place for (:data:`_LEARNED_ONLY`: the fixed sine-cosine table every auto recipe picks, Appendix D.4's row and
+    column tables, none at all) are written as the one learned table E_pos (Eq. 1) they equal at the model's
+    resolution, zero for the class and register tokens, which these variants leave without one. At that resolution
+    the other library computes what vitlab computes; at another one it resamples the table as a learned one (Sec.
+    3.2), where vitlab recomputes the sine-cosine table or resamples rows and columns apart, so the two differ."""
+    cfg: ViTConfig = model.config  # type: ignore[assignment]
+    state = _state(model)
+    if cfg.posemb not in _LEARNED_ONLY.get(layout, ()) or (cfg.rope and cfg.rope_kind == "dinov3"):
+        return cfg, state, []
+    with torch.no_grad():
+        patches = model.patch_posemb(cfg.grid_size)  # type: ignore[operator]
+    n, d = cfg.num_patches, cfg.embed_dim
+    patches = torch.zeros(1, n, d) if patches is None else patches.detach().float().cpu()
+    table = torch.cat([torch.zeros(1, cfg.num_prefix_tokens, d), patches], dim=1)
+    state = {k: v for k, v in state.items() if k not in ("pos_embed_row", "pos_embed_col")}
+    state["pos_embed"] = table.to(next(iter(state.values())).dtype).contiguous()
+    h, w = cfg.img_size
+    note = (
+        f"posemb {cfg.posemb!r}: written as the learned table it equals at {h}x{w} px (the same outputs there; at "
+        f"another size {'timm' if layout == 'timm' else 'Hugging Face'} resamples it as a learned table, vitlab "
+        f"{'recomputes it' if cfg.posemb == 'sincos2d' else 'does not'})"
+    )
+    return cfg.replace(posemb="learn"), state, [note]
+
+
 def _refuse(cfg: ViTConfig, layout: str, options: list[str], where: str) -> CheckpointError:
     what = ", ".join(f"{o} {getattr(cfg, o)!r}" for o in options)
     return CheckpointError(f"{what}: has no place in {where}; the model cannot be written in the {layout} layout")
@@ -78,10 +110,9 @@ def _eva_class(cfg: ViTConfig) -> bool:
     )
 
 
-def _timm_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict of ``model`` in timm's names for the timm class that has its architecture."""
-    cfg: ViTConfig = model.config  # type: ignore[assignment]
-    state = _state(model)
+def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict (vitlab's names) of a model of ``cfg`` in timm's names for the timm class that has its
+    architecture."""
     layout = set(str(cfg.extra.get("timm_layout", "")).split(",")) - {""}
     if cfg.rope and cfg.rope_kind == "axial":
         raise CheckpointError(
@@ -141,8 +172,9 @@ def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
     """``(timm architecture name, model_args)`` that ``timm.create_model`` builds ``cfg`` from, or None when no
     timm name has its options."""
     base = cfg.name.split(".", 1)[0]
-    if base not in BACKBONES and base not in TIMM_ALIASES:  # the nearest of timm's names with the same options
-        refs = {n: c for n in (*BACKBONES, *TIMM_ALIASES) if (c := _timm_name_config(n)) is not None}
+    timm_names = [n for n in (*BACKBONES, *TIMM_ALIASES) if n not in NOT_IN_TIMM]
+    if base not in timm_names:  # the nearest of timm's names with the same options
+        refs = {n: c for n in timm_names if (c := _timm_name_config(n)) is not None}
         hits = [(_distance(c, cfg), not n.startswith("vit_"), n) for n, c in refs.items() if _same(c, cfg)]
         base = min(hits)[2] if hits else ""
     if not base:
@@ -260,9 +292,9 @@ def write_layout(
     if layout not in LAYOUTS:
         raise CheckpointError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     paths = layout_files(dst, layout)
-    notes: list[str] = []
+    cfg, state, notes = _portable(model, layout)
     if layout == "timm":
-        weights = _timm_weights(model)
+        weights = _timm_weights(cfg, state)
         files: dict[Path, Any] = {paths[0]: weights}
         config = _timm_config(cfg)
         if len(paths) > 1:
@@ -280,7 +312,7 @@ def write_layout(
         if bad:
             raise _refuse(cfg, layout, bad, "Hugging Face's ViTModel (and DINOv3ViTModel, for DINOv3)")
         files = {
-            paths[0]: hf.vit_state(_state(model), cfg),
+            paths[0]: hf.vit_state(state, cfg),
             paths[1]: hf.vit_config(cfg),
             paths[2]: hf.vit_preprocessor(cfg),
         }
@@ -293,12 +325,11 @@ def write_layout(
             where = "Hugging Face's DINOv3ViTModel" if layout == "hf" else "Meta's DINOv3 DinoVisionTransformer"
             hint = " (pass --num-classes 0 to leave the classifier out)" if bad == ["num_classes"] else ""
             raise CheckpointError(str(_refuse(cfg, layout, bad, where)) + hint)
-        state = _state(model)
         if layout == "hf":
             files = {
                 paths[0]: dinov3.to_hf(state, cfg),
                 paths[1]: dinov3.hf_config(cfg),
-                paths[2]: hf.vit_preprocessor(cfg, processor="DINOv3ViTImageProcessor"),
+                paths[2]: hf.dinov3_preprocessor(cfg),
             }
             notes.append(f"hf: transformers.DINOv3ViTModel.from_pretrained({str(Path(dst))!r}); pooler_output")
         else:

@@ -20,6 +20,7 @@ __all__ = [
     "BACKBONES",
     "CCTS",
     "HYBRIDS",
+    "NOT_IN_TIMM",
     "TIMM_ALIASES",
     "VARIANTS",
     "Variant",
@@ -218,6 +219,22 @@ def _timm_aliases() -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 TIMM_ALIASES: dict[str, tuple[str, dict[str, Any]]] = _timm_aliases()
+
+NOT_IN_TIMM = frozenset(
+    {
+        *(f"vit_tiny_patch{p}_{r}" for p in (8, 32) for r in (224, 384)),
+        *(f"vit_small_patch14_{r}" for r in (224, 384)),
+        *(f"vit_base_patch14_{r}" for r in (224, 384)),
+        *(f"vit_huge_patch16_{r}" for r in (224, 384)),
+        "vit_small_patch8_384",
+        "vit_base_patch8_384",
+        "vit_large_patch14_384",
+        "vit_huge_patch14_384",
+        "vit_giant_patch14_384",
+    }
+)
+"""The names of :data:`TIMM_ALIASES` made by timm's pattern that timm itself does not register (no Ti/8 or Ti/32, no
+384 px S/8 ...): vitlab takes them as its own names, and never writes one as the architecture of a timm layout."""
 """timm's names that ``create_model`` accepts (with or without a ``.pretrained_tag``)."""
 
 
