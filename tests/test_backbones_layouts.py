@@ -17,7 +17,7 @@ import vitlab
 from conftest import assert_close_rel, slow_cases
 from vitlab.checkpoints.layouts import write_layout
 from vitlab.cli import main
-from vitlab.errors import CheckpointError
+from vitlab.errors import CheckpointError, OutputError
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -159,6 +159,31 @@ def test_layouts_refuse_what_they_cannot_hold(tmp_path):
         write_layout(dinov2, tmp_path / "d", layout="timm")
     assert not any(tmp_path.iterdir())  # refused before anything is written
     assert main(["convert", "nope.pth", str(tmp_path / "x.npz"), "--layout", "timm"]) == 2
+    plain = vitlab.create_model("vit_ti16", depth=1, img_size=32)  # no RoPE: named so, not by its default rope_kind
+    with pytest.raises(CheckpointError, match=r"^rope False, posemb 'learn', num_classes 1000: has no place"):
+        write_layout(plain, tmp_path / "m", layout="meta")
+
+
+def test_convert_says_what_stands_where_it_writes(tmp_path, capsys):
+    """A file where DST's folder would be, or a folder where its file would be: one line each, on every layout, before
+    the model is read (the hf and npz writers raised FileExistsError with a traceback)."""
+    vitlab.save(vitlab.create_model("vit_ti16", depth=1, img_size=32), tmp_path / "m")
+    (tmp_path / "notes").write_text("mine")
+    (tmp_path / "box.npz").mkdir()
+    cases = [
+        (["notes", "--layout", "hf"], "notes: is a file, where vitlab writes the converted model.safetensors into"),
+        (["notes/x", "--layout", "timm"], "notes: is a file, where vitlab writes"),
+        (["notes/x.npz"], "notes: is a file, where vitlab writes the converted x.npz into a folder"),
+        (["notes"], "notes: is a file, where vitlab writes"),
+        (["box.npz"], "box.npz: is a folder, where vitlab writes a file of that name"),
+    ]
+    for dst, said in cases:
+        assert main(["convert", str(tmp_path / "m"), str(tmp_path / dst[0]), *dst[1:]]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (dst, err)
+    assert (tmp_path / "notes").read_text() == "mine" and not any((tmp_path / "box.npz").iterdir())
+    with pytest.raises(OutputError, match="notes: is a file"):  # the library's writers too
+        write_layout(vitlab.load(tmp_path / "m"), tmp_path / "notes" / "hf", layout="hf")
 
 
 # timm name -> create_model arguments: every family of timm's layout written back, loaded strictly by timm

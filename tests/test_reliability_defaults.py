@@ -72,6 +72,23 @@ def test_resolve_model_is_the_librarys_one_rule(tmp_path):
         vitlab.resolve_model("vit_tiny16")
 
 
+def test_a_file_beside_the_model_names_its_folder(tmp_path):
+    """`--model runs/X/model/config.json` (or the run's config.yaml) was read as a pickle: "not a PyTorch checkpoint
+    (pickle data that torch's safe loader cannot read)". A text file names the folder to give instead."""
+    run = run_folder(tmp_path / "run", tiny_model())
+    (run / "config.yaml").write_text("data: digits\n")
+    for given, folder in ((run / "model" / "config.json", run / "model"), (run / "config.yaml", run)):
+        with pytest.raises(vitlab.CheckpointError) as e:
+            vitlab.resolve_model(given)
+        assert (
+            str(e.value)
+            == f"{given}: a {given.suffix} file beside the model, not its weights; give the folder: {folder}"
+        )
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(vitlab.CheckpointError, match=r"notes.txt: a .txt file, not a checkpoint \(weights: "):
+        vitlab.resolve_model(tmp_path / "notes.txt")
+
+
 def export_into(run: Path, capsys) -> None:
     """``vitlab export`` of the run's model written into the run folder itself (config.json + model.safetensors)."""
     args = ["export", "--model", str(run / "model"), "--out", str(run), "--format", "torch", "--no-timing"]

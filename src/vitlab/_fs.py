@@ -117,6 +117,21 @@ def refuse_folder(path: Path) -> None:
         )
 
 
+def refuse_blocked(path: Path, *, what: str = "it") -> None:
+    """A one-line :class:`~vitlab.errors.OutputError` when something stands where the file ``path`` is to be
+    written: a real folder of its name (:func:`refuse_folder`), or a file where one of the folders it goes into
+    would be (``vitlab convert m/ notes.txt/x.npz``: the system would say "Not a directory" or "File exists")."""
+    refuse_folder(path)
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise OutputError(
+                    f"{parent}: is a file, where vitlab writes {what} into a folder of that name; move it away or "
+                    "write elsewhere"
+                )
+            return
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike[str], *, durable: bool = False, what: str = "it") -> Iterator[Path]:
     """Write the file ``path`` through a temporary name: yields :func:`temp_path` ``(path)`` for the caller

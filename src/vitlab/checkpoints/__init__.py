@@ -123,11 +123,22 @@ def read_checkpoint(
         if cfg is not None:  # written by vitlab: its whole config, checked against the weights as config.json is
             return Checkpoint(state, {}, "npz", config=cfg, config_file=f"{p} ({npz.CONFIG_KEY})")
         return Checkpoint(state, fields, "npz")
+    if p.suffix.lower() in _TEXT_SUFFIXES:  # a model folder's config.json or a run's config.yaml, named for its folder
+        home = p.parent
+        if is_native(home) or is_native(home / "model") or hf.is_hf_folder(home):
+            raise CheckpointError(f"{p}: a {p.suffix} file beside the model, not its weights; give the folder: {home}")
+        raise CheckpointError(
+            f"{p}: a {p.suffix} file, not a checkpoint (weights: .safetensors, .pth, .pt, .bin, .npz)"
+        )
     state = read_state_dict(p, max_unpacked_bytes=max_unpacked_bytes)
     hub_config = p.parent / "config.json"
     proj = state.get("patch_embed.proj.weight")
     fields = timm.read_hub_config(p, width=int(proj.shape[0]) if proj is not None and proj.ndim == 4 else None)
     return _from_state_dict(state, str(p), fields, config_file=str(hub_config) if fields else None)
+
+
+_TEXT_SUFFIXES = (".json", ".yaml", ".yml", ".txt", ".md", ".jsonl", ".csv")
+"""Files a user may give as a model by mistake (the config beside the weights, a run's notes): text, never weights."""
 
 
 def _from_state_dict(

@@ -170,7 +170,8 @@ def _fill_zero_biases(state: dict[str, torch.Tensor], depth: int) -> None:
 def unsupported(cfg: ViTConfig, layout: str) -> list[str]:
     """The options of ``cfg`` that DINOv3's model in ``layout`` (``hf`` or ``meta``) does not have."""
     bad = {
-        "rope_kind": not cfg.rope or cfg.rope_kind != "dinov3",
+        "rope": not cfg.rope,  # (a model without RoPE keeps the default rope_kind: name what it lacks)
+        "rope_kind": cfg.rope and cfg.rope_kind != "dinov3",
         "posemb": cfg.posemb != "none",
         "class_token": not cfg.class_token,
         "dist_token": cfg.dist_token,

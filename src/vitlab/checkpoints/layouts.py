@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._fs import default_file_mode, remove_stale, temp_path
+from .._fs import default_file_mode, refuse_blocked, remove_stale, temp_path
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
@@ -257,10 +257,12 @@ def _write(files: dict[Path, Any], *, overwrite: bool) -> None:
     if held and not overwrite:
         raise CheckpointError(f"{held[0]}: already exists; pass --overwrite (overwrite=True) to replace it")
     for p in files:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(p.parent, f".{p.name}.tmp")
+        refuse_blocked(p, what=p.name)
     temps = {p: temp_path(p) for p in files}
     try:
+        for p in files:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale(p.parent, f".{p.name}.tmp")
         for p, content in files.items():
             tmp = temps[p]
             if isinstance(content, dict) and content and all(isinstance(v, torch.Tensor) for v in content.values()):

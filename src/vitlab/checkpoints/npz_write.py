@@ -51,10 +51,11 @@ def write_npz(model: Any, path: str | os.PathLike[str], *, layout: str = "vit_ja
     2-D learned position embeddings, registers, layer scale, qk-norm, distillation, sequence pooling, SwiGLU, q/v-only
     biases, NormFormer norms, the Perception Encoder's pooling) are refused.
     The file is written beside ``path`` and renamed over it; an existing ``path`` needs ``overwrite=True``."""
-    from .._fs import replacing
+    from .._fs import refuse_blocked, replacing
     from ..errors import ConfigError
 
     path = Path(path)
+    refuse_blocked(path, what=path.name)
     if path.exists() and not overwrite:
         raise ConfigError(f"{path}: already exists; pass overwrite=True (--overwrite) to replace it")
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from .._fs import writes_onto
+    from .._fs import refuse_blocked, writes_onto
     from ..checkpoints import load, save
     from ..checkpoints.layouts import LAYOUTS, layout_files, write_layout
     from ..checkpoints.npz import CONFIG_KEY
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     same = Path(args.src).exists() and dst.exists() and dst.resolve() == Path(args.src).resolve()
     if same or writes_onto(files, args.src):  # checked before loading: fail in a second, destroy nothing
         raise ConfigError(f"{dst}: would overwrite the input {args.src}; convert into another folder")
+    for f in files:
+        refuse_blocked(f, what=f"the converted {f.name}")
     held = [f.name for f in files if f.exists()]
     if held and not args.overwrite:
         raise ConfigError(f"{dst}: already holds a model ({', '.join(held)}); pass --overwrite to replace it")
