@@ -331,3 +331,24 @@ def test_sigterm_to_torchrun_saves_on_every_rank_and_resumes(data_dir, tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["processes"], summary["interrupted"]) == (2, False)
+
+
+def test_a_file_in_the_way_of_an_output_is_named(data_dir, tmp_path, capsys):
+    """`--out notes/run` where notes is a file: the system says "Not a directory" or "File exists" (and `data pack`
+    printed `[Errno 20] Not a directory: ...`); the one line names the file in the way."""
+    notes = tmp_path / "notes"
+    notes.write_text("mine")
+    cfg = ViTConfig(img_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3)
+    vitlab.save(VisionTransformer(cfg.replace(class_names=("class0", "class1", "class2"))), tmp_path / "m")
+    commands = {
+        "train": train_args(data_dir, notes / "run", epochs=1),
+        "data": ["data", "pack", str(data_dir), "--out", str(notes / "shards")],
+        "eval": ["eval", "--model", str(tmp_path / "m"), "--data", str(data_dir), "--out", str(notes / "e.json")],
+    }
+    for command, args in commands.items():
+        assert main(args) == 2
+        line = one_line(capsys.readouterr().err)
+        assert line.startswith(f"vitlab {command}: error: {notes}/") and f"({notes} is a file, not a folder)" in line
+    assert main(train_args(data_dir, notes, epochs=1)) == 2
+    assert f"{notes}: cannot write the folder (a file of that name is there)" in one_line(capsys.readouterr().err)
+    assert notes.read_text() == "mine"

@@ -101,6 +101,12 @@ def output_error(path: Path, e: OSError, *, what: str = "it", kept: str | None =
     """The one line for a write of ``path`` that failed with ``e``: the path, the system's reason and what is
     left (``kept``: by default, whether an earlier file of that name is kept)."""
     why = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):  # the system's "Not a directory" / "File exists": say which file
+        for p in (path, *path.parents):
+            if os.path.lexists(p):
+                if not p.is_dir():
+                    why = "a file of that name is there" if p == path else f"{p} is a file, not a folder"
+                break
     if kept is None:
         kept = f"the previous {path.name} is kept" if path.is_file() else "nothing was written"
     err = OutputError(f"{path}: cannot write {what} ({why}); {kept}")

@@ -275,7 +275,12 @@ def pack_folder(
     root_real = os.path.realpath(root)
     old = _check_out(dest, Path(root_real), overwrite=overwrite)
     made = [p for p in (dest, *dest.parents) if not p.exists()]
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from ..._fs import output_error
+
+        raise output_error(dest, e, what="the shards", kept="nothing was written") from None
     wrote: list[Path] = []
     writer: _ShardWriter | None = None
     try:
