@@ -227,7 +227,7 @@ def test_cli_text_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "ratio vitlab / timm" in out and "img/s" in out
     assert main(["bench", "--model", "vit_ti16", "--img-size", "15", "--steps", "1", "--no-peak"]) == 2
-    assert "img_size" in capsys.readouterr().err
+    assert "error: --img-size: 15x15" in capsys.readouterr().err  # the flag, as the command spells it
     assert main(["bench", "--model", "vit_nope"]) == 2  # the one model rule's refusal, as every command's
     assert "'vit_nope': not a registered name" in capsys.readouterr().err
 

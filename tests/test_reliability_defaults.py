@@ -314,3 +314,17 @@ def test_nan_outputs_are_an_error_in_eval_whatever_serves_them(tmp_path):
     model.register_forward_hook(lambda module, args, out: out * float("nan"))  # finite weights, NaN outputs
     with pytest.raises(vitlab.CheckpointError, match="outputs hold NaN or infinite values"):
         evaluate_model(model, "digits", progress=False)
+
+
+def test_a_model_field_refused_is_named_by_the_commands_flag(capsys):
+    """The library names the field and a remedy only Python has (``img_size: ... or dynamic_img_pad=True``); every
+    command printed both, though none has such a flag. Now the line names the command's flag and leaves the Python
+    remedy out."""
+    with pytest.raises(vitlab.ConfigError, match=r"^img_size: 70x70 .* \(e\.g\. 64\) or dynamic_img_pad=True$"):
+        vitlab.create_model("vit_ti16", img_size=70)
+    for command in (["plan", "--model", "vit_ti16"], ["bench", "--model", "vit_ti16"]):
+        assert main([*command, "--img-size", "70"]) == 2
+        line = one_line_error(capsys, command[0])
+        assert line.endswith(
+            "error: --img-size: 70x70 is not divisible by the patch size 16; use a multiple of 16 (e.g. 64)"
+        )

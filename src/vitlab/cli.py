@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `vitlab` alone: the main job is `vitlab train`; show help instead of guessing.
         parser.print_help()
         return 0
-    from .errors import VitlabError
+    from .errors import ConfigError, VitlabError
 
     _escaping_streams()
     try:
@@ -156,9 +156,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._text import shown
 
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, ConfigError) and e.option and e.problem is not None and msg.startswith(f"{e.option}: "):
+            msg = f"{_flag(parser, args.command, e.option)}: {e.problem}"  # a model field, as this command spells it
         line = shown(msg.splitlines()[0]) if msg else type(e).__name__  # names from files: escaped
         print(f"vitlab {args.command}: error: {line}", file=sys.stderr)
         return 2
+
+
+def _flag(parser: argparse.ArgumentParser, command: str, option: str) -> str:
+    """The flag of ``command`` that sets the model field ``option`` (``img_size`` -> ``--img-size``), or ``option``
+    itself where the command has none: a :class:`~vitlab.errors.ConfigError` of the library names its field, and a
+    remedy only Python has (``dynamic_img_pad=True``) stays out of the command line's line."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            for a in action.choices[command]._actions:
+                if a.dest == option and a.option_strings:
+                    return max(a.option_strings, key=len)
+    return option
 
 
 def _escaping_streams() -> None:

@@ -31,9 +31,11 @@ class ConfigError(VitlabError, ValueError):
     problem: str | None = None
 
     @classmethod
-    def at(cls, option: str, problem: str) -> ConfigError:
-        """``"{option}: {problem}"``, with ``option`` and ``problem`` kept."""
-        e = cls(f"{option}: {problem}")
+    def at(cls, option: str, problem: str, *, python: str = "") -> ConfigError:
+        """``"{option}: {problem}{python}"``, with ``option`` and ``problem`` kept; ``python`` is a remedy only a
+        Python caller has (a keyword argument no command-line flag sets), so it is in the message but not in
+        ``problem``, which a command line renders under its own flag."""
+        e = cls(f"{option}: {problem}{python}")
         e.option, e.problem = option, problem
         return e
 

@@ -319,11 +319,12 @@ class ViTConfig:
         h, w = self.img_size
         p = self.patch_size * self.stem_stride
         if not self.dynamic_img_pad and (h % p or w % p):
-            bad(
+            raise ConfigError.at(
                 "img_size",
                 f"{h}x{w} is not divisible by the patch size {p}"
                 f"{' (the stem stride x patch)' if self.stem_stride > 1 else ''}; use a multiple of {p} "
-                f"(e.g. {max(p, h // p * p)}) or dynamic_img_pad=True",
+                f"(e.g. {max(p, h // p * p)})",
+                python=" or dynamic_img_pad=True",
             )
         if self.pool == "cls" and not self.class_token:
             bad("pool", "'cls' pooling needs class_token=True")
