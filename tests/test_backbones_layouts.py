@@ -248,18 +248,8 @@ def test_auto_recipe_models_go_to_timm_and_hugging_face(posemb, tmp_path, capsys
     Hugging Face's classes have no place for either, so the table they equal at the model's size is written as the
     learned E_pos, zero for the class token. Both libraries then give vitlab's logits; timm's architecture is one timm
     registers (its Ti/16 with patch 8: timm has no Ti/8)."""
-    model = vitlab.create_model(
-        "vit_ti16",
-        img_size=32,
-        patch_size=8,
-        embed_dim=64,
-        depth=2,
-        num_heads=4,
-        mlp_dim=128,
-        num_classes=3,
-        posemb=posemb,
-    )
-    randomize(model)
+    shape = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128)  # a small Ti/8
+    model = randomize(vitlab.create_model("vit_ti16", **shape, num_classes=3, posemb=posemb))
     vitlab.save(model, tmp_path / "m")
     for layout in ("timm", "hf"):
         assert main(["convert", str(tmp_path / "m"), str(tmp_path / layout), "--layout", layout]) == 0
