@@ -104,3 +104,14 @@ def test_measured_passes_fall_with_the_side_and_rise_with_the_budget(tmp_path):
     assert 0 < at_224 < at_64  # 224 px: 3x the tokens (patch 16 against 8) and 12x the pixels to augment
     assert long(64, 3000) > 3 * at_64  # ten times the budget (less the reserve and the time spent); timings vary
     assert short(64, 300) > 3 * at_64  # a tenth of the images
+
+
+def test_non_square_sizes_name_their_sides(tmp_path):
+    """A folder of 50x40 pictures (width x height, as pictures are named) trains a model of height 40 and width 50
+    (the model's order): the lines said "images: 50x40" and then "40x50 px", as if the images had been turned."""
+    from vitlab._text import size_px
+
+    plan = folder_storage(_cfg(tmp_path), {(50, 40): 24})
+    assert plan.size == (40, 50) and plan.line.startswith("images: width 50 x height 40 -> training at their own size")
+    assert size_px((40, 50)) == "height 40 x width 50 px" and size_px((64, 64)) == "64x64 px"
+    assert folder_storage(_cfg(tmp_path), {(40, 40): 24}).line.startswith("images: 40x40 -> ")

@@ -7,7 +7,7 @@ import os
 import re
 import shlex
 
-__all__ = ["readable", "shell_word", "shown", "shown_lines"]
+__all__ = ["readable", "shell_word", "shown", "shown_lines", "size_px"]
 
 # Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts the escape sequences that move
 # the cursor, recolour, retitle the window or rewrite the line), DEL, the line and paragraph separators, and the
@@ -51,3 +51,11 @@ def shell_word(text: object) -> str:
     --resume``): quoted only where a shell would split or expand it (spaces, braces, ``$``), so the line can be
     copied as it is, and :func:`shown`."""
     return shown(shlex.quote(str(text)))
+
+
+def size_px(size: tuple[int, int] | list[int]) -> str:
+    """A model's input size ``(height, width)`` as the lines print it: ``64x64 px``, and a non-square one with each
+    side named, ``height 40 x width 50 px``: the model's (and timm's) order is the reverse of a picture's, whose
+    ``50x40`` is width x height, so the two would otherwise read as a turned image."""
+    h, w = size
+    return f"{h}x{w} px" if h == w else f"height {h} x width {w} px"

@@ -23,6 +23,7 @@ from torch import nn
 
 from .._fs import atomic_write_bytes, atomic_write_text, output_error
 from .._progress import ProgressLog
+from .._text import size_px
 from .._units import counted
 from ..devices import model_device
 from . import figures
@@ -328,7 +329,7 @@ def inspect_model(
         title=title or f"vitlab inspect: {cfg.name}",
         subtitle=f"{cfg.name}: {counted(cfg.depth, 'layer')}, width {cfg.embed_dim}, {counted(cfg.num_heads, 'head')}, "
         f"patch {cfg.patch_size}, "
-        f"{cfg.img_size[0]}x{cfg.img_size[1]} px, pooling {cfg.pool}, position embedding {cfg.posemb}. "
+        f"{size_px(cfg.img_size)}, pooling {cfg.pool}, position embedding {cfg.posemb}. "
         "Figure numbers refer to Dosovitskiy et al., ICLR 2021." + "".join(f" {n}" for n in notes),
     )
     atomic_write_text(out / "report.html", page)

@@ -7,7 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..._text import shell_word
+from ..._text import shell_word, size_px
 from ..._units import counted, duration
 from ..sizing.pace import step_forwards
 
@@ -91,7 +91,7 @@ def start_line(
     lr = plan.lr or recipe.scaled_lr(recipe.batch_size)
     wall = f"; expected wall time ~{duration(time_budget)} (--time-budget)" if time_budget else ""
     return (
-        f"training {m.name} ({model.num_params():,} params, {m.img_size[0]}x{m.img_size[1]} px, "
+        f"training {m.name} ({model.num_params():,} params, {size_px(m.img_size)}, "
         f"patch {m.patch_size}) on {data.name}: {len(data.train):,} train / {len(data.val):,} {data.val_name} "
         f"images, {data.num_classes} classes; recipe {recipe.name}, {counted(plan.epochs, 'epoch')} = "
         f"{counted(plan.total_steps, 'step')} of {recipe.batch_size}, lr {lr:.2g}, "

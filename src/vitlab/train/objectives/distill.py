@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..._text import size_px
 from ...errors import VitlabError
 from ...resolve import resolve_model
 from ..conf.options import OptionError, ref
@@ -130,7 +131,7 @@ class Distill(Classify):
         tau = f", tau {self.tau:g}" if self.kind == "soft" else ""
         return (
             f"distillation ({self.kind}{tau}, DeiT) from {self.spec} ({c.name}, {c.num_classes} classes, "
-            f"{c.img_size[0]}x{c.img_size[1]} px), frozen; the student's {how} takes the teacher's target"
+            f"{size_px(c.img_size)}), frozen; the student's {how} takes the teacher's target"
         )
 
 

@@ -43,6 +43,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..._text import size_px
 from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.arch import head_choice
@@ -224,7 +225,7 @@ def finetune_recipe(
     new = dataclasses.replace(r, **{**fitted, **given, **picked})
     head = (
         f"auto (fine-tuning {cfg.init}: width {init.embed_dim}, depth {init.depth}, {params / 1e6:.2g}M params): "
-        f"{how} on {n_train:,} images ({img[0]}x{img[1]} px, {len(class_names)} classes)"
+        f"{how} on {n_train:,} images ({size_px(img)}, {len(class_names)} classes)"
     )
     line = (
         head

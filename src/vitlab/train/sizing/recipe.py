@@ -28,6 +28,7 @@ import dataclasses
 import math
 from typing import Any
 
+from ..._text import size_px
 from ..._units import counted
 from ...models.config import ViTConfig
 from ..conf.recipes import RECIPES, Recipe
@@ -235,7 +236,7 @@ def auto_recipe(
         **COMMON_FIELDS,
         **aug,
     )
-    head = f"auto: {how} on {n_train:,} images ({img_size[0]}x{img_size[1]} px, {num_classes} classes)"
+    head = f"auto: {how} on {n_train:,} images ({size_px(img_size)}, {num_classes} classes)"
     plain = aug_level(epochs=passes, n_train=0, photos=photo_data)
     reason = head + auto_reason(recipe, level=level, plain=plain, passes=passes, n_train=n_train, model=model,
                                 photos=photo_data)  # fmt: skip

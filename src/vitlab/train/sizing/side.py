@@ -226,6 +226,8 @@ def folder_storage(
     if shards:
         stored = f"read from the shards as they train, {stored.split(', ')[0]} in memory (nothing on disk)"
     how = "resize shorter side + centre crop for evaluation" if square else "resized to the input for evaluation"
+    if size is not None and size[0] != size[1]:  # each side named, as the model's size is (vitlab._text.size_px)
+        seen = f"images: width {w} x height {h}"
     line = f"{seen} -> {to}; {stored}; {how}, crop_pct {crop_pct:g}{scale}"
     return FolderStorage(size=size, store_side=keep, eval_side=eval_side, crop_pct=crop_pct, typical=typical, line=line)
 
