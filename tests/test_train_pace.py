@@ -731,3 +731,32 @@ def test_the_recipe_probes_adamw_step_is_reused_only_for_an_adamw_run(optimizer:
     pace = _pace(0.1, arch=dict(recipe.arch))
     loaders = SimpleNamespace(micro=pace.batch)
     assert budget._reusable(pace, TrainConfig(recipe=recipe, time_budget=60.0), recipe, loaders) is reused
+
+
+def test_a_distillation_plan_times_its_own_step_with_the_teacher(monkeypatch) -> None:
+    """The recipe's probe times a classification step; a distillation step also runs the frozen teacher's forward (a
+    third more for a teacher of the student's size), so a plan that reused the probe's time made 91 of the 119 steps
+    it planned in a 20-s budget. The objective says whether its step is the probed one, and Distill's is not."""
+    import time
+    from types import SimpleNamespace
+
+    from vitlab.train import get_recipe
+    from vitlab.train.objectives.classify import Classify
+    from vitlab.train.objectives.distill import Distill
+    from vitlab.train.sizing import budget
+
+    recipe = get_recipe("small-data")
+    pace = _pace(0.1, arch=dict(recipe.arch))
+    cfg = TrainConfig(recipe=recipe, time_budget=600.0)
+    loaders = SimpleNamespace(micro=pace.batch, steps_per_epoch=100, workers=0, eval_size=8, evaluations=1,
+                              first_epoch_fills=False, packed=False, train_items=lambda n: [])  # fmt: skip
+    monkeypatch.setattr(budget, "_probe", lambda *a, **k: (0.4, 0.0, 1.0, 0.0))  # the objective's own step, timed
+    net = torch.nn.Linear(2, 1)
+    for kind, step_s in ((Classify, 0.1), (Distill, 0.4)):
+        objective = SimpleNamespace(steps_as_probed=kind.steps_as_probed, eval_passes=1, last_eval_extra=0.0)
+        here = _here(t_start=time.perf_counter())
+        _, _, per_step, _, _ = budget.measure_budget(
+            cfg, recipe, here, net=net, run_net=net, loaders=loaders, objective=objective, log=lambda line: None,
+            pace=pace,
+        )  # fmt: skip
+        assert per_step == pytest.approx(step_s * LOGGING_SHARE, rel=0.05), kind.__name__

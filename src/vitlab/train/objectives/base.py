@@ -27,6 +27,10 @@ class Objective:
     uses_labels: ClassVar[bool] = True
     """Whether the labels are learned: the data needs two classes or more, MixUp/CutMix mix them, evaluation
     reports top-1 over classes (and the advice and the accuracy before fine-tuning read it)."""
+    steps_as_probed: ClassVar[bool] = True
+    """Whether a training step costs what the auto recipe's probe timed, a forward and backward pass of the model
+    through a classification loss, so that a time budget's plan may reuse that time
+    (:func:`~vitlab.train.sizing.budget.measure_budget`); else the plan times the objective's own step."""
     leaves_parameters_unused: ClassVar[bool] = False
     """Whether a step leaves some of the module's parameters without a gradient (DDP must look for them)."""
 

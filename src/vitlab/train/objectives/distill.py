@@ -72,6 +72,8 @@ class Distill(Classify):
     for the batch the teacher sees too. ``token``: the student has a distillation token, whose head takes the
     teacher's target (its training forwards return ``(class logits, distillation logits)``)."""
 
+    steps_as_probed = False  # the teacher's forward pass too: the 1/3 more of a step of the same architecture
+
     def __init__(
         self, teacher: nn.Module, *, kind: str, tau: float, token: bool = False, spec: str = "teacher",
         num_classes: int, label_smoothing: float = 0.0, tta: str = "none",

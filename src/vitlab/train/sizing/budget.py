@@ -108,7 +108,7 @@ def measure_budget(
     zero-LR copy of the run's optimizer of its own: a step of AdamW, SGD or Muon at LR 0 leaves every weight
     bit-identical."""
     r, micro, spe = recipe, loaders.micro, loaders.steps_per_epoch
-    reuse = _reusable(pace, cfg, r, loaders)
+    reuse = _reusable(pace, cfg, r, loaders) and objective.steps_as_probed  # (a teacher's forward: timed here)
     full_over_dropped, unmasked = 1.0, ends_dropping(r)
     kept = pace is not None and loaders.first_epoch_fills and not loaders.packed  # (packed probe items: decoded anew)
     first_s = pace.first_pass_s if kept else 0.0  # type: ignore[union-attr]
