@@ -310,3 +310,22 @@ def test_the_layout_agreement_benchmark_scores_three_libraries(monkeypatch, caps
     out = capsys.readouterr().out
     assert "6 photos" in out and "processor CLIPImageProcessor" in out
     assert re.search(r"\| timm \| [\d.]+% \| 100\.0% \|", out) and "| hf |" in out  # timm: the same pixels
+
+
+def test_a_padded_model_goes_to_timm_and_is_refused_by_hugging_face(tmp_path):
+    """The auto recipe pads sides its patch does not divide (a folder of 50x40 pictures: height 40 x width 50, patch
+    4, a 10 x 13 grid). timm's name matched no architecture (only the weights were written), and Hugging Face's
+    folder was written though its ViTModel, which floors the grid, could not load it. Now timm builds it at the
+    padded size with dynamic_img_pad (its table is img_size // patch) and takes the 40 x 50 input; Hugging Face's
+    layout refuses the padding by name."""
+    shape = dict(img_size=(40, 50), patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    model = randomize(vitlab.create_model("vit_ti16", **shape, num_classes=2, dynamic_img_pad=True))
+    out, _ = write_layout(model, tmp_path / "timm", layout="timm")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_args"]["img_size"] == [40, 52] and config["pretrained_cfg"]["input_size"] == [3, 40, 50]
+    built = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    x = images(40, 50)
+    with torch.no_grad():
+        assert_close_rel(built(x), model(x))
+    with pytest.raises(CheckpointError, match="^dynamic_img_pad True: has no place in Hugging Face's ViTModel"):
+        write_layout(model, tmp_path / "hf", layout="hf")

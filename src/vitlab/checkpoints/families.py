@@ -362,9 +362,9 @@ _OPTIONS = (
 _SIZES = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "reg_tokens")
 
 
-def _same_options(a: ViTConfig, b: ViTConfig) -> bool:
+def _same_options(a: ViTConfig, b: ViTConfig, *, ignore: tuple[str, ...] = ()) -> bool:
     return (
-        all(getattr(a, f) == getattr(b, f) for f in _OPTIONS)
+        all(getattr(a, f) == getattr(b, f) for f in _OPTIONS if f not in ignore)
         and (a.reg_tokens > 0) == (b.reg_tokens > 0)
         and (a.init_values is None) == (b.init_values is None)
         and (not a.key_bias or not a.qkv_bias) == (not b.key_bias or not b.qkv_bias)

@@ -244,6 +244,8 @@ def unsupported(cfg: ViTConfig) -> list[str]:
         "act": cfg.act not in ("gelu", "gelu_tanh"),
         "num_classes": cfg.head == "mlp" and cfg.num_classes > 0,
         "hybrid_layers": cfg.hybrid_layers is not None or cfg.stem != "patch" or cfg.attention != "global",
+        "dynamic_img_pad": cfg.dynamic_img_pad
+        and bool(cfg.img_size[0] % cfg.patch_size or cfg.img_size[1] % cfg.patch_size),
     }
     return [k for k, v in bad.items() if v]
 

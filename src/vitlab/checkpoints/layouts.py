@@ -143,6 +143,7 @@ def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor]) -> dict[str, t
             ("pool_include_prefix", cfg.pool == "gap" and cfg.pool_include_prefix),
             ("attention", cfg.attention != "global"),
             ("hybrid_layers", cfg.hybrid_layers is not None or cfg.stem != "patch"),
+            ("dynamic_img_pad", cfg.dynamic_img_pad and _padded(cfg) != cfg.img_size),
         )
         if v
     ]
@@ -203,7 +204,20 @@ def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
         args["ref_feat_shape"] = list(cfg.rope_ref_grid)
     if cfg.fc_norm != ref.fc_norm or cfg.pool != ref.pool:  # (timm's default follows global_pool: say it)
         args["use_fc_norm" if _eva_class(cfg) else "fc_norm"] = cfg.fc_norm
+    if cfg.dynamic_img_pad and not ref.dynamic_img_pad:
+        args["dynamic_img_pad"] = True
+        padded = _padded(cfg)
+        if padded != cfg.img_size:  # timm's table is img_size // patch: its img_size is the padded one, which holds
+            args["img_size"] = list(padded)  # vitlab's grid, and its input may be smaller (the size it pads to)
+            args["dynamic_img_size"] = True
     return base, args
+
+
+def _padded(cfg: ViTConfig) -> tuple[int, int]:
+    """The input size ``cfg``'s model pads its images to (``dynamic_img_pad``): each side up to the patch's multiple."""
+    p = cfg.patch_size * cfg.stem_stride
+    h, w = cfg.img_size
+    return -(-h // p) * p, -(-w // p) * p
 
 
 def _timm_name_config(name: str) -> ViTConfig | None:
@@ -223,7 +237,10 @@ def _distance(a: ViTConfig, b: ViTConfig) -> tuple[int, ...]:
 
 
 def _same(a: ViTConfig, b: ViTConfig) -> bool:
-    return families._same_options(a, b) and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
+    """Whether timm's name of config ``a`` builds ``b``'s architecture with keyword arguments (the padding of a size
+    the patch does not divide is one: ``dynamic_img_pad``)."""
+    same = families._same_options(a, b, ignore=("dynamic_img_pad",))
+    return same and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
 
 
 def _timm_config(cfg: ViTConfig) -> dict[str, Any] | None:
