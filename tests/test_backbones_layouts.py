@@ -329,3 +329,17 @@ def test_a_padded_model_goes_to_timm_and_is_refused_by_hugging_face(tmp_path):
         assert_close_rel(built(x), model(x))
     with pytest.raises(CheckpointError, match="^dynamic_img_pad True: has no place in Hugging Face's ViTModel"):
         write_layout(model, tmp_path / "hf", layout="hf")
+
+
+def test_registers_on_any_timm_name(tmp_path):
+    """Registers (Darcet et al. 2024) are a keyword argument of timm's VisionTransformer: a class-token ViT with 4 of
+    them matched no timm name with registers (only the weights were written); now it is timm's Ti/16 with
+    ``reg_tokens=4`` and its table's register rows, loaded strictly, with vitlab's logits."""
+    shape = dict(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=4, mlp_dim=128)
+    model = randomize(vitlab.create_model("vit_ti16", **shape, num_classes=3, reg_tokens=4))
+    out, notes = write_layout(model, tmp_path / "timm", layout="timm")
+    assert json.loads((out / "config.json").read_text())["model_args"]["reg_tokens"] == 4, notes
+    built = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+    x = images()
+    with torch.no_grad():
+        assert_close_rel(built(x), model(x))

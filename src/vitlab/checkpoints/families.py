@@ -365,7 +365,7 @@ _SIZES = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "reg_token
 def _same_options(a: ViTConfig, b: ViTConfig, *, ignore: tuple[str, ...] = ()) -> bool:
     return (
         all(getattr(a, f) == getattr(b, f) for f in _OPTIONS if f not in ignore)
-        and (a.reg_tokens > 0) == (b.reg_tokens > 0)
+        and ("reg_tokens" in ignore or (a.reg_tokens > 0) == (b.reg_tokens > 0))
         and (a.init_values is None) == (b.init_values is None)
         and (not a.key_bias or not a.qkv_bias) == (not b.key_bias or not b.qkv_bias)
         and ("naflex" in str(a.extra.get("timm_layout", ""))) == ("naflex" in str(b.extra.get("timm_layout", "")))

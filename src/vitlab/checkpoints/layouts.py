@@ -176,8 +176,13 @@ def _timm_architecture(cfg: ViTConfig) -> tuple[str, dict[str, Any]] | None:
     timm_names = [n for n in (*BACKBONES, *TIMM_ALIASES) if n not in NOT_IN_TIMM]
     if base not in timm_names:  # the nearest of timm's names with the same options
         refs = {n: c for n in timm_names if (c := _timm_name_config(n)) is not None}
-        hits = [(_distance(c, cfg), not n.startswith("vit_"), n) for n, c in refs.items() if _same(c, cfg)]
-        base = min(hits)[2] if hits else ""
+        regs = cfg.reg_tokens > 0  # a name with registers (or without) as the model has them first: its table's rows
+        hits = [
+            ((c.reg_tokens > 0) != regs, _distance(c, cfg), not n.startswith("vit_"), n)
+            for n, c in refs.items()
+            if _same(c, cfg)
+        ]
+        base = min(hits)[-1] if hits else ""
     if not base:
         return None
     ref = _timm_name_config(base)
@@ -237,9 +242,9 @@ def _distance(a: ViTConfig, b: ViTConfig) -> tuple[int, ...]:
 
 
 def _same(a: ViTConfig, b: ViTConfig) -> bool:
-    """Whether timm's name of config ``a`` builds ``b``'s architecture with keyword arguments (the padding of a size
-    the patch does not divide is one: ``dynamic_img_pad``)."""
-    same = families._same_options(a, b, ignore=("dynamic_img_pad",))
+    """Whether timm's name of config ``a`` builds ``b``'s architecture with keyword arguments (registers and the
+    padding of a size the patch does not divide are such: ``reg_tokens``, ``dynamic_img_pad``)."""
+    same = families._same_options(a, b, ignore=("dynamic_img_pad", "reg_tokens"))
     return same and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
 
 
