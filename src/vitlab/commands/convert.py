@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "array, so that converting back gives the same model (options without a Google layout are refused).\n"
             "--layout timm|hf|meta writes it in another library's layout instead, loadable there strictly with the\n"
             "same outputs: timm (DST/model.safetensors + timm's config.json, or DST.safetensors alone), Hugging\n"
-            "Face's DINOv3ViTModel (a save_pretrained folder), Meta's DINOv3 release keys (DST.pth or a folder).\n\n"
+            "Face's ViTForImageClassification or DINOv3ViTModel (a save_pretrained folder; pipeline() preprocesses as\n"
+            "vitlab does), Meta's DINOv3 release keys (DST.pth or a folder). A position table those classes have no\n"
+            "place for (sine-cosine, 2-D) is written as the learned table it equals at the model's size.\n\n"
             "The architecture is inferred from the tensor shapes; the head count comes from the\n"
             "paper's table (width -> heads) unless the format stores it or --num-heads says.\n"
             "Known names (downloaded with huggingface_hub): <tag>/<model>, e.g.\n"
@@ -31,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFor
             "  vitlab convert augreg_in21k_ft_in1k/vit_b16 out/b16 --num-classes 10   # new zero head for fine-tuning\n"
             "  vitlab convert out/vit_b16 vit_b16.npz --layout big_vision\n"
             "  vitlab convert hf_dinov3_folder/ out/dinov3_timm --layout timm    # timm's vit_*_patch16_dinov3_qkvb\n"
-            "  vitlab convert dinov3_vits16_pretrain.pth out/dinov3_hf --layout hf  # Meta's release -> Hugging Face"
+            "  vitlab convert dinov3_vits16_pretrain.pth out/dinov3_hf --layout hf  # Meta's release -> Hugging Face\n"
+            "  vitlab convert runs/X out/x_hf --layout hf     # a run's model -> transformers' pipeline()"
         ),
         formatter_class=formatter,
     )
