@@ -250,10 +250,12 @@ def test_auto_recipe_models_go_to_timm_and_hugging_face(posemb, tmp_path, capsys
     registers (its Ti/16 with patch 8: timm has no Ti/8)."""
     shape = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_dim=128)  # a small Ti/8
     model = randomize(vitlab.create_model("vit_ti16", **shape, num_classes=3, posemb=posemb))
-    vitlab.save(model, tmp_path / "m")
+    vitlab.save(model, tmp_path / "m", extra={"temperature": 0.8})  # as a run calibrates its model
     for layout in ("timm", "hf"):
         assert main(["convert", str(tmp_path / "m"), str(tmp_path / layout), "--layout", layout]) == 0
-        assert f"posemb '{posemb}': written as the learned table it equals at 32x32 px" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert f"posemb '{posemb}': written as the learned table it equals at 32x32 px" in err
+        assert "temperature 0.8 (the run's calibration" in err and "softmax(logits / 0.8) gives the calibrated" in err
     timm_model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
     hf_model = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
     x = images()

@@ -33,6 +33,7 @@ from torch import nn
 
 from .._fs import default_file_mode, refuse_blocked, remove_stale, temp_path
 from ..errors import CheckpointError, ConfigError
+from ..evaluate.calibration import model_temperature
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
 from ..models.variants import BACKBONES, NOT_IN_TIMM, TIMM_ALIASES, model_config
@@ -317,6 +318,12 @@ def write_layout(
         raise CheckpointError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
     paths = layout_files(dst, layout)
     cfg, state, notes = _portable(model, layout)
+    t = model_temperature(model)
+    if t != 1.0 and cfg.num_classes:  # the other library's softmax is the plain one: say how to get vitlab's
+        notes.append(
+            f"temperature {t:g} (the run's calibration: vitlab predict's probabilities) has no place in the {layout} "
+            f"layout, whose logits are the model's own; softmax(logits / {t:g}) gives the calibrated probabilities"
+        )
     if layout == "timm":
         weights = _timm_weights(cfg, state)
         files: dict[Path, Any] = {paths[0]: weights}
