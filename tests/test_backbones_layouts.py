@@ -345,3 +345,32 @@ def test_registers_on_any_timm_name(tmp_path):
     x = images()
     with torch.no_grad():
         assert_close_rel(built(x), model(x))
+
+
+def test_hugging_faces_distilled_deit_both_ways(tmp_path):
+    """The distilled DeiT checkpoints on the Hub (``facebook/deit-*-distilled-*``) are Hugging Face's
+    DeiTForImageClassificationWithTeacher (``model_type: deit``): "not a ViT checkpoint" before. They load as vitlab's
+    DeiT (a distillation token, two heads averaged, as timm's) with Hugging Face's logits, and a vitlab DeiT is written
+    back as that class. DeiTForImageClassification, whose distillation token no head reads, is refused by name."""
+    cfg = transformers.DeiTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        num_labels=3,
+    )  # fmt: skip
+    ref = randomize(transformers.DeiTForImageClassificationWithTeacher(cfg))
+    ref.save_pretrained(tmp_path / "hub")
+    model = vitlab.load(tmp_path / "hub")
+    assert model.config.dist_token and model.config.norm_eps == 1e-12
+    x = images()
+    with torch.no_grad():
+        want = ref(pixel_values=x).logits
+        assert_close_rel(model(x), want)
+    write_layout(model, tmp_path / "back", layout="hf")
+    again, info = transformers.AutoModelForImageClassification.from_pretrained(
+        tmp_path / "back", output_loading_info=True
+    )
+    assert type(again).__name__ == "DeiTForImageClassificationWithTeacher" and not any(info.values())
+    with torch.no_grad():
+        assert_close_rel(again.eval()(pixel_values=x).logits, want)
+    randomize(transformers.DeiTForImageClassification(cfg)).save_pretrained(tmp_path / "plain")
+    with pytest.raises(CheckpointError, match="DeiT folder without the distillation head"):
+        vitlab.load(tmp_path / "plain")

@@ -70,6 +70,7 @@ FIELD_NAMES = (
 # (pattern on a name without the "vit." prefix, replacement); first match wins.
 _RENAMES: list[tuple[str, str]] = [
     (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.distillation_token$", "dist_token"),  # DeiT's (Touvron et al. 2021)
     (r"^embeddings\.position_embeddings$", "pos_embed"),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
@@ -82,6 +83,8 @@ _RENAMES: list[tuple[str, str]] = [
     (r"^layernorm\.", "norm."),
     (r"^pooler\.dense\.", "pre_logits.fc."),
     (r"^classifier\.", "head."),
+    (r"^cls_classifier\.", "head."),  # DeiTForImageClassificationWithTeacher's two heads
+    (r"^distillation_classifier\.", "head_dist."),
 ]
 _QKV = re.compile(
     r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.(query|key|value)|(q|k|v)_proj)\.(weight|bias)$"
@@ -89,13 +92,18 @@ _QKV = re.compile(
 _DROPPED = ("embeddings.mask_token",)  # ViTForMaskedImageModeling's [MASK] embedding: not part of the classifier
 
 
+DEIT_MODEL_TYPE = "deit"
+"""``model_type`` of Hugging Face's DeiT classes: the distilled DeiT checkpoints (``facebook/deit-*-distilled-*``,
+``DeiTForImageClassificationWithTeacher``); the plain DeiT ones are stored as ``ViTForImageClassification``."""
+
+
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:
-    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``). A ``config.json``
+    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``, ``deit`` or DINOv3's). A ``config.json``
     that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
     cfg = Path(path) / "config.json"
     if not os.path.lexists(cfg):
         return False
-    return read_config_file(cfg).get("model_type") in ("vit", HF_MODEL_TYPE)
+    return read_config_file(cfg).get("model_type") in ("vit", DEIT_MODEL_TYPE, HF_MODEL_TYPE)
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
@@ -107,7 +115,7 @@ def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, t in state.items():
-        k = key[4:] if key.startswith("vit.") else key
+        k = key[5:] if key.startswith("deit.") else key[4:] if key.startswith("vit.") else key
         if k in _DROPPED:
             continue
         m = _QKV.match(k)
@@ -185,6 +193,12 @@ def read_folder(
     else:
         state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
         fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
+        if raw.get("model_type") == DEIT_MODEL_TYPE and "head_dist.weight" not in state:
+            raise CheckpointError(
+                f"{p}: a Hugging Face DeiT folder without the distillation head (DeiTForImageClassification or "
+                "DeiTModel): its distillation token is attended to but no head reads it, which vitlab's DeiT (the "
+                "paper's and timm's, both heads averaged) does not compute; not loaded"
+            )
     pre_path = p / "preprocessor_config.json"
     if os.path.lexists(pre_path):
         pre = read_config_file(pre_path)
@@ -229,7 +243,7 @@ def unsupported(cfg: ViTConfig) -> list[str]:
     """The options of ``cfg`` Hugging Face's ``ViTModel`` / ``ViTForImageClassification`` do not have."""
     bad = {
         "class_token": not cfg.class_token,
-        "dist_token": cfg.dist_token,
+        "dist_token": cfg.dist_token and not cfg.num_classes,  # (DeiT's with heads: ...WithTeacher)
         "reg_tokens": cfg.reg_tokens > 0,
         "posemb": cfg.posemb != "learn",
         "pool": cfg.pool != "cls",
@@ -252,11 +266,13 @@ def unsupported(cfg: ViTConfig) -> list[str]:
 
 def vit_config(cfg: ViTConfig) -> dict[str, Any]:
     """Hugging Face's ``config.json`` for ``cfg``: ``ViTForImageClassification`` with a classifier, else
-    ``ViTModel`` (its pooler is the ``mlp`` head's pre-logits layer)."""
+    ``ViTModel`` (its pooler is the ``mlp`` head's pre-logits layer); DeiT's distilled model (a distillation token
+    and its head) is ``DeiTForImageClassificationWithTeacher``, whose logits average the two heads as vitlab's."""
     h, w = cfg.img_size
+    arch = "ViTForImageClassification" if cfg.num_classes else "ViTModel"
     out: dict[str, Any] = {
-        "architectures": ["ViTForImageClassification" if cfg.num_classes else "ViTModel"],
-        "model_type": "vit",
+        "architectures": ["DeiTForImageClassificationWithTeacher" if cfg.dist_token else arch],
+        "model_type": DEIT_MODEL_TYPE if cfg.dist_token else "vit",
         "hidden_size": cfg.embed_dim,
         "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads,
@@ -281,7 +297,7 @@ def vit_config(cfg: ViTConfig) -> dict[str, Any]:
 
 def vit_state(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch.Tensor]:
     """vitlab's names -> those ``save_pretrained`` writes for a ViT (the reverse of :func:`convert_state`)."""
-    pre = "vit." if cfg.num_classes else ""
+    pre = ("deit." if cfg.dist_token else "vit.") if cfg.num_classes else ""
     out: dict[str, torch.Tensor] = {}
     for k, t in state.items():
         m = re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.(weight|bias)", k)
@@ -305,8 +321,12 @@ def vit_state(state: dict[str, torch.Tensor], cfg: ViTConfig) -> dict[str, torch
                 out[pre + re.sub(pat, rep, k)] = t
                 break
         else:
-            if k.startswith("head."):
-                out["classifier." + k[len("head.") :]] = t
+            if k == "dist_token":
+                out[pre + "embeddings.distillation_token"] = t
+            elif k.startswith("head_dist."):
+                out["distillation_classifier." + k[len("head_dist.") :]] = t
+            elif k.startswith("head."):
+                out[("cls_classifier." if cfg.dist_token else "classifier.") + k[len("head.") :]] = t
     return out
 
 
