@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -80,8 +81,35 @@ def test_hf_name_downloads_config_and_weights(monkeypatch, tmp_path):
     assert calls == [
         ("google/vit-base-patch16-224-in21k", "model.safetensors"),
         ("google/vit-base-patch16-224-in21k", "config.json"),
+        ("google/vit-base-patch16-224-in21k", "preprocessor_config.json"),  # optional: none in this snapshot
     ]
     assert (model.config.head, model.config.num_heads, model.config.norm_eps) == ("mlp", 4, 1e-12)
+
+
+@pytest.mark.slow
+def test_any_hub_repo_by_timms_prefix_with_its_image_processor(monkeypatch, tmp_path):
+    """``hf-hub:facebook/deit-base-distilled-patch16-224`` (timm's prefix for any Hub repo; the plain repo id names it
+    in its refusal): its weights, config and image processor, whose ImageNet mean and std and 0.875 crop the model
+    takes (without the processor it would have normalised by 0.5 and 0.5)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.DeiTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        num_labels=3,
+    )  # fmt: skip
+    folder = tmp_path / "snapshot"
+    transformers.DeiTForImageClassificationWithTeacher(cfg).eval().save_pretrained(folder)
+    imagenet = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}  # DeiT's
+    processor = transformers.DeiTImageProcessor(size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)
+    pre = folder / "preprocessor_config.json"
+    pre.write_text(json.dumps({**json.loads(pre.read_text()), **imagenet}))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *, repo_id, filename, **kw: str(folder / filename))
+    repo = "facebook/deit-base-distilled-patch16-224"
+    with pytest.raises(vitlab.CheckpointError, match=f"a Hugging Face Hub repo: hf-hub:{repo}"):
+        vitlab.load(repo)
+    model = vitlab.load(f"hf-hub:{repo}")
+    assert model.config.dist_token and model.config.mean == pytest.approx((0.485, 0.456, 0.406))
+    assert model.config.crop_pct == pytest.approx(32 / 36)
 
 
 def test_falls_back_to_pytorch_model_bin(monkeypatch, tmp_path, timm_file):

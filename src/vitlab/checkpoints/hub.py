@@ -9,8 +9,9 @@
   (``google/vit-base-patch16-224`` ...), in ``save_pretrained`` format;
 * a model name ending in ``_384`` is the checkpoint fine-tuned at 384 px.
 
-Any ``timm/<arch>.<tag>`` repo id, and ``hf-hub:<owner>/<repo>`` for any other Hub repo,
-also work. Downloads go through ``huggingface_hub`` (an optional dependency) and its cache.
+Any ``timm/<arch>.<tag>`` repo id, and ``hf-hub:<owner>/<repo>`` for any other Hub repo (a ``save_pretrained``
+folder, with its ``preprocessor_config.json`` when it has one: the mean, std and crop), also work; a plain
+``<owner>/<repo>`` that is no known name is refused with the ``hf-hub:`` form. Downloads go through ``huggingface_hub`` (an optional dependency) and its cache.
 Without it, or offline, files put in ``<cache>/hub/<owner>--<repo>/`` (``$VITLAB_CACHE``,
 default ``~/.cache/vitlab``) are used; otherwise an :class:`~vitlab.errors.OfflineError` says
 what to download and where to put it.
@@ -226,6 +227,8 @@ def resolve(name: str) -> Path:
     if entry is None:
         close = close_names(name)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `vitlab models --pretrained` lists the names"
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", name):  # a Hub repo id as Hugging Face writes it: timm's prefix says so
+            hint += f" (a Hugging Face Hub repo: hf-hub:{name})"
         raise CheckpointError(f"{name}: no such file or folder, and not a known checkpoint name{hint}")
     local = cache_dir() / entry.repo_id.replace("/", "--")
     for files in _files(entry):
@@ -256,7 +259,9 @@ def resolve(name: str) -> Path:
             if cache_only or type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
                 continue
             break
-        if entry.kind == "hf":
+        if entry.kind == "hf":  # optional: the image processor's mean, std and crop (DeiT's are ImageNet's, 0.875)
+            with contextlib.suppress(Exception):
+                hf_hub_download(repo_id=entry.repo_id, filename="preprocessor_config.json", **kw)
             return paths[0].parent
         with contextlib.suppress(Exception):  # optional: timm's config.json (pooling, labels) lands beside the weights
             hf_hub_download(repo_id=entry.repo_id, filename="config.json", **kw)
