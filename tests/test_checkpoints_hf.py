@@ -110,3 +110,22 @@ def test_unsupported_activation_is_a_clear_error(tmp_path):
     transformers.ViTModel(hf_config(hidden_act="relu")).save_pretrained(tmp_path)
     with pytest.raises(vitlab.CheckpointError, match="hidden_act 'relu'"):
         vitlab.load(tmp_path)
+
+
+def test_an_mae_folder_is_its_encoder(tmp_path):
+    """Hugging Face's MAE (``facebook/vit-mae-*``: ``model_type vit_mae``, "not a ViT checkpoint" before) is the
+    paper's ViT with its fixed sine-cosine table stored and a decoder only pre-training uses: it loads as a backbone,
+    the decoder left out, whose output is the encoder's class token after the final norm (MAE's last_hidden_state[:, 0],
+    which its random masking does not move; a mask ratio of 0 keeps every patch)."""
+    cfg = transformers.ViTMAEConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+        decoder_intermediate_size=32, mask_ratio=0.0,
+    )  # fmt: skip
+    ref = randomize(transformers.ViTMAEForPreTraining(cfg)).eval()
+    ref.save_pretrained(tmp_path / "mae")
+    model = vitlab.load(tmp_path / "mae")  # strict: every encoder tensor placed, nothing else left over
+    assert model.config.num_classes == 0 and model.config.norm_eps == cfg.layer_norm_eps
+    x = pixels()
+    with torch.no_grad():
+        assert_close_rel(model(x), ref.vit(pixel_values=x).last_hidden_state[:, 0])

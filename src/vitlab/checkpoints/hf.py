@@ -97,26 +97,33 @@ DEIT_MODEL_TYPE = "deit"
 ``DeiTForImageClassificationWithTeacher``); the plain DeiT ones are stored as ``ViTForImageClassification``."""
 
 
+MAE_MODEL_TYPE = "vit_mae"
+"""``model_type`` of Hugging Face's MAE (He et al. 2022; ``facebook/vit-mae-*``, ``ViTMAEForPreTraining`` or
+``ViTMAEModel``): the paper's ViT as encoder, its fixed sine-cosine table stored as the position embeddings, and a
+decoder that only pre-training uses (left out when it is read, as timm's MAE weights have none)."""
+
+
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:
-    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``, ``deit`` or DINOv3's). A ``config.json``
-    that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
+    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``, ``deit``, ``vit_mae`` or DINOv3's). A
+    ``config.json`` that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
     cfg = Path(path) / "config.json"
     if not os.path.lexists(cfg):
         return False
-    return read_config_file(cfg).get("model_type") in ("vit", DEIT_MODEL_TYPE, HF_MODEL_TYPE)
+    return read_config_file(cfg).get("model_type") in ("vit", DEIT_MODEL_TYPE, MAE_MODEL_TYPE, HF_MODEL_TYPE)
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
     return any(k.endswith(_PATCH) for k in state)
 
 
-def convert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> timm/vitlab names (q, k, v stacked into ``qkv``)."""
+def convert_state(state: dict[str, torch.Tensor], *, mae: bool = False) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> timm/vitlab names (q, k, v stacked into ``qkv``); ``mae``: an MAE folder's, whose
+    pre-training decoder (``decoder.*``) is left out."""
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, t in state.items():
         k = key[5:] if key.startswith("deit.") else key[4:] if key.startswith("vit.") else key
-        if k in _DROPPED:
+        if k in _DROPPED or (mae and key.startswith("decoder.")):
             continue
         m = _QKV.match(k)
         if m:
@@ -191,8 +198,11 @@ def read_folder(
         state, implied = from_hf(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), source=str(weights))
         fields = {**hf_fields(raw, source=str(p / "config.json")), **implied, "extra": {"family": "DINOv3"}}
     else:
-        state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes))
+        mae = raw.get("model_type") == MAE_MODEL_TYPE
+        state = convert_state(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), mae=mae)
         fields = config_fields(raw, has_pooler="pre_logits.fc.weight" in state, source=str(p / "config.json"))
+        if mae:  # the encoder, as a backbone: its class token after the final norm (no classifier was trained)
+            fields["num_classes"] = 0
         if raw.get("model_type") == DEIT_MODEL_TYPE and "head_dist.weight" not in state:
             raise CheckpointError(
                 f"{p}: a Hugging Face DeiT folder without the distillation head (DeiTForImageClassification or "

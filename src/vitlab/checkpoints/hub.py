@@ -11,10 +11,10 @@
 
 Any ``timm/<arch>.<tag>`` repo id, and ``hf-hub:<owner>/<repo>`` for any other Hub repo (a ``save_pretrained``
 folder, with its ``preprocessor_config.json`` when it has one: the mean, std and crop), also work; a plain
-``<owner>/<repo>`` that is no known name is refused with the ``hf-hub:`` form. Downloads go through ``huggingface_hub`` (an optional dependency) and its cache.
-Without it, or offline, files put in ``<cache>/hub/<owner>--<repo>/`` (``$VITLAB_CACHE``,
-default ``~/.cache/vitlab``) are used; otherwise an :class:`~vitlab.errors.OfflineError` says
-what to download and where to put it.
+``<owner>/<repo>`` that is no known name is refused with the ``hf-hub:`` form. Downloads go through
+``huggingface_hub`` (an optional dependency) and its cache. Without it, or offline, files put in
+``<cache>/hub/<owner>--<repo>/`` (``$VITLAB_CACHE``, default ``~/.cache/vitlab``) are used; otherwise an
+:class:`~vitlab.errors.OfflineError` says what to download and where to put it.
 """
 
 from __future__ import annotations
