@@ -129,3 +129,30 @@ def test_an_mae_folder_is_its_encoder(tmp_path):
     x = pixels()
     with torch.no_grad():
         assert_close_rel(model(x), ref.vit(pixel_values=x).last_hidden_state[:, 0])
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_a_dinov2_folder_loads_with_its_pooler_output(tmp_path, registers):
+    """Hugging Face's DINOv2 (``facebook/dinov2-*``, with registers ``facebook/dinov2-with-registers-*``) was read as a
+    bare state dict and refused with a list of unexpected tensors and a warning about its head count. Now it is the ViT
+    with layer scale and registers (Hugging Face adds no position to a register: a zero row each) with its
+    pooler_output; Dinov2ForImageClassification's classifier, which reads the class and mean patch tokens side by
+    side, is refused by name."""
+    kw = {"image_size": 28, "patch_size": 14, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    if registers:
+        ref = transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(**kw, mlp_ratio=2, num_register_tokens=registers)
+        )
+    else:
+        ref = transformers.Dinov2Model(transformers.Dinov2Config(**kw, mlp_ratio=2))
+    randomize(ref).eval().save_pretrained(tmp_path / "dinov2")
+    model = vitlab.load(tmp_path / "dinov2")
+    assert (model.config.reg_tokens, model.config.mlp_dim, model.config.extra["family"]) == (registers, 64, "DINOv2")
+    x = pixels(size=28)
+    with torch.no_grad():
+        assert_close_rel(model(x), ref(pixel_values=x).pooler_output)
+    if not registers:
+        classifier = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**kw, num_labels=3))
+        classifier.save_pretrained(tmp_path / "classifier")
+        with pytest.raises(vitlab.CheckpointError, match="Dinov2ForImageClassification: its classifier reads"):
+            vitlab.load(tmp_path / "classifier")

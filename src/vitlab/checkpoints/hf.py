@@ -33,6 +33,7 @@ import torch
 from ..data.images.resize import resize_side
 from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig, check_fields
+from . import dinov2
 from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
 from .files import read_config_file
 
@@ -104,12 +105,13 @@ decoder that only pre-training uses (left out when it is read, as timm's MAE wei
 
 
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:
-    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``, ``deit``, ``vit_mae`` or DINOv3's). A
-    ``config.json`` that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
+    """A folder with a Hugging Face ViT ``config.json`` (``model_type: vit``, ``deit``, ``vit_mae``, DINOv2's or
+    DINOv3's). A ``config.json`` that is not a small regular JSON file raises a :class:`CheckpointError` naming it."""
     cfg = Path(path) / "config.json"
     if not os.path.lexists(cfg):
         return False
-    return read_config_file(cfg).get("model_type") in ("vit", DEIT_MODEL_TYPE, MAE_MODEL_TYPE, HF_MODEL_TYPE)
+    kinds = ("vit", DEIT_MODEL_TYPE, MAE_MODEL_TYPE, HF_MODEL_TYPE, *dinov2.MODEL_TYPES)
+    return read_config_file(cfg).get("model_type") in kinds
 
 
 def is_hf_state(state: dict[str, torch.Tensor]) -> bool:
@@ -194,7 +196,10 @@ def read_folder(
                 f"{p}: sharded checkpoints are not supported; re-save with save_pretrained(max_shard_size='100GB')"
             )
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
-    if raw.get("model_type") == HF_MODEL_TYPE:  # DINOv3ViTModel (.dinov3)
+    if raw.get("model_type") in dinov2.MODEL_TYPES:  # Dinov2Model, Dinov2WithRegistersModel (.dinov2)
+        state_hf = read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes)
+        state, fields = dinov2.from_hf(raw, state_hf, source=str(p))
+    elif raw.get("model_type") == HF_MODEL_TYPE:  # DINOv3ViTModel (.dinov3)
         state, implied = from_hf(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), source=str(weights))
         fields = {**hf_fields(raw, source=str(p / "config.json")), **implied, "extra": {"family": "DINOv3"}}
     else:
