@@ -152,11 +152,6 @@ def test_layouts_refuse_what_they_cannot_hold(tmp_path):
     eva = vitlab.create_model("eva02_tiny_patch14_224", depth=1)
     with pytest.raises(CheckpointError, match="rope_kind 'eva'"):
         write_layout(eva, tmp_path / "m", layout="meta")
-    dinov2 = vitlab.load(dict(timm.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28).state_dict()))
-    with torch.no_grad():
-        dinov2.pos_embed[:, :1] += 1.0  # the class token's row, trained: timm's layout (no_embed_class) has none
-    with pytest.raises(CheckpointError, match="no_embed_class"):
-        write_layout(dinov2, tmp_path / "d", layout="timm")
     assert not any(tmp_path.iterdir())  # refused before anything is written
     assert main(["convert", "nope.pth", str(tmp_path / "x.npz"), "--layout", "timm"]) == 2
     plain = vitlab.create_model("vit_ti16", depth=1, img_size=32)  # no RoPE: named so, not by its default rope_kind
@@ -267,14 +262,46 @@ def test_auto_recipe_models_go_to_timm_and_hugging_face(posemb, tmp_path, capsys
     assert json.loads((tmp_path / "timm" / "config.json").read_text())["model_args"]["patch_size"] == 8
 
 
+@pytest.mark.slow  # (10 s: every timm name built on the meta device)
 def test_timm_layout_names_only_architectures_timm_registers():
     """vitlab takes every size x patch x resolution in timm's naming pattern as its own name; the layout writes only
-    those timm builds, so ``timm.create_model("local-dir:...")`` never meets an unknown model."""
-    from vitlab.models.variants import BACKBONES, NOT_IN_TIMM, TIMM_ALIASES
+    those timm builds, so ``timm.create_model("local-dir:...")`` never meets an unknown model; and it knows which of
+    them keep no position rows for the prefix tokens (timm's ``no_embed_class``)."""
+    from vitlab.models.variants import BACKBONES, NO_EMBED_CLASS, NOT_IN_TIMM, TIMM_ALIASES
 
     registered = set(timm.list_models())
     assert set(TIMM_ALIASES) >= NOT_IN_TIMM
-    assert [n for n in (*BACKBONES, *TIMM_ALIASES) if n not in NOT_IN_TIMM and n not in registered] == []
+    written = [n for n in (*BACKBONES, *TIMM_ALIASES) if n not in NOT_IN_TIMM]
+    assert [n for n in written if n not in registered] == []
+    with torch.device("meta"):
+        assert {n for n in written if getattr(timm.create_model(n), "no_embed_class", False)} == NO_EMBED_CLASS
+
+
+@pytest.mark.parametrize("source", ["timm", "hf"])
+def test_dinov2_with_registers_to_timm_adds_the_prefix_rows_to_the_tokens(source, tmp_path):
+    """timm's DINOv2 with registers keeps no position rows for the class and register tokens (no_embed_class). A
+    model whose class token has one (Hugging Face's DINOv2 adds it; a fine-tune trains it) was refused ("not zero
+    (trained here)"), or, loaded from Hugging Face, written with the rows and read by timm's filter as another table:
+    outputs 1.39 apart. A prefix token's row is a constant added to a constant token: it is added to the token."""
+    if source == "timm":
+        ref = randomize(timm.create_model("vit_small_patch14_reg4_dinov2", depth=1, img_size=28))
+        model = vitlab.load(dict(ref.state_dict()))
+        with torch.no_grad():
+            model.pos_embed[:, :1] += 1.0  # the class token's row, trained
+    else:
+        kw = {"image_size": 28, "patch_size": 14, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+        cfg = transformers.Dinov2WithRegistersConfig(**kw, mlp_ratio=2, num_register_tokens=4)
+        randomize(transformers.Dinov2WithRegistersModel(cfg)).save_pretrained(tmp_path / "hf")
+        model = vitlab.load(tmp_path / "hf")
+    out, _ = write_layout(model, tmp_path / "timm", layout="timm")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architecture"] == "vit_small_patch14_reg4_dinov2"
+    again = timm.create_model(config["architecture"], pretrained=False, **config["model_args"]).eval()
+    again.load_state_dict(safetensors_torch.load_file(str(out / "model.safetensors")), strict=True)
+    x = images(28, 28)
+    with torch.no_grad():
+        assert_close_rel(again(x), model(x))
+        assert_close_rel(vitlab.load(out)(x), model(x))
 
 
 def test_hugging_faces_processor_gives_vitlabs_evaluation_pixels(tmp_path):

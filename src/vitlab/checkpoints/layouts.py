@@ -36,7 +36,7 @@ from ..errors import CheckpointError, ConfigError
 from ..evaluate.calibration import model_temperature
 from ..models.config import ViTConfig
 from ..models.timm_api import TIMM_POOL, pretrained_cfg
-from ..models.variants import BACKBONES, NOT_IN_TIMM, TIMM_ALIASES, model_config
+from ..models.variants import BACKBONES, NO_EMBED_CLASS, NOT_IN_TIMM, TIMM_ALIASES, model_config
 from . import dinov3, families, hf
 
 __all__ = ["LAYOUTS", "layout_files", "write_layout"]
@@ -111,22 +111,25 @@ def _eva_class(cfg: ViTConfig) -> bool:
     )
 
 
-def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor], *, target: str | None) -> dict[str, torch.Tensor]:
     """The state dict (vitlab's names) of a model of ``cfg`` in timm's names for the timm class that has its
-    architecture."""
+    architecture (``target``: the timm name it is written as, when one is)."""
     layout = set(str(cfg.extra.get("timm_layout", "")).split(",")) - {""}
+    if target in NO_EMBED_CLASS:
+        layout.add("no_embed_class")
     if cfg.rope and cfg.rope_kind == "axial":
         raise CheckpointError(
             "rope_kind 'axial': vitlab's own 2-D RoPE convention has no timm model (timm's are eva, pe and dinov3); "
             "the model cannot be written in the timm layout"
         )
-    if "no_embed_class" in layout and "pos_embed" in state:  # (DINOv2, Naver's "_ape"): no rows for the prefix
-        rows = state["pos_embed"][:, : cfg.num_prefix_tokens]
-        if torch.count_nonzero(rows):
-            raise CheckpointError(
-                "pos_embed: the class and register tokens' position embeddings are not zero (trained here), and the "
-                "source's timm layout has no rows for them (no_embed_class); the model cannot be written in it"
-            )
+    if "no_embed_class" in layout and "pos_embed" in state:  # (DINOv2 with registers, Naver's "_ape"): the table
+        prefix = state["pos_embed"][:, : cfg.num_prefix_tokens]  # has no rows for the prefix tokens, whose rows are
+        at = 0  # constants added to constant tokens: they are added to the tokens themselves, the same inputs
+        for name in ("cls_token", "dist_token", "reg_token"):  # (vitlab's order of the prefix)
+            if name in state:
+                n = state[name].shape[1]
+                state[name] = state[name] + prefix[:, at : at + n]
+                at += n
         state["pos_embed"] = state["pos_embed"][:, cfg.num_prefix_tokens :]
     if not _eva_class(cfg):
         if cfg.mlp == "swiglu":  # timm's VisionTransformer with SwiGLUPacked (DINOv2 giant)
@@ -325,9 +328,9 @@ def write_layout(
             f"layout, whose logits are the model's own; softmax(logits / {t:g}) gives the calibrated probabilities"
         )
     if layout == "timm":
-        weights = _timm_weights(cfg, state)
-        files: dict[Path, Any] = {paths[0]: weights}
         config = _timm_config(cfg)
+        weights = _timm_weights(cfg, state, target=config["architecture"] if config else None)
+        files: dict[Path, Any] = {paths[0]: weights}
         if len(paths) > 1:
             if config is not None:
                 files[paths[1]] = config

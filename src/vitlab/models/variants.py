@@ -21,6 +21,7 @@ __all__ = [
     "CCTS",
     "HYBRIDS",
     "NOT_IN_TIMM",
+    "NO_EMBED_CLASS",
     "TIMM_ALIASES",
     "VARIANTS",
     "Variant",
@@ -235,6 +236,10 @@ NOT_IN_TIMM = frozenset(
 )
 """The names of :data:`TIMM_ALIASES` made by timm's pattern that timm itself does not register (no Ti/8 or Ti/32, no
 384 px S/8 ...): vitlab takes them as its own names, and never writes one as the architecture of a timm layout."""
+
+NO_EMBED_CLASS = frozenset(f"vit_{size}_patch14_reg4_dinov2" for size in ("small", "base", "large"))
+"""The names of :data:`TIMM_ALIASES` whose timm model has no position rows for the class and register tokens
+(``no_embed_class``): a table written as one of them leaves those rows out, added to the tokens instead."""
 """timm's names that ``create_model`` accepts (with or without a ``.pretrained_tag``)."""
 
 
