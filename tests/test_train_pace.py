@@ -528,6 +528,18 @@ def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_e
     )
 
 
+def test_a_short_fine_tune_at_its_init_models_large_side_is_told_of_the_usual_side():
+    """A DINOv2 at its 518 px under a 30-s budget planned 1 step (0.04 passes) and was told only of a 4-minute budget;
+    at --img-size 224 the same fine-tune made 71 steps in the 30 s. The line now proposes the side too."""
+    kw = dict(budget=30.0, left=0.0, per_step=2.386, eval_s=3.8, save_s=0.0, steps_per_epoch=23, steps=1, n_eval=341)
+    line = short_budget_line(**kw, smaller_side=(518, 224))
+    assert line and line.endswith(
+        "--time-budget 4m buys about 3 epochs, or fine-tune at --img-size 224 (about 5x fewer tokens a step than at "
+        "518 px; its position table resampled, Sec. 3.2)"
+    )
+    assert "--img-size" not in short_budget_line(**kw)  # (a fresh model's side is chosen by its budget already)
+
+
 def test_the_probe_measures_every_level_on_the_runs_own_images():
     """measure_pace times real steps of the smallest auto model (here tiny: 16 px, 48 images) and every level's
     transform, in a fork of the random generators (the run's own draws do not depend on it)."""

@@ -25,6 +25,7 @@ from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig
 from .pace import LOGGING_SHARE, Pace, budget_reserve, save_seconds, short_budget_line, steps_in_budget
 from .probe import Here, time_steps, time_update
+from .side import PHOTO_SIZE
 from .steps import Replan, RunPlan
 
 __all__ = ["REPLAN_AT", "Replanner", "measure_budget", "plan_run"]
@@ -152,8 +153,11 @@ def measure_budget(
         + (f", decoding the first pass ~{first_s:.1f} s" if first_s else "")
         + f" -> {counted(total, 'step')}, {counted(epochs, 'epoch')}"
     )
+    side = max(getattr(getattr(net, "config", None), "img_size", (0, 0)))  # (an objective's wrapper: no config)
+    smaller = (side, PHOTO_SIZE) if cfg.init and not cfg.img_size and side > PHOTO_SIZE else None
     short = short_budget_line(budget=budget, left=left, per_step=per_step, eval_s=eval_s, save_s=save_s,
-                              steps_per_epoch=spe, steps=total, n_eval=loaders.eval_size)  # fmt: skip
+                              steps_per_epoch=spe, steps=total, n_eval=loaders.eval_size,
+                              smaller_side=smaller)  # fmt: skip
     if short:
         log(short)
     return total, epochs, per_step, eval_s, save_s

@@ -158,15 +158,17 @@ error of up to 7 points at 50), not a measurement worth an epoch's end."""
 
 def short_budget_line(
     *, budget: float, left: float, per_step: float, eval_s: float, save_s: float, steps_per_epoch: int, steps: int,
-    n_eval: int,
+    n_eval: int, smaller_side: tuple[int, int] | None = None,
 ) -> str | None:  # fmt: skip
     """One line when ``steps`` planned in a ``budget`` of seconds (``left`` of them for training and the epochs'
     ends) cannot make a meaningful run, else None: fewer than one pass over the data, or the epochs' ends (an
     evaluation of ``eval_s`` and a saving of ``save_s`` each) taking more than half of the time. It proposes the
     budget that buys three epochs with their ends in at most half of it (whole minutes) when that is a longer budget,
     and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's time (not one of
-    fewer than :data:`FEWEST_EVAL_IMAGES`). It says only what the plan it was made from does: a run of many short
-    epochs is not told that its budget "buys only" them."""
+    fewer than :data:`FEWEST_EVAL_IMAGES`). ``smaller_side``: ``(the run's side, a smaller one it could take)``, for
+    a fine-tune at its ``--init`` model's side (DINOv2's 518 px) where the usual 224 px is a choice: proposed with
+    the share of tokens it saves. It says only what the plan it was made from does: a run of many short epochs is
+    not told that its budget "buys only" them."""
     passes = steps / steps_per_epoch
     end_s = eval_s + save_s
     ends = math.ceil(passes) * end_s
@@ -196,6 +198,11 @@ def short_budget_line(
         if FEWEST_EVAL_IMAGES <= keep < n_eval:
             line += (", or" if more else ":") + f" evaluate on fewer images (an evaluation folder of ~{keep:,} of the "
             line += f"{n_eval:,})"
+            more = True
+    if smaller_side is not None:
+        side, to = smaller_side
+        line += (", or" if more else ":") + f" fine-tune at --img-size {to} (about {(side / to) ** 2:.0f}x fewer "
+        line += f"tokens a step than at {side} px; its position table resampled, Sec. 3.2)"
     return line
 
 
