@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from ..models.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_fields
+from ..errors import CheckpointError
+from ..models.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
+from .files import stated_fields
 
 __all__ = [
     "HF_MODEL_TYPE",
@@ -74,12 +75,7 @@ def hf_fields(raw: dict[str, Any], *, source: str) -> dict[str, Any]:
     (another activation, a pre-training-only option) is a :class:`CheckpointError` naming the key."""
     f: dict[str, Any] = dict(_DINOV3, num_classes=0, mean=IMAGENET_MEAN, std=IMAGENET_STD, crop_pct=1.0)
     f.update(rope_theta=100.0, norm_eps=1e-5)
-    for ours, theirs in _HF_FIELDS:
-        if theirs in raw:
-            try:
-                f.update(check_fields({ours: raw[theirs]}))
-            except ConfigError as e:
-                raise CheckpointError(f"{source}: {theirs}{str(e)[len(ours) :]}") from None
+    f.update(stated_fields(raw, _HF_FIELDS, source=source))
     gated = raw.get("use_gated_mlp", False)
     act = raw.get("hidden_act", "gelu")
     if gated is True and act == "silu":

@@ -42,6 +42,7 @@ __all__ = [
     "read_config_file",
     "read_npz",
     "read_state_dict",
+    "stated_fields",
     "torch_load_safe",
     "unpacked_limit",
     "unwrap_state_dict",
@@ -314,3 +315,20 @@ def read_npz(path: str | os.PathLike[str], *, max_unpacked_bytes: int | None = N
         return NpzArchive(p, max_unpacked_bytes=max_unpacked_bytes)
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise CheckpointError(f"{p}: not a readable .npz archive ({_first_line(e)})") from None
+
+
+def stated_fields(raw: Mapping[str, Any], names: tuple[tuple[str, str], ...], *, source: str) -> dict[str, Any]:
+    """The ViTConfig fields a config file states: for each ``(field, key)`` of ``names`` whose key ``raw`` has, its
+    value type- and range-checked (:func:`~vitlab.models.config.check_fields`); a bad one is a
+    :class:`CheckpointError` naming ``source`` and the file's own key."""
+    from ..errors import ConfigError
+    from ..models.config import check_fields
+
+    fields: dict[str, Any] = {}
+    for ours, theirs in names:
+        if theirs in raw:
+            try:
+                fields.update(check_fields({ours: raw[theirs]}))
+            except ConfigError as e:
+                raise CheckpointError(f"{source}: {theirs}{str(e)[len(ours) :]}") from None
+    return fields

@@ -35,7 +35,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.config import ViTConfig, check_fields
 from . import dinov2
 from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
-from .files import read_config_file
+from .files import read_config_file, stated_fields
 
 __all__ = [
     "FIELD_NAMES",
@@ -72,6 +72,7 @@ FIELD_NAMES = (
 _RENAMES: list[tuple[str, str]] = [
     (r"^embeddings\.cls_token$", "cls_token"),
     (r"^embeddings\.distillation_token$", "dist_token"),  # DeiT's (Touvron et al. 2021)
+    (r"^embeddings\.register_tokens$", "reg_token"),  # DINOv2's with registers (.dinov2)
     (r"^embeddings\.position_embeddings$", "pos_embed"),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.output\.dense\.", r"blocks.\1.attn.proj."),
@@ -81,6 +82,8 @@ _RENAMES: list[tuple[str, str]] = [
     (r"^(?:encoder\.layer|layers)\.(\d+)\.mlp\.(fc[12])\.", r"blocks.\1.mlp.\2."),
     (r"^(?:encoder\.layer|layers)\.(\d+)\.layernorm_before\.", r"blocks.\1.norm1."),
     (r"^(?:encoder\.layer|layers)\.(\d+)\.layernorm_after\.", r"blocks.\1.norm2."),
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.(norm[12])\.", r"blocks.\1.\2."),  # DINOv2's names of the two
+    (r"^(?:encoder\.layer|layers)\.(\d+)\.layer_scale([12])\.lambda1$", r"blocks.\1.ls\2.gamma"),  # and its scale
     (r"^layernorm\.", "norm."),
     (r"^pooler\.dense\.", "pre_logits.fc."),
     (r"^classifier\.", "head."),
@@ -124,7 +127,7 @@ def convert_state(state: dict[str, torch.Tensor], *, mae: bool = False) -> dict[
     out: dict[str, torch.Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for key, t in state.items():
-        k = key[5:] if key.startswith("deit.") else key[4:] if key.startswith("vit.") else key
+        k = re.sub(r"^(?:deit|vit|dinov2)\.", "", key)  # a classifier's model, by its class
         if k in _DROPPED or (mae and key.startswith("decoder.")):
             continue
         m = _QKV.match(k)
@@ -149,13 +152,7 @@ def convert_state(state: dict[str, torch.Tensor], *, mae: bool = False) -> dict[
 def config_fields(raw: dict[str, Any], *, has_pooler: bool, source: str = "config.json") -> dict[str, Any]:
     """ViTConfig fields from a Hugging Face ``config.json``, each type- and range-checked: a bad
     value is a :class:`CheckpointError` naming ``source`` and the Hugging Face key."""
-    f: dict[str, Any] = {}
-    for ours, theirs in FIELD_NAMES:
-        if theirs in raw:
-            try:
-                f.update(check_fields({ours: raw[theirs]}))
-            except ConfigError as e:
-                raise CheckpointError(f"{source}: {theirs}{str(e)[len(ours) :]}") from None
+    f = stated_fields(raw, FIELD_NAMES, source=source)
     act = raw.get("hidden_act", "gelu")
     if not isinstance(act, str) or act not in _ACTS:
         raise CheckpointError(
@@ -198,7 +195,8 @@ def read_folder(
         raise CheckpointError(f"{p}: a Hugging Face config.json but no {' or '.join(WEIGHT_FILES)}")
     if raw.get("model_type") in dinov2.MODEL_TYPES:  # Dinov2Model, Dinov2WithRegistersModel (.dinov2)
         state_hf = read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes)
-        state, fields = dinov2.from_hf(raw, state_hf, source=str(p))
+        fields = dinov2.fields(raw, state_hf, source=str(p))
+        state = dinov2.with_register_rows(convert_state(state_hf), fields["reg_tokens"])
     elif raw.get("model_type") == HF_MODEL_TYPE:  # DINOv3ViTModel (.dinov3)
         state, implied = from_hf(read_state_dict(weights, max_unpacked_bytes=max_unpacked_bytes), source=str(weights))
         fields = {**hf_fields(raw, source=str(p / "config.json")), **implied, "extra": {"family": "DINOv3"}}
