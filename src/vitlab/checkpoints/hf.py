@@ -1,5 +1,6 @@
-"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints (and ``DINOv3ViTModel`` folders, whose
-names :mod:`.dinov3` maps).
+"""Hugging Face ``ViTModel`` / ``ViTForImageClassification`` checkpoints, and the classes with the paper's blocks:
+distilled DeiT (``DeiTForImageClassificationWithTeacher``), MAE's encoder (``vit_mae``), DINOv2 (whose fields and
+register rows :mod:`.dinov2` reads) and ``DINOv3ViTModel`` folders (whose names :mod:`.dinov3` maps).
 
 A ``save_pretrained`` folder holds ``config.json`` and ``model.safetensors`` (or
 ``pytorch_model.bin``). Names map onto timm's as in the table of
