@@ -101,12 +101,9 @@ def output_error(path: Path, e: OSError, *, what: str = "it", kept: str | None =
     """The one line for a write of ``path`` that failed with ``e``: the path, the system's reason and what is
     left (``kept``: by default, whether an earlier file of that name is kept)."""
     why = e.strerror or str(e) or type(e).__name__
-    if e.errno in (errno.ENOTDIR, errno.EEXIST):  # the system's "Not a directory" / "File exists": say which file
-        for p in (path, *path.parents):
-            if os.path.lexists(p):
-                if not p.is_dir():
-                    why = "a file of that name is there" if p == path else f"{p} is a file, not a folder"
-                break
+    blocker = _file_in_the_way(path, itself=True) if e.errno in (errno.ENOTDIR, errno.EEXIST) else None
+    if blocker is not None:  # the system's "Not a directory" / "File exists": which file is in the way
+        why = "a file of that name is there" if blocker == path else f"{blocker} is a file, not a folder"
     if kept is None:
         kept = f"the previous {path.name} is kept" if path.is_file() else "nothing was written"
     err = OutputError(f"{path}: cannot write {what} ({why}); {kept}")
@@ -128,14 +125,21 @@ def refuse_blocked(path: Path, *, what: str = "it") -> None:
     written: a real folder of its name (:func:`refuse_folder`), or a file where one of the folders it goes into
     would be (``vitlab convert m/ notes.txt/x.npz``: the system would say "Not a directory" or "File exists")."""
     refuse_folder(path)
-    for parent in path.parents:
-        if os.path.lexists(parent):
-            if not parent.is_dir():
-                raise OutputError(
-                    f"{parent}: is a file, where vitlab writes {what} into a folder of that name; move it away or "
-                    "write elsewhere"
-                )
-            return
+    parent = _file_in_the_way(path, itself=False)
+    if parent is not None:
+        raise OutputError(
+            f"{parent}: is a file, where vitlab writes {what} into a folder of that name; move it away or write "
+            "elsewhere"
+        )
+
+
+def _file_in_the_way(path: Path, *, itself: bool) -> Path | None:
+    """The nearest existing entry of ``path``'s folders (and ``path`` itself, with ``itself``) when it is not a
+    folder: what stands where vitlab would make or enter one; None when the nearest is a folder."""
+    for p in (path, *path.parents) if itself else path.parents:
+        if os.path.lexists(p):
+            return None if p.is_dir() else p
+    return None
 
 
 @contextlib.contextmanager

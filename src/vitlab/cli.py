@@ -76,10 +76,7 @@ def _unknown_args(parser: argparse.ArgumentParser, command: str | None, extra: l
     with the vitlab spelling of timm-style flags or the closest options."""
     import difflib
 
-    sub = parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            sub = action.choices[command]
+    sub = _subparser(parser, command) or parser
     known = [s for a in sub._actions for s in a.option_strings]
     hints = []
     for arg in extra:
@@ -167,12 +164,19 @@ def _flag(parser: argparse.ArgumentParser, command: str, option: str) -> str:
     """The flag of ``command`` that sets the model field ``option`` (``img_size`` -> ``--img-size``), or ``option``
     itself where the command has none: a :class:`~vitlab.errors.ConfigError` of the library names its field, and a
     remedy only Python has (``dynamic_img_pad=True``) stays out of the command line's line."""
+    sub = _subparser(parser, command)
+    for a in sub._actions if sub is not None else ():
+        if a.dest == option and a.option_strings:
+            return max(a.option_strings, key=len)
+    return option
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    """The parser of the sub-command ``command`` (``vitlab train``'s), or None."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            for a in action.choices[command]._actions:
-                if a.dest == option and a.option_strings:
-                    return max(a.option_strings, key=len)
-    return option
+            return action.choices[command]
+    return None
 
 
 def _escaping_streams() -> None:
