@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
+from ..models.config import check_fields
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -321,9 +322,6 @@ def stated_fields(raw: Mapping[str, Any], names: tuple[tuple[str, str], ...], *,
     """The ViTConfig fields a config file states: for each ``(field, key)`` of ``names`` whose key ``raw`` has, its
     value type- and range-checked (:func:`~vitlab.models.config.check_fields`); a bad one is a
     :class:`CheckpointError` naming ``source`` and the file's own key."""
-    from ..errors import ConfigError
-    from ..models.config import check_fields
-
     fields: dict[str, Any] = {}
     for ours, theirs in names:
         if theirs in raw:
