@@ -19,6 +19,7 @@ from vitlab.cli import main
 from vitlab.data import ArrayDataset, PackedImages, eval_transform, load_data, train_transform
 from vitlab.data.cache.admin import list_caches
 from vitlab.data.cache.store import decode_files
+from vitlab.models import ViTConfig
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.sizing import recipe_for
 from vitlab.train.sizing.recipe import classify_recipe
@@ -91,9 +92,11 @@ def test_a_fine_tune_stores_photos_for_its_init_models_size(tmp_path):
     """A fine-tune without --img-size trains at its --init model's size, and its photos are stored for that size,
     not for the largest fine-tuning size (a 32 px model on 12 MP photos: a shorter side of 36 px, not 439)."""
     cfg = _cfg(tmp_path, init="runs/x/model")
-    plan = folder_storage(cfg, {(3024, 4032): 24}, init_size=32)
+    model = ViTConfig(img_size=(32, 32), patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    plan = folder_storage(cfg, {(3024, 4032): 24}, init=model)
     assert plan.size == (32, 32) and plan.store_side == 36 and "the --init model's size" in plan.line
-    unknown = folder_storage(cfg, {(3024, 4032): 24})  # a model that is not square: stored for up to INIT_SIDE
+    wide = model.replace(img_size=(32, 48))  # a model that is not square: stored for up to INIT_SIDE
+    unknown = folder_storage(cfg, {(3024, 4032): 24}, init=wide)
     assert unknown.size is None and unknown.store_side == 439
 
 

@@ -191,8 +191,8 @@ def prepare(
     fingerprint = run_data_fingerprint(cfg, source, state=state, log=log)  # resumed: the data must be unchanged
     if saved is None and not dist.enabled:
         saved = _replayed(replay, cfg, fingerprint, log)
-    side = init.config.img_size[0] if init is not None and init.config.img_size[0] == init.config.img_size[1] else None
-    data = load_run_data(cfg, here, source=source, out=out, log=log, labels=kind.uses_labels, init_size=side,
+    data = load_run_data(cfg, here, source=source, out=out, log=log, labels=kind.uses_labels,
+                         init=init.config if init is not None else None,
                          storage=saved.storage if saved is not None else None)  # fmt: skip
     # -- what the run gets here: measured, then chosen ---------------------------------------------------------
     num_classes = kind.head(data)[0]

@@ -37,6 +37,7 @@ from ...data.shards.source import is_shard_spec, open_source
 from ...data.shards.stream import open_stream_data
 from ...data.sources import DataError, DataSource, DataSplits, FolderStorage, builtin_data
 from ...distributed import Dist, barrier
+from ...models.config import ViTConfig
 from ..conf.train_config import TrainConfig
 from ..persist.advice import top1_stderr
 from ..sizing.probe import Here, budget_passes, wants_budget_size
@@ -63,13 +64,13 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 def load_run_data(
     cfg: TrainConfig, here: Here, *, source: DataSource, out: Path, log: Callable[[str], None], labels: bool = True,
-    init_size: int | None = None, storage: FolderStorage | None = None,
+    init: ViTConfig | None = None, storage: FolderStorage | None = None,
 ) -> DataSplits:  # fmt: skip
     """The run's train and evaluation splits of ``source`` (its ``--data``, told once), stored for the side the run
     trains at, which the sizing's side rule chooses from the images' sizes
-    (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards' first samples; ``init_size``:
-    the ``--init`` model's side, the size a fine-tune without ``--img-size`` trains at; for photos under a time
-    budget, the passes it buys at each side, timed first: :func:`~vitlab.train.sizing.probe.budget_passes`);
+    (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards' first samples; ``init``:
+    the ``--init`` model's configuration, whose side a fine-tune without ``--img-size`` trains at; for photos under a
+    time budget, the passes it buys at each side, timed first: :func:`~vitlab.train.sizing.probe.budget_passes`);
     ``storage``: a resumed or replayed run's (chosen before: kept).
     The data check's lines come first (:mod:`.data_check`: ``out/data_check.json``; ``--strict-data`` stops on leaks
     and conflicting labels, ``--dedup-eval`` leaves the leaked evaluation images out), then the choice of side.
@@ -78,9 +79,9 @@ def load_run_data(
     dist = here.dist
     check = check_before(cfg, source, out=out, log=log, dist=dist) if dist.is_main else None  # the first lines
     passes = None
-    if storage is None and wants_budget_size(cfg, source, uses_labels=labels, dist=dist):
-        passes = budget_passes(cfg, here)
-    storing = storage or functools.partial(folder_storage, cfg, init_size=init_size, passes=passes)
+    if storage is None and wants_budget_size(cfg, source, uses_labels=labels, dist=dist, init=init):
+        passes = budget_passes(cfg, here, init=init)
+    storing = storage or functools.partial(folder_storage, cfg, init=init, passes=passes)
     if source.shards:  # tar shards: read as they train, no decode cache; their side by the same rule
         data = open_stream_data(source.spec, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)
         if len(data.train) == 0 or len(data.val) == 0:

@@ -157,17 +157,20 @@ def finetune_recipe(
     processes: int = 1,
     photos: bool = False,
     pace: Pace | None = None,
+    stored: int | None = None,
 ) -> tuple[Recipe, str]:
     """``(recipe, line)``: the recipe of a run of ``cfg`` (a :class:`~vitlab.train.conf.train_config.TrainConfig` with
     ``--init`` and the ``auto`` recipe) fine-tuning ``init`` (the checkpoint's configuration) on ``n_train`` images
     (``photos``: a folder of photos the run crops from), and the line that says what was chosen. Fields the user set
     (``cfg.recipe_given``) are kept; the head-only phase needs one process (``processes``). ``pace``: what a probe
-    measured on the data (:func:`~.probe.measure_pace`), from which a time budget's passes are counted."""
+    measured on the data (:func:`~.probe.measure_pace`), from which a time budget's passes are counted; ``stored``:
+    the side the photos were stored for (:func:`~.side.sized_recipe`: the side rule's, which under a time budget may
+    be smaller than the ``--init`` model's), None for the model's own."""
     r = cfg.recipe
     given = {f: getattr(r, f) for f in cfg.recipe_given}
     batch = given.get("batch_size") or auto_batch(n_train)
     spe = max(1, n_train // batch)
-    side = cfg.img_size or r.img_size
+    side = cfg.img_size or r.img_size or stored
     img = (side, side) if side else tuple(init.img_size)
     patch = cfg.arch.get("patch_size") or init.patch_size
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}

@@ -42,14 +42,16 @@ from ...data.sources import DataSource, ImageArray
 from ...devices import autocast
 from ...distributed import Dist
 from ...models import VisionTransformer
+from ...models.config import ViTConfig
 from ..conf.arch import fresh_config
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, run_recipe
+from .finetune import METHOD_FLAGS, rule_settings, tune_method
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
-from .pace import Pace, budget_reserve, train_step_macs
-from .recipe import auto_batch, auto_recipe, forward_macs
-from .side import PACKED_STEP_COST, PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, store_side
+from .pace import Pace, budget_reserve, step_forwards, train_step_macs
+from .recipe import auto_batch, auto_recipe, budget_token_drop, forward_macs
+from .side import PACKED_STEP_COST, PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, init_side, init_sides, store_side
 
 __all__ = [
     "Here",
@@ -178,13 +180,17 @@ def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) ->
     return bool(cfg.time_budget) and _measured(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
 
 
-def wants_budget_size(cfg: TrainConfig, source: DataSource, *, uses_labels: bool, dist: Dist) -> bool:
+def wants_budget_size(
+    cfg: TrainConfig, source: DataSource, *, uses_labels: bool, dist: Dist, init: ViTConfig | None = None
+) -> bool:
     """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): a
-    time-budgeted measured run (:func:`_measured_run`) on the user's images (``source``: a folder or its shards,
-    ``--pack`` too) with no size given (``--img-size``, a recipe's)."""
+    time-budgeted measured run (:func:`_measured`: a fresh model's, or a fine-tune's of a square ``--init`` model,
+    ``init``: its configuration) on the user's images (``source``: a folder or its shards, ``--pack`` too) with no
+    size given (``--img-size``, a recipe's)."""
     return (
         bool(cfg.time_budget)
-        and _measured_run(cfg, uses_labels=uses_labels, dist=dist)
+        and _measured(cfg, uses_labels=uses_labels, dist=dist)
+        and (not cfg.init or init_side(init) is not None)
         and not cfg.img_size
         and not cfg.recipe.img_size
         and source.users
@@ -239,17 +245,85 @@ def _image_seconds(
     return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
 
 
+PROBE_STEP_MACS = 2e10
+"""The most multiply-accumulates a timed step of an ``--init`` model may take (:func:`_init_image_seconds`): fewer
+images a step for a large model (ViT-B/16 at 128 px: 2), so that the probe costs a small share of a short budget."""
+
+
+def _init_image_seconds(
+    cfg: TrainConfig, here: Here, init: ViTConfig, *, n_train: int, clock: Callable[[], float]
+) -> Callable[[int], float]:
+    """``seconds(side)``: what a training image costs a fine-tune of ``init`` (the ``--init`` model's configuration)
+    at ``side`` px, as :func:`_image_seconds` counts a fresh model's: training steps of that architecture (random
+    weights, the tokens the fine-tune's budget drops) timed once, on random images, at the smallest side the rule
+    may take (:func:`~.side.init_sides`: the cheapest), on at most :data:`PROBE_STEP_MACS` a step; the step's compute
+    scaled to each side by its multiply-accumulates (the optimizer's update, timed alone, is not: it costs the same
+    at every side), and to what the fine-tune trains (``--tune``, or the rule's pick:
+    :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side."""
+    given, patch = set(cfg.recipe_given), init.patch_size
+    batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
+    arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
+    method = None if METHOD_FLAGS & given else tune_method(n_train=n_train, params=init.num_params(),
+                                                           **rule_settings(cfg))  # fmt: skip
+    share = step_forwards(method[0] if method is not None else cfg.recipe.tuning) / step_forwards("full")
+
+    def drop(side: int) -> float:
+        return cfg.recipe.token_drop if "token_drop" in given else budget_token_drop((side, side), patch)
+
+    def macs(side: int) -> float:
+        return forward_macs(arch, (side, side), init.in_chans, token_drop=drop(side))
+
+    ref = init_sides(init_side(init) or init.img_size[0], patch)[-1]
+    k = max(2, min(batch, SIDE_BATCH, int(PROBE_STEP_MACS // train_step_macs(macs(ref), 1))))
+    timed: dict[str, float] = {}
+
+    def seconds(side: int) -> float:
+        if not timed:
+            with seeded(cfg.seed):
+                c = init.replace(img_size=(ref, ref), num_classes=2, head="linear", representation_size=None,
+                                 class_names=None, patch_drop_rate=drop(ref), drop_path_rate=0.0,
+                                 drop_rate=0.0)  # fmt: skip
+                model = accelerate(VisionTransformer(c)).to(here.device)
+                set_threads(cfg, device=here.device, step_macs=train_step_macs(macs(ref), batch))
+                xs = torch.randn(k, init.in_chans, ref, ref, device=here.device)
+                ys = torch.randint(0, 2, (k,), device=here.device)
+                recipe, _ = auto_recipe(n_train=n_train, img_size=(ref, ref), num_classes=2, in_chans=init.in_chans,
+                                        time_budget=1e-9, batch_size=batch, photos=True)  # fmt: skip
+                opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # LR 0: the repeated steps move nothing
+                model.train()
+                kw = {"objective": _ProbeLoss, "device": here.device, "amp_dtype": here.amp_dtype}
+                timed["update"] = time_update(model, opt, xs, ys, n_time=2, **kw)
+                timed["step"] = time_steps(model, opt, xs, ys, n_warm=2, n_time=2, **kw)
+        update = timed["update"]
+        compute = max(0.0, timed["step"] - update) * batch / k * macs(side) / macs(ref) * share
+        step_s = (compute + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
+        with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
+            aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
+        pace = Pace(step_s=step_s, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
+                    workers=workers_for(cfg, device=here.device, steps_per_epoch=n_train // batch))  # fmt: skip
+        return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
+
+    return seconds
+
+
 def budget_passes(
-    cfg: TrainConfig, here: Here, *, clock: Callable[[], float] = time.perf_counter
+    cfg: TrainConfig, here: Here, *, init: ViTConfig | None = None, clock: Callable[[], float] = time.perf_counter
 ) -> Callable[[int, int], float]:
     """``passes(side, n_train)``: the passes over ``n_train`` images that the rest of the time budget buys at
-    ``side`` px (:func:`_image_seconds`). Called before a folder is decoded (or shards read), so that it is stored
-    for the side chosen (:func:`~vitlab.train.sizing.side.budget_photo_side`); the steps and the augmentation of
-    random photos are counted, not the evaluations (the run's own probe, :func:`measure_pace`, then plans with
-    them)."""
+    ``side`` px (:func:`_image_seconds`; a fine-tune of ``init``, the ``--init`` model's configuration:
+    :func:`_init_image_seconds`). Called before a folder is decoded (or shards read), so that it is stored
+    for the side chosen (:func:`~vitlab.train.sizing.side.budget_photo_side`, :func:`~.side.budget_init_side`); the
+    steps and the augmentation of random photos are counted, not the evaluations (the run's own probe,
+    :func:`measure_pace`, then plans with them)."""
+    fine_tune: dict[int, Callable[[int], float]] = {}
 
     def passes(side: int, n_train: int) -> float:
-        per_image = _image_seconds(cfg, here, side=side, n_train=n_train, clock=clock)
+        if init is not None and n_train not in fine_tune:
+            fine_tune[n_train] = _init_image_seconds(cfg, here, init, n_train=n_train, clock=clock)
+        if init is not None:
+            per_image = fine_tune[n_train](side)
+        else:
+            per_image = _image_seconds(cfg, here, side=side, n_train=n_train, clock=clock)
         left = cfg.time_budget - budget_reserve(cfg.time_budget) - (clock() - here.t_start)
         return max(0.0, left) / (per_image * max(1, n_train))
 

@@ -19,7 +19,12 @@ The conventions users know from timm and the ViT papers:
   EfficientNetV2's progressive learning), and as docs/training.md measures on photos.
 - **Photos for a number of epochs** train at the size above; the run states how much faster :data:`FAST_SIDE` px
   would be when it is, since on photos it measured as good for as many epochs (:func:`faster_side_line`).
-- ``--img-size`` (or a recipe's ``img_size``) wins; an ``--init`` model without one trains at its own size.
+- **A fine-tune** trains at its ``--init`` model's side; **under a time budget, of photos**, at the largest of that
+  side and the smaller :data:`BUDGET_SIDES` (at the model's patch, its position table resampled in 2-D, Sec. 3.2)
+  at which the budget buys :data:`FINETUNE_PASSES` passes, timed on the ``--init`` architecture
+  (:func:`budget_init_side`): the same rule, a pre-trained model's fewer passes (DINOv2's 518 px bought one step in
+  30 s where 224 px bought 71).
+- ``--img-size`` (or a recipe's ``img_size``) wins.
 
 Storage (:func:`folder_storage`): training images keep their aspect ratio and whole extent, their shorter side at
 most ``img_size / crop_pct`` and at least 1/0.875 of the input (room for random crops), so RandomResizedCrop is
@@ -39,6 +44,7 @@ from ...data.images.resize import resize_side
 from ...data.images.storage import FolderStorage
 
 if TYPE_CHECKING:
+    from ...models.config import ViTConfig
     from ..conf.recipes import Recipe
     from ..conf.train_config import TrainConfig
 
@@ -47,15 +53,20 @@ __all__ = [
     "BUDGET_SIDES",
     "CROP_MARGIN",
     "FAST_SIDE",
+    "FINETUNE_GRID",
+    "FINETUNE_PASSES",
     "INIT_SIDE",
     "PACKED_STEP_COST",
     "PHOTO_CROP_PCT",
     "PHOTO_SIDE",
     "PHOTO_SIZE",
+    "budget_init_side",
     "budget_photo_side",
     "faster_side_line",
     "folder_storage",
     "holds_photos",
+    "init_side",
+    "init_sides",
     "packed_crop_pct",
     "photo_size",
     "sized_recipe",
@@ -94,6 +105,27 @@ the clothing photos, at 2, 5 and 10 minutes, 128 px at 10 minutes with ~90 to ~1
 (docs/training.md, "Photo rows")."""
 
 
+def _budget_side(
+    sides: list[int], passes: Callable[[int], float], *, enough: float, own: str, what: str
+) -> tuple[int, str]:
+    """``(side, why)``: the largest of ``sides`` (largest first) at which ``passes(side)`` is at least ``enough``; when
+    none is, the smallest. Measured from the largest down, so ``passes`` (a measurement) is called only until one is
+    enough. ``own``: why the largest was kept, ``what``: the run the line speaks of."""
+    seen: dict[int, float] = {}
+    for side in sides:
+        seen[side] = passes(side)
+        if seen[side] >= enough:
+            break
+    else:
+        side = min(seen)
+    top, p = sides[0], seen[side]
+    if side == top:
+        return side, f"{own}, ~{p:.0f} passes in the budget; --img-size to change"
+    n = f"{enough:g}"
+    most = f"the largest side with {n} or more" if p >= enough else f"none with {n}"
+    return side, f"{what}: ~{seen[top]:.1f} passes at {top} px, ~{p:.1f} at {side} px, {most}; --img-size to change"
+
+
 def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int, str]:
     """``(side, why)``: the side a time-budgeted photo run of ``typical`` shorter side trains at, the largest of
     :data:`BUDGET_SIDES` up to :func:`photo_size` at which ``passes(side)`` (the passes the budget buys there) is at
@@ -105,23 +137,49 @@ def budget_photo_side(typical: int, passes: Callable[[int], float]) -> tuple[int
     larger side measured below the threshold lost to 64 px, 96 px with more passes among them (docs/training.md,
     "Photo rows")."""
     top = photo_size(typical)
-    seen: dict[int, float] = {}
-    for side in [top, *(s for s in BUDGET_SIDES if s < top)]:
-        seen[side] = passes(side)
-        if seen[side] >= BUDGET_PASSES:
-            break
-    else:
-        side = min(seen)
-    p = seen[side]
-    if side == top:
-        own = "photos: the usual ViT input" if top == PHOTO_SIZE else "their own size"
-        return side, f"{own}, ~{p:.0f} passes in the budget; --img-size to change"
-    n = f"{BUDGET_PASSES:g}"
-    enough = f"the largest side with {n} or more" if p >= BUDGET_PASSES else f"none with {n}"
-    return side, (
-        f"photos under a time budget: ~{seen[top]:.1f} passes at {top} px, ~{p:.1f} at {side} px, {enough}; "
-        "--img-size to change"
-    )
+    own = "photos: the usual ViT input" if top == PHOTO_SIZE else "their own size"
+    sides = [top, *(s for s in BUDGET_SIDES if s < top)]
+    return _budget_side(sides, passes, enough=BUDGET_PASSES, own=own, what="photos under a time budget")
+
+
+FINETUNE_PASSES = 24.0
+"""Passes over the training images a time budget must buy at a side for a fine-tune of photos to train there
+(:func:`budget_init_side`): the fewest a fine-tune of photos was measured with here (the clothing photos at 2
+minutes, 24-31 passes: 52.8-56.1% where training from scratch reached 54-56% in 5 minutes; 61-64% from 51-77 passes,
+docs/transfer.md). A pre-trained model needs fewer passes than one learning from nothing (:data:`BUDGET_PASSES`);
+one that buys fewer than these at its own side makes a handful of steps there (DINOv2 at 518 px: one step in a
+30-second budget), so it trains at a smaller side, its position table resampled."""
+FINETUNE_GRID = 8
+"""The fewest patches across a side a fine-tune's budget rule goes down to: 8 x 8, the grid of the rule's smallest
+side for a fresh model (64 px at patch 8; for an ``--init`` model with patch 16, 128 px)."""
+
+
+def init_side(init: ViTConfig | None) -> int | None:
+    """The side of an ``--init`` model (``init``: its configuration): what a fine-tune without ``--img-size`` trains
+    at; None for a model that is not square (its photos are then stored for up to :data:`INIT_SIDE`)."""
+    if init is None or init.img_size[0] != init.img_size[1]:
+        return None
+    return init.img_size[0]
+
+
+def init_sides(side: int, patch: int) -> list[int]:
+    """The sides a time-budgeted fine-tune of photos may train at, largest first: its ``--init`` model's ``side``,
+    then each of :data:`BUDGET_SIDES` below it rounded down to a multiple of the model's ``patch`` (its position table
+    resampled to that grid), none with fewer than :data:`FINETUNE_GRID` patches across."""
+    smaller = {s // patch * patch for s in BUDGET_SIDES if s < side}
+    return [side, *sorted((s for s in smaller if FINETUNE_GRID * patch <= s < side), reverse=True)]
+
+
+def budget_init_side(side: int, patch: int, passes: Callable[[int], float]) -> tuple[int, str]:
+    """``(side, why)``: the side a time-budgeted fine-tune of photos trains at, by the rule of
+    :func:`budget_photo_side` on :func:`init_sides` with :data:`FINETUNE_PASSES`: its ``--init`` model's ``side``
+    when the budget buys that many passes there (``passes(side)``), else the largest smaller side that does, else the
+    smallest. A model with no smaller side is not measured."""
+    sides = init_sides(side, patch)
+    own = "the --init model's size"
+    if len(sides) == 1:
+        return side, own
+    return _budget_side(sides, passes, enough=FINETUNE_PASSES, own=own, what="a fine-tune under a time budget")
 
 
 def store_side(img: int, crop_pct: float = 1.0) -> int:
@@ -166,17 +224,18 @@ def packed_crop_pct(
 
 
 def folder_storage(
-    cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init_size: int | None = None,
+    cfg: TrainConfig, counts: Mapping[tuple[int, int], int], *, init: ViTConfig | None = None,
     n_files: int | None = None, passes: Callable[[int, int], float] | None = None, shards: bool = False,
 ) -> FolderStorage:  # fmt: skip
     """How a run stores (and reads) images whose sizes are ``counts`` (``(width, height) -> count``: a folder's
     training headers, or tar shards' first samples), with the line that says what was chosen and why (see the
-    module's notes). A fine-tune without ``--img-size`` trains at its ``--init`` model's side, ``init_size`` (None: not
-    known, photos are then stored for up to :data:`INIT_SIDE`). ``passes(side, n_train)``: the passes a time budget
-    buys at a side (:func:`~vitlab.train.sizing.probe.budget_passes`), for photos without a size given
-    (:func:`budget_photo_side`); ``n_files``: the training split's files (default: the sizes counted); ``shards``:
-    the images are tar shards (read as they train, decoded as the store would hold them and kept in the run's memory,
-    not on disk: the line says so)."""
+    module's notes). A fine-tune without ``--img-size`` trains at its ``--init`` model's side (``init``: its
+    configuration, :func:`init_side`; not known: photos are then stored for up to :data:`INIT_SIDE`).
+    ``passes(side, n_train)``: the passes a time budget buys at a side
+    (:func:`~vitlab.train.sizing.probe.budget_passes`), for photos without a size given (:func:`budget_photo_side`, a
+    fine-tune's :func:`budget_init_side`); ``n_files``: the training split's files (default: the sizes counted);
+    ``shards``: the images are tar shards (read as they train, decoded as the store would hold them and kept in the
+    run's memory, not on disk: the line says so)."""
     pictures = {wh: n for wh, n in counts.items() if not too_thin(*wh)} or dict(counts)
     typical = typical_side(pictures)
     w, h = max((wh for wh in pictures if min(wh) == typical), key=pictures.__getitem__)
@@ -186,13 +245,15 @@ def folder_storage(
     crop_pct = r.crop_pct if r.crop_pct < 1 else PHOTO_CROP_PCT if photos else 1.0
     given = cfg.img_size or r.img_size
     seen = f"images: {w}x{h}" if uniform else f"images: typical {w}x{h} (mixed sizes)"
+    n_train, own = n_files or sum(counts.values()), init_side(init)
     if given:
         side = given
         why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
+    elif cfg.init and own and photos and passes is not None and init is not None:
+        side, why = budget_init_side(own, init.patch_size, lambda s: passes(s, n_train))
     elif cfg.init:
-        side, why = init_size, "the --init model's size"
+        side, why = own, "the --init model's size"
     elif photos and passes is not None:
-        n_train = n_files or sum(counts.values())
         side, why = budget_photo_side(typical, lambda s: passes(s, n_train))
     elif photos:
         side = photo_size(typical)

@@ -110,6 +110,7 @@ def recipe_for(
         recipe, chosen = finetune_recipe(
             cfg, n_train=n_train, class_names=list(data.class_names), in_chans=data.in_chans,
             device_type=device_type, init=init, processes=processes, photos=holds_photos(data), pace=pace,
+            stored=sized_recipe(cfg.recipe, cfg, data).img_size,
         )  # fmt: skip
     else:
         recipe, chosen = classify_recipe(
