@@ -54,6 +54,21 @@ def test_the_sides_are_the_model_s_then_the_ladder_at_its_patch_down_to_an_8x8_g
     assert init_sides(100, 16) == [100]
 
 
+def test_a_hybrid_s_sides_are_multiples_of_its_token_not_its_patch(tmp_path):
+    """A convolutional stem of stride 16 (patch 1, Hassani et al.'s CCT): 16 px a token, the sides of patch 16."""
+    hybrid = ViTConfig(img_size=(256, 256), patch_size=1, stem="conv", stem_layers=4, embed_dim=32, depth=1,
+                       num_heads=2, mlp_dim=64)  # fmt: skip
+    seen = []
+
+    def passes(side: int, n_train: int) -> float:
+        seen.append(side)
+        return 0.0
+
+    cfg = _cfg(tmp_path, time_budget=30.0, init="hybrid")
+    assert folder_storage(cfg, {(3024, 4032): 24}, init=hybrid, passes=passes).size == (128, 128)
+    assert seen == [256, 224, 160, 128]  # not 64 px: 4 x 4 tokens
+
+
 def test_the_model_s_side_is_kept_when_the_budget_buys_enough_passes_there():
     passes, calls = _counting({518: FINETUNE_PASSES})
     side, why = budget_init_side(518, 14, passes)

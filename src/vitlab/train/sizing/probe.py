@@ -51,7 +51,16 @@ from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
 from .pace import Pace, budget_reserve, step_forwards, train_step_macs
 from .recipe import auto_batch, auto_recipe, budget_token_drop, forward_macs
-from .side import PACKED_STEP_COST, PHOTO_CROP_PCT, PHOTO_SIDE, holds_photos, init_side, init_sides, store_side
+from .side import (
+    PACKED_STEP_COST,
+    PHOTO_CROP_PCT,
+    PHOTO_SIDE,
+    holds_photos,
+    init_side,
+    init_sides,
+    store_side,
+    token_px,
+)
 
 __all__ = [
     "Here",
@@ -260,7 +269,7 @@ def _init_image_seconds(
     scaled to each side by its multiply-accumulates (the optimizer's update, timed alone, is not: it costs the same
     at every side), and to what the fine-tune trains (``--tune``, or the rule's pick:
     :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side."""
-    given, patch = set(cfg.recipe_given), init.patch_size
+    given, patch = set(cfg.recipe_given), token_px(init)  # (a hybrid's tokens: its stem's stride x the patch)
     batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
     method = None if METHOD_FLAGS & given else tune_method(n_train=n_train, params=init.num_params(),

@@ -71,6 +71,7 @@ __all__ = [
     "photo_size",
     "sized_recipe",
     "store_side",
+    "token_px",
 ]
 
 PHOTO_SIDE = 160
@@ -162,6 +163,12 @@ def init_side(init: ViTConfig | None) -> int | None:
     return init.img_size[0]
 
 
+def token_px(init: ViTConfig) -> int:
+    """The pixels across one token of ``init``: its patch, times the stem's stride for a hybrid (a ResNet's 16 px
+    cell under patch 1), what a side of that model is a multiple of."""
+    return init.patch_size * init.stem_stride
+
+
 def init_sides(side: int, patch: int) -> list[int]:
     """The sides a time-budgeted fine-tune of photos may train at, largest first: its ``--init`` model's ``side``,
     then each of :data:`BUDGET_SIDES` below it rounded down to a multiple of the model's ``patch`` (its position table
@@ -250,7 +257,7 @@ def folder_storage(
         side = given
         why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
     elif cfg.init and own and photos and passes is not None and init is not None:
-        side, why = budget_init_side(own, init.patch_size, lambda s: passes(s, n_train))
+        side, why = budget_init_side(own, token_px(init), lambda s: passes(s, n_train))
     elif cfg.init:
         side, why = own, "the --init model's size"
     elif photos and passes is not None:
