@@ -559,6 +559,33 @@ def test_the_probe_measures_every_level_on_the_runs_own_images():
     assert "measured" in line and recipe.arch["patch_size"] == pace.arch["patch_size"]
 
 
+def test_a_fine_tunes_pace_is_timed_on_its_own_architecture(monkeypatch):
+    """A fine-tune's steps are timed on its ``--init`` architecture, not scaled from the tiny model's
+    multiply-accumulates (ViT-B/16 at 128 px: estimated at 13.4 s a step from them, 5.8 s in the run): on images
+    doubled from 2 until a step takes PROBE_STEP_S or holds the batch, the compute scaled to the batch and the
+    optimizer's update, timed alone, added once. Faked step times: 10 ms an image and a 20 ms update."""
+    from vitlab.models import ViTConfig
+    from vitlab.train.sizing import probe
+
+    timed = []
+
+    def fake_steps(model, opt, xs, ys, **kw):
+        timed.append((model.config.embed_dim, len(xs)))
+        return 0.01 * len(xs) + 0.02
+
+    monkeypatch.setattr(probe, "time_steps", fake_steps)
+    monkeypatch.setattr(probe, "time_update", lambda *a, **kw: 0.02)
+    init = ViTConfig(img_size=(16, 16), patch_size=4, embed_dim=48, depth=1, num_heads=2, mlp_dim=96)
+    data = _random_splits(48, train=40)
+    before = torch.get_num_threads()
+    try:
+        pace = probe.measure_pace(TrainConfig(time_budget=60.0, threads=1, init="m"), data, _here(), init=init)
+    finally:
+        torch.set_num_threads(before)
+    assert timed == [(48, 2), (48, 4), (48, 8)] and pace.batch == 8  # the --init width only: no tiny step
+    assert pace.step_s == pytest.approx(0.01 * 8 + 0.02) and "for the --init architecture, timed on 8" in pace.probe
+
+
 def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_packed_cost(monkeypatch):
     """A ``--pack`` run's model drops no tokens (its loader drops them before packing), but its steps see only the
     kept ones: the probes time a square step of the model dropping as many, counted at PACKED_STEP_COST (before,

@@ -172,7 +172,7 @@ def finetune_recipe(
     spe = max(1, n_train // batch)
     side = cfg.img_size or r.img_size or stored
     img = (side, side) if side else tuple(init.img_size)
-    patch = cfg.arch.get("patch_size") or init.patch_size
+    patch = (cfg.arch.get("patch_size") or init.patch_size) * init.stem_stride  # (a hybrid's token: stride x patch)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
     new_head, _ = head_choice(init, class_names, new_head=cfg.new_head)
     params = init.num_params()

@@ -254,21 +254,52 @@ def _image_seconds(
     return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
 
 
-PROBE_STEP_MACS = 2e10
-"""The most multiply-accumulates a timed step of an ``--init`` model may take (:func:`_init_image_seconds`): fewer
-images a step for a large model (ViT-B/16 at 128 px: 2), so that the probe costs a small share of a short budget."""
+PROBE_STEP_S = 0.5
+"""A timed step of an ``--init`` architecture (:func:`_init_step`) doubles its images from 2 until it takes this long
+or holds the run's batch: a few images a step cost more each than the run's batch does (the matrices are thinner),
+while a large model's whole batch is too slow to time in a short budget (ViT-B/16 at 128 px on 2 CPU cores: about 6 s
+a step of 128)."""
+
+
+def _init_step(
+    cfg: TrainConfig, here: Here, init: ViTConfig, *, side: int, batch: int, drop: float, n_train: int
+) -> tuple[float, float, int, int]:
+    """``(seconds of a step's compute, seconds of its update, images timed, threads)``: one training step of ``batch``
+    images of ``init``'s architecture (the ``--init`` model's configuration: random weights, a 2-class head, dropping
+    the share ``drop`` of its tokens) at ``side`` px on random images, with the run's optimizer and threads. Timed on
+    :data:`PROBE_STEP_S`'s images and scaled to ``batch``; the optimizer's update is timed alone and not scaled (it
+    costs the same for any batch and side). Random draws are made in a fork of the generators."""
+    with seeded(cfg.seed):
+        c = init.replace(img_size=(side, side), num_classes=2, head="linear", representation_size=None,
+                         class_names=None, patch_drop_rate=drop, drop_path_rate=0.0, drop_rate=0.0)  # fmt: skip
+        model = accelerate(VisionTransformer(c)).to(here.device)
+        threads = set_threads(cfg, device=here.device, step_macs=train_step_macs(model.macs(), batch)).threads
+        recipe, _ = auto_recipe(n_train=n_train, img_size=(side, side), num_classes=2, in_chans=init.in_chans,
+                                time_budget=1e-9, batch_size=batch, photos=True)  # fmt: skip
+        opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # LR 0: the repeated steps move nothing
+        model.train()
+        kw = {"objective": _ProbeLoss, "device": here.device, "amp_dtype": here.amp_dtype}
+        k = min(2, batch)
+        while True:
+            xs = torch.randn(k, init.in_chans, side, side, device=here.device)
+            ys = torch.randint(0, 2, (k,), device=here.device)
+            step = time_steps(model, opt, xs, ys, n_warm=1, n_time=2, **kw)
+            if step >= PROBE_STEP_S or k >= batch:
+                break
+            k = min(batch, 2 * k)
+        update = time_update(model, opt, xs, ys, n_time=2, **kw)
+    return max(0.0, step - update) * batch / k, update, k, threads
 
 
 def _init_image_seconds(
     cfg: TrainConfig, here: Here, init: ViTConfig, *, n_train: int, clock: Callable[[], float]
 ) -> Callable[[int], float]:
     """``seconds(side)``: what a training image costs a fine-tune of ``init`` (the ``--init`` model's configuration)
-    at ``side`` px, as :func:`_image_seconds` counts a fresh model's: training steps of that architecture (random
-    weights, the tokens the fine-tune's budget drops) timed once, on random images, at the smallest side the rule
-    may take (:func:`~.side.init_sides`: the cheapest), on at most :data:`PROBE_STEP_MACS` a step; the step's compute
-    scaled to each side by its multiply-accumulates (the optimizer's update, timed alone, is not: it costs the same
-    at every side), and to what the fine-tune trains (``--tune``, or the rule's pick:
-    :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side."""
+    at ``side`` px, as :func:`_image_seconds` counts a fresh model's: a training step of that architecture (the
+    tokens the fine-tune's budget drops) timed once (:func:`_init_step`) at the smallest side the rule may take
+    (:func:`~.side.init_sides`: the cheapest), its compute scaled to each side by its multiply-accumulates (the
+    update is not: it costs the same at every side), and to what the fine-tune trains (``--tune``, or the rule's
+    pick: :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side."""
     given, patch = set(cfg.recipe_given), token_px(init)  # (a hybrid's tokens: its stem's stride x the patch)
     batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
@@ -283,29 +314,13 @@ def _init_image_seconds(
         return forward_macs(arch, (side, side), init.in_chans, token_drop=drop(side))
 
     ref = init_sides(init_side(init) or init.img_size[0], patch)[-1]
-    k = max(2, min(batch, SIDE_BATCH, int(PROBE_STEP_MACS // train_step_macs(macs(ref), 1))))
-    timed: dict[str, float] = {}
+    timed: list[tuple[float, float, int, int]] = []
 
     def seconds(side: int) -> float:
         if not timed:
-            with seeded(cfg.seed):
-                c = init.replace(img_size=(ref, ref), num_classes=2, head="linear", representation_size=None,
-                                 class_names=None, patch_drop_rate=drop(ref), drop_path_rate=0.0,
-                                 drop_rate=0.0)  # fmt: skip
-                model = accelerate(VisionTransformer(c)).to(here.device)
-                set_threads(cfg, device=here.device, step_macs=train_step_macs(macs(ref), batch))
-                xs = torch.randn(k, init.in_chans, ref, ref, device=here.device)
-                ys = torch.randint(0, 2, (k,), device=here.device)
-                recipe, _ = auto_recipe(n_train=n_train, img_size=(ref, ref), num_classes=2, in_chans=init.in_chans,
-                                        time_budget=1e-9, batch_size=batch, photos=True)  # fmt: skip
-                opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # LR 0: the repeated steps move nothing
-                model.train()
-                kw = {"objective": _ProbeLoss, "device": here.device, "amp_dtype": here.amp_dtype}
-                timed["update"] = time_update(model, opt, xs, ys, n_time=2, **kw)
-                timed["step"] = time_steps(model, opt, xs, ys, n_warm=2, n_time=2, **kw)
-        update = timed["update"]
-        compute = max(0.0, timed["step"] - update) * batch / k * macs(side) / macs(ref) * share
-        step_s = (compute + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
+            timed.append(_init_step(cfg, here, init, side=ref, batch=batch, drop=drop(ref), n_train=n_train))
+        compute, update, _, _ = timed[0]
+        step_s = (compute * macs(side) / macs(ref) * share + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
         with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
             aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
         pace = Pace(step_s=step_s, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
@@ -398,11 +413,16 @@ def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[],
     return images, (t1 - t0) / n, (clock() - t1) / n
 
 
-def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[], float] = time.perf_counter) -> Pace:
-    """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes). The probe
-    model is thrown away; the random draws are made in a fork of the generators
-    (:func:`~vitlab.data.pipeline.seeding.seeded`),
-    so the run's own weights and augmentation do not depend on it. Sets torch's threads as the run will
+def measure_pace(
+    cfg: TrainConfig, data: Any, here: Here, *, init: ViTConfig | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Pace:  # fmt: skip
+    """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes); a
+    fine-tune's steps (``init``: the ``--init`` model's configuration) timed on that architecture at the run's side
+    (:func:`_init_step`), not scaled from the tiny model's: ViT-B/16's step at 128 px was estimated at 13.4 s from the
+    tiny model's multiply-accumulates where the run took 5.8 s. The probe models are thrown away; the random draws are
+    made in a fork of the generators (:func:`~vitlab.data.pipeline.seeding.seeded`), so the run's own weights and
+    augmentation do not depend on it. Sets torch's threads as the run will
     (:func:`~vitlab.train.sizing.machine.set_threads`)."""
     n_train, in_chans = len(data.train), data.in_chans
     img = (cfg.img_size, cfg.img_size) if cfg.img_size else tuple(int(s) for s in data.image_size)
@@ -441,21 +461,30 @@ def measure_pace(cfg: TrainConfig, data: Any, here: Here, *, clock: Callable[[],
             xs_level = [ds[i][0] for i in range(k)]
             aug_s[level] = (clock() - t0) / max(1, k) + read_s + decode_s * (1 - kept)
             items = items or xs_level
-        xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
-        ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
-        opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
-        model.train()
-        step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device,
-        amp_dtype=here.amp_dtype,
-                            n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
-        step_s *= PACKED_STEP_COST if cfg.pack else 1.0
+        if init is None or img[0] != img[1]:  # the tiny model's step, which the candidates' are scaled from
+            xs = torch.stack([items[i % len(items)] for i in range(batch)]).to(device)
+            ys = torch.randint(0, max(1, data.num_classes), (batch,), device=device)
+            opt = here.optimizer(model, run_recipe(cfg, recipe), 0.0)  # the run's: Muon's step costs more
+            model.train()
+            step_s = time_steps(model, opt, xs, ys, objective=_ProbeLoss, device=device, amp_dtype=here.amp_dtype,
+                                n_warm=2, n_time=PROBE_STEPS, max_s=PROBE_SHARE * cfg.time_budget)  # fmt: skip
+            what = "the tiny model"
         eval_s, eval_first_s = _time_eval(model, data.val, n_val=len(data.val), img=img, in_chans=in_chans,
                                           crop_pct=crop_pct, device=device, clock=clock)  # fmt: skip
+    if init is not None and img[0] == img[1]:  # a fine-tune: its own architecture's step
+        t = token_px(init)
+        arch = {"patch_size": t, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
+        drop = cfg.recipe.token_drop if "token_drop" in given else budget_token_drop(img, t)
+        compute, update, k, threads = _init_step(cfg, here, init, side=img[0], batch=batch, drop=drop,
+                                                 n_train=n_train)  # fmt: skip
+        step_s, step_macs = compute + update, train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch)
+        what = f"the --init architecture, timed on {k}"
+    step_s *= PACKED_STEP_COST if cfg.pack else 1.0
     return Pace(
         step_s=step_s, step_macs=step_macs, batch=batch, aug_s=aug_s, workers=workers, eval_s=eval_s,
         eval_image_macs=image_macs, n_eval=len(data.val), elapsed_s=clock() - here.t_start, arch=dict(recipe.arch),
         read_s=read_s, first_pass_s=decode_s * kept * n_train + eval_first_s,
-        probe=f"{step_s * 1000:.0f} ms a step of {batch} for the tiny model on {threads} thread(s)"
+        probe=f"{step_s * 1000:.0f} ms a step of {batch} for {what} on {threads} thread(s)"
         + (f" (packed: {PACKED_STEP_COST:g}x a square step)" if cfg.pack else "")
         + f", the augmentation on {len(items)} of the training images",
     )  # fmt: skip

@@ -63,7 +63,7 @@ def choose(
             say(f"{chosen} (replayed from {saved.replayed}; --replan to measure afresh)")
     else:
         if wants_pace(cfg, data, uses_labels=learns != "mpp", dist=here.dist):
-            pace = measure_pace(cfg, data, here)
+            pace = measure_pace(cfg, data, here, init=init)
         recipe, chosen, off = recipe_for(cfg, data, init=init, device_type=here.device.type, pace=pace,
                                          processes=here.dist.world_size)  # fmt: skip
         say(chosen)
