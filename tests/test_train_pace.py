@@ -799,3 +799,29 @@ def test_a_distillation_plan_times_its_own_step_with_the_teacher(monkeypatch) ->
             pace=pace,
         )  # fmt: skip
         assert per_step == pytest.approx(step_s * LOGGING_SHARE, rel=0.05), kind.__name__
+
+
+def test_a_fine_tunes_plan_leaves_time_for_its_evaluation_before_the_first_step(monkeypatch) -> None:
+    """A fine-tune evaluates the model it starts from before its first step ("before fine-tuning, at ..."), which
+    the plan did not count: a random ViT-B/16 fine-tuned at 128 px for 2 minutes spent 13 s there and ended at
+    129 s. Its plan now leaves that evaluation's time (here 5 s: 50 steps of 0.1 s fewer)."""
+    import time
+    from types import SimpleNamespace
+
+    from vitlab.train import get_recipe
+    from vitlab.train.sizing import budget
+
+    recipe = get_recipe("small-data")
+    loaders = SimpleNamespace(micro=32, steps_per_epoch=100, workers=0, eval_size=8, evaluations=1,
+                              first_epoch_fills=False, packed=False, train_items=lambda n: [])  # fmt: skip
+    monkeypatch.setattr(budget, "_probe", lambda *a, **k: (0.1, 0.0, 1.0, 5.0))
+    objective = SimpleNamespace(steps_as_probed=True, eval_passes=1, last_eval_extra=0.0, uses_labels=True)
+    net = torch.nn.Linear(2, 1)
+    steps = {}
+    for init in (None, "runs/x/model"):
+        cfg = TrainConfig(recipe=recipe, time_budget=600.0, init=init)
+        here = _here(t_start=time.perf_counter())
+        steps[init], *_ = budget.measure_budget(cfg, recipe, here, net=net, run_net=net, loaders=loaders,
+                                                objective=objective, log=lambda line: None)  # fmt: skip
+    per_step = 0.1 * budget.LOGGING_SHARE
+    assert steps[None] - steps["runs/x/model"] == pytest.approx(5.0 / per_step, abs=2)

@@ -100,8 +100,9 @@ def measure_budget(
     times are used instead, so that the plan is the one the recipe was chosen for. The augmentation is timed on the
     run's transform: added to each step without workers, beside it with them; where the first pass decodes what the
     later ones read kept (tar shards: ``loaders.first_epoch_fills``), on the kept items, the decoding subtracted once
-    as the recipe's probe timed it (:attr:`~.pace.Pace.first_pass_s`). When the plan is no meaningful run, a
-    line says so and proposes what would make one (:func:`~.pace.short_budget_line`).
+    as the recipe's probe timed it (:attr:`~.pace.Pace.first_pass_s`). A fine-tune's evaluation of the model it
+    starts from is subtracted too (a random ViT-B/16 at 128 px: 13 s that a 2-minute run overran by). When the plan
+    is no meaningful run, a line says so and proposes what would make one (:func:`~.pace.short_budget_line`).
 
     ``loaders`` are the run's (:class:`~vitlab.train.engine.loaders.RunLoaders`), ``objective`` its objective (its
     ``loss``, ``eval_passes``, ``last_eval_extra``). With ``--compile`` the steps run through the real compiled model
@@ -135,6 +136,8 @@ def measure_budget(
     budget: float = cfg.time_budget  # type: ignore[assignment]
     left = budget - (time.perf_counter() - here.t_start) - budget_reserve(budget) - first_s
     left -= eval_s * objective.last_eval_extra  # --tta flip-last: the last evaluation's mirrored pass
+    if cfg.init and objective.uses_labels:  # a fine-tune's evaluation before its first step ("before fine-tuning")
+        left -= eval_s
     save_s = save_seconds(params=sum(p.numel() for p in net.parameters()),
                           trainable=sum(p.numel() for p in net.parameters() if p.requires_grad))  # fmt: skip
     total = steps_in_budget(left, per_step, eval_s + save_s, spe)
