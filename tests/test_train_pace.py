@@ -4,6 +4,7 @@ the cores that are free. Every timing here is faked or irrelevant: the tests che
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -825,3 +826,39 @@ def test_a_fine_tunes_plan_leaves_time_for_its_evaluation_before_the_first_step(
                                                 objective=objective, log=lambda line: None)  # fmt: skip
     per_step = 0.1 * budget.LOGGING_SHARE
     assert steps[None] - steps["runs/x/model"] == pytest.approx(5.0 / per_step, abs=2)
+
+
+def test_a_distillation_teachers_forward_is_counted_in_every_candidates_step(monkeypatch) -> None:
+    """A distillation teacher runs its forward beside every step of the student, at its own size whatever the
+    student's: the probes time it once (random weights of its architecture, no gradients) and add it to each
+    candidate's step, for the side the budget buys and for the recipe's passes. Before, a 1-minute photo run
+    distilled from a 64-px patch-4 model said ~380 steps of 122 ms and then planned 116 of 398 ms."""
+    from vitlab.models import ViTConfig
+    from vitlab.train.sizing import probe
+
+    teacher = ViTConfig(img_size=(16, 16), patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64, num_classes=4)
+    torch.manual_seed(0)
+    state = torch.random.get_rng_state()
+    assert probe.teacher_seconds(TrainConfig(), _here(), None) == 0.0
+    assert probe.teacher_seconds(TrainConfig(), _here(), teacher) > 0
+    assert torch.equal(torch.random.get_rng_state(), state)  # its random images drawn in a fork
+
+    pace = _pace(0.1)
+    with_teacher = dataclasses.replace(pace, teacher_s=0.002)
+    per = {p.teacher_s: p.per_step(level="light", step_macs=2e9, batch=64) for p in (pace, with_teacher)}
+    assert per[0.002] - per[0.0] == pytest.approx(64 * 0.002 * LOGGING_SHARE)  # whatever the student costs
+
+    timed, seen = [], []
+    monkeypatch.setattr(probe, "teacher_seconds", lambda cfg, here, t: timed.append(t) or (0.05 if t else 0.0))
+    monkeypatch.setattr(probe, "_image_seconds",
+                        lambda cfg, here, *, teacher_s=0.0, **kw: seen.append(teacher_s) or 0.01)  # fmt: skip
+    passes = probe.budget_passes(TrainConfig(time_budget=60.0), _here(t_start=0.0), teacher=teacher, clock=lambda: 0.0)
+    passes(224, 100), passes(64, 100)
+    assert timed == [teacher] and seen == [0.05, 0.05]  # timed once, added at every side
+    before = torch.get_num_threads()
+    try:
+        measured = probe.measure_pace(TrainConfig(time_budget=60.0, threads=1), _random_splits(48, train=40), _here(),
+                                      teacher=teacher)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert measured.teacher_s == 0.05 and "the teacher's forward 50.0 ms an image" in measured.probe

@@ -193,6 +193,7 @@ def prepare(
         saved = _replayed(replay, cfg, fingerprint, log)
     data = load_run_data(cfg, here, source=source, out=out, log=log, labels=kind.uses_labels,
                          init=init.config if init is not None else None,
+                         teacher=teacher.config if teacher is not None else None,
                          storage=saved.storage if saved is not None else None)  # fmt: skip
     # -- what the run gets here: measured, then chosen ---------------------------------------------------------
     num_classes = kind.head(data)[0]

@@ -64,13 +64,14 @@ class, one image is 2 points of a class's accuracy, and top-1's standard error o
 
 def load_run_data(
     cfg: TrainConfig, here: Here, *, source: DataSource, out: Path, log: Callable[[str], None], labels: bool = True,
-    init: ViTConfig | None = None, storage: FolderStorage | None = None,
+    init: ViTConfig | None = None, teacher: ViTConfig | None = None, storage: FolderStorage | None = None,
 ) -> DataSplits:  # fmt: skip
     """The run's train and evaluation splits of ``source`` (its ``--data``, told once), stored for the side the run
     trains at, which the sizing's side rule chooses from the images' sizes
     (:func:`~vitlab.train.sizing.side.folder_storage`: a folder's headers, tar shards' first samples; ``init``:
     the ``--init`` model's configuration, whose side a fine-tune without ``--img-size`` trains at; for photos under a
-    time budget, the passes it buys at each side, timed first: :func:`~vitlab.train.sizing.probe.budget_passes`);
+    time budget, the passes it buys at each side, timed first: :func:`~vitlab.train.sizing.probe.budget_passes`,
+    with a distillation ``teacher``'s forward);
     ``storage``: a resumed or replayed run's (chosen before: kept).
     The data check's lines come first (:mod:`.data_check`: ``out/data_check.json``; ``--strict-data`` stops on leaks
     and conflicting labels, ``--dedup-eval`` leaves the leaked evaluation images out), then the choice of side.
@@ -80,7 +81,7 @@ def load_run_data(
     check = check_before(cfg, source, out=out, log=log, dist=dist) if dist.is_main else None  # the first lines
     passes = None
     if storage is None and wants_budget_size(cfg, source, uses_labels=labels, dist=dist, init=init):
-        passes = budget_passes(cfg, here, init=init)
+        passes = budget_passes(cfg, here, init=init, teacher=teacher)
     storing = storage or functools.partial(folder_storage, cfg, init=init, passes=passes)
     if source.shards:  # tar shards: read as they train, no decode cache; their side by the same rule
         data = open_stream_data(source.spec, val_split=cfg.val_split, allow_pipe=cfg.allow_pipe)

@@ -114,7 +114,7 @@ def _pace(d: Any) -> Pace | None:
     names = {f.name for f in dataclasses.fields(Pace)}
     if not isinstance(d, dict) or not set(d) <= names:
         raise ValueError("pace: not a measured pace")
-    numbers = ("step_s", "step_macs", "eval_s", "eval_image_macs", "elapsed_s", "read_s", "first_pass_s")
+    numbers = ("step_s", "step_macs", "eval_s", "eval_image_macs", "elapsed_s", "read_s", "first_pass_s", "teacher_s")
     if any(type(d.get(k, 0.0)) not in (int, float) or not 0 <= d.get(k, 0.0) < 1e30 for k in numbers):
         raise ValueError("pace: a time or a count out of range")
     aug = d.get("aug_s", {})

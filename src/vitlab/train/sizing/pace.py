@@ -130,12 +130,15 @@ class Pace:
     """What was probed, for the auto recipe's line (e.g. ``"model tiny, 32 images"``)."""
     arch: dict = field(default_factory=dict)
     """The probed model's fields, so that the run's own probe can reuse :attr:`step_s` for the same model."""
+    teacher_s: float = 0.0
+    """Seconds a training image costs a distillation teacher's forward (frozen, at its own input size), added to
+    every candidate's step: it does not shrink with the student (0: no teacher)."""
 
     def per_step(self, *, level: str, step_macs: float, batch: int) -> float:
         """Seconds of one optimizer step of ``batch`` images costing ``step_macs`` at augmentation ``level``, as the
-        run will take it: the compute scaled from the probe, and the augmentation added (no workers) or beside it
-        (workers: whichever of the two is slower sets the pace)."""
-        compute = self.step_s * step_macs / self.step_macs
+        run will take it: the compute scaled from the probe (a teacher's forward added, :attr:`teacher_s`), and the
+        augmentation added (no workers) or beside it (workers: whichever of the two is slower sets the pace)."""
+        compute = self.step_s * step_macs / self.step_macs + batch * self.teacher_s
         aug = batch * self.aug_s.get(level, 0.0)
         return (compute + aug if self.workers == 0 else max(compute, aug / self.workers)) * LOGGING_SHARE
 

@@ -67,6 +67,7 @@ __all__ = [
     "budget_passes",
     "epoch_seconds",
     "measure_pace",
+    "teacher_seconds",
     "time_steps",
     "time_update",
     "wants_budget_size",
@@ -86,6 +87,11 @@ EVAL_ITEMS = 128
 """Evaluation items timed (the whole split's time is scaled from them)."""
 SIDE_BATCH = 32
 """Images a step of :func:`budget_passes` times at each side (the per-image cost is scaled to the run's batch)."""
+PROBE_STEP_S = 0.5
+"""A timed step of an ``--init`` architecture (:func:`_init_step`) doubles its images from 2 until it takes this long
+or holds the run's batch: a few images a step cost more each than the run's batch does (the matrices are thinner),
+while a large model's whole batch is too slow to time in a short budget (ViT-B/16 at 128 px on 2 CPU cores: about 6 s
+a step of 128)."""
 PASSES_LEVEL = "light"
 """The augmentation level whose cost :func:`budget_passes` counts: the level a run gets from
 :data:`~vitlab.train.sizing.side.BUDGET_PASSES` passes, the threshold the passes are compared with."""
@@ -219,15 +225,44 @@ def wants_epoch_sides(cfg: TrainConfig, *, uses_labels: bool, dist: Dist) -> boo
     )
 
 
+def teacher_seconds(cfg: TrainConfig, here: Here, teacher: ViTConfig | None) -> float:
+    """Seconds a training image costs a distillation ``teacher`` (its configuration: random weights of that
+    architecture, at its own input size, frozen, without gradients, as :class:`~vitlab.train.objectives.distill.Distill`
+    runs it) beside each step; 0 without one. Timed on images doubled from 2 until a forward takes
+    :data:`PROBE_STEP_S` or holds :data:`SIDE_BATCH` (the median of two after one untimed). A step of the auto
+    recipe's student at 64 px costs a fraction of a teacher's forward: a 1-minute photo run distilled from a 64-px
+    patch-4 model said ~380 steps of 122 ms, then planned 116 of 398 ms."""
+    if teacher is None:
+        return 0.0
+    h, w = teacher.img_size
+    with seeded(cfg.seed), torch.no_grad():
+        c = teacher.replace(class_names=None, drop_path_rate=0.0, drop_rate=0.0, patch_drop_rate=0.0)
+        model = accelerate(VisionTransformer(c)).to(here.device).eval()
+        k, times = 2, []
+        while True:
+            xs = torch.randn(k, teacher.in_chans, h, w, device=here.device)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                with autocast(here.device, here.amp_dtype):
+                    model(xs)
+                times.append(time.perf_counter() - t0)
+            each = statistics.median(times[1:])
+            if each >= PROBE_STEP_S or k >= SIDE_BATCH:
+                return each / k
+            k = min(SIDE_BATCH, 2 * k)
+
+
 def _image_seconds(
     cfg: TrainConfig, here: Here, *, side: int, n_train: int, epochs: int | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    teacher_s: float = 0.0, clock: Callable[[], float] = time.perf_counter,
 ) -> float:  # fmt: skip
     """Seconds a training image costs a photo run at ``side`` px (a step's share, its :data:`PASSES_LEVEL`
     augmentation beside or before it; a packed step :data:`~.side.PACKED_STEP_COST` times a square one), from
     timed training steps (:data:`SIDE_BATCH` random images) of the model the auto recipe would train there (for a
     time budget its smallest, with its token dropping; for ``epochs``, its model for them), on the threads the run
-    will use. Random draws are made in a fork of the generators: the run does not depend on them."""
+    will use; ``teacher_s``: a distillation teacher's forward an image (:func:`teacher_seconds`). Random draws are
+    made in a fork of the generators: the run does not depend on them."""
     given = set(cfg.recipe_given)
     drop = cfg.recipe.token_drop if "token_drop" in given else None
     in_chans, classes = 3, 2  # photos decode as RGB; the head costs nothing measurable (classes are not read yet)
@@ -249,16 +284,9 @@ def _image_seconds(
                             n_warm=2, n_time=2)  # fmt: skip
         aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=in_chans, clock=clock)
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
-    pace = Pace(step_s=step_s * batch / k, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
+    pace = Pace(step_s=step_s * batch / k, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s}, teacher_s=teacher_s,
                 workers=workers_for(cfg, device=here.device, steps_per_epoch=n_train // batch))  # fmt: skip
     return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
-
-
-PROBE_STEP_S = 0.5
-"""A timed step of an ``--init`` architecture (:func:`_init_step`) doubles its images from 2 until it takes this long
-or holds the run's batch: a few images a step cost more each than the run's batch does (the matrices are thinner),
-while a large model's whole batch is too slow to time in a short budget (ViT-B/16 at 128 px on 2 CPU cores: about 6 s
-a step of 128)."""
 
 
 def _init_step(
@@ -292,14 +320,15 @@ def _init_step(
 
 
 def _init_image_seconds(
-    cfg: TrainConfig, here: Here, init: ViTConfig, *, n_train: int, clock: Callable[[], float]
+    cfg: TrainConfig, here: Here, init: ViTConfig, *, n_train: int, clock: Callable[[], float], teacher_s: float = 0.0
 ) -> Callable[[int], float]:
     """``seconds(side)``: what a training image costs a fine-tune of ``init`` (the ``--init`` model's configuration)
     at ``side`` px, as :func:`_image_seconds` counts a fresh model's: a training step of that architecture (the
     tokens the fine-tune's budget drops) timed once (:func:`_init_step`) at the smallest side the rule may take
     (:func:`~.side.init_sides`: the cheapest), its compute scaled to each side by its multiply-accumulates (the
     update is not: it costs the same at every side), and to what the fine-tune trains (``--tune``, or the rule's
-    pick: :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side."""
+    pick: :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side
+    (``teacher_s``: a distillation teacher's forward an image, added)."""
     given, patch = set(cfg.recipe_given), token_px(init)  # (a hybrid's tokens: its stem's stride x the patch)
     batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
@@ -323,7 +352,7 @@ def _init_image_seconds(
         step_s = (compute * macs(side) / macs(ref) * share + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
         with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
             aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
-        pace = Pace(step_s=step_s, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s},
+        pace = Pace(step_s=step_s, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s}, teacher_s=teacher_s,
                     workers=workers_for(cfg, device=here.device, steps_per_epoch=n_train // batch))  # fmt: skip
         return pace.per_step(level=PASSES_LEVEL, step_macs=1.0, batch=batch) / batch
 
@@ -331,23 +360,29 @@ def _init_image_seconds(
 
 
 def budget_passes(
-    cfg: TrainConfig, here: Here, *, init: ViTConfig | None = None, clock: Callable[[], float] = time.perf_counter
-) -> Callable[[int, int], float]:
+    cfg: TrainConfig, here: Here, *, init: ViTConfig | None = None, teacher: ViTConfig | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[int, int], float]:  # fmt: skip
     """``passes(side, n_train)``: the passes over ``n_train`` images that the rest of the time budget buys at
     ``side`` px (:func:`_image_seconds`; a fine-tune of ``init``, the ``--init`` model's configuration:
-    :func:`_init_image_seconds`). Called before a folder is decoded (or shards read), so that it is stored
+    :func:`_init_image_seconds`; a distillation ``teacher``'s forward added, :func:`teacher_seconds`, timed once).
+    Called before a folder is decoded (or shards read), so that it is stored
     for the side chosen (:func:`~vitlab.train.sizing.side.budget_photo_side`, :func:`~.side.budget_init_side`); the
     steps and the augmentation of random photos are counted, not the evaluations (the run's own probe,
     :func:`measure_pace`, then plans with them)."""
     fine_tune: dict[int, Callable[[int], float]] = {}
+    beside: list[float] = []  # the teacher's forward an image, timed at the first call
 
     def passes(side: int, n_train: int) -> float:
+        if not beside:
+            beside.append(teacher_seconds(cfg, here, teacher))
         if init is not None and n_train not in fine_tune:
-            fine_tune[n_train] = _init_image_seconds(cfg, here, init, n_train=n_train, clock=clock)
+            fine_tune[n_train] = _init_image_seconds(cfg, here, init, n_train=n_train, clock=clock,
+                                                     teacher_s=beside[0])  # fmt: skip
         if init is not None:
             per_image = fine_tune[n_train](side)
         else:
-            per_image = _image_seconds(cfg, here, side=side, n_train=n_train, clock=clock)
+            per_image = _image_seconds(cfg, here, side=side, n_train=n_train, teacher_s=beside[0], clock=clock)
         left = cfg.time_budget - budget_reserve(cfg.time_budget) - (clock() - here.t_start)
         return max(0.0, left) / (per_image * max(1, n_train))
 
@@ -355,13 +390,15 @@ def budget_passes(
 
 
 def epoch_seconds(
-    cfg: TrainConfig, here: Here, *, side: int, n_train: int, epochs: int,
+    cfg: TrainConfig, here: Here, *, side: int, n_train: int, epochs: int, teacher_s: float = 0.0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:  # fmt: skip
     """Seconds of training ``epochs`` epochs over ``n_train`` photos at ``side`` px, the model and augmentation the
-    auto recipe picks for them (:func:`_image_seconds`; evaluations not counted): what the line proposing a faster
-    side compares (:func:`~vitlab.train.sizing.side.faster_side_line`)."""
-    return _image_seconds(cfg, here, side=side, n_train=n_train, epochs=epochs, clock=clock) * n_train * epochs
+    auto recipe picks for them (:func:`_image_seconds`, ``teacher_s`` a distillation teacher's forward an image;
+    evaluations not counted): what the line proposing a faster side compares
+    (:func:`~vitlab.train.sizing.side.faster_side_line`)."""
+    per_image = _image_seconds(cfg, here, side=side, n_train=n_train, epochs=epochs, teacher_s=teacher_s, clock=clock)
+    return per_image * n_train * epochs
 
 
 def _level_transform(
@@ -414,13 +451,14 @@ def _items(split: Any, k: int, *, at_least: tuple[int, int], clock: Callable[[],
 
 
 def measure_pace(
-    cfg: TrainConfig, data: Any, here: Here, *, init: ViTConfig | None = None,
+    cfg: TrainConfig, data: Any, here: Here, *, init: ViTConfig | None = None, teacher: ViTConfig | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Pace:  # fmt: skip
     """The :class:`~vitlab.train.sizing.pace.Pace` of this run on this machine (see the module's notes); a
     fine-tune's steps (``init``: the ``--init`` model's configuration) timed on that architecture at the run's side
     (:func:`_init_step`), not scaled from the tiny model's: ViT-B/16's step at 128 px was estimated at 13.4 s from the
-    tiny model's multiply-accumulates where the run took 5.8 s. The probe models are thrown away; the random draws are
+    tiny model's multiply-accumulates where the run took 5.8 s; a distillation ``teacher``'s forward
+    (:func:`teacher_seconds`) beside every step. The probe models are thrown away; the random draws are
     made in a fork of the generators (:func:`~vitlab.data.pipeline.seeding.seeded`), so the run's own weights and
     augmentation do not depend on it. Sets torch's threads as the run will
     (:func:`~vitlab.train.sizing.machine.set_threads`)."""
@@ -480,13 +518,16 @@ def measure_pace(
         step_s, step_macs = compute + update, train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch)
         what = f"the --init architecture, timed on {k}"
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
+    teacher_s = teacher_seconds(cfg, here, teacher)
     return Pace(
         step_s=step_s, step_macs=step_macs, batch=batch, aug_s=aug_s, workers=workers, eval_s=eval_s,
         eval_image_macs=image_macs, n_eval=len(data.val), elapsed_s=clock() - here.t_start, arch=dict(recipe.arch),
         read_s=read_s, first_pass_s=decode_s * kept * n_train + eval_first_s,
         probe=f"{step_s * 1000:.0f} ms a step of {batch} for {what} on {threads} thread(s)"
         + (f" (packed: {PACKED_STEP_COST:g}x a square step)" if cfg.pack else "")
-        + f", the augmentation on {len(items)} of the training images",
+        + f", the augmentation on {len(items)} of the training images"
+        + (f", the teacher's forward {teacher_s * 1000:.1f} ms an image" if teacher is not None else ""),
+        teacher_s=teacher_s,
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from .finetune import finetune_recipe
 from .machine import fix_threads, set_threads, threads_line, workers_for
 from .memory import memory_split
 from .pace import Pace, train_step_macs
-from .probe import Here, epoch_seconds, measure_pace, wants_epoch_sides, wants_pace
+from .probe import Here, epoch_seconds, measure_pace, teacher_seconds, wants_epoch_sides, wants_pace
 from .recipe import classify_recipe, mpp_recipe
 from .side import FAST_SIDE, faster_side_line, holds_photos, sized_recipe
 
@@ -45,9 +45,9 @@ def choose(
     measures first), the side the data was stored for (:func:`~.side.sized_recipe`), what ``--pack`` turns off, the
     architecture (``architecture(recipe)``: the engine's, fresh or the ``--init`` model's), the batch split for the free
     memory, the threads and workers. ``num_classes``: the head's; ``init``: the ``--init`` model's configuration;
-    ``teacher``: a distillation teacher's (its memory counts). ``saved``: the choices of a resumed or replayed run, kept
-    (the threads of a replay too; a resumed run's machine may differ: its threads and workers are chosen again). Every
-    line is printed through ``log`` and kept in :attr:`Sizing.lines`."""
+    ``teacher``: a distillation teacher's (its memory counts, and its forward's time). ``saved``: the choices of a
+    resumed or replayed run, kept (the threads of a replay too; a resumed run's machine may differ: its threads and
+    workers are chosen again). Every line is printed through ``log`` and kept in :attr:`Sizing.lines`."""
     lines: list[str] = []
 
     def say(line: str | None) -> None:
@@ -63,7 +63,7 @@ def choose(
             say(f"{chosen} (replayed from {saved.replayed}; --replan to measure afresh)")
     else:
         if wants_pace(cfg, data, uses_labels=learns != "mpp", dist=here.dist):
-            pace = measure_pace(cfg, data, here, init=init)
+            pace = measure_pace(cfg, data, here, init=init, teacher=teacher)
         recipe, chosen, off = recipe_for(cfg, data, init=init, device_type=here.device.type, pace=pace,
                                          processes=here.dist.world_size)  # fmt: skip
         say(chosen)
@@ -72,8 +72,9 @@ def choose(
     if saved is None and wants_epoch_sides(cfg, uses_labels=learns != "mpp", dist=here.dist) and holds_photos(data):
         side = mc.img_size[0]
         if side > FAST_SIDE and mc.img_size[0] == mc.img_size[1]:
-            n = len(data.train)
-            at = {s: epoch_seconds(cfg, here, side=s, n_train=n, epochs=recipe.epochs) for s in (side, FAST_SIDE)}
+            n, t = len(data.train), teacher_seconds(cfg, here, teacher)
+            at = {s: epoch_seconds(cfg, here, side=s, n_train=n, epochs=recipe.epochs, teacher_s=t)
+                  for s in (side, FAST_SIDE)}  # fmt: skip
             say(faster_side_line(side=side, epochs=recipe.epochs, seconds=at[side], fast_seconds=at[FAST_SIDE]))
     split = memory_split(cfg, recipe, model_config=mc, dist=here.dist, device=here.device, num_classes=num_classes,
                          teacher=teacher, resumed=resumed)  # fmt: skip
