@@ -169,7 +169,7 @@ def test_a_budgeted_fine_tune_trains_and_saves_at_the_chosen_side(tmp_path, monk
             for i in range(n):
                 (d / f"{i}.jpg").write_bytes(_jpeg(600, 800, c))
 
-    def fake(cfg, here, init, *, n_train, clock):  # 256 px costs the budget's passes many times over; 160 px not
+    def fake(cfg, here, init, *, n_train, **kw):  # 256 px costs the budget's passes many times over; 160 px not
         return lambda side: 1.0 if side > 160 else 1e-4
 
     monkeypatch.setattr(probe, "_init_image_seconds", fake)

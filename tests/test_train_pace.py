@@ -566,6 +566,7 @@ def test_a_fine_tunes_pace_is_timed_on_its_own_architecture(monkeypatch):
     doubled from 2 until a step takes PROBE_STEP_S or holds the batch, the compute scaled to the batch and the
     optimizer's update, timed alone, added once. Faked step times: 10 ms an image and a 20 ms update."""
     from vitlab.models import ViTConfig
+    from vitlab.train import get_recipe
     from vitlab.train.sizing import probe
 
     timed = []
@@ -585,6 +586,12 @@ def test_a_fine_tunes_pace_is_timed_on_its_own_architecture(monkeypatch):
         torch.set_num_threads(before)
     assert timed == [(48, 2), (48, 4), (48, 8)] and pace.batch == 8  # the --init width only: no tiny step
     assert pace.step_s == pytest.approx(0.01 * 8 + 0.02) and "for the --init architecture, timed on 8" in pace.probe
+    lora = TrainConfig(recipe=get_recipe("auto", lora=4), time_budget=60.0, threads=1, init="m", recipe_given=["lora"])
+    try:
+        adapters = probe.measure_pace(lora, data, _here(), init=init)
+    finally:
+        torch.set_num_threads(before)
+    assert adapters.step_s == pytest.approx(0.01 * 8)  # LoRA updates its adapters only: no whole-model update
 
 
 def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_packed_cost(monkeypatch):

@@ -319,6 +319,15 @@ def _init_step(
     return max(0.0, step - update) * batch / k, update, k, threads
 
 
+def _fine_tune_method(cfg: TrainConfig, init: ViTConfig, *, n_train: int) -> str:
+    """What a fine-tune of ``init`` on ``n_train`` images trains (a recipe's ``tuning``): the user's ``--tune``,
+    ``--lora`` or ``--freeze``, else the rule's pick (:func:`~.finetune.tune_method`), as the fine-tune's recipe will
+    choose it after the probes."""
+    if METHOD_FLAGS & set(cfg.recipe_given):
+        return cfg.recipe.tuning
+    return tune_method(n_train=n_train, params=init.num_params(), **rule_settings(cfg))[0]
+
+
 def _init_image_seconds(
     cfg: TrainConfig, here: Here, init: ViTConfig, *, n_train: int, clock: Callable[[], float], teacher_s: float = 0.0
 ) -> Callable[[int], float]:
@@ -326,15 +335,15 @@ def _init_image_seconds(
     at ``side`` px, as :func:`_image_seconds` counts a fresh model's: a training step of that architecture (the
     tokens the fine-tune's budget drops) timed once (:func:`_init_step`) at the smallest side the rule may take
     (:func:`~.side.init_sides`: the cheapest), its compute scaled to each side by its multiply-accumulates (the
-    update is not: it costs the same at every side), and to what the fine-tune trains (``--tune``, or the rule's
-    pick: :func:`~.finetune.tune_method`) by :func:`~.pace.step_forwards`; the augmentation timed at each side
+    update is not: it costs the same at every side, and nothing for a method that trains adapters or the head), and
+    to what the fine-tune trains (:func:`_fine_tune_method`) by :func:`~.pace.step_forwards`; the augmentation
+    timed at each side
     (``teacher_s``: a distillation teacher's forward an image, added)."""
     given, patch = set(cfg.recipe_given), token_px(init)  # (a hybrid's tokens: its stem's stride x the patch)
     batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
-    method = None if METHOD_FLAGS & given else tune_method(n_train=n_train, params=init.num_params(),
-                                                           **rule_settings(cfg))  # fmt: skip
-    share = step_forwards(method[0] if method is not None else cfg.recipe.tuning) / step_forwards("full")
+    method = _fine_tune_method(cfg, init, n_train=n_train)
+    share = step_forwards(method) / step_forwards("full")
 
     def drop(side: int) -> float:
         return cfg.recipe.token_drop if "token_drop" in given else budget_token_drop((side, side), patch)
@@ -349,6 +358,7 @@ def _init_image_seconds(
         if not timed:
             timed.append(_init_step(cfg, here, init, side=ref, batch=batch, drop=drop(ref), n_train=n_train))
         compute, update, _, _ = timed[0]
+        update = update if method == "full" else 0.0  # (adapters, a head: a few thousand weights to update)
         step_s = (compute * macs(side) / macs(ref) * share + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
         with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
             aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
@@ -515,7 +525,9 @@ def measure_pace(
         drop = cfg.recipe.token_drop if "token_drop" in given else budget_token_drop(img, t)
         compute, update, k, threads = _init_step(cfg, here, init, side=img[0], batch=batch, drop=drop,
                                                  n_train=n_train)  # fmt: skip
-        step_s, step_macs = compute + update, train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch)
+        full = _fine_tune_method(cfg, init, n_train=n_train) == "full"  # (else a few thousand weights to update)
+        step_s = compute + (update if full else 0.0)
+        step_macs = train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch)
         what = f"the --init architecture, timed on {k}"
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
     teacher_s = teacher_seconds(cfg, here, teacher)
