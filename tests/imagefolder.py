@@ -1,7 +1,10 @@
-"""A tiny generated ImageFolder shared by the training tests: class = dominant colour channel."""
+"""A tiny generated ImageFolder shared by the training tests: class = dominant colour channel; and generated JPEG
+"photos" of any size."""
 
 from __future__ import annotations
 
+import functools
+import io
 from pathlib import Path
 
 import numpy as np
@@ -20,3 +23,14 @@ def tiny_folder(root: Path, *, per_class: int = 16, test_per_class: int = 4, siz
                 arr[..., c] += 150
                 Image.fromarray(arr).save(d / f"{i:02d}.png")
     return root
+
+
+@functools.cache
+def photo_jpeg(w: int, h: int, c: int) -> bytes:
+    """A ``w`` x ``h`` JPEG "photo" of class ``c`` (its dominant colour), small on disk (blocky noise, low quality)."""
+    rng = np.random.default_rng(c)
+    small = rng.integers(0, 60, (max(1, h // 64), max(1, w // 64), 3)).astype(np.uint8)
+    small[..., c] += 150
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((w, h), Image.Resampling.NEAREST).save(buf, "JPEG", quality=20)
+    return buf.getvalue()

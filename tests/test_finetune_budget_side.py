@@ -4,16 +4,14 @@ resampled). Before, it always trained at the model's side: a DINOv2 at 518 px ma
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitlab
+from imagefolder import photo_jpeg
 from vitlab.cli import main
 from vitlab.data.sources import DataSource
 from vitlab.distributed import Dist
@@ -147,15 +145,6 @@ def test_the_init_probe_times_its_architecture_once_and_scales_by_the_tokens(tmp
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def _jpeg(w: int, h: int, c: int) -> bytes:
-    rng = np.random.default_rng(c)
-    small = rng.integers(0, 60, (max(1, h // 64), max(1, w // 64), 3)).astype(np.uint8)
-    small[..., c] += 150
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((w, h), Image.Resampling.NEAREST).save(buf, "JPEG", quality=20)
-    return buf.getvalue()
-
-
 @pytest.mark.slow
 def test_a_budgeted_fine_tune_trains_and_saves_at_the_chosen_side(tmp_path, monkeypatch, capsys):
     """The whole run: the side chosen before the photos are decoded, the model's position table resampled to it, and
@@ -167,7 +156,7 @@ def test_a_budgeted_fine_tune_trains_and_saves_at_the_chosen_side(tmp_path, monk
             d = tmp_path / "photos" / split / f"c{c}"
             d.mkdir(parents=True)
             for i in range(n):
-                (d / f"{i}.jpg").write_bytes(_jpeg(600, 800, c))
+                (d / f"{i}.jpg").write_bytes(photo_jpeg(600, 800, c))
 
     def fake(cfg, here, init, *, n_train, **kw):  # 256 px costs the budget's passes many times over; 160 px not
         return lambda side: 1.0 if side > 160 else 1e-4

@@ -5,7 +5,6 @@ once at the size training needs and stored at its own aspect ratio, evaluation s
 from __future__ import annotations
 
 import functools
-import io
 import json
 import tracemalloc
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from imagefolder import photo_jpeg
 from vitlab.cli import main
 from vitlab.data import ArrayDataset, PackedImages, eval_transform, load_data, train_transform
 from vitlab.data.cache.admin import list_caches
@@ -28,17 +28,6 @@ from vitlab.train.sizing.side import BUDGET_PASSES, folder_storage
 TINY = ["--dim", "16", "--depth", "1", "--heads", "2"]  # the default size and patch, a small model
 
 
-@functools.cache
-def _jpeg(w: int, h: int, c: int) -> bytes:
-    """A ``w`` x ``h`` JPEG "photo" of class ``c`` (its dominant colour), small on disk (blocky noise, low quality)."""
-    rng = np.random.default_rng(c)
-    small = rng.integers(0, 60, (max(1, h // 64), max(1, w // 64), 3)).astype(np.uint8)
-    small[..., c] += 150
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((w, h), Image.Resampling.NEAREST).save(buf, "JPEG", quality=20)
-    return buf.getvalue()
-
-
 def _photos(root: Path, sizes: list[tuple[int, int]], *, val: int = 1) -> Path:
     """``root/{train,val}/c{0,1}/``: each class gets one photo of each of ``sizes`` in train/, and ``val``
     photos of the first size in val/."""
@@ -47,7 +36,7 @@ def _photos(root: Path, sizes: list[tuple[int, int]], *, val: int = 1) -> Path:
             d = root / split / f"c{c}"
             d.mkdir(parents=True, exist_ok=True)
             for i, (w, h) in enumerate(todo):
-                (d / f"{i:02d}.jpg").write_bytes(_jpeg(w, h, c))
+                (d / f"{i:02d}.jpg").write_bytes(photo_jpeg(w, h, c))
     return root
 
 
@@ -146,7 +135,7 @@ def _mixed_aspects(root: Path) -> Path:
     """Portrait, landscape, square and panorama (7.5:1, inside the 10:1 strip rule) photos, and a 12:1 strip."""
     sizes = [(300, 400), (400, 300), (320, 320), (1500, 200), (300, 400), (300, 400)]
     _photos(root, sizes, val=2)
-    (root / "train" / "c0" / "strip.jpg").write_bytes(_jpeg(2400, 200, 0))
+    (root / "train" / "c0" / "strip.jpg").write_bytes(photo_jpeg(2400, 200, 0))
     return root
 
 
