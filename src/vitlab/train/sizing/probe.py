@@ -238,7 +238,7 @@ def teacher_seconds(cfg: TrainConfig, here: Here, teacher: ViTConfig | None) -> 
     with seeded(cfg.seed), torch.no_grad():
         c = teacher.replace(class_names=None, drop_path_rate=0.0, drop_rate=0.0, patch_drop_rate=0.0)
         model = accelerate(VisionTransformer(c)).to(here.device).eval()
-        k, times = 2, []
+        k = 2
         while True:
             xs = torch.randn(k, teacher.in_chans, h, w, device=here.device)
             times = []
@@ -295,8 +295,9 @@ def _init_step(
     """``(seconds of a step's compute, seconds of its update, images timed, threads)``: one training step of ``batch``
     images of ``init``'s architecture (the ``--init`` model's configuration: random weights, a 2-class head, dropping
     the share ``drop`` of its tokens) at ``side`` px on random images, with the run's optimizer and threads. Timed on
-    :data:`PROBE_STEP_S`'s images and scaled to ``batch``; the optimizer's update is timed alone and not scaled (it
-    costs the same for any batch and side). Random draws are made in a fork of the generators."""
+    images doubled from 2 until a step takes :data:`PROBE_STEP_S` or holds ``batch``, and scaled to ``batch``; the
+    optimizer's update is timed alone and not scaled (it costs the same for any batch and side). Random draws are
+    made in a fork of the generators."""
     with seeded(cfg.seed):
         c = init.replace(img_size=(side, side), num_classes=2, head="linear", representation_size=None,
                          class_names=None, patch_drop_rate=drop, drop_path_rate=0.0, drop_rate=0.0)  # fmt: skip
