@@ -122,12 +122,16 @@ def test_a_fine_tune_of_a_square_model_chooses_its_side_under_a_budget(tmp_path)
 
 
 def test_the_init_probe_times_its_architecture_once_and_scales_by_the_tokens(tmp_path, monkeypatch):
-    """One timed step of the ``--init`` architecture at the cheapest side serves every side (scaled by its
-    multiply-accumulates), and its random draws leave the run's generators alone."""
+    """One timed step of the ``--init`` architecture at the cheapest side serves every side: its compute scaled by
+    the side's multiply-accumulates, the optimizer's update (timed alone) not; its random draws leave the run's
+    generators alone. Faked timings: a step of any size 0.1 s, of which the update 0.01 s."""
+    from vitlab.train.sizing.pace import LOGGING_SHARE
+    from vitlab.train.sizing.recipe import auto_batch, forward_macs
+
     init = ViTConfig(img_size=(256, 256), patch_size=16, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     here = Here(dist=Dist(), device=torch.device("cpu"), amp_dtype=None, t_start=time.perf_counter(),
                 optimizer=build_optimizer)  # fmt: skip
-    built = []
+    built, sizes = [], []
     real = probe.VisionTransformer
 
     def counting(c):
@@ -135,13 +139,27 @@ def test_the_init_probe_times_its_architecture_once_and_scales_by_the_tokens(tmp
         return real(c)
 
     monkeypatch.setattr(probe, "VisionTransformer", counting)
+    monkeypatch.setattr(probe, "time_steps", lambda model, opt, xs, ys, **kw: sizes.append(len(xs)) or 0.1)
+    monkeypatch.setattr(probe, "time_update", lambda *a, **kw: 0.01)
     torch.manual_seed(3)
-    before = torch.get_rng_state()
-    seconds = probe._init_image_seconds(_cfg(tmp_path, time_budget=60.0, init="m"), here, init, n_train=64,
-                                        clock=lambda: 0.0)  # fmt: skip  # a still clock: no augmentation cost
-    at = {side: seconds(side) for side in (256, 160, 128)}
-    assert built == [(128, 128)]  # timed once, at the smallest side the rule may take
-    assert at[256] > at[160] > at[128] > 0  # 256 tokens against 100 and 64 (half dropped), the update alike
+    before, threads = torch.get_rng_state(), torch.get_num_threads()
+    try:
+        seconds = probe._init_image_seconds(_cfg(tmp_path, time_budget=60.0, init="m"), here, init, n_train=64,
+                                            clock=lambda: 0.0)  # fmt: skip  # a still clock: no augmentation cost
+        at = {side: seconds(side) for side in (256, 160, 128)}
+    finally:
+        torch.set_num_threads(threads)
+    batch = auto_batch(64)
+    assert built == [(128, 128)] and sizes[-1] == batch  # timed once, at the smallest side; images doubled to batch
+    assert at[128] == pytest.approx(0.1 * LOGGING_SHARE / batch)
+    arch = {"patch_size": 16, "embed_dim": 32, "depth": 1, "mlp_dim": 64}
+
+    def compute(side: int) -> float:
+        return at[side] * batch / LOGGING_SHARE - 0.01
+
+    for side in (256, 160):
+        ratio = forward_macs(arch, (side, side), 3, token_drop=0.5) / forward_macs(arch, (128, 128), 3, token_drop=0.5)
+        assert compute(side) == pytest.approx(0.09 * ratio) and ratio > 1  # 256 and 100 tokens against 64
     assert torch.equal(torch.get_rng_state(), before)
 
 
