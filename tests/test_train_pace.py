@@ -564,15 +564,20 @@ def test_a_fine_tunes_pace_is_timed_on_its_own_architecture(monkeypatch):
     """A fine-tune's steps are timed on its ``--init`` architecture, not scaled from the tiny model's
     multiply-accumulates (ViT-B/16 at 128 px: estimated at 13.4 s a step from them, 5.8 s in the run): on images
     doubled from 2 until a step takes PROBE_STEP_S or holds the batch, the compute scaled to the batch and the
-    optimizer's update, timed alone, added once. Faked step times: 10 ms an image and a 20 ms update."""
+    optimizer's update, timed alone, added once; the step of what the fine-tune trains (LoRA's adapters: before, a
+    full step times 2.8/3 stood for it). Faked step times: 10 ms an image and a 20 ms update."""
+    from vitlab.adapters import has_adapters
     from vitlab.models import ViTConfig
     from vitlab.train import get_recipe
     from vitlab.train.sizing import probe
+    from vitlab.train.sizing.pace import train_step_macs
+    from vitlab.train.sizing.recipe import forward_macs
 
-    timed = []
+    timed, wrapped = [], []
 
     def fake_steps(model, opt, xs, ys, **kw):
         timed.append((model.config.embed_dim, len(xs)))
+        wrapped.append(has_adapters(model))
         return 0.01 * len(xs) + 0.02
 
     monkeypatch.setattr(probe, "time_steps", fake_steps)
@@ -591,7 +596,11 @@ def test_a_fine_tunes_pace_is_timed_on_its_own_architecture(monkeypatch):
         adapters = probe.measure_pace(lora, data, _here(), init=init)
     finally:
         torch.set_num_threads(before)
-    assert adapters.step_s == pytest.approx(0.01 * 8)  # LoRA updates its adapters only: no whole-model update
+    assert wrapped == [False] * 3 + [True] * 3  # the full fine-tune's steps, then LoRA's own
+    arch = {"patch_size": 4, "embed_dim": 48, "depth": 1, "mlp_dim": 96}
+    macs = forward_macs(arch, (16, 16), 3, token_drop=0.5)  # a 4 x 4 grid: the budget's token dropping
+    assert adapters.step_macs == pytest.approx(train_step_macs(macs, 8, tuning="lora"))  # what was timed
+    assert pace.step_macs == pytest.approx(train_step_macs(macs, 8))
 
 
 def test_a_packed_runs_probe_drops_the_tokens_its_loader_drops_and_counts_the_packed_cost(monkeypatch):

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...accel import accelerate
+from ...adapters import DEFAULT_TARGETS, apply_tuning
 from ...data import ArrayDataset, eval_transform, train_transform
 from ...data.images.decode import decode_encoded
 from ...data.pipeline.seeding import seeded
@@ -41,15 +42,16 @@ from ...data.shards.stream import KEEP_BYTES, StreamData, first_encoded
 from ...data.sources import DataSource, ImageArray
 from ...devices import autocast
 from ...distributed import Dist
+from ...errors import ConfigError
 from ...models import VisionTransformer
 from ...models.config import ViTConfig
 from ..conf.arch import fresh_config
 from ..conf.recipes import Recipe
 from ..conf.train_config import TrainConfig, run_recipe
-from .finetune import METHOD_FLAGS, rule_settings, tune_method
+from .finetune import AUTO_LORA_RANK, METHOD_FLAGS, rule_settings, tune_method
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
-from .pace import Pace, budget_reserve, step_forwards, train_step_macs
+from .pace import Pace, budget_reserve, train_step_macs
 from .recipe import auto_batch, auto_recipe, budget_token_drop, forward_macs
 from .side import (
     PACKED_STEP_COST,
@@ -294,14 +296,17 @@ def _init_step(
 ) -> tuple[float, float, int, int]:
     """``(seconds of a step's compute, seconds of its update, images timed, threads)``: one training step of ``batch``
     images of ``init``'s architecture (the ``--init`` model's configuration: random weights, a 2-class head, dropping
-    the share ``drop`` of its tokens) at ``side`` px on random images, with the run's optimizer and threads. Timed on
-    images doubled from 2 until a step takes :data:`PROBE_STEP_S` or holds ``batch``, and scaled to ``batch``; the
-    optimizer's update is timed alone and not scaled (it costs the same for any batch and side). Random draws are
-    made in a fork of the generators."""
+    the share ``drop`` of its tokens) at ``side`` px on random images, training what the fine-tune trains
+    (:func:`_fine_tune_method`, :func:`_train_only`: LoRA's adapters, the head alone ...; before, a full step times
+    2.8/3 stood for a LoRA one), with the run's optimizer and threads. Timed on images doubled from 2 until a step
+    takes :data:`PROBE_STEP_S` or holds ``batch``, and scaled to ``batch``; the optimizer's update is timed alone and
+    not scaled (it costs the same for any batch and side). Random draws are made in a fork of the generators."""
     with seeded(cfg.seed):
         c = init.replace(img_size=(side, side), num_classes=2, head="linear", representation_size=None,
                          class_names=None, patch_drop_rate=drop, drop_path_rate=0.0, drop_rate=0.0)  # fmt: skip
         model = accelerate(VisionTransformer(c)).to(here.device)
+        method, rank = _fine_tune_method(cfg, init, n_train=n_train)
+        _train_only(model, cfg, method=method, rank=rank)
         threads = set_threads(cfg, device=here.device, step_macs=train_step_macs(model.macs(), batch)).threads
         recipe, _ = auto_recipe(n_train=n_train, img_size=(side, side), num_classes=2, in_chans=init.in_chans,
                                 time_budget=1e-9, batch_size=batch, photos=True)  # fmt: skip
@@ -320,13 +325,29 @@ def _init_step(
     return max(0.0, step - update) * batch / k, update, k, threads
 
 
-def _fine_tune_method(cfg: TrainConfig, init: ViTConfig, *, n_train: int) -> str:
-    """What a fine-tune of ``init`` on ``n_train`` images trains (a recipe's ``tuning``): the user's ``--tune``,
-    ``--lora`` or ``--freeze``, else the rule's pick (:func:`~.finetune.tune_method`), as the fine-tune's recipe will
-    choose it after the probes."""
+def _fine_tune_method(cfg: TrainConfig, init: ViTConfig, *, n_train: int) -> tuple[str, int]:
+    """``(method, LoRA rank)``: what a fine-tune of ``init`` on ``n_train`` images trains (a recipe's ``tuning``): the
+    user's ``--tune``, ``--lora`` or ``--freeze``, else the rule's pick (:func:`~.finetune.tune_method`, LoRA at
+    :data:`~.finetune.AUTO_LORA_RANK`), as the fine-tune's recipe will choose it after the probes."""
+    r = cfg.recipe
     if METHOD_FLAGS & set(cfg.recipe_given):
-        return cfg.recipe.tuning
-    return tune_method(n_train=n_train, params=init.num_params(), **rule_settings(cfg))[0]
+        return r.tuning, r.lora_rank
+    return tune_method(n_train=n_train, params=init.num_params(), **rule_settings(cfg))[0], AUTO_LORA_RANK
+
+
+def _train_only(model: nn.Module, cfg: TrainConfig, *, method: str, rank: int) -> None:
+    """Make a probe ``model`` train what the run's will (``method``, a recipe's ``tuning``), as the engine makes it:
+    the head alone, or :func:`vitlab.adapters.apply_tuning`'s adapters with the run's rank, scale and targets. Targets
+    that name nothing are the run's own error to tell (with its option): the probe then times every weight."""
+    if method == "head":
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head."))
+    elif method != "full":
+        r = cfg.recipe
+        try:
+            apply_tuning(model, method, rank=rank, alpha=r.lora_alpha, targets=r.lora_targets or DEFAULT_TARGETS)
+        except ConfigError:
+            model.requires_grad_(True)
 
 
 def _init_image_seconds(
@@ -336,15 +357,11 @@ def _init_image_seconds(
     at ``side`` px, as :func:`_image_seconds` counts a fresh model's: a training step of that architecture (the
     tokens the fine-tune's budget drops) timed once (:func:`_init_step`) at the smallest side the rule may take
     (:func:`~.side.init_sides`: the cheapest), its compute scaled to each side by its multiply-accumulates (the
-    update is not: it costs the same at every side, and nothing for a method that trains adapters or the head), and
-    to what the fine-tune trains (:func:`_fine_tune_method`) by :func:`~.pace.step_forwards`; the augmentation
-    timed at each side
+    update is not: it costs the same at every side); the augmentation timed at each side
     (``teacher_s``: a distillation teacher's forward an image, added)."""
     given, patch = set(cfg.recipe_given), token_px(init)  # (a hybrid's tokens: its stem's stride x the patch)
     batch = cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
     arch = {"patch_size": patch, "embed_dim": init.embed_dim, "depth": init.depth, "mlp_dim": init.mlp_dim}
-    method = _fine_tune_method(cfg, init, n_train=n_train)
-    share = step_forwards(method) / step_forwards("full")
 
     def drop(side: int) -> float:
         return cfg.recipe.token_drop if "token_drop" in given else budget_token_drop((side, side), patch)
@@ -359,8 +376,7 @@ def _init_image_seconds(
         if not timed:
             timed.append(_init_step(cfg, here, init, side=ref, batch=batch, drop=drop(ref), n_train=n_train))
         compute, update, _, _ = timed[0]
-        update = update if method == "full" else 0.0  # (adapters, a head: a few thousand weights to update)
-        step_s = (compute * macs(side) / macs(ref) * share + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
+        step_s = (compute * macs(side) / macs(ref) + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
         with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
             aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
         pace = Pace(step_s=step_s, step_macs=1.0, batch=batch, aug_s={PASSES_LEVEL: aug_s}, teacher_s=teacher_s,
@@ -526,9 +542,9 @@ def measure_pace(
         drop = cfg.recipe.token_drop if "token_drop" in given else budget_token_drop(img, t)
         compute, update, k, threads = _init_step(cfg, here, init, side=img[0], batch=batch, drop=drop,
                                                  n_train=n_train)  # fmt: skip
-        full = _fine_tune_method(cfg, init, n_train=n_train) == "full"  # (else a few thousand weights to update)
-        step_s = compute + (update if full else 0.0)
-        step_macs = train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch)
+        tuning = _fine_tune_method(cfg, init, n_train=n_train)[0]  # (the step timed: that method's)
+        step_s = compute + update
+        step_macs = train_step_macs(forward_macs(arch, img, in_chans, token_drop=drop), batch, tuning=tuning)
         what = f"the --init architecture, timed on {k}"
     step_s *= PACKED_STEP_COST if cfg.pack else 1.0
     teacher_s = teacher_seconds(cfg, here, teacher)
