@@ -865,16 +865,18 @@ def test_a_distillation_teachers_forward_is_counted_in_every_candidates_step(mon
     assert per[0.002] - per[0.0] == pytest.approx(64 * 0.002 * LOGGING_SHARE)  # whatever the student costs
 
     timed, seen = [], []
-    monkeypatch.setattr(probe, "teacher_seconds", lambda cfg, here, t: timed.append(t) or (0.05 if t else 0.0))
+    monkeypatch.setattr(probe, "_time_teacher", lambda cfg, here, t: timed.append(t) or 0.05)
     monkeypatch.setattr(probe, "_image_seconds",
                         lambda cfg, here, *, teacher_s=0.0, **kw: seen.append(teacher_s) or 0.01)  # fmt: skip
-    passes = probe.budget_passes(TrainConfig(time_budget=60.0), _here(t_start=0.0), teacher=teacher, clock=lambda: 0.0)
+    here = _here(t_start=0.0)
+    passes = probe.budget_passes(TrainConfig(time_budget=60.0), here, teacher=teacher, clock=lambda: 0.0)
     passes(224, 100), passes(64, 100)
     assert timed == [teacher] and seen == [0.05, 0.05]  # timed once, added at every side
     before = torch.get_num_threads()
     try:
-        measured = probe.measure_pace(TrainConfig(time_budget=60.0, threads=1), _random_splits(48, train=40), _here(),
+        measured = probe.measure_pace(TrainConfig(time_budget=60.0, threads=1), _random_splits(48, train=40), here,
                                       teacher=teacher)  # fmt: skip
     finally:
         torch.set_num_threads(before)
     assert measured.teacher_s == 0.05 and "the teacher's forward 50.0 ms an image" in measured.probe
+    assert timed == [teacher]  # the recipe's probe reuses the side rule's timing of the same teacher

@@ -25,7 +25,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -103,13 +103,17 @@ PASSES_LEVEL = "light"
 class Here:
     """Where a run is sized: this process (``dist``) and ``device``, its autocast dtype, ``t_start``
     (``time.perf_counter()`` when the run started: what a time budget has spent) and how the run builds its optimizer
-    (``optimizer(model, recipe, lr)``: the engine's, so that a probe times the optimizer the run will train with)."""
+    (``optimizer(model, recipe, lr)``: the engine's, so that a probe times the optimizer the run will train with).
+    ``timed``: what the probes of this run measured, by what they timed, so that a later probe reuses it (the side
+    rule's step of an ``--init`` architecture is the recipe's when the run trains at that side; a teacher's forward
+    is timed once)."""
 
     dist: Dist
     device: torch.device
     amp_dtype: torch.dtype | None
     t_start: float
     optimizer: Callable[[nn.Module, Recipe, float], torch.optim.Optimizer]
+    timed: dict[tuple, Any] = field(default_factory=dict)
 
 
 class _ProbeLoss:
@@ -236,6 +240,14 @@ def teacher_seconds(cfg: TrainConfig, here: Here, teacher: ViTConfig | None) -> 
     patch-4 model said ~380 steps of 122 ms, then planned 116 of 398 ms."""
     if teacher is None:
         return 0.0
+    key = ("teacher", id(teacher))  # (the run's one teacher configuration)
+    if key not in here.timed:
+        here.timed[key] = _time_teacher(cfg, here, teacher)
+    return here.timed[key]
+
+
+def _time_teacher(cfg: TrainConfig, here: Here, teacher: ViTConfig) -> float:
+    """:func:`teacher_seconds`, timed."""
     h, w = teacher.img_size
     with seeded(cfg.seed), torch.no_grad():
         c = teacher.replace(class_names=None, drop_path_rate=0.0, drop_rate=0.0, patch_drop_rate=0.0)
@@ -292,6 +304,17 @@ def _image_seconds(
 
 
 def _init_step(
+    cfg: TrainConfig, here: Here, init: ViTConfig, *, side: int, batch: int, drop: float, n_train: int
+) -> tuple[float, float, int, int]:
+    """:func:`_time_init_step`, timed once a run for each side, batch, token dropping and training set (``here.timed``:
+    the side rule's probe and the recipe's time the same step when the run trains at the side the rule timed)."""
+    key = ("init", id(init), side, batch, drop, n_train)  # (the run's one --init configuration)
+    if key not in here.timed:
+        here.timed[key] = _time_init_step(cfg, here, init, side=side, batch=batch, drop=drop, n_train=n_train)
+    return here.timed[key]
+
+
+def _time_init_step(
     cfg: TrainConfig, here: Here, init: ViTConfig, *, side: int, batch: int, drop: float, n_train: int
 ) -> tuple[float, float, int, int]:
     """``(seconds of a step's compute, seconds of its update, images timed, threads)``: one training step of ``batch``
@@ -370,12 +393,9 @@ def _init_image_seconds(
         return forward_macs(arch, (side, side), init.in_chans, token_drop=drop(side))
 
     ref = init_sides(init_side(init) or init.img_size[0], patch)[-1]
-    timed: list[tuple[float, float, int, int]] = []
 
     def seconds(side: int) -> float:
-        if not timed:
-            timed.append(_init_step(cfg, here, init, side=ref, batch=batch, drop=drop(ref), n_train=n_train))
-        compute, update, _, _ = timed[0]
+        compute, update, _, _ = _init_step(cfg, here, init, side=ref, batch=batch, drop=drop(ref), n_train=n_train)
         step_s = (compute * macs(side) / macs(ref) + update) * (PACKED_STEP_COST if cfg.pack else 1.0)
         with seeded(cfg.seed):  # (its random images drawn in a fork of the generators too)
             aug_s = _time_augmentation(side, level=PASSES_LEVEL, in_chans=init.in_chans, clock=clock)
@@ -397,19 +417,13 @@ def budget_passes(
     for the side chosen (:func:`~vitlab.train.sizing.side.budget_photo_side`, :func:`~.side.budget_init_side`); the
     steps and the augmentation of random photos are counted, not the evaluations (the run's own probe,
     :func:`measure_pace`, then plans with them)."""
-    fine_tune: dict[int, Callable[[int], float]] = {}
-    beside: list[float] = []  # the teacher's forward an image, timed at the first call
 
     def passes(side: int, n_train: int) -> float:
-        if not beside:
-            beside.append(teacher_seconds(cfg, here, teacher))
-        if init is not None and n_train not in fine_tune:
-            fine_tune[n_train] = _init_image_seconds(cfg, here, init, n_train=n_train, clock=clock,
-                                                     teacher_s=beside[0])  # fmt: skip
+        beside = teacher_seconds(cfg, here, teacher)  # (timed at the first call)
         if init is not None:
-            per_image = fine_tune[n_train](side)
+            per_image = _init_image_seconds(cfg, here, init, n_train=n_train, clock=clock, teacher_s=beside)(side)
         else:
-            per_image = _image_seconds(cfg, here, side=side, n_train=n_train, teacher_s=beside[0], clock=clock)
+            per_image = _image_seconds(cfg, here, side=side, n_train=n_train, teacher_s=beside, clock=clock)
         left = cfg.time_budget - budget_reserve(cfg.time_budget) - (clock() - here.t_start)
         return max(0.0, left) / (per_image * max(1, n_train))
 
