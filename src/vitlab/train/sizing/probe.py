@@ -1,16 +1,22 @@
 """Measure, then choose: the probes that time a run's candidates on this machine before anything is chosen.
 
 - :func:`budget_passes`: before a folder is decoded (or shards read), the passes a time budget buys at each photo
-  side (:func:`~vitlab.train.sizing.side.budget_photo_side`), from timed steps on random images;
+  side (:func:`~vitlab.train.sizing.side.budget_photo_side`; a fine-tune's,
+  :func:`~vitlab.train.sizing.side.budget_init_side`), from timed steps on random images;
 - :func:`measure_pace`: before a time-budgeted ``auto`` recipe picks its augmentation level, batch and model, a
-  few training steps of the smallest model the recipe would pick (with the token dropping it would train with),
+  few training steps of the smallest model the recipe would pick (with the token dropping it would train with; a
+  fine-tune's own architecture, training what it trains: :func:`_init_step`),
   each augmentation level's transform on real training items (a folder's decoded images; tar shards' first
   samples, their decoding timed too: paid at every step, or once where the run keeps what it decodes), and an
   evaluation pass. :func:`vitlab.train.sizing.recipe.auto_recipe` then
   counts the steps of each candidate from that (:class:`~vitlab.train.sizing.pace.Pace`), as the run's plan will,
   so that the passes its line states are the passes the run plans;
 - :func:`epoch_seconds`: the seconds of a run for a number of epochs at a side, for the line that proposes a
-  faster side (:func:`~vitlab.train.sizing.side.faster_side_line`).
+  faster side (:func:`~vitlab.train.sizing.side.faster_side_line`);
+- :func:`teacher_seconds`: a distillation teacher's forward, which every one of them adds to each step.
+
+One concern, the measuring half of the sizing room: every probe times with :func:`time_steps` and
+:func:`time_update` in :class:`Here`, and keeps what it timed there for the next (:attr:`Here.timed`).
 
 The probes build their own throw-away models (with the CPU speed paths, as the run's) and the run's optimizer
 (:class:`Here` passes the engine's builder in: sizing does not import the engine); their random draws are made in a
