@@ -53,12 +53,12 @@ from ...models import VisionTransformer
 from ...models.config import ViTConfig
 from ..conf.arch import fresh_config
 from ..conf.recipes import Recipe
-from ..conf.train_config import TrainConfig, run_recipe
+from ..conf.train_config import TrainConfig, objective_name, run_recipe
 from .finetune import AUTO_LORA_RANK, METHOD_FLAGS, rule_settings, tune_method
 from .levels import LEVELS, level_fields
 from .machine import set_threads, workers_for
 from .pace import Pace, budget_reserve, train_step_macs
-from .recipe import auto_batch, auto_recipe, budget_token_drop, forward_macs
+from .recipe import auto_batch, auto_recipe, budget_token_drop, forward_macs, mpp_recipe
 from .side import (
     PACKED_STEP_COST,
     PHOTO_CROP_PCT,
@@ -207,16 +207,23 @@ def wants_pace(cfg: TrainConfig, data: Any, *, uses_labels: bool, dist: Dist) ->
     return bool(cfg.time_budget) and _measured(cfg, uses_labels=uses_labels, dist=dist) and held and len(train) > 0
 
 
+def _mpp_fitted(cfg: TrainConfig, *, dist: Dist) -> bool:
+    """Masked patch prediction with its own ``mpp`` recipe, from scratch, on one process: a recipe fitted to the
+    data as ``auto`` fits a classifier's (:func:`~.recipe.mpp_recipe`), whose side the budget chooses as a measured
+    run's (:func:`_measured`)."""
+    return objective_name(cfg) == "mpp" and cfg.recipe.name == "mpp" and not cfg.init and not dist.enabled
+
+
 def wants_budget_size(
     cfg: TrainConfig, source: DataSource, *, uses_labels: bool, dist: Dist, init: ViTConfig | None = None
 ) -> bool:
     """Whether a new run's photos are trained at a size chosen from its time budget (:func:`budget_passes`): a
     time-budgeted measured run (:func:`_measured`: a fresh model's, or a fine-tune's of a square ``--init`` model,
-    ``init``: its configuration) on the user's images (``source``: a folder or its shards, ``--pack`` too) with no
-    size given (``--img-size``, a recipe's)."""
+    ``init``: its configuration; masked patch prediction's, :func:`_mpp_fitted`) on the user's images (``source``:
+    a folder or its shards, ``--pack`` too) with no size given (``--img-size``, a recipe's)."""
     return (
         bool(cfg.time_budget)
-        and _measured(cfg, uses_labels=uses_labels, dist=dist)
+        and (_measured(cfg, uses_labels=uses_labels, dist=dist) or _mpp_fitted(cfg, dist=dist))
         and (not cfg.init or init_side(init) is not None)
         and not cfg.img_size
         and not cfg.recipe.img_size
@@ -280,17 +287,23 @@ def _image_seconds(
     """Seconds a training image costs a photo run at ``side`` px (a step's share, its :data:`PASSES_LEVEL`
     augmentation beside or before it; a packed step :data:`~.side.PACKED_STEP_COST` times a square one), from
     timed training steps (:data:`SIDE_BATCH` random images) of the model the auto recipe would train there (for a
-    time budget its smallest, with its token dropping; for ``epochs``, its model for them), on the threads the run
-    will use; ``teacher_s``: a distillation teacher's forward an image (:func:`teacher_seconds`). Random draws are
-    made in a fork of the generators: the run does not depend on them."""
+    time budget its smallest, with its token dropping; for ``epochs``, its model for them; masked patch
+    prediction's, its recipe's model and batch there, :func:`~.recipe.mpp_recipe`: a step of its backbone, whose
+    prediction of the masked patches' colours costs under 3% of it), on the threads the run will use;
+    ``teacher_s``: a distillation teacher's forward an image (:func:`teacher_seconds`). Random draws are made in a
+    fork of the generators: the run does not depend on them."""
     given = set(cfg.recipe_given)
     drop = cfg.recipe.token_drop if "token_drop" in given else None
     in_chans, classes = 3, 2  # photos decode as RGB; the head costs nothing measurable (classes are not read yet)
     img, batch = (side, side), cfg.recipe.batch_size if "batch_size" in given else auto_batch(n_train)
-    k = min(batch, SIDE_BATCH)
     budget = 1e-9 if epochs is None else None
-    recipe, _ = auto_recipe(n_train=n_train, img_size=img, num_classes=classes, in_chans=in_chans, epochs=epochs,
-                            time_budget=budget, batch_size=batch, token_drop=drop, photos=True)  # fmt: skip
+    if objective_name(cfg) == "mpp":  # (its light crop and flip cost what the light level's photo crop does)
+        recipe, _ = mpp_recipe(cfg, n_train=n_train, image_size=img)
+        batch = recipe.batch_size
+    else:
+        recipe, _ = auto_recipe(n_train=n_train, img_size=img, num_classes=classes, in_chans=in_chans, epochs=epochs,
+                                time_budget=budget, batch_size=batch, token_drop=drop, photos=True)  # fmt: skip
+    k = min(batch, SIDE_BATCH)
     with seeded(cfg.seed):
         model = _probe_model(cfg, recipe, num_classes=classes, in_chans=in_chans, img=img,
                              names=[str(i) for i in range(classes)]).to(here.device)  # fmt: skip

@@ -1,7 +1,7 @@
 """THE side rule: the resolution a run trains at, and how a folder of images is stored for it, decided from the
 images' sizes before anything is decoded (a folder's headers; tar shards' first samples), so that the decode cache
 holds what training needs, no more. One rule for every path: a folder, its shards and ``--pack``, under
-``--epochs`` or ``--time-budget``, in ``train`` and ``finetune``.
+``--epochs`` or ``--time-budget``, in ``train`` (masked patch prediction too) and ``finetune``.
 
 The conventions users know from timm and the ViT papers:
 
@@ -13,7 +13,8 @@ The conventions users know from timm and the ViT papers:
   sizes at the median shorter side (:func:`~vitlab.data.images.decode.typical_side`); evaluated whole (crop_pct 1).
 - **Photos under a time budget** train at the largest of :data:`BUDGET_SIDES` (up to the size above) at which the
   budget buys at least :data:`BUDGET_PASSES` passes over the training images, estimated from timed training steps
-  of the model ``auto`` would train at each size (:func:`budget_photo_side`; packed steps cost
+  of the model ``auto`` would train at each size (masked patch prediction's: its ``mpp`` recipe's model there;
+  :func:`budget_photo_side`; packed steps cost
   :data:`PACKED_STEP_COST` times as much): a short budget trades resolution for passes, as training at a lower
   resolution first does (Touvron et al. 2019, "Fixing the train-test resolution discrepancy"; Tan & Le 2021,
   EfficientNetV2's progressive learning), and as docs/training.md measures on photos.
