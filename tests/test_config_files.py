@@ -51,6 +51,8 @@ def test_a_run_is_recreated_from_its_config_yaml(folder, tmp_path, step_losses, 
     assert main(["train", "--config", str(x / "config.yaml"), "--out", str(y), *common]) == 0
     out = capsys.readouterr().out
     assert f"(replayed from {x / 'sizing.json'}; --replan to measure afresh)" in out  # read back, not a new fit
+    assert "images: training at 16x16 px; stored with the shorter side at most 32 px; crop_pct 1 (as chosen" in out
+    assert "" not in out.splitlines()  # (its storage's line was printed empty)
     assert (y / "config.yaml").read_text() == (x / "config.yaml").read_text()
     assert len(first) == 2 and losses == first
 

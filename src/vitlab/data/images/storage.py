@@ -5,8 +5,10 @@ before anything is decoded (:func:`vitlab.train.sizing.side.folder_storage` make
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from ..._text import size_px
 
 __all__ = ["FolderStorage"]
 
@@ -30,7 +32,7 @@ class FolderStorage:
     eval_side: int | None = None
     crop_pct: float = 1.0
     typical: int = 0
-    line: str = ""
+    line: str = field(default="", compare=False)  # (what a run said of it: not what it is)
 
     def record(self) -> dict[str, Any]:
         """The storage as plain JSON values (a run's ``model/config.json`` keeps it), for :meth:`from_record`."""
@@ -54,5 +56,13 @@ class FolderStorage:
             return None
         if type(crop) not in (int, float) or not 0 < crop <= 1:
             return None
-        return cls(size=tuple(size) if size else None, store_side=rec["store_side"], eval_side=rec["eval_side"],
-                   crop_pct=float(crop), typical=rec["typical"])  # fmt: skip
+        storage = cls(size=tuple(size) if size else None, store_side=rec["store_side"], eval_side=rec["eval_side"],
+                      crop_pct=float(crop), typical=rec["typical"])  # fmt: skip
+        return replace(storage, line=storage.kept_line())
+
+    def kept_line(self) -> str:
+        """The first line of a run that keeps this storage, chosen before (a resumed run's, or a replay's with
+        ``--config``): the side it trains at and how the images are stored; the reasons were the first run's."""
+        to = f"training at {size_px(self.size)}" if self.size else "training at the --init model's size"
+        kept = f"stored with the shorter side at most {self.store_side} px" if self.store_side else "stored as they are"
+        return f"images: {to}; {kept}; crop_pct {self.crop_pct:g} (as chosen before, kept)"
