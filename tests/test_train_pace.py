@@ -505,13 +505,15 @@ def test_a_budget_too_small_for_one_pass_says_so_with_a_budget_that_buys_three_e
         budget=60.0, left=50.0, per_step=0.5, eval_s=2.0, save_s=0.5, steps_per_epoch=200, steps=96, n_eval=500
     )
     assert line and line.startswith("warning: --time-budget 1m buys only 0.48 passes")
-    # 5 s spent before the plan, 3 epochs of 200 steps at 0.5 s and an evaluation of 2.5 s, 5 s kept back: 317.5 s
-    assert "--time-budget 6m buys about 3 epochs" in line and "evaluate on fewer" not in line
+    # 5 s spent before the plan, 3 epochs of 200 steps at 0.5 s and an evaluation of 2.5 s, 5 s kept back: 317.5 s,
+    # so 6 minutes; whose plan, at this pace, counts 682 steps (350 s less an evaluation and saving every 200 steps)
+    assert "--time-budget 6m buys about 3.4 passes" in line and "evaluate on fewer" not in line
     evals = short_budget_line(
         budget=120.0, left=110.0, per_step=0.01, eval_s=30.0, save_s=0.5, steps_per_epoch=100, steps=300, n_eval=10_000
     )
     assert evals and "or evaluate on fewer images (an evaluation folder of ~83 of the 10,000)" in evals
-    assert "--time-budget 4m buys about 3 epochs" in evals  # 3 evaluations of 30.5 s in at most half of it
+    # 3 evaluations of 30.5 s in at most half of it: 4 minutes, in which the plan makes 7 epochs of 1 s and 30.5 s
+    assert "--time-budget 4m buys about 7.0 passes" in evals
     # 24 photos, 3 evaluated: a split of ~1 of the 3 would be proposed; nothing under 50 images is a measurement
     tiny = short_budget_line(
         budget=60.0, left=53.0, per_step=0.02, eval_s=0.1, save_s=0.02, steps_per_epoch=3, steps=700, n_eval=3
@@ -535,7 +537,7 @@ def test_a_short_fine_tune_at_its_init_models_large_side_is_told_of_the_usual_si
     kw = dict(budget=30.0, left=0.0, per_step=2.386, eval_s=3.8, save_s=0.0, steps_per_epoch=23, steps=1, n_eval=341)
     line = short_budget_line(**kw, smaller_side=(518, 224))
     assert line and line.endswith(
-        "--time-budget 4m buys about 3 epochs, or fine-tune at --img-size 224 (about 5x fewer tokens a step than at "
+        "--time-budget 4m buys about 3.5 passes, or fine-tune at --img-size 224 (about 5x fewer tokens a step than at "
         "518 px; its position table resampled, Sec. 3.2)"
     )
     assert "--img-size" not in short_budget_line(**kw)  # (a fresh model's side is chosen by its budget already)

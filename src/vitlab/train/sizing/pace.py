@@ -167,6 +167,8 @@ def short_budget_line(
     ends) cannot make a meaningful run, else None: fewer than one pass over the data, or the epochs' ends (an
     evaluation of ``eval_s`` and a saving of ``save_s`` each) taking more than half of the time. It proposes the
     budget that buys three epochs with their ends in at most half of it (whole minutes) when that is a longer budget,
+    with the passes that budget's plan would count at this pace (whole minutes buy more than three: a 30-s run of
+    masked patch prediction was told "2m buys about 3 epochs", and a 2-minute one made 4.5),
     and, when evaluation dominates, an evaluation split small enough to take a quarter of an epoch's time (not one of
     fewer than :data:`FEWEST_EVAL_IMAGES`). ``smaller_side``: ``(the run's side, a smaller one it could take)``, for
     a fine-tune at its ``--init`` model's side (DINOv2's 518 px) where the usual 224 px is a choice: proposed with
@@ -194,8 +196,10 @@ def short_budget_line(
     else:
         line = f"warning: {what}: {math.ceil(passes)} epoch ends in {passes:.1f} passes {timing}"
     more = minutes * 60 > budget
-    if more:
-        line += f": --time-budget {minutes}m buys about 3 epochs"
+    if more:  # what that budget's plan would count at this pace (not the 3 asked: whole minutes buy more)
+        at = minutes * 60.0
+        n = steps_in_budget(at - spent - budget_reserve(at), per_step, end_s, steps_per_epoch)
+        line += f": --time-budget {minutes}m buys about {n / steps_per_epoch:.1f} passes"
     if ends > 0.5 * left and eval_s > save_s:
         keep = max(1, int(n_eval * 0.25 * steps_per_epoch * per_step / eval_s))
         if FEWEST_EVAL_IMAGES <= keep < n_eval:
