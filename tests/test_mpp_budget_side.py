@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from imagefolder import photo_jpeg
-from vitlab.cli import main
 from vitlab.data.sources import DataSource
 from vitlab.distributed import Dist
 from vitlab.train import TrainConfig, get_recipe
 from vitlab.train.engine.optim import build_optimizer
 from vitlab.train.sizing import probe
 from vitlab.train.sizing.probe import Here
-from vitlab.train.sizing.side import BUDGET_PASSES
 
 
 def _mpp(data: Path, recipe: str = "mpp", **kw) -> TrainConfig:
@@ -63,31 +60,3 @@ def test_its_passes_are_timed_on_the_model_and_batch_its_recipe_trains_at_each_s
     d, depth = arch["embed_dim"], arch["depth"]
     assert timed == [((224, 224), 16, d, depth, 0.0, 32), ((64, 64), 8, d, depth, 0.0, 32)]
     assert seconds[224] == pytest.approx(seconds[64])  # (the same fake step: an image's share of a batch of 32)
-
-
-@pytest.mark.slow
-def test_a_timed_mpp_run_on_photos_trains_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
-    """End to end: the first line names the side and why; the MPP recipe's patch follows it (8 at 64 px)."""
-    for c in range(2):
-        d = tmp_path / "photos" / "train" / f"c{c}"
-        d.mkdir(parents=True)
-        for i in range(4):
-            (d / f"{i}.jpg").write_bytes(photo_jpeg(1920, 1080, c))
-    asked = []
-
-    def fake(cfg, here, **kw):
-        def passes(side: int, n_train: int) -> float:
-            asked.append(side)
-            return 3.0 if side > 64 else BUDGET_PASSES + 5
-
-        return passes
-
-    monkeypatch.setattr("vitlab.train.engine.run_data.budget_passes", fake)
-    argv = ["train", "--data", str(tmp_path / "photos"), "--objective", "mpp", "--time-budget", "20s", "--depth", "1",
-            "--dim", "16", "--heads", "2", "--stop-after", "1", "--val-split", "0.25", "--out", str(tmp_path / "run"),
-            "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers", "0"]  # fmt: skip
-    assert main(argv) == 0
-    said = capsys.readouterr().out
-    assert asked == [224, 160, 128, 64]
-    assert "-> training at 64 px (photos under a time budget: ~3.0 passes at 224 px" in said
-    assert "mpp: patch 8 for 64x64 px" in said and "64x64 px, patch 8" in said

@@ -307,12 +307,9 @@ def test_a_damaged_packed_cache_is_found_and_rebuilt(tmp_path, capsys, monkeypat
     assert all(np.array_equal(again.images[i], w) for i, w in enumerate(want))
 
 
-@pytest.mark.slow
-def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
-    """Under a time budget the side is chosen from timed steps before decoding (issue 34: at 2 minutes 224 px was
-    9 points below 64 px on the validation photos): the first line names it and why, and the model follows."""
-    data = _photos(tmp_path / "photos", [(1920, 1080)] * 4)
-    asked = []
+def _passes_enough_at_64(monkeypatch) -> list[int]:
+    """The budget's probe replaced: 3 passes at every side above 64 px, enough at 64; the sides it was asked of."""
+    asked: list[int] = []
 
     def fake(cfg, here, **kw):
         def passes(side: int, n_train: int) -> float:
@@ -322,6 +319,15 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
         return passes
 
     monkeypatch.setattr("vitlab.train.engine.run_data.budget_passes", fake)
+    return asked
+
+
+@pytest.mark.slow
+def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
+    """Under a time budget the side is chosen from timed steps before decoding (issue 34: at 2 minutes 224 px was
+    9 points below 64 px on the validation photos): the first line names it and why, and the model follows."""
+    data = _photos(tmp_path / "photos", [(1920, 1080)] * 4)
+    asked = _passes_enough_at_64(monkeypatch)
     code, _ = _train(data, tmp_path, *TINY, "--time-budget", "20s", "--stop-after", "1")
     assert code == 0
     said = capsys.readouterr().out
@@ -331,3 +337,17 @@ def test_a_timed_photo_run_trains_and_evaluates_at_the_side_its_budget_buys(tmp_
         in said
     )
     assert "64x64 px" in said and "patch 8" in said
+
+
+@pytest.mark.slow
+def test_a_timed_mpp_run_on_photos_trains_at_the_side_its_budget_buys(tmp_path, capsys, monkeypatch):
+    """Masked patch prediction by the same rule (issue 57; tests/test_mpp_budget_side.py): the first line names the
+    side and why, and the MPP recipe's patch follows it (8 at 64 px). Before, 224 px whatever the budget."""
+    data = _photos(tmp_path / "photos", [(1920, 1080)] * 4)
+    asked = _passes_enough_at_64(monkeypatch)
+    code, _ = _train(data, tmp_path, *TINY, "--objective", "mpp", "--time-budget", "20s", "--stop-after", "1")
+    assert code == 0
+    said = capsys.readouterr().out
+    assert asked == [224, 160, 128, 64]
+    assert "-> training at 64 px (photos under a time budget: ~3.0 passes at 224 px" in said
+    assert "mpp: patch 8 for 64x64 px" in said and "64x64 px, patch 8" in said
