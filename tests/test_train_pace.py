@@ -122,12 +122,12 @@ def test_a_re_plan_line_says_what_it_was_made_from():
     ends it timed); a replayed one says so."""
     at_step = Replan(step=10, total=90, at="step", per_step=0.25)
     assert at_step.line(was=80, warmup=5, replayed=False) == (
-        "\ntime budget: the run's own steps take 250 ms -> re-planned to 90 steps (was 80), warmup 5 steps"
+        "time budget: the run's own steps take 250 ms -> re-planned to 90 steps (was 80), warmup 5 steps"
     )
     at_epoch = Replan(step=20, total=70, at="epoch", per_step=0.5)
     line = at_epoch.line(was=90, warmup=5, replayed=False)
     assert "the run's steps since its pace last changed take 500 ms -> re-planned to 70 steps (was 90)" in line
-    assert at_epoch.line(was=90, warmup=4, replayed=True).startswith("\ntime budget: replayed -> re-planned to 70")
+    assert at_epoch.line(was=90, warmup=4, replayed=True).startswith("time budget: replayed -> re-planned to 70")
     timed = Replan(step=20, total=70, at="epoch", per_step=0.5, end_s=0.08)  # the epoch ends it was made from too
     assert "take 500 ms and an epoch's end (evaluation, saving) 0.08 s -> re-planned to 70" in timed.line(
         was=90, warmup=5, replayed=False

@@ -269,7 +269,8 @@ class Trainer:
         warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step, end_s=self.replan.end_s)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
-        self.log(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))
+        if self.dist.is_main:  # (above the live bar on a terminal; no blank line in a log)
+            self.bar.line(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:

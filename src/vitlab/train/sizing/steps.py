@@ -31,7 +31,7 @@ class Replan:
         how = "replayed" if replayed else f"{which} {self.per_step * 1000:.0f} ms"
         if self.end_s and self.at == "epoch" and not replayed:  # timed by the run at its epochs' ends
             how += f" and an epoch's end (evaluation, saving) {self.end_s:.2f} s"
-        return f"\ntime budget: {how} -> re-planned to {self.total} steps (was {was}), warmup {warmup} steps"
+        return f"time budget: {how} -> re-planned to {self.total} steps (was {was}), warmup {warmup} steps"
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total": self.total, "at": self.at, "per_step": self.per_step, "end_s": self.end_s}
