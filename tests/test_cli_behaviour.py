@@ -71,6 +71,19 @@ def test_progress_log_disabled_prints_nothing_but_lines(capsys):
     assert capsys.readouterr().out == "epoch 1/1\n"
 
 
+def test_progress_log_of_a_silent_process_prints_nothing_at_all(capsys):
+    """The other ranks under torchrun: no count lines and no lines (the trainer's mid-epoch lines, a re-plan's among
+    them, go through its bar, which is silent there, instead of each call site asking which rank it is on)."""
+    from vitlab._progress import ProgressLog
+
+    buf = io.StringIO()
+    log = ProgressLog(total=4, desc="x", every=1, stream=buf, quiet_s=0, silent=True)
+    log.update(4)
+    log.line("time budget: ... re-planned")
+    log.close()
+    assert buf.getvalue() == "" and capsys.readouterr().out == ""
+
+
 @pytest.mark.slow
 def test_train_no_progress_prints_a_line_per_epoch(capsys, tmp_path):
     out = tmp_path / "r"

@@ -41,7 +41,8 @@ def is_tty(stream: TextIO | None = None) -> bool:
 class ProgressLog:
     """Progress of one loop of ``total`` units (steps, batches, images).
 
-    ``enabled=False`` (``--no-progress``) draws nothing, but :meth:`line` still prints. On a TTY
+    ``enabled=False`` (``--no-progress``) draws nothing, but :meth:`line` still prints; ``silent`` (a process
+    whose output nobody reads: the other ranks under torchrun) prints nothing, not even :meth:`line`. On a TTY
     (``stream``, default stderr) a tqdm bar is drawn; elsewhere a plain line
     ``<desc>: <unit> <done>/<total> (<pct>%) k=v ... [<seconds> s]`` is printed every ``every`` units (default:
     a tenth of ``total``; 0: never) and, unless just printed, when the loop closes, once the loop has run for
@@ -62,17 +63,19 @@ class ProgressLog:
         leave: bool = True,
         stream: TextIO | None = None,
         quiet_s: float | None = None,
+        silent: bool = False,
     ) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.silent = silent
         self.quiet_s = QUIET_S if quiet_s is None else quiet_s
-        self.enabled = enabled
+        self.enabled = enabled and not silent
         self.stream = stream
         self.every = every if every is not None else (max(1, -(-total // 10)) if total else 0)
         self.postfix: dict[str, Any] = {}
         self._printed_at = initial
         self._t0 = time.perf_counter()
         self._bar: Any = None
-        if enabled and is_tty(stream):
+        if self.enabled and is_tty(stream):
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
@@ -118,7 +121,10 @@ class ProgressLog:
             self._print_count()
 
     def line(self, msg: str) -> None:
-        """Print ``msg`` on stdout whatever the mode (an epoch's summary), above a live bar when there is one."""
+        """Print ``msg`` on stdout whatever the mode (an epoch's summary), above a live bar when there is one (not at
+        all when ``silent``)."""
+        if self.silent:
+            return
         if self._bar is not None:
             from tqdm.auto import tqdm
 

@@ -127,7 +127,7 @@ class Trainer:
             scope.callback(self.tracker.close)
             self._begin()
             self.bar = ProgressLog(total=self.plan.total_steps, initial=p.step, desc="train",
-                                   enabled=self.cfg.progress and self.dist.is_main)  # fmt: skip
+                                   enabled=self.cfg.progress, silent=not self.dist.is_main)  # fmt: skip
             self._enter(self.schedule.lookup(p.step))
             try:
                 while p.epoch < self.plan.epochs and p.step < self.plan.total_steps and self._epoch():
@@ -224,7 +224,7 @@ class Trainer:
         )
         self.bar.update(1)
         eta = self.eta.after_step(steps_this_run=p.steps_this_run, step=p.step, wall_s=self._wall_s())
-        if eta and d.is_main:
+        if eta:
             self.bar.line(eta)
         new = self.replan.after_step(steps_this_run=p.steps_this_run, step=p.step, planned=self.plan.total_steps,
                                      dist=d, device=self.device)  # fmt: skip
@@ -253,12 +253,12 @@ class Trainer:
         changed = ends_dropping(self.sizing.recipe) and (
             set_patch_drop(self.vit, rate) | self.loaders.set_token_drop(rate)
         )
-        if changed and switch is not None and p.step >= switch and self.dist.is_main:
+        if changed and switch is not None and p.step >= switch:
             self.bar.line(
                 f"token dropping ends after step {p.step} of {self.plan.total_steps}: "
                 "every token from here (--token-drop-until)"
             )
-        if (line := self.objective.enter(self.net, step=p.step, warm_start=step.warm_start)) and self.dist.is_main:
+        if line := self.objective.enter(self.net, step=p.step, warm_start=step.warm_start):
             self.bar.line(f"{line} (of {self.plan.total_steps} steps)")
 
     def _replanned(self, total: int, per_step: float, *, at: str) -> None:
@@ -269,8 +269,7 @@ class Trainer:
         warm = self.schedule.replan_from(self.position.step, total, steps_per_epoch=self.loaders.steps_per_epoch)
         move = Replan(step=self.position.step, total=total, at=at, per_step=per_step, end_s=self.replan.end_s)
         self.plan = self.plan.replanned(move, warmup_steps=warm)
-        if self.dist.is_main:  # (above the live bar on a terminal; no blank line in a log)
-            self.bar.line(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))
+        self.bar.line(move.line(was=was, warmup=warm, replayed=self.sizing.replayed is not None))  # (above the bar)
         self.bar.set_total(total)
 
     def _end_epoch(self, res: EpochResult) -> None:
