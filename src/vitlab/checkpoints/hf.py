@@ -19,6 +19,8 @@ The config is honoured: ``layer_norm_eps`` (1e-12 in converted Google models)
 becomes ``norm_eps``, ``hidden_act`` selects exact or tanh GELU, ``id2label``
 becomes ``class_names``, ``preprocessor_config.json``'s mean/std are kept, and its centre crop as
 ``crop_pct`` (``crop_size / size``, 0.875 for DeiT's processor; 1.0 for ViT's, which resizes without cropping).
+A crop to another side than ``image_size`` (DINOv2's processor: 224 px, its config 518) is kept as the side Hugging
+Face's pipeline feeds the model (``extra["processor_side"]``), which a fine-tune trains at.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from ..data.images.resize import resize_side
 from ..errors import CheckpointError, ConfigError
-from ..models.config import ViTConfig, check_fields
+from ..models.config import PROCESSOR_SIDE, ViTConfig, check_fields
 from . import dinov2
 from .dinov3 import HF_MODEL_TYPE, from_hf, hf_fields
 from .files import read_config_file, stated_fields
@@ -225,6 +227,9 @@ def read_folder(
         crop = _crop_pct(pre, pre_path)
         if crop is not None:
             fields["crop_pct"] = crop
+            fed, size = _side(pre.get("crop_size"), ("height",)), fields.get("img_size")
+            if fed is not None and fed != (size if isinstance(size, int) else size and size[0]):
+                fields["extra"] = {**fields.get("extra", {}), PROCESSOR_SIDE: fed}  # (DINOv2's 224 for 518 px)
     return state, fields
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "IMAGENET_STD",
     "INCEPTION_MEAN",
     "INCEPTION_STD",
+    "PROCESSOR_SIDE",
     "ViTConfig",
     "check_fields",
     "mlp_dim_for",
@@ -27,6 +28,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # Google's ViT and AugReg weights take inputs scaled to [-1, 1].
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
+
+PROCESSOR_SIDE = "processor_side"
+"""The :attr:`ViTConfig.extra` key of the side a Hugging Face folder's image processor crops its inputs to, where it
+is not the ``config.json``'s ``image_size`` (DINOv2's: 224 px, its position table made for 518): the size Hugging
+Face's pipeline feeds the model, which a fine-tune without ``--img-size`` then trains at
+(:func:`vitlab.train.sizing.side.init_side`)."""
 
 BLOCK_OBJECT_BYTES = 64 << 10
 """Memory an encoder block's Python objects (its modules and parameter objects) take besides its tensors: 48-52 KiB

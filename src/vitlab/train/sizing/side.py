@@ -20,11 +20,12 @@ The conventions users know from timm and the ViT papers:
   EfficientNetV2's progressive learning), and as docs/training.md measures on photos.
 - **Photos for a number of epochs** train at the size above; the run states how much faster :data:`FAST_SIDE` px
   would be when it is, since on photos it measured as good for as many epochs (:func:`faster_side_line`).
-- **A fine-tune** trains at its ``--init`` model's side; **under a time budget, of photos**, at the largest of that
-  side and the smaller :data:`BUDGET_SIDES` (at the model's patch, its position table resampled in 2-D, Sec. 3.2)
-  at which the budget buys :data:`FINETUNE_PASSES` passes, timed on the ``--init`` architecture
-  (:func:`budget_init_side`): the same rule, a pre-trained model's fewer passes (DINOv2's 518 px bought one step in
-  30 s where 224 px bought 71).
+- **A fine-tune** trains at its ``--init`` model's side (of photos, a Hugging Face folder's at its image
+  processor's crop where that is smaller: DINOv2's 224 px, :func:`init_side`); **under a time budget, of photos**,
+  at the largest of that side and the smaller :data:`BUDGET_SIDES` (at the model's patch, its position table
+  resampled in 2-D, Sec. 3.2) at which the budget buys :data:`FINETUNE_PASSES` passes, timed on the ``--init``
+  architecture (:func:`budget_init_side`): the same rule, a pre-trained model's fewer passes (DINOv2's 518 px bought
+  one step in 30 s where 224 px bought 71).
 - ``--img-size`` (or a recipe's ``img_size``) wins.
 
 Storage (:func:`folder_storage`): training images keep their aspect ratio and whole extent, their shorter side at
@@ -43,6 +44,7 @@ from ..._units import duration
 from ...data.images.decode import counted_median, too_thin, typical_side
 from ...data.images.resize import resize_side
 from ...data.images.storage import FolderStorage
+from ...models.config import PROCESSOR_SIDE
 
 if TYPE_CHECKING:
     from ...models.config import ViTConfig
@@ -156,11 +158,18 @@ FINETUNE_GRID = 8
 side for a fresh model (64 px at patch 8; for an ``--init`` model with patch 16, 128 px)."""
 
 
-def init_side(init: ViTConfig | None) -> int | None:
+def init_side(init: ViTConfig | None, *, photos: bool = True) -> int | None:
     """The side of an ``--init`` model (``init``: its configuration): what a fine-tune without ``--img-size`` trains
-    at; None for a model that is not square (its photos are then stored for up to :data:`INIT_SIDE`)."""
+    at; None for a model that is not square (its photos are then stored for up to :data:`INIT_SIDE`). On ``photos``,
+    a Hugging Face folder whose image processor crops to a smaller side than its table's (DINOv2: 224 px, its config
+    518; :data:`~vitlab.models.config.PROCESSOR_SIDE`) trains at that side, as Hugging Face's pipeline feeds it and
+    fine-tunes it, its position table resampled (Sec. 3.2); a value that is not a smaller multiple of its token is
+    not one (read from a file: checked, else the model's side). Small images train at the model's side, as before."""
     if init is None or init.img_size[0] != init.img_size[1]:
         return None
+    fed = init.extra.get(PROCESSOR_SIDE)
+    if photos and type(fed) is int and 0 < fed < init.img_size[0] and fed % token_px(init) == 0:
+        return fed
     return init.img_size[0]
 
 
@@ -253,7 +262,7 @@ def folder_storage(
     crop_pct = r.crop_pct if r.crop_pct < 1 else PHOTO_CROP_PCT if photos else 1.0
     given = cfg.img_size or r.img_size
     seen = f"images: {w}x{h}" if uniform else f"images: typical {w}x{h} (mixed sizes)"
-    n_train, own = n_files or sum(counts.values()), init_side(init)
+    n_train, own = n_files or sum(counts.values()), init_side(init, photos=photos)
     if given:
         side = given
         why = "--img-size" if cfg.img_size else f"the {r.name} recipe's size"
@@ -261,6 +270,8 @@ def folder_storage(
         side, why = budget_init_side(own, token_px(init), lambda s: passes(s, n_train))
     elif cfg.init:
         side, why = own, "the --init model's size"
+        if init is not None and own is not None and own != init.img_size[0]:  # (a processor's crop: init_side)
+            why = "the --init model's image processor's crop, as Hugging Face feeds it"
     elif photos and passes is not None:
         side, why = budget_photo_side(typical, lambda s: passes(s, n_train))
     elif photos:
