@@ -34,3 +34,15 @@ def photo_jpeg(w: int, h: int, c: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(small).resize((w, h), Image.Resampling.NEAREST).save(buf, "JPEG", quality=20)
     return buf.getvalue()
+
+
+def photo_folder(root: Path, *, size: tuple[int, int], train: int, val: int, classes: int = 2) -> Path:
+    """``root/{train,val}/c{k}/N.jpg``: ``train`` and ``val`` :func:`photo_jpeg` photos of ``size`` (width, height) a
+    class; returns ``root``."""
+    for split, n in (("train", train), ("val", val)):
+        for c in range(classes):
+            d = root / split / f"c{c}"
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                (d / f"{i}.jpg").write_bytes(photo_jpeg(*size, c))
+    return root

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vitlab
-from imagefolder import photo_jpeg
+from imagefolder import photo_folder
 from vitlab.cli import main
 from vitlab.data.sources import DataSource
 from vitlab.distributed import Dist
@@ -169,12 +169,7 @@ def test_a_budgeted_fine_tune_trains_and_saves_at_the_chosen_side(tmp_path, monk
     ``--config`` of the run replays it without measuring again."""
     m = vitlab.create_model("vit_ti16", img_size=256, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=2)
     vitlab.save(m, tmp_path / "init")
-    for split, n in (("train", 8), ("val", 2)):
-        for c in range(2):
-            d = tmp_path / "photos" / split / f"c{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                (d / f"{i}.jpg").write_bytes(photo_jpeg(600, 800, c))
+    photo_folder(tmp_path / "photos", size=(600, 800), train=8, val=2)
 
     def fake(cfg, here, init, *, n_train, **kw):  # 256 px costs the budget's passes many times over; 160 px not
         return lambda side: 1.0 if side > 160 else 1e-4

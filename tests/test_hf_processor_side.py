@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vitlab
-from imagefolder import photo_jpeg
+from imagefolder import photo_folder
 from vitlab.cli import main
 from vitlab.models import ViTConfig
 from vitlab.models.config import PROCESSOR_SIDE
@@ -76,12 +76,7 @@ def test_a_recorded_side_is_taken_only_as_a_smaller_multiple_of_the_token(fed):
 @pytest.mark.slow
 def test_vitlab_finetune_trains_a_dinov2_folder_at_its_processor_s_crop(tmp_path, capsys):
     """End to end: the first line names the side and why, and the model trains there (its table resampled)."""
-    for split, n in (("train", 4), ("val", 1)):
-        for c in range(2):
-            d = tmp_path / "photos" / split / f"c{c}"
-            d.mkdir(parents=True)
-            for i in range(n):
-                (d / f"{i}.jpg").write_bytes(photo_jpeg(640, 480, c))
+    photo_folder(tmp_path / "photos", size=(640, 480), train=4, val=1)
     folder = _dinov2(tmp_path / "dinov2", crop=28)
     argv = ["finetune", "--init", str(folder), "--data", str(tmp_path / "photos"), "--epochs", "1", "--stop-after",
             "1", "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--workers",
