@@ -227,8 +227,9 @@ def read_folder(
         crop = _crop_pct(pre, pre_path)
         if crop is not None:
             fields["crop_pct"] = crop
-            fed, size = _side(pre.get("crop_size"), ("height",)), fields.get("img_size")
-            if fed is not None and fed != (size if isinstance(size, int) else size and size[0]):
+            size = fields.get("img_size")  # (config.json's image_size: an int, or a pair)
+            table = size if isinstance(size, int) else size[0] if size else None
+            if (fed := _side(pre.get("crop_size"), ("height",))) is not None and fed != table:
                 fields["extra"] = {**fields.get("extra", {}), PROCESSOR_SIDE: fed}  # (DINOv2's 224 for 518 px)
     return state, fields
 
