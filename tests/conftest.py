@@ -68,6 +68,18 @@ def assert_close_rel(actual, expected, rtol: float = F32_RTOL, msg: str = "") ->
         raise AssertionError(f"{where}max |diff| {diff:.3g} = {err:.3g} x max |expected| {scale:.3g} > rtol {rtol:.3g}")
 
 
+def counting_passes(table: dict[int, float], default: float):
+    """``(passes, calls)``: a stand-in for the passes a time budget buys at each side (the side rule's measurement),
+    ``table``'s value for a side it names and ``default`` for the others; ``calls`` lists the sides asked, in order."""
+    calls: list[int] = []
+
+    def passes(side: int) -> float:
+        calls.append(side)
+        return table.get(side, default)
+
+    return passes, calls
+
+
 def slow_cases(values, slow) -> list:
     """``values`` for ``pytest.mark.parametrize`` with those in ``slow`` marked ``slow`` (seconds each: the fast
     tier keeps the others' coverage of the same code)."""

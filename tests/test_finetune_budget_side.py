@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vitlab
+from conftest import counting_passes
 from imagefolder import photo_folder
 from vitlab.cli import main
 from vitlab.data.sources import DataSource
@@ -34,13 +35,7 @@ def _cfg(data: Path, **kw) -> TrainConfig:
 
 
 def _counting(table: dict[int, float]):
-    calls: list[int] = []
-
-    def passes(side: int) -> float:
-        calls.append(side)
-        return table.get(side, FINETUNE_PASSES)
-
-    return passes, calls
+    return counting_passes(table, FINETUNE_PASSES)
 
 
 def test_the_sides_are_the_model_s_then_the_ladder_at_its_patch_down_to_an_8x8_grid():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import counting_passes
 from vitlab.data.sources import DataSource
 from vitlab.distributed import Dist
 from vitlab.train import TrainConfig, get_recipe
@@ -25,13 +26,7 @@ def _cfg(data: Path, **kw) -> TrainConfig:
 
 
 def _counting(table: dict[int, float], default: float = BUDGET_PASSES):
-    calls: list[int] = []
-
-    def passes(side: int) -> float:
-        calls.append(side)
-        return table.get(side, default)
-
-    return passes, calls
+    return counting_passes(table, default)
 
 
 def test_the_largest_side_with_enough_passes_is_chosen_measuring_from_the_top():
