@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import vitlab
-from imagefolder import photo_folder
+from conftest import assert_close_rel
+from imagefolder import photo_folder, tiny_folder
 from vitlab.cli import main
 from vitlab.models import ViTConfig
 from vitlab.models.config import PROCESSOR_SIDE
@@ -22,10 +23,17 @@ from vitlab.train.sizing.side import folder_storage, init_side
 transformers = pytest.importorskip("transformers")
 
 
-def _dinov2(folder: Path, *, crop: int | None, size: int = 32, registers: int = 0) -> Path:
-    """A tiny random DINOv2 of Hugging Face's at 56 px (a 4 x 4 table of patch 14), saved with an image processor
-    that resizes the shorter side to ``size`` and crops the centre ``crop`` (None: no processor file)."""
-    kw = {"image_size": 56, "patch_size": 14, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+def _dinov2(folder: Path, *, crop: int | None, size: int = 32, registers: int = 0, image_size: int = 56) -> Path:
+    """A tiny random DINOv2 of Hugging Face's at ``image_size`` px (56: a 4 x 4 table of patch 14), saved with an
+    image processor that resizes the shorter side to ``size`` and crops the centre ``crop`` (None: no processor
+    file)."""
+    kw = {
+        "image_size": image_size,
+        "patch_size": 14,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     torch.manual_seed(0)
     if registers:
         model = transformers.Dinov2WithRegistersModel(
@@ -85,3 +93,63 @@ def test_vitlab_finetune_trains_a_dinov2_folder_at_its_processor_s_crop(tmp_path
     said = capsys.readouterr().out
     assert "-> training at 28 px (the --init model's image processor's crop, as Hugging Face feeds it)" in said
     assert "28x28 px" in said and "56x56" not in said.split("training dinov2", 1)[-1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_a_dinov2_folder_is_served_at_its_processor_s_side_with_hugging_face_s_features(tmp_path, registers):
+    """Every command (``eval``, ``predict``, ``fewshot``, ``inspect``, ``export``, a teacher) serves the folder at the
+    side its image processor crops to, as Hugging Face's pipeline feeds it, with Hugging Face's features there: the
+    table resampled as each class resamples it (``Dinov2Model`` without antialiasing, ``Dinov2WithRegistersModel``
+    with). Before, the commands ran it at its table's side (518 px for ``facebook/dinov2-*``: 5.3x the tokens of
+    224), and a model run at 224 px resampled the table antialiased."""
+    folder = _dinov2(tmp_path / "d", crop=56, size=64, image_size=112, registers=registers)
+    model = vitlab.resolve_model(folder)
+    assert model.config.img_size == (56, 56) and PROCESSOR_SIDE not in model.config.extra  # served, not re-served
+    cls = transformers.Dinov2WithRegistersModel if registers else transformers.Dinov2Model
+    ref = cls.from_pretrained(folder).eval()
+    x = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(pixel_values=x).pooler_output
+        assert_close_rel(model(x), want)
+        assert_close_rel(vitlab.load(folder)(x), want)  # at 518 px's table, run at 224: the same
+    assert vitlab.resolve_model(folder, img_size=112).config.img_size == (112, 112)  # a side given wins
+
+
+def test_a_model_given_a_side_forgets_the_processor_s(tmp_path):
+    """The processor's side describes the folder as Hugging Face saved it: a model built at a side it was given (a
+    fine-tune at ``--img-size 518``, a ``convert --img-size``, ``set_input_size``) is served at its own."""
+    folder = _dinov2(tmp_path / "d", crop=28)
+    assert PROCESSOR_SIDE not in vitlab.load(folder, img_size=84).config.extra
+    model = vitlab.load(folder)
+    model.set_input_size(84)
+    assert PROCESSOR_SIDE not in model.config.extra
+    vitlab.save(model, tmp_path / "m")
+    assert vitlab.resolve_model(tmp_path / "m").config.img_size == (84, 84)
+
+
+def test_the_commands_say_the_side_they_serve_a_dinov2_folder_at(tmp_path, capsys):
+    folder = _dinov2(tmp_path / "d", crop=28)
+    assert main(["plan", "--model", str(folder), "--batch-size", "8", "--devices", "1", "--device-memory", "1G"]) == 0
+    assert "at 28 px" in capsys.readouterr().out
+    tiny_folder(tmp_path / "data", per_class=4, test_per_class=2, size=32)
+    argv = [
+        "fewshot",
+        "--model",
+        str(folder),
+        "--data",
+        str(tmp_path / "data"),
+        "--shots",
+        "1",
+        "--seeds",
+        "1",
+        "--no-probe",
+        "--out",
+        str(tmp_path / "fs.json"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "served at 28 px, the side its Hugging Face image processor crops to" in err
+    assert "(--img-size 56 where a command takes it)" in err

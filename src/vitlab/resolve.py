@@ -23,6 +23,7 @@ training options can name the flag as the user gave it (a config file's key).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,16 +202,32 @@ def open_model(
     fast: bool = False,
     trust_torchscript: bool = False,
     option: str = "--model",
+    note: Callable[[str], None] | None = None,
 ) -> Any:
     """The model ``source`` names, in eval mode: an export folder through :func:`vitlab.deploy.open_exported`
     (TorchScript only with ``trust_torchscript``), a registered architecture with random weights, anything else
     through :func:`vitlab.checkpoints.load`. ``fast``: with the speed paths of :mod:`vitlab.accel` (evaluation,
     prediction, features, a teacher); otherwise the plain reference model (``inspect``'s analyses, ``export``'s
-    traced graph). ``img_size``: another input resolution (position embeddings resampled)."""
+    traced graph). ``img_size``: another input resolution (position embeddings resampled).
+
+    Without ``img_size``, a Hugging Face folder whose image processor crops to a smaller side than its position
+    table's (:attr:`~vitlab.models.ViTConfig.processor_side`: DINOv2's 224 px, its table made for 518) is served at
+    that side, as Hugging Face's pipeline feeds it, its table resampled as Hugging Face resamples it (the same
+    features; at 518 px a forward costs 5.3x the tokens); ``note`` is told so in one line."""
     from .checkpoints import load
     from .models import create_model
 
     def ready(model: Any) -> Any:
+        fed = model.config.processor_side if img_size is None else None
+        if fed is not None:
+            table = model.config.img_size[0]
+            model.set_input_size(fed)
+            if note is not None:
+                note(
+                    f"{source.spec}: served at {fed} px, the side its Hugging Face image processor crops to, "
+                    f"as Hugging Face's pipeline feeds it; its {table}-px position table "
+                    f"resampled as Hugging Face resamples it (--img-size {table} where a command takes it)"
+                )
         if fast:
             from .accel import accelerate
 
@@ -256,7 +273,8 @@ def resolve_model(
 def source_config(source: ModelSource, *, option: str = "--model") -> ViTConfig:
     """The configuration of the model ``source`` names, with nothing allocated: a vitlab folder's (or a run
     folder's ``model/``) from its ``config.json`` alone, an export's from its config, a registered architecture's
-    from the registry, any other checkpoint's from its file (shapes included). ``vitlab plan`` reads it."""
+    from the registry, any other checkpoint's from its file (shapes included); at the side :func:`open_model` serves
+    it at. ``vitlab plan`` and ``vitlab bench`` read it."""
     from .checkpoints import checkpoint_config
     from .checkpoints.files import read_config_file
     from .checkpoints.vitlab_folder import CONFIG_NAME, config_from_record, is_native
@@ -274,8 +292,11 @@ def source_config(source: ModelSource, *, option: str = "--model") -> ViTConfig:
         return exported_config(source.path)  # type: ignore[arg-type]
     if source.path is not None and is_native(source.path):
         where = source.path / CONFIG_NAME
-        return config_from_record(read_config_file(where), where=str(where))
-    return checkpoint_config(read_model(source, option=option))
+        config = config_from_record(read_config_file(where), where=str(where))
+    else:
+        config = checkpoint_config(read_model(source, option=option))
+    fed = config.processor_side  # served at that side (:func:`open_model`)
+    return config if fed is None else config.at_size(fed)
 
 
 def check_finite(model: Any, *, spec: str, option: str = "--model") -> None:

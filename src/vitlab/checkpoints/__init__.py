@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..models.config import ViTConfig
+from ..models.config import PROCESSOR_SIDE, ViTConfig
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .families import backbone_name
@@ -192,6 +192,8 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
         base["extra"] = {"source_format": ckpt.format, **base.get("extra", {})}
     if ckpt.extra:  # what is known of where the checkpoint came from (a public name's Hub repo and licence)
         base["extra"] = {**(base.get("extra") or {}), **ckpt.extra}
+    if "img_size" in overrides:  # built at a side it was given: an image processor's other side no longer applies
+        base["extra"] = {k: v for k, v in (base.get("extra") or {}).items() if k != PROCESSOR_SIDE}
     names = base.get("class_names")
     if names is not None and (
         len(names) != overrides.get("num_classes", base.get("num_classes")) or "class_names" in overrides

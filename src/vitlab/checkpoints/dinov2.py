@@ -12,8 +12,10 @@ registers, zero (Hugging Face adds the class token's row and none to a register)
 The model is a backbone (``num_classes=0``): its output is the class token after the final norm, Hugging Face's
 ``pooler_output``. What vitlab does not compute is refused by name: ``Dinov2ForImageClassification``'s classifier
 (it reads the class token and the mean of the patch tokens side by side) and the giant's SwiGLU
-(``use_swiglu_ffn``). At the ``config.json``'s ``image_size`` the outputs are Hugging Face's; at another size each
-library resamples the position table its own way."""
+(``use_swiglu_ffn``). The outputs are Hugging Face's at the ``config.json``'s ``image_size`` and at any other size:
+the position table is resampled as each class resamples it, bicubic, antialiased in ``Dinov2WithRegistersModel`` and
+not in ``Dinov2Model`` (``posemb_resample``), so the 224-px inputs its image processor makes (from a table made for
+518) give Hugging Face's features too (:func:`vitlab.resolve.open_model` serves the folder at that side)."""
 
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ def fields(raw: dict[str, Any], state: dict[str, torch.Tensor], *, source: str) 
     if isinstance(regs, bool) or not isinstance(regs, int) or not 0 <= regs <= 64:
         raise CheckpointError(f"{source}: num_register_tokens: expected a whole number from 0 to 64")
     f["reg_tokens"] = regs
+    f["posemb_resample"] = "bicubic" if raw.get("model_type") == "dinov2_with_registers" else "bicubic-no-antialias"
     return f
 
 

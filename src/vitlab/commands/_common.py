@@ -97,7 +97,8 @@ def resolve_model(
     source = model_source(spec, exported=exported)
     for note in source.notes:
         print(f"note: {shown(note)}", file=sys.stderr)
-    model = open_model(source, img_size=img_size, fast=fast, trust_torchscript=trust_torchscript)
+    model = open_model(source, img_size=img_size, fast=fast, trust_torchscript=trust_torchscript,
+                       note=lambda line: print(f"note: {shown(line)}", file=sys.stderr))  # fmt: skip
     if finite:
         check_finite(model, spec=spec)
     return model, source.folder

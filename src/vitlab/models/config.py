@@ -33,7 +33,9 @@ PROCESSOR_SIDE = "processor_side"
 """The :attr:`ViTConfig.extra` key of the side a Hugging Face folder's image processor crops its inputs to, where it
 is not the ``config.json``'s ``image_size`` (DINOv2's: 224 px, its position table made for 518): the size Hugging
 Face's pipeline feeds the model, which a fine-tune without ``--img-size`` then trains at
-(:func:`vitlab.train.sizing.side.init_side`)."""
+(:func:`vitlab.train.sizing.side.init_side`) and the commands serve it at (:func:`vitlab.resolve.open_model`). A model
+built at a side it was given (``vitlab.load(..., img_size=...)``, ``set_input_size``) no longer has one
+(:attr:`ViTConfig.processor_side`)."""
 
 BLOCK_OBJECT_BYTES = 64 << 10
 """Memory an encoder block's Python objects (its modules and parameter objects) take besides its tensors: 48-52 KiB
@@ -47,7 +49,7 @@ MAX_STEM_LAYERS = 6
 _POSEMBS = ("learn", "learn2d", "sincos2d", "none")
 _HEADS = ("linear", "mlp")
 _ACTS = ("gelu", "gelu_tanh", "quick_gelu")
-_RESAMPLE = ("jax", "bilinear", "bicubic")
+_RESAMPLE = ("jax", "bilinear", "bicubic", "bicubic-no-antialias")
 _MLPS = ("mlp", "swiglu")
 ROPE_KINDS = ("axial", "eva", "pe", "dinov3")
 """The 2-D RoPE conventions :mod:`.rope` computes (``rope_kind``)."""
@@ -143,7 +145,8 @@ class ViTConfig:
     """``eva``/``pe``: added to every integer position before rescaling (1 in PE core T/S/B/L, timm's
     ``rope_grid_offset``)."""
     posemb_resample: str = "bicubic"
-    """How learned position embeddings are resampled to another grid: ``jax`` | ``bicubic`` | ``bilinear``."""
+    """How learned position embeddings are resampled to another grid: ``jax`` | ``bicubic`` | ``bilinear`` |
+    ``bicubic-no-antialias`` (Hugging Face's ``Dinov2Model``; :func:`~.posemb.resample_posemb`)."""
     pool_include_prefix: bool = False
     """``map`` and ``gap``: pool the class and register tokens too (timm's ``pool_include_prefix``; the
     Perception Encoder's attention pooling reads every token), not only the patches."""
@@ -263,6 +266,16 @@ class ViTConfig:
         return 4 * 2 ** max(len(self.hybrid_layers) - 1, 0)
 
     @property
+    def processor_side(self) -> int | None:
+        """The side Hugging Face's image processor feeds this model at where it is smaller than the model's own
+        (:data:`PROCESSOR_SIDE`: DINOv2's 224 px for a table made for 518), for a square model; a value that is not a
+        smaller multiple of the token's pixels is not one (``extra`` is read from a file). None otherwise."""
+        fed = self.extra.get(PROCESSOR_SIDE)
+        token = self.patch_size * self.stem_stride
+        square = self.img_size[0] == self.img_size[1]
+        return fed if square and type(fed) is int and 0 < fed < self.img_size[0] and fed % token == 0 else None
+
+    @property
     def grid_size(self) -> tuple[int, int]:
         """Patch grid (rows, columns) at ``img_size``."""
         p, s = self.patch_size, self.stem_stride
@@ -377,6 +390,11 @@ class ViTConfig:
                 bad(opt, f"must be in [0, 1), got {getattr(self, opt)}")
         if self.class_names is not None and self.num_classes and len(self.class_names) != self.num_classes:
             bad("class_names", f"{len(self.class_names)} names for {self.num_classes} classes")
+
+    def at_size(self, img_size: int | tuple[int, int]) -> ViTConfig:
+        """A copy at the input size ``img_size`` (an int: square): an image processor's other side
+        (:attr:`processor_side`) no longer applies to it and is left out."""
+        return self.replace(img_size=img_size, extra={k: v for k, v in self.extra.items() if k != PROCESSOR_SIDE})
 
     def replace(self, **changes: Any) -> ViTConfig:
         """A copy with some fields changed (validated)."""

@@ -27,7 +27,7 @@ __all__ = [
     "sincos_2d",
 ]
 
-ResampleMode = Literal["jax", "bilinear", "bicubic"]
+ResampleMode = Literal["jax", "bilinear", "bicubic", "bicubic-no-antialias"]
 
 
 def sincos_2d(grid_h: int, grid_w: int, dim: int, *, temperature: float = 10000.0) -> torch.Tensor:
@@ -62,6 +62,8 @@ def _interp(x: torch.Tensor, size: tuple[int, ...], mode: ResampleMode, antialia
     """Interpolate ``(1, C, *spatial)`` to ``size`` in float32."""
     dtype = x.dtype
     x = x.float()
+    if mode == "bicubic-no-antialias":  # Hugging Face's DINOv2: bicubic, never antialiased, even when shrinking
+        mode, antialias = "bicubic", False
     if mode == "jax":
         # scipy.ndimage.zoom(order=1) maps the first and last samples onto each
         # other, i.e. linear interpolation with corners aligned.
@@ -101,7 +103,8 @@ def resample_posemb(
         mode: ``"jax"`` matches the official code (``scipy.ndimage.zoom`` with
             ``order=1``: bilinear, corners aligned); ``"bicubic"`` matches timm
             and Hugging Face (corners not aligned, antialiased when shrinking in timm);
-            ``"bilinear"`` is bilinear without aligned corners.
+            ``"bicubic-no-antialias"`` is bicubic never antialiased (Hugging Face's ``Dinov2Model``,
+            where its ``Dinov2WithRegistersModel`` antialiases); ``"bilinear"`` is bilinear without aligned corners.
         antialias: only for ``bilinear``/``bicubic``; timm uses True.
 
     Returns the embedding with ``num_prefix_tokens + rows * cols`` rows; the

@@ -431,6 +431,8 @@ class VisionTransformer(nn.Module):
             img_size=cfg.img_size if img_size is None else img_size,
             patch_size=cfg.patch_size if patch_size is None else patch_size,
         )
+        if new.img_size != cfg.img_size:
+            new = new.at_size(new.img_size)  # (an image processor's other side no longer applies)
         if new.patch_size != cfg.patch_size and (cfg.stem != "patch" or cfg.hybrid_layers is not None):
             raise ConfigError("patch_size: only a plain patch embedding is resampled to another patch size")
         check_buildable(new)

@@ -44,7 +44,6 @@ from ..._units import duration
 from ...data.images.decode import counted_median, too_thin, typical_side
 from ...data.images.resize import resize_side
 from ...data.images.storage import FolderStorage
-from ...models.config import PROCESSOR_SIDE
 
 if TYPE_CHECKING:
     from ...models.config import ViTConfig
@@ -162,15 +161,13 @@ def init_side(init: ViTConfig | None, *, photos: bool = True) -> int | None:
     """The side of an ``--init`` model (``init``: its configuration): what a fine-tune without ``--img-size`` trains
     at; None for a model that is not square (its photos are then stored for up to :data:`INIT_SIDE`). On ``photos``,
     a Hugging Face folder whose image processor crops to a smaller side than its table's (DINOv2: 224 px, its config
-    518; :data:`~vitlab.models.config.PROCESSOR_SIDE`) trains at that side, as Hugging Face's pipeline feeds it and
+    518; :attr:`~vitlab.models.ViTConfig.processor_side`) trains at that side, as Hugging Face's pipeline feeds it and
     fine-tunes it, its position table resampled (Sec. 3.2); a value that is not a smaller multiple of its token is
     not one (read from a file: checked, else the model's side). Small images train at the model's side, as before."""
     if init is None or init.img_size[0] != init.img_size[1]:
         return None
-    fed = init.extra.get(PROCESSOR_SIDE)
-    if photos and type(fed) is int and 0 < fed < init.img_size[0] and fed % token_px(init) == 0:
-        return fed
-    return init.img_size[0]
+    fed = init.processor_side
+    return fed if photos and fed is not None else init.img_size[0]
 
 
 def token_px(init: ViTConfig) -> int:
