@@ -153,3 +153,16 @@ def test_the_commands_say_the_side_they_serve_a_dinov2_folder_at(tmp_path, capsy
     err = capsys.readouterr().err
     assert "served at 28 px, the side its Hugging Face image processor crops to" in err
     assert "(--img-size 56 where a command takes it)" in err
+
+
+def test_a_fine_tuned_model_is_served_at_the_side_it_trained_at(tmp_path):
+    """A fine-tune that keeps its ``--init`` model's side (small images, trained at the table's 56 px) saves a model
+    of its own: the processor's 28 px no longer describes it, so the commands serve it at 56, as it trained. Before,
+    it kept the key and would have been served at 28."""
+    from vitlab.train.conf.train_config import build_config
+    from vitlab.train.engine.model import InitModel
+
+    cfg = build_config({"init": str(_dinov2(tmp_path / "d", crop=28)), "data": "unused"})
+    assert cfg.img_size is None and cfg.recipe.img_size is None  # the recipe keeps the model's side
+    model, _ = InitModel.read(cfg).build(cfg, cfg.recipe, num_classes=2, class_names=["a", "b"])
+    assert model.config.img_size == (56, 56) and PROCESSOR_SIDE not in model.config.extra

@@ -99,7 +99,7 @@ class InitModel:
             "drop_path_rate": r.drop_path,
             "drop_rate": r.dropout,
             "patch_drop_rate": 0.0 if cfg.pack else r.token_drop,  # --pack: dropped per image before packing
-            **({"img_size": img} if img else {}),
+            "img_size": img or self.config.img_size,  # always given: a processor's other side no longer applies
             **({"patch_size": patch} if patch and patch != self.config.patch_size else {}),
         }
 
