@@ -401,3 +401,14 @@ def test_hugging_faces_distilled_deit_both_ways(tmp_path):
     randomize(transformers.DeiTForImageClassification(cfg)).save_pretrained(tmp_path / "plain")
     with pytest.raises(CheckpointError, match="DeiT folder without the distillation head"):
         vitlab.load(tmp_path / "plain")
+
+
+def test_sequence_pooling_is_refused_by_the_timm_layout(tmp_path):
+    """CCT's sequence pooling (``--pool seq``, the speedrun's option) has no timm pooling. Its timm layout was written
+    with "timm.create_model('local-dir:...', pretrained=True) builds vit_base_patch16_siglip_224", which timm then
+    refused ("Only avg, avgmax, max, token, map or prr pooling (or none) is supported"); now it is refused by name,
+    before anything is written."""
+    model = vitlab.create_model("vit_ti16", depth=1, num_classes=3, pool="seq", class_token=False)
+    with pytest.raises(CheckpointError, match="^pool 'seq': has no place in timm's VisionTransformer"):
+        write_layout(model, tmp_path / "timm", layout="timm")
+    assert not (tmp_path / "timm").exists()

@@ -114,6 +114,8 @@ def _eva_class(cfg: ViTConfig) -> bool:
 def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor], *, target: str | None) -> dict[str, torch.Tensor]:
     """The state dict (vitlab's names) of a model of ``cfg`` in timm's names for the timm class that has its
     architecture (``target``: the timm name it is written as, when one is)."""
+    if cfg.pool == "seq":  # CCT's sequence pooling: no timm class pools so
+        raise _refuse(cfg, "timm", ["pool"], "timm's VisionTransformer or Eva (their pooling: token, avg, map)")
     layout = set(str(cfg.extra.get("timm_layout", "")).split(",")) - {""}
     if target in NO_EMBED_CLASS:
         layout.add("no_embed_class")
@@ -143,7 +145,7 @@ def _timm_weights(cfg: ViTConfig, state: dict[str, torch.Tensor], *, target: str
             ("dist_token", cfg.dist_token),
             ("head", cfg.head != "linear"),
             ("posemb", cfg.posemb not in ("learn", "none")),
-            ("pool", cfg.pool == "seq" or (cfg.pool == "map") != cfg.pool_include_prefix),
+            ("pool", (cfg.pool == "map") != cfg.pool_include_prefix),
             ("pool_include_prefix", cfg.pool == "gap" and cfg.pool_include_prefix),
             ("attention", cfg.attention != "global"),
             ("hybrid_layers", cfg.hybrid_layers is not None or cfg.stem != "patch"),
