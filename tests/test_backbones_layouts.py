@@ -412,3 +412,25 @@ def test_sequence_pooling_is_refused_by_the_timm_layout(tmp_path):
     with pytest.raises(CheckpointError, match="^pool 'seq': has no place in timm's VisionTransformer"):
         write_layout(model, tmp_path / "timm", layout="timm")
     assert not (tmp_path / "timm").exists()
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        dict(head="mlp", representation_size=16),  # the paper's pre-training head: timm has no pre-logits layer
+        dict(stem="conv", stem_layers=2, stem_width=16, patch_size=1),  # CCT's convolutional tokenizer
+        dict(attention="axial"),  # the paper's axial-attention variant
+        dict(hybrid_layers=(1,), patch_size=1, img_size=64),  # a ResNet stem of one stage: no timm name has it
+    ],
+    ids=["pre-logits", "conv-stem", "axial", "hybrid"],
+)
+def test_a_structure_no_timm_name_has_is_written_as_weights_only(tmp_path, structure):
+    """The timm layout named the nearest timm architecture with the same options without comparing the stem, the
+    attention or the head, so these were written as "builds vit_tiny_patch16_224", which timm then failed to load
+    (missing, unexpected or mis-shaped keys). Now no name matches them, and the note says only the weights are
+    written."""
+    shape = dict(depth=1, num_classes=3, img_size=32, patch_size=8, embed_dim=32, num_heads=2, mlp_dim=64)
+    model = vitlab.create_model("vit_ti16", **{**shape, **structure})
+    out, notes = write_layout(model, tmp_path / "timm", layout="timm")
+    assert "timm: no timm architecture name has these options; only the weights are written" in notes
+    assert not (out / "config.json").exists() and (out / "model.safetensors").is_file()

@@ -247,11 +247,17 @@ def _distance(a: ViTConfig, b: ViTConfig) -> tuple[int, ...]:
     return (abs(a.embed_dim - b.embed_dim), abs(a.patch_size - b.patch_size), abs(a.img_size[0] - b.img_size[0]))
 
 
+_STRUCTURE = ("stem", "stem_layers", "stem_width", "hybrid_layers", "attention", "head")
+"""Fields no keyword argument of timm changes on a name: its stem (a patch embedding, or one ResNet), its attention
+(global) and its head (one linear layer: timm has no pre-logits layer)."""
+
+
 def _same(a: ViTConfig, b: ViTConfig) -> bool:
     """Whether timm's name of config ``a`` builds ``b``'s architecture with keyword arguments (registers and the
     padding of a size the patch does not divide are such: ``reg_tokens``, ``dynamic_img_pad``)."""
     same = families._same_options(a, b, ignore=("dynamic_img_pad", "reg_tokens"))
-    return same and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
+    structure = all(getattr(a, f) == getattr(b, f) for f in _STRUCTURE)
+    return same and structure and a.norm_eps == b.norm_eps  # (the pooling: timm's global_pool)
 
 
 def _timm_config(cfg: ViTConfig) -> dict[str, Any] | None:
