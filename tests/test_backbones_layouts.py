@@ -434,3 +434,20 @@ def test_a_structure_no_timm_name_has_is_written_as_weights_only(tmp_path, struc
     out, notes = write_layout(model, tmp_path / "timm", layout="timm")
     assert "timm: no timm architecture name has these options; only the weights are written" in notes
     assert not (out / "config.json").exists() and (out / "model.safetensors").is_file()
+
+
+def test_a_rectangular_model_comes_back_from_the_hugging_face_layout(tmp_path):
+    """A model of a rectangular grid (4 x 5 patches) was written in Hugging Face's layout (its ``image_size`` a
+    pair, which ``ViTForImageClassification`` loads) but not read back: the size was inferred from the table as a
+    square before the stated one was read ("20 position embeddings do not form a square grid; pass
+    img_size=(height, width)"), and passing it did not help either. Now the stated or given size's grid is taken."""
+    shape = dict(img_size=(32, 40), patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    model = randomize(vitlab.create_model("vit_ti16", **shape, num_classes=3))
+    out, _ = write_layout(model, tmp_path / "hf", layout="hf")
+    x = images(32, 40)
+    with torch.no_grad():
+        assert_close_rel(vitlab.load(out)(x), model(x))
+        assert_close_rel(transformers.ViTForImageClassification.from_pretrained(out).eval()(x).logits, model(x))
+    torch.save(model.state_dict(), tmp_path / "weights.pth")  # a bare state dict: the size given
+    with torch.no_grad():
+        assert_close_rel(vitlab.load(tmp_path / "weights.pth", img_size=(32, 40), num_heads=2)(x), model(x))

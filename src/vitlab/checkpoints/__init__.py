@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..models.config import PROCESSOR_SIDE, ViTConfig
+from ..models.config import PROCESSOR_SIDE, ViTConfig, check_fields
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .families import backbone_name
@@ -185,7 +185,9 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     if ckpt.config is not None:
         base = ckpt.config.to_dict()
     else:
-        base = {**infer_fields(ckpt.state), **ckpt.fields}
+        given = overrides.get("img_size", ckpt.fields.get("img_size"))  # (a rectangular table: its grid stated)
+        given = None if given is None else check_fields({"img_size": given})["img_size"]
+        base = {**infer_fields(ckpt.state, img_size=given), **ckpt.fields}
         base.setdefault("posemb_resample", "bicubic")
         if "num_heads" not in base and "num_heads" not in overrides:
             base["num_heads"] = guess_num_heads(int(base["embed_dim"]))
@@ -259,7 +261,7 @@ def _check_before_building(ckpt: Checkpoint, cfg: ViTConfig, overrides: dict[str
     if ckpt.config_file is None:
         return
     try:
-        shapes = infer_fields(ckpt.state)
+        shapes = infer_fields(ckpt.state, img_size=cfg.img_size)
     except CheckpointError:  # not the usual layout: the meta-device check below names the tensors
         return
     for option in _SHAPE_FIELDS:

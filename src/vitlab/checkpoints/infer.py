@@ -74,8 +74,10 @@ def _hybrid_layers(state: dict[str, torch.Tensor]) -> tuple[int, ...] | None:
     return tuple(len(units[i]) for i in sorted(units))
 
 
-def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """ViTConfig fields implied by a state dict in vitlab/timm naming."""
+def infer_fields(state: dict[str, torch.Tensor], *, img_size: tuple[int, int] | None = None) -> dict[str, Any]:
+    """ViTConfig fields implied by a state dict in vitlab/timm naming. ``img_size``: the size a config file states (or
+    the caller gives), which a table of that size's grid then has (a rectangular one, which no square inference
+    finds); any other table's size is inferred as a square."""
     w = state.get("patch_embed.proj.weight")
     if w is None or w.ndim != 4:
         raise CheckpointError("not a ViT checkpoint: no 4-D 'patch_embed.proj.weight' (the patch projection)")
@@ -127,8 +129,11 @@ def infer_fields(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     prefix = (1 if f["class_token"] else 0) + int(f["dist_token"]) + f["reg_tokens"]
     if "pos_embed" in state:
         f["posemb"] = "learn"
-        side = _grid_side(state["pos_embed"].shape[-2] - prefix, "pos_embed")
-        f["img_size"] = (side * ph * stride,) * 2
+        n, cell = state["pos_embed"].shape[-2] - prefix, ph * stride
+        if img_size is not None and (img_size[0] // cell) * (img_size[1] // cell) == n:
+            f["img_size"] = tuple(img_size)
+        else:
+            f["img_size"] = (_grid_side(n, "pos_embed") * cell,) * 2
     elif "pos_embed_row" in state and "pos_embed_col" in state:
         f["posemb"] = "learn2d"
         f["img_size"] = (state["pos_embed_row"].shape[1] * ph * stride, state["pos_embed_col"].shape[1] * ph * stride)
