@@ -104,3 +104,15 @@ def test_convert_command_writes_npz(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "m"), str(out), "--overwrite", "--patch-size", "4"]) == 0
     assert np.load(out)["embedding/kernel"].shape == (4, 4, 3, 64)
     assert not list(tmp_path.glob(".m.npz.tmp*"))
+
+
+@pytest.mark.parametrize("layout", ["vit_jax", "big_vision"])
+def test_a_rectangular_grid_with_a_class_token_comes_back(tmp_path, layout):
+    """big_vision's table holds the patches' rows only; the reader told it from vit_jax's (class row included) by
+    its length being a square, so a 4 x 5 grid's table read back one row short ("mis-shaped pos_embed (1, 20, 64) vs
+    model (1, 21, 64)"). Now the array's name says which it is."""
+    model = randomized(img_size=(32, 40))
+    write_npz(model, tmp_path / "m.npz", layout=layout)
+    x = torch.randn(3, 3, 32, 40, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close_rel(vitlab.load(tmp_path / "m.npz", act="gelu")(x), model(x))

@@ -23,7 +23,6 @@ embeddings with ``scipy.ndimage.zoom(order=1)``: the defaults set here.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -182,18 +181,18 @@ def _convert(
     if has_cls:
         state["cls_token"] = _t(get("cls")).reshape(1, 1, -1)
 
+    patches_only = False  # big_vision's table: the patches' rows only (its class token is prepended after it)
     if f"{prefix}{_POSEMB_VIT_JAX}" in w:
         pe = get(_POSEMB_VIT_JAX)
     elif f"{prefix}pos_embedding" in w:
-        pe = get("pos_embedding")
+        pe, patches_only = get("pos_embedding"), True
     else:
         pe = None
         fields["posemb"] = "sincos2d"  # big_vision's fixed embedding stores no array
     if pe is not None:
         pe = _t(pe).reshape(1, -1, pe.shape[-1])
-        n = pe.shape[1]
-        if has_cls and math.isqrt(n) ** 2 == n and math.isqrt(n - 1) ** 2 != n - 1:
-            pe = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)  # big_vision: no class row
+        if has_cls and patches_only:  # (by the array's name, not its length: a 4 x 5 grid is no square either way)
+            pe = torch.cat([pe.new_zeros(1, 1, pe.shape[2]), pe], dim=1)
         state["pos_embed"] = pe
 
     state["norm.weight"] = _t(get("Transformer/encoder_norm/scale"))
