@@ -181,9 +181,15 @@ def read_graph(path: str | os.PathLike[str]) -> GraphFacts:
                     "refusing to read files a graph names"
                 )
             continue
-        if t.data_type in _FLOAT_TYPES and not np.isfinite(numpy_helper.to_array(t)).all():
+        if t.data_type in _FLOAT_TYPES and not _finite(numpy_helper.to_array(t)):
             raise CheckpointError(f"{where}: weight {t.name!r} holds NaN or infinite values; the model cannot predict")
     return facts
+
+
+def _finite(a: np.ndarray) -> bool:
+    """Whether a graph's float tensor is usable: no NaN, and no infinity but as a constant of one element (the
+    fill value of a padding, as the hybrid's ResNet stem pads its 'SAME' max pooling with -inf)."""
+    return not np.isnan(a).any() and (a.size == 1 or bool(np.isfinite(a).all()))
 
 
 def file_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
