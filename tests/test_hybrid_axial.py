@@ -110,3 +110,19 @@ def test_an_axial_models_config_counts_both_halves_of_each_block() -> None:
     cfg = ViTConfig(img_size=(16, 16), patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=48, attention="axial")
     model = VisionTransformer(cfg)
     assert cfg.num_params() == model.num_params() == sum(p.numel() for p in model.parameters())
+
+
+def test_the_axial_names_train_by_name() -> None:
+    """``vitlab models`` lists ``axial_vit_b16`` and ``axial_vit_b32`` (Appendix D.6) and ``create_model`` builds them,
+    but ``vitlab train --model axial_vit_b32`` was refused ("'axial_vit_b32' is not a plain ViT name"): the training
+    side reads names through ``model_config``, which did not know them. Now it does, as every registered name."""
+    from vitlab.models.variants import model_config
+    from vitlab.train.conf.arch import base_config
+    from vitlab.train.conf.train_config import build_config
+
+    for p in (16, 32):
+        cfg = model_config(f"axial_vit_b{p}", img_size=64)
+        assert (cfg.name, cfg.attention, cfg.patch_size, cfg.embed_dim) == (f"axial_vit_b{p}", "axial", p, 768)
+        with torch.device("meta"):
+            assert cfg == create_model(f"axial_vit_b{p}", img_size=64).config
+        assert base_config(build_config({"model": f"axial_vit_b{p}", "data": "unused"})).attention == "axial"

@@ -73,13 +73,8 @@ def _register_vit(name: str, configure: Configure) -> None:
 for _v, _ps in _PATCHES.items():
     for _p in _ps:
         _register_vit(f"vit_{_v}{_p}", lambda _n=f"vit_{_v}{_p}", **kw: model_config(_n, **kw))
-for _name in (*HYBRIDS, *CCTS, *BACKBONES):
+for _name in (*HYBRIDS, *CCTS, *BACKBONES, *(f"axial_vit_b{p}" for p in (16, 32))):  # (Axial-ViT: Appendix D.6)
     _register_vit(_name, lambda _n=_name, **kw: model_config(_n, **kw))
-for _p in (16, 32):  # Axial-ViT (Appendix D.6)
-    _register_vit(
-        f"axial_vit_b{_p}",
-        lambda _p=_p, **kw: model_config(f"vit_b{_p}", **{"name": f"axial_vit_b{_p}", "attention": "axial", **kw}),
-    )
 
 
 def timm_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

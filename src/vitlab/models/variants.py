@@ -85,9 +85,12 @@ CCTS: dict[str, dict[str, Any]] = {
 
 
 def model_config(name: str, /, **overrides: Any) -> ViTConfig:
-    """The :class:`ViTConfig` of a registered ViT, hybrid or CCT name such as ``vit_b16``, ``B/16``, ``vit_r50_b16``
-    or ``vit_cct7_3x1``."""
+    """The :class:`ViTConfig` of a registered ViT, hybrid, axial or CCT name such as ``vit_b16``, ``B/16``,
+    ``vit_r50_b16``, ``axial_vit_b16`` or ``vit_cct7_3x1``."""
     canon = resolve_name(name)
+    axial = re.fullmatch(r"axial_(vit_b(?:16|32))", canon)
+    if axial:  # Axial-ViT (Appendix D.6): ViT-B's sizes, each block attending along rows, then columns
+        return model_config(axial.group(1), **{"name": canon, "attention": "axial", **overrides})
     if canon in CCTS:
         return ViTConfig(**{"name": canon, **CCTS[canon], **overrides})
     if canon in BACKBONES:
