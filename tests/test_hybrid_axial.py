@@ -126,3 +126,28 @@ def test_the_axial_names_train_by_name() -> None:
         with torch.device("meta"):
             assert cfg == create_model(f"axial_vit_b{p}", img_size=64).config
         assert base_config(build_config({"model": f"axial_vit_b{p}", "data": "unused"})).attention == "axial"
+
+
+@pytest.mark.parametrize(
+    ("name", "fields"),
+    [
+        ("vit_base_patch16_siglip_gap_224", {"pool": "gap", "class_token": False}),
+        ("vit_small_patch14_reg4_dinov2", {"reg_tokens": 4, "init_values": 1e-5}),
+        ("deit_tiny_distilled_patch16_224", {"dist_token": True}),
+        ("vit_base_patch32_clip_quickgelu_224", {"act": "quick_gelu", "pre_norm": True}),
+    ],
+)
+def test_a_timm_name_trains_the_architecture_it_names(name, fields) -> None:
+    """``vitlab train --model vit_base_patch16_siglip_gap_224`` trained a plain ViT-B/16 (a class token, its pooling):
+    the training side read timm's names through ``model_config``, which kept our variant and dropped what the name
+    implies (SigLIP's pooling, DINOv2's registers and layer scale, DeiT's distillation token, CLIP's QuickGELU and
+    pre-norm), where ``create_model`` builds them. Now both build the same architecture."""
+    from vitlab.models.variants import model_config
+    from vitlab.train.conf.arch import base_config
+    from vitlab.train.conf.train_config import build_config
+
+    trained = base_config(build_config({"model": name, "data": "unused"}))
+    assert {k: getattr(trained, k) for k in fields} == fields
+    with torch.device("meta"):
+        built = create_model(name).config
+    assert model_config(name) == built

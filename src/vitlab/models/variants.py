@@ -86,7 +86,11 @@ CCTS: dict[str, dict[str, Any]] = {
 
 def model_config(name: str, /, **overrides: Any) -> ViTConfig:
     """The :class:`ViTConfig` of a registered ViT, hybrid, axial or CCT name such as ``vit_b16``, ``B/16``,
-    ``vit_r50_b16``, ``axial_vit_b16`` or ``vit_cct7_3x1``."""
+    ``vit_r50_b16``, ``axial_vit_b16`` or ``vit_cct7_3x1``, or of a timm name (:data:`TIMM_ALIASES`: our variant with
+    the fields the name implies, as :func:`vitlab.create_model` builds it)."""
+    alias = TIMM_ALIASES.get(name.strip().lower().split(".", 1)[0])
+    if alias:  # a timm name: our variant with the fields the name implies (SigLIP's pooling, DINOv2's registers ...)
+        return model_config(alias[0], **{**alias[1], **overrides})
     canon = resolve_name(name)
     axial = re.fullmatch(r"axial_(vit_b(?:16|32))", canon)
     if axial:  # Axial-ViT (Appendix D.6): ViT-B's sizes, each block attending along rows, then columns
