@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from ..models.config import PROCESSOR_SIDE, ViTConfig, check_fields
+from ..models.config import ViTConfig, check_fields
 from ..models.flexi import resample_patch_embed
 from ..models.vit import VisionTransformer
 from .families import backbone_name
@@ -194,8 +194,6 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
         base["extra"] = {"source_format": ckpt.format, **base.get("extra", {})}
     if ckpt.extra:  # what is known of where the checkpoint came from (a public name's Hub repo and licence)
         base["extra"] = {**(base.get("extra") or {}), **ckpt.extra}
-    if "img_size" in overrides:  # built at a side it was given: an image processor's other side no longer applies
-        base["extra"] = {k: v for k, v in (base.get("extra") or {}).items() if k != PROCESSOR_SIDE}
     names = base.get("class_names")
     if names is not None and (
         len(names) != overrides.get("num_classes", base.get("num_classes")) or "class_names" in overrides
@@ -215,6 +213,8 @@ def _config_for(ckpt: Checkpoint, overrides: dict[str, Any]) -> ViTConfig:
     if ckpt.config is None and family and "name" not in overrides:  # timm's name when it is one, else the family's
         slug = re.sub(r"[^a-z0-9]+", "_", family.lower()).strip("_")
         cfg = cfg.replace(name=backbone_name(cfg) or f"{slug}_custom")
+    if "img_size" in overrides:  # built at a side it was given: an image processor's other side no longer applies
+        cfg = cfg.at_size(cfg.img_size)
     return cfg
 
 
